@@ -1,0 +1,204 @@
+//! Snapshots: the whole multi-version state at one log index, written beside the log so that
+//! the log can be trimmed and a restart replays only what came after.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use super::codec::{Reader, Writer};
+use super::mvcc::{Mvcc, Version};
+use super::wal::sync_dir;
+use crate::error::{Result, StoreError};
+use crate::types::KeyValue;
+
+const MAGIC: &[u8; 8] = b"TSNAP01\n";
+
+fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { step, source }
+}
+
+fn snapshot_path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("snap-{index:020}.snap"))
+}
+
+/// Snapshot files, newest first.
+fn snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io("listing the data directory"))? {
+        let entry = entry.map_err(io("listing the data directory"))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(n) = name
+            .strip_prefix("snap-")
+            .and_then(|s| s.strip_suffix(".snap"))
+            && let Ok(index) = n.parse::<u64>()
+        {
+            out.push((index, entry.path()));
+        }
+    }
+    out.sort_by(|a, b| b.cmp(a));
+    Ok(out)
+}
+
+/// What a snapshot restores.
+pub(crate) struct Loaded {
+    pub index: u64,
+    pub next_lease_id: i64,
+    pub mvcc: Mvcc,
+}
+
+/// Writes the state at log `index` durably (temp file, fsync, rename, fsync dir), then removes
+/// older snapshots and the log segments that it covers.
+pub(crate) fn write(dir: &Path, index: u64, next_lease_id: i64, mvcc: &Mvcc) -> Result<u64> {
+    let tmp = dir.join("snap.tmp");
+    let file = File::create(&tmp).map_err(io("creating a snapshot"))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = Vec::with_capacity(1 << 16);
+    let mut written = 0u64;
+    let mut flush = |buf: &mut Vec<u8>, out: &mut BufWriter<File>| -> Result<()> {
+        crc.update(buf);
+        out.write_all(buf).map_err(io("writing a snapshot"))?;
+        written += buf.len() as u64;
+        buf.clear();
+        Ok(())
+    };
+    buf.extend_from_slice(MAGIC);
+    {
+        let mut w = Writer(&mut buf);
+        w.u64(index);
+        w.i64(mvcc.revision());
+        w.i64(mvcc.compacted());
+        w.i64(next_lease_id);
+        w.u32(mvcc.leases.len() as u32);
+        for (id, lease) in &mvcc.leases {
+            w.i64(*id);
+            w.i64(lease.ttl);
+        }
+        w.u64(mvcc.keys().len() as u64);
+    }
+    for (key, versions) in mvcc.keys() {
+        let mut w = Writer(&mut buf);
+        w.bytes(key);
+        w.u32(versions.len() as u32);
+        for v in versions {
+            w.u8(v.tombstone as u8);
+            w.u32(v.sub);
+            w.bytes(&v.kv.value);
+            w.i64(v.kv.create_revision);
+            w.i64(v.kv.mod_revision);
+            w.i64(v.kv.version);
+            w.i64(v.kv.lease);
+        }
+        if buf.len() >= 1 << 16 {
+            flush(&mut buf, &mut out)?;
+        }
+    }
+    flush(&mut buf, &mut out)?;
+    let sum = crc.finalize();
+    out.write_all(&sum.to_le_bytes())
+        .map_err(io("writing a snapshot"))?;
+    let file = out
+        .into_inner()
+        .map_err(|e| StoreError::Io {
+            step: "writing a snapshot",
+            source: e.into_error(),
+        })?;
+    file.sync_all().map_err(io("syncing a snapshot"))?;
+    drop(file);
+    fs::rename(&tmp, snapshot_path(dir, index)).map_err(io("installing a snapshot"))?;
+    sync_dir(dir)?;
+
+    for (old, path) in snapshots(dir)? {
+        if old < index {
+            fs::remove_file(path).map_err(io("removing an old snapshot"))?;
+        }
+    }
+    // Every segment but the newest starts before `index` and ends at or before it: the
+    // caller rotates the log just before snapshotting.
+    let segs = super::wal::segments(dir)?;
+    for (first, path) in &segs[..segs.len().saturating_sub(1)] {
+        if *first <= index {
+            fs::remove_file(path).map_err(io("removing a covered log segment"))?;
+        }
+    }
+    sync_dir(dir)?;
+    Ok(written + 4)
+}
+
+/// Loads the newest intact snapshot, if any. A damaged newest snapshot (a crash while writing
+/// leaves only `snap.tmp`, so this means real damage) falls back to an older one.
+pub(crate) fn load_latest(dir: &Path) -> Result<Option<Loaded>> {
+    for (index, path) in snapshots(dir)? {
+        match load(&path) {
+            Ok(loaded) if loaded.index == index => return Ok(Some(loaded)),
+            Ok(_) => tracing::warn!(path = %path.display(), "snapshot index does not match its name; skipping"),
+            Err(reason) => {
+                tracing::warn!(path = %path.display(), %reason, "damaged snapshot; trying an older one")
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn load(path: &Path) -> std::result::Result<Loaded, String> {
+    let data = Bytes::from(fs::read(path).map_err(|e| e.to_string())?);
+    if data.len() < MAGIC.len() + 4 || &data[..MAGIC.len()] != MAGIC {
+        return Err("not a snapshot file".into());
+    }
+    let body_end = data.len() - 4;
+    let want = u32::from_le_bytes(
+        data[body_end..]
+            .try_into()
+            .map_err(|_| "short checksum".to_owned())?,
+    );
+    if crc32fast::hash(&data[..body_end]) != want {
+        return Err("checksum mismatch".into());
+    }
+    let short = || "truncated snapshot".to_owned();
+    let mut r = Reader::new(&data, MAGIC.len(), body_end);
+    let index = r.u64().ok_or_else(short)?;
+    let revision = r.i64().ok_or_else(short)?;
+    let compacted = r.i64().ok_or_else(short)?;
+    let next_lease_id = r.i64().ok_or_else(short)?;
+    let nleases = r.u32().ok_or_else(short)?;
+    let mut leases = HashMap::with_capacity(nleases as usize);
+    for _ in 0..nleases {
+        let id = r.i64().ok_or_else(short)?;
+        let ttl = r.i64().ok_or_else(short)?;
+        leases.insert(id, ttl);
+    }
+    let nkeys = r.u64().ok_or_else(short)?;
+    let mut keys = BTreeMap::new();
+    for _ in 0..nkeys {
+        let key = r.bytes().ok_or_else(short)?;
+        let n = r.u32().ok_or_else(short)?;
+        let mut versions = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let tombstone = r.u8().ok_or_else(short)? != 0;
+            let sub = r.u32().ok_or_else(short)?;
+            let value = r.bytes().ok_or_else(short)?;
+            let kv = KeyValue {
+                key: key.clone(),
+                value,
+                create_revision: r.i64().ok_or_else(short)?,
+                mod_revision: r.i64().ok_or_else(short)?,
+                version: r.i64().ok_or_else(short)?,
+                lease: r.i64().ok_or_else(short)?,
+            };
+            versions.push(Version { kv, sub, tombstone });
+        }
+        keys.insert(key, versions);
+    }
+    if r.pos() != body_end {
+        return Err("trailing bytes".into());
+    }
+    Ok(Loaded {
+        index,
+        next_lease_id,
+        mvcc: Mvcc::from_parts(keys, revision, compacted, leases),
+    })
+}

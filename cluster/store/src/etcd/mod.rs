@@ -1,0 +1,544 @@
+//! The etcd backend: the Store trait over a real etcd v3 cluster through `etcd-client`.
+//! Preconditions become etcd transaction compares; reads and idempotent requests are retried
+//! with backoff while etcd is unreachable; watches resume after a lost stream from the last
+//! revision they delivered, so nothing is missed or repeated.
+
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn,
+    TxnOp, TxnOpResponse,
+};
+
+use crate::continuation::Cursor;
+use crate::error::{PreconditionFailure, PreconditionKind, Result, StoreError};
+use crate::metrics::StoreMetrics;
+use crate::types::{
+    KeyValue, LeaseId, ListRequest, ListResponse, Op, OpResult, Revision, TxnResponse,
+    WatchStream,
+};
+use crate::validation::{check_key, check_prefix, check_ttl, check_txn, prefix_end};
+use crate::Store;
+
+/// How the etcd backend connects and retries.
+#[derive(Clone, Debug)]
+pub struct EtcdOptions {
+    /// Member URLs of one etcd cluster, e.g. `http://127.0.0.1:2379`.
+    pub endpoints: Vec<String>,
+    /// Timeout of one request.
+    pub request_timeout: Duration,
+    /// How long reads and other idempotent requests are retried while etcd is unreachable.
+    pub retry_for: Duration,
+    /// How often an idle watch asks etcd for a progress notification.
+    pub progress_interval: Duration,
+}
+
+impl EtcdOptions {
+    /// Options for one cluster with the defaults.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        EtcdOptions {
+            endpoints,
+            request_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(15),
+            progress_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A handle to one etcd cluster; clones share the connection.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    options: Arc<EtcdOptions>,
+    metrics: Arc<StoreMetrics>,
+    name: Arc<str>,
+}
+
+impl EtcdStore {
+    /// Connects (lazily: an unreachable etcd is reported by the first request, not here).
+    pub async fn connect(options: EtcdOptions, metrics: Arc<StoreMetrics>) -> Result<EtcdStore> {
+        if options.endpoints.is_empty() {
+            return Err(StoreError::Unavailable {
+                backend: "etcd".into(),
+                op: "connect",
+                source: "no etcd endpoints given".into(),
+            });
+        }
+        let connect = ConnectOptions::new()
+            .with_timeout(options.request_timeout)
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        let client = Client::connect(&options.endpoints, Some(connect))
+            .await
+            .map_err(|e| StoreError::Unavailable {
+                backend: options.endpoints.join(","),
+                op: "connect",
+                source: Box::new(e),
+            })?;
+        Ok(EtcdStore {
+            client,
+            name: options.endpoints.join(",").into(),
+            options: Arc::new(options),
+            metrics,
+        })
+    }
+
+    /// The raw client, for benchmarks that compare against it.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Runs `call` until it succeeds, fails for a reason other than reachability, or
+    /// `retry_for` has passed. Only for requests that are safe to repeat.
+    async fn retry<T, F, Fut>(&self, op: &'static str, mut call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.options.retry_for;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match call(self.client.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
+                    self.metrics.retries.with_label_values(&["etcd", op]).inc();
+                    tracing::warn!(op, error = %e, backoff_ms = backoff.as_millis() as u64, endpoints = %self.name, "etcd unreachable; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(map_error(&self.name, op, e)),
+            }
+        }
+    }
+}
+
+/// True for failures of reachability (worth retrying), false for answers.
+pub(crate) fn is_transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+        ) && !s.message().contains("mvcc"),
+        _ => false,
+    }
+}
+
+/// Turns etcd's answers into the store's errors.
+pub(crate) fn map_error(backend: &str, op: &'static str, e: etcd_client::Error) -> StoreError {
+    if let etcd_client::Error::LeaseKeepAliveError(msg) = &e
+        && msg.contains("lease not found")
+    {
+        return StoreError::LeaseNotFound(-1);
+    }
+    if let etcd_client::Error::GRpcStatus(s) = &e {
+        let msg = s.message();
+        if msg.contains("required revision has been compacted") {
+            return StoreError::Compacted {
+                requested: -1,
+                compacted: -1,
+            };
+        }
+        if msg.contains("required revision is a future revision") {
+            return StoreError::FutureRevision {
+                requested: -1,
+                current: -1,
+            };
+        }
+        if msg.contains("requested lease not found") {
+            return StoreError::LeaseNotFound(-1);
+        }
+        if msg.contains("request is too large") {
+            return StoreError::RequestTooLarge {
+                size: 0,
+                limit: crate::validation::MAX_REQUEST_BYTES,
+            };
+        }
+        if msg.contains("too many operations in txn request") {
+            return StoreError::TooManyOps {
+                count: 0,
+                limit: crate::validation::MAX_TXN_OPS,
+            };
+        }
+    }
+    StoreError::Unavailable {
+        backend: backend.to_owned(),
+        op,
+        source: Box::new(e),
+    }
+}
+
+pub(crate) fn convert_kv(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: Bytes::copy_from_slice(kv.key()),
+        value: Bytes::copy_from_slice(kv.value()),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        version: kv.version(),
+        lease: kv.lease(),
+    }
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
+    h.map_or(0, |h| h.revision())
+}
+
+/// Finds which operation's precondition failed, from the keys' values read in the same
+/// etcd transaction (its `else` branch), so the answer is exact.
+fn explain_failure(ops: &[Op], current: &[Option<KeyValue>]) -> StoreError {
+    for (index, (op, cur)) in ops.iter().zip(current).enumerate() {
+        let kind = match (op, cur) {
+            (Op::Create { .. }, Some(_)) => Some(PreconditionKind::AlreadyExists),
+            (Op::Update { .. } | Op::Delete { .. }, None) => Some(PreconditionKind::NotFound),
+            (Op::Check { expected, .. }, None) if *expected != 0 => {
+                Some(PreconditionKind::NotFound)
+            }
+            (
+                Op::Update { expected, .. }
+                | Op::Delete {
+                    expected: Some(expected),
+                    ..
+                }
+                | Op::Check { expected, .. },
+                Some(kv),
+            ) if kv.mod_revision != *expected => Some(PreconditionKind::RevisionMismatch {
+                expected: *expected,
+                actual: kv.mod_revision,
+            }),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            return StoreError::PreconditionFailed(Box::new(PreconditionFailure {
+                index,
+                key: op.key().clone(),
+                kind,
+                current: cur.clone(),
+            }));
+        }
+    }
+    // Every compare held when re-checked: the failing compare must have been a lease that
+    // vanished between the read and the write.
+    StoreError::LeaseNotFound(ops.iter().map(Op::lease).find(|l| *l != 0).unwrap_or(0))
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        check_key(key)?;
+        let resp = self
+            .retry("get", |mut c| {
+                let key = key.to_vec();
+                async move { c.get(key, None).await }
+            })
+            .await?;
+        Ok(resp.kvs().first().map(convert_kv))
+    }
+
+    async fn list(&self, req: ListRequest) -> Result<ListResponse> {
+        let cursor = Cursor::from_request(&req)?;
+        check_prefix(&cursor.prefix)?;
+        let revision = match &cursor.revision {
+            Some(r) => r.expect_single()?,
+            None => 0,
+        };
+        let mut opts = GetOptions::new().with_revision(revision);
+        opts = match prefix_end(&cursor.prefix) {
+            Some(end) => opts.with_range(end),
+            None => opts.with_from_key(),
+        };
+        if req.limit > 0 {
+            opts = opts.with_limit(req.limit as i64);
+        }
+        let start = if cursor.start < cursor.prefix {
+            cursor.prefix.clone()
+        } else {
+            cursor.start.clone()
+        };
+        let resp = self
+            .retry("list", |mut c| {
+                let start = start.to_vec();
+                let opts = opts.clone();
+                async move { c.get(start, Some(opts)).await }
+            })
+            .await
+            .map_err(|e| match e {
+                StoreError::Compacted { .. } => StoreError::Compacted {
+                    requested: revision,
+                    compacted: -1,
+                },
+                StoreError::FutureRevision { .. } => StoreError::FutureRevision {
+                    requested: revision,
+                    current: -1,
+                },
+                e => e,
+            })?;
+        let read_at = if revision > 0 {
+            revision
+        } else {
+            header_revision(resp.header())
+        };
+        let kvs: Vec<KeyValue> = resp.kvs().iter().map(convert_kv).collect();
+        let revision = Revision::single(read_at);
+        let continue_token = match (resp.more(), kvs.last()) {
+            (true, Some(last)) => Some(cursor.next_token(&revision, &last.key)),
+            _ => None,
+        };
+        Ok(ListResponse {
+            kvs,
+            revision,
+            continue_token,
+        })
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> Result<TxnResponse> {
+        check_txn(&ops)?;
+        if let [Op::Put { key, value, lease }] = ops.as_slice() {
+            // An unconditional single write needs no transaction: etcd's put is cheaper.
+            return self.single_put(key.clone(), value.clone(), *lease).await;
+        }
+        let mut compares = Vec::with_capacity(ops.len());
+        let mut then = Vec::with_capacity(ops.len());
+        let mut otherwise = Vec::with_capacity(ops.len());
+        for op in &ops {
+            let key = op.key().to_vec();
+            match op {
+                Op::Create { value, lease, .. } => {
+                    compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                    // The key is new, so there is no previous value to ask etcd for.
+                    let opts = if *lease != 0 {
+                        PutOptions::new().with_lease(*lease)
+                    } else {
+                        PutOptions::new()
+                    };
+                    then.push(TxnOp::put(key.clone(), value.to_vec(), Some(opts)));
+                }
+                Op::Update {
+                    value,
+                    expected,
+                    lease,
+                    ..
+                } => {
+                    compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *expected));
+                    then.push(TxnOp::put(key.clone(), value.to_vec(), Some(put_opts(*lease))));
+                }
+                Op::Put { value, lease, .. } => {
+                    then.push(TxnOp::put(key.clone(), value.to_vec(), Some(put_opts(*lease))));
+                }
+                Op::Delete { expected, .. } => {
+                    compares.push(match expected {
+                        Some(rev) => Compare::mod_revision(key.clone(), CompareOp::Equal, *rev),
+                        None => Compare::version(key.clone(), CompareOp::Greater, 0),
+                    });
+                    then.push(TxnOp::delete(
+                        key.clone(),
+                        Some(DeleteOptions::new().with_prev_key()),
+                    ));
+                }
+                Op::Check { expected, .. } => {
+                    compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *expected));
+                }
+            }
+            otherwise.push(TxnOp::get(key, None));
+        }
+        let writes = !then.is_empty();
+        if !writes {
+            // A transaction of checks only: read them back in the success branch too.
+            then = otherwise.clone();
+        }
+        let txn = Txn::new().when(compares).and_then(then).or_else(otherwise);
+        // Writes are not retried: after a lost connection the outcome is unknown, and the
+        // caller must read before deciding (Kubernetes' storage layer does the same).
+        let resp = self
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| match map_error(&self.name, "txn", e) {
+                StoreError::LeaseNotFound(_) => {
+                    StoreError::LeaseNotFound(ops.iter().map(Op::lease).find(|l| *l != 0).unwrap_or(0))
+                }
+                e => e,
+            })?;
+        let revision = header_revision(resp.header());
+        let responses = resp.op_responses();
+        if !resp.succeeded() {
+            let current: Vec<Option<KeyValue>> = responses
+                .iter()
+                .map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().map(convert_kv),
+                    _ => None,
+                })
+                .collect();
+            return Err(explain_failure(&ops, &current));
+        }
+        if !writes {
+            return Ok(TxnResponse {
+                revision,
+                results: vec![OpResult::Checked; ops.len()],
+            });
+        }
+        let mut responses = responses.into_iter();
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                Op::Check { .. } => results.push(OpResult::Checked),
+                Op::Delete { .. } => match responses.next() {
+                    Some(TxnOpResponse::Delete(d)) => match d.prev_kvs().first() {
+                        Some(prev) => results.push(OpResult::Deleted(convert_kv(prev))),
+                        None => return Err(StoreError::Internal("etcd deleted nothing".into())),
+                    },
+                    other => {
+                        return Err(StoreError::Internal(format!(
+                            "etcd answered a delete with {other:?}"
+                        )));
+                    }
+                },
+                Op::Create { key, value, lease }
+                | Op::Update {
+                    key, value, lease, ..
+                }
+                | Op::Put { key, value, lease } => match responses.next() {
+                    Some(TxnOpResponse::Put(p)) => {
+                        let prev = p.prev_key();
+                        results.push(OpResult::Written(KeyValue {
+                            key,
+                            value,
+                            create_revision: prev.map_or(revision, |p| p.create_revision()),
+                            mod_revision: revision,
+                            version: prev.map_or(1, |p| p.version() + 1),
+                            lease,
+                        }));
+                    }
+                    other => {
+                        return Err(StoreError::Internal(format!(
+                            "etcd answered a put with {other:?}"
+                        )));
+                    }
+                },
+            }
+        }
+        Ok(TxnResponse { revision, results })
+    }
+
+    async fn watch(&self, prefix: &[u8], after: Option<Revision>) -> Result<WatchStream> {
+        check_prefix(prefix)?;
+        let after = match after {
+            Some(r) => r.expect_single()?,
+            None => self.current_revision().await?.expect_single()?,
+        };
+        watch::open(self.clone(), Bytes::copy_from_slice(prefix), after).await
+    }
+
+    async fn lease_grant(&self, ttl: i64) -> Result<LeaseId> {
+        check_ttl(ttl)?;
+        let resp = self
+            .retry("lease_grant", |mut c| async move { c.lease_grant(ttl, None).await })
+            .await?;
+        Ok(resp.id())
+    }
+
+    async fn lease_keep_alive(&self, id: LeaseId) -> Result<i64> {
+        let ttl = self
+            .retry("lease_keep_alive", |mut c| async move {
+                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+                keeper.keep_alive().await?;
+                Ok(stream.message().await?.map_or(0, |r| r.ttl()))
+            })
+            .await
+            .map_err(|e| match e {
+                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(id),
+                e => e,
+            })?;
+        if ttl <= 0 {
+            return Err(StoreError::LeaseNotFound(id));
+        }
+        Ok(ttl)
+    }
+
+    async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
+        self.retry("lease_revoke", |mut c| async move { c.lease_revoke(id).await })
+            .await
+            .map_err(|e| match e {
+                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(id),
+                e => e,
+            })?;
+        Ok(())
+    }
+
+    async fn compact(&self, revision: &Revision) -> Result<()> {
+        let rev = revision.expect_single()?;
+        self.retry("compact", |mut c| async move { c.compact(rev, None).await })
+            .await
+            .map_err(|e| match e {
+                StoreError::Compacted { .. } => StoreError::Compacted {
+                    requested: rev,
+                    compacted: -1,
+                },
+                StoreError::FutureRevision { .. } => StoreError::FutureRevision {
+                    requested: rev,
+                    current: -1,
+                },
+                e => e,
+            })?;
+        self.metrics
+            .compacted_revision
+            .with_label_values(&["etcd"])
+            .set(rev);
+        Ok(())
+    }
+
+    async fn current_revision(&self) -> Result<Revision> {
+        // A range over one key that cannot exist returns only the header.
+        let resp = self
+            .retry("current_revision", |mut c| async move {
+                c.get(vec![0u8], Some(GetOptions::new().with_count_only())).await
+            })
+            .await?;
+        let rev = header_revision(resp.header());
+        self.metrics.revision.with_label_values(&["etcd"]).set(rev);
+        Ok(Revision::single(rev))
+    }
+}
+
+impl EtcdStore {
+    async fn single_put(&self, key: Bytes, value: Bytes, lease: LeaseId) -> Result<TxnResponse> {
+        let resp = self
+            .client
+            .kv_client()
+            .put(key.to_vec(), value.to_vec(), Some(put_opts(lease)))
+            .await
+            .map_err(|e| match map_error(&self.name, "txn", e) {
+                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease),
+                e => e,
+            })?;
+        let revision = header_revision(resp.header());
+        let prev = resp.prev_key();
+        let kv = KeyValue {
+            key,
+            value,
+            create_revision: prev.map_or(revision, |p| p.create_revision()),
+            mod_revision: revision,
+            version: prev.map_or(1, |p| p.version() + 1),
+            lease,
+        };
+        Ok(TxnResponse {
+            revision,
+            results: vec![OpResult::Written(kv)],
+        })
+    }
+}
+
+fn put_opts(lease: LeaseId) -> PutOptions {
+    let opts = PutOptions::new().with_prev_key();
+    if lease != 0 { opts.with_lease(lease) } else { opts }
+}

@@ -1,0 +1,51 @@
+//! `tessera`: one binary for every shape of a Tessera deployment. This file is the command
+//! line and its wiring only; the parts live in the workspace crates.
+
+mod bench;
+mod debug;
+mod metrics_server;
+mod store_config;
+mod up;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Tessera: a federated, sharded cluster scheduler.
+#[derive(Parser)]
+#[command(name = "tessera", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run Tessera on this machine: today, a shard's store with metrics.
+    Up(up::UpArgs),
+    /// Measure a part of Tessera.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Tools for tests and troubleshooting.
+    #[command(subcommand, hide = true)]
+    Debug(debug::DebugCommand),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Up(args) => up::run(args).await,
+            Command::Bench(cmd) => bench::run(cmd).await,
+            Command::Debug(cmd) => debug::run(cmd).await,
+        }
+    })
+}

@@ -1,0 +1,129 @@
+//! The store flags shared by every command that opens a store, and building the store they
+//! describe.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use tessera_store::{
+    EmbeddedOptions, EmbeddedStore, EtcdOptions, EtcdStore, Instrumented, ShardedStore,
+    ShardingConfig, Store, StoreMetrics,
+};
+
+/// Which backend holds the shard's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// In-process and durable in the data directory (one machine).
+    Embedded,
+    /// A real etcd v3 cluster (or several, with overrides and tenant shards).
+    Etcd,
+}
+
+/// Store flags, named as kube-apiserver names them where it has the same thing.
+#[derive(Args, Clone, Debug)]
+pub struct StoreArgs {
+    /// Storage backend.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub store: Backend,
+    /// etcd members of the default cluster, comma-separated.
+    #[arg(long, env = "TESSERA_ETCD_SERVERS", default_value = "http://127.0.0.1:2379")]
+    pub etcd_servers: String,
+    /// Per-resource etcd clusters: `group/resource#url;url`, comma-separated
+    /// (e.g. `/events#http://127.0.0.1:2381`).
+    #[arg(long)]
+    pub etcd_servers_overrides: Option<String>,
+    /// Tenant shards: etcd clusters that namespaced objects are hashed over by namespace;
+    /// clusters separated by `;`, members of one cluster by `,`.
+    #[arg(long)]
+    pub tenant_shards: Option<String>,
+    /// How often old revisions are compacted (history kept: at least this long).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub compaction_interval: Duration,
+}
+
+/// Parses `300ms`, `10s`, `5m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .ok_or_else(|| format!("{s:?}: add a unit (ms, s, m or h)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number followed by ms, s, m or h"))?;
+    Ok(match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    })
+}
+
+/// Opens the store the flags describe, instrumented with `metrics`.
+pub async fn open(
+    args: &StoreArgs,
+    data_dir: &std::path::Path,
+    metrics: Arc<StoreMetrics>,
+) -> anyhow::Result<Arc<dyn Store>> {
+    let inner: Arc<dyn Store> = match args.store {
+        Backend::Embedded => {
+            if args.etcd_servers_overrides.is_some() || args.tenant_shards.is_some() {
+                anyhow::bail!(
+                    "--etcd-servers-overrides and --tenant-shards need --store etcd"
+                );
+            }
+            let dir: PathBuf = data_dir.join("store");
+            Arc::new(
+                EmbeddedStore::open(&dir, EmbeddedOptions::default(), metrics.clone())
+                    .await
+                    .with_context(|| format!("opening the embedded store in {}", dir.display()))?,
+            )
+        }
+        Backend::Etcd => {
+            let config = ShardingConfig::parse(
+                &args.etcd_servers,
+                args.etcd_servers_overrides.as_deref(),
+                args.tenant_shards.as_deref(),
+            )?;
+            let connect = |urls: Vec<String>| {
+                let metrics = metrics.clone();
+                async move {
+                    EtcdStore::connect(EtcdOptions::new(urls), metrics)
+                        .await
+                        .map(|s| Arc::new(s) as Arc<dyn Store>)
+                }
+            };
+            let default = connect(config.default.clone()).await?;
+            if config.is_sharded() {
+                let mut overrides = Vec::new();
+                for (segment, urls) in &config.overrides {
+                    overrides.push((segment.clone(), connect(urls.clone()).await?));
+                }
+                let mut tenants = Vec::new();
+                for urls in &config.tenant_shards {
+                    tenants.push(connect(urls.clone()).await?);
+                }
+                Arc::new(ShardedStore::new("/registry/", default, overrides, tenants))
+            } else {
+                default
+            }
+        }
+    };
+    Ok(Arc::new(Instrumented::new(inner, metrics)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_only() {
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("m").is_err());
+    }
+}

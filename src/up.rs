@@ -1,0 +1,51 @@
+//! `tessera up`: runs Tessera on this machine. Today that is one shard's store (embedded by
+//! default), its compactor and its metrics; the API server, controllers, scheduler and the
+//! federation join it as their issues land.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use prometheus::Registry;
+use tessera_store::{StoreMetrics, compactor};
+
+use crate::store_config::{self, StoreArgs};
+
+/// Flags of `tessera up`.
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Where state is kept.
+    #[arg(long, default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// Address of the metrics and health endpoint.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub metrics_addr: SocketAddr,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Opens the store and serves until Ctrl-C.
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    let registry = Registry::new();
+    let metrics = StoreMetrics::register(&registry)?;
+    std::fs::create_dir_all(&args.data_dir)?;
+    let store = store_config::open(&args.store, &args.data_dir, metrics).await?;
+    let revision = store.current_revision().await?;
+    tokio::spawn(compactor::run(store.clone(), args.store.compaction_interval));
+    let bound = crate::metrics_server::serve(args.metrics_addr, registry).await?;
+    println!("Tessera is up.");
+    println!("  store:    {} at revision {revision}", store.backend());
+    if store.backend() == "embedded" {
+        println!("  data:     {}", args.data_dir.join("store").display());
+    }
+    println!("  metrics:  http://{bound}/metrics");
+    println!();
+    println!("This build runs the shard's store only; the Kubernetes API server, controllers,");
+    println!("scheduler and federation are not there yet (see docs/architecture.md).");
+    println!("Press Ctrl-C to stop.");
+    tokio::signal::ctrl_c().await?;
+    tracing::info!("shutting down");
+    drop(Arc::clone(&store));
+    Ok(())
+}
