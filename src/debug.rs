@@ -13,8 +13,8 @@ use tessera_store::{EmbeddedOptions, EmbeddedStore, Store, StoreMetrics};
 /// Debug commands.
 #[derive(Subcommand, Debug)]
 pub enum DebugCommand {
-    /// Write keys to an embedded store forever, printing `ack <n> <mod_revision>` after each
-    /// acknowledged write.
+    /// Open an embedded store, print `ready`, then write keys forever, printing
+    /// `ack <n> <mod_revision>` after each acknowledged write.
     StoreWriter(WriterArgs),
 }
 
@@ -45,9 +45,16 @@ pub async fn run(cmd: DebugCommand) -> anyhow::Result<()> {
 async fn store_writer(args: WriterArgs) -> anyhow::Result<()> {
     let options = EmbeddedOptions {
         snapshot_threshold_bytes: args.snapshot_bytes,
+        // Small segments, so kills land during roll-overs too.
+        segment_bytes: 1 << 20,
         ..EmbeddedOptions::default()
     };
     let store = EmbeddedStore::open(&args.data_dir, options, StoreMetrics::detached()).await?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "ready")?;
+        out.flush()?;
+    }
     let next = Arc::new(AtomicU64::new(args.start));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, i64)>();
     for _ in 0..args.concurrency {

@@ -28,7 +28,11 @@ pub struct StoreArgs {
     #[arg(long, value_enum, default_value = "embedded")]
     pub store: Backend,
     /// etcd members of the default cluster, comma-separated.
-    #[arg(long, env = "TESSERA_ETCD_SERVERS", default_value = "http://127.0.0.1:2379")]
+    #[arg(
+        long,
+        env = "TESSERA_ETCD_SERVERS",
+        default_value = "http://127.0.0.1:2379"
+    )]
     pub etcd_servers: String,
     /// Per-resource etcd clusters: `group/resource#url;url`, comma-separated
     /// (e.g. `/events#http://127.0.0.1:2381`).
@@ -70,9 +74,7 @@ pub async fn open(
     let inner: Arc<dyn Store> = match args.store {
         Backend::Embedded => {
             if args.etcd_servers_overrides.is_some() || args.tenant_shards.is_some() {
-                anyhow::bail!(
-                    "--etcd-servers-overrides and --tenant-shards need --store etcd"
-                );
+                anyhow::bail!("--etcd-servers-overrides and --tenant-shards need --store etcd");
             }
             let dir: PathBuf = data_dir.join("store");
             Arc::new(

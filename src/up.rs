@@ -32,7 +32,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)?;
     let store = store_config::open(&args.store, &args.data_dir, metrics).await?;
     let revision = store.current_revision().await?;
-    tokio::spawn(compactor::run(store.clone(), args.store.compaction_interval));
+    tokio::spawn(compactor::run(
+        store.clone(),
+        args.store.compaction_interval,
+    ));
     let bound = crate::metrics_server::serve(args.metrics_addr, registry).await?;
     println!("Tessera is up.");
     println!("  store:    {} at revision {revision}", store.backend());

@@ -11,11 +11,25 @@ use std::time::Duration;
 use rand::Rng;
 use tessera_store::{EmbeddedOptions, EmbeddedStore, ListRequest, Store, StoreMetrics};
 
-const ROUNDS: u64 = 20;
+const ROUNDS: u64 = 30;
 
-fn run_round(dir: &std::path::Path, round: u64, kill_after: Duration) -> HashMap<u64, i64> {
+/// When to kill the writer: some time after it reported ready, or during its recovery.
+#[derive(Clone, Copy, Debug)]
+enum Kill {
+    AfterReady(Duration),
+    DuringRecovery(Duration),
+}
+
+fn run_round(dir: &std::path::Path, round: u64, kill: Kill) -> HashMap<u64, i64> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["debug", "store-writer", "--concurrency", "32", "--snapshot-bytes", "262144"])
+        .args([
+            "debug",
+            "store-writer",
+            "--concurrency",
+            "32",
+            "--snapshot-bytes",
+            "262144",
+        ])
         .arg("--start")
         .arg((round * 10_000_000).to_string())
         .arg("--data-dir")
@@ -26,10 +40,15 @@ fn run_round(dir: &std::path::Path, round: u64, kill_after: Duration) -> HashMap
         .spawn()
         .expect("start the writer");
     let stdout = child.stdout.take().expect("stdout");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut acked = HashMap::new();
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
+            if line == "ready" {
+                let _ = ready_tx.send(());
+                continue;
+            }
             let mut parts = line.split(' ');
             if let (Some("ack"), Some(n), Some(rev)) = (parts.next(), parts.next(), parts.next())
                 && let (Ok(n), Ok(rev)) = (n.parse::<u64>(), rev.parse::<i64>())
@@ -39,7 +58,15 @@ fn run_round(dir: &std::path::Path, round: u64, kill_after: Duration) -> HashMap
         }
         acked
     });
-    std::thread::sleep(kill_after);
+    match kill {
+        Kill::AfterReady(after) => {
+            ready_rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the writer opened the store");
+            std::thread::sleep(after);
+        }
+        Kill::DuringRecovery(after) => std::thread::sleep(after),
+    }
     child.kill().expect("SIGKILL the writer");
     child.wait().expect("reap the writer");
     reader.join().expect("reader thread")
@@ -52,12 +79,18 @@ fn acknowledged_writes_survive_sigkill() {
     let mut rng = rand::rng();
     let mut all_acked: HashMap<u64, i64> = HashMap::new();
     for round in 0..ROUNDS {
-        let kill_after = Duration::from_millis(rng.random_range(150..600));
-        let acked = run_round(dir.path(), round, kill_after);
-        assert!(
-            !acked.is_empty(),
-            "round {round}: the writer acknowledged nothing in {kill_after:?}"
-        );
+        let kill = if round % 5 == 4 {
+            Kill::DuringRecovery(Duration::from_millis(rng.random_range(0..60)))
+        } else {
+            Kill::AfterReady(Duration::from_millis(rng.random_range(20..400)))
+        };
+        let acked = run_round(dir.path(), round, kill);
+        if let Kill::AfterReady(after) = kill {
+            assert!(
+                !acked.is_empty(),
+                "round {round}: the writer acknowledged nothing in {after:?}"
+            );
+        }
         all_acked.extend(acked);
         rt.block_on(async {
             let store = EmbeddedStore::open(
@@ -77,7 +110,11 @@ fn acknowledged_writes_survive_sigkill() {
                 let page = store.list(req.clone()).await.expect("list");
                 for kv in page.kvs {
                     let key = std::str::from_utf8(&kv.key).expect("utf8");
-                    let n: u64 = key.rsplit("/k").next().and_then(|s| s.parse().ok()).expect("key number");
+                    let n: u64 = key
+                        .rsplit("/k")
+                        .next()
+                        .and_then(|s| s.parse().ok())
+                        .expect("key number");
                     let want = format!("value-{n}-{}", "x".repeat((n % 200) as usize));
                     assert_eq!(kv.value, want.as_bytes(), "key {n} has a damaged value");
                     found.insert(n, kv.mod_revision);
@@ -97,7 +134,7 @@ fn acknowledged_writes_survive_sigkill() {
             store.close().await.expect("close");
         });
         eprintln!(
-            "round {round}: killed after {kill_after:?}; {} acknowledged writes so far, all present",
+            "round {round}: killed ({kill:?}); {} acknowledged writes so far, all present",
             all_acked.len()
         );
     }

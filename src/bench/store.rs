@@ -159,7 +159,7 @@ where
                 let t = Instant::now();
                 op(i).await?;
                 lat.record(t.elapsed());
-                if i % 256 == 0 {
+                if i.is_multiple_of(256) {
                     bar.set_position(i as u64);
                 }
             }
@@ -210,12 +210,9 @@ pub async fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
                 let dir = tempfile::Builder::new()
                     .prefix("tessera-bench-")
                     .tempdir_in(&parent)?;
-                let store = EmbeddedStore::open(
-                    dir.path(),
-                    EmbeddedOptions::default(),
-                    metrics.clone(),
-                )
-                .await?;
+                let store =
+                    EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics.clone())
+                        .await?;
                 _tmp = Some(dir);
                 Arc::new(store)
             }
@@ -270,7 +267,8 @@ pub async fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         let mut plain_txn = None;
         if args.backend == BenchBackend::Etcd && !args.no_plain {
             plain = Some(plain_loop(&etcd_urls, level, &args, concurrency, &value, false).await?);
-            plain_txn = Some(plain_loop(&etcd_urls, level, &args, concurrency, &value, true).await?);
+            plain_txn =
+                Some(plain_loop(&etcd_urls, level, &args, concurrency, &value, true).await?);
         }
         let r = StoreBenchResult {
             backend: store.backend(),
@@ -306,8 +304,18 @@ pub async fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
 fn print_table(results: &[StoreBenchResult]) {
     println!(
         "{:<9} {:>5} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>11} {:>6} {:>11} {:>6}",
-        "backend", "conc", "writes/s", "w p50 ms", "w p99 ms", "reads/s", "r p50 ms", "r p99 ms",
-        "plain put/s", "ratio", "plain txn/s", "ratio"
+        "backend",
+        "conc",
+        "writes/s",
+        "w p50 ms",
+        "w p99 ms",
+        "reads/s",
+        "r p50 ms",
+        "r p99 ms",
+        "plain put/s",
+        "ratio",
+        "plain txn/s",
+        "ratio"
     );
     for r in results {
         println!(
@@ -322,10 +330,12 @@ fn print_table(results: &[StoreBenchResult]) {
             r.read_p99_ms,
             r.plain_put_ops_per_sec
                 .map_or("-".to_owned(), |v| format!("{v:.0}")),
-            r.ratio_to_plain.map_or("-".to_owned(), |v| format!("{v:.2}")),
+            r.ratio_to_plain
+                .map_or("-".to_owned(), |v| format!("{v:.2}")),
             r.plain_txn_ops_per_sec
                 .map_or("-".to_owned(), |v| format!("{v:.0}")),
-            r.ratio_to_plain_txn.map_or("-".to_owned(), |v| format!("{v:.2}")),
+            r.ratio_to_plain_txn
+                .map_or("-".to_owned(), |v| format!("{v:.2}")),
         );
     }
 }

@@ -60,7 +60,9 @@ pub enum StoreError {
         limit: usize,
     },
     /// The request as a whole (keys and values of a transaction) is too large.
-    #[error("request is {size} bytes; the limit is {limit} bytes (split it into smaller transactions)")]
+    #[error(
+        "request is {size} bytes; the limit is {limit} bytes (split it into smaller transactions)"
+    )]
     RequestTooLarge {
         /// The request's size.
         size: usize,
@@ -112,7 +114,9 @@ pub enum StoreError {
     #[error("invalid lease TTL {0}s: it must be between 1 and 9000000000 seconds")]
     InvalidTtl(i64),
     /// A transaction whose keys live in different backends of a sharded store.
-    #[error("transaction spans several backends ({0}); keys of one transaction must share a namespace")]
+    #[error(
+        "transaction spans several backends ({0}); keys of one transaction must share a namespace"
+    )]
     CrossShardTxn(String),
     /// The backend could not be reached (after retries, for requests that are safe to retry).
     /// For a write, its outcome is unknown: read the key again before retrying.

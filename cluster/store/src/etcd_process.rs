@@ -95,8 +95,8 @@ impl EtcdProcess {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                let log = std::fs::read_to_string(self.dir.path().join("etcd.log"))
-                    .unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
                 return Err(std::io::Error::other(format!(
                     "etcd exited with {status}: {log}"
                 )));

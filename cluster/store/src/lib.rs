@@ -27,8 +27,8 @@ pub use instrumented::Instrumented;
 pub use metrics::StoreMetrics;
 pub use sharded::{ShardedStore, ShardingConfig};
 pub use types::{
-    EventKind, KeyValue, LeaseId, ListRequest, ListResponse, Op, OpResult, Revision,
-    TxnResponse, WatchBatch, WatchEvent, WatchStream,
+    EventKind, KeyValue, LeaseId, ListRequest, ListResponse, Op, OpResult, Revision, TxnResponse,
+    WatchBatch, WatchEvent, WatchStream,
 };
 
 /// A key-value store with Kubernetes' storage semantics. Keys follow Kubernetes' layout
@@ -73,7 +73,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates a key that must not exist.
     async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue> {
-        written(self.txn(vec![Op::Create { key, value, lease: 0 }]).await?)
+        written(
+            self.txn(vec![Op::Create {
+                key,
+                value,
+                lease: 0,
+            }])
+            .await?,
+        )
     }
 
     /// Overwrites a key if its mod revision is still `expected`.
@@ -91,7 +98,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes a key whatever its state.
     async fn put(&self, key: Bytes, value: Bytes) -> Result<KeyValue> {
-        written(self.txn(vec![Op::Put { key, value, lease: 0 }]).await?)
+        written(
+            self.txn(vec![Op::Put {
+                key,
+                value,
+                lease: 0,
+            }])
+            .await?,
+        )
     }
 
     /// Deletes a key (at `expected` mod revision, if given); returns its last value.

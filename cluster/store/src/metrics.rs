@@ -3,8 +3,7 @@
 use std::sync::Arc;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 /// Latency buckets for store requests: 50 µs to 10 s.
@@ -99,7 +98,9 @@ impl StoreMetrics {
                     "tessera_store_embedded_commit_batch_size",
                     "Transactions made durable by one log flush (group commit).",
                 )
-                .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]),
+                .buckets(vec![
+                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+                ]),
             )?,
             fsync_duration: latency(
                 "tessera_store_embedded_fsync_duration_seconds",

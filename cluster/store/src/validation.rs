@@ -101,9 +101,11 @@ pub fn check_txn(ops: &[Op]) -> Result<()> {
             size += value.len();
         }
         match op {
-            Op::Update { expected, .. } | Op::Delete { expected: Some(expected), .. }
-                if *expected <= 0 =>
-            {
+            Op::Update { expected, .. }
+            | Op::Delete {
+                expected: Some(expected),
+                ..
+            } if *expected <= 0 => {
                 return Err(StoreError::InvalidTxn(format!(
                     "expected mod revision {expected} of key {:?} must be positive (a key that exists has one)",
                     String::from_utf8_lossy(key)
@@ -170,11 +172,22 @@ mod tests {
 
     #[test]
     fn keys_are_checked() {
-        for good in ["/registry/pods/ns/a", "/a", "/registry/podgroups.tessera.io/x/y"] {
+        for good in [
+            "/registry/pods/ns/a",
+            "/a",
+            "/registry/podgroups.tessera.io/x/y",
+        ] {
             assert!(check_key(good.as_bytes()).is_ok(), "{good}");
         }
         for bad in [
-            "", "registry/pods", "/a//b", "/a/../b", "/a/./b", "/a/b/", "/a b", "/a\u{0}",
+            "",
+            "registry/pods",
+            "/a//b",
+            "/a/../b",
+            "/a/./b",
+            "/a/b/",
+            "/a b",
+            "/a\u{0}",
             "/é",
         ] {
             assert!(check_key(bad.as_bytes()).is_err(), "{bad:?}");
@@ -211,7 +224,9 @@ mod tests {
             check_txn(&[put("/a", 1), put("/a", 1)]),
             Err(StoreError::InvalidTxn(_))
         ));
-        let many: Vec<Op> = (0..=MAX_TXN_OPS).map(|i| put(&format!("/k{i}"), 1)).collect();
+        let many: Vec<Op> = (0..=MAX_TXN_OPS)
+            .map(|i| put(&format!("/k{i}"), 1))
+            .collect();
         assert!(matches!(
             check_txn(&many),
             Err(StoreError::TooManyOps { .. })

@@ -281,18 +281,19 @@ fn evaluate(
     ops: Vec<Op>,
     records: &mut Vec<Record>,
 ) -> Result<TxnResponse> {
-    let current = |overlay: &HashMap<Bytes, Option<KeyValue>>, key: &Bytes| match overlay.get(key)
-    {
+    let current = |overlay: &HashMap<Bytes, Option<KeyValue>>, key: &Bytes| match overlay.get(key) {
         Some(v) => v.clone(),
         None => state.latest(key).cloned(),
     };
     let fail = |index: usize, key: &Bytes, kind, current| {
-        Err(StoreError::PreconditionFailed(Box::new(PreconditionFailure {
-            index,
-            key: key.clone(),
-            kind,
-            current,
-        })))
+        Err(StoreError::PreconditionFailed(Box::new(
+            PreconditionFailure {
+                index,
+                key: key.clone(),
+                kind,
+                current,
+            },
+        )))
     };
     // Check every precondition first: nothing is written unless all hold.
     let mut olds = Vec::with_capacity(ops.len());

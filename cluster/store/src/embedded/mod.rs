@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use self::committer::{Committer, Request};
 use self::mvcc::Mvcc;
+use crate::Store;
 use crate::continuation::Cursor;
 use crate::error::{Result, StoreError};
 use crate::metrics::StoreMetrics;
@@ -31,11 +32,12 @@ use crate::types::{
     WatchStream,
 };
 use crate::validation::{check_key, check_prefix, check_ttl, check_txn};
-use crate::Store;
 
 /// How an embedded store is opened.
 #[derive(Clone, Debug)]
 pub struct EmbeddedOptions {
+    /// Size log segments are preallocated to (0: no preallocation).
+    pub segment_bytes: u64,
     /// Log bytes written after which a snapshot is taken and older segments dropped.
     pub snapshot_threshold_bytes: u64,
     /// How often an idle watch gets a progress notification.
@@ -49,6 +51,7 @@ pub struct EmbeddedOptions {
 impl Default for EmbeddedOptions {
     fn default() -> Self {
         EmbeddedOptions {
+            segment_bytes: 64 << 20,
             snapshot_threshold_bytes: 64 << 20,
             progress_interval: Duration::from_secs(5),
             lease_check_interval: Duration::from_millis(250),
@@ -91,15 +94,14 @@ impl EmbeddedStore {
         let dir = dir.as_ref().to_owned();
         let started = std::time::Instant::now();
         let dir2 = dir.clone();
+        let segment_bytes = options.segment_bytes;
         let (committer_parts, mvcc) =
-            tokio::task::spawn_blocking(move || recover(&dir2))
+            tokio::task::spawn_blocking(move || recover(&dir2, segment_bytes))
                 .await
                 .map_err(|e| StoreError::Internal(format!("recovery task failed: {e}")))??;
         let (lock_file, wal, next_lease_id) = committer_parts;
         let recovered = started.elapsed();
-        metrics
-            .recovery_duration
-            .observe(recovered.as_secs_f64());
+        metrics.recovery_duration.observe(recovered.as_secs_f64());
         tracing::info!(
             dir = %dir.display(),
             keys = mvcc.live_keys(),
@@ -114,7 +116,10 @@ impl EmbeddedStore {
             .map(|(id, l)| (*id, now + Duration::from_secs(l.ttl as u64)))
             .collect();
         let revision = mvcc.revision();
-        metrics.revision.with_label_values(&["embedded"]).set(revision);
+        metrics
+            .revision
+            .with_label_values(&["embedded"])
+            .set(revision);
         metrics
             .keys
             .with_label_values(&["embedded"])
@@ -189,7 +194,7 @@ impl EmbeddedStore {
 
 type Recovered = ((std::fs::File, wal::Wal, i64), Mvcc);
 
-fn recover(dir: &Path) -> Result<Recovered> {
+fn recover(dir: &Path, segment_bytes: u64) -> Result<Recovered> {
     std::fs::create_dir_all(dir).map_err(io("creating the data directory"))?;
     let lock_file = std::fs::OpenOptions::new()
         .create(true)
@@ -208,6 +213,7 @@ fn recover(dir: &Path) -> Result<Recovered> {
         },
     })?;
     let _ = std::fs::remove_file(dir.join("snap.tmp"));
+    wal::remove_preallocated(dir)?;
     let (mut mvcc, snap_index, mut next_lease_id) = match snapshot::load_latest(dir)? {
         Some(s) => (s.mvcc, s.index, s.next_lease_id),
         None => (Mvcc::new(), 0, 1),
@@ -218,7 +224,7 @@ fn recover(dir: &Path) -> Result<Recovered> {
         }
         mvcc.apply(&record);
     })?;
-    let wal = wal::Wal::create(dir, next_index)?;
+    let wal = wal::Wal::create(dir, next_index, segment_bytes)?;
     Ok(((lock_file, wal, next_lease_id), mvcc))
 }
 
@@ -255,7 +261,9 @@ async fn expire_leases(shared: Weak<Shared>) {
             match rx.await {
                 Ok(Ok(())) => tracing::debug!(lease = id, "lease expired"),
                 Ok(Err(StoreError::LeaseNotFound(_))) => {}
-                Ok(Err(e)) => tracing::warn!(lease = id, error = %e, "revoking an expired lease failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(lease = id, error = %e, "revoking an expired lease failed")
+                }
                 Err(_) => return,
             }
         }
@@ -331,7 +339,9 @@ impl Store for EmbeddedStore {
 
     async fn lease_grant(&self, ttl: i64) -> Result<LeaseId> {
         check_ttl(ttl)?;
-        let id = self.call(|reply| Request::LeaseGrant { ttl, reply }).await?;
+        let id = self
+            .call(|reply| Request::LeaseGrant { ttl, reply })
+            .await?;
         self.shared
             .deadlines
             .lock()
@@ -356,14 +366,16 @@ impl Store for EmbeddedStore {
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
-        self.call(|reply| Request::LeaseRevoke { id, reply }).await?;
+        self.call(|reply| Request::LeaseRevoke { id, reply })
+            .await?;
         self.shared.deadlines.lock().remove(&id);
         Ok(())
     }
 
     async fn compact(&self, revision: &Revision) -> Result<()> {
         let revision = revision.expect_single()?;
-        self.call(|reply| Request::Compact { revision, reply }).await
+        self.call(|reply| Request::Compact { revision, reply })
+            .await
     }
 
     async fn current_revision(&self) -> Result<Revision> {

@@ -277,10 +277,7 @@ impl Mvcc {
                     && !lease.keys.is_empty()
                 {
                     let revision = self.revision + 1;
-                    let deletes = lease
-                        .keys
-                        .into_iter()
-                        .map(|key| Mutation::Delete { key });
+                    let deletes = lease.keys.into_iter().map(|key| Mutation::Delete { key });
                     self.apply_mutations(revision, deletes);
                 }
             }
@@ -294,7 +291,10 @@ impl Mvcc {
             match m {
                 Mutation::Put { key, value, lease } => {
                     let versions = self.keys.entry(key.clone()).or_default();
-                    let prev = versions.last().filter(|v| !v.tombstone).map(|v| v.kv.clone());
+                    let prev = versions
+                        .last()
+                        .filter(|v| !v.tombstone)
+                        .map(|v| v.kv.clone());
                     let kv = KeyValue {
                         key: key.clone(),
                         value,
@@ -333,7 +333,10 @@ impl Mvcc {
                 }
                 Mutation::Delete { key } => {
                     let versions = self.keys.entry(key.clone()).or_default();
-                    let Some(prev) = versions.last().filter(|v| !v.tombstone).map(|v| v.kv.clone())
+                    let Some(prev) = versions
+                        .last()
+                        .filter(|v| !v.tombstone)
+                        .map(|v| v.kv.clone())
                     else {
                         continue;
                     };
@@ -378,11 +381,7 @@ impl Mvcc {
         }
         let revision = revision.min(self.revision);
         let end = self.log.partition_point(|e| e.revision <= revision);
-        let mut touched: Vec<Bytes> = self
-            .log
-            .drain(..end)
-            .map(|e| e.event.kv.key)
-            .collect();
+        let mut touched: Vec<Bytes> = self.log.drain(..end).map(|e| e.event.kv.key).collect();
         touched.sort_unstable();
         touched.dedup();
         for key in touched {

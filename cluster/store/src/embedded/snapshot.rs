@@ -101,12 +101,10 @@ pub(crate) fn write(dir: &Path, index: u64, next_lease_id: i64, mvcc: &Mvcc) -> 
     let sum = crc.finalize();
     out.write_all(&sum.to_le_bytes())
         .map_err(io("writing a snapshot"))?;
-    let file = out
-        .into_inner()
-        .map_err(|e| StoreError::Io {
-            step: "writing a snapshot",
-            source: e.into_error(),
-        })?;
+    let file = out.into_inner().map_err(|e| StoreError::Io {
+        step: "writing a snapshot",
+        source: e.into_error(),
+    })?;
     file.sync_all().map_err(io("syncing a snapshot"))?;
     drop(file);
     fs::rename(&tmp, snapshot_path(dir, index)).map_err(io("installing a snapshot"))?;
@@ -135,7 +133,9 @@ pub(crate) fn load_latest(dir: &Path) -> Result<Option<Loaded>> {
     for (index, path) in snapshots(dir)? {
         match load(&path) {
             Ok(loaded) if loaded.index == index => return Ok(Some(loaded)),
-            Ok(_) => tracing::warn!(path = %path.display(), "snapshot index does not match its name; skipping"),
+            Ok(_) => {
+                tracing::warn!(path = %path.display(), "snapshot index does not match its name; skipping")
+            }
             Err(reason) => {
                 tracing::warn!(path = %path.display(), %reason, "damaged snapshot; trying an older one")
             }

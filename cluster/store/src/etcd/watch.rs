@@ -95,22 +95,17 @@ impl State {
             .await
             .map_err(Attempt::classify)?;
         // The first answer says whether the watch was created or refused (compacted).
-        loop {
-            match stream.message().await.map_err(Attempt::classify)? {
-                None => {
-                    return Err(Attempt::Transient(etcd_client::Error::WatchError(
-                        "stream closed before the watch was created".into(),
-                    )));
-                }
-                Some(resp) if resp.canceled() => {
-                    return Err(Attempt::Fatal(self.cancelled(&resp)));
-                }
-                Some(resp) if resp.created() && resp.events().is_empty() => break,
-                Some(resp) => {
-                    self.pending = Some(resp);
-                    break;
-                }
+        match stream.message().await.map_err(Attempt::classify)? {
+            None => {
+                return Err(Attempt::Transient(etcd_client::Error::WatchError(
+                    "stream closed before the watch was created".into(),
+                )));
             }
+            Some(resp) if resp.canceled() => {
+                return Err(Attempt::Fatal(self.cancelled(&resp)));
+            }
+            Some(resp) if resp.created() && resp.events().is_empty() => {}
+            Some(resp) => self.pending = Some(resp),
         }
         self.stream = Some(stream);
         Ok(())

@@ -1,7 +1,7 @@
 //! The sharded store's configuration in the flag syntax operators know from kube-apiserver.
 
-use crate::error::StoreError;
 use super::routing::resource_segment;
+use crate::error::StoreError;
 
 /// Where a sharded store's keys go: a default etcd cluster, per-resource overrides and
 /// tenant shards. Each cluster is a list of member URLs.
@@ -17,7 +17,7 @@ pub struct ShardingConfig {
 
 fn urls(list: &str, what: &str) -> Result<Vec<String>, StoreError> {
     let v: Vec<String> = list
-        .split(|c| c == ',' || c == ';')
+        .split([',', ';'])
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
@@ -134,7 +134,11 @@ mod tests {
             ("http://a:2379", Some("events#http://b:2379"), None),
             ("http://a:2379", Some("/events"), None),
             ("http://a:2379", Some("/events#"), None),
-            ("http://a:2379", Some("/events#http://b,/events#http://c"), None),
+            (
+                "http://a:2379",
+                Some("/events#http://b,/events#http://c"),
+                None,
+            ),
             ("http://a:2379", None, Some("c:2379")),
         ] {
             assert!(

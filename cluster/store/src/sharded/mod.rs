@@ -21,6 +21,7 @@ pub use config::ShardingConfig;
 pub use routing::resource_segment;
 use routing::{Parts, Router};
 
+use crate::Store;
 use crate::continuation::Cursor;
 use crate::error::{Result, StoreError};
 use crate::types::{
@@ -28,7 +29,6 @@ use crate::types::{
     WatchStream,
 };
 use crate::validation::{check_key, check_prefix, check_ttl, check_txn};
-use crate::Store;
 
 /// A store over several backends.
 pub struct ShardedStore {
@@ -189,7 +189,10 @@ impl Store for ShardedStore {
     async fn txn(&self, ops: Vec<Op>) -> Result<TxnResponse> {
         check_txn(&ops)?;
         let part = self.router.route_key(ops[0].key());
-        if let Some(other) = ops.iter().find(|op| self.router.route_key(op.key()) != part) {
+        if let Some(other) = ops
+            .iter()
+            .find(|op| self.router.route_key(op.key()) != part)
+        {
             return Err(StoreError::CrossShardTxn(format!(
                 "{:?} and {:?}",
                 String::from_utf8_lossy(ops[0].key()),
@@ -274,8 +277,8 @@ impl Store for ShardedStore {
 
     async fn lease_grant(&self, ttl: i64) -> Result<LeaseId> {
         check_ttl(ttl)?;
-        let ids = futures::future::try_join_all(self.parts.iter().map(|p| p.lease_grant(ttl)))
-            .await?;
+        let ids =
+            futures::future::try_join_all(self.parts.iter().map(|p| p.lease_grant(ttl))).await?;
         let id = ids[0];
         self.leases.lock().insert(id, ids);
         Ok(id)
@@ -316,9 +319,13 @@ impl Store for ShardedStore {
             .lock()
             .remove(&id)
             .ok_or(StoreError::LeaseNotFound(id))?;
-        let results =
-            futures::future::join_all(self.parts.iter().zip(ids).map(|(p, part)| p.lease_revoke(part)))
-                .await;
+        let results = futures::future::join_all(
+            self.parts
+                .iter()
+                .zip(ids)
+                .map(|(p, part)| p.lease_revoke(part)),
+        )
+        .await;
         for r in results {
             match r {
                 Ok(()) | Err(StoreError::LeaseNotFound(_)) => {}

@@ -184,9 +184,18 @@ mod tests {
     fn prefixes_fan_out_only_where_needed() {
         let r = router();
         assert_eq!(r.route_prefix(b"/registry/events/"), Parts::One(1));
-        assert_eq!(r.route_prefix(b"/registry/pods/"), Parts::Many(vec![0, 2, 3, 4]));
-        assert_eq!(r.route_prefix(b"/registry/"), Parts::Many(vec![0, 1, 2, 3, 4]));
-        assert_eq!(r.route_prefix(b"/registry/po"), Parts::Many(vec![0, 1, 2, 3, 4]));
+        assert_eq!(
+            r.route_prefix(b"/registry/pods/"),
+            Parts::Many(vec![0, 2, 3, 4])
+        );
+        assert_eq!(
+            r.route_prefix(b"/registry/"),
+            Parts::Many(vec![0, 1, 2, 3, 4])
+        );
+        assert_eq!(
+            r.route_prefix(b"/registry/po"),
+            Parts::Many(vec![0, 1, 2, 3, 4])
+        );
         assert_eq!(r.route_prefix(b"/"), Parts::Many(vec![0, 1, 2, 3, 4]));
         let plain = Router::new("/registry/", &[], 0);
         assert_eq!(plain.route_prefix(b"/registry/pods/"), Parts::One(0));
@@ -222,6 +231,9 @@ mod tests {
     fn resource_segments_follow_kubernetes() {
         assert_eq!(resource_segment("apps", "deployments"), "deployments");
         assert_eq!(resource_segment("", "events"), "events");
-        assert_eq!(resource_segment("tessera.io", "podgroups"), "podgroups.tessera.io");
+        assert_eq!(
+            resource_segment("tessera.io", "podgroups"),
+            "podgroups.tessera.io"
+        );
     }
 }

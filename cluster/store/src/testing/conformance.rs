@@ -12,10 +12,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use super::Harness;
+use crate::Store;
 use crate::error::{PreconditionKind, StoreError};
 use crate::types::{EventKind, ListRequest, Op, OpResult, Revision, WatchBatch, WatchStream};
 use crate::validation::MAX_TXN_OPS;
-use crate::Store;
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
@@ -47,7 +47,10 @@ pub async fn list_all(
         let page = store.list(req.clone()).await.expect("list page");
         pages += 1;
         if let Some(r) = &revision {
-            assert_eq!(&page.revision, r, "every page is read at the first page's revision");
+            assert_eq!(
+                &page.revision, r,
+                "every page is read at the first page's revision"
+            );
         }
         revision = Some(page.revision.clone());
         out.extend(page.kvs);
@@ -70,7 +73,10 @@ pub async fn crud(store: Arc<dyn Store>) {
     let got = store.get(&k).await.expect("get").expect("exists");
     assert_eq!(got, created);
 
-    let err = store.create(k.clone(), b("again")).await.expect_err("create twice");
+    let err = store
+        .create(k.clone(), b("again"))
+        .await
+        .expect_err("create twice");
     assert_eq!(kind_of(&err), Some(&PreconditionKind::AlreadyExists));
     assert_eq!(
         err.precondition().and_then(|p| p.current.clone()),
@@ -97,20 +103,29 @@ pub async fn crud(store: Arc<dyn Store>) {
             actual: updated.mod_revision
         })
     );
-    assert_eq!(store.get(&k).await.expect("get").expect("exists").value, b("v2"));
+    assert_eq!(
+        store.get(&k).await.expect("get").expect("exists").value,
+        b("v2")
+    );
 
     let err = store
         .delete(k.clone(), Some(created.mod_revision))
         .await
         .expect_err("stale delete");
-    assert!(matches!(kind_of(&err), Some(PreconditionKind::RevisionMismatch { .. })));
+    assert!(matches!(
+        kind_of(&err),
+        Some(PreconditionKind::RevisionMismatch { .. })
+    ));
     let prev = store
         .delete(k.clone(), Some(updated.mod_revision))
         .await
         .expect("delete");
     assert_eq!(prev.value, b("v2"));
     assert_eq!(store.get(&k).await.expect("get"), None);
-    let err = store.delete(k.clone(), None).await.expect_err("delete missing");
+    let err = store
+        .delete(k.clone(), None)
+        .await
+        .expect_err("delete missing");
     assert_eq!(kind_of(&err), Some(&PreconditionKind::NotFound));
     let err = store
         .update(k.clone(), b("x"), updated.mod_revision)
@@ -253,7 +268,10 @@ pub async fn invalid_input(store: Arc<dyn Store>) {
         value: b("v"),
         lease: 0,
     };
-    let e = store.txn(vec![dup.clone(), dup]).await.expect_err("duplicate key");
+    let e = store
+        .txn(vec![dup.clone(), dup])
+        .await
+        .expect_err("duplicate key");
     assert!(matches!(e, StoreError::InvalidTxn(_)), "{e}");
     let e = store
         .update(pod("ns", "u"), b("v"), 0)
@@ -316,7 +334,9 @@ pub async fn pagination_under_writes(store: Arc<dyn Store>) {
                     .await
                     .expect("create");
                 if i % 3 == 0 {
-                    let _ = store.delete(pod(&ns, &format!("p{:02}", (i + 5) % 12)), None).await;
+                    let _ = store
+                        .delete(pod(&ns, &format!("p{:02}", (i + 5) % 12)), None)
+                        .await;
                 }
             }
         })
@@ -339,9 +359,19 @@ pub async fn pagination_under_writes(store: Arc<dyn Store>) {
         token = page.continue_token;
     }
     writer.await.expect("writer");
-    assert_eq!(all.len(), 60, "exactly the keys that existed at the first page");
-    assert!(all.windows(2).all(|w| w[0].key < w[1].key), "sorted, no duplicates");
-    assert!(all.iter().all(|kv| kv.value == b("0")), "values as of the first page");
+    assert_eq!(
+        all.len(),
+        60,
+        "exactly the keys that existed at the first page"
+    );
+    assert!(
+        all.windows(2).all(|w| w[0].key < w[1].key),
+        "sorted, no duplicates"
+    );
+    assert!(
+        all.iter().all(|kv| kv.value == b("0")),
+        "values as of the first page"
+    );
     // The same revision read again, unpaged, agrees.
     let at_rev = store
         .list(ListRequest {
@@ -354,7 +384,10 @@ pub async fn pagination_under_writes(store: Arc<dyn Store>) {
     assert_eq!(at_rev.kvs, all);
     // And the latest shows the writers' work.
     let (now, _, _) = list_all(&*store, "/registry/pods/", 0).await;
-    let new = now.iter().filter(|kv| kv.key.windows(4).any(|w| w == b"/new")).count();
+    let new = now
+        .iter()
+        .filter(|kv| kv.key.windows(4).any(|w| w == b"/new"))
+        .count();
     assert_eq!(new, 40);
     assert_ne!(now, all);
 }
@@ -402,7 +435,11 @@ pub async fn concurrent_cas_increments(store: Arc<dyn Store>) {
         conflicts += t.await.expect("task");
     }
     let end = store.get(&key).await.expect("get").expect("exists");
-    assert_eq!(end.value, b(&(TASKS * EACH).to_string()), "{conflicts} conflicts");
+    assert_eq!(
+        end.value,
+        b(&(TASKS * EACH).to_string()),
+        "{conflicts} conflicts"
+    );
     assert_eq!(end.version as usize, TASKS * EACH + 1);
 }
 
@@ -428,9 +465,11 @@ fn values_by_key(batches: &[WatchBatch]) -> BTreeMap<Bytes, Vec<(EventKind, Byte
     let mut m: BTreeMap<Bytes, Vec<(EventKind, Bytes, i64)>> = BTreeMap::new();
     for batch in batches {
         for e in &batch.events {
-            m.entry(e.kv.key.clone())
-                .or_default()
-                .push((e.kind, e.kv.value.clone(), e.kv.mod_revision));
+            m.entry(e.kv.key.clone()).or_default().push((
+                e.kind,
+                e.kv.value.clone(),
+                e.kv.mod_revision,
+            ));
         }
     }
     m
@@ -534,9 +573,17 @@ pub async fn watch_completeness(store: Arc<dyn Store>) {
 
     // Resuming from any batch's revision yields exactly what followed that batch.
     let event_batches: Vec<&WatchBatch> = batches.iter().filter(|b| !b.is_progress()).collect();
-    for cut in [0, event_batches.len() / 3, event_batches.len() / 2, event_batches.len() - 1] {
+    for cut in [
+        0,
+        event_batches.len() / 3,
+        event_batches.len() / 2,
+        event_batches.len() - 1,
+    ] {
         let from = event_batches[cut].revision.clone();
-        let rest: Vec<WatchBatch> = event_batches[cut + 1..].iter().map(|b| (*b).clone()).collect();
+        let rest: Vec<WatchBatch> = event_batches[cut + 1..]
+            .iter()
+            .map(|b| (*b).clone())
+            .collect();
         let want = values_by_key(&rest);
         let want_n: usize = want.values().map(Vec::len).sum();
         let mut resumed = store
@@ -558,7 +605,11 @@ pub async fn watch_completeness(store: Arc<dyn Store>) {
     if start.parts().len() == 1 {
         let all: Vec<(Bytes, i64)> = batches
             .iter()
-            .flat_map(|b| b.events.iter().map(|e| (e.kv.key.clone(), e.kv.mod_revision)))
+            .flat_map(|b| {
+                b.events
+                    .iter()
+                    .map(|e| (e.kv.key.clone(), e.kv.mod_revision))
+            })
             .collect();
         for probe in [all[all.len() / 4].1, all[all.len() / 2].1 - 1] {
             let want: Vec<(Bytes, i64)> = all.iter().filter(|e| e.1 > probe).cloned().collect();
@@ -572,7 +623,11 @@ pub async fn watch_completeness(store: Arc<dyn Store>) {
             .await;
             let got: Vec<(Bytes, i64)> = got
                 .iter()
-                .flat_map(|b| b.events.iter().map(|e| (e.kv.key.clone(), e.kv.mod_revision)))
+                .flat_map(|b| {
+                    b.events
+                        .iter()
+                        .map(|e| (e.kv.key.clone(), e.kv.mod_revision))
+                })
                 .collect();
             assert_eq!(got, want, "watch from revision {probe}");
         }
@@ -605,7 +660,10 @@ pub async fn progress_notifications(store: Arc<dyn Store>) {
         })
     })
     .await;
-    assert!(batches.iter().all(|b| b.events.is_empty()), "nothing under the prefix changed");
+    assert!(
+        batches.iter().all(|b| b.events.is_empty()),
+        "nothing under the prefix changed"
+    );
     let progress = batches.last().expect("a progress batch").revision.clone();
     let mut resumed = store
         .watch(b"/registry/configmaps/", Some(progress))
@@ -669,7 +727,11 @@ pub async fn compaction(store: Arc<dyn Store>) {
         .await
         .expect("watch from the compaction revision");
     let got = collect(&mut w, |bs| bs.iter().any(|b| !b.events.is_empty())).await;
-    let first = got.iter().flat_map(|b| b.events.iter()).next().expect("event");
+    let first = got
+        .iter()
+        .flat_map(|b| b.events.iter())
+        .next()
+        .expect("event");
     assert_eq!(first.kv.value, b("3"));
     // Compacting again to the same point is refused as already done.
     let e = store.compact(&mid).await.expect_err("compact twice");
@@ -735,14 +797,20 @@ pub async fn leases(store: Arc<dyn Store>) {
         .await
         .expect_err("unknown lease");
     assert!(matches!(e, StoreError::LeaseNotFound(_)), "{e}");
-    assert_eq!(store.get(&pod("leases", "nolease")).await.expect("get"), None);
+    assert_eq!(
+        store.get(&pod("leases", "nolease")).await.expect("get"),
+        None
+    );
 
     let mut w = store
         .watch(b"/registry/pods/leases/", None)
         .await
         .expect("watch");
     store.lease_revoke(revoked).await.expect("revoke");
-    assert_eq!(store.get(&pod("leases", "revoked")).await.expect("get"), None);
+    assert_eq!(
+        store.get(&pod("leases", "revoked")).await.expect("get"),
+        None
+    );
     let e = store.lease_revoke(revoked).await.expect_err("revoke twice");
     assert!(matches!(e, StoreError::LeaseNotFound(_)), "{e}");
 
@@ -751,14 +819,27 @@ pub async fn leases(store: Arc<dyn Store>) {
     loop {
         let ttl = store.lease_keep_alive(kept).await.expect("keep alive");
         assert!(ttl > 0);
-        let lapsed = store.get(&pod("leases", "lapsing")).await.expect("get").is_none();
+        let lapsed = store
+            .get(&pod("leases", "lapsing"))
+            .await
+            .expect("get")
+            .is_none();
         if lapsed {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "lease did not expire");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "lease did not expire"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    assert!(store.get(&pod("leases", "kept")).await.expect("get").is_some());
+    assert!(
+        store
+            .get(&pod("leases", "kept"))
+            .await
+            .expect("get")
+            .is_some()
+    );
     // The override backend's key went with its lease too (eventually: each backend expires
     // on its own clock).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -768,7 +849,10 @@ pub async fn leases(store: Arc<dyn Store>) {
         .expect("get")
         .is_some()
     {
-        assert!(tokio::time::Instant::now() < deadline, "event key outlived its lease");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "event key outlived its lease"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let e = store.lease_keep_alive(lapsing).await.expect_err("expired");
@@ -788,7 +872,10 @@ pub async fn leases(store: Arc<dyn Store>) {
         .filter(|e| e.kind == EventKind::Delete)
         .map(|e| e.kv.key.clone())
         .collect();
-    assert_eq!(deleted, vec![pod("leases", "revoked"), pod("leases", "lapsing")]);
+    assert_eq!(
+        deleted,
+        vec![pod("leases", "revoked"), pod("leases", "lapsing")]
+    );
     store.lease_revoke(kept).await.expect("revoke");
 }
 
@@ -799,7 +886,10 @@ pub async fn restart_loses_nothing(harness: &mut dyn Harness) {
     let mut written = Vec::new();
     for i in 0..200 {
         let kv = store
-            .put(pod(&format!("r{}", i % 7), &format!("k{i}")), b(&format!("v{i}")))
+            .put(
+                pod(&format!("r{}", i % 7), &format!("k{i}")),
+                b(&format!("v{i}")),
+            )
             .await
             .expect("put");
         written.push(kv);
@@ -820,7 +910,10 @@ pub async fn restart_loses_nothing(harness: &mut dyn Harness) {
     assert_eq!(after.0.len(), 200 - 67);
     let rev_after = store.current_revision().await.expect("rev");
     assert_eq!(rev_after, rev_before);
-    let kv = store.put(pod("r0", "new"), b("n")).await.expect("write after restart");
+    let kv = store
+        .put(pod("r0", "new"), b("n"))
+        .await
+        .expect("write after restart");
     assert!(kv.mod_revision > 0);
     // History from before the restart is still there for watches.
     let mut w = store
@@ -828,7 +921,11 @@ pub async fn restart_loses_nothing(harness: &mut dyn Harness) {
         .await
         .expect("watch from before the restart");
     let got = collect(&mut w, |bs| bs.iter().any(|b| !b.events.is_empty())).await;
-    let ev = got.iter().flat_map(|b| b.events.iter()).next().expect("event");
+    let ev = got
+        .iter()
+        .flat_map(|b| b.events.iter())
+        .next()
+        .expect("event");
     assert_eq!(ev.kv.key, pod("r0", "new"));
 }
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use crate::etcd_process::EtcdProcess;
 use crate::metrics::StoreMetrics;
 use crate::{EmbeddedOptions, EmbeddedStore, ShardedStore, Store};
-pub use crate::etcd_process::EtcdProcess;
 
 /// A backend under test that can be restarted with its data kept.
 #[async_trait]
@@ -26,6 +26,7 @@ pub trait Harness: Send + Sync {
 /// Embedded options for tests: small snapshots so that snapshotting runs, quick progress.
 pub fn test_embedded_options() -> EmbeddedOptions {
     EmbeddedOptions {
+        segment_bytes: 256 << 10,
         snapshot_threshold_bytes: 64 << 10,
         progress_interval: Duration::from_secs(1),
         lease_check_interval: Duration::from_millis(100),
@@ -142,7 +143,10 @@ impl ShardedEmbeddedHarness {
             dirs.push(dir);
         }
         let store = sharded(
-            stores.iter().map(|s| Arc::new(s.clone()) as Arc<dyn Store>).collect(),
+            stores
+                .iter()
+                .map(|s| Arc::new(s.clone()) as Arc<dyn Store>)
+                .collect(),
             true,
         );
         ShardedEmbeddedHarness {

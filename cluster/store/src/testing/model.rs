@@ -9,9 +9,9 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
+use crate::Store;
 use crate::error::{PreconditionKind, StoreError};
 use crate::types::{KeyValue, ListRequest, Op, OpResult};
-use crate::Store;
 
 const KEYS: usize = 4;
 
@@ -49,9 +49,11 @@ fn gen_op() -> impl Strategy<Value = GenOp> {
     let k = 0..KEYS;
     prop_oneof![
         (k.clone(), any::<u8>()).prop_map(|(k, v)| GenOp::Create(k, v)),
-        (k.clone(), any::<u8>(), prop::bool::weighted(0.2)).prop_map(|(k, v, s)| GenOp::Update(k, v, s)),
+        (k.clone(), any::<u8>(), prop::bool::weighted(0.2))
+            .prop_map(|(k, v, s)| GenOp::Update(k, v, s)),
         (k.clone(), any::<u8>()).prop_map(|(k, v)| GenOp::Put(k, v)),
-        (k.clone(), prop::option::of(prop::bool::weighted(0.2))).prop_map(|(k, s)| GenOp::Delete(k, s)),
+        (k.clone(), prop::option::of(prop::bool::weighted(0.2)))
+            .prop_map(|(k, s)| GenOp::Delete(k, s)),
         (k, prop::bool::weighted(0.3)).prop_map(|(k, s)| GenOp::Check(k, s)),
     ]
 }
@@ -83,7 +85,13 @@ impl Model {
     fn op(&self, g: &GenOp) -> Op {
         let key = self.key(g.key());
         let cur = self.kvs.get(&key).map_or(0, |kv| kv.mod_revision);
-        let wrong = |stale: bool| if stale || cur == 0 { cur + 1_000_000 } else { cur };
+        let wrong = |stale: bool| {
+            if stale || cur == 0 {
+                cur + 1_000_000
+            } else {
+                cur
+            }
+        };
         let value = |v: &u8| Bytes::from(vec![*v]);
         match g {
             GenOp::Create(_, v) => Op::Create {
@@ -145,7 +153,11 @@ impl Model {
     }
 }
 
-async fn run_case(store: &dyn Store, prefix: String, steps: Vec<Step>) -> Result<(), TestCaseError> {
+async fn run_case(
+    store: &dyn Store,
+    prefix: String,
+    steps: Vec<Step>,
+) -> Result<(), TestCaseError> {
     let mut model = Model {
         prefix,
         kvs: BTreeMap::new(),
@@ -155,7 +167,10 @@ async fn run_case(store: &dyn Store, prefix: String, steps: Vec<Step>) -> Result
         match step {
             Step::Get(k) => {
                 let key = model.key(k);
-                let got = store.get(&key).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let got = store
+                    .get(&key)
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert_eq!(got.as_ref(), model.kvs.get(&key));
             }
             Step::List(limit) => {
@@ -211,7 +226,8 @@ async fn run_case(store: &dyn Store, prefix: String, steps: Vec<Step>) -> Result
                                     let want = KeyValue {
                                         key: key.clone(),
                                         value: op.value().cloned().unwrap_or_default(),
-                                        create_revision: old.map_or(resp.revision, |o| o.create_revision),
+                                        create_revision: old
+                                            .map_or(resp.revision, |o| o.create_revision),
                                         mod_revision: resp.revision,
                                         version: old.map_or(1, |o| o.version + 1),
                                         lease: 0,
@@ -220,7 +236,9 @@ async fn run_case(store: &dyn Store, prefix: String, steps: Vec<Step>) -> Result
                                     model.kvs.insert(key, want);
                                 }
                                 (op, r) => {
-                                    return Err(TestCaseError::fail(format!("{op:?} answered with {r:?}")));
+                                    return Err(TestCaseError::fail(format!(
+                                        "{op:?} answered with {r:?}"
+                                    )));
                                 }
                             }
                         }
