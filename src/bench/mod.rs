@@ -1,6 +1,7 @@
 //! `tessera bench`: measurements with progress bars, printed as a table or as JSON.
 
 mod latency;
+mod reopen;
 mod store;
 
 use clap::Subcommand;
@@ -10,11 +11,14 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Write and read throughput and latency of a store backend.
     Store(store::StoreBenchArgs),
+    /// How fast the embedded store reopens a directory of N keys.
+    Reopen(reopen::ReopenBenchArgs),
 }
 
 /// Runs a benchmark.
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Store(args) => store::run(args).await,
+        BenchCommand::Reopen(args) => reopen::run(args).await,
     }
 }
