@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Args;
 use prometheus::Registry;
@@ -49,6 +48,5 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     tracing::info!("shutting down");
-    drop(Arc::clone(&store));
     Ok(())
 }

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
-use crate::types::{ListRequest, Revision};
+use crate::types::{KeyValue, ListRequest, ListResponse, Revision};
 
 #[derive(Serialize, Deserialize)]
 struct Token {
@@ -79,6 +79,19 @@ impl Cursor {
             revision: Some(revision),
             start,
         })
+    }
+
+    /// Assembles a page: when `more` keys follow, its continue token starts after the last.
+    pub fn page(&self, kvs: Vec<KeyValue>, revision: Revision, more: bool) -> ListResponse {
+        let continue_token = match (more, kvs.last()) {
+            (true, Some(last)) => Some(self.next_token(&revision, &last.key)),
+            _ => None,
+        };
+        ListResponse {
+            kvs,
+            revision,
+            continue_token,
+        }
     }
 
     /// The token for the page that starts just after `last_key`.

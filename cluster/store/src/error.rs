@@ -157,6 +157,11 @@ pub enum StoreError {
     Internal(String),
 }
 
+/// Wraps an I/O error with the step of the embedded store that failed.
+pub(crate) fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { step, source }
+}
+
 impl StoreError {
     /// The precondition failure, if this error is one.
     pub fn precondition(&self) -> Option<&PreconditionFailure> {
@@ -168,17 +173,7 @@ impl StoreError {
 
     /// True if the caller's input was wrong (a 4xx at the API), as opposed to the store failing.
     pub fn is_invalid_input(&self) -> bool {
-        matches!(
-            self,
-            StoreError::InvalidKey { .. }
-                | StoreError::ValueTooLarge { .. }
-                | StoreError::RequestTooLarge { .. }
-                | StoreError::TooManyOps { .. }
-                | StoreError::InvalidTxn(_)
-                | StoreError::InvalidToken { .. }
-                | StoreError::InvalidTtl(_)
-                | StoreError::CrossShardTxn(_)
-        )
+        self.label() == "invalid"
     }
 
     /// A short, fixed label for metrics.

@@ -185,6 +185,32 @@ impl Op {
         }
     }
 
+    /// Why this operation's precondition fails against the key's `current` value, if it does.
+    pub fn precondition_failure(
+        &self,
+        current: Option<&KeyValue>,
+    ) -> Option<crate::PreconditionKind> {
+        use crate::PreconditionKind as K;
+        match (self, current) {
+            (Op::Create { .. }, Some(_)) => Some(K::AlreadyExists),
+            (Op::Update { .. } | Op::Delete { .. }, None) => Some(K::NotFound),
+            (Op::Check { expected, .. }, None) if *expected != 0 => Some(K::NotFound),
+            (
+                Op::Update { expected, .. }
+                | Op::Delete {
+                    expected: Some(expected),
+                    ..
+                }
+                | Op::Check { expected, .. },
+                Some(kv),
+            ) if kv.mod_revision != *expected => Some(K::RevisionMismatch {
+                expected: *expected,
+                actual: kv.mod_revision,
+            }),
+            _ => None,
+        }
+    }
+
     /// The lease it attaches (0 for none or for non-writes).
     pub fn lease(&self) -> LeaseId {
         match self {

@@ -17,7 +17,7 @@ use tokio::sync::{oneshot, watch};
 use super::mvcc::{Mutation, Mvcc, Record};
 use super::snapshot;
 use super::wal::Wal;
-use crate::error::{PreconditionFailure, PreconditionKind, Result, StoreError};
+use crate::error::{PreconditionFailure, Result, StoreError};
 use crate::metrics::StoreMetrics;
 use crate::types::{KeyValue, LeaseId, Op, OpResult, TxnResponse};
 
@@ -55,6 +55,8 @@ pub(crate) struct Committer {
     pub revision_tx: watch::Sender<i64>,
     pub next_lease_id: i64,
     pub snapshot_threshold: u64,
+    /// Size of the last snapshot written (0 before the first).
+    pub last_snapshot_bytes: u64,
     pub metrics: Arc<StoreMetrics>,
     /// Held for the store's lifetime so no second process opens the same directory.
     pub lock_file: std::fs::File,
@@ -248,10 +250,15 @@ impl Committer {
         Ok(())
     }
 
-    /// Once the log has grown past the threshold: start a new segment, write a snapshot of
-    /// the state, and drop the segments it covers. Writes wait meanwhile (readers do not).
+    /// Once the log has grown past the threshold — and past twice the last snapshot, so that
+    /// snapshots never cost more than the log writes they save — start a new segment, write a
+    /// snapshot of the state, and drop the segments it covers. Writes wait meanwhile (readers
+    /// do not).
     fn maybe_snapshot(&mut self) {
-        if self.failed.is_some() || self.wal.bytes_since_snapshot < self.snapshot_threshold {
+        let due = self
+            .snapshot_threshold
+            .max(self.last_snapshot_bytes.saturating_mul(2));
+        if self.failed.is_some() || self.wal.bytes_since_snapshot < due {
             return;
         }
         let started = Instant::now();
@@ -262,6 +269,7 @@ impl Committer {
         });
         match result {
             Ok(bytes) => {
+                self.last_snapshot_bytes = bytes;
                 let secs = started.elapsed().as_secs_f64();
                 self.metrics.snapshot_duration.observe(secs);
                 tracing::info!(index, bytes, seconds = secs, "wrote snapshot");
@@ -300,49 +308,8 @@ fn evaluate(
     for (index, op) in ops.iter().enumerate() {
         let key = op.key();
         let old = current(overlay, key);
-        match (op, &old) {
-            (Op::Create { .. }, Some(_)) => {
-                return fail(index, key, PreconditionKind::AlreadyExists, old);
-            }
-            (Op::Update { .. } | Op::Delete { .. }, None) => {
-                return fail(index, key, PreconditionKind::NotFound, None);
-            }
-            (Op::Check { expected, .. }, None) if *expected != 0 => {
-                return fail(index, key, PreconditionKind::NotFound, None);
-            }
-            (Op::Check { expected: 0, .. }, Some(kv)) => {
-                let actual = kv.mod_revision;
-                return fail(
-                    index,
-                    key,
-                    PreconditionKind::RevisionMismatch {
-                        expected: 0,
-                        actual,
-                    },
-                    old,
-                );
-            }
-            (
-                Op::Update { expected, .. }
-                | Op::Delete {
-                    expected: Some(expected),
-                    ..
-                }
-                | Op::Check { expected, .. },
-                Some(kv),
-            ) if kv.mod_revision != *expected => {
-                let actual = kv.mod_revision;
-                return fail(
-                    index,
-                    key,
-                    PreconditionKind::RevisionMismatch {
-                        expected: *expected,
-                        actual,
-                    },
-                    old,
-                );
-            }
-            _ => {}
+        if let Some(kind) = op.precondition_failure(old.as_ref()) {
+            return fail(index, key, kind, old);
         }
         let lease = op.lease();
         if lease != 0 && !state.leases.contains_key(&lease) {

@@ -25,7 +25,7 @@ use self::committer::{Committer, Request};
 use self::mvcc::Mvcc;
 use crate::Store;
 use crate::continuation::Cursor;
-use crate::error::{Result, StoreError};
+use crate::error::{Result, StoreError, io};
 use crate::metrics::StoreMetrics;
 use crate::types::{
     KeyValue, LeaseId, ListRequest, ListResponse, Op, Revision, TxnResponse, WatchBatch,
@@ -78,10 +78,6 @@ pub struct EmbeddedStore {
     shared: Arc<Shared>,
 }
 
-fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { step, source }
-}
-
 impl EmbeddedStore {
     /// Opens (or creates) the store in `dir`: loads the newest snapshot, replays the log
     /// after it, and starts the writer thread and the lease timer. Must run inside a Tokio
@@ -99,7 +95,7 @@ impl EmbeddedStore {
             tokio::task::spawn_blocking(move || recover(&dir2, segment_bytes))
                 .await
                 .map_err(|e| StoreError::Internal(format!("recovery task failed: {e}")))??;
-        let (lock_file, wal, next_lease_id) = committer_parts;
+        let (lock_file, wal, next_lease_id, last_snapshot_bytes) = committer_parts;
         let recovered = started.elapsed();
         metrics.recovery_duration.observe(recovered.as_secs_f64());
         tracing::info!(
@@ -134,6 +130,7 @@ impl EmbeddedStore {
             revision_tx,
             next_lease_id,
             snapshot_threshold: options.snapshot_threshold_bytes,
+            last_snapshot_bytes,
             metrics: metrics.clone(),
             lock_file,
             failed: None,
@@ -192,7 +189,7 @@ impl EmbeddedStore {
     }
 }
 
-type Recovered = ((std::fs::File, wal::Wal, i64), Mvcc);
+type Recovered = ((std::fs::File, wal::Wal, i64, u64), Mvcc);
 
 fn recover(dir: &Path, segment_bytes: u64) -> Result<Recovered> {
     std::fs::create_dir_all(dir).map_err(io("creating the data directory"))?;
@@ -214,9 +211,9 @@ fn recover(dir: &Path, segment_bytes: u64) -> Result<Recovered> {
     })?;
     let _ = std::fs::remove_file(dir.join("snap.tmp"));
     wal::remove_preallocated(dir)?;
-    let (mut mvcc, snap_index, mut next_lease_id) = match snapshot::load_latest(dir)? {
-        Some(s) => (s.mvcc, s.index, s.next_lease_id),
-        None => (Mvcc::new(), 0, 1),
+    let (mut mvcc, snap_index, mut next_lease_id, snap_bytes) = match snapshot::load_latest(dir)? {
+        Some(s) => (s.mvcc, s.index, s.next_lease_id, s.bytes),
+        None => (Mvcc::new(), 0, 1, 0),
     };
     let next_index = wal::replay(dir, snap_index, |_, record| {
         if let mvcc::Record::LeaseGrant { id, .. } = &record {
@@ -225,7 +222,7 @@ fn recover(dir: &Path, segment_bytes: u64) -> Result<Recovered> {
         mvcc.apply(&record);
     })?;
     let wal = wal::Wal::create(dir, next_index, segment_bytes)?;
-    Ok(((lock_file, wal, next_lease_id), mvcc))
+    Ok(((lock_file, wal, next_lease_id, snap_bytes), mvcc))
 }
 
 async fn expire_leases(shared: Weak<Shared>) {
@@ -292,16 +289,7 @@ impl Store for EmbeddedStore {
         state.check_read_revision(revision)?;
         let (kvs, more) = state.list(&cursor.prefix, &cursor.start, revision, req.limit);
         drop(state);
-        let revision = Revision::single(revision);
-        let continue_token = match (more, kvs.last()) {
-            (true, Some(last)) => Some(cursor.next_token(&revision, &last.key)),
-            _ => None,
-        };
-        Ok(ListResponse {
-            kvs,
-            revision,
-            continue_token,
-        })
+        Ok(cursor.page(kvs, Revision::single(revision), more))
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<TxnResponse> {

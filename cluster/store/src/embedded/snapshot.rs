@@ -11,14 +11,10 @@ use bytes::Bytes;
 use super::codec::{Reader, Writer};
 use super::mvcc::{Mvcc, Version};
 use super::wal::sync_dir;
-use crate::error::{Result, StoreError};
+use crate::error::{Result, StoreError, io};
 use crate::types::KeyValue;
 
 const MAGIC: &[u8; 8] = b"TSNAP01\n";
-
-fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { step, source }
-}
 
 fn snapshot_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("snap-{index:020}.snap"))
@@ -46,6 +42,8 @@ fn snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 /// What a snapshot restores.
 pub(crate) struct Loaded {
     pub index: u64,
+    /// Size of the snapshot file.
+    pub bytes: u64,
     pub next_lease_id: i64,
     pub mvcc: Mvcc,
 }
@@ -198,6 +196,7 @@ fn load(path: &Path) -> std::result::Result<Loaded, String> {
     }
     Ok(Loaded {
         index,
+        bytes: data.len() as u64,
         next_lease_id,
         mvcc: Mvcc::from_parts(keys, revision, compacted, leases),
     })

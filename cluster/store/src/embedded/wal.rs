@@ -16,16 +16,12 @@ use bytes::Bytes;
 
 use super::codec::{Reader, decode_record, encode_record};
 use super::mvcc::Record;
-use crate::error::{Result, StoreError};
+use crate::error::{Result, StoreError, io};
 
 /// Frame header: payload length (u32), CRC-32 of index and payload (u32), index (u64).
 const HEADER: usize = 16;
 /// A frame larger than this is damage, not data (requests are capped well below it).
 const MAX_FRAME: usize = 64 << 20;
-
-fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { step, source }
-}
 
 pub(crate) fn segment_path(dir: &Path, first_index: u64) -> PathBuf {
     dir.join(format!("wal-{first_index:020}.log"))

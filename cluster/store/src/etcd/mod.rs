@@ -17,7 +17,7 @@ use etcd_client::{
 
 use crate::Store;
 use crate::continuation::Cursor;
-use crate::error::{PreconditionFailure, PreconditionKind, Result, StoreError};
+use crate::error::{PreconditionFailure, Result, StoreError};
 use crate::metrics::StoreMetrics;
 use crate::types::{
     KeyValue, LeaseId, ListRequest, ListResponse, Op, OpResult, Revision, TxnResponse, WatchStream,
@@ -186,6 +186,21 @@ pub(crate) fn convert_kv(kv: &etcd_client::KeyValue) -> KeyValue {
     }
 }
 
+/// Fills in the revision a request asked for (etcd's error text does not carry it).
+fn at_revision(e: StoreError, requested: i64) -> StoreError {
+    match e {
+        StoreError::Compacted { .. } => StoreError::Compacted {
+            requested,
+            compacted: -1,
+        },
+        StoreError::FutureRevision { .. } => StoreError::FutureRevision {
+            requested,
+            current: -1,
+        },
+        e => e,
+    }
+}
+
 fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
     h.map_or(0, |h| h.revision())
 }
@@ -194,26 +209,7 @@ fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 /// etcd transaction (its `else` branch), so the answer is exact.
 fn explain_failure(ops: &[Op], current: &[Option<KeyValue>]) -> StoreError {
     for (index, (op, cur)) in ops.iter().zip(current).enumerate() {
-        let kind = match (op, cur) {
-            (Op::Create { .. }, Some(_)) => Some(PreconditionKind::AlreadyExists),
-            (Op::Update { .. } | Op::Delete { .. }, None) => Some(PreconditionKind::NotFound),
-            (Op::Check { expected, .. }, None) if *expected != 0 => {
-                Some(PreconditionKind::NotFound)
-            }
-            (
-                Op::Update { expected, .. }
-                | Op::Delete {
-                    expected: Some(expected),
-                    ..
-                }
-                | Op::Check { expected, .. },
-                Some(kv),
-            ) if kv.mod_revision != *expected => Some(PreconditionKind::RevisionMismatch {
-                expected: *expected,
-                actual: kv.mod_revision,
-            }),
-            _ => None,
-        };
+        let kind = op.precondition_failure(cur.as_ref());
         if let Some(kind) = kind {
             return StoreError::PreconditionFailed(Box::new(PreconditionFailure {
                 index,
@@ -272,33 +268,14 @@ impl Store for EtcdStore {
                 async move { c.get(start, Some(opts)).await }
             })
             .await
-            .map_err(|e| match e {
-                StoreError::Compacted { .. } => StoreError::Compacted {
-                    requested: revision,
-                    compacted: -1,
-                },
-                StoreError::FutureRevision { .. } => StoreError::FutureRevision {
-                    requested: revision,
-                    current: -1,
-                },
-                e => e,
-            })?;
+            .map_err(|e| at_revision(e, revision))?;
         let read_at = if revision > 0 {
             revision
         } else {
             header_revision(resp.header())
         };
         let kvs: Vec<KeyValue> = resp.kvs().iter().map(convert_kv).collect();
-        let revision = Revision::single(read_at);
-        let continue_token = match (resp.more(), kvs.last()) {
-            (true, Some(last)) => Some(cursor.next_token(&revision, &last.key)),
-            _ => None,
-        };
-        Ok(ListResponse {
-            kvs,
-            revision,
-            continue_token,
-        })
+        Ok(cursor.page(kvs, Revision::single(read_at), resp.more()))
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<TxnResponse> {
@@ -498,17 +475,7 @@ impl Store for EtcdStore {
         let rev = revision.expect_single()?;
         self.retry("compact", |mut c| async move { c.compact(rev, None).await })
             .await
-            .map_err(|e| match e {
-                StoreError::Compacted { .. } => StoreError::Compacted {
-                    requested: rev,
-                    compacted: -1,
-                },
-                StoreError::FutureRevision { .. } => StoreError::FutureRevision {
-                    requested: rev,
-                    current: -1,
-                },
-                e => e,
-            })?;
+            .map_err(|e| at_revision(e, rev))?;
         self.metrics
             .compacted_revision
             .with_label_values(&["etcd"])

@@ -175,15 +175,7 @@ impl Store for ShardedStore {
         } else {
             revision
         };
-        let continue_token = match (more, kvs.last()) {
-            (true, Some(last)) => Some(cursor.next_token(&revision, &last.key)),
-            _ => None,
-        };
-        Ok(ListResponse {
-            kvs,
-            revision,
-            continue_token,
-        })
+        Ok(cursor.page(kvs, revision, more))
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<TxnResponse> {

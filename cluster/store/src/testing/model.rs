@@ -121,7 +121,9 @@ impl Model {
         }
     }
 
-    /// What the store must answer: the first failing precondition, or success.
+    /// What the store must answer: the first failing precondition, or success. Written out
+    /// here rather than calling `Op::precondition_failure` on purpose: a model that shares the
+    /// code under test would agree with its bugs.
     fn expect(&self, ops: &[Op]) -> Result<(), (usize, PreconditionKind)> {
         for (i, op) in ops.iter().enumerate() {
             let cur = self.kvs.get(op.key());
