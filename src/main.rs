@@ -3,6 +3,7 @@
 
 mod bench;
 mod debug;
+mod health;
 mod metrics_server;
 mod store_config;
 mod up;

@@ -20,6 +20,9 @@ pub struct UpArgs {
     /// Address of the metrics and health endpoint.
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub metrics_addr: SocketAddr,
+    /// Address of the gRPC endpoint (grpc.health.v1 today).
+    #[arg(long, default_value = "127.0.0.1:9465")]
+    pub grpc_addr: SocketAddr,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -36,12 +39,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         args.store.compaction_interval,
     ));
     let bound = crate::metrics_server::serve(args.metrics_addr, registry).await?;
+    let grpc = crate::health::serve(args.grpc_addr, store.clone()).await?;
     println!("Tessera is up.");
     println!("  store:    {} at revision {revision}", store.backend());
     if store.backend() == "embedded" {
         println!("  data:     {}", args.data_dir.join("store").display());
     }
     println!("  metrics:  http://{bound}/metrics");
+    println!("  grpc:     {grpc} (grpc.health.v1)");
     println!();
     println!("This build runs the shard's store only; the Kubernetes API server, controllers,");
     println!("scheduler and federation are not there yet (see docs/architecture.md).");

@@ -1,5 +1,5 @@
 //! `tessera up` as a real process: it opens the embedded store, says what it runs, and serves
-//! Prometheus metrics and health on its metrics address.
+//! Prometheus metrics and health on its metrics address and gRPC health on its gRPC address.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -29,8 +29,21 @@ fn up_serves_metrics_for_its_store() {
         .expect("addr")
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let grpc_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let grpc_addr = format!("127.0.0.1:{grpc_port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["up", "--metrics-addr", &addr, "--data-dir"])
+        .args([
+            "up",
+            "--metrics-addr",
+            &addr,
+            "--grpc-addr",
+            &grpc_addr,
+            "--data-dir",
+        ])
         .arg(dir.path())
         .env("TESSERA_LOG", "warn")
         .stdout(Stdio::piped())
@@ -69,9 +82,60 @@ fn up_serves_metrics_for_its_store() {
         "{health}"
     );
 
+    // gRPC health, as Kubernetes' gRPC probes ask it.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        use tessera_proto::health::v1::HealthCheckRequest;
+        use tessera_proto::health::v1::health_check_response::ServingStatus;
+        use tessera_proto::health::v1::health_client::HealthClient;
+        let mut client = HealthClient::connect(format!("http://{grpc_addr}"))
+            .await
+            .expect("connect to gRPC");
+        for service in ["", "tessera.store"] {
+            let resp = client
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .expect("check");
+            assert_eq!(
+                resp.get_ref().status,
+                ServingStatus::Serving as i32,
+                "{service:?}"
+            );
+        }
+        let err = client
+            .check(HealthCheckRequest {
+                service: "no.such.service".into(),
+            })
+            .await
+            .expect_err("unknown service");
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        let mut watch = client
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        let first = watch
+            .message()
+            .await
+            .expect("stream")
+            .expect("first status");
+        assert_eq!(first.status, ServingStatus::Serving as i32);
+    });
+
     // A second process on the same data directory is refused with a clear message.
     let second = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["up", "--metrics-addr", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "up",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
         .arg(dir.path())
         .env("TESSERA_LOG", "error")
         .output()

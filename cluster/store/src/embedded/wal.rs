@@ -58,20 +58,29 @@ struct Preallocator {
     ready: mpsc::Receiver<std::io::Result<PathBuf>>,
 }
 
-fn prealloc_path(dir: &Path, seq: u64) -> PathBuf {
-    dir.join(format!("wal-prealloc-{seq}.tmp"))
+/// Names are unique per log instance: a closed store's preparer may still be filling its
+/// file while the same directory is reopened in the same process, and must never write into
+/// a file the new log has taken.
+fn prealloc_path(dir: &Path, instance: u64, seq: u64) -> PathBuf {
+    dir.join(format!(
+        "wal-prealloc-{}-{instance}-{seq}.tmp",
+        std::process::id()
+    ))
 }
+
+static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Preallocator {
     fn start(dir: &Path, segment_bytes: u64) -> Preallocator {
         // Capacity 0: the thread prepares one file and waits until it is taken.
         let (tx, ready) = mpsc::sync_channel(0);
         let dir = dir.to_owned();
+        let instance = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name("tessera-wal-prealloc".into())
             .spawn(move || {
                 for seq in 0u64.. {
-                    let path = prealloc_path(&dir, seq);
+                    let path = prealloc_path(&dir, instance, seq);
                     let made = zero_fill(&path, segment_bytes).map(|_| path);
                     if tx.send(made).is_err() {
                         return;

@@ -423,10 +423,18 @@ impl Store for EtcdStore {
 
     async fn watch(&self, prefix: &[u8], after: Option<Revision>) -> Result<WatchStream> {
         check_prefix(prefix)?;
+        let current = self.current_revision().await?.expect_single()?;
         let after = match after {
             Some(r) => r.expect_single()?,
-            None => self.current_revision().await?.expect_single()?,
+            None => current,
         };
+        if after > current {
+            // etcd would wait for it; refuse as the embedded store does.
+            return Err(StoreError::FutureRevision {
+                requested: after,
+                current,
+            });
+        }
         watch::open(self.clone(), Bytes::copy_from_slice(prefix), after).await
     }
 

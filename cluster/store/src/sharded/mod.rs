@@ -133,6 +133,17 @@ impl Store for ShardedStore {
             Some(r) => self.composite(r)?,
             None => vec![0; self.parts.len()],
         };
+        if cursor.revision.is_some()
+            && let Some(&i) = involved.iter().find(|&&i| revs[i] == 0)
+        {
+            return Err(StoreError::InvalidToken {
+                what: "revision",
+                reason: format!(
+                    "{} does not cover backend {i}; list at a revision returned by a list of the same prefix",
+                    Revision::composite(revs.clone())
+                ),
+            });
+        }
         let pages = futures::future::try_join_all(involved.iter().map(|&i| {
             let part_req = ListRequest {
                 prefix: cursor.prefix.clone(),

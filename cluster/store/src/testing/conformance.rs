@@ -754,11 +754,17 @@ pub async fn compaction(store: Arc<dyn Store>) {
     let e = store
         .list(ListRequest {
             prefix: b("/registry/pods/"),
-            revision: Some(future),
+            revision: Some(future.clone()),
             ..Default::default()
         })
         .await
         .expect_err("future revision");
+    assert!(matches!(e, StoreError::FutureRevision { .. }), "{e}");
+    let e = store
+        .watch(b"/registry/pods/", Some(future))
+        .await
+        .err()
+        .expect("watch from a future revision");
     assert!(matches!(e, StoreError::FutureRevision { .. }), "{e}");
 }
 
