@@ -3,6 +3,8 @@
 mod latency;
 mod reopen;
 mod store;
+mod target;
+mod watch;
 
 use clap::Subcommand;
 
@@ -13,6 +15,8 @@ pub enum BenchCommand {
     Store(store::StoreBenchArgs),
     /// How fast the embedded store reopens a directory of N keys.
     Reopen(reopen::ReopenBenchArgs),
+    /// Watch fan-out: many watches on one prefix under a stream of writes.
+    Watch(watch::WatchBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -20,5 +24,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Store(args) => store::run(args).await,
         BenchCommand::Reopen(args) => reopen::run(args).await,
+        BenchCommand::Watch(args) => watch::run(args).await,
     }
 }

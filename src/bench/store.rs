@@ -10,25 +10,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::Bytes;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tessera_store::etcd_process::EtcdProcess;
-use tessera_store::{
-    EmbeddedOptions, EmbeddedStore, EtcdOptions, EtcdStore, Instrumented, Store, StoreMetrics,
-};
+use tessera_store::{EtcdOptions, EtcdStore, StoreMetrics};
 
 use super::latency::Latencies;
-
-/// Backends `bench store` can measure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BenchBackend {
-    /// The embedded store, in a fresh directory.
-    Embedded,
-    /// An etcd cluster (`--etcd-servers`), or a local etcd process started for the run.
-    Etcd,
-}
+use super::target::{BenchBackend, Target};
 
 /// Flags of `bench store`.
 #[derive(Args, Debug)]
@@ -185,42 +174,17 @@ pub async fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         args.concurrency.iter().all(|c| *c > 0),
         "--concurrency levels must be positive"
     );
-    // An etcd started for the run lives until the end.
-    let mut local_etcd = None;
-    let etcd_urls = match (args.backend, &args.etcd_servers) {
-        (BenchBackend::Etcd, Some(urls)) => urls.split(',').map(str::to_owned).collect(),
-        (BenchBackend::Etcd, None) => {
-            eprintln!("starting a local etcd for the run (pass --etcd-servers to use your own)");
-            let p = EtcdProcess::start().await.context("starting etcd")?;
-            let urls = vec![p.url()];
-            local_etcd = Some(p);
-            urls
-        }
-        (BenchBackend::Embedded, _) => Vec::new(),
-    };
+    let target = Target::new(
+        args.backend,
+        args.etcd_servers.as_deref(),
+        args.data_dir.clone(),
+    )
+    .await?;
     let value = Bytes::from(vec![b'v'; args.value_size]);
     let mut results = Vec::new();
     for (level, &concurrency) in args.concurrency.iter().enumerate() {
-        let metrics = StoreMetrics::detached();
-        let mut _tmp = None;
-        let inner: Arc<dyn Store> = match args.backend {
-            BenchBackend::Embedded => {
-                let parent = args.data_dir.clone().unwrap_or_else(std::env::temp_dir);
-                std::fs::create_dir_all(&parent)?;
-                let dir = tempfile::Builder::new()
-                    .prefix("tessera-bench-")
-                    .tempdir_in(&parent)?;
-                let store =
-                    EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics.clone())
-                        .await?;
-                _tmp = Some(dir);
-                Arc::new(store)
-            }
-            BenchBackend::Etcd => Arc::new(
-                EtcdStore::connect(EtcdOptions::new(etcd_urls.clone()), metrics.clone()).await?,
-            ),
-        };
-        let store: Arc<dyn Store> = Arc::new(Instrumented::new(inner, metrics));
+        let bench = target.open().await?;
+        let store = bench.store.clone();
         // Each level writes its own keys, so levels do not collide on one etcd.
         let base = level * args.ops;
         let (write_rate, mut wlat) = {
@@ -266,9 +230,12 @@ pub async fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
         let mut plain = None;
         let mut plain_txn = None;
         if args.backend == BenchBackend::Etcd && !args.no_plain {
-            plain = Some(plain_loop(&etcd_urls, level, &args, concurrency, &value, false).await?);
-            plain_txn =
-                Some(plain_loop(&etcd_urls, level, &args, concurrency, &value, true).await?);
+            plain = Some(
+                plain_loop(target.etcd_urls(), level, &args, concurrency, &value, false).await?,
+            );
+            plain_txn = Some(
+                plain_loop(target.etcd_urls(), level, &args, concurrency, &value, true).await?,
+            );
         }
         let r = StoreBenchResult {
             backend: store.backend(),
@@ -297,7 +264,6 @@ pub async fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
     if !args.json {
         print_table(&results);
     }
-    drop(local_etcd);
     Ok(())
 }
 

@@ -43,7 +43,7 @@ impl Revision {
         Revision(vec![rev])
     }
 
-    /// A composite revision, one part per backend.
+    /// A revision with one part per backend (printed as a plain number when there is one).
     pub fn composite(parts: Vec<i64>) -> Self {
         Revision(parts)
     }

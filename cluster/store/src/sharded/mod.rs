@@ -145,24 +145,15 @@ impl Store for ShardedStore {
             });
         }
         let pages = futures::future::try_join_all(involved.iter().map(|&i| {
+            // A first page without a revision reads each part's latest state; later pages
+            // (and lists at a revision) continue each part at its own revision.
+            let continue_token =
+                (revs[i] != 0).then(|| cursor.token_at(&Revision::single(revs[i]), &cursor.start));
             let part_req = ListRequest {
                 prefix: cursor.prefix.clone(),
                 revision: None,
                 limit: req.limit,
-                continue_token: Some(cursor.token_at(&Revision::single(revs[i]), &cursor.start)),
-            };
-            let part_req = if revs[i] == 0 {
-                // First page: read the latest, starting at the cursor.
-                if cursor.start == cursor.prefix {
-                    ListRequest {
-                        continue_token: None,
-                        ..part_req
-                    }
-                } else {
-                    part_req
-                }
-            } else {
-                part_req
+                continue_token,
             };
             let store = self.parts[i].clone();
             async move { store.list(part_req).await.map(|page| (i, page)) }
@@ -180,13 +171,7 @@ impl Store for ShardedStore {
             kvs.truncate(req.limit);
             more = true;
         }
-        let revision = Revision::composite(revs);
-        let revision = if self.parts.len() == 1 {
-            Revision::single(revision.parts()[0])
-        } else {
-            revision
-        };
-        Ok(cursor.page(kvs, revision, more))
+        Ok(cursor.page(kvs, Revision::composite(revs), more))
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<TxnResponse> {
@@ -254,18 +239,12 @@ impl Store for ShardedStore {
                 .await?;
             streams.push(stream.map(move |item| (i, item)).boxed());
         }
-        let single = self.parts.len() == 1;
         let merged = futures::stream::select_all(streams).map(move |(i, item)| {
             let batch = item?;
             position[i] = batch.revision.expect_single()?;
-            let revision = if single {
-                Revision::single(position[0])
-            } else {
-                Revision::composite(position.clone())
-            };
             Ok(WatchBatch {
                 events: batch.events,
-                revision,
+                revision: Revision::composite(position.clone()),
             })
         });
         // End the merged stream after the first error, as a single backend's does.
@@ -339,11 +318,7 @@ impl Store for ShardedStore {
     }
 
     async fn compact(&self, revision: &Revision) -> Result<()> {
-        let revs = if self.parts.len() == 1 {
-            vec![revision.expect_single()?]
-        } else {
-            self.composite(revision)?
-        };
+        let revs = self.composite(revision)?;
         let mut first_err = None;
         for (part, rev) in self.parts.iter().zip(revs) {
             if rev == 0 {
@@ -366,10 +341,6 @@ impl Store for ShardedStore {
             .iter()
             .map(Revision::expect_single)
             .collect::<Result<Vec<_>>>()?;
-        Ok(if parts.len() == 1 {
-            Revision::single(parts[0])
-        } else {
-            Revision::composite(parts)
-        })
+        Ok(Revision::composite(parts))
     }
 }

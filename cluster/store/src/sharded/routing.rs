@@ -227,6 +227,37 @@ mod tests {
         assert!(moved < 1400, "{moved} of 4000 moved");
     }
 
+    proptest::proptest! {
+        /// Every key is found by a list or watch of every one of its prefixes: the backend it
+        /// is stored on is always among the backends the prefix fans out to.
+        #[test]
+        fn every_prefix_of_a_key_covers_its_backend(
+            resource in proptest::sample::select(vec!["pods", "events", "nodes", "podgroups.tessera.io"]),
+            namespace in "[a-z][a-z0-9-]{0,12}",
+            name in "[a-z0-9.-]{1,12}",
+            namespaced in proptest::bool::ANY,
+            tenants in 0usize..5,
+        ) {
+            let r = Router::new("/registry/", &["events".to_owned()], tenants);
+            let key = if namespaced {
+                format!("/registry/{resource}/{namespace}/{name}")
+            } else {
+                format!("/registry/{resource}/{name}")
+            };
+            let home = r.route_key(key.as_bytes());
+            proptest::prop_assert!(home < 2 + tenants);
+            for cut in 1..=key.len() {
+                let prefix = &key.as_bytes()[..cut];
+                proptest::prop_assert!(
+                    r.route_prefix(prefix).indexes().contains(&home),
+                    "{key} lives on {home} but {:?} fans out to {:?}",
+                    String::from_utf8_lossy(prefix),
+                    r.route_prefix(prefix)
+                );
+            }
+        }
+    }
+
     #[test]
     fn resource_segments_follow_kubernetes() {
         assert_eq!(resource_segment("apps", "deployments"), "deployments");

@@ -746,11 +746,6 @@ pub async fn compaction(store: Arc<dyn Store>) {
             .map(|r| r + 1000)
             .collect(),
     );
-    let future = if future.parts().len() == 1 {
-        Revision::single(future.parts()[0])
-    } else {
-        future
-    };
     let e = store
         .list(ListRequest {
             prefix: b("/registry/pods/"),
