@@ -31,18 +31,25 @@ pub fn etcd_binary() -> PathBuf {
 }
 
 impl EtcdProcess {
-    /// Starts etcd and waits until it answers.
+    /// Starts etcd and waits until it answers. A free port can be taken by another process
+    /// between our probe and etcd's bind, so a start that fails is tried again on new ports.
     pub async fn start() -> std::io::Result<EtcdProcess> {
-        let mut p = EtcdProcess {
-            child: None,
-            dir: tempfile::Builder::new().prefix("tessera-etcd-").tempdir()?,
-            client_port: free_port()?,
-            peer_port: free_port()?,
-            name: "tessera-test".into(),
-        };
-        p.spawn()?;
-        p.wait_ready().await?;
-        Ok(p)
+        let mut last = None;
+        for _ in 0..3 {
+            let mut p = EtcdProcess {
+                child: None,
+                dir: tempfile::Builder::new().prefix("tessera-etcd-").tempdir()?,
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                name: "tessera-test".into(),
+            };
+            p.spawn()?;
+            match p.wait_ready().await {
+                Ok(()) => return Ok(p),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("etcd did not start")))
     }
 
     fn spawn(&mut self) -> std::io::Result<()> {

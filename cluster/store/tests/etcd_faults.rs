@@ -105,13 +105,13 @@ async fn watch_and_reads_ride_through_an_etcd_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_etcd_is_reported_after_retrying() {
-    // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    // A port nothing listens on: on 127.0.0.2, where no test's etcd ever binds.
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
         .expect("bind")
         .local_addr()
         .expect("addr")
         .port();
-    let mut options = EtcdOptions::new(vec![format!("http://127.0.0.1:{port}")]);
+    let mut options = EtcdOptions::new(vec![format!("http://127.0.0.2:{port}")]);
     options.retry_for = Duration::from_secs(1);
     let store = EtcdStore::connect(options, StoreMetrics::detached())
         .await
