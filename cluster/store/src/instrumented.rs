@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use prometheus::IntGauge;
 
 use crate::Store;
 use crate::error::Result;
@@ -44,6 +45,22 @@ impl Instrumented {
     }
 }
 
+/// Counts an open watch in `tessera_store_watchers` for as long as it lives.
+struct OpenWatch(IntGauge);
+
+impl OpenWatch {
+    fn new(gauge: IntGauge) -> Self {
+        gauge.inc();
+        OpenWatch(gauge)
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[async_trait]
 impl Store for Instrumented {
     fn backend(&self) -> &'static str {
@@ -76,15 +93,12 @@ impl Store for Instrumented {
         let r = self.inner.watch(prefix, after).await;
         self.record("watch", t, &r);
         let stream = r?;
-        let events = self
-            .metrics
-            .watch_events
-            .with_label_values(&[self.inner.backend()]);
-        // The embedded backend counts its own events; count the others here.
-        if self.inner.backend() == "embedded" {
-            return Ok(stream);
-        }
+        let backend = self.inner.backend();
+        let events = self.metrics.watch_events.with_label_values(&[backend]);
+        let open = OpenWatch::new(self.metrics.watchers.with_label_values(&[backend]));
         Ok(Box::pin(stream.inspect(move |item| {
+            // Moved in so that the gauge drops when the stream does.
+            let _open = &open;
             if let Ok(batch) = item {
                 events.inc_by(batch.events.len() as u64);
             }

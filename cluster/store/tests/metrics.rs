@@ -59,6 +59,22 @@ async fn requests_are_counted_by_backend_op_and_result() {
         .expect_err("exists");
     assert!(err.precondition().is_some());
     store.get(&key).await.expect("get");
+    let watch = store.watch(b"/registry/pods/", None).await.expect("watch");
+    let gauge = |registry: &Registry| -> i64 {
+        registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "tessera_store_watchers")
+            .flat_map(|f| {
+                f.get_metric()
+                    .iter()
+                    .map(|m| m.get_gauge().get_value() as i64)
+            })
+            .sum()
+    };
+    assert_eq!(gauge(&registry), 1, "an open watch is counted");
+    drop(watch);
+    assert_eq!(gauge(&registry), 0, "and uncounted when dropped");
     let _ = store.get(b"bad key").await.expect_err("invalid");
     store
         .list(ListRequest {

@@ -68,7 +68,6 @@ struct Shared {
     /// restart every lease gets its full TTL again.
     deadlines: Mutex<HashMap<LeaseId, Instant>>,
     options: EmbeddedOptions,
-    metrics: Arc<StoreMetrics>,
     dir: PathBuf,
 }
 
@@ -145,7 +144,6 @@ impl EmbeddedStore {
             revision_rx,
             deadlines: Mutex::new(deadlines),
             options,
-            metrics,
             dir,
         });
         tokio::spawn(expire_leases(Arc::downgrade(&shared)));
@@ -386,9 +384,7 @@ fn watch_stream(
         revision_rx: watch::Receiver<i64>,
         last_sent: Instant,
         done: bool,
-        _guard: WatcherGauge,
     }
-    let gauge = WatcherGauge::new(shared.metrics.clone());
     let state = State {
         revision_rx: shared.revision_rx.clone(),
         shared,
@@ -396,7 +392,6 @@ fn watch_stream(
         position: after,
         last_sent: Instant::now(),
         done: false,
-        _guard: gauge,
     };
     futures::stream::unfold(state, |mut st| async move {
         if st.done {
@@ -417,11 +412,6 @@ fn watch_stream(
                     st.position = position;
                     if !events.is_empty() {
                         st.last_sent = Instant::now();
-                        st.shared
-                            .metrics
-                            .watch_events
-                            .with_label_values(&["embedded"])
-                            .inc_by(events.len() as u64);
                         let batch = WatchBatch {
                             events,
                             revision: Revision::single(position),
@@ -446,20 +436,4 @@ fn watch_stream(
             }
         }
     })
-}
-
-/// Counts open watches in `tessera_store_watchers` for as long as it lives.
-struct WatcherGauge(Arc<StoreMetrics>);
-
-impl WatcherGauge {
-    fn new(metrics: Arc<StoreMetrics>) -> Self {
-        metrics.watchers.with_label_values(&["embedded"]).inc();
-        WatcherGauge(metrics)
-    }
-}
-
-impl Drop for WatcherGauge {
-    fn drop(&mut self) {
-        self.0.watchers.with_label_values(&["embedded"]).dec();
-    }
 }

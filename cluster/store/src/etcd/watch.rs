@@ -37,8 +37,6 @@ pub(crate) async fn open(store: EtcdStore, prefix: Bytes, after: i64) -> Result<
         done: false,
     };
     st.connect().await?;
-    let metrics = st.store.metrics.clone();
-    metrics.watchers.with_label_values(&["etcd"]).inc();
     let stream = futures::stream::unfold(st, |mut st| async move {
         if st.done {
             return None;
@@ -49,10 +47,7 @@ pub(crate) async fn open(store: EtcdStore, prefix: Bytes, after: i64) -> Result<
         }
         Some((item, st))
     });
-    Ok(Box::pin(GaugedStream {
-        inner: Box::pin(stream),
-        metrics,
-    }))
+    Ok(Box::pin(stream))
 }
 
 impl State {
@@ -226,28 +221,5 @@ impl Attempt {
         } else {
             Attempt::Fatal(map_error("etcd", "watch", e))
         }
-    }
-}
-
-/// Keeps `tessera_store_watchers{backend="etcd"}` right for as long as the stream lives.
-struct GaugedStream {
-    inner: WatchStream,
-    metrics: std::sync::Arc<crate::metrics::StoreMetrics>,
-}
-
-impl futures::Stream for GaugedStream {
-    type Item = Result<WatchBatch>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.inner.as_mut().poll_next(cx)
-    }
-}
-
-impl Drop for GaugedStream {
-    fn drop(&mut self) {
-        self.metrics.watchers.with_label_values(&["etcd"]).dec();
     }
 }
