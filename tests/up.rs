@@ -148,3 +148,72 @@ fn up_serves_metrics_for_its_store() {
     child.wait().expect("reap");
     assert!(dir.path().join("store").join("LOCK").exists());
 }
+
+/// The sharded layout as an operator configures it: default cluster, an events override and a
+/// tenant shard, each a real etcd process.
+#[test]
+fn up_opens_a_sharded_etcd_layout_from_flags() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (a, b) = rt.block_on(async {
+        let (a, b) = tokio::join!(
+            tessera_store::testing::EtcdProcess::start(),
+            tessera_store::testing::EtcdProcess::start()
+        );
+        (a.expect("etcd a"), b.expect("etcd b"))
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let overrides = format!("/events#{}", b.url());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "up",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--store", "etcd", "--etcd-servers", &a.url()])
+        .args(["--etcd-servers-overrides", &overrides])
+        .args(["--tenant-shards", &b.url()])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("TESSERA_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start tessera up");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let store_line = lines
+        .by_ref()
+        .map(|l| l.expect("line"))
+        .find(|l| l.trim_start().starts_with("store:"))
+        .expect("a store line");
+    child.kill().expect("stop");
+    child.wait().expect("reap");
+    // Three backends: a composite revision with three parts.
+    assert!(
+        store_line.contains("sharded at revision c."),
+        "{store_line}"
+    );
+    assert_eq!(store_line.matches('.').count(), 3, "{store_line}");
+
+    // A malformed layout is refused before anything starts, saying what to fix.
+    let bad = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "up",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--store", "etcd", "--etcd-servers", &a.url()])
+        .args(["--tenant-shards", "c:2379"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--tenant-shards") && err.contains("http://host:port"),
+        "{err}"
+    );
+}
