@@ -58,6 +58,7 @@ pub struct StoreBenchResult {
     write_ops_per_sec: f64,
     write_p50_ms: f64,
     write_p99_ms: f64,
+    write_max_ms: f64,
     read_ops_per_sec: f64,
     read_p50_ms: f64,
     read_p99_ms: f64,
@@ -245,6 +246,7 @@ pub async fn run(args: StoreBenchArgs) -> anyhow::Result<()> {
             write_ops_per_sec: write_rate.round(),
             write_p50_ms: wlat.percentile_ms(50.0),
             write_p99_ms: wlat.percentile_ms(99.0),
+            write_max_ms: wlat.percentile_ms(100.0),
             read_ops_per_sec: read_rate.round(),
             read_p50_ms: rlat.percentile_ms(50.0),
             read_p99_ms: rlat.percentile_ms(99.0),
@@ -285,12 +287,13 @@ fn print_table(results: &[StoreBenchResult]) {
     );
     for r in results {
         println!(
-            "{:<9} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>10.0} {:>9.3} {:>9.3} {:>11} {:>6} {:>11} {:>6}",
+            "{:<9} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>10.0} {:>9.3} {:>9.3} {:>11} {:>6} {:>11} {:>6}",
             r.backend,
             r.concurrency,
             r.write_ops_per_sec,
             r.write_p50_ms,
             r.write_p99_ms,
+            r.write_max_ms,
             r.read_ops_per_sec,
             r.read_p50_ms,
             r.read_p99_ms,

@@ -57,6 +57,8 @@ pub(crate) struct Committer {
     pub snapshot_threshold: u64,
     /// Size of the last snapshot written (0 before the first).
     pub last_snapshot_bytes: u64,
+    /// A snapshot being written in the background, and when it started.
+    pub snapshotting: Option<(std::thread::JoinHandle<Result<u64>>, Instant)>,
     pub metrics: Arc<StoreMetrics>,
     /// Held for the store's lifetime so no second process opens the same directory.
     pub lock_file: std::fs::File,
@@ -82,12 +84,15 @@ impl Committer {
                 }
             }
             if let Some(reply) = self.process(&mut batch) {
+                // No background writer may touch the directory once it is released.
+                self.finish_snapshot(true);
                 let _ = self.lock_file.unlock();
                 let _ = reply.send(());
                 return;
             }
             self.maybe_snapshot();
         }
+        self.finish_snapshot(true);
     }
 
     /// Handles one batch; returns the shutdown reply if a shutdown was asked for.
@@ -251,32 +256,62 @@ impl Committer {
     }
 
     /// Once the log has grown past the threshold — and past twice the last snapshot, so that
-    /// snapshots never cost more than the log writes they save — start a new segment, write a
-    /// snapshot of the state, and drop the segments it covers. Writes wait meanwhile (readers
-    /// do not).
+    /// snapshots never cost more than the log writes they save — start a new segment, capture
+    /// the state (writes wait only for this copy of the key map; values are shared), and write
+    /// it on a thread of its own, which then drops the segments it covers.
     fn maybe_snapshot(&mut self) {
+        self.finish_snapshot(false);
         let due = self
             .snapshot_threshold
             .max(self.last_snapshot_bytes.saturating_mul(2));
-        if self.failed.is_some() || self.wal.bytes_since_snapshot < due {
+        if self.failed.is_some()
+            || self.snapshotting.is_some()
+            || self.wal.bytes_since_snapshot < due
+        {
             return;
         }
         let started = Instant::now();
         let index = self.wal.next_index() - 1;
-        let result = self.wal.rotate().and_then(|_| {
-            let state = self.state.read();
-            snapshot::write(&self.dir, index, self.next_lease_id, &state)
-        });
-        match result {
-            Ok(bytes) => {
+        if let Err(e) = self.wal.rotate() {
+            tracing::warn!(error = %e, "starting a log segment for a snapshot failed");
+            return;
+        }
+        let image = snapshot::Image::capture(index, self.next_lease_id, &self.state.read());
+        tracing::debug!(
+            index = image.index(),
+            capture_seconds = started.elapsed().as_secs_f64(),
+            "captured state for a snapshot"
+        );
+        self.wal.bytes_since_snapshot = 0;
+        let dir = self.dir.clone();
+        match std::thread::Builder::new()
+            .name("tessera-snapshot".into())
+            .spawn(move || snapshot::write(&dir, &image))
+        {
+            Ok(handle) => self.snapshotting = Some((handle, started)),
+            Err(e) => tracing::warn!(error = %e, "could not start the snapshot writer"),
+        }
+    }
+
+    /// Collects a finished background snapshot (or, with `wait`, waits for it).
+    fn finish_snapshot(&mut self, wait: bool) {
+        let done = matches!(&self.snapshotting, Some((h, _)) if wait || h.is_finished());
+        if !done {
+            return;
+        }
+        let Some((handle, started)) = self.snapshotting.take() else {
+            return;
+        };
+        match handle.join() {
+            Ok(Ok(bytes)) => {
                 self.last_snapshot_bytes = bytes;
                 let secs = started.elapsed().as_secs_f64();
                 self.metrics.snapshot_duration.observe(secs);
-                tracing::info!(index, bytes, seconds = secs, "wrote snapshot");
+                tracing::info!(bytes, seconds = secs, "wrote snapshot");
             }
-            Err(e) => tracing::warn!(error = %e, "snapshot failed; the log keeps growing"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "snapshot failed; the log keeps growing"),
+            Err(_) => tracing::error!("the snapshot writer panicked; the log keeps growing"),
         }
-        self.wal.bytes_since_snapshot = 0;
     }
 }
 

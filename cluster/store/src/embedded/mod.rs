@@ -130,6 +130,7 @@ impl EmbeddedStore {
             next_lease_id,
             snapshot_threshold: options.snapshot_threshold_bytes,
             last_snapshot_bytes,
+            snapshotting: None,
             metrics: metrics.clone(),
             lock_file,
             failed: None,

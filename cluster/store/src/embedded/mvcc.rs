@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -61,8 +62,12 @@ struct LogEntry {
 }
 
 /// The whole multi-version state.
+/// Each key's retained versions, shared copy-on-write so that a snapshot can take the whole
+/// map in one cheap clone (one reference count per key) while writes go on.
+pub(crate) type History = Arc<Vec<Version>>;
+
 pub(crate) struct Mvcc {
-    keys: BTreeMap<Bytes, Vec<Version>>,
+    keys: BTreeMap<Bytes, History>,
     log: VecDeque<LogEntry>,
     revision: i64,
     compacted: i64,
@@ -87,7 +92,7 @@ impl Mvcc {
 
     /// Rebuilds state from a snapshot's parts.
     pub fn from_parts(
-        keys: BTreeMap<Bytes, Vec<Version>>,
+        keys: BTreeMap<Bytes, History>,
         revision: i64,
         compacted: i64,
         leases: HashMap<LeaseId, i64>,
@@ -170,7 +175,7 @@ impl Mvcc {
     }
 
     /// Every key with its retained versions (for snapshots).
-    pub fn keys(&self) -> &BTreeMap<Bytes, Vec<Version>> {
+    pub fn keys(&self) -> &BTreeMap<Bytes, History> {
         &self.keys
     }
 
@@ -290,7 +295,7 @@ impl Mvcc {
             let sub = sub as u32;
             match m {
                 Mutation::Put { key, value, lease } => {
-                    let versions = self.keys.entry(key.clone()).or_default();
+                    let versions = Arc::make_mut(self.keys.entry(key.clone()).or_default());
                     let prev = versions
                         .last()
                         .filter(|v| !v.tombstone)
@@ -332,7 +337,7 @@ impl Mvcc {
                     });
                 }
                 Mutation::Delete { key } => {
-                    let versions = self.keys.entry(key.clone()).or_default();
+                    let versions = Arc::make_mut(self.keys.entry(key.clone()).or_default());
                     let Some(prev) = versions
                         .last()
                         .filter(|v| !v.tombstone)
@@ -385,9 +390,10 @@ impl Mvcc {
         touched.sort_unstable();
         touched.dedup();
         for key in touched {
-            let Some(versions) = self.keys.get_mut(&key) else {
+            let Some(history) = self.keys.get_mut(&key) else {
                 continue;
             };
+            let versions = Arc::make_mut(history);
             let visible = versions.partition_point(|v| v.kv.mod_revision <= revision);
             if visible == 0 {
                 continue;

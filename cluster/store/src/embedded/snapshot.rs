@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use super::codec::{Reader, Writer};
-use super::mvcc::{Mvcc, Version};
+use super::mvcc::{History, Mvcc, Version};
 use super::wal::sync_dir;
 use crate::error::{Result, StoreError, io};
 use crate::types::KeyValue;
@@ -48,9 +48,42 @@ pub(crate) struct Loaded {
     pub mvcc: Mvcc,
 }
 
-/// Writes the state at log `index` durably (temp file, fsync, rename, fsync dir), then removes
-/// older snapshots and the log segments that it covers.
-pub(crate) fn write(dir: &Path, index: u64, next_lease_id: i64, mvcc: &Mvcc) -> Result<u64> {
+/// The state at one log index, detached from the live state so that it can be written while
+/// the store goes on. Taking it clones the key map: one reference count per key; a key
+/// written while the image is alive copies its own history (copy-on-write).
+pub(crate) struct Image {
+    index: u64,
+    revision: i64,
+    compacted: i64,
+    next_lease_id: i64,
+    leases: Vec<(i64, i64)>,
+    keys: BTreeMap<Bytes, History>,
+}
+
+impl Image {
+    /// Captures `mvcc` as of log `index`.
+    pub fn capture(index: u64, next_lease_id: i64, mvcc: &Mvcc) -> Image {
+        Image {
+            index,
+            revision: mvcc.revision(),
+            compacted: mvcc.compacted(),
+            next_lease_id,
+            leases: mvcc.leases.iter().map(|(id, l)| (*id, l.ttl)).collect(),
+            keys: mvcc.keys().clone(),
+        }
+    }
+
+    /// The log index it was taken at.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+}
+
+/// Writes an image durably (temp file, fsync, rename, fsync dir), then removes older snapshots
+/// and the log segments that it covers. The log must have been rotated at the image's index,
+/// so that every segment starting at or before it holds only records the image covers.
+pub(crate) fn write(dir: &Path, image: &Image) -> Result<u64> {
+    let index = image.index;
     let tmp = dir.join("snap.tmp");
     let file = File::create(&tmp).map_err(io("creating a snapshot"))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
@@ -68,21 +101,21 @@ pub(crate) fn write(dir: &Path, index: u64, next_lease_id: i64, mvcc: &Mvcc) -> 
     {
         let mut w = Writer(&mut buf);
         w.u64(index);
-        w.i64(mvcc.revision());
-        w.i64(mvcc.compacted());
-        w.i64(next_lease_id);
-        w.u32(mvcc.leases.len() as u32);
-        for (id, lease) in &mvcc.leases {
+        w.i64(image.revision);
+        w.i64(image.compacted);
+        w.i64(image.next_lease_id);
+        w.u32(image.leases.len() as u32);
+        for (id, ttl) in &image.leases {
             w.i64(*id);
-            w.i64(lease.ttl);
+            w.i64(*ttl);
         }
-        w.u64(mvcc.keys().len() as u64);
+        w.u64(image.keys.len() as u64);
     }
-    for (key, versions) in mvcc.keys() {
+    for (key, versions) in &image.keys {
         let mut w = Writer(&mut buf);
         w.bytes(key);
         w.u32(versions.len() as u32);
-        for v in versions {
+        for v in versions.iter() {
             w.u8(v.tombstone as u8);
             w.u32(v.sub);
             w.bytes(&v.kv.value);
@@ -113,11 +146,9 @@ pub(crate) fn write(dir: &Path, index: u64, next_lease_id: i64, mvcc: &Mvcc) -> 
             fs::remove_file(path).map_err(io("removing an old snapshot"))?;
         }
     }
-    // Every segment but the newest starts before `index` and ends at or before it: the
-    // caller rotates the log just before snapshotting.
-    let segs = super::wal::segments(dir)?;
-    for (first, path) in &segs[..segs.len().saturating_sub(1)] {
-        if *first <= index {
+    // The log was rotated at `index`: segments starting at or before it end at or before it.
+    for (first, path) in super::wal::segments(dir)? {
+        if first <= index {
             fs::remove_file(path).map_err(io("removing a covered log segment"))?;
         }
     }
@@ -189,7 +220,7 @@ fn load(path: &Path) -> std::result::Result<Loaded, String> {
             };
             versions.push(Version { kv, sub, tombstone });
         }
-        keys.insert(key, versions);
+        keys.insert(key, std::sync::Arc::new(versions));
     }
     if r.pos() != body_end {
         return Err("trailing bytes".into());
@@ -200,4 +231,76 @@ fn load(path: &Path) -> std::result::Result<Loaded, String> {
         next_lease_id,
         mvcc: Mvcc::from_parts(keys, revision, compacted, leases),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedded::mvcc::{Mutation, Record};
+
+    fn put(k: &str, v: &str) -> Mutation {
+        Mutation::Put {
+            key: Bytes::from(k.to_owned()),
+            value: Bytes::from(v.to_owned()),
+            lease: 0,
+        }
+    }
+
+    #[test]
+    fn an_image_is_unaffected_by_later_writes_and_round_trips() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut m = Mvcc::new();
+        m.apply(&Record::LeaseGrant { id: 5, ttl: 30 });
+        m.apply(&Record::Txn {
+            revision: 2,
+            mutations: vec![put("/a", "1"), put("/b", "1")],
+        });
+        m.apply(&Record::Txn {
+            revision: 3,
+            mutations: vec![put("/a", "2")],
+        });
+        let image = Image::capture(7, 6, &m);
+        // Written after the capture: copy-on-write keeps the image as it was.
+        m.apply(&Record::Txn {
+            revision: 4,
+            mutations: vec![
+                put("/a", "3"),
+                Mutation::Delete {
+                    key: Bytes::from_static(b"/b"),
+                },
+            ],
+        });
+        write(dir.path(), &image).expect("write");
+        let loaded = load_latest(dir.path()).expect("load").expect("a snapshot");
+        assert_eq!(loaded.index, 7);
+        assert_eq!(loaded.next_lease_id, 6);
+        let s = loaded.mvcc;
+        assert_eq!(s.revision(), 3);
+        assert_eq!(
+            s.latest(b"/a").map(|kv| kv.value.clone()),
+            Some(Bytes::from("2"))
+        );
+        assert!(s.latest(b"/b").is_some());
+        assert_eq!(s.list(b"/", b"/", 2, 0).0.len(), 2, "history kept");
+        assert!(s.leases.contains_key(&5));
+        // The live state moved on.
+        assert_eq!(
+            m.latest(b"/a").map(|kv| kv.value.clone()),
+            Some(Bytes::from("3"))
+        );
+        assert!(m.latest(b"/b").is_none());
+    }
+
+    #[test]
+    fn a_damaged_snapshot_is_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Mvcc::new();
+        write(dir.path(), &Image::capture(3, 1, &m)).expect("write");
+        let path = snapshot_path(dir.path(), 3);
+        let mut data = fs::read(&path).expect("read");
+        let n = data.len();
+        data[n / 2] ^= 0x55;
+        fs::write(&path, data).expect("damage");
+        assert!(load_latest(dir.path()).expect("load").is_none());
+    }
 }
