@@ -107,7 +107,12 @@ pub async fn open(
                 for urls in &config.tenant_shards {
                     tenants.push(connect(urls.clone()).await?);
                 }
-                Arc::new(ShardedStore::new("/registry/", default, overrides, tenants))
+                Arc::new(ShardedStore::new(
+                    tessera_core::keys::ROOT,
+                    default,
+                    overrides,
+                    tenants,
+                ))
             } else {
                 default
             }

@@ -9,36 +9,7 @@ use consistent_hash::{DefaultHash, Node, StaticHashRing};
 /// shards, few enough that building the ring is instant.
 const VNODES: usize = 128;
 
-/// Kubernetes' built-in API groups, whose resources it stores under `/registry/<resource>/`
-/// without the group; other groups' resources are stored under `<resource>.<group>`.
-const BUILTIN_GROUPS: &[&str] = &[
-    "",
-    "core",
-    "apps",
-    "batch",
-    "autoscaling",
-    "policy",
-    "coordination.k8s.io",
-    "scheduling.k8s.io",
-    "networking.k8s.io",
-    "rbac.authorization.k8s.io",
-    "storage.k8s.io",
-    "discovery.k8s.io",
-    "events.k8s.io",
-    "certificates.k8s.io",
-    "node.k8s.io",
-    "apiregistration.k8s.io",
-];
-
-/// The key segment a resource of an API group is stored under (`deployments` for
-/// `apps/deployments`, `podgroups.tessera.io` for `tessera.io/podgroups`).
-pub fn resource_segment(group: &str, resource: &str) -> String {
-    if BUILTIN_GROUPS.contains(&group) {
-        resource.to_owned()
-    } else {
-        format!("{resource}.{group}")
-    }
-}
+pub use tessera_core::keys::resource_segment;
 
 /// Maps keys and prefixes to backend indexes. Index 0 is the default backend, then one per
 /// resource override, then one per tenant shard.
@@ -256,15 +227,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn resource_segments_follow_kubernetes() {
-        assert_eq!(resource_segment("apps", "deployments"), "deployments");
-        assert_eq!(resource_segment("", "events"), "events");
-        assert_eq!(
-            resource_segment("tessera.io", "podgroups"),
-            "podgroups.tessera.io"
-        );
     }
 }

@@ -122,7 +122,7 @@ fn sharded(parts: Vec<Arc<dyn Store>>, events_override: bool) -> Arc<dyn Store> 
         Vec::new()
     };
     Arc::new(ShardedStore::new(
-        "/registry/",
+        tessera_core::keys::ROOT,
         default,
         overrides,
         parts.collect(),
