@@ -1,0 +1,330 @@
+//! API discovery as kubectl 1.32 reads it: `/version`, aggregated discovery
+//! (`apidiscovery.k8s.io/v2` on `/api` and `/apis`) and the legacy per-group documents.
+
+use axum::Router;
+use axum::extract::Path;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::catalog::{self, RESOURCES, Resource, VERBS};
+
+/// The content type of an aggregated discovery answer; kubectl asks for it in `Accept`.
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// The Kubernetes version this server speaks. kubectl's dispatcher picks its own version from
+/// `gitVersion`, so it must be a 1.32 release.
+pub const KUBERNETES_VERSION: (&str, &str) = ("1", "32");
+
+/// `/version`.
+pub fn version_info() -> Value {
+    json!({
+        "major": KUBERNETES_VERSION.0,
+        "minor": KUBERNETES_VERSION.1,
+        "gitVersion": format!("v{}.{}.0-tessera.{}", KUBERNETES_VERSION.0, KUBERNETES_VERSION.1, env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "1970-01-01T00:00:00Z",
+        "goVersion": "none (Rust)",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, if cfg!(target_arch = "x86_64") { "amd64" } else { std::env::consts::ARCH }),
+    })
+}
+
+fn group_version(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    }
+}
+
+/// The legacy `APIResourceList` of one group-version, or `None` if it is not served.
+pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
+    let mut resources = Vec::new();
+    for res in catalog::resources_of(group, version) {
+        resources.push(json!({
+            "name": res.plural,
+            "singularName": res.singular,
+            "namespaced": res.namespaced,
+            "kind": res.kind,
+            "verbs": VERBS,
+            "shortNames": res.short_names,
+            "categories": res.categories,
+        }));
+        for sub in res.subresources {
+            let (g, v, kind) = sub.response;
+            let mut entry = json!({
+                "name": format!("{}/{}", res.plural, sub.name),
+                "singularName": "",
+                "namespaced": res.namespaced,
+                "kind": kind,
+                "verbs": sub.verbs,
+            });
+            if (g, v) != (res.group, res.version) {
+                entry["group"] = json!(g);
+                entry["version"] = json!(v);
+            }
+            resources.push(entry);
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    Some(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version(group, version),
+        "resources": resources,
+    }))
+}
+
+fn api_group(group: &str) -> Option<Value> {
+    let versions: Vec<Value> = catalog::groups()
+        .into_iter()
+        .filter(|(g, _)| *g == group)
+        .map(|(g, v)| json!({"groupVersion": group_version(g, v), "version": v}))
+        .collect();
+    let preferred = versions.first()?.clone();
+    Some(json!({
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": group,
+        "versions": versions,
+        "preferredVersion": preferred,
+    }))
+}
+
+/// The legacy `APIGroupList` of `/apis`.
+pub fn api_group_list() -> Value {
+    let mut names: Vec<&str> = Vec::new();
+    for (g, _) in catalog::groups() {
+        if !g.is_empty() && !names.contains(&g) {
+            names.push(g);
+        }
+    }
+    let groups: Vec<Value> = names
+        .into_iter()
+        .filter_map(api_group)
+        .map(|mut g| {
+            if let Some(o) = g.as_object_mut() {
+                o.remove("kind");
+                o.remove("apiVersion");
+            }
+            g
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// The legacy `APIVersions` of `/api`.
+pub fn api_versions() -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+    })
+}
+
+fn discovery_resource(res: &Resource) -> Value {
+    let subresources: Vec<Value> = res
+        .subresources
+        .iter()
+        .map(|s| {
+            let (g, v, k) = s.response;
+            json!({
+                "subresource": s.name,
+                "responseKind": {"group": g, "version": v, "kind": k},
+                "verbs": s.verbs,
+            })
+        })
+        .collect();
+    json!({
+        "resource": res.plural,
+        "responseKind": {"group": res.group, "version": res.version, "kind": res.kind},
+        "scope": if res.namespaced { "Namespaced" } else { "Cluster" },
+        "singularResource": res.singular,
+        "verbs": VERBS,
+        "shortNames": res.short_names,
+        "categories": res.categories,
+        "subresources": subresources,
+    })
+}
+
+/// The aggregated `APIGroupDiscoveryList`: the core group (for `/api`) or every named group
+/// (for `/apis`).
+pub fn aggregated(core: bool) -> Value {
+    let mut items: Vec<Value> = Vec::new();
+    for (group, version) in catalog::groups() {
+        if group.is_empty() != core {
+            continue;
+        }
+        let resources: Vec<Value> = RESOURCES
+            .iter()
+            .filter(|r| r.group == group && r.version == version)
+            .map(discovery_resource)
+            .collect();
+        let entry = json!({"version": version, "resources": resources, "freshness": "Current"});
+        match items
+            .iter_mut()
+            .find(|i| i["metadata"]["name"] == json!(group))
+        {
+            Some(item) => {
+                if let Some(v) = item["versions"].as_array_mut() {
+                    v.push(entry);
+                }
+            }
+            None => items.push(json!({
+                "metadata": {"name": group, "creationTimestamp": null},
+                "versions": [entry],
+            })),
+        }
+    }
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
+    })
+}
+
+fn wants_aggregated(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            let t = t.replace(' ', "");
+            t.contains("g=apidiscovery.k8s.io")
+                && t.contains("v=v2;")
+                && t.contains("as=APIGroupDiscoveryList")
+                || t.ends_with("g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")
+        })
+}
+
+fn json_response(content_type: &'static str, body: &Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, content_type)],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// A Kubernetes `Status` for a discovery path that does not exist.
+fn not_found(what: String) -> Response {
+    let status = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("the server could not find the requested resource ({what})"),
+        "reason": "NotFound",
+        "details": {},
+        "code": 404,
+    });
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "application/json")],
+        status.to_string(),
+    )
+        .into_response()
+}
+
+async fn root_api(headers: HeaderMap) -> Response {
+    if wants_aggregated(&headers) {
+        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(true))
+    } else {
+        json_response("application/json", &api_versions())
+    }
+}
+
+async fn root_apis(headers: HeaderMap) -> Response {
+    if wants_aggregated(&headers) {
+        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(false))
+    } else {
+        json_response("application/json", &api_group_list())
+    }
+}
+
+async fn core_version(Path(version): Path<String>) -> Response {
+    match api_resource_list("", &version) {
+        Some(doc) => json_response("application/json", &doc),
+        None => not_found(format!("get /api/{version}")),
+    }
+}
+
+async fn group_doc(Path(group): Path<String>) -> Response {
+    match api_group(&group) {
+        Some(doc) => json_response("application/json", &doc),
+        None => not_found(format!("get /apis/{group}")),
+    }
+}
+
+async fn group_version_doc(Path((group, version)): Path<(String, String)>) -> Response {
+    match api_resource_list(&group, &version) {
+        Some(doc) => json_response("application/json", &doc),
+        None => not_found(format!("get /apis/{group}/{version}")),
+    }
+}
+
+/// The discovery routes.
+pub fn router() -> Router {
+    Router::new()
+        .route(
+            "/version",
+            get(|| async { json_response("application/json", &version_info()) }),
+        )
+        .route("/api", get(root_api))
+        .route("/api/{version}", get(core_version))
+        .route("/apis", get(root_apis))
+        .route("/apis/{group}", get(group_doc))
+        .route("/apis/{group}/{version}", get(group_version_doc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_describe_the_catalog() {
+        let core = api_resource_list("", "v1").expect("core");
+        let names: Vec<&str> = core["resources"]
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert!(names.contains(&"pods") && names.contains(&"pods/status"));
+        let apps = api_resource_list("apps", "v1").expect("apps");
+        let scale = apps["resources"]
+            .as_array()
+            .expect("array")
+            .iter()
+            .find(|r| r["name"] == "deployments/scale")
+            .expect("scale");
+        assert_eq!(scale["group"], "autoscaling");
+        assert!(api_resource_list("apps", "v2").is_none());
+        let agg = aggregated(false);
+        assert!(
+            agg["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .all(|i| i["metadata"]["name"] != "")
+        );
+        assert_eq!(aggregated(true)["items"][0]["metadata"]["name"], "");
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::ACCEPT,
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
+                .parse()
+                .expect("header"),
+        );
+        assert!(wants_aggregated(&headers));
+        assert!(!wants_aggregated(&HeaderMap::new()));
+    }
+}
