@@ -1,12 +1,14 @@
 //! `tessera up`: runs Tessera on this machine. Today that is one shard's store (embedded by
-//! default), its compactor and its metrics; the API server, controllers, scheduler and the
-//! federation join it as their issues land.
+//! default), its compactor, metrics, and the API server's discovery over TLS with a kubeconfig;
+//! serving objects, controllers, scheduler and the federation join it as their issues land.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
 use prometheus::Registry;
+use tessera_apiserver::pki::Credentials;
+use tessera_apiserver::{discovery, serve};
 use tessera_store::{StoreMetrics, compactor};
 
 use crate::store_config::{self, StoreArgs};
@@ -23,6 +25,9 @@ pub struct UpArgs {
     /// Address of the gRPC endpoint (grpc.health.v1 today).
     #[arg(long, default_value = "127.0.0.1:9465")]
     pub grpc_addr: SocketAddr,
+    /// Address of the Kubernetes API (HTTPS).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub api_addr: SocketAddr,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -40,16 +45,28 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     ));
     let bound = crate::metrics_server::serve(args.metrics_addr, registry).await?;
     let grpc = crate::health::serve(args.grpc_addr, store.clone()).await?;
+    let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
+    let api_router = serve::authenticated(
+        discovery::router().route("/healthz", axum::routing::get(|| async { "ok" })),
+        credentials.admin_token.clone(),
+    );
+    let api = serve::serve_tls(args.api_addr, &credentials, api_router).await?;
+    let kubeconfig = args.data_dir.join("kubeconfig");
+    credentials.write_kubeconfig(&kubeconfig, &format!("https://{api}"))?;
     println!("Tessera is up.");
     println!("  store:    {} at revision {revision}", store.backend());
     if store.backend() == "embedded" {
         println!("  data:     {}", args.data_dir.join("store").display());
     }
+    println!("  api:      https://{api} (discovery only so far)");
     println!("  metrics:  http://{bound}/metrics");
     println!("  grpc:     {grpc} (grpc.health.v1)");
     println!();
-    println!("This build runs the shard's store only; the Kubernetes API server, controllers,");
-    println!("scheduler and federation are not there yet (see docs/architecture.md).");
+    println!("  export KUBECONFIG={}", kubeconfig.display());
+    println!("  kubectl api-resources");
+    println!();
+    println!("This build runs the shard's store and API discovery; serving objects, the");
+    println!("controllers, scheduler and federation are not there yet (see docs/architecture.md).");
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     tracing::info!("shutting down");

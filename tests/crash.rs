@@ -20,6 +20,17 @@ enum Kill {
     DuringRecovery(Duration),
 }
 
+/// Kills the writer when dropped, so a failing assertion never leaves it running (and holding
+/// the test's output pipes open).
+struct Writer(std::process::Child);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn run_round(dir: &std::path::Path, round: u64, kill: Kill) -> HashMap<u64, i64> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args([
@@ -38,8 +49,9 @@ fn run_round(dir: &std::path::Path, round: u64, kill: Kill) -> HashMap<u64, i64>
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
+        .map(Writer)
         .expect("start the writer");
-    let stdout = child.stdout.take().expect("stdout");
+    let stdout = child.0.stdout.take().expect("stdout");
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut acked = HashMap::new();
@@ -67,8 +79,8 @@ fn run_round(dir: &std::path::Path, round: u64, kill: Kill) -> HashMap<u64, i64>
         }
         Kill::DuringRecovery(after) => std::thread::sleep(after),
     }
-    child.kill().expect("SIGKILL the writer");
-    child.wait().expect("reap the writer");
+    child.0.kill().expect("SIGKILL the writer");
+    child.0.wait().expect("reap the writer");
     reader.join().expect("reader thread")
 }
 

@@ -6,6 +6,17 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// Kills the child when dropped, so that a failing assertion does not leave `tessera up`
+/// running (holding the test's output pipes open).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn http_get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
@@ -42,14 +53,17 @@ fn up_serves_metrics_for_its_store() {
             &addr,
             "--grpc-addr",
             &grpc_addr,
+            "--api-addr",
+            "127.0.0.1:0",
             "--data-dir",
         ])
         .arg(dir.path())
         .env("TESSERA_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
+        .map(Running)
         .expect("start tessera up");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
     let mut banner = Vec::new();
     for line in lines.by_ref() {
         let line = line.expect("line");
@@ -68,6 +82,43 @@ fn up_serves_metrics_for_its_store() {
         banner.contains("not there yet"),
         "says what it does not run yet: {banner}"
     );
+    let kubeconfig = dir.path().join("kubeconfig");
+    assert!(
+        banner.contains(&format!("export KUBECONFIG={}", kubeconfig.display())),
+        "{banner}"
+    );
+
+    // The real kubectl, over TLS with the CA and token from the kubeconfig tessera wrote.
+    let kubectl = |config: &std::path::Path, args: &[&str]| {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(config)
+            .arg("--cache-dir")
+            .arg(dir.path().join("kubectl-cache"))
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    };
+    let out = kubectl(&kubeconfig, &["api-resources", "-o", "name"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names = String::from_utf8_lossy(&out.stdout);
+    assert!(names.lines().any(|l| l == "deployments.apps"), "{names}");
+    // A wrong token is refused.
+    let text = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+    let token_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("token:"))
+        .expect("a token line");
+    let bad = dir.path().join("bad-kubeconfig");
+    std::fs::write(&bad, text.replace(token_line, "    token: not-the-token")).expect("write");
+    let out = kubectl(&bad, &["api-resources"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("You must be logged in to the server"), "{err}");
 
     let metrics = http_get(&addr, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
@@ -134,6 +185,8 @@ fn up_serves_metrics_for_its_store() {
             "127.0.0.1:0",
             "--grpc-addr",
             "127.0.0.1:0",
+            "--api-addr",
+            "127.0.0.1:0",
             "--data-dir",
         ])
         .arg(dir.path())
@@ -144,8 +197,7 @@ fn up_serves_metrics_for_its_store() {
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(err.contains("another tessera process"), "{err}");
 
-    child.kill().expect("stop");
-    child.wait().expect("reap");
+    drop(child);
     assert!(dir.path().join("store").join("LOCK").exists());
 }
 
@@ -170,6 +222,8 @@ fn up_opens_a_sharded_etcd_layout_from_flags() {
             "127.0.0.1:0",
             "--grpc-addr",
             "127.0.0.1:0",
+            "--api-addr",
+            "127.0.0.1:0",
         ])
         .args(["--store", "etcd", "--etcd-servers", &a.url()])
         .args(["--etcd-servers-overrides", &overrides])
@@ -179,15 +233,15 @@ fn up_opens_a_sharded_etcd_layout_from_flags() {
         .env("TESSERA_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
+        .map(Running)
         .expect("start tessera up");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
     let store_line = lines
         .by_ref()
         .map(|l| l.expect("line"))
         .find(|l| l.trim_start().starts_with("store:"))
         .expect("a store line");
-    child.kill().expect("stop");
-    child.wait().expect("reap");
+    drop(child);
     // Three backends: a composite revision with three parts.
     assert!(
         store_line.contains("sharded at revision c."),
@@ -202,6 +256,8 @@ fn up_opens_a_sharded_etcd_layout_from_flags() {
             "--metrics-addr",
             "127.0.0.1:0",
             "--grpc-addr",
+            "127.0.0.1:0",
+            "--api-addr",
             "127.0.0.1:0",
         ])
         .args(["--store", "etcd", "--etcd-servers", &a.url()])
