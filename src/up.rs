@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use prometheus::Registry;
 use tessera_apiserver::pki::Credentials;
-use tessera_apiserver::{discovery, serve};
+use tessera_apiserver::{discovery, rest, serve};
 use tessera_store::{StoreMetrics, compactor};
 
 use crate::store_config::{self, StoreArgs};
@@ -47,7 +47,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let grpc = crate::health::serve(args.grpc_addr, store.clone()).await?;
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
     let api_router = serve::authenticated(
-        discovery::router().route("/healthz", axum::routing::get(|| async { "ok" })),
+        discovery::router()
+            .merge(rest::router(store.clone()))
+            .route("/healthz", axum::routing::get(|| async { "ok" })),
         credentials.admin_token.clone(),
     );
     let api = serve::serve_tls(args.api_addr, &credentials, api_router).await?;
@@ -58,15 +60,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     if store.backend() == "embedded" {
         println!("  data:     {}", args.data_dir.join("store").display());
     }
-    println!("  api:      https://{api} (discovery only so far)");
+    println!("  api:      https://{api} (discovery; create/get/list/delete of objects)");
     println!("  metrics:  http://{bound}/metrics");
     println!("  grpc:     {grpc} (grpc.health.v1)");
     println!();
     println!("  export KUBECONFIG={}", kubeconfig.display());
     println!("  kubectl api-resources");
     println!();
-    println!("This build runs the shard's store and API discovery; serving objects, the");
-    println!("controllers, scheduler and federation are not there yet (see docs/architecture.md).");
+    println!("This build runs the shard's store and the first API verbs (create, get, list,");
+    println!("delete); update, patch, watch, apply, the controllers, scheduler and federation");
+    println!("are not there yet (see docs/architecture.md).");
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     tracing::info!("shutting down");

@@ -6,4 +6,6 @@
 pub mod catalog;
 pub mod discovery;
 pub mod pki;
+pub mod rest;
 pub mod serve;
+pub mod status;
