@@ -60,16 +60,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     if store.backend() == "embedded" {
         println!("  data:     {}", args.data_dir.join("store").display());
     }
-    println!("  api:      https://{api} (discovery; create/get/list/delete of objects)");
+    println!("  api:      https://{api} (discovery; create/get/list/replace/watch/delete)");
     println!("  metrics:  http://{bound}/metrics");
     println!("  grpc:     {grpc} (grpc.health.v1)");
     println!();
     println!("  export KUBECONFIG={}", kubeconfig.display());
     println!("  kubectl api-resources");
     println!();
-    println!("This build runs the shard's store and the first API verbs (create, get, list,");
-    println!("delete); update, patch, watch, apply, the controllers, scheduler and federation");
-    println!("are not there yet (see docs/architecture.md).");
+    println!("This build runs the shard's store and the first API verbs; patch, apply, tables,");
+    println!("openapi, tenants, the controllers, scheduler and federation are not there yet");
+    println!("(see docs/architecture.md).");
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     tracing::info!("shutting down");

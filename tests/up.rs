@@ -164,6 +164,85 @@ fn up_serves_metrics_for_its_store() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("namespaces \"nowhere\" not found"), "{err}");
     assert!(err.contains("RFC 1123"), "{err}");
+
+    // `get -w` sees a replace and a delete; a replace with a stale resourceVersion is refused.
+    let watch_out = dir.path().join("watch.out");
+    let watcher = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--cache-dir")
+        .arg(dir.path().join("kubectl-cache"))
+        .args(["get", "configmaps", "-n", "demo", "-w"])
+        .stdout(std::fs::File::create(&watch_out).expect("watch output"))
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Running)
+        .expect("start kubectl get -w");
+    let replacement = dir.path().join("replace.yaml");
+    let write_cm = |mode: &str, rv: Option<&str>| {
+        let rv = rv.map_or(String::new(), |rv| format!("  resourceVersion: \"{rv}\"\n"));
+        std::fs::write(
+            &replacement,
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: demo\n{rv}data:\n  mode: {mode}\n"
+            ),
+        )
+        .expect("manifest");
+        replacement.to_string_lossy().into_owned()
+    };
+    let rv_before = ok(&[
+        "get",
+        "configmap",
+        "settings",
+        "-n",
+        "demo",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    let path = write_cm("slow", None);
+    assert_eq!(
+        ok(&["replace", "-f", &path, "--validate=false"]).trim(),
+        "configmap/settings replaced"
+    );
+    let mode = ok(&[
+        "get",
+        "configmap",
+        "settings",
+        "-n",
+        "demo",
+        "-o",
+        "jsonpath={.data.mode}",
+    ]);
+    assert_eq!(mode, "slow");
+    let stale = write_cm("stale", Some(rv_before.trim()));
+    let out = kubectl(&kubeconfig, &["replace", "-f", &stale, "--validate=false"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the object has been modified"), "{err}");
+    assert_eq!(
+        ok(&["delete", "configmap", "settings", "-n", "demo"]).trim(),
+        "configmap \"settings\" deleted"
+    );
+    // The initial row, the replace and the delete (bounded wait for delivery: 20 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let rows = loop {
+        let text = std::fs::read_to_string(&watch_out).unwrap_or_default();
+        let rows = text.lines().filter(|l| l.starts_with("settings")).count();
+        if rows >= 3 || std::time::Instant::now() > deadline {
+            break rows;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(watcher);
+    assert_eq!(
+        rows,
+        3,
+        "get -w output: {}",
+        std::fs::read_to_string(&watch_out).unwrap_or_default()
+    );
+    let again = write_cm("fast", None);
+    let created = ok(&["create", "-f", &again, "--validate=false"]);
+    assert_eq!(created.trim(), "configmap/settings created");
     assert_eq!(
         ok(&["delete", "configmap", "settings", "-n", "demo"]).trim(),
         "configmap \"settings\" deleted"

@@ -8,12 +8,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Path;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::any;
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tessera_core::{keys, names};
-use tessera_store::{ListRequest, Store, StoreError};
+use tessera_store::{EventKind, ListRequest, Revision, Store, StoreError};
 
 use crate::catalog::{RESOURCES, Resource};
 use crate::status::ApiError;
@@ -103,6 +104,50 @@ fn uid() -> String {
     )
 }
 
+/// Decodes a request body into an object of `res`: size limit, JSON, kind and apiVersion
+/// checked (filled in when missing).
+fn parse_body(res: &Resource, body: &[u8]) -> Result<Value, ApiError> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError {
+            code: StatusCode::PAYLOAD_TOO_LARGE,
+            reason: "RequestEntityTooLarge",
+            message: format!(
+                "request body is {} bytes; the limit is {MAX_BODY_BYTES}",
+                body.len()
+            ),
+            details: None,
+        });
+    }
+    let mut obj: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    if !obj.is_object() {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    }
+    let want_version = api_version(res);
+    match obj.get("apiVersion").and_then(Value::as_str) {
+        None => obj["apiVersion"] = json!(want_version),
+        Some(v) if v == want_version => {}
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({want_version})"
+            )));
+        }
+    }
+    match obj.get("kind").and_then(Value::as_str) {
+        None => obj["kind"] = json!(res.kind),
+        Some(k) if k == res.kind => {}
+        Some(k) => {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                res.kind
+            )));
+        }
+    }
+    Ok(obj)
+}
+
 /// Sets the object's resourceVersion from the store's mod revision.
 fn with_resource_version(mut obj: Value, mod_revision: i64) -> Value {
     obj["metadata"]["resourceVersion"] = json!(mod_revision.to_string());
@@ -131,45 +176,7 @@ impl Rest {
         ns: Option<&str>,
         body: &[u8],
     ) -> Result<Response, ApiError> {
-        if body.len() > MAX_BODY_BYTES {
-            return Err(ApiError {
-                code: StatusCode::PAYLOAD_TOO_LARGE,
-                reason: "RequestEntityTooLarge",
-                message: format!(
-                    "request body is {} bytes; the limit is {MAX_BODY_BYTES}",
-                    body.len()
-                ),
-                details: None,
-            });
-        }
-        let mut obj: Value = serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
-        })?;
-        if !obj.is_object() {
-            return Err(ApiError::bad_request(
-                "the request body must be a JSON object",
-            ));
-        }
-        let want_version = api_version(res);
-        match obj.get("apiVersion").and_then(Value::as_str) {
-            None => obj["apiVersion"] = json!(want_version),
-            Some(v) if v == want_version => {}
-            Some(v) => {
-                return Err(ApiError::bad_request(format!(
-                    "the API version in the data ({v}) does not match the expected API version ({want_version})"
-                )));
-            }
-        }
-        match obj.get("kind").and_then(Value::as_str) {
-            None => obj["kind"] = json!(res.kind),
-            Some(k) if k == res.kind => {}
-            Some(k) => {
-                return Err(ApiError::bad_request(format!(
-                    "the kind in the data ({k}) does not match the expected kind ({})",
-                    res.kind
-                )));
-            }
-        }
+        let mut obj = parse_body(res, body)?;
         if !obj["metadata"].is_object() {
             obj["metadata"] = json!({});
         }
@@ -301,6 +308,151 @@ impl Rest {
         ))
     }
 
+    async fn update(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        name: &str,
+        body: &[u8],
+    ) -> Result<Response, ApiError> {
+        let mut obj = parse_body(res, body)?;
+        let key = key(res, ns, name);
+        let current = self
+            .store
+            .get(key.as_bytes())
+            .await
+            .map_err(store_error)?
+            .ok_or_else(|| ApiError::not_found(res.group, res.plural, name))?;
+        let stored: Value = serde_json::from_slice(&current.value)
+            .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
+        let meta = &mut obj["metadata"];
+        if meta
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| n != name)
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                meta["name"].as_str().unwrap_or_default()
+            )));
+        }
+        // Optimistic concurrency: a resourceVersion in the body must still be current.
+        let expected = match meta.get("resourceVersion").and_then(Value::as_str) {
+            Some(rv) if !rv.is_empty() => rv.parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "metadata.resourceVersion {rv:?} is not one this server issued"
+                ))
+            })?,
+            _ => current.mod_revision,
+        };
+        if expected != current.mod_revision {
+            return Err(ApiError::conflict(res.group, res.plural, name));
+        }
+        // What the server owns is kept from the stored object.
+        for field in ["uid", "creationTimestamp", "namespace"] {
+            meta[field] = stored["metadata"][field].clone();
+        }
+        meta["name"] = json!(name);
+        let generation = stored["metadata"]["generation"].as_i64().unwrap_or(1);
+        let spec_changed = obj.get("spec") != stored.get("spec");
+        obj["metadata"]["generation"] = json!(if spec_changed {
+            generation + 1
+        } else {
+            generation
+        });
+        if let Some(m) = obj["metadata"].as_object_mut() {
+            m.remove("resourceVersion");
+            m.retain(|_, v| !v.is_null());
+        }
+        let bytes = serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+        match self.store.update(key.into(), bytes.into(), expected).await {
+            Ok(kv) => Ok(json_ok(
+                StatusCode::OK,
+                &with_resource_version(obj, kv.mod_revision),
+            )),
+            Err(e) if e.precondition().is_some() => {
+                Err(ApiError::conflict(res.group, res.plural, name))
+            }
+            Err(e) => Err(store_error(e)),
+        }
+    }
+
+    /// A watch: one JSON event per line (`ADDED`, `MODIFIED`, `DELETED`, or `ERROR` with a
+    /// 410 `Status` when the requested resourceVersion is gone), until the client leaves.
+    async fn watch(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        resource_version: Option<&str>,
+    ) -> Result<Response, ApiError> {
+        let prefix = keys::resource_prefix(&keys::resource_segment(res.group, res.plural), ns);
+        let after = match resource_version {
+            None | Some("") | Some("0") => None,
+            Some(rv) => Some(rv.parse::<Revision>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "resourceVersion {rv:?} is not one this server issued"
+                ))
+            })?),
+        };
+        let gone = |e: &StoreError| {
+            json!({"type": "ERROR", "object": ApiError {
+                code: StatusCode::GONE,
+                reason: "Expired",
+                message: format!("too old resource version: {e}"),
+                details: None,
+            }.to_status()})
+        };
+        let stream: std::pin::Pin<
+            Box<dyn futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send>,
+        > = match self.store.watch(prefix.as_bytes(), after).await {
+            Ok(w) => Box::pin(w.flat_map(move |item| {
+                let lines: Vec<Result<Bytes, std::convert::Infallible>> = match item {
+                    Ok(batch) => batch
+                        .events
+                        .iter()
+                        .filter_map(|e| {
+                            let (kind, value, rev) = match (e.kind, &e.prev_kv) {
+                                (EventKind::Put, None) => ("ADDED", &e.kv.value, e.kv.mod_revision),
+                                (EventKind::Put, Some(_)) => {
+                                    ("MODIFIED", &e.kv.value, e.kv.mod_revision)
+                                }
+                                (EventKind::Delete, Some(prev)) => {
+                                    ("DELETED", &prev.value, e.kv.mod_revision)
+                                }
+                                (EventKind::Delete, None) => return None,
+                            };
+                            let obj = parse_stored(value, rev).ok()?;
+                            let mut line = json!({"type": kind, "object": obj}).to_string();
+                            line.push('\n');
+                            Some(Ok(Bytes::from(line)))
+                        })
+                        .collect(),
+                    Err(e) => {
+                        let mut line = gone(&e).to_string();
+                        line.push('\n');
+                        vec![Ok(Bytes::from(line))]
+                    }
+                };
+                futures::stream::iter(lines)
+            })),
+            Err(e @ StoreError::Compacted { .. }) => {
+                let mut line = gone(&e).to_string();
+                line.push('\n');
+                Box::pin(futures::stream::iter(vec![Ok(Bytes::from(line))]))
+            }
+            Err(e) => return Err(store_error(e)),
+        };
+        Ok((
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            axum::body::Body::from_stream(stream),
+        )
+            .into_response())
+    }
+
     async fn delete(
         &self,
         res: &'static Resource,
@@ -318,6 +470,20 @@ impl Rest {
             Err(e) => Err(store_error(e)),
         }
     }
+}
+
+/// The value of a query parameter (not percent-decoded: the values used here never need it).
+fn query_value<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// True if a boolean query parameter is set (`watch=true`, `watch=1`, `watch`).
+fn query_flag(query: &str, name: &str) -> bool {
+    matches!(query_value(query, name), Some("" | "1" | "true"))
 }
 
 /// Which resource a path names: (group, version, namespace, plural, name).
@@ -349,8 +515,9 @@ async fn dispatch(
     t: Target,
     body: Bytes,
     headers: HeaderMap,
+    query: String,
 ) -> Response {
-    if method == "POST"
+    if (method == "POST" || method == "PUT")
         && let Err(e) = body_is_json(&headers)
     {
         return e.into_response();
@@ -372,7 +539,12 @@ async fn dispatch(
             )));
         }
         match (method, name.as_deref()) {
+            ("GET", None) if query_flag(&query, "watch") => {
+                rest.watch(res, ns.as_deref(), query_value(&query, "resourceVersion"))
+                    .await
+            }
             ("GET", None) => rest.list(res, ns.as_deref()).await,
+            ("PUT", Some(n)) => rest.update(res, ns.as_deref(), n, &body).await,
             ("POST", None) => rest.create(res, ns.as_deref(), &body).await,
             ("GET", Some(n)) => rest.get(res, ns.as_deref(), n).await,
             ("DELETE", Some(n)) => rest.delete(res, ns.as_deref(), n).await,
@@ -390,19 +562,20 @@ pub fn router(store: Arc<dyn Store>) -> Router {
     let rest = Rest { store };
     macro_rules! handlers {
         ($extract:ty, $to_target:expr) => {{
-            let (r1, r2, r3) = (rest.clone(), rest.clone(), rest.clone());
-            get(move |Path(p): Path<$extract>| {
-                let r = r1.clone();
-                async move { dispatch(r, "GET", $to_target(p), Bytes::new(), HeaderMap::new()).await }
-            })
-            .post(move |Path(p): Path<$extract>, headers: HeaderMap, body: Bytes| {
-                let r = r2.clone();
-                async move { dispatch(r, "POST", $to_target(p), body, headers).await }
-            })
-            .delete(move |Path(p): Path<$extract>| {
-                let r = r3.clone();
-                async move { dispatch(r, "DELETE", $to_target(p), Bytes::new(), HeaderMap::new()).await }
-            })
+            let rest = rest.clone();
+            any(
+                move |Path(p): Path<$extract>,
+                      method: Method,
+                      uri: Uri,
+                      headers: HeaderMap,
+                      body: Bytes| {
+                    let rest = rest.clone();
+                    async move {
+                        let query = uri.query().unwrap_or("").to_owned();
+                        dispatch(rest, method.as_str(), $to_target(p), body, headers, query).await
+                    }
+                },
+            )
         }};
     }
     Router::new()

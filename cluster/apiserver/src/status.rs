@@ -59,6 +59,23 @@ impl ApiError {
         }
     }
 
+    /// 409 Conflict: the object changed since the client read it.
+    pub fn conflict(group: &str, plural: &str, name: &str) -> Self {
+        let what = if group.is_empty() {
+            plural.to_owned()
+        } else {
+            format!("{plural}.{group}")
+        };
+        ApiError {
+            code: StatusCode::CONFLICT,
+            reason: "Conflict",
+            message: format!(
+                "Operation cannot be fulfilled on {what} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+            details: Some(json!({"name": name, "group": group, "kind": plural})),
+        }
+    }
+
     /// 422 Invalid.
     pub fn invalid(kind: &str, name: &str, field: &str, message: impl Into<String>) -> Self {
         let message = message.into();
