@@ -5,6 +5,15 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+/// `plural` or `plural.group`, as Kubernetes names a resource in messages.
+fn qualified(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_owned()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
 /// An API error, answered as a `Status`.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -31,11 +40,7 @@ impl ApiError {
 
     /// 404 NotFound for an object.
     pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
-        let what = if group.is_empty() {
-            plural.to_owned()
-        } else {
-            format!("{plural}.{group}")
-        };
+        let what = qualified(group, plural);
         ApiError {
             code: StatusCode::NOT_FOUND,
             reason: "NotFound",
@@ -46,11 +51,7 @@ impl ApiError {
 
     /// 409 AlreadyExists.
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
-        let what = if group.is_empty() {
-            plural.to_owned()
-        } else {
-            format!("{plural}.{group}")
-        };
+        let what = qualified(group, plural);
         ApiError {
             code: StatusCode::CONFLICT,
             reason: "AlreadyExists",
@@ -61,11 +62,7 @@ impl ApiError {
 
     /// 409 Conflict: the object changed since the client read it.
     pub fn conflict(group: &str, plural: &str, name: &str) -> Self {
-        let what = if group.is_empty() {
-            plural.to_owned()
-        } else {
-            format!("{plural}.{group}")
-        };
+        let what = qualified(group, plural);
         ApiError {
             code: StatusCode::CONFLICT,
             reason: "Conflict",
