@@ -17,6 +17,25 @@ impl Drop for Running {
     }
 }
 
+/// A loopback address nothing listens on right now.
+fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// `tessera up` with its three listeners on the given addresses and its data in `dir`.
+fn up_command(metrics: &str, grpc: &str, dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(["up", "--metrics-addr", metrics, "--grpc-addr", grpc])
+        .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
+        .arg(dir);
+    cmd
+}
+
 fn http_get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
@@ -34,30 +53,9 @@ fn http_get(addr: &str, path: &str) -> String {
 #[test]
 fn up_serves_metrics_for_its_store() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let grpc_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let grpc_addr = format!("127.0.0.1:{grpc_port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "up",
-            "--metrics-addr",
-            &addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--api-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir.path())
+    let addr = free_addr();
+    let grpc_addr = free_addr();
+    let mut child = up_command(&addr, &grpc_addr, dir.path())
         .env("TESSERA_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
@@ -326,18 +324,7 @@ fn up_serves_metrics_for_its_store() {
     });
 
     // A second process on the same data directory is refused with a clear message.
-    let second = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "up",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--api-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir.path())
+    let second = up_command("127.0.0.1:0", "127.0.0.1:0", dir.path())
         .env("TESSERA_LOG", "error")
         .output()
         .expect("run a second tessera up");
@@ -363,21 +350,10 @@ fn up_opens_a_sharded_etcd_layout_from_flags() {
     });
     let dir = tempfile::tempdir().expect("tempdir");
     let overrides = format!("/events#{}", b.url());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "up",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--api-addr",
-            "127.0.0.1:0",
-        ])
+    let mut child = up_command("127.0.0.1:0", "127.0.0.1:0", dir.path())
         .args(["--store", "etcd", "--etcd-servers", &a.url()])
         .args(["--etcd-servers-overrides", &overrides])
         .args(["--tenant-shards", &b.url()])
-        .arg("--data-dir")
-        .arg(dir.path())
         .env("TESSERA_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
@@ -398,20 +374,9 @@ fn up_opens_a_sharded_etcd_layout_from_flags() {
     assert_eq!(store_line.matches('.').count(), 3, "{store_line}");
 
     // A malformed layout is refused before anything starts, saying what to fix.
-    let bad = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "up",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--api-addr",
-            "127.0.0.1:0",
-        ])
+    let bad = up_command("127.0.0.1:0", "127.0.0.1:0", dir.path())
         .args(["--store", "etcd", "--etcd-servers", &a.url()])
         .args(["--tenant-shards", "c:2379"])
-        .arg("--data-dir")
-        .arg(dir.path())
         .output()
         .expect("run");
     assert!(!bad.status.success());

@@ -7,6 +7,18 @@ mod target;
 mod watch;
 
 use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// A progress bar of `len` steps labelled `label`, in the style every benchmark uses.
+pub fn progress_bar(len: u64, label: String) -> ProgressBar {
+    let bar = ProgressBar::new(len).with_style(
+        ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(label);
+    bar
+}
 
 /// What to measure.
 #[derive(Subcommand, Debug)]

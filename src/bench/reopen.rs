@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tessera_store::{EmbeddedOptions, EmbeddedStore, Op, Store, StoreMetrics};
 
@@ -60,12 +59,7 @@ pub async fn run(args: ReopenBenchArgs) -> anyhow::Result<()> {
         StoreMetrics::detached(),
     )
     .await?;
-    let bar = ProgressBar::new(args.keys as u64).with_style(
-        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message("writing");
+    let bar = super::progress_bar(args.keys as u64, "writing".into());
     let value = Bytes::from(vec![b'v'; args.value_size]);
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();

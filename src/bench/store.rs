@@ -12,7 +12,6 @@ use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tessera_store::{EtcdOptions, EtcdStore, StoreMetrics};
 
@@ -125,12 +124,7 @@ where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send,
 {
-    let bar = ProgressBar::new(ops as u64).with_style(
-        ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message(label.to_owned());
+    let bar = super::progress_bar(ops as u64, label.to_owned());
     let next = Arc::new(AtomicUsize::new(0));
     let op = Arc::new(op);
     let started = Instant::now();

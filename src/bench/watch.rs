@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::latency::Latencies;
@@ -62,12 +61,10 @@ pub async fn run(args: WatchBenchArgs) -> anyhow::Result<()> {
         let store = bench.store.clone();
         let prefix = Bytes::from(format!("/registry/watchbench{level}/"));
         let clock = Instant::now();
-        let bar = ProgressBar::new((watchers * args.events) as u64).with_style(
-            ProgressStyle::with_template("{msg:>22} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
+        let bar = super::progress_bar(
+            (watchers * args.events) as u64,
+            format!("deliveries w={watchers}"),
         );
-        bar.set_message(format!("deliveries w={watchers}"));
         let mut readers = Vec::with_capacity(watchers);
         for _ in 0..watchers {
             let mut stream = store.watch(&prefix, None).await?;

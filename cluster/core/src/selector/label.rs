@@ -114,6 +114,23 @@ enum Token {
     Lt,
 }
 
+/// The punctuation or operator token starting at `b[i]`, with its length.
+fn operator(b: &[u8], i: usize) -> Option<(Token, usize)> {
+    let next_is_eq = b.get(i + 1) == Some(&b'=');
+    Some(match b[i] {
+        b',' => (Token::Comma, 1),
+        b'(' => (Token::Open, 1),
+        b')' => (Token::Close, 1),
+        b'=' if next_is_eq => (Token::DoubleEq, 2),
+        b'=' => (Token::Eq, 1),
+        b'!' if next_is_eq => (Token::NotEq, 2),
+        b'!' => (Token::Bang, 1),
+        b'>' => (Token::Gt, 1),
+        b'<' => (Token::Lt, 1),
+        _ => return None,
+    })
+}
+
 fn lex(s: &str) -> Result<Vec<Token>, LabelSelectorError> {
     let mut out = Vec::new();
     let b = s.as_bytes();
@@ -122,41 +139,9 @@ fn lex(s: &str) -> Result<Vec<Token>, LabelSelectorError> {
         let c = b[i];
         match c {
             b' ' | b'\t' | b'\n' | b'\r' => i += 1,
-            b',' => {
-                out.push(Token::Comma);
-                i += 1
-            }
-            b'(' => {
-                out.push(Token::Open);
-                i += 1
-            }
-            b')' => {
-                out.push(Token::Close);
-                i += 1
-            }
-            b'=' if b.get(i + 1) == Some(&b'=') => {
-                out.push(Token::DoubleEq);
-                i += 2
-            }
-            b'=' => {
-                out.push(Token::Eq);
-                i += 1
-            }
-            b'!' if b.get(i + 1) == Some(&b'=') => {
-                out.push(Token::NotEq);
-                i += 2
-            }
-            b'!' => {
-                out.push(Token::Bang);
-                i += 1
-            }
-            b'>' => {
-                out.push(Token::Gt);
-                i += 1
-            }
-            b'<' => {
-                out.push(Token::Lt);
-                i += 1
+            _ if let Some((token, len)) = operator(b, i) => {
+                out.push(token);
+                i += len;
             }
             _ => {
                 let start = i;

@@ -417,17 +417,19 @@ fn visible_at(versions: &[Version], revision: i64) -> Option<&KeyValue> {
     (!v.tombstone).then_some(&v.kv)
 }
 
+/// A put without a lease, for tests.
+#[cfg(test)]
+pub(crate) fn put(k: &str, v: &str) -> Mutation {
+    Mutation::Put {
+        key: Bytes::from(k.to_owned()),
+        value: Bytes::from(v.to_owned()),
+        lease: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn put(k: &str, v: &str) -> Mutation {
-        Mutation::Put {
-            key: Bytes::from(k.to_owned()),
-            value: Bytes::from(v.to_owned()),
-            lease: 0,
-        }
-    }
 
     #[test]
     fn versions_and_compaction() {

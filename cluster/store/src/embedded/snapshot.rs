@@ -236,15 +236,7 @@ fn load(path: &Path) -> std::result::Result<Loaded, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embedded::mvcc::{Mutation, Record};
-
-    fn put(k: &str, v: &str) -> Mutation {
-        Mutation::Put {
-            key: Bytes::from(k.to_owned()),
-            value: Bytes::from(v.to_owned()),
-            lease: 0,
-        }
-    }
+    use crate::embedded::mvcc::{Mutation, Record, put};
 
     #[test]
     fn an_image_is_unaffected_by_later_writes_and_round_trips() {
