@@ -23,14 +23,25 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run Tessera on this machine: today, a shard's store with metrics.
+    /// Run Tessera on this machine: a shard's store and its Kubernetes API.
     Up(up::UpArgs),
+    /// Run a shard's API server alone (against its store).
+    Apiserver(up::UpArgs),
+    /// Bearer tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Measure a part of Tessera.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Tools for tests and troubleshooting.
     #[command(subcommand, hide = true)]
     Debug(debug::DebugCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Print a token for a tenant.
+    Create(up::TokenArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,12 +53,17 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    if let Command::Token(TokenCommand::Create(args)) = cli.command {
+        return up::token_create(args);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         match cli.command {
             Command::Up(args) => up::run(args).await,
+            Command::Apiserver(args) => up::run_apiserver(args).await,
+            Command::Token(_) => Ok(()),
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Debug(cmd) => debug::run(cmd).await,
         }

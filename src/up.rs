@@ -1,19 +1,23 @@
-//! `tessera up`: runs Tessera on this machine. Today that is one shard's store (embedded by
-//! default), its compactor, metrics, and the API server's discovery over TLS with a kubeconfig;
-//! serving objects, controllers, scheduler and the federation join it as their issues land.
+//! `tessera up` and `tessera apiserver`: a shard's store (embedded by default), its compactor,
+//! metrics, and the Kubernetes API over TLS with a kubeconfig. `up` is where the controllers,
+//! scheduler and agents join as their issues land; `apiserver` stays the API server alone.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
 use prometheus::Registry;
+use tessera_apiserver::api::Api;
+use tessera_apiserver::auth::Tokens;
+use tessera_apiserver::metrics::ApiMetrics;
 use tessera_apiserver::pki::Credentials;
-use tessera_apiserver::{discovery, rest, serve};
-use tessera_store::{StoreMetrics, compactor};
+use tessera_apiserver::{http, serve};
+use tessera_store::{Store, StoreMetrics, compactor};
 
 use crate::store_config::{self, StoreArgs};
 
-/// Flags of `tessera up`.
+/// Flags of `tessera up` and `tessera apiserver`.
 #[derive(Args, Debug)]
 pub struct UpArgs {
     /// Where state is kept.
@@ -32,46 +36,126 @@ pub struct UpArgs {
     pub store: StoreArgs,
 }
 
-/// Opens the store and serves until Ctrl-C.
-pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+/// What a running shard serves.
+pub struct Shard {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Where the API listens.
+    pub api_addr: SocketAddr,
+    /// Where metrics are served.
+    pub metrics_addr: SocketAddr,
+    /// The kubeconfig written for it.
+    pub kubeconfig: PathBuf,
+}
+
+/// Opens the store and serves the API and metrics.
+pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
     let registry = Registry::new();
     let metrics = StoreMetrics::register(&registry)?;
+    let api_metrics = ApiMetrics::register(&registry)?;
     std::fs::create_dir_all(&args.data_dir)?;
     let store = store_config::open(&args.store, &args.data_dir, metrics).await?;
-    let revision = store.current_revision().await?;
     tokio::spawn(compactor::run(
         store.clone(),
         args.store.compaction_interval,
     ));
-    let bound = crate::metrics_server::serve(args.metrics_addr, registry).await?;
-    let grpc = crate::health::serve(args.grpc_addr, store.clone()).await?;
+    let metrics_addr = crate::metrics_server::serve(args.metrics_addr, registry).await?;
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
-    let api_router = serve::authenticated(
-        discovery::router()
-            .merge(rest::router(store.clone()))
-            .route("/healthz", axum::routing::get(|| async { "ok" })),
-        credentials.admin_token.clone(),
-    );
-    let api = serve::serve_tls(args.api_addr, &credentials, api_router).await?;
+    let api = Api::new(store.clone(), Some(api_metrics));
+    let router = http::router(api.clone(), Tokens::new(&credentials.admin_token));
+    let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;
     let kubeconfig = args.data_dir.join("kubeconfig");
-    credentials.write_kubeconfig(&kubeconfig, &format!("https://{api}"))?;
-    println!("Tessera is up.");
-    println!("  store:    {} at revision {revision}", store.backend());
-    if store.backend() == "embedded" {
+    credentials.write_kubeconfig(&kubeconfig, &format!("https://{api_addr}"))?;
+    Ok(Shard {
+        store,
+        api_addr,
+        metrics_addr,
+        kubeconfig,
+    })
+}
+
+async fn banner(shard: &Shard, args: &UpArgs, what: &str) -> anyhow::Result<()> {
+    println!("Tessera {what}is up.");
+    let revision = shard.store.current_revision().await?;
+    println!(
+        "  store:    {} at revision {revision}",
+        shard.store.backend()
+    );
+    if shard.store.backend() == "embedded" {
         println!("  data:     {}", args.data_dir.join("store").display());
     }
-    println!("  api:      https://{api} (discovery; create/get/list/replace/watch/delete)");
-    println!("  metrics:  http://{bound}/metrics");
-    println!("  grpc:     {grpc} (grpc.health.v1)");
+    println!(
+        "  api:      https://{} (Kubernetes 1.32 API: CRUD, patch, server-side apply, watch, tables, openapi)",
+        shard.api_addr
+    );
+    println!("  metrics:  http://{}/metrics", shard.metrics_addr);
+    Ok(())
+}
+
+fn usage(shard: &Shard, args: &UpArgs) {
     println!();
-    println!("  export KUBECONFIG={}", kubeconfig.display());
+    println!("  export KUBECONFIG={}", shard.kubeconfig.display());
     println!("  kubectl api-resources");
+    println!(
+        "  tessera token create --tenant NAME --data-dir {}   # a tenant's token",
+        args.data_dir.display()
+    );
     println!();
-    println!("This build runs the shard's store and the first API verbs; patch, apply, tables,");
-    println!("openapi, tenants, the controllers, scheduler and federation are not there yet");
-    println!("(see docs/architecture.md).");
+}
+
+/// `tessera up`: serves until Ctrl-C.
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    let shard = start(&args).await?;
+    let grpc = crate::health::serve(args.grpc_addr, shard.store.clone()).await?;
+    banner(&shard, &args, "").await?;
+    println!("  grpc:     {grpc} (grpc.health.v1)");
+    usage(&shard, &args);
+    println!("Controllers, scheduler and node agents are not in this build yet: objects are");
+    println!("stored and served, but nothing runs pods (see docs/architecture.md).");
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     tracing::info!("shutting down");
+    Ok(())
+}
+
+/// `tessera apiserver`: the API server alone, until Ctrl-C.
+pub async fn run_apiserver(args: UpArgs) -> anyhow::Result<()> {
+    let shard = start(&args).await?;
+    banner(&shard, &args, "API server ").await?;
+    usage(&shard, &args);
+    println!("Press Ctrl-C to stop.");
+    tokio::signal::ctrl_c().await?;
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Flags of `tessera token create`.
+#[derive(Args, Debug)]
+pub struct TokenArgs {
+    /// The tenant the token acts for: it may touch only the namespaces its Tenant lists.
+    #[arg(long)]
+    pub tenant: String,
+    /// The data directory of the API server (its `pki/` holds the signing secret).
+    #[arg(long, default_value = "./data")]
+    pub data_dir: PathBuf,
+}
+
+/// `tessera token create`: prints a tenant's bearer token.
+pub fn token_create(args: TokenArgs) -> anyhow::Result<()> {
+    if let Some(why) = tessera_core::names::dns1123_label(&args.tenant) {
+        anyhow::bail!(
+            "--tenant {:?} is not a valid tenant name: {why}",
+            args.tenant
+        );
+    }
+    let admin =
+        std::fs::read_to_string(args.data_dir.join("pki").join("admin.token")).map_err(|e| {
+            anyhow::anyhow!(
+                "reading {}: {e} (run `tessera up --data-dir {}` once first)",
+                args.data_dir.join("pki/admin.token").display(),
+                args.data_dir.display()
+            )
+        })?;
+    println!("{}", Tokens::new(admin.trim()).mint(&args.tenant));
     Ok(())
 }

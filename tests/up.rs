@@ -77,7 +77,7 @@ fn up_serves_metrics_for_its_store() {
         "{banner}"
     );
     assert!(
-        banner.contains("not there yet"),
+        banner.contains("not in this build yet"),
         "says what it does not run yet: {banner}"
     );
     let kubeconfig = dir.path().join("kubeconfig");
@@ -115,9 +115,8 @@ fn up_serves_metrics_for_its_store() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    // `create -f` sends JSON through kubectl's dynamic client. (kubectl's typed commands
-    // such as `create namespace` send protobuf, which the server does not decode yet, and
-    // validation needs /openapi/v3, not served yet: hence --validate=false.)
+    // `create -f` sends JSON through kubectl's dynamic client (tests/kubectl.rs drives the
+    // rest of kubectl).
     let manifest = dir.path().join("objects.yaml");
     std::fs::write(
         &manifest,
@@ -127,7 +126,7 @@ fn up_serves_metrics_for_its_store() {
     )
     .expect("manifest");
     let manifest = manifest.to_string_lossy().into_owned();
-    let created = ok(&["create", "-f", &manifest, "--validate=false"]);
+    let created = ok(&["create", "-f", &manifest]);
     assert_eq!(
         created.lines().collect::<Vec<_>>(),
         ["namespace/demo created", "configmap/settings created"]
@@ -139,10 +138,7 @@ fn up_serves_metrics_for_its_store() {
     assert!(json.contains("\"uid\""), "{json}");
     let names = ok(&["get", "configmaps", "-n", "demo", "-o", "name"]);
     assert_eq!(names.trim(), "configmap/settings");
-    let out = kubectl(
-        &kubeconfig,
-        &["create", "-f", &manifest, "--validate=false"],
-    );
+    let out = kubectl(&kubeconfig, &["create", "-f", &manifest]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -157,7 +153,7 @@ fn up_serves_metrics_for_its_store() {
     )
     .expect("manifest");
     let more = more.to_string_lossy().into_owned();
-    let out = kubectl(&kubeconfig, &["create", "-f", &more, "--validate=false"]);
+    let out = kubectl(&kubeconfig, &["create", "-f", &more]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("namespaces \"nowhere\" not found"), "{err}");
@@ -199,7 +195,7 @@ fn up_serves_metrics_for_its_store() {
     ]);
     let path = write_cm("slow", None);
     assert_eq!(
-        ok(&["replace", "-f", &path, "--validate=false"]).trim(),
+        ok(&["replace", "-f", &path]).trim(),
         "configmap/settings replaced"
     );
     let mode = ok(&[
@@ -213,7 +209,7 @@ fn up_serves_metrics_for_its_store() {
     ]);
     assert_eq!(mode, "slow");
     let stale = write_cm("stale", Some(rv_before.trim()));
-    let out = kubectl(&kubeconfig, &["replace", "-f", &stale, "--validate=false"]);
+    let out = kubectl(&kubeconfig, &["replace", "-f", &stale]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the object has been modified"), "{err}");
@@ -239,7 +235,7 @@ fn up_serves_metrics_for_its_store() {
         std::fs::read_to_string(&watch_out).unwrap_or_default()
     );
     let again = write_cm("fast", None);
-    let created = ok(&["create", "-f", &again, "--validate=false"]);
+    let created = ok(&["create", "-f", &again]);
     assert_eq!(created.trim(), "configmap/settings created");
     assert_eq!(
         ok(&["delete", "configmap", "settings", "-n", "demo"]).trim(),

@@ -1,11 +1,26 @@
-//! A Tessera shard's Kubernetes API server. Built up issue by issue; today: the catalog of
-//! the kinds it serves, API discovery (`/version`, `/api`, `/apis`, aggregated and legacy),
-//! TLS from a generated CA, bearer-token authentication and the kubeconfig for kubectl —
-//! enough for `kubectl api-resources` and `kubectl api-versions`.
+//! A Tessera shard's Kubernetes API server.
+//!
+//! The request path is a layer of its own ([`api::Api`]: authorize → decode → admit → store →
+//! encode) that in-process components call through [`client::Client`]; [`http`] wraps it for
+//! kubectl and every other HTTP client, over TLS ([`serve`]) with bearer tokens ([`auth`]).
 
+pub mod api;
+pub mod apply;
+pub mod auth;
 pub mod catalog;
+pub mod client;
+pub mod defaults;
 pub mod discovery;
+pub mod fairness;
+pub mod http;
+pub mod kinds;
+pub mod metrics;
+pub mod openapi;
+pub mod patch;
 pub mod pki;
-pub mod rest;
+pub mod request;
 pub mod serve;
 pub mod status;
+pub mod table;
+pub mod types;
+pub mod validation;

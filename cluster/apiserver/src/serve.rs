@@ -1,64 +1,15 @@
-//! Serving the API over TLS with bearer-token authentication.
+//! Serving the API over TLS.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::Request;
-use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use serde_json::json;
 
 use crate::pki::Credentials;
-
-/// Paths anyone may read, as Kubernetes lets `system:anonymous` read them.
-const PUBLIC: &[&str] = &["/version", "/healthz", "/livez", "/readyz"];
-
-fn unauthorized(message: &str) -> Response {
-    let status = json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Unauthorized",
-        "code": 401,
-    });
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::CONTENT_TYPE, "application/json")],
-        status.to_string(),
-    )
-        .into_response()
-}
-
-/// Requires `Authorization: Bearer <token>` on every path but the public ones.
-pub fn authenticated(router: Router, admin_token: String) -> Router {
-    let token = Arc::new(admin_token);
-    router.layer(middleware::from_fn(move |req: Request, next: Next| {
-        let token = token.clone();
-        async move {
-            if PUBLIC.contains(&req.uri().path()) {
-                return next.run(req).await;
-            }
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            match given {
-                Some(t) if t == token.as_str() => next.run(req).await,
-                Some(_) => unauthorized("the bearer token is not valid: use the token from the kubeconfig that tessera wrote"),
-                None => unauthorized("authentication required: send a bearer token (use the kubeconfig that tessera wrote)"),
-            }
-        }
-    }))
-}
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

@@ -120,6 +120,14 @@ impl Quantity {
             format: self.format,
         }
     }
+
+    /// The difference of two quantities, never below zero, in the format of the first.
+    pub fn saturating_sub(self, other: Quantity) -> Quantity {
+        Quantity {
+            nanos: (self.nanos - other.nanos).clamp(0, MAX_NANOS),
+            format: self.format,
+        }
+    }
 }
 
 fn div_ceil(n: i128, d: i128) -> i128 {

@@ -1,0 +1,629 @@
+//! Field ownership (`metadata.managedFields`) and server-side apply.
+//!
+//! Every write records which manager set which fields, in Kubernetes' `FieldsV1` format
+//! (`{"f:spec": {"f:replicas": {}}}`, list items by key as `k:{"name":"app"}`, set members as
+//! `v:"x"`). Server-side apply (`application/apply-patch+yaml`) uses it: an applier owns the
+//! fields of its configuration; setting a field another manager owns to a different value is
+//! a conflict (reported per field) unless `force=true` takes it over; fields the applier owned
+//! before and no longer sets are removed if nobody else owns them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Map, Value, json};
+
+use crate::api::{Api, ApiResponse, api_version, now_secs, rfc3339};
+use crate::auth::User;
+use crate::catalog::Resource;
+use crate::request::{ApiRequest, Verb};
+use crate::status::{ApiError, Cause};
+
+/// One step of a field path: `f:name`, `k:{"name":"x"}`, `v:"x"` or `i:3`.
+type Path = Vec<String>;
+
+/// Fields that nobody owns: the server sets them.
+const SERVER_FIELDS: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "selfLink",
+];
+
+/// The merge key of list `field` under a parent reached by `path`, found in the strategic
+/// merge table by the list's own name (the owning type is implied by where it sits).
+fn list_key(field: &str, items: &[Value]) -> Option<&'static str> {
+    let key = match field {
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "schedulingGates" => "name",
+        "ports" => {
+            if items.iter().all(|i| i.get("containerPort").is_some()) {
+                "containerPort"
+            } else {
+                "port"
+            }
+        }
+        "volumeMounts" => "mountPath",
+        "volumeDevices" => "devicePath",
+        "ownerReferences" => "uid",
+        "conditions" | "addresses" => "type",
+        "hostAliases" => "ip",
+        "topologySpreadConstraints" => "topologyKey",
+        _ => return None,
+    };
+    items.iter().all(|i| i.get(key).is_some()).then_some(key)
+}
+
+fn is_set_list(field: &str) -> bool {
+    field == "finalizers"
+}
+
+fn item_step(key: &str, item: &Value) -> String {
+    let mut m = Map::new();
+    m.insert(key.to_owned(), item[key].clone());
+    format!("k:{}", Value::Object(m))
+}
+
+/// The leaf paths of `v` (and the item paths of keyed lists, as Kubernetes' `.` marker).
+fn leaves(v: &Value, path: &mut Path, out: &mut BTreeSet<Path>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                if path.is_empty() && (k == "apiVersion" || k == "kind") {
+                    continue;
+                }
+                if path.len() == 1
+                    && path[0] == "f:metadata"
+                    && (SERVER_FIELDS.contains(&k.as_str()) || k == "name" || k == "namespace")
+                {
+                    continue;
+                }
+                path.push(format!("f:{k}"));
+                match child {
+                    Value::Array(items) => {
+                        if let Some(key) = list_key(k, items) {
+                            for item in items {
+                                path.push(item_step(key, item));
+                                out.insert(path.clone());
+                                leaves(item, path, out);
+                                path.pop();
+                            }
+                        } else if is_set_list(k) {
+                            for item in items {
+                                path.push(format!("v:{item}"));
+                                out.insert(path.clone());
+                                path.pop();
+                            }
+                        } else {
+                            out.insert(path.clone());
+                        }
+                    }
+                    _ => leaves(child, path, out),
+                }
+                path.pop();
+            }
+        }
+        _ => {
+            if !path.is_empty() {
+                out.insert(path.clone());
+            }
+        }
+    }
+}
+
+fn field_set(v: &Value) -> BTreeSet<Path> {
+    let mut out = BTreeSet::new();
+    leaves(v, &mut Vec::new(), &mut out);
+    out
+}
+
+/// The value at `path` in `v`.
+fn value_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
+    let mut cur = v;
+    for step in path {
+        if let Some(f) = step.strip_prefix("f:") {
+            cur = cur.get(f)?;
+        } else if let Some(k) = step.strip_prefix("k:") {
+            let key: Map<String, Value> = serde_json::from_str(k).ok()?;
+            cur = cur
+                .as_array()?
+                .iter()
+                .find(|item| key.iter().all(|(kk, kv)| item.get(kk) == Some(kv)))?;
+        } else if let Some(x) = step.strip_prefix("v:") {
+            let want: Value = serde_json::from_str(x).ok()?;
+            cur = cur.as_array()?.iter().find(|i| **i == want)?;
+        } else {
+            return None;
+        }
+    }
+    Some(cur)
+}
+
+/// Removes the field at `path` from `v`.
+fn remove_at(v: &mut Value, path: &[String]) {
+    let Some((last, parent_path)) = path.split_last() else {
+        return;
+    };
+    let mut cur = v;
+    for step in parent_path {
+        let next = if let Some(f) = step.strip_prefix("f:") {
+            cur.get_mut(f)
+        } else if let Some(k) = step.strip_prefix("k:") {
+            let Ok(key) = serde_json::from_str::<Map<String, Value>>(k) else {
+                return;
+            };
+            cur.as_array_mut().and_then(|a| {
+                a.iter_mut()
+                    .find(|item| key.iter().all(|(kk, kv)| item.get(kk) == Some(kv)))
+            })
+        } else {
+            None
+        };
+        match next {
+            Some(n) => cur = n,
+            None => return,
+        }
+    }
+    if let Some(f) = last.strip_prefix("f:") {
+        if let Some(m) = cur.as_object_mut() {
+            m.remove(f);
+        }
+    } else if let Some(k) = last.strip_prefix("k:") {
+        if let (Ok(key), Some(a)) = (
+            serde_json::from_str::<Map<String, Value>>(k),
+            cur.as_array_mut(),
+        ) {
+            a.retain(|item| !key.iter().all(|(kk, kv)| item.get(kk) == Some(kv)));
+        }
+    } else if let Some(x) = last.strip_prefix("v:")
+        && let (Ok(want), Some(a)) = (serde_json::from_str::<Value>(x), cur.as_array_mut())
+    {
+        a.retain(|i| *i != want);
+    }
+}
+
+/// Nested `FieldsV1` JSON from paths.
+fn to_fields_v1(paths: &BTreeSet<Path>) -> Value {
+    fn insert(m: &mut Map<String, Value>, path: &[String]) {
+        let Some((first, rest)) = path.split_first() else {
+            return;
+        };
+        let entry = m
+            .entry(first.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(child) = entry {
+            if rest.is_empty() && first.starts_with("k:") {
+                child.insert(".".into(), json!({}));
+            }
+            insert(child, rest);
+        }
+    }
+    let mut root = Map::new();
+    for p in paths {
+        insert(&mut root, p);
+    }
+    Value::Object(root)
+}
+
+fn from_fields_v1(v: &Value) -> BTreeSet<Path> {
+    fn walk(v: &Value, path: &mut Path, out: &mut BTreeSet<Path>) {
+        let Some(m) = v.as_object() else { return };
+        let children: Vec<_> = m.iter().filter(|(k, _)| *k != ".").collect();
+        if (children.is_empty() || m.contains_key(".")) && !path.is_empty() {
+            out.insert(path.clone());
+        }
+        for (k, child) in children {
+            path.push(k.clone());
+            walk(child, path, out);
+            path.pop();
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(v, &mut Vec::new(), &mut out);
+    out
+}
+
+/// A managedFields entry.
+#[derive(Clone, Debug)]
+struct Entry {
+    manager: String,
+    operation: String,
+    api_version: String,
+    subresource: Option<String>,
+    time: Value,
+    fields: BTreeSet<Path>,
+}
+
+fn entries(obj: &Value) -> Vec<Entry> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| Entry {
+            manager: e["manager"].as_str().unwrap_or_default().to_owned(),
+            operation: e["operation"].as_str().unwrap_or("Update").to_owned(),
+            api_version: e["apiVersion"].as_str().unwrap_or_default().to_owned(),
+            subresource: e["subresource"].as_str().map(str::to_owned),
+            time: e["time"].clone(),
+            fields: from_fields_v1(&e["fieldsV1"]),
+        })
+        .collect()
+}
+
+fn store_entries(obj: &mut Value, list: Vec<Entry>) {
+    let out: Vec<Value> = list
+        .into_iter()
+        .filter(|e| !e.fields.is_empty())
+        .map(|e| {
+            let mut v = json!({
+                "manager": e.manager,
+                "operation": e.operation,
+                "apiVersion": e.api_version,
+                "time": e.time,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": to_fields_v1(&e.fields),
+            });
+            if let Some(s) = e.subresource {
+                v["subresource"] = json!(s);
+            }
+            v
+        })
+        .collect();
+    if out.is_empty() {
+        if let Some(m) = obj["metadata"].as_object_mut() {
+            m.remove("managedFields");
+        }
+    } else {
+        obj["metadata"]["managedFields"] = Value::Array(out);
+    }
+}
+
+fn without_managed(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v["metadata"].as_object_mut() {
+        m.remove("managedFields");
+    }
+    v
+}
+
+/// Records a non-apply write by `manager`: the fields it changed become its own (taken from
+/// whoever owned them); fields that disappeared are nobody's.
+pub fn record_update(
+    next: &mut Value,
+    current: Option<&Value>,
+    manager: &str,
+    api_version: &str,
+    operation: &str,
+) {
+    let after = field_set(&without_managed(next));
+    let changed: BTreeSet<Path> = match current {
+        None => after.clone(),
+        Some(cur) => {
+            let cur = without_managed(cur);
+            let new = without_managed(next);
+            after
+                .iter()
+                .filter(|p| value_at(&cur, p) != value_at(&new, p))
+                .cloned()
+                .collect()
+        }
+    };
+    // Entries come from the object the client sent, or the stored one if it sent none.
+    let mut list = if next["metadata"]["managedFields"].is_array() {
+        entries(next)
+    } else {
+        current.map(entries).unwrap_or_default()
+    };
+    for e in &mut list {
+        e.fields
+            .retain(|p| after.contains(p) && !changed.contains(p));
+    }
+    if !changed.is_empty() {
+        match list
+            .iter_mut()
+            .find(|e| e.manager == manager && e.operation == operation && e.subresource.is_none())
+        {
+            Some(e) => {
+                e.fields.extend(changed);
+                e.time = json!(rfc3339(now_secs()));
+            }
+            None => list.push(Entry {
+                manager: manager.to_owned(),
+                operation: operation.to_owned(),
+                api_version: api_version.to_owned(),
+                subresource: None,
+                time: json!(rfc3339(now_secs())),
+                fields: changed,
+            }),
+        }
+    }
+    store_entries(next, list);
+}
+
+fn path_string(p: &Path) -> String {
+    p.iter()
+        .map(|s| {
+            if let Some(f) = s.strip_prefix("f:") {
+                format!(".{f}")
+            } else if let Some(k) = s.strip_prefix("k:") {
+                format!("[{k}]")
+            } else if let Some(v) = s.strip_prefix("v:") {
+                format!("[={v}]")
+            } else {
+                s.clone()
+            }
+        })
+        .collect()
+}
+
+/// Server-side apply of `req.body` by `req.params.field_manager`.
+pub async fn apply(api: &Api, req: &ApiRequest, user: &User) -> Result<ApiResponse, ApiError> {
+    let res: &'static Resource = req.resource;
+    let manager = req.params.field_manager.clone().ok_or_else(|| {
+        ApiError::bad_request(
+            "fieldManager is required for apply requests: pass ?fieldManager=<your tool's name> (kubectl sends it)",
+        )
+    })?;
+    let config: Value = serde_json::from_slice(&req.body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the apply configuration must be JSON (YAML is accepted only in its JSON form): {e}"
+        ))
+    })?;
+    if !config.is_object() {
+        return Err(ApiError::bad_request(
+            "the apply configuration must be an object",
+        ));
+    }
+    let name = req.name.clone().unwrap_or_default();
+    if let Some(n) = config["metadata"]["name"].as_str()
+        && n != name
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name in the apply configuration ({n}) does not match the name on the URL ({name})"
+        )));
+    }
+    let exists = api
+        .store()
+        .get(crate::api::object_key(res, req.namespace.as_deref(), &name).as_bytes())
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .is_some();
+    if !exists {
+        // Apply creates what does not exist: as a create, then owned as Apply.
+        let mut create = req.clone();
+        create.verb = Verb::Create;
+        create.name = None;
+        let mut body = config.clone();
+        body["metadata"]["name"] = json!(name);
+        create.body = serde_json::to_vec(&body)
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .into();
+        let created = Box::pin(api.handle_create_for_apply(&create, user)).await?;
+        if let ApiResponse::Object { .. } = &created {
+            // Ownership is rewritten below by an apply over the created object.
+        }
+    }
+    let config_fields: BTreeSet<Path> = field_set(&without_managed(&config));
+    let force = req.params.force;
+    let version = api_version(res);
+    let conflicts = std::sync::Mutex::new(Vec::<Cause>::new());
+    let result = api
+        .write_existing(
+            req,
+            user,
+            |current| {
+                let mut list = entries(&current);
+                if !exists {
+                    // Made by this apply a moment ago: the create's entry is the apply's.
+                    list.retain(|e| e.manager != manager);
+                }
+                let mut found = Vec::new();
+                for e in &mut list {
+                    if e.manager == manager && e.operation == "Apply" {
+                        continue;
+                    }
+                    let clash: Vec<Path> = e
+                        .fields
+                        .iter()
+                        .filter(|p| {
+                            config_fields.contains(*p)
+                                && value_at(&config, p).is_some_and(|v| {
+                                    !v.is_object() && value_at(&current, p) != Some(v)
+                                })
+                        })
+                        .cloned()
+                        .collect();
+                    if force {
+                        e.fields.retain(|p| !clash.contains(p));
+                    } else {
+                        for p in clash {
+                            found.push(Cause {
+                                reason: "FieldManagerConflict",
+                                field: path_string(&p),
+                                message: format!(
+                                    "conflict with \"{}\"{}",
+                                    e.manager,
+                                    if e.operation == "Update" {
+                                        format!(" using {}", e.api_version)
+                                    } else {
+                                        String::new()
+                                    }
+                                ),
+                            });
+                        }
+                    }
+                }
+                if !found.is_empty() {
+                    if let Ok(mut c) = conflicts.lock() {
+                        *c = found;
+                    }
+                    return Err(ApiError::new(409, "Conflict", "apply conflict"));
+                }
+                let mut next = without_managed(&current);
+                // Fields this manager applied before and no longer sets, if nobody else
+                // owns them, go.
+                let previously: BTreeSet<Path> = list
+                    .iter()
+                    .filter(|e| e.manager == manager && e.operation == "Apply")
+                    .flat_map(|e| e.fields.iter().cloned())
+                    .collect();
+                let others: BTreeSet<Path> = list
+                    .iter()
+                    .filter(|e| !(e.manager == manager && e.operation == "Apply"))
+                    .flat_map(|e| e.fields.iter().cloned())
+                    .collect();
+                for p in previously.difference(&config_fields) {
+                    if !others.contains(p) {
+                        remove_at(&mut next, p);
+                    }
+                }
+                let schema = crate::kinds::of(res);
+                let patch = serde_json::to_vec(&without_managed(&config))
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                crate::patch::strategic_merge(&mut next, &patch, &(schema.schema_name)())
+                    .map_err(|e| ApiError::bad_request(e.0))?;
+                // Ownership: the config's fields are the applier's, and nobody else's when
+                // forced.
+                list.retain(|e| !(e.manager == manager && e.operation == "Apply"));
+                for e in &mut list {
+                    if force {
+                        e.fields.retain(|p| !config_fields.contains(p));
+                    }
+                }
+                list.push(Entry {
+                    manager: manager.clone(),
+                    operation: "Apply".into(),
+                    api_version: version.clone(),
+                    subresource: None,
+                    time: json!(rfc3339(now_secs())),
+                    fields: config_fields.clone(),
+                });
+                store_entries(&mut next, list);
+                next["metadata"]["resourceVersion"] =
+                    current["metadata"]["resourceVersion"].clone();
+                Ok(next)
+            },
+            Vec::new(),
+        )
+        .await;
+    match result {
+        Err(e) if e.message == "apply conflict" => {
+            let causes = conflicts.lock().map(|c| c.clone()).unwrap_or_default();
+            let list: Vec<String> = causes
+                .iter()
+                .map(|c| format!("{}: {}", c.message, c.field))
+                .collect();
+            let mut err = ApiError::new(
+                409,
+                "Conflict",
+                format!(
+                    "Apply failed with {} conflict{}: {}",
+                    causes.len(),
+                    if causes.len() == 1 { "" } else { "s" },
+                    list.join("\n")
+                ),
+            );
+            err.details = Some(json!({
+                "name": name,
+                "group": res.group,
+                "kind": res.plural,
+                "causes": causes.iter().map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field})).collect::<Vec<_>>(),
+            }));
+            Err(err)
+        }
+        other => other,
+    }
+}
+
+/// Field paths of an object as `.spec.replicas` strings (for tests and messages).
+pub fn owned_by(obj: &Value, manager: &str) -> Vec<String> {
+    let mut out: BTreeMap<String, ()> = BTreeMap::new();
+    for e in entries(obj) {
+        if e.manager == manager {
+            for p in &e.fields {
+                out.insert(path_string(p), ());
+            }
+        }
+    }
+    out.into_keys().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deploy(replicas: i64, image: &str) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "uid": "u", "labels": {"app": "web"}, "finalizers": ["x"]},
+            "spec": {"replicas": replicas, "template": {"spec": {"containers": [{"name": "app", "image": image}]}}}})
+    }
+
+    #[test]
+    fn field_sets_round_trip_through_fields_v1() {
+        let set = field_set(&deploy(1, "a"));
+        assert!(set.contains(&vec!["f:spec".to_owned(), "f:replicas".to_owned()]));
+        assert!(set.contains(&vec![
+            "f:metadata".to_owned(),
+            "f:finalizers".to_owned(),
+            "v:\"x\"".to_owned()
+        ]));
+        assert!(
+            !set.iter()
+                .any(|p| p.len() == 2 && p[0] == "f:metadata" && p[1] == "f:uid"),
+            "server fields are nobody's"
+        );
+        let v1 = to_fields_v1(&set);
+        assert!(
+            v1["f:spec"]["f:template"]["f:spec"]["f:containers"]["k:{\"name\":\"app\"}"]["."]
+                .is_object()
+        );
+        assert_eq!(from_fields_v1(&v1), set);
+    }
+
+    #[test]
+    fn updates_move_ownership_of_changed_fields() {
+        let mut created = deploy(1, "a");
+        record_update(&mut created, None, "creator", "apps/v1", "Update");
+        assert!(owned_by(&created, "creator").contains(&".spec.replicas".to_owned()));
+        let mut scaled = created.clone();
+        scaled["spec"]["replicas"] = json!(5);
+        record_update(&mut scaled, Some(&created), "scaler", "apps/v1", "Update");
+        assert_eq!(owned_by(&scaled, "scaler"), vec![".spec.replicas"]);
+        assert!(!owned_by(&scaled, "creator").contains(&".spec.replicas".to_owned()));
+        assert!(
+            owned_by(&scaled, "creator")
+                .iter()
+                .any(|p| p.ends_with(".image"))
+        );
+    }
+
+    #[test]
+    fn paths_find_and_remove_keyed_items() {
+        let mut d = deploy(1, "a");
+        let p: Path = vec![
+            "f:spec".into(),
+            "f:template".into(),
+            "f:spec".into(),
+            "f:containers".into(),
+            "k:{\"name\":\"app\"}".into(),
+            "f:image".into(),
+        ];
+        assert_eq!(value_at(&d, &p), Some(&json!("a")));
+        assert_eq!(
+            path_string(&p),
+            ".spec.template.spec.containers[{\"name\":\"app\"}].image"
+        );
+        remove_at(&mut d, &p);
+        assert_eq!(value_at(&d, &p), None);
+        remove_at(&mut d, &p[..5]);
+        assert_eq!(d["spec"]["template"]["spec"]["containers"], json!([]));
+    }
+}

@@ -1,0 +1,180 @@
+//! Defaulting: the values Kubernetes fills in when a client leaves a field out (a Deployment's
+//! rolling-update strategy, a container's pull policy, a Service port's protocol, ...), so that
+//! stored objects look as they would in Kubernetes and controllers can rely on them.
+//! Applied to every decoded object, before validation; idempotent.
+
+use serde_json::{Value, json};
+
+use crate::catalog::Resource;
+
+fn set(obj: &mut Value, key: &str, v: Value) {
+    if obj.is_object() && obj.get(key).is_none_or(Value::is_null) {
+        obj[key] = v;
+    }
+}
+
+/// Fills in the defaults of `res`'s kind.
+pub fn apply(res: &Resource, obj: &mut Value) {
+    match (res.group, res.kind) {
+        ("", "Pod") => pod_spec(&mut obj["spec"]),
+        ("apps", "Deployment") => {
+            let spec = &mut obj["spec"];
+            set(spec, "replicas", json!(1));
+            set(spec, "revisionHistoryLimit", json!(10));
+            set(spec, "progressDeadlineSeconds", json!(600));
+            set(spec, "strategy", json!({"type": "RollingUpdate"}));
+            if spec["strategy"]["type"] == "RollingUpdate" {
+                set(
+                    &mut spec["strategy"],
+                    "rollingUpdate",
+                    json!({"maxSurge": "25%", "maxUnavailable": "25%"}),
+                );
+            }
+            template(spec);
+        }
+        ("apps", "ReplicaSet") => {
+            set(&mut obj["spec"], "replicas", json!(1));
+            template(&mut obj["spec"]);
+        }
+        ("apps", "StatefulSet") => {
+            let spec = &mut obj["spec"];
+            set(spec, "replicas", json!(1));
+            set(spec, "podManagementPolicy", json!("OrderedReady"));
+            set(spec, "revisionHistoryLimit", json!(10));
+            set(
+                spec,
+                "updateStrategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}),
+            );
+            set(
+                spec,
+                "persistentVolumeClaimRetentionPolicy",
+                json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
+            );
+            template(spec);
+        }
+        ("apps", "DaemonSet") => {
+            let spec = &mut obj["spec"];
+            set(spec, "revisionHistoryLimit", json!(10));
+            set(
+                spec,
+                "updateStrategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+            );
+            template(spec);
+        }
+        ("batch", "Job") => job_spec(&mut obj["spec"]),
+        ("batch", "CronJob") => {
+            let spec = &mut obj["spec"];
+            set(spec, "concurrencyPolicy", json!("Allow"));
+            set(spec, "suspend", json!(false));
+            set(spec, "successfulJobsHistoryLimit", json!(3));
+            set(spec, "failedJobsHistoryLimit", json!(1));
+            if spec["jobTemplate"].is_object() {
+                job_spec(&mut spec["jobTemplate"]["spec"]);
+            }
+        }
+        ("", "Service") => {
+            let spec = &mut obj["spec"];
+            if !spec.is_object() {
+                return;
+            }
+            set(spec, "type", json!("ClusterIP"));
+            set(spec, "sessionAffinity", json!("None"));
+            if let Some(ports) = spec["ports"].as_array_mut() {
+                for p in ports {
+                    set(p, "protocol", json!("TCP"));
+                    let port = p["port"].clone();
+                    set(p, "targetPort", port);
+                }
+            }
+        }
+        ("", "Secret") => set(obj, "type", json!("Opaque")),
+        ("scheduling.k8s.io", "PriorityClass") => {
+            set(obj, "preemptionPolicy", json!("PreemptLowerPriority"))
+        }
+        _ => {}
+    }
+}
+
+fn template(spec: &mut Value) {
+    if spec["template"]["spec"].is_object() {
+        pod_spec(&mut spec["template"]["spec"]);
+    }
+}
+
+fn job_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
+    set(spec, "parallelism", json!(1));
+    if spec["completions"].is_null() && spec["parallelism"] == json!(1) {
+        spec["completions"] = json!(1);
+    }
+    set(spec, "backoffLimit", json!(6));
+    set(spec, "completionMode", json!("NonIndexed"));
+    set(spec, "suspend", json!(false));
+    set(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+    template(spec);
+}
+
+fn pod_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
+    set(spec, "restartPolicy", json!("Always"));
+    set(spec, "dnsPolicy", json!("ClusterFirst"));
+    set(spec, "schedulerName", json!("default-scheduler"));
+    set(spec, "terminationGracePeriodSeconds", json!(30));
+    set(spec, "securityContext", json!({}));
+    set(spec, "enableServiceLinks", json!(true));
+    for list in ["initContainers", "containers"] {
+        if let Some(cs) = spec[list].as_array_mut() {
+            for c in cs {
+                let image = c["image"].as_str().unwrap_or_default();
+                let last = image.rsplit('/').next().unwrap_or_default();
+                let latest = !last.contains(':') || last.ends_with(":latest");
+                let policy = if latest && !image.contains('@') {
+                    "Always"
+                } else {
+                    "IfNotPresent"
+                };
+                set(c, "imagePullPolicy", json!(policy));
+                set(c, "terminationMessagePath", json!("/dev/termination-log"));
+                set(c, "terminationMessagePolicy", json!("File"));
+                set(c, "resources", json!({}));
+                if let Some(ports) = c["ports"].as_array_mut() {
+                    for p in ports {
+                        set(p, "protocol", json!("TCP"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::find_resource;
+
+    #[test]
+    fn deployments_get_kubernetes_defaults_once() {
+        let res = find_resource("apps", "v1", "deployments").expect("served");
+        let mut d = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "a", "image": "nginx"}, {"name": "b", "image": "reg:5000/x:1.2", "ports": [{"containerPort": 80}]}]}}}});
+        apply(res, &mut d);
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
+        let cs = &d["spec"]["template"]["spec"]["containers"];
+        assert_eq!(cs[0]["imagePullPolicy"], "Always");
+        assert_eq!(cs[1]["imagePullPolicy"], "IfNotPresent");
+        assert_eq!(cs[1]["ports"][0]["protocol"], "TCP");
+        let once = d.clone();
+        apply(res, &mut d);
+        assert_eq!(d, once, "defaulting is idempotent");
+        let mut recreate = json!({"spec": {"strategy": {"type": "Recreate"}}});
+        apply(res, &mut recreate);
+        assert!(recreate["spec"]["strategy"]["rollingUpdate"].is_null());
+    }
+}

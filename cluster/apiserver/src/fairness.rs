@@ -1,0 +1,107 @@
+//! Per-tenant limits on requests in flight: each caller (the admin, each tenant) has its own
+//! seats, so one tenant's flood fills only its own and others are still served. A request
+//! that finds no free seat is answered at once with 429 and `Retry-After`, as Kubernetes'
+//! max-inflight filter does, rather than queued behind the flood.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::auth::User;
+use crate::metrics::ApiMetrics;
+use crate::status::ApiError;
+
+/// A held seat; released when dropped.
+pub struct Seat {
+    _permit: OwnedSemaphorePermit,
+    gauge: Option<prometheus::IntGauge>,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        if let Some(g) = &self.gauge {
+            g.dec();
+        }
+    }
+}
+
+/// Each caller's limit and its seats.
+type SeatMap = HashMap<String, (usize, Arc<Semaphore>)>;
+
+/// The seats of every caller.
+#[derive(Clone)]
+pub struct Fairness {
+    seats: Arc<Mutex<SeatMap>>,
+    metrics: Option<ApiMetrics>,
+}
+
+impl Fairness {
+    /// No seats taken yet.
+    pub fn new(metrics: Option<ApiMetrics>) -> Fairness {
+        Fairness {
+            seats: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// Takes one of `user`'s `limit` seats, or answers 429.
+    pub fn admit(&self, user: &User, limit: usize) -> Result<Seat, ApiError> {
+        let key = user.fairness_key();
+        let sem = {
+            let mut seats = self.seats.lock();
+            let entry = seats
+                .entry(key.clone())
+                .or_insert_with(|| (limit, Arc::new(Semaphore::new(limit))));
+            if entry.0 != limit {
+                // The limit changed: new seats; requests on the old ones finish there.
+                *entry = (limit, Arc::new(Semaphore::new(limit)));
+            }
+            entry.1.clone()
+        };
+        match sem.try_acquire_owned() {
+            Ok(permit) => {
+                let gauge = self.metrics.as_ref().map(|m| m.inflight(&key));
+                if let Some(g) = &gauge {
+                    g.inc();
+                }
+                Ok(Seat {
+                    _permit: permit,
+                    gauge,
+                })
+            }
+            Err(_) => {
+                if let Some(m) = &self.metrics {
+                    m.rejected(&key);
+                }
+                Err(ApiError::too_many_requests(
+                    format!(
+                        "too many requests in flight for {}: the limit is {limit} at once; retry after a second (an admin can raise spec.maxInflightRequests of the Tenant)",
+                        user.name()
+                    ),
+                    1,
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_callers_flood_does_not_take_anothers_seats() {
+        let f = Fairness::new(None);
+        let a = User::Tenant("a".into());
+        let b = User::Tenant("b".into());
+        let held: Vec<Seat> = (0..3).map(|_| f.admit(&a, 3).expect("seat")).collect();
+        let refused = f.admit(&a, 3).err().expect("a is full");
+        assert_eq!(refused.code, 429);
+        assert_eq!(refused.retry_after, Some(1));
+        assert!(f.admit(&b, 3).is_ok(), "b has its own seats");
+        drop(held);
+        assert!(f.admit(&a, 3).is_ok(), "seats come back");
+    }
+}

@@ -1,0 +1,238 @@
+//! The HTTP face of the API: authenticates bearer tokens, turns URLs into [`ApiRequest`]s for
+//! the request layer ([`Api`]), and encodes what it answers — objects, Tables, watch streams
+//! (one JSON event per line, chunked) and `Status` errors — plus `/openapi/v3`, discovery and
+//! the health endpoints.
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::api::{Api, ApiResponse};
+use crate::auth::{Tokens, User};
+use crate::status::ApiError;
+use crate::{discovery, openapi, request};
+
+/// Paths anyone may read, as Kubernetes lets `system:anonymous` read them.
+const PUBLIC: &[&str] = &["/version", "/healthz", "/livez", "/readyz"];
+
+/// An error as an HTTP response.
+pub fn error_response(e: &ApiError) -> Response {
+    let mut resp = (
+        StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [(header::CONTENT_TYPE, "application/json")],
+        e.to_status().to_string(),
+    )
+        .into_response();
+    if let Some(s) = e.retry_after
+        && let Ok(v) = HeaderValue::from_str(&s.to_string())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
+fn json_response(code: u16, body: &Value, warnings: &[String]) -> Response {
+    let mut resp = (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// Encodes an answer of the request layer.
+pub fn encode(result: Result<ApiResponse, ApiError>) -> Response {
+    match result {
+        Ok(ApiResponse::Object {
+            code,
+            body,
+            warnings,
+        }) => json_response(code, &body, &warnings),
+        Ok(ApiResponse::Watch(stream)) => {
+            let lines = stream.map(|ev| {
+                let mut line = ev.to_string();
+                line.push('\n');
+                Ok::<_, std::convert::Infallible>(Bytes::from(line))
+            });
+            (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (header::CACHE_CONTROL, "no-cache, private"),
+                ],
+                Body::from_stream(lines),
+            )
+                .into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    error_response(&ApiError::new(401, "Unauthorized", message))
+}
+
+/// The field manager Kubernetes assumes when a client names none: its User-Agent up to the
+/// first `/` (`kubectl`).
+fn manager_from_agent(headers: &HeaderMap) -> Option<String> {
+    let ua = headers.get(header::USER_AGENT)?.to_str().ok()?;
+    let name: String = ua
+        .split('/')
+        .next()?
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(128)
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+async fn objects(
+    State(api): State<Api>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    request: Request,
+) -> Response {
+    let Some(user) = request.extensions().get::<User>().cloned() else {
+        return unauthorized("authentication required");
+    };
+    let body = match axum::body::to_bytes(request.into_body(), request::MAX_BODY_BYTES + 1).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error_response(&ApiError::new(
+                413,
+                "RequestEntityTooLarge",
+                format!(
+                    "the request body is larger than the limit of {} bytes",
+                    request::MAX_BODY_BYTES
+                ),
+            ));
+        }
+    };
+    let header_str = |h| headers.get(h).and_then(|v: &HeaderValue| v.to_str().ok());
+    let content_type = header_str(header::CONTENT_TYPE);
+    let served = request::from_http("GET", uri.path(), "", None, None, Bytes::new());
+    if matches!(served, Ok(Some(_))) && content_type.is_some_and(|ct| ct.contains("protobuf")) {
+        return error_response(&ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "this server accepts JSON bodies only (application/json); Kubernetes' protobuf encoding is not served. `kubectl create <kind> NAME` sends protobuf — write the object to a file and use `kubectl create -f` or `kubectl apply -f`",
+        ));
+    }
+    let parsed = request::from_http(
+        method.as_str(),
+        uri.path(),
+        uri.query().unwrap_or(""),
+        content_type,
+        header_str(header::ACCEPT),
+        body,
+    );
+    match parsed {
+        Ok(Some(mut req)) => {
+            if req.params.field_manager.is_none() {
+                req.params.field_manager = manager_from_agent(&headers);
+            }
+            encode(api.handle(&user, req).await)
+        }
+        Ok(None) => error_response(&ApiError::new(
+            404,
+            "NotFound",
+            format!(
+                "the server could not find the requested resource: {}",
+                uri.path()
+            ),
+        )),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn openapi_doc(uri: Uri) -> Response {
+    let path = uri
+        .path()
+        .trim_start_matches("/openapi/v3")
+        .trim_matches('/');
+    if path.is_empty() {
+        return json_response(200, &openapi::index(), &[]);
+    }
+    match openapi::document_at(path) {
+        Some(doc) => (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::CACHE_CONTROL, "public, immutable"),
+            ],
+            doc.body.clone(),
+        )
+            .into_response(),
+        None => error_response(&ApiError::new(
+            404,
+            "NotFound",
+            format!("no OpenAPI document for {path}: /openapi/v3 lists them"),
+        )),
+    }
+}
+
+async fn ready(State(api): State<Api>) -> Response {
+    match api.store().current_revision().await {
+        Ok(_) => "ok".into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("[-]store failed: {e}\nreadyz check failed"),
+        )
+            .into_response(),
+    }
+}
+
+/// Everything the API server serves over HTTP, with authentication.
+pub fn router(api: Api, tokens: Tokens) -> Router {
+    let stateful = Router::new()
+        .route("/readyz", get(ready))
+        .fallback(objects)
+        .with_state(api);
+    Router::new()
+        .merge(discovery::router())
+        .route("/openapi/v3", get(openapi_doc))
+        .route("/openapi/v3/{*path}", get(openapi_doc))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/livez", get(|| async { "ok" }))
+        .merge(stateful)
+        .layer(middleware::from_fn(move |mut req: Request, next: Next| {
+            let tokens = tokens.clone();
+            async move {
+                if PUBLIC.contains(&req.uri().path()) {
+                    return next.run(req).await;
+                }
+                let given = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(str::trim);
+                match given.map(|t| tokens.authenticate(t)) {
+                    Some(Some(user)) => {
+                        req.extensions_mut().insert(user);
+                        next.run(req).await
+                    }
+                    Some(None) => unauthorized(
+                        "the bearer token is not valid: use the kubeconfig that tessera wrote, or a token from `tessera token create`",
+                    ),
+                    None => unauthorized(
+                        "authentication required: send a bearer token (use the kubeconfig that tessera wrote)",
+                    ),
+                }
+            }
+        }))
+}

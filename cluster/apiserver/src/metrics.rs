@@ -1,0 +1,139 @@
+//! The API server's Prometheus metrics: requests by verb, resource and code, their latency,
+//! seats in flight per caller, requests refused for fairness, and open watches.
+
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+use serde_json::Value;
+
+use crate::catalog::Resource;
+use crate::request::Verb;
+
+/// The metrics, registered once and cloned into every handler.
+#[derive(Clone)]
+pub struct ApiMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    inflight: IntGaugeVec,
+    rejected: IntCounterVec,
+    watches: IntGaugeVec,
+    watch_events: IntCounterVec,
+}
+
+impl ApiMetrics {
+    /// Creates and registers the metrics in `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<ApiMetrics> {
+        let m = ApiMetrics {
+            requests: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_requests_total",
+                    "API requests by verb, resource, subresource and HTTP code.",
+                ),
+                &["verb", "group", "resource", "subresource", "code"],
+            )?,
+            duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_apiserver_request_duration_seconds",
+                    "Time to answer an API request (to the start of the stream for watches).",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ]),
+                &["verb", "resource"],
+            )?,
+            inflight: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_apiserver_inflight_requests",
+                    "Requests holding a seat now, per caller (admin or tenant:<name>).",
+                ),
+                &["user"],
+            )?,
+            rejected: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_rejected_requests_total",
+                    "Requests answered 429 because the caller had no free seat.",
+                ),
+                &["user"],
+            )?,
+            watches: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_apiserver_watches",
+                    "Open watch streams per resource.",
+                ),
+                &["resource"],
+            )?,
+            watch_events: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_watch_events_total",
+                    "Watch events sent, per resource.",
+                ),
+                &["resource"],
+            )?,
+        };
+        registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.duration.clone()))?;
+        registry.register(Box::new(m.inflight.clone()))?;
+        registry.register(Box::new(m.rejected.clone()))?;
+        registry.register(Box::new(m.watches.clone()))?;
+        registry.register(Box::new(m.watch_events.clone()))?;
+        Ok(m)
+    }
+
+    /// Counts one answered request.
+    pub fn observe(
+        &self,
+        verb: Verb,
+        res: &Resource,
+        sub: Option<&str>,
+        code: u16,
+        took: Duration,
+    ) {
+        self.requests
+            .with_label_values(&[
+                verb.as_str(),
+                res.group,
+                res.plural,
+                sub.unwrap_or(""),
+                &code.to_string(),
+            ])
+            .inc();
+        self.duration
+            .with_label_values(&[verb.as_str(), res.plural])
+            .observe(took.as_secs_f64());
+    }
+
+    /// The in-flight gauge of one caller.
+    pub fn inflight(&self, user: &str) -> IntGauge {
+        self.inflight.with_label_values(&[user])
+    }
+
+    /// Counts a request refused for fairness.
+    pub fn rejected(&self, user: &str) {
+        self.rejected.with_label_values(&[user]).inc();
+    }
+
+    /// Wraps a watch stream: counted open while it lives, its events counted.
+    pub fn count_watch<S>(&self, res: &Resource, stream: S) -> impl Stream<Item = Value> + use<S>
+    where
+        S: Stream<Item = Value> + Send,
+    {
+        struct Open(IntGauge);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.dec();
+            }
+        }
+        let gauge = self.watches.with_label_values(&[res.plural]);
+        gauge.inc();
+        let open = Open(gauge);
+        let events = self.watch_events.with_label_values(&[res.plural]);
+        stream.map(move |ev| {
+            let _ = &open;
+            events.inc();
+            ev
+        })
+    }
+}

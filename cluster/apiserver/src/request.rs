@@ -1,0 +1,554 @@
+//! What one API request asks for, independent of HTTP: the verb, the resource it names, the
+//! query parameters already parsed and checked, and the body. The HTTP server builds these
+//! from URLs; in-process components build them directly.
+
+use bytes::Bytes;
+use tessera_core::selector::{field::FieldSelector, label::LabelSelector};
+
+use crate::catalog::{RESOURCES, Resource};
+use crate::status::ApiError;
+
+/// Largest request body accepted (etcd's own limit on a value is 1.5 MiB).
+pub const MAX_BODY_BYTES: usize = 3 << 20;
+
+/// The verb of a request, as Kubernetes' authorization names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    /// Read one object.
+    Get,
+    /// Read a collection.
+    List,
+    /// Stream changes of a collection.
+    Watch,
+    /// Make a new object.
+    Create,
+    /// Replace an object.
+    Update,
+    /// Change part of an object.
+    Patch(PatchType),
+    /// Remove an object.
+    Delete,
+    /// Remove every object of a collection that matches the selectors.
+    DeleteCollection,
+}
+
+impl Verb {
+    /// The name used in metrics and messages (`get`, `list`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch(_) => "patch",
+            Verb::Delete => "delete",
+            Verb::DeleteCollection => "deletecollection",
+        }
+    }
+
+    /// True for verbs that change state.
+    pub fn is_write(&self) -> bool {
+        !matches!(self, Verb::Get | Verb::List | Verb::Watch)
+    }
+}
+
+/// The four patch formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchType {
+    /// RFC 6902 (`application/json-patch+json`).
+    Json,
+    /// RFC 7386 (`application/merge-patch+json`).
+    Merge,
+    /// Kubernetes' strategic merge patch (`application/strategic-merge-patch+json`).
+    StrategicMerge,
+    /// Server-side apply (`application/apply-patch+yaml`).
+    Apply,
+}
+
+impl PatchType {
+    /// The patch type a content type names.
+    pub fn from_content_type(ct: &str) -> Option<PatchType> {
+        match ct.split(';').next().unwrap_or("").trim() {
+            "application/json-patch+json" => Some(PatchType::Json),
+            "application/merge-patch+json" => Some(PatchType::Merge),
+            "application/strategic-merge-patch+json" => Some(PatchType::StrategicMerge),
+            "application/apply-patch+yaml" | "application/apply-patch+json" => {
+                Some(PatchType::Apply)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `fieldValidation`: what to do with fields the kind does not have.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FieldValidation {
+    /// Drop them silently.
+    Ignore,
+    /// Drop them and warn (the default, as in Kubernetes).
+    #[default]
+    Warn,
+    /// Refuse the request.
+    Strict,
+}
+
+/// `propagationPolicy` of a delete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Propagation {
+    /// Dependents are left without an owner.
+    Orphan,
+    /// The object goes now; the garbage collector removes dependents afterwards.
+    Background,
+    /// Dependents go first; the object waits for them with the `foregroundDeletion` finalizer.
+    Foreground,
+}
+
+/// Query parameters, parsed and checked.
+#[derive(Clone, Debug, Default)]
+pub struct Params {
+    /// `labelSelector`.
+    pub label_selector: Option<LabelSelector>,
+    /// `fieldSelector`.
+    pub field_selector: Option<FieldSelector>,
+    /// `limit` (0: no limit).
+    pub limit: usize,
+    /// `continue`.
+    pub continue_token: Option<String>,
+    /// `resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `resourceVersionMatch` (`Exact`, `NotOlderThan`).
+    pub resource_version_match: Option<String>,
+    /// `allowWatchBookmarks`.
+    pub allow_bookmarks: bool,
+    /// `timeoutSeconds` of a watch.
+    pub timeout_seconds: Option<u64>,
+    /// `dryRun=All`.
+    pub dry_run: bool,
+    /// `fieldValidation`.
+    pub field_validation: FieldValidation,
+    /// `fieldManager`.
+    pub field_manager: Option<String>,
+    /// `force` (server-side apply).
+    pub force: bool,
+    /// `propagationPolicy`.
+    pub propagation: Option<Propagation>,
+    /// `gracePeriodSeconds`.
+    pub grace_period_seconds: Option<i64>,
+    /// `includeObject` of a Table (`None`, `Metadata`, `Object`).
+    pub include_object: Option<String>,
+}
+
+/// One API request.
+#[derive(Clone, Debug)]
+pub struct ApiRequest {
+    /// What to do.
+    pub verb: Verb,
+    /// Which resource.
+    pub resource: &'static Resource,
+    /// The namespace, for namespaced resources.
+    pub namespace: Option<String>,
+    /// The object's name (absent for collections).
+    pub name: Option<String>,
+    /// The subresource (`status`, `scale`, `binding`, `log`).
+    pub subresource: Option<String>,
+    /// Query parameters.
+    pub params: Params,
+    /// The body (JSON for writes, the patch for patches, DeleteOptions for deletes).
+    pub body: Bytes,
+    /// The answer should be a `meta.k8s.io/v1` Table (kubectl's `get`).
+    pub table: bool,
+}
+
+impl ApiRequest {
+    /// A request with default parameters and no body.
+    pub fn new(verb: Verb, resource: &'static Resource) -> Self {
+        ApiRequest {
+            verb,
+            resource,
+            namespace: None,
+            name: None,
+            subresource: None,
+            params: Params::default(),
+            body: Bytes::new(),
+            table: false,
+        }
+    }
+}
+
+/// The resource a group, version and plural name, or a NotFound saying what is served.
+pub fn find_resource(
+    group: &str,
+    version: &str,
+    plural: &str,
+) -> Result<&'static Resource, ApiError> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+        .ok_or_else(|| {
+            ApiError::new(
+                404,
+                "NotFound",
+                format!(
+                    "the server could not find the requested resource ({plural} in {}); `kubectl api-resources` lists what is served",
+                    if group.is_empty() {
+                        version.to_owned()
+                    } else {
+                        format!("{group}/{version}")
+                    }
+                ),
+            )
+        })
+}
+
+/// Decodes `%XX` and `+` in a query component.
+pub fn percent_decode(s: &str) -> Result<String, ApiError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("malformed percent-encoding in {s:?}"))
+                    })?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| ApiError::bad_request(format!("query value {s:?} is not UTF-8")))
+}
+
+/// Parses a query string into checked parameters.
+pub fn parse_params(query: &str) -> Result<(Params, bool), ApiError> {
+    let mut p = Params::default();
+    let mut watch = false;
+    for pair in query.split('&').filter(|s| !s.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v)?;
+        let flag = |v: &str| -> Result<bool, ApiError> {
+            match v {
+                "" | "1" | "true" | "True" => Ok(true),
+                "0" | "false" | "False" => Ok(false),
+                other => Err(ApiError::bad_request(format!(
+                    "query parameter {k}={other:?} must be true or false"
+                ))),
+            }
+        };
+        let number = |v: &str| -> Result<i64, ApiError> {
+            v.parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!("query parameter {k}={v:?} must be an integer"))
+            })
+        };
+        match k {
+            "labelSelector" if !v.is_empty() => {
+                p.label_selector = Some(v.parse().map_err(|e| {
+                    ApiError::bad_request(format!("unable to parse requirement: {e}"))
+                })?)
+            }
+            "fieldSelector" if !v.is_empty() => {
+                p.field_selector =
+                    Some(v.parse().map_err(|e| {
+                        ApiError::bad_request(format!("invalid field selector: {e}"))
+                    })?)
+            }
+            "labelSelector" | "fieldSelector" => {}
+            "limit" => {
+                let n = number(&v)?;
+                if n < 0 {
+                    return Err(ApiError::bad_request("limit must not be negative"));
+                }
+                p.limit = n as usize;
+            }
+            "continue" if !v.is_empty() => p.continue_token = Some(v),
+            "resourceVersion" if !v.is_empty() => p.resource_version = Some(v),
+            "resourceVersionMatch" if !v.is_empty() => {
+                if v != "Exact" && v != "NotOlderThan" {
+                    return Err(ApiError::bad_request(format!(
+                        "resourceVersionMatch {v:?} is not one of Exact, NotOlderThan"
+                    )));
+                }
+                p.resource_version_match = Some(v)
+            }
+            "watch" => watch = flag(&v)?,
+            "allowWatchBookmarks" => p.allow_bookmarks = flag(&v)?,
+            "timeoutSeconds" => {
+                let n = number(&v)?;
+                p.timeout_seconds = Some(n.max(0) as u64);
+            }
+            "dryRun" => match v.as_str() {
+                "All" => p.dry_run = true,
+                "" => {}
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "dryRun {other:?} is not supported: the only value is All"
+                    )));
+                }
+            },
+            "fieldValidation" => {
+                p.field_validation = match v.as_str() {
+                    "Ignore" => FieldValidation::Ignore,
+                    "Warn" | "" => FieldValidation::Warn,
+                    "Strict" => FieldValidation::Strict,
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "fieldValidation {other:?} is not one of Ignore, Warn, Strict"
+                        )));
+                    }
+                }
+            }
+            "fieldManager" if !v.is_empty() => {
+                if v.len() > 128 || v.chars().any(|c| c.is_control()) {
+                    return Err(ApiError::bad_request(
+                        "fieldManager must be at most 128 printable characters",
+                    ));
+                }
+                p.field_manager = Some(v)
+            }
+            "force" => p.force = flag(&v)?,
+            "propagationPolicy" if !v.is_empty() => p.propagation = Some(propagation(&v)?),
+            "gracePeriodSeconds" => p.grace_period_seconds = Some(number(&v)?),
+            "includeObject" => p.include_object = Some(v),
+            // Accepted and ignored, as by Kubernetes: formatting and client hints.
+            _ => {}
+        }
+    }
+    Ok((p, watch))
+}
+
+/// Parses a `propagationPolicy` value.
+pub fn propagation(v: &str) -> Result<Propagation, ApiError> {
+    match v {
+        "Orphan" => Ok(Propagation::Orphan),
+        "Background" => Ok(Propagation::Background),
+        "Foreground" => Ok(Propagation::Foreground),
+        other => Err(ApiError::bad_request(format!(
+            "propagationPolicy {other:?} is not one of Orphan, Background, Foreground"
+        ))),
+    }
+}
+
+/// Builds a request from an HTTP method, path and query. `Ok(None)` when the path is not an
+/// object path (discovery and the like answer those).
+pub fn from_http(
+    method: &str,
+    path: &str,
+    query: &str,
+    content_type: Option<&str>,
+    accept: Option<&str>,
+    body: Bytes,
+) -> Result<Option<ApiRequest>, ApiError> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segments.as_slice() {
+        ["api", version, rest @ ..] if !rest.is_empty() => ("", *version, rest),
+        ["apis", group, version, rest @ ..] if !rest.is_empty() => (*group, *version, rest),
+        _ => return Ok(None),
+    };
+    if rest.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("the path {path} has an empty segment"),
+        ));
+    }
+    // (namespace, plural, name, subresource)
+    let namespaced_plural = |p: &str| {
+        RESOURCES
+            .iter()
+            .any(|r| r.plural == p && r.namespaced && r.group == group)
+    };
+    let (ns, plural, name, sub) = match rest {
+        [plural] => (None, *plural, None, None),
+        ["namespaces", ns, plural] if namespaced_plural(plural) => (Some(*ns), *plural, None, None),
+        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name), None),
+        ["namespaces", ns, plural, name, sub] => (Some(*ns), *plural, Some(*name), Some(*sub)),
+        [plural, name] => (None, *plural, Some(*name), None),
+        [plural, name, sub] => (None, *plural, Some(*name), Some(*sub)),
+        _ => {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("the server could not find the requested resource: {path}"),
+            ));
+        }
+    };
+    let resource = find_resource(group, version, plural)?;
+    if resource.namespaced && ns.is_none() && name.is_some() {
+        return Err(ApiError::bad_request(format!(
+            "{plural} are namespaced: use /namespaces/<namespace>/{plural}/<name>"
+        )));
+    }
+    if !resource.namespaced && ns.is_some() {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("{plural} are cluster-scoped: use the path without /namespaces/<namespace>"),
+        ));
+    }
+    if let Some(s) = sub
+        && !resource.subresources.iter().any(|r| r.name == s)
+    {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("{plural} have no subresource {s:?}"),
+        ));
+    }
+    let (params, watch) = parse_params(query)?;
+    let verb = match (method, name.is_some()) {
+        ("GET", true) => Verb::Get,
+        ("GET", false) if watch => Verb::Watch,
+        ("GET", false) => Verb::List,
+        ("POST", false) => Verb::Create,
+        ("POST", true) if sub == Some("binding") => Verb::Create,
+        ("PUT", true) => Verb::Update,
+        ("PATCH", true) => {
+            let ct = content_type.unwrap_or("");
+            Verb::Patch(PatchType::from_content_type(ct).ok_or_else(|| {
+                ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!(
+                        "the body of the request was in an unknown format ({ct:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
+                    ),
+                )
+            })?)
+        }
+        ("DELETE", true) => Verb::Delete,
+        ("DELETE", false) => Verb::DeleteCollection,
+        (m, _) => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{m} is not supported on {path}"),
+            ));
+        }
+    };
+    if matches!(verb, Verb::Create | Verb::Update) {
+        let ct = content_type.unwrap_or("application/json");
+        let base = ct.split(';').next().unwrap_or("").trim();
+        if !(base == "application/json" || base == "application/yaml" || base.is_empty()) {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format ({ct:?}) - accepted media types include: application/json"
+                ),
+            ));
+        }
+    }
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!(
+                "the request body is {} bytes; the limit is {MAX_BODY_BYTES}",
+                body.len()
+            ),
+        ));
+    }
+    let table = accept.is_some_and(|a| {
+        a.split(',').next().is_some_and(|first| {
+            first.contains("as=Table") && first.contains("g=meta.k8s.io") && first.contains("v=v1")
+        })
+    });
+    Ok(Some(ApiRequest {
+        verb,
+        resource,
+        namespace: ns.map(str::to_owned),
+        name: name.map(str::to_owned),
+        subresource: sub.map(str::to_owned),
+        params,
+        body,
+        table,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: &str, path: &str, query: &str) -> Result<Option<ApiRequest>, ApiError> {
+        from_http(method, path, query, None, None, Bytes::new())
+    }
+
+    #[test]
+    fn paths_name_resources() {
+        let r = req("GET", "/api/v1/namespaces/a/pods/p/status", "")
+            .expect("ok")
+            .expect("object path");
+        assert_eq!(r.verb, Verb::Get);
+        assert_eq!(
+            (r.namespace.as_deref(), r.name.as_deref()),
+            (Some("a"), Some("p"))
+        );
+        assert_eq!(r.subresource.as_deref(), Some("status"));
+        let r = req("GET", "/api/v1/namespaces/a", "")
+            .expect("ok")
+            .expect("path");
+        assert_eq!(
+            (r.resource.plural, r.name.as_deref()),
+            ("namespaces", Some("a"))
+        );
+        let r = req("GET", "/api/v1/namespaces/a/status", "")
+            .expect("ok")
+            .expect("path");
+        assert_eq!(r.subresource.as_deref(), Some("status"));
+        let r = req("GET", "/apis/apps/v1/deployments", "watch=true")
+            .expect("ok")
+            .expect("path");
+        assert_eq!(r.verb, Verb::Watch);
+        assert!(req("GET", "/version", "").expect("ok").is_none());
+    }
+
+    #[test]
+    fn bad_requests_are_4xx_with_reasons() {
+        for (method, path, query, code) in [
+            ("GET", "/api/v1/nosuch", "", 404),
+            ("GET", "/api/v1/pods/p", "", 400),
+            ("GET", "/api/v1/namespaces/a/nodes/n", "", 404),
+            ("GET", "/api/v1/namespaces/a/pods/p/nosuch", "", 404),
+            ("GET", "/api/v1/pods", "labelSelector=a%3D%3D%3Db", 400),
+            ("GET", "/api/v1/pods", "limit=-1", 400),
+            ("GET", "/api/v1/pods", "limit=x", 400),
+            ("GET", "/api/v1/pods", "fieldValidation=Loud", 400),
+            ("GET", "/api/v1/pods", "dryRun=Some", 400),
+            ("GET", "/api/v1/pods", "labelSelector=%ZZ", 400),
+            ("POST", "/api/v1/namespaces/a/pods/p", "", 405),
+            ("PATCH", "/api/v1/namespaces/a/pods/p", "", 415),
+            ("GET", "/api/v1/namespaces//pods", "", 404),
+        ] {
+            let err = req(method, path, query).expect_err(path);
+            assert_eq!(err.code, code, "{method} {path}?{query}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn selectors_are_percent_decoded() {
+        let r = req(
+            "GET",
+            "/api/v1/pods",
+            "labelSelector=app%3Dweb%2Ctier+in+%28a%2Cb%29",
+        )
+        .expect("ok")
+        .expect("path");
+        assert_eq!(
+            r.params.label_selector.expect("selector").to_string(),
+            "app=web,tier in (a,b)"
+        );
+    }
+}

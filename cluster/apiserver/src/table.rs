@@ -1,0 +1,729 @@
+//! `meta.k8s.io/v1` Table output: what `kubectl get` asks for and prints, with Kubernetes'
+//! columns for the main kinds (priority 1 columns appear with `-o wide`).
+
+use serde_json::{Value, json};
+
+use crate::api::now_secs;
+use crate::catalog::Resource;
+
+/// A column: name, type, priority (0 always shown, 1 with `-o wide`), description.
+type Column = (&'static str, &'static str, u8, &'static str);
+
+const NAME: Column = (
+    "Name",
+    "string",
+    0,
+    "Name must be unique within a namespace.",
+);
+const AGE: Column = (
+    "Age",
+    "string",
+    0,
+    "Time since the object was created (creationTimestamp).",
+);
+
+fn columns(res: &Resource) -> Vec<Column> {
+    let c = |n, t, p| (n, t, p, "");
+    match (res.group, res.plural) {
+        ("", "pods") => vec![
+            NAME,
+            c("Ready", "string", 0),
+            c("Status", "string", 0),
+            c("Restarts", "string", 0),
+            AGE,
+            c("IP", "string", 1),
+            c("Node", "string", 1),
+            c("Nominated Node", "string", 1),
+            c("Readiness Gates", "string", 1),
+        ],
+        ("", "nodes") => vec![
+            NAME,
+            c("Status", "string", 0),
+            c("Roles", "string", 0),
+            AGE,
+            c("Version", "string", 0),
+            c("Internal-IP", "string", 1),
+            c("OS-Image", "string", 1),
+        ],
+        ("", "namespaces") => vec![NAME, c("Status", "string", 0), AGE],
+        ("", "services") => vec![
+            NAME,
+            c("Type", "string", 0),
+            c("Cluster-IP", "string", 0),
+            c("External-IP", "string", 0),
+            c("Port(s)", "string", 0),
+            AGE,
+            c("Selector", "string", 1),
+        ],
+        ("", "configmaps") => vec![NAME, c("Data", "integer", 0), AGE],
+        ("", "secrets") => vec![NAME, c("Type", "string", 0), c("Data", "integer", 0), AGE],
+        ("", "endpoints") => vec![NAME, c("Endpoints", "string", 0), AGE],
+        ("", "events") => vec![
+            c("Last Seen", "string", 0),
+            c("Type", "string", 0),
+            c("Reason", "string", 0),
+            c("Object", "string", 0),
+            c("Message", "string", 0),
+        ],
+        ("", "serviceaccounts") => vec![NAME, c("Secrets", "integer", 0), AGE],
+        ("", "resourcequotas") => vec![
+            NAME,
+            AGE,
+            c("Request", "string", 0),
+            c("Limit", "string", 0),
+        ],
+        ("apps", "deployments") => vec![
+            NAME,
+            c("Ready", "string", 0),
+            c("Up-to-date", "integer", 0),
+            c("Available", "integer", 0),
+            AGE,
+            c("Containers", "string", 1),
+            c("Images", "string", 1),
+            c("Selector", "string", 1),
+        ],
+        ("apps", "replicasets") => vec![
+            NAME,
+            c("Desired", "integer", 0),
+            c("Current", "integer", 0),
+            c("Ready", "integer", 0),
+            AGE,
+            c("Containers", "string", 1),
+            c("Images", "string", 1),
+            c("Selector", "string", 1),
+        ],
+        ("apps", "statefulsets") => vec![
+            NAME,
+            c("Ready", "string", 0),
+            AGE,
+            c("Containers", "string", 1),
+            c("Images", "string", 1),
+        ],
+        ("apps", "daemonsets") => vec![
+            NAME,
+            c("Desired", "integer", 0),
+            c("Current", "integer", 0),
+            c("Ready", "integer", 0),
+            c("Up-to-date", "integer", 0),
+            c("Available", "integer", 0),
+            c("Node Selector", "string", 0),
+            AGE,
+        ],
+        ("batch", "jobs") => vec![
+            NAME,
+            c("Status", "string", 0),
+            c("Completions", "string", 0),
+            c("Duration", "string", 0),
+            AGE,
+        ],
+        ("batch", "cronjobs") => vec![
+            NAME,
+            c("Schedule", "string", 0),
+            c("Timezone", "string", 0),
+            c("Suspend", "boolean", 0),
+            c("Active", "integer", 0),
+            c("Last Schedule", "string", 0),
+            AGE,
+        ],
+        ("coordination.k8s.io", "leases") => vec![NAME, c("Holder", "string", 0), AGE],
+        ("scheduling.k8s.io", "priorityclasses") => vec![
+            NAME,
+            c("Value", "integer", 0),
+            c("Global-Default", "boolean", 0),
+            AGE,
+            c("PreemptionPolicy", "string", 0),
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            NAME,
+            c("Min Available", "string", 0),
+            c("Max Unavailable", "string", 0),
+            c("Allowed Disruptions", "integer", 0),
+            AGE,
+        ],
+        ("tessera.io", "tenants") => vec![
+            NAME,
+            c("Namespaces", "string", 0),
+            c("Weight", "integer", 0),
+            AGE,
+        ],
+        ("tessera.io", "podgroups") => vec![
+            NAME,
+            c("Min Member", "integer", 0),
+            c("Phase", "string", 0),
+            AGE,
+        ],
+        _ => vec![NAME, AGE],
+    }
+}
+
+/// Kubernetes' short human durations: `45s`, `5m3s`, `3h`, `2d4h`, `400d`.
+pub fn human_duration(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        s if s < 120 => format!("{s}s"),
+        s if s < 600 => {
+            let (m, r) = (s / 60, s % 60);
+            if r == 0 {
+                format!("{m}m")
+            } else {
+                format!("{m}m{r}s")
+            }
+        }
+        s if s < 3 * 3600 => {
+            let (h, m) = (s / 3600, s % 3600 / 60);
+            match (h, m) {
+                (0, m) => format!("{m}m"),
+                (h, 0) => format!("{h}h"),
+                (h, m) => format!("{h}h{m}m"),
+            }
+        }
+        s if s < 8 * 3600 => format!("{}h", s / 3600),
+        s if s < 2 * 86_400 => {
+            let (d, h) = (s / 86_400, s % 86_400 / 3600);
+            match (d, h) {
+                (0, h) => format!("{h}h"),
+                (d, 0) => format!("{d}d"),
+                (d, h) => format!("{d}d{h}h"),
+            }
+        }
+        s if s < 8 * 86_400 => {
+            let (d, h) = (s / 86_400, s % 86_400 / 3600);
+            if h == 0 {
+                format!("{d}d")
+            } else {
+                format!("{d}d{h}h")
+            }
+        }
+        s if s < 365 * 2 * 86_400 => format!("{}d", s / 86_400),
+        s => format!("{}y", s / 86_400 / 365),
+    }
+}
+
+/// Seconds since the epoch of an RFC 3339 timestamp (`2026-11-30T12:00:00Z`).
+pub fn parse_rfc3339(t: &str) -> Option<i64> {
+    let b = t.as_bytes();
+    if b.len() < 20 {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if mo > 2 { mo - 3 } else { mo + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3600 + mi * 60 + s)
+}
+
+fn age(obj: &Value, field: &str) -> String {
+    obj["metadata"][field]
+        .as_str()
+        .or(obj[field].as_str())
+        .and_then(parse_rfc3339)
+        .map_or_else(|| "<unknown>".into(), |t| human_duration(now_secs() - t))
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "<none>".into(),
+        other => other.to_string(),
+    }
+}
+
+fn int(v: &Value) -> Value {
+    json!(v.as_i64().unwrap_or(0))
+}
+
+fn selector_string(sel: &Value) -> String {
+    let mut parts: Vec<String> = sel["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    if parts.is_empty() {
+        parts = sel
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| *k != "matchLabels" && *k != "matchExpressions")
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+            .collect();
+    }
+    if parts.is_empty() {
+        "<none>".into()
+    } else {
+        parts.join(",")
+    }
+}
+
+fn containers_and_images(pod_spec: &Value) -> (String, String) {
+    let cs = pod_spec["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<String> = cs.iter().map(|c| s(&c["name"])).collect();
+    let images: Vec<String> = cs.iter().map(|c| s(&c["image"])).collect();
+    (names.join(","), images.join(","))
+}
+
+fn cells(res: &Resource, o: &Value) -> Vec<Value> {
+    let name = json!(o["metadata"]["name"].as_str().unwrap_or_default());
+    let age_v = json!(age(o, "creationTimestamp"));
+    let spec = &o["spec"];
+    let status = &o["status"];
+    match (res.group, res.plural) {
+        ("", "pods") => {
+            let statuses = status["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let total = spec["containers"].as_array().map_or(0, Vec::len);
+            let ready = statuses.iter().filter(|c| c["ready"] == true).count();
+            let restarts: i64 = statuses
+                .iter()
+                .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+                .sum();
+            let mut phase = status["reason"]
+                .as_str()
+                .or(status["phase"].as_str())
+                .unwrap_or("Pending")
+                .to_owned();
+            for c in &statuses {
+                if let Some(r) = c["state"]["waiting"]["reason"].as_str() {
+                    phase = r.to_owned();
+                } else if let Some(r) = c["state"]["terminated"]["reason"].as_str() {
+                    phase = r.to_owned();
+                }
+            }
+            if o["metadata"]["deletionTimestamp"].is_string() {
+                phase = "Terminating".into();
+            }
+            vec![
+                name,
+                json!(format!("{ready}/{total}")),
+                json!(phase),
+                json!(restarts.to_string()),
+                age_v,
+                json!(status["podIP"].as_str().unwrap_or("<none>")),
+                json!(spec["nodeName"].as_str().unwrap_or("<none>")),
+                json!(status["nominatedNodeName"].as_str().unwrap_or("<none>")),
+                json!("<none>"),
+            ]
+        }
+        ("", "nodes") => {
+            let ready = status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Ready");
+            let mut st = match ready.map(|c| c["status"].as_str().unwrap_or("")) {
+                Some("True") => "Ready".to_owned(),
+                Some(_) => "NotReady".to_owned(),
+                None => "Unknown".to_owned(),
+            };
+            if spec["unschedulable"] == true {
+                st.push_str(",SchedulingDisabled");
+            }
+            let roles: Vec<String> = o["metadata"]["labels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, _)| {
+                    k.strip_prefix("node-role.kubernetes.io/")
+                        .map(str::to_owned)
+                })
+                .collect();
+            let ip = status["addresses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|a| a["type"] == "InternalIP")
+                .map_or("<none>".to_owned(), |a| s(&a["address"]));
+            vec![
+                name,
+                json!(st),
+                json!(if roles.is_empty() {
+                    "<none>".to_owned()
+                } else {
+                    roles.join(",")
+                }),
+                age_v,
+                json!(status["nodeInfo"]["kubeletVersion"].as_str().unwrap_or("")),
+                json!(ip),
+                json!(
+                    status["nodeInfo"]["osImage"]
+                        .as_str()
+                        .unwrap_or("<unknown>")
+                ),
+            ]
+        }
+        ("", "namespaces") => vec![
+            name,
+            json!(status["phase"].as_str().unwrap_or("Active")),
+            age_v,
+        ],
+        ("", "services") => {
+            let ports: Vec<String> = spec["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| {
+                    let proto = p["protocol"].as_str().unwrap_or("TCP");
+                    match p["nodePort"].as_i64() {
+                        Some(np) => format!("{}:{np}/{proto}", p["port"]),
+                        None => format!("{}/{proto}", p["port"]),
+                    }
+                })
+                .collect();
+            vec![
+                name,
+                json!(spec["type"].as_str().unwrap_or("ClusterIP")),
+                json!(spec["clusterIP"].as_str().unwrap_or("<none>")),
+                json!("<none>"),
+                json!(if ports.is_empty() {
+                    "<none>".to_owned()
+                } else {
+                    ports.join(",")
+                }),
+                age_v,
+                json!(selector_string(&spec["selector"])),
+            ]
+        }
+        ("", "configmaps") => {
+            let n = o["data"].as_object().map_or(0, |m| m.len())
+                + o["binaryData"].as_object().map_or(0, |m| m.len());
+            vec![name, json!(n), age_v]
+        }
+        ("", "secrets") => vec![
+            name,
+            json!(o["type"].as_str().unwrap_or("Opaque")),
+            json!(o["data"].as_object().map_or(0, |m| m.len())),
+            age_v,
+        ],
+        ("", "endpoints") => {
+            let eps: Vec<String> = o["subsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|ss| {
+                    let ports: Vec<i64> = ss["ports"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p["port"].as_i64())
+                        .collect();
+                    ss["addresses"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flat_map(move |a| {
+                            let ip = s(&a["ip"]);
+                            if ports.is_empty() {
+                                vec![ip]
+                            } else {
+                                ports.iter().map(|p| format!("{ip}:{p}")).collect()
+                            }
+                        })
+                })
+                .collect();
+            vec![
+                name,
+                json!(if eps.is_empty() {
+                    "<none>".to_owned()
+                } else {
+                    eps.join(",")
+                }),
+                age_v,
+            ]
+        }
+        ("", "events") => {
+            let involved = &o["involvedObject"];
+            vec![
+                json!(age(o, "lastTimestamp")),
+                json!(o["type"].as_str().unwrap_or("")),
+                json!(o["reason"].as_str().unwrap_or("")),
+                json!(format!(
+                    "{}/{}",
+                    involved["kind"].as_str().unwrap_or("").to_lowercase(),
+                    involved["name"].as_str().unwrap_or("")
+                )),
+                json!(o["message"].as_str().unwrap_or("")),
+            ]
+        }
+        ("", "serviceaccounts") => vec![
+            name,
+            json!(o["secrets"].as_array().map_or(0, Vec::len)),
+            age_v,
+        ],
+        ("", "resourcequotas") => {
+            let used = &status["used"];
+            let fmt = |pick: &dyn Fn(&str) -> bool| -> String {
+                spec["hard"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, _)| pick(k))
+                    .map(|(k, v)| format!("{k}: {}/{}", used[k].as_str().unwrap_or("0"), s(v)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            vec![
+                name,
+                age_v,
+                json!(fmt(&|k: &str| !k.starts_with("limits."))),
+                json!(fmt(&|k: &str| k.starts_with("limits."))),
+            ]
+        }
+        ("apps", "deployments") => {
+            let (cs, imgs) = containers_and_images(&spec["template"]["spec"]);
+            vec![
+                name,
+                json!(format!(
+                    "{}/{}",
+                    status["readyReplicas"].as_i64().unwrap_or(0),
+                    spec["replicas"].as_i64().unwrap_or(1)
+                )),
+                int(&status["updatedReplicas"]),
+                int(&status["availableReplicas"]),
+                age_v,
+                json!(cs),
+                json!(imgs),
+                json!(selector_string(&spec["selector"])),
+            ]
+        }
+        ("apps", "replicasets") => {
+            let (cs, imgs) = containers_and_images(&spec["template"]["spec"]);
+            vec![
+                name,
+                json!(spec["replicas"].as_i64().unwrap_or(1)),
+                int(&status["replicas"]),
+                int(&status["readyReplicas"]),
+                age_v,
+                json!(cs),
+                json!(imgs),
+                json!(selector_string(&spec["selector"])),
+            ]
+        }
+        ("apps", "statefulsets") => {
+            let (cs, imgs) = containers_and_images(&spec["template"]["spec"]);
+            vec![
+                name,
+                json!(format!(
+                    "{}/{}",
+                    status["readyReplicas"].as_i64().unwrap_or(0),
+                    spec["replicas"].as_i64().unwrap_or(1)
+                )),
+                age_v,
+                json!(cs),
+                json!(imgs),
+            ]
+        }
+        ("apps", "daemonsets") => vec![
+            name,
+            int(&status["desiredNumberScheduled"]),
+            int(&status["currentNumberScheduled"]),
+            int(&status["numberReady"]),
+            int(&status["updatedNumberScheduled"]),
+            int(&status["numberAvailable"]),
+            json!(selector_string(&spec["template"]["spec"]["nodeSelector"])),
+            age_v,
+        ],
+        ("batch", "jobs") => {
+            let conds = status["conditions"].as_array().cloned().unwrap_or_default();
+            let st = if conds
+                .iter()
+                .any(|c| c["type"] == "Complete" && c["status"] == "True")
+            {
+                "Complete"
+            } else if conds
+                .iter()
+                .any(|c| c["type"] == "Failed" && c["status"] == "True")
+            {
+                "Failed"
+            } else {
+                "Running"
+            };
+            let dur = match (
+                status["startTime"].as_str().and_then(parse_rfc3339),
+                status["completionTime"].as_str().and_then(parse_rfc3339),
+            ) {
+                (Some(a), Some(b)) => human_duration(b - a),
+                (Some(a), None) => human_duration(now_secs() - a),
+                _ => String::new(),
+            };
+            vec![
+                name,
+                json!(st),
+                json!(format!(
+                    "{}/{}",
+                    status["succeeded"].as_i64().unwrap_or(0),
+                    spec["completions"].as_i64().unwrap_or(1)
+                )),
+                json!(dur),
+                age_v,
+            ]
+        }
+        ("batch", "cronjobs") => vec![
+            name,
+            json!(spec["schedule"].as_str().unwrap_or("")),
+            json!(spec["timeZone"].as_str().unwrap_or("<none>")),
+            json!(spec["suspend"].as_bool().unwrap_or(false)),
+            json!(status["active"].as_array().map_or(0, Vec::len)),
+            json!(
+                status["lastScheduleTime"]
+                    .as_str()
+                    .and_then(parse_rfc3339)
+                    .map_or("<none>".into(), |t| human_duration(now_secs() - t))
+            ),
+            age_v,
+        ],
+        ("coordination.k8s.io", "leases") => vec![
+            name,
+            json!(spec["holderIdentity"].as_str().unwrap_or("")),
+            age_v,
+        ],
+        ("scheduling.k8s.io", "priorityclasses") => vec![
+            name,
+            int(&o["value"]),
+            json!(o["globalDefault"].as_bool().unwrap_or(false)),
+            age_v,
+            json!(
+                o["preemptionPolicy"]
+                    .as_str()
+                    .unwrap_or("PreemptLowerPriority")
+            ),
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            name,
+            json!(if spec["minAvailable"].is_null() {
+                "N/A".into()
+            } else {
+                s(&spec["minAvailable"])
+            }),
+            json!(if spec["maxUnavailable"].is_null() {
+                "N/A".into()
+            } else {
+                s(&spec["maxUnavailable"])
+            }),
+            int(&status["disruptionsAllowed"]),
+            age_v,
+        ],
+        ("tessera.io", "tenants") => vec![
+            name,
+            json!(
+                spec["namespaces"]
+                    .as_array()
+                    .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
+                    .unwrap_or_else(|| "<none>".into())
+            ),
+            json!(spec["weight"].as_i64().unwrap_or(1)),
+            age_v,
+        ],
+        ("tessera.io", "podgroups") => vec![
+            name,
+            int(&spec["minMember"]),
+            json!(status["phase"].as_str().unwrap_or("Pending")),
+            age_v,
+        ],
+        _ => vec![name, age_v],
+    }
+}
+
+fn row_object(obj: &Value, include: Option<&str>) -> Value {
+    match include {
+        Some("None") => Value::Null,
+        Some("Object") => obj.clone(),
+        _ => json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj["metadata"],
+        }),
+    }
+}
+
+/// The Table of a list (or of one object).
+pub fn to_table(res: &Resource, body: &Value, include: Option<&str>) -> Value {
+    let cols: Vec<Value> = columns(res)
+        .into_iter()
+        .map(|(name, ty, priority, desc)| {
+            json!({"name": name, "type": ty, "format": if name == "Name" { "name" } else { "" },
+                   "description": desc, "priority": priority})
+        })
+        .collect();
+    let (items, metadata) = match body["items"].as_array() {
+        Some(items) => (items.clone(), body["metadata"].clone()),
+        None => (
+            vec![body.clone()],
+            json!({"resourceVersion": body["metadata"]["resourceVersion"]}),
+        ),
+    };
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            let mut row = json!({"cells": cells(res, o)});
+            let ob = row_object(o, include);
+            if !ob.is_null() {
+                row["object"] = ob;
+            }
+            row
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": metadata,
+        "columnDefinitions": cols,
+        "rows": rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::find_resource;
+
+    #[test]
+    fn durations_read_like_kubectls() {
+        assert_eq!(human_duration(5), "5s");
+        assert_eq!(human_duration(303), "5m3s");
+        assert_eq!(human_duration(3 * 3600), "3h");
+        assert_eq!(human_duration(2 * 86_400 + 4 * 3600), "2d4h");
+        assert_eq!(human_duration(400 * 86_400), "400d");
+        assert_eq!(parse_rfc3339("1970-01-02T00:00:01Z"), Some(86_401));
+        assert_eq!(
+            parse_rfc3339(&crate::api::rfc3339(1_795_000_000)),
+            Some(1_795_000_000)
+        );
+        assert_eq!(parse_rfc3339("garbage"), None);
+    }
+
+    #[test]
+    fn every_row_has_a_cell_per_column() {
+        for res in crate::catalog::RESOURCES {
+            let t = to_table(res, &json!({"items": [{"metadata": {"name": "x"}}]}), None);
+            let ncols = t["columnDefinitions"].as_array().expect("cols").len();
+            let ncells = t["rows"][0]["cells"].as_array().expect("cells").len();
+            assert_eq!(ncols, ncells, "{}", res.plural);
+        }
+    }
+
+    #[test]
+    fn deployment_rows_show_readiness() {
+        let res = find_resource("apps", "v1", "deployments").expect("served");
+        let d = json!({"metadata": {"name": "web", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c", "image": "nginx"}]}}},
+            "status": {"readyReplicas": 2, "updatedReplicas": 3, "availableReplicas": 2}});
+        let t = to_table(res, &d, None);
+        let cells = &t["rows"][0]["cells"];
+        assert_eq!(cells[0], "web");
+        assert_eq!(cells[1], "2/3");
+        assert_eq!(cells[6], "nginx");
+        assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+    }
+}

@@ -1,0 +1,499 @@
+//! Validation of objects after their types were checked: names, labels, quantities and the
+//! rules of each kind, each failure a `Cause` with the field path, as Kubernetes reports them.
+
+use serde_json::Value;
+use tessera_core::names;
+use tessera_core::quantity::Quantity;
+
+use crate::catalog::Resource;
+use crate::status::Cause;
+
+/// Collects causes.
+#[derive(Default, Debug)]
+pub struct Errors(pub Vec<Cause>);
+
+impl Errors {
+    fn required(&mut self, field: &str) {
+        self.0.push(Cause {
+            reason: "FieldValueRequired",
+            field: field.to_owned(),
+            message: "Required value".into(),
+        });
+    }
+
+    fn invalid(&mut self, field: &str, value: &Value, why: impl std::fmt::Display) {
+        let shown = match value {
+            Value::String(s) => format!("{s:?}"),
+            other => other.to_string(),
+        };
+        self.0.push(Cause {
+            reason: "FieldValueInvalid",
+            field: field.to_owned(),
+            message: format!("Invalid value: {shown}: {why}"),
+        });
+    }
+
+    fn not_supported(&mut self, field: &str, value: &Value, allowed: &[&str]) {
+        let quoted: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+        self.0.push(Cause {
+            reason: "FieldValueNotSupported",
+            field: field.to_owned(),
+            message: format!(
+                "Unsupported value: {value}: supported values: {}",
+                quoted.join(", ")
+            ),
+        });
+    }
+
+    fn duplicate(&mut self, field: &str, value: &Value) {
+        self.0.push(Cause {
+            reason: "FieldValueDuplicate",
+            field: field.to_owned(),
+            message: format!("Duplicate value: {value}"),
+        });
+    }
+
+    /// True if nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// Checks `obj` (already of the kind's type) for `res`.
+pub fn validate(res: &Resource, obj: &Value) -> Errors {
+    let mut e = Errors::default();
+    metadata(res, &obj["metadata"], &mut e);
+    let spec = &obj["spec"];
+    match (res.group, res.kind) {
+        ("", "Pod") => pod_spec(spec, "spec", false, &mut e),
+        ("apps", "Deployment") | ("apps", "ReplicaSet") | ("apps", "StatefulSet") => {
+            replicas(spec, &mut e);
+            selected_template(spec, "spec", true, &mut e);
+        }
+        ("apps", "DaemonSet") => selected_template(spec, "spec", true, &mut e),
+        ("batch", "Job") => job_spec(spec, "spec", &mut e),
+        ("batch", "CronJob") => {
+            match str_at(spec, "schedule") {
+                None | Some("") => e.required("spec.schedule"),
+                Some(s) if s.split_whitespace().count() != 5 && !s.starts_with('@') => e.invalid(
+                    "spec.schedule",
+                    &spec["schedule"],
+                    "a cron schedule has five fields (minute hour day-of-month month day-of-week) or is a macro like @hourly",
+                ),
+                _ => {}
+            }
+            job_spec(
+                &spec["jobTemplate"]["spec"],
+                "spec.jobTemplate.spec",
+                &mut e,
+            );
+        }
+        ("", "Service") => service_spec(spec, &mut e),
+        ("", "ConfigMap") | ("", "Secret") => {
+            for field in ["data", "binaryData", "stringData"] {
+                if let Some(m) = obj[field].as_object() {
+                    for k in m.keys() {
+                        if k.is_empty()
+                            || k.len() > 253
+                            || !k
+                                .chars()
+                                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+                        {
+                            e.invalid(
+                                &format!("{field}[{k}]"),
+                                &Value::String(k.clone()),
+                                "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        ("", "ResourceQuota") => quantities(&spec["hard"], "spec.hard", &mut e),
+        ("", "LimitRange") => {
+            for (i, item) in spec["limits"].as_array().into_iter().flatten().enumerate() {
+                for f in [
+                    "max",
+                    "min",
+                    "default",
+                    "defaultRequest",
+                    "maxLimitRequestRatio",
+                ] {
+                    quantities(&item[f], &format!("spec.limits[{i}].{f}"), &mut e);
+                }
+            }
+        }
+        ("tessera.io", "Tenant") => {
+            for (i, ns) in spec["namespaces"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                if let Some(why) = ns.as_str().and_then(names::dns1123_label) {
+                    e.invalid(&format!("spec.namespaces[{i}]"), ns, why);
+                }
+            }
+            for f in ["weight", "maxInflightRequests"] {
+                if let Some(w) = spec[f].as_i64()
+                    && w < 1
+                {
+                    e.invalid(
+                        &format!("spec.{f}"),
+                        &spec[f],
+                        "must be greater than or equal to 1",
+                    );
+                }
+            }
+            quantities(&spec["quota"], "spec.quota", &mut e);
+        }
+        ("tessera.io", "PodGroup") => {
+            if spec.is_null() {
+                e.required("spec");
+            } else if spec["minMember"].as_i64().unwrap_or(0) < 1 {
+                e.invalid(
+                    "spec.minMember",
+                    &spec["minMember"],
+                    "must be greater than or equal to 1",
+                );
+            }
+        }
+        _ => {}
+    }
+    e
+}
+
+fn metadata(res: &Resource, meta: &Value, e: &mut Errors) {
+    if let Some(name) = str_at(meta, "name") {
+        let why = if res.plural == "namespaces" || res.plural == "services" {
+            names::dns1123_label(name)
+        } else {
+            names::dns1123_subdomain(name)
+        };
+        if let Some(why) = why {
+            e.invalid("metadata.name", &meta["name"], why);
+        }
+    }
+    if let Some(labels) = meta["labels"].as_object() {
+        for (k, v) in labels {
+            if let Some(why) = names::qualified_name(k) {
+                e.invalid("metadata.labels", &Value::String(k.clone()), why);
+            }
+            if let Some(why) = v.as_str().and_then(names::label_value) {
+                e.invalid(&format!("metadata.labels[{k}]"), v, why);
+            }
+        }
+    }
+    if let Some(annotations) = meta["annotations"].as_object() {
+        let mut total = 0;
+        for (k, v) in annotations {
+            total += k.len() + v.as_str().map_or(0, str::len);
+            if let Some(why) = names::qualified_name(&k.to_lowercase()) {
+                e.invalid("metadata.annotations", &Value::String(k.clone()), why);
+            }
+        }
+        if total > 256 * 1024 {
+            e.0.push(Cause {
+                reason: "FieldValueTooLong",
+                field: "metadata.annotations".into(),
+                message: format!("Too long: may not be more than 262144 bytes (these are {total})"),
+            });
+        }
+    }
+    for (i, f) in meta["finalizers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(why) = f.as_str().and_then(names::qualified_name) {
+            e.invalid(&format!("metadata.finalizers[{i}]"), f, why);
+        }
+    }
+}
+
+fn quantities(map: &Value, path: &str, e: &mut Errors) {
+    for (k, v) in map.as_object().into_iter().flatten() {
+        if let Some(s) = v.as_str()
+            && let Err(why) = s.parse::<Quantity>()
+        {
+            e.invalid(&format!("{path}[{k}]"), v, why);
+        }
+    }
+}
+
+fn replicas(spec: &Value, e: &mut Errors) {
+    if let Some(r) = spec["replicas"].as_i64()
+        && r < 0
+    {
+        e.invalid(
+            "spec.replicas",
+            &spec["replicas"],
+            "must be greater than or equal to 0",
+        );
+    }
+}
+
+/// `spec.selector` + `spec.template` of the workload kinds.
+fn selected_template(spec: &Value, path: &str, always_restart: bool, e: &mut Errors) {
+    let selector = &spec["selector"];
+    let template_labels = &spec["template"]["metadata"]["labels"];
+    if selector.is_null() {
+        e.required(&format!("{path}.selector"));
+    } else {
+        let match_labels = selector["matchLabels"].as_object();
+        let exprs = selector["matchExpressions"].as_array();
+        if match_labels.is_none_or(|m| m.is_empty()) && exprs.is_none_or(|x| x.is_empty()) {
+            e.invalid(
+                &format!("{path}.selector"),
+                selector,
+                "empty selector is invalid for deployment",
+            );
+        }
+        for (k, v) in match_labels.into_iter().flatten() {
+            if template_labels.get(k) != Some(v) {
+                e.invalid(
+                    &format!("{path}.template.metadata.labels"),
+                    template_labels,
+                    "`selector` does not match template `labels`",
+                );
+                break;
+            }
+        }
+    }
+    if spec["template"].is_null() {
+        e.required(&format!("{path}.template"));
+        return;
+    }
+    pod_spec(
+        &spec["template"]["spec"],
+        &format!("{path}.template.spec"),
+        always_restart,
+        e,
+    );
+}
+
+fn job_spec(spec: &Value, path: &str, e: &mut Errors) {
+    for f in ["parallelism", "completions", "backoffLimit"] {
+        if let Some(n) = spec[f].as_i64()
+            && n < 0
+        {
+            e.invalid(
+                &format!("{path}.{f}"),
+                &spec[f],
+                "must be greater than or equal to 0",
+            );
+        }
+    }
+    if spec["template"].is_null() {
+        e.required(&format!("{path}.template"));
+        return;
+    }
+    let tpath = format!("{path}.template.spec");
+    let pod = &spec["template"]["spec"];
+    match str_at(pod, "restartPolicy") {
+        Some("OnFailure") | Some("Never") => {}
+        None => e.required(&format!("{tpath}.restartPolicy")),
+        Some(_) => e.not_supported(
+            &format!("{tpath}.restartPolicy"),
+            &pod["restartPolicy"],
+            &["OnFailure", "Never"],
+        ),
+    }
+    pod_spec(pod, &tpath, false, e);
+}
+
+fn pod_spec(spec: &Value, path: &str, always_restart: bool, e: &mut Errors) {
+    let containers = spec["containers"].as_array();
+    match containers {
+        None => e.required(&format!("{path}.containers")),
+        Some(c) if c.is_empty() => e.required(&format!("{path}.containers")),
+        _ => {}
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (list, items) in [
+        ("initContainers", spec["initContainers"].as_array()),
+        ("containers", containers),
+    ] {
+        for (i, c) in items.into_iter().flatten().enumerate() {
+            let cpath = format!("{path}.{list}[{i}]");
+            match str_at(c, "name") {
+                None | Some("") => e.required(&format!("{cpath}.name")),
+                Some(n) => {
+                    if let Some(why) = names::dns1123_label(n) {
+                        e.invalid(&format!("{cpath}.name"), &c["name"], why);
+                    } else if !seen.insert(n.to_owned()) {
+                        e.duplicate(&format!("{cpath}.name"), &c["name"]);
+                    }
+                }
+            }
+            if str_at(c, "image").is_none_or(|i| i.trim().is_empty()) {
+                e.required(&format!("{cpath}.image"));
+            }
+            for (j, p) in c["ports"].as_array().into_iter().flatten().enumerate() {
+                let port = p["containerPort"].as_i64().unwrap_or(0);
+                if !(1..=65535).contains(&port) {
+                    e.invalid(
+                        &format!("{cpath}.ports[{j}].containerPort"),
+                        &p["containerPort"],
+                        "must be between 1 and 65535, inclusive",
+                    );
+                }
+            }
+            let requests = &c["resources"]["requests"];
+            let limits = &c["resources"]["limits"];
+            quantities(requests, &format!("{cpath}.resources.requests"), e);
+            quantities(limits, &format!("{cpath}.resources.limits"), e);
+            for (k, req) in requests.as_object().into_iter().flatten() {
+                let (Some(r), Some(l)) = (
+                    req.as_str().and_then(|s| s.parse::<Quantity>().ok()),
+                    limits[k].as_str().and_then(|s| s.parse::<Quantity>().ok()),
+                ) else {
+                    continue;
+                };
+                if r > l {
+                    e.invalid(
+                        &format!("{cpath}.resources.requests"),
+                        req,
+                        format!("must be less than or equal to {k} limit of {l}"),
+                    );
+                }
+            }
+        }
+    }
+    if let Some(p) = spec.get("restartPolicy").filter(|p| !p.is_null()) {
+        let allowed: &[&str] = if always_restart {
+            &["Always"]
+        } else {
+            &["Always", "OnFailure", "Never"]
+        };
+        if !p.as_str().is_some_and(|s| allowed.contains(&s)) {
+            e.not_supported(&format!("{path}.restartPolicy"), p, allowed);
+        }
+    }
+}
+
+fn service_spec(spec: &Value, e: &mut Errors) {
+    let headless = str_at(spec, "clusterIP") == Some("None");
+    let ty = str_at(spec, "type").unwrap_or("ClusterIP");
+    if !["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"].contains(&ty) {
+        e.not_supported(
+            "spec.type",
+            &spec["type"],
+            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
+        );
+    }
+    let ports = spec["ports"].as_array();
+    if ports.is_none_or(|p| p.is_empty()) && !headless && ty != "ExternalName" {
+        e.required("spec.ports");
+    }
+    for (i, p) in ports.into_iter().flatten().enumerate() {
+        let port = p["port"].as_i64().unwrap_or(0);
+        if !(1..=65535).contains(&port) {
+            e.invalid(
+                &format!("spec.ports[{i}].port"),
+                &p["port"],
+                "must be between 1 and 65535, inclusive",
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::request::find_resource;
+
+    fn check(group: &str, plural: &str, obj: Value) -> Vec<String> {
+        let res = find_resource(group, "v1", plural).expect("served");
+        validate(res, &obj)
+            .0
+            .into_iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect()
+    }
+
+    #[test]
+    fn a_good_deployment_passes() {
+        let ok = json!({"metadata": {"name": "web", "labels": {"app": "web"}},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "c", "image": "nginx",
+                        "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "1"}}}]}}}});
+        assert_eq!(check("apps", "deployments", ok), Vec::<String>::new());
+    }
+
+    #[test]
+    fn each_rule_reports_its_field() {
+        let bad = json!({"metadata": {"name": "Web_1", "labels": {"-bad": "x"}},
+            "spec": {"replicas": -1, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "other"}},
+                    "spec": {"restartPolicy": "Never", "containers": [
+                        {"name": "c", "image": ""},
+                        {"name": "c", "image": "i", "ports": [{"containerPort": 70000}],
+                         "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1", "memory": "lots"}}}]}}}});
+        let got = check("apps", "deployments", bad);
+        for want in [
+            "metadata.name: Invalid value: \"Web_1\"",
+            "metadata.labels: Invalid value: \"-bad\"",
+            "spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+            "spec.template.metadata.labels: Invalid value",
+            "spec.template.spec.containers[0].image: Required value",
+            "spec.template.spec.containers[1].name: Duplicate value: \"c\"",
+            "spec.template.spec.containers[1].ports[0].containerPort: Invalid value: 70000",
+            "spec.template.spec.containers[1].resources.limits[memory]: Invalid value: \"lots\"",
+            "spec.template.spec.containers[1].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1",
+            "spec.template.spec.restartPolicy: Unsupported value: \"Never\"",
+        ] {
+            assert!(
+                got.iter().any(|g| g.starts_with(want)),
+                "missing {want:?} in {got:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn kinds_have_their_own_rules() {
+        assert_eq!(
+            check(
+                "",
+                "services",
+                json!({"metadata": {"name": "s"}, "spec": {}})
+            ),
+            vec!["spec.ports: Required value"]
+        );
+        assert_eq!(
+            check(
+                "",
+                "configmaps",
+                json!({"metadata": {"name": "c"}, "data": {"a b": "x"}})
+            )
+            .len(),
+            1
+        );
+        assert_eq!(
+            check(
+                "batch",
+                "jobs",
+                json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+            ),
+            vec!["spec.template.spec.restartPolicy: Required value"]
+        );
+        let res = find_resource("tessera.io", "v1alpha1", "podgroups").expect("served");
+        assert_eq!(
+            validate(
+                res,
+                &json!({"metadata": {"name": "g"}, "spec": {"minMember": 0}})
+            )
+            .0
+            .len(),
+            1
+        );
+    }
+}
