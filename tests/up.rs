@@ -6,35 +6,9 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// Kills the child when dropped, so that a failing assertion does not leave `tessera up`
-/// running (holding the test's output pipes open).
-struct Running(std::process::Child);
+mod support;
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A loopback address nothing listens on right now.
-fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    format!("127.0.0.1:{port}")
-}
-
-/// `tessera up` with its three listeners on the given addresses and its data in `dir`.
-fn up_command(metrics: &str, grpc: &str, dir: &std::path::Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.args(["up", "--metrics-addr", metrics, "--grpc-addr", grpc])
-        .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
-        .arg(dir);
-    cmd
-}
+use support::{Running, free_addr, up_command};
 
 fn http_get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");

@@ -920,6 +920,14 @@ impl Api {
         if res.plural == "pods" {
             self.apply_limit_ranges(req, &mut obj).await?;
         }
+        if res.plural == "resourcequotas"
+            && let Some(ns) = req.namespace.as_deref()
+        {
+            let used = self
+                .usage_in(ns, &quantity_map(&obj["spec"]["hard"]))
+                .await?;
+            obj["status"] = json!({"hard": obj["spec"]["hard"], "used": quantity_json(&used)});
+        }
         let name = name_of(&obj).to_owned();
         if req.params.dry_run {
             return Ok(ApiResponse::Object {
@@ -984,6 +992,60 @@ impl Api {
             .kvs)
     }
 
+    /// What the objects in `ns` use of the resources a quota limits (`hard`): a quota
+    /// starts from the namespace's current usage; from then on every create and delete
+    /// charges it in the same transaction.
+    async fn usage_in(
+        &self,
+        ns: &str,
+        hard: &BTreeMap<String, Quantity>,
+    ) -> Result<BTreeMap<String, Quantity>, ApiError> {
+        let mut used: BTreeMap<String, Quantity> = hard
+            .keys()
+            .map(|k| (k.clone(), Quantity::from_units(0)))
+            .collect();
+        let mut add = |usage: BTreeMap<String, Quantity>| {
+            for (k, v) in usage {
+                if let Some(u) = used.get_mut(&k) {
+                    *u = u.saturating_add(v);
+                }
+            }
+        };
+        for res in crate::catalog::RESOURCES.iter().filter(|r| r.namespaced) {
+            let counted = format!("count/{}", crate::status::qualified(res.group, res.plural));
+            let by_name = res.group.is_empty()
+                && ["services", "secrets", "configmaps", "resourcequotas"].contains(&res.plural);
+            let tracked = hard.contains_key(&counted)
+                || (by_name && hard.contains_key(res.plural))
+                || (res.plural == "pods" && !hard.is_empty());
+            if !tracked {
+                continue;
+            }
+            let page = self
+                .store
+                .list(ListRequest {
+                    prefix: prefix(res, Some(ns)).into(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(store_error)?;
+            for kv in &page.kvs {
+                let obj = decode_stored(kv)?;
+                if res.plural == "pods" {
+                    add(pod_usage(&obj));
+                } else {
+                    let mut m = BTreeMap::new();
+                    m.insert(counted.clone(), Quantity::from_units(1));
+                    if by_name {
+                        m.insert(res.plural.to_owned(), Quantity::from_units(1));
+                    }
+                    add(m);
+                }
+            }
+        }
+        Ok(used)
+    }
+
     /// LimitRange admission: container defaults filled in, min/max checked.
     async fn apply_limit_ranges(&self, req: &ApiRequest, pod: &mut Value) -> Result<(), ApiError> {
         let Some(ns) = req.namespace.as_deref() else {
@@ -1003,6 +1065,17 @@ impl Api {
                     .unwrap_or_default();
                 let mut out = Vec::with_capacity(containers.len());
                 for (i, mut c) in containers.into_iter().enumerate() {
+                    // Requests set from limits first (Kubernetes' defaulting, before
+                    // admission), then the range's defaults for what is still unset.
+                    for (k, v) in c["resources"]["limits"]
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default()
+                    {
+                        if c["resources"]["requests"][&k].is_null() {
+                            c["resources"]["requests"][&k] = v;
+                        }
+                    }
                     for (from, to) in [("default", "limits"), ("defaultRequest", "requests")] {
                         for (k, v) in limit[from].as_object().into_iter().flatten() {
                             if c["resources"][to][k].is_null() {

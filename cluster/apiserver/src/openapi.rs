@@ -239,6 +239,7 @@ pub fn document(group: &str, version: &str) -> Value {
         }
     }
     let mut schemas = generator.take_definitions(true);
+    crate::patch::annotate_schemas(&mut schemas);
     for (name, gvk) in kinds_here {
         if let Some(Value::Object(s)) = schemas.get_mut(&name) {
             s.insert("x-kubernetes-group-version-kind".into(), json!([gvk]));
@@ -305,5 +306,8 @@ mod tests {
             .strip_prefix("#/components/schemas/")
             .expect("openapi3 path");
         assert!(schemas[name]["properties"]["strategy"].is_object());
+        let containers = &schemas["io.k8s.api.core.v1.PodSpec"]["properties"]["containers"];
+        assert_eq!(containers["x-kubernetes-patch-merge-key"], "name");
+        assert_eq!(containers["x-kubernetes-patch-strategy"], "merge");
     }
 }

@@ -100,6 +100,58 @@ const MERGE_LISTS: &[(&str, &str, ListMerge)] = &[
     ),
 ];
 
+/// Marks the merge lists in OpenAPI schemas the way Kubernetes publishes them
+/// (`x-kubernetes-patch-strategy`, `x-kubernetes-patch-merge-key`, `x-kubernetes-list-type`):
+/// kubectl's client-side `apply` computes its strategic merge patches from them.
+pub fn annotate_schemas(schemas: &mut Map<String, Value>) {
+    for (name, schema) in schemas.iter_mut() {
+        let short = name.rsplit('.').next().unwrap_or(name);
+        let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for (t, field, strategy) in MERGE_LISTS {
+            if *t != short {
+                continue;
+            }
+            let Some(p) = props.get_mut(*field).and_then(Value::as_object_mut) else {
+                continue;
+            };
+            let retain = *field == "volumes";
+            p.insert(
+                "x-kubernetes-patch-strategy".into(),
+                Value::from(if retain { "merge,retainKeys" } else { "merge" }),
+            );
+            match strategy {
+                ListMerge::Key(k) => {
+                    p.insert("x-kubernetes-patch-merge-key".into(), Value::from(*k));
+                    p.insert("x-kubernetes-list-type".into(), Value::from("map"));
+                    p.insert("x-kubernetes-list-map-keys".into(), Value::from(vec![*k]));
+                }
+                ListMerge::Set => {
+                    p.insert("x-kubernetes-list-type".into(), Value::from("set"));
+                }
+            }
+        }
+        for (t, field) in RETAIN_KEYS {
+            if *t == short
+                && let Some(p) = props.get_mut(*field).and_then(Value::as_object_mut)
+            {
+                p.insert(
+                    "x-kubernetes-patch-strategy".into(),
+                    Value::from("retainKeys"),
+                );
+            }
+        }
+    }
+}
+
+/// Structs whose union members are cleared together (`$retainKeys`).
+const RETAIN_KEYS: &[(&str, &str)] = &[
+    ("DeploymentSpec", "strategy"),
+    ("DaemonSetSpec", "updateStrategy"),
+    ("StatefulSetSpec", "updateStrategy"),
+];
+
 fn list_merge(ty: &str, field: &str) -> Option<ListMerge> {
     let short = ty.rsplit('.').next().unwrap_or(ty);
     MERGE_LISTS

@@ -1,0 +1,605 @@
+//! The real kubectl (1.32, through the kubeconfig `tessera up` writes, over TLS) drives the
+//! API end to end: every step asserts on kubectl's output or exit code.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Cluster, Running, wait_for};
+
+const NAMESPACE: &str = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n";
+
+fn deployment(image: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: demo
+  labels: {{app: web}}
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: web}}
+  template:
+    metadata:
+      labels: {{app: web}}
+    spec:
+      containers:
+      - name: app
+        image: {image}
+        ports: [{{containerPort: 80}}]
+      - name: sidecar
+        image: busybox:1.36
+"
+    )
+}
+
+fn json(c: &Cluster, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&c.ok(&all)).expect("kubectl -o json prints JSON")
+}
+
+#[test]
+fn kubectl_drives_objects_end_to_end() {
+    let c = Cluster::start();
+    let versions = c.ok(&["api-versions"]);
+    for gv in ["v1", "apps/v1", "batch/v1", "tessera.io/v1alpha1"] {
+        assert!(versions.lines().any(|l| l == gv), "{gv} in {versions}");
+    }
+
+    // create -f and apply -f, under kubectl's default strict validation (served by
+    // /openapi/v3 and fieldValidation=Strict).
+    let ns = c.file("ns.yaml", NAMESPACE);
+    assert_eq!(
+        c.ok(&["create", "-f", &ns]).trim(),
+        "namespace/demo created"
+    );
+    let d1 = c.file("d1.yaml", &deployment("nginx:1.25", 2));
+    assert_eq!(
+        c.ok(&["apply", "-f", &d1]).trim(),
+        "deployment.apps/web created"
+    );
+
+    // get: table, wide, name, json, yaml.
+    let table = c.ok(&["get", "deployments", "-n", "demo"]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .expect("header")
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]);
+    assert!(
+        table.lines().nth(1).expect("row").starts_with("web    0/2"),
+        "{table}"
+    );
+    let wide = c.ok(&["get", "deploy", "-n", "demo", "-o", "wide"]);
+    assert!(
+        wide.contains("nginx:1.25,busybox:1.36") && wide.contains("app=web"),
+        "{wide}"
+    );
+    assert_eq!(
+        c.ok(&["get", "deploy", "-n", "demo", "-o", "name"]).trim(),
+        "deployment.apps/web"
+    );
+    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert_eq!(
+        d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%",
+        "defaulted"
+    );
+    assert_eq!(d["metadata"]["generation"], 1);
+    assert!(
+        c.ok(&["get", "deploy", "web", "-n", "demo", "-o", "yaml"])
+            .contains("kind: Deployment")
+    );
+
+    // apply: change, then unchanged.
+    let d2 = c.file("d2.yaml", &deployment("nginx:1.26", 2));
+    assert_eq!(
+        c.ok(&["apply", "-f", &d2]).trim(),
+        "deployment.apps/web configured"
+    );
+    assert_eq!(
+        c.ok(&["apply", "-f", &d2]).trim(),
+        "deployment.apps/web unchanged"
+    );
+    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    assert_eq!(
+        d["metadata"]["generation"], 2,
+        "a spec change bumps generation once"
+    );
+    assert_eq!(
+        d["spec"]["template"]["spec"]["containers"][0]["image"],
+        "nginx:1.26"
+    );
+
+    // scale, label, annotate; selectors.
+    assert_eq!(
+        c.ok(&["scale", "deploy", "web", "-n", "demo", "--replicas=5"])
+            .trim(),
+        "deployment.apps/web scaled"
+    );
+    c.ok(&["label", "deploy", "web", "-n", "demo", "tier=front"]);
+    c.ok(&["annotate", "deploy", "web", "-n", "demo", "owner=team-a"]);
+    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    assert_eq!(d["spec"]["replicas"], 5);
+    assert_eq!(d["metadata"]["labels"]["tier"], "front");
+    assert_eq!(d["metadata"]["annotations"]["owner"], "team-a");
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "deploy",
+            "-n",
+            "demo",
+            "-l",
+            "tier=front",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        "deployment.apps/web"
+    );
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "deploy",
+            "-n",
+            "demo",
+            "-l",
+            "tier=back",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        ""
+    );
+    assert!(
+        c.ok(&["get", "deploy", "-n", "demo", "--show-labels"])
+            .contains("app=web,tier=front")
+    );
+
+    // patch of each type; the strategic merge keeps the sidecar (containers merge by name).
+    c.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "-n",
+        "demo",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/replicas","value":4}]"#,
+    ]);
+    c.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "-n",
+        "demo",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"tier":null}}}"#,
+    ]);
+    c.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "-n",
+        "demo",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"containers":[{"name":"app","image":"nginx:1.27"}]}}}}"#,
+    ]);
+    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    assert_eq!(d["spec"]["replicas"], 4);
+    assert!(d["metadata"]["labels"].get("tier").is_none());
+    let images: Vec<&str> = d["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .filter_map(|c| c["image"].as_str())
+        .collect();
+    assert_eq!(images, ["nginx:1.27", "busybox:1.36"]);
+    let err = c.fails(&[
+        "patch",
+        "deploy",
+        "web",
+        "-n",
+        "demo",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/nosuch"}]"#,
+    ]);
+    assert!(err.contains("the patch could not be applied"), "{err}");
+
+    // get -w sees an update.
+    let mut watch = c
+        .command(&[
+            "get",
+            "deploy",
+            "web",
+            "-n",
+            "demo",
+            "-w",
+            "-o",
+            "jsonpath={.spec.replicas}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Running)
+        .expect("kubectl get -w");
+    let mut lines = BufReader::new(watch.0.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().expect("first").expect("line"), "4");
+    c.ok(&["scale", "deploy", "web", "-n", "demo", "--replicas=7"]);
+    assert_eq!(lines.next().expect("update").expect("line"), "7");
+    drop(watch);
+
+    // explain and describe.
+    let explain = c.ok(&["explain", "deployment.spec.strategy"]);
+    assert!(
+        explain.contains("rollingUpdate") && explain.contains("DeploymentStrategy"),
+        "{explain}"
+    );
+    let describe = c.ok(&["describe", "deploy", "web", "-n", "demo"]);
+    assert!(
+        describe.contains("RollingUpdateStrategy:  25% max unavailable, 25% max surge"),
+        "{describe}"
+    );
+    assert!(describe.contains("nginx:1.27"), "{describe}");
+
+    // Server-side apply: a conflict with another manager, then forced.
+    let cm = c.file("cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: demo\ndata:\n  a: \"1\"\n  b: \"2\"\n");
+    assert_eq!(
+        c.ok(&["apply", "--server-side", "-f", &cm]).trim(),
+        "configmap/cfg serverside-applied"
+    );
+    let cm2 = c.file("cm2.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: demo\ndata:\n  a: \"9\"\n");
+    let err = c.fails(&[
+        "apply",
+        "--server-side",
+        "--field-manager=other",
+        "-f",
+        &cm2,
+    ]);
+    assert!(
+        err.contains("Apply failed with 1 conflict: conflict with \"kubectl\": .data.a"),
+        "{err}"
+    );
+    c.ok(&[
+        "apply",
+        "--server-side",
+        "--field-manager=other",
+        "--force-conflicts",
+        "-f",
+        &cm2,
+    ]);
+    let cfg = json(
+        &c,
+        &["get", "cm", "cfg", "-n", "demo", "--show-managed-fields"],
+    );
+    assert_eq!(cfg["data"]["a"], "9");
+    assert_eq!(
+        cfg["data"]["b"], "2",
+        "the first manager's other field stays"
+    );
+    let managers: Vec<&str> = cfg["metadata"]["managedFields"]
+        .as_array()
+        .expect("managedFields")
+        .iter()
+        .filter_map(|m| m["manager"].as_str())
+        .collect();
+    assert_eq!(managers, ["kubectl", "other"]);
+    // The first manager re-applies without `a`: it no longer owns it, and `b` it drops goes.
+    let cm3 = c.file("cm3.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: demo\ndata:\n  c: \"3\"\n");
+    c.ok(&["apply", "--server-side", "-f", &cm3]);
+    let cfg = json(&c, &["get", "cm", "cfg", "-n", "demo"]);
+    assert_eq!(cfg["data"], serde_json::json!({"a": "9", "c": "3"}));
+
+    // Field selectors and -A.
+    let pods = c.file("pods.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p1\n  namespace: demo\nspec:\n  nodeName: n1\n  containers: [{name: c, image: busybox}]\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p2\n  namespace: demo\nspec:\n  containers: [{name: c, image: busybox}]\n");
+    c.ok(&["create", "-f", &pods]);
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "pods",
+            "-n",
+            "demo",
+            "--field-selector",
+            "spec.nodeName=n1",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        "pod/p1"
+    );
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "pods",
+            "-n",
+            "demo",
+            "--field-selector",
+            "spec.nodeName=",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        "pod/p2"
+    );
+    let all = c.ok(&["get", "pods", "-A"]);
+    assert!(
+        all.starts_with("NAMESPACE") && all.contains("demo") && all.contains("Pending"),
+        "{all}"
+    );
+    let err = c.fails(&[
+        "get",
+        "pods",
+        "-n",
+        "demo",
+        "--field-selector",
+        "spec.color=red",
+    ]);
+    assert!(
+        err.contains("field label not supported: spec.color"),
+        "{err}"
+    );
+
+    // Bad manifests: each gets the error a person needs, and nothing is created.
+    let unknown = c.file(
+        "bad1.yaml",
+        &deployment("x", 1)
+            .replace("replicas: 1", "replica: 1")
+            .replace("name: web\n", "name: bad1\n"),
+    );
+    let err = c.fails(&["apply", "-f", &unknown]);
+    assert!(err.contains("unknown field \"spec.replica\""), "{err}");
+    let wrong_type = c.file(
+        "bad2.yaml",
+        &deployment("x", 1)
+            .replace("replicas: 1", "replicas: three")
+            .replace("name: web\n", "name: bad2\n"),
+    );
+    let err = c.fails(&["apply", "-f", &wrong_type]);
+    assert!(
+        err.contains("spec.replicas") && err.contains("invalid type"),
+        "{err}"
+    );
+    let invalid = c.file(
+        "bad3.yaml",
+        &deployment("\"\"", 1).replace("name: web\n", "name: bad3\n"),
+    );
+    let err = c.fails(&["apply", "-f", &invalid]);
+    assert!(
+        err.contains("spec.template.spec.containers[0].image: Required value"),
+        "{err}"
+    );
+    let err = c.fails(&["get", "deploy", "bad1", "bad2", "bad3", "-n", "demo"]);
+    assert_eq!(
+        err.matches("not found").count(),
+        3,
+        "nothing was created: {err}"
+    );
+
+    // dryRun changes nothing.
+    let dry = c.file(
+        "dry.yaml",
+        &deployment("nginx", 1).replace("name: web\n", "name: dry\n"),
+    );
+    assert!(
+        c.ok(&["apply", "--dry-run=server", "-f", &dry])
+            .contains("(server dry run)")
+    );
+    assert!(
+        c.fails(&["get", "deploy", "dry", "-n", "demo"])
+            .contains("not found")
+    );
+
+    // ResourceQuota and LimitRange admission at create.
+    let quota = c.file("quota.yaml", "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: q\n  namespace: demo\nspec:\n  hard: {pods: \"4\", requests.cpu: \"1\"}\n---\napiVersion: v1\nkind: LimitRange\nmetadata:\n  name: lr\n  namespace: demo\nspec:\n  limits:\n  - type: Container\n    defaultRequest: {cpu: 400m}\n    max: {cpu: \"2\"}\n");
+    c.ok(&["create", "-f", &quota]);
+    let p3 = c.file("p3.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p3\n  namespace: demo\nspec:\n  containers: [{name: c, image: busybox, resources: {limits: {cpu: 800m}}}]\n");
+    c.ok(&["create", "-f", &p3]);
+    let p3 = json(&c, &["get", "pod", "p3", "-n", "demo"]);
+    assert_eq!(
+        p3["spec"]["containers"][0]["resources"]["requests"]["cpu"], "800m",
+        "request defaults to the limit"
+    );
+    let p4 = c.file("p4.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p4\n  namespace: demo\nspec:\n  containers: [{name: c, image: busybox, resources: {limits: {cpu: \"1\"}}}]\n");
+    let err = c.fails(&["create", "-f", &p4]);
+    assert!(
+        err.contains("exceeded quota: q, requested: requests.cpu=1"),
+        "{err}"
+    );
+    let big = c.file("p5.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p5\n  namespace: demo\nspec:\n  containers: [{name: c, image: busybox, resources: {limits: {cpu: \"3\"}}}]\n");
+    let err = c.fails(&["create", "-f", &big]);
+    assert!(err.contains("max cpu usage per Container is 2"), "{err}");
+
+    // Deletion: background now; orphan and foreground wait on their finalizers.
+    for (name, cascade, finalizer) in [
+        ("o", "orphan", "orphan"),
+        ("f", "foreground", "foregroundDeletion"),
+    ] {
+        let cmf = c.file(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: demo\n"
+            ),
+        );
+        c.ok(&["create", "-f", &cmf]);
+        c.ok(&[
+            "delete",
+            "cm",
+            name,
+            "-n",
+            "demo",
+            &format!("--cascade={cascade}"),
+            "--wait=false",
+        ]);
+        let obj = json(&c, &["get", "cm", name, "-n", "demo"]);
+        assert!(obj["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(obj["metadata"]["finalizers"][0], finalizer);
+        // The garbage collector's part: removing the finalizer lets it go.
+        c.ok(&[
+            "patch",
+            "cm",
+            name,
+            "-n",
+            "demo",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ]);
+        assert!(
+            c.fails(&["get", "cm", name, "-n", "demo"])
+                .contains("not found")
+        );
+    }
+    assert_eq!(
+        c.ok(&[
+            "delete",
+            "deploy",
+            "web",
+            "-n",
+            "demo",
+            "--cascade=background"
+        ])
+        .trim(),
+        "deployment.apps \"web\" deleted"
+    );
+    assert!(
+        c.fails(&["get", "deploy", "web", "-n", "demo"])
+            .contains("not found")
+    );
+    // Quota usage was charged at create and is refunded at delete.
+    c.ok(&["delete", "pod", "p3", "-n", "demo"]);
+    let q = json(&c, &["get", "quota", "q", "-n", "demo"]);
+    assert_eq!(q["status"]["used"]["pods"], "2");
+    assert_eq!(q["status"]["used"]["requests.cpu"], "0");
+}
+
+#[test]
+fn tenants_see_only_their_own_namespaces() {
+    let c = Cluster::start();
+    let setup = c.file("tenants.yaml", "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata:\n  name: acme\nspec:\n  namespaces: [acme-dev]\n---\napiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata:\n  name: zeta\nspec:\n  namespaces: [zeta-dev]\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: acme-dev\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: zeta-dev\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: secret-plans\n  namespace: zeta-dev\ndata: {x: \"1\"}\n");
+    c.ok(&["create", "-f", &setup]);
+    let token = |tenant: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["token", "create", "--tenant", tenant, "--data-dir"])
+            .arg(c.dir.path())
+            .output()
+            .expect("tessera token create");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("utf8")
+            .trim()
+            .to_owned()
+    };
+    let acme = format!("--token={}", token("acme"));
+    let acme_ok = |args: &[&str]| {
+        let mut all = vec![acme.as_str()];
+        all.extend_from_slice(args);
+        c.ok(&all)
+    };
+    let acme_fails = |args: &[&str]| {
+        let mut all = vec![acme.as_str()];
+        all.extend_from_slice(args);
+        c.fails(&all)
+    };
+    // Its own namespace works.
+    let mine = c.file("mine.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plans\n  namespace: acme-dev\ndata: {y: \"2\"}\n");
+    acme_ok(&["create", "-f", &mine]);
+    assert_eq!(
+        acme_ok(&["get", "cm", "-n", "acme-dev", "-o", "name"]).trim(),
+        "configmap/plans"
+    );
+    assert_eq!(
+        acme_ok(&["get", "ns", "-o", "name"]).trim(),
+        "namespace/acme-dev",
+        "namespaces filtered"
+    );
+    acme_ok(&["get", "nodes"]);
+    acme_ok(&["get", "tenant", "acme"]);
+
+    // Everything of another tenant's, or of nobody's, answers the same 403.
+    let other = c.file(
+        "other.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: mine-now\n  namespace: zeta-dev\n",
+    );
+    let refused: Vec<Vec<&str>> = vec![
+        vec!["get", "cm", "-n", "zeta-dev"],
+        vec!["get", "cm", "secret-plans", "-n", "zeta-dev"],
+        vec!["get", "cm", "-n", "zeta-dev", "-w", "--request-timeout=5s"],
+        vec!["get", "cm", "-A"],
+        vec!["create", "-f", &other],
+        vec!["delete", "cm", "secret-plans", "-n", "zeta-dev"],
+        vec![
+            "patch",
+            "cm",
+            "secret-plans",
+            "-n",
+            "zeta-dev",
+            "-p",
+            "{\"data\":{\"x\":\"2\"}}",
+        ],
+        vec!["label", "cm", "secret-plans", "-n", "zeta-dev", "a=b"],
+        vec!["get", "ns", "zeta-dev"],
+        vec!["delete", "ns", "zeta-dev"],
+        vec!["get", "tenant", "zeta"],
+        vec!["get", "tenants"],
+        vec!["logs", "p", "-n", "zeta-dev"],
+        vec!["delete", "node", "n1"],
+    ];
+    for args in &refused {
+        let err = acme_fails(args);
+        assert!(
+            err.contains("Forbidden") || err.contains("forbidden"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("secret-plans\" not found") && !err.contains("\"x\""),
+            "{args:?} leaks: {err}"
+        );
+    }
+    // An existing and a missing namespace of someone else look alike.
+    let a = acme_fails(&["get", "cm", "anything", "-n", "zeta-dev"]);
+    let b = acme_fails(&["get", "cm", "anything", "-n", "no-such-ns"]);
+    assert_eq!(a.replace("zeta-dev", "NS"), b.replace("no-such-ns", "NS"));
+    // The other tenant's object is untouched.
+    let cm = json(&c, &["get", "cm", "secret-plans", "-n", "zeta-dev"]);
+    assert_eq!(cm["data"]["x"], "1");
+    assert!(cm["metadata"]["labels"].is_null());
+    // A forged token is not a tenant's.
+    let forged = token("acme").replace("tenant.acme.", "tenant.zeta.");
+    let err = c.fails(&[&format!("--token={forged}"), "get", "cm", "-n", "zeta-dev"]);
+    assert!(err.contains("You must be logged in"), "{err}");
+    // The API's metrics saw the refusals.
+    let metrics = wait_for(Duration::from_secs(5), || {
+        let mut s = std::net::TcpStream::connect(&c.metrics_addr).ok()?;
+        use std::io::{Read, Write};
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        body.contains("tessera_apiserver_requests_total")
+            .then_some(body)
+    })
+    .expect("metrics");
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("tessera_apiserver_requests_total") && l.contains("code=\"403\"")
+        ),
+        "{metrics}"
+    );
+}

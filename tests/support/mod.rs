@@ -1,0 +1,145 @@
+//! Helpers shared by the tests that run `tessera` and kubectl as real processes.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the child when dropped, so that a failing assertion does not leave a process
+/// running (holding the test's output pipes open).
+pub struct Running(pub std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback address nothing listens on right now.
+pub fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// `tessera up` with its three listeners on the given addresses and its data in `dir`.
+pub fn up_command(metrics: &str, grpc: &str, dir: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(["up", "--metrics-addr", metrics, "--grpc-addr", grpc])
+        .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
+        .arg(dir);
+    cmd
+}
+
+/// A `tessera up` on loopback with its kubeconfig, for kubectl.
+pub struct Cluster {
+    _child: Running,
+    /// The data directory (and scratch space).
+    pub dir: tempfile::TempDir,
+    /// The kubeconfig tessera wrote.
+    pub kubeconfig: PathBuf,
+    /// Where metrics are served.
+    pub metrics_addr: String,
+}
+
+impl Cluster {
+    /// Starts `tessera up` and waits until it says it is up.
+    pub fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let metrics_addr = free_addr();
+        let mut child = up_command(&metrics_addr, "127.0.0.1:0", dir.path())
+            .env("TESSERA_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .map(Running)
+            .expect("start tessera up");
+        let out = child.0.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(out).lines();
+        assert!(
+            lines
+                .by_ref()
+                .map_while(Result::ok)
+                .any(|l| l.starts_with("Press Ctrl-C")),
+            "tessera up did not come up"
+        );
+        let kubeconfig = dir.path().join("kubeconfig");
+        Cluster {
+            _child: child,
+            dir,
+            kubeconfig,
+            metrics_addr,
+        }
+    }
+
+    /// kubectl with this cluster's kubeconfig and its own cache.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("kubectl-cache"))
+            .args(args);
+        cmd
+    }
+
+    /// Runs kubectl.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run kubectl")
+    }
+
+    /// Runs kubectl, which must succeed; its standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs kubectl, which must fail; its standard error.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            !out.status.success(),
+            "kubectl {args:?} should have failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Writes `yaml` to a file in the scratch space; its path.
+    pub fn file(&self, name: &str, yaml: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, yaml).expect("write manifest");
+        path.to_string_lossy().into_owned()
+    }
+
+    /// The admin token from the kubeconfig.
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("pki/admin.token"))
+            .expect("admin token")
+            .trim()
+            .to_owned()
+    }
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for at most `limit`.
+pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
