@@ -1,5 +1,6 @@
 //! `tessera bench`: measurements with progress bars, printed as a table or as JSON.
 
+mod api;
 mod latency;
 mod reopen;
 mod store;
@@ -23,6 +24,8 @@ pub fn progress_bar(len: u64, label: String) -> ProgressBar {
 /// What to measure.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
+    /// The API server over HTTPS: creates, gets, lists, a paced mix and watch fan-out.
+    Api(api::ApiBenchArgs),
     /// Write and read throughput and latency of a store backend.
     Store(store::StoreBenchArgs),
     /// How fast the embedded store reopens a directory of N keys.
@@ -34,6 +37,7 @@ pub enum BenchCommand {
 /// Runs a benchmark.
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Api(args) => api::run(args).await,
         BenchCommand::Store(args) => store::run(args).await,
         BenchCommand::Reopen(args) => reopen::run(args).await,
         BenchCommand::Watch(args) => watch::run(args).await,

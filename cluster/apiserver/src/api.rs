@@ -28,8 +28,40 @@ use crate::request::{ApiRequest, FieldValidation, PatchType, Propagation, Verb};
 use crate::status::{ApiError, Cause};
 use crate::{apply, patch, table, validation};
 
-/// A watch: events (`{"type": ..., "object": ...}`) until the client leaves or the timeout.
-pub type WatchStream = Pin<Box<dyn Stream<Item = Value> + Send>>;
+/// One watch event.
+#[derive(Clone, Debug)]
+pub enum WatchEvent {
+    /// An event encoded once as its JSON line (`{"type":...,"object":...}` and a newline),
+    /// shared as it is by every consumer.
+    Encoded(Bytes),
+    /// An event as a value (`{"type": ..., "object": ...}`): errors, bookmarks, Tables.
+    Value(Value),
+}
+
+impl WatchEvent {
+    /// The event as a value.
+    pub fn into_value(self) -> Value {
+        match self {
+            WatchEvent::Value(v) => v,
+            WatchEvent::Encoded(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
+        }
+    }
+
+    /// The event as one JSON line.
+    pub fn into_line(self) -> Bytes {
+        match self {
+            WatchEvent::Encoded(b) => b,
+            WatchEvent::Value(v) => {
+                let mut line = v.to_string().into_bytes();
+                line.push(b'\n');
+                Bytes::from(line)
+            }
+        }
+    }
+}
+
+/// A watch: events until the client leaves or the timeout.
+pub type WatchStream = Pin<Box<dyn Stream<Item = WatchEvent> + Send>>;
 
 /// What a request answers.
 pub enum ApiResponse {
@@ -42,6 +74,14 @@ pub enum ApiResponse {
         /// `Warning` headers (unknown fields under `fieldValidation=Warn`).
         warnings: Vec<String>,
     },
+    /// A JSON body already encoded (lists and reads, assembled from the stored bytes
+    /// without decoding them).
+    Encoded {
+        /// 200.
+        code: u16,
+        /// The JSON text.
+        body: Bytes,
+    },
     /// A stream of watch events.
     Watch(WatchStream),
 }
@@ -50,12 +90,24 @@ impl std::fmt::Debug for ApiResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ApiResponse::Object { code, body, .. } => write!(f, "{code} {body}"),
+            ApiResponse::Encoded { code, body } => {
+                write!(f, "{code} {}", String::from_utf8_lossy(body))
+            }
             ApiResponse::Watch(_) => write!(f, "watch"),
         }
     }
 }
 
 impl ApiResponse {
+    /// The body as a value (decoding an encoded one); `None` for a watch.
+    pub fn into_value(self) -> Option<Value> {
+        match self {
+            ApiResponse::Object { body, .. } => Some(body),
+            ApiResponse::Encoded { body, .. } => serde_json::from_slice(&body).ok(),
+            ApiResponse::Watch(_) => None,
+        }
+    }
+
     fn ok(body: Value) -> Self {
         ApiResponse::Object {
             code: 200,
@@ -140,7 +192,7 @@ fn prefix(res: &Resource, ns: Option<&str>) -> String {
     keys::resource_prefix(&keys::resource_segment(res.group, res.plural), ns)
 }
 
-fn store_error(e: StoreError) -> ApiError {
+pub(crate) fn store_error(e: StoreError) -> ApiError {
     match &e {
         StoreError::Compacted { .. } => ApiError::gone(format!(
             "the resourceVersion is too old ({e}): list again to get a current one"
@@ -174,14 +226,77 @@ fn decode_stored(kv: &KeyValue) -> Result<Value, ApiError> {
     Ok(with_rv(obj, kv.mod_revision))
 }
 
+/// Every stored object starts with these bytes, then `"` and the rest: its resourceVersion
+/// (the store's revision, unknown until the write commits) is spliced in when it is read,
+/// so that lists and watches copy stored bytes instead of decoding and encoding objects.
+const STORED_PREFIX: &[u8] = br#"{"metadata":{"resourceVersion":""#;
+
+fn write_pair(out: &mut Vec<u8>, k: &str, v: &Value) -> Result<(), ApiError> {
+    serde_json::to_writer(&mut *out, k).map_err(|e| ApiError::internal(e.to_string()))?;
+    out.push(b':');
+    serde_json::to_writer(&mut *out, v).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The stored form of an object: JSON with `metadata.resourceVersion` first and empty.
 fn encode(obj: &Value) -> Result<Bytes, ApiError> {
-    let mut stored = obj.clone();
-    if let Some(m) = stored["metadata"].as_object_mut() {
-        m.remove("resourceVersion");
+    let (Some(top), Some(meta)) = (obj.as_object(), obj["metadata"].as_object()) else {
+        return Err(ApiError::internal("an object to store has no metadata"));
+    };
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(STORED_PREFIX);
+    out.push(b'"');
+    for (k, v) in meta {
+        if k != "resourceVersion" {
+            out.push(b',');
+            write_pair(&mut out, k, v)?;
+        }
     }
-    serde_json::to_vec(&stored)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::internal(e.to_string()))
+    out.push(b'}');
+    for (k, v) in top {
+        if k != "metadata" {
+            out.push(b',');
+            write_pair(&mut out, k, v)?;
+        }
+    }
+    out.push(b'}');
+    Ok(Bytes::from(out))
+}
+
+/// An object as a client sees it, from its stored bytes: the resourceVersion spliced in.
+fn render(value: &[u8], rev: i64, out: &mut Vec<u8>) -> Result<(), ApiError> {
+    if value.starts_with(STORED_PREFIX) {
+        out.extend_from_slice(STORED_PREFIX);
+        out.extend_from_slice(rev.to_string().as_bytes());
+        out.extend_from_slice(&value[STORED_PREFIX.len()..]);
+        Ok(())
+    } else {
+        let obj: Value = serde_json::from_slice(value)
+            .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
+        serde_json::to_writer(&mut *out, &with_rv(obj, rev))
+            .map_err(|e| ApiError::internal(e.to_string()))
+    }
+}
+
+/// A watch event line for a stored object: `{"type":"ADDED","object":{...}}` and a newline.
+fn event_line(ty: &str, value: &[u8], rev: i64) -> Result<Bytes, ApiError> {
+    let mut out = Vec::with_capacity(value.len() + 48);
+    out.extend_from_slice(br#"{"type":""#);
+    out.extend_from_slice(ty.as_bytes());
+    out.extend_from_slice(br#"","object":"#);
+    render(value, rev, &mut out)?;
+    out.extend_from_slice(b"}\n");
+    Ok(Bytes::from(out))
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) -> Result<(), ApiError> {
+    serde_json::to_writer(&mut *out, s).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The items of a list, as stored bytes with their revisions, and where it stopped.
+struct Items {
+    items: Vec<(Bytes, i64)>,
+    revision: Revision,
+    next: Option<String>,
 }
 
 fn name_of(obj: &Value) -> &str {
@@ -269,6 +384,12 @@ impl Filter {
             fields: req.params.field_selector.clone(),
             res: req.resource,
         })
+    }
+
+    /// True if it matches everything (no selectors): objects need not be decoded.
+    fn is_trivial(&self) -> bool {
+        self.labels.as_ref().is_none_or(|l| l.is_empty())
+            && self.fields.as_ref().is_none_or(|f| f.is_empty())
     }
 
     fn matches(&self, obj: &Value) -> bool {
@@ -378,6 +499,7 @@ impl Api {
             let code = match &result {
                 Ok(ApiResponse::Object { code, .. }) => *code,
                 Ok(ApiResponse::Watch(_)) => 200,
+                Ok(ApiResponse::Encoded { code, .. }) => *code,
                 Err(e) => e.code,
             };
             m.observe(verb, resource, sub.as_deref(), code, started.elapsed());
@@ -386,6 +508,15 @@ impl Api {
     }
 
     async fn handle_inner(&self, user: &User, req: ApiRequest) -> Result<ApiResponse, ApiError> {
+        for (what, v) in [("name", &req.name), ("namespace", &req.namespace)] {
+            if let Some(v) = v
+                && let Some(why) = path_segment_problem(v)
+            {
+                return Err(ApiError::bad_request(format!(
+                    "the {what} {v:?} in the request path {why}"
+                )));
+            }
+        }
         let scope = self.authorizer.authorize(user, &req).await?;
         // Watches are long-running: they do not hold a seat, as in Kubernetes.
         let _seat = if req.verb == Verb::Watch {
@@ -419,6 +550,18 @@ impl Api {
                 format!("{} is not supported on the {s} subresource", v.as_str()),
             )),
         }?;
+        if req.subresource.as_deref() == Some("scale") || req.table {
+            // These answers are built from the object as a value.
+            if let ApiResponse::Encoded { code, body } = resp {
+                let value = serde_json::from_slice(&body)
+                    .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
+                resp = ApiResponse::Object {
+                    code,
+                    body: value,
+                    warnings: Vec::new(),
+                };
+            }
+        }
         if req.subresource.as_deref() == Some("scale")
             && let ApiResponse::Object { body, .. } = &mut resp
             && body["kind"] != "Scale"
@@ -436,11 +579,12 @@ impl Api {
         {
             let res = req.resource;
             let include = req.params.include_object.clone();
-            resp = ApiResponse::Watch(Box::pin(stream.map(move |mut ev| {
+            resp = ApiResponse::Watch(Box::pin(stream.map(move |ev| {
+                let mut ev = ev.into_value();
                 if ev["type"] != "ERROR" && ev["type"] != "BOOKMARK" {
                     ev["object"] = table::to_table(res, &ev["object"], include.as_deref());
                 }
-                ev
+                WatchEvent::Value(ev)
             })));
         }
         Ok(resp)
@@ -561,20 +705,61 @@ impl Api {
     async fn get(&self, req: &ApiRequest) -> Result<ApiResponse, ApiError> {
         let res = req.resource;
         let name = req.name.as_deref().unwrap_or_default();
-        match self.read(res, req.namespace.as_deref(), name).await? {
-            Some((obj, _)) => Ok(ApiResponse::ok(obj)),
-            None => Err(ApiError::not_found(res.group, res.plural, name)),
-        }
+        let kv = self
+            .store
+            .get(object_key(res, req.namespace.as_deref(), name).as_bytes())
+            .await
+            .map_err(store_error)?
+            .ok_or_else(|| ApiError::not_found(res.group, res.plural, name))?;
+        let mut out = Vec::with_capacity(kv.value.len() + 16);
+        render(&kv.value, kv.mod_revision, &mut out)?;
+        Ok(ApiResponse::Encoded {
+            code: 200,
+            body: Bytes::from(out),
+        })
     }
 
     /// A list: label/field selectors, `limit`/`continue`, and resourceVersion semantics
     /// (unset: latest; `0`: any; with `resourceVersionMatch=Exact`: that revision;
-    /// otherwise not older than it).
+    /// otherwise not older than it). The body is assembled from the stored bytes.
     async fn list(
         &self,
         req: &ApiRequest,
         allowed_namespaces: &Option<Vec<String>>,
     ) -> Result<ApiResponse, ApiError> {
+        let res = req.resource;
+        let found = self.list_items(req, allowed_namespaces).await?;
+        let mut out =
+            Vec::with_capacity(128 + found.items.iter().map(|(b, _)| b.len() + 24).sum::<usize>());
+        out.extend_from_slice(br#"{"kind":"#);
+        write_str(&mut out, &format!("{}List", res.kind))?;
+        out.extend_from_slice(br#","apiVersion":"#);
+        write_str(&mut out, &api_version(res))?;
+        out.extend_from_slice(br#","metadata":{"resourceVersion":"#);
+        write_str(&mut out, &found.revision.to_string())?;
+        if let Some(t) = &found.next {
+            out.extend_from_slice(br#","continue":"#);
+            write_str(&mut out, t)?;
+        }
+        out.extend_from_slice(br#"},"items":["#);
+        for (i, (value, rev)) in found.items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            render(value, *rev, &mut out)?;
+        }
+        out.extend_from_slice(b"]}");
+        Ok(ApiResponse::Encoded {
+            code: 200,
+            body: Bytes::from(out),
+        })
+    }
+
+    async fn list_items(
+        &self,
+        req: &ApiRequest,
+        allowed_namespaces: &Option<Vec<String>>,
+    ) -> Result<Items, ApiError> {
         let res = req.resource;
         let filter = Filter::new(req)?;
         let p = &req.params;
@@ -608,6 +793,7 @@ impl Api {
         }
         let list_prefix = prefix(res, req.namespace.as_deref());
         let limit = p.limit;
+        let decode = !filter.is_trivial() || allowed_namespaces.is_some();
         let mut items = Vec::new();
         let mut store_req = ListRequest {
             prefix: list_prefix.clone().into(),
@@ -634,16 +820,18 @@ impl Api {
             let page_rev = page.revision.clone();
             let n = page.kvs.len();
             for (i, kv) in page.kvs.iter().enumerate() {
-                let obj = decode_stored(kv)?;
-                if let Some(allowed) = allowed_namespaces
-                    && !allowed.iter().any(|a| a == name_of(&obj))
-                {
-                    continue;
+                if decode {
+                    let obj = decode_stored(kv)?;
+                    if let Some(allowed) = allowed_namespaces
+                        && !allowed.iter().any(|a| a == name_of(&obj))
+                    {
+                        continue;
+                    }
+                    if !filter.matches(&obj) {
+                        continue;
+                    }
                 }
-                if !filter.matches(&obj) {
-                    continue;
-                }
-                items.push(obj);
+                items.push((kv.value.clone(), kv.mod_revision));
                 if limit > 0 && items.len() == limit {
                     // More may follow: the next page starts after this key.
                     let more = i + 1 < n || page.continue_token.is_some();
@@ -664,16 +852,11 @@ impl Api {
             store_req.continue_token = page.continue_token;
             store_req.revision = None;
         };
-        let mut metadata = json!({"resourceVersion": rev.to_string()});
-        if let Some(t) = next {
-            metadata["continue"] = json!(t);
-        }
-        Ok(ApiResponse::ok(json!({
-            "kind": format!("{}List", res.kind),
-            "apiVersion": api_version(res),
-            "metadata": metadata,
-            "items": items,
-        })))
+        Ok(Items {
+            items,
+            revision: rev,
+            next,
+        })
     }
 
     /// A watch. Without a resourceVersion (or with `0`) it starts with an `ADDED` event for
@@ -696,21 +879,11 @@ impl Api {
                 lr.params.resource_version = None;
                 lr.params.resource_version_match = None;
                 lr.table = false;
-                let ApiResponse::Object { body, .. } = self.list(&lr, &allowed_namespaces).await?
-                else {
-                    return Err(ApiError::internal("list answered a stream"));
-                };
-                for item in body["items"].as_array().into_iter().flatten() {
-                    initial.push(json!({"type": "ADDED", "object": item}));
+                let found = self.list_items(&lr, &allowed_namespaces).await?;
+                for (value, rev) in &found.items {
+                    initial.push(WatchEvent::Encoded(event_line("ADDED", value, *rev)?));
                 }
-                let rv = body["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                Some(
-                    rv.parse::<Revision>()
-                        .map_err(|_| ApiError::internal("list revision"))?,
-                )
+                Some(found.revision)
             }
             Some(rv) => Some(rv.parse::<Revision>().map_err(|_| {
                 ApiError::bad_request(format!(
@@ -726,65 +899,75 @@ impl Api {
         let events: WatchStream = match self.store.watch(watch_prefix.as_bytes(), after).await {
             Ok(w) => {
                 let mut last_bookmark = Instant::now();
+                let decode = !filter.is_trivial() || allowed.is_some();
                 Box::pin(w.flat_map(move |item| {
-                    let out: Vec<Value> = match item {
+                    let out: Vec<WatchEvent> = match item {
                         Ok(batch) => {
-                            let mut out = Vec::new();
+                            let mut out = Vec::with_capacity(batch.events.len() + 1);
                             for e in &batch.events {
-                                let (ty, kv, rev) = match (e.kind, &e.prev_kv) {
-                                    (EventKind::Put, None) => ("ADDED", &e.kv, e.kv.mod_revision),
+                                let (ty, value, rev) = match (e.kind, &e.prev_kv) {
+                                    (EventKind::Put, None) => {
+                                        ("ADDED", &e.kv.value, e.kv.mod_revision)
+                                    }
                                     (EventKind::Put, Some(_)) => {
-                                        ("MODIFIED", &e.kv, e.kv.mod_revision)
+                                        ("MODIFIED", &e.kv.value, e.kv.mod_revision)
                                     }
                                     (EventKind::Delete, Some(prev)) => {
-                                        ("DELETED", prev, e.kv.mod_revision)
+                                        ("DELETED", &prev.value, e.kv.mod_revision)
                                     }
                                     (EventKind::Delete, None) => continue,
                                 };
-                                let Ok(obj) = serde_json::from_slice::<Value>(&kv.value) else {
-                                    continue;
+                                let ty = if decode {
+                                    let Ok(obj) = serde_json::from_slice::<Value>(value) else {
+                                        continue;
+                                    };
+                                    if let Some(a) = allowed.as_ref()
+                                        && !a.iter().any(|n| n == name_of(&obj))
+                                    {
+                                        continue;
+                                    }
+                                    // An object that stops matching leaves the watch as
+                                    // DELETED; one that starts matching joins it as ADDED.
+                                    let now = filter.matches(&obj);
+                                    let before = ty == "MODIFIED"
+                                        && e.prev_kv
+                                            .as_ref()
+                                            .and_then(|p| {
+                                                serde_json::from_slice::<Value>(&p.value).ok()
+                                            })
+                                            .is_some_and(|p| filter.matches(&p));
+                                    match (ty, before, now) {
+                                        ("MODIFIED", false, true) => "ADDED",
+                                        ("MODIFIED", true, false) => "DELETED",
+                                        (_, _, false) => continue,
+                                        (t, _, _) => t,
+                                    }
+                                } else {
+                                    ty
                                 };
-                                let obj = with_rv(obj, rev);
-                                if let Some(a) = allowed.as_ref()
-                                    && !a.iter().any(|n| n == name_of(&obj))
-                                {
-                                    continue;
+                                if let Ok(line) = event_line(ty, value, rev) {
+                                    out.push(WatchEvent::Encoded(line));
                                 }
-                                // An object that stops matching leaves the watch as DELETED.
-                                let now = filter.matches(&obj);
-                                let before = ty == "MODIFIED"
-                                    && e.prev_kv
-                                        .as_ref()
-                                        .and_then(|p| {
-                                            serde_json::from_slice::<Value>(&p.value).ok()
-                                        })
-                                        .is_some_and(|p| filter.matches(&p));
-                                let ty = match (ty, before, now) {
-                                    ("MODIFIED", false, true) => "ADDED",
-                                    ("MODIFIED", true, false) => "DELETED",
-                                    (_, _, false) if ty != "DELETED" => continue,
-                                    ("DELETED", _, _) if !filter.matches(&obj) => continue,
-                                    (t, _, _) => t,
-                                };
-                                out.push(json!({"type": ty, "object": obj}));
                             }
                             if bookmarks
                                 && (batch.is_progress() || last_bookmark.elapsed() > BOOKMARK_EVERY)
                             {
                                 last_bookmark = Instant::now();
-                                out.push(json!({"type": "BOOKMARK", "object": {
+                                out.push(WatchEvent::Value(
+                                        json!({"type": "BOOKMARK", "object": {
                                     "kind": kind, "apiVersion": version,
-                                    "metadata": {"resourceVersion": batch.revision.to_string()}}}));
+                                    "metadata": {"resourceVersion": batch.revision.to_string()}}}),
+                                    ));
                             }
                             out
                         }
-                        Err(e) => vec![gone(&e)],
+                        Err(e) => vec![WatchEvent::Value(gone(&e))],
                     };
                     futures::stream::iter(out)
                 }))
             }
             Err(e @ StoreError::Compacted { .. }) => {
-                Box::pin(futures::stream::iter(vec![gone(&e)]))
+                Box::pin(futures::stream::iter(vec![WatchEvent::Value(gone(&e))]))
             }
             Err(e) => return Err(store_error(e)),
         };
@@ -805,6 +988,7 @@ impl Api {
         req: &ApiRequest,
         user: &User,
         mut obj: Value,
+        applied: Option<Value>,
     ) -> Result<Value, ApiError> {
         let res = req.resource;
         if !obj["metadata"].is_object() {
@@ -888,7 +1072,10 @@ impl Api {
             .field_manager
             .clone()
             .unwrap_or_else(|| user.manager());
-        apply::record_update(&mut obj, None, &manager, &api_version(res), "Update");
+        match applied {
+            Some(managed) => obj["metadata"]["managedFields"] = managed,
+            None => apply::record_update(&mut obj, None, &manager, &api_version(res), "Update"),
+        }
         let errors = validation::validate(res, &obj);
         if !errors.is_empty() {
             return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
@@ -912,7 +1099,32 @@ impl Api {
 
     async fn create(&self, req: &ApiRequest, user: &User) -> Result<ApiResponse, ApiError> {
         let (obj, warnings) = self.decode_body(req)?;
-        let mut obj = self.prepare_new(req, user, obj).await?;
+        self.create_object(req, user, obj, warnings, None).await
+    }
+
+    /// Creates for server-side apply, when the object does not exist yet: `obj` is the
+    /// configuration, `managed` its managedFields (all the applier's).
+    pub(crate) async fn create_applied(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        obj: Value,
+        managed: Value,
+    ) -> Result<ApiResponse, ApiError> {
+        let (obj, warnings) = self.typed(req, obj)?;
+        self.create_object(req, user, obj, warnings, Some(managed))
+            .await
+    }
+
+    async fn create_object(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        obj: Value,
+        warnings: Vec<String>,
+        applied: Option<Value>,
+    ) -> Result<ApiResponse, ApiError> {
+        let mut obj = self.prepare_new(req, user, obj, applied).await?;
         let res = req.resource;
         if let Some(ns) = req.namespace.as_deref() {
             self.check_namespace(ns).await?;
@@ -1719,15 +1931,6 @@ impl Api {
         }
     }
 
-    /// Creates for server-side apply, when the object does not exist yet.
-    pub(crate) async fn handle_create_for_apply(
-        &self,
-        req: &ApiRequest,
-        user: &User,
-    ) -> Result<ApiResponse, ApiError> {
-        self.create(req, user).await
-    }
-
     async fn namespace_is_empty(&self, ns: &str) -> Result<bool, ApiError> {
         for res in crate::catalog::RESOURCES.iter().filter(|r| r.namespaced) {
             let page = self
@@ -1751,14 +1954,13 @@ impl Api {
         req: &ApiRequest,
         allowed: &Option<Vec<String>>,
     ) -> Result<ApiResponse, ApiError> {
-        let mut list_req = req.clone();
-        list_req.table = false;
-        let ApiResponse::Object { body, .. } = self.list(&list_req, allowed).await? else {
-            return Err(ApiError::internal("list answered a stream"));
-        };
+        let found = self.list_items(req, allowed).await?;
         let opts = delete_options(req)?;
         let mut deleted = Vec::new();
-        for item in body["items"].as_array().into_iter().flatten() {
+        for (value, _) in &found.items {
+            let item: Value = serde_json::from_slice(value)
+                .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
+            let item = &item;
             let mut one = req.clone();
             one.name = Some(name_of(item).to_owned());
             one.namespace = item["metadata"]["namespace"].as_str().map(str::to_owned);
@@ -1778,9 +1980,28 @@ impl Api {
         Ok(ApiResponse::ok(json!({
             "kind": format!("{}List", req.resource.kind),
             "apiVersion": api_version(req.resource),
-            "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+            "metadata": {"resourceVersion": found.revision.to_string()},
             "items": deleted,
         })))
+    }
+}
+
+/// Why `s` cannot be a name in a request path, if it cannot: names are printable ASCII
+/// without `/`, `%` or spaces, and not `.` or `..` (what any valid object name satisfies).
+fn path_segment_problem(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        Some("is empty")
+    } else if s == "." || s == ".." {
+        Some("may not be '.' or '..'")
+    } else if !s
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'%')
+    {
+        Some("may contain only printable ASCII characters other than '/' and '%'")
+    } else if s.len() > 253 {
+        Some("is longer than 253 characters")
+    } else {
+        None
     }
 }
 

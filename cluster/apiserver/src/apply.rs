@@ -258,7 +258,12 @@ fn entries(obj: &Value) -> Vec<Entry> {
         .collect()
 }
 
+/// Stores the entries in `obj.metadata.managedFields` (nothing if metadata is not an object:
+/// decoding then refuses the object with a clear error).
 fn store_entries(obj: &mut Value, list: Vec<Entry>) {
+    if !(obj["metadata"].is_object() || obj["metadata"].is_null()) {
+        return;
+    }
     let out: Vec<Value> = list
         .into_iter()
         .filter(|e| !e.fields.is_empty())
@@ -377,9 +382,9 @@ pub async fn apply(api: &Api, req: &ApiRequest, user: &User) -> Result<ApiRespon
             "the apply configuration must be JSON (YAML is accepted only in its JSON form): {e}"
         ))
     })?;
-    if !config.is_object() {
+    if !config.is_object() || !(config["metadata"].is_object() || config["metadata"].is_null()) {
         return Err(ApiError::bad_request(
-            "the apply configuration must be an object",
+            "the apply configuration must be an object whose metadata is an object",
         ));
     }
     let name = req.name.clone().unwrap_or_default();
@@ -394,26 +399,33 @@ pub async fn apply(api: &Api, req: &ApiRequest, user: &User) -> Result<ApiRespon
         .store()
         .get(crate::api::object_key(res, req.namespace.as_deref(), &name).as_bytes())
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(crate::api::store_error)?
         .is_some();
-    if !exists {
-        // Apply creates what does not exist: as a create, then owned as Apply.
-        let mut create = req.clone();
-        create.verb = Verb::Create;
-        create.name = None;
-        let mut body = config.clone();
-        body["metadata"]["name"] = json!(name);
-        create.body = serde_json::to_vec(&body)
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .into();
-        let created = Box::pin(api.handle_create_for_apply(&create, user)).await?;
-        if let ApiResponse::Object { .. } = &created {
-            // Ownership is rewritten below by an apply over the created object.
-        }
-    }
     let config_fields: BTreeSet<Path> = field_set(&without_managed(&config));
     let force = req.params.force;
     let version = api_version(res);
+    if !exists {
+        // Apply creates what does not exist, in one write, owned by the applier.
+        let mut create = req.clone();
+        create.verb = Verb::Create;
+        create.name = None;
+        let mut obj = without_managed(&config);
+        obj["metadata"]["name"] = json!(name);
+        let mut owned = json!({"metadata": {}});
+        store_entries(
+            &mut owned,
+            vec![Entry {
+                manager: manager.clone(),
+                operation: "Apply".into(),
+                api_version: version.clone(),
+                subresource: None,
+                time: json!(rfc3339(now_secs())),
+                fields: config_fields,
+            }],
+        );
+        let managed = owned["metadata"]["managedFields"].take();
+        return Box::pin(api.create_applied(&create, user, obj, managed)).await;
+    }
     let conflicts = std::sync::Mutex::new(Vec::<Cause>::new());
     let result = api
         .write_existing(
@@ -421,10 +433,6 @@ pub async fn apply(api: &Api, req: &ApiRequest, user: &User) -> Result<ApiRespon
             user,
             |current| {
                 let mut list = entries(&current);
-                if !exists {
-                    // Made by this apply a moment ago: the create's entry is the apply's.
-                    list.retain(|e| e.manager != manager);
-                }
                 let mut found = Vec::new();
                 for e in &mut list {
                     if e.manager == manager && e.operation == "Apply" {
@@ -507,8 +515,12 @@ pub async fn apply(api: &Api, req: &ApiRequest, user: &User) -> Result<ApiRespon
                     fields: config_fields.clone(),
                 });
                 store_entries(&mut next, list);
-                next["metadata"]["resourceVersion"] =
-                    current["metadata"]["resourceVersion"].clone();
+                if let Some(meta) = next["metadata"].as_object_mut() {
+                    meta.insert(
+                        "resourceVersion".into(),
+                        current["metadata"]["resourceVersion"].clone(),
+                    );
+                }
                 Ok(next)
             },
             Vec::new(),

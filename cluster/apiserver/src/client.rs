@@ -15,7 +15,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde_json::Value;
 
-use crate::api::{Api, ApiResponse, WatchStream};
+use crate::api::{Api, ApiResponse, WatchEvent, WatchStream};
 use crate::auth::User;
 use crate::catalog::Resource;
 use crate::request::{ApiRequest, FieldValidation, PatchType, Propagation, Verb};
@@ -110,16 +110,14 @@ pub trait Client: Send + Sync {
         req.verb = Verb::Watch;
         match self.call(req).await? {
             ApiResponse::Watch(s) => Ok(s),
-            ApiResponse::Object { .. } => Err(ApiError::internal("a watch answered an object")),
+            _ => Err(ApiError::internal("a watch answered an object")),
         }
     }
 }
 
 fn object(resp: ApiResponse) -> Result<Value, ApiError> {
-    match resp {
-        ApiResponse::Object { body, .. } => Ok(body),
-        ApiResponse::Watch(_) => Err(ApiError::internal("a request answered a watch")),
-    }
+    resp.into_value()
+        .ok_or_else(|| ApiError::internal("a request answered a watch, or text that is not JSON"))
 }
 
 /// Calls the request layer of an API in this process, as `user`.
@@ -417,7 +415,7 @@ where
     Box::pin(
         tokio_stream::wrappers::ReceiverStream::new(rx).map(move |v| {
             let _ = &guard;
-            v
+            WatchEvent::Value(v)
         }),
     )
 }

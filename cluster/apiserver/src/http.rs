@@ -61,12 +61,14 @@ pub fn encode(result: Result<ApiResponse, ApiError>) -> Response {
             body,
             warnings,
         }) => json_response(code, &body, &warnings),
+        Ok(ApiResponse::Encoded { code, body }) => (
+            StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
         Ok(ApiResponse::Watch(stream)) => {
-            let lines = stream.map(|ev| {
-                let mut line = ev.to_string();
-                line.push('\n');
-                Ok::<_, std::convert::Infallible>(Bytes::from(line))
-            });
+            let lines = stream.map(|ev| Ok::<_, std::convert::Infallible>(ev.into_line()));
             (
                 StatusCode::OK,
                 [

@@ -7,7 +7,6 @@ use futures::{Stream, StreamExt};
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
-use serde_json::Value;
 
 use crate::catalog::Resource;
 use crate::request::Verb;
@@ -116,9 +115,9 @@ impl ApiMetrics {
     }
 
     /// Wraps a watch stream: counted open while it lives, its events counted.
-    pub fn count_watch<S>(&self, res: &Resource, stream: S) -> impl Stream<Item = Value> + use<S>
+    pub fn count_watch<S, T>(&self, res: &Resource, stream: S) -> impl Stream<Item = T> + use<S, T>
     where
-        S: Stream<Item = Value> + Send,
+        S: Stream<Item = T> + Send,
     {
         struct Open(IntGauge);
         impl Drop for Open {

@@ -1,0 +1,316 @@
+//! Fuzzing the request path (property tests): arbitrary bytes, arbitrary URLs and mutated
+//! valid objects thrown at the in-process API over a real embedded store. Nothing panics;
+//! every rejection is a 4xx `Status`; a rejected request changes nothing (the store's
+//! revision does not move).
+//!
+//! `TESSERA_FUZZ_CASES=N` sets the number of inputs per property (256 by default, as CI runs).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use tessera_apiserver::api::{Api, ApiResponse};
+use tessera_apiserver::auth::User;
+use tessera_apiserver::catalog::RESOURCES;
+use tessera_apiserver::request::{self, ApiRequest, PatchType, Verb};
+use tessera_store::{EmbeddedOptions, EmbeddedStore, Store, StoreMetrics};
+
+fn cases() -> u32 {
+    std::env::var("TESSERA_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+
+struct Harness {
+    rt: tokio::runtime::Runtime,
+    api: Api,
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+}
+
+fn harness() -> Harness {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn Store> = rt.block_on(async {
+        let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        Arc::new(
+            EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+                .await
+                .expect("store"),
+        )
+    });
+    let api = Api::new(store.clone(), None);
+    let h = Harness {
+        rt,
+        api,
+        store,
+        _dir: dir,
+    };
+    for obj in [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fz"}}),
+        valid("ConfigMap"),
+        valid("Deployment"),
+        valid("Pod"),
+    ] {
+        let res = RESOURCES
+            .iter()
+            .find(|r| r.kind == obj["kind"])
+            .expect("kind");
+        let mut req = ApiRequest::new(Verb::Create, res);
+        if res.namespaced {
+            req.namespace = Some("fz".into());
+        }
+        req.body = Bytes::from(obj.to_string());
+        h.rt.block_on(h.api.handle(&User::Admin, req))
+            .expect("seed object");
+    }
+    h
+}
+
+fn valid(kind: &str) -> Value {
+    match kind {
+        "Deployment" => json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "labels": {"app": "d"}},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "d"}},
+                "template": {"metadata": {"labels": {"app": "d"}},
+                    "spec": {"containers": [{"name": "c", "image": "nginx",
+                        "resources": {"requests": {"cpu": "100m"}}, "ports": [{"containerPort": 80}]}]}}}}),
+        "Pod" => json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "1"}]}]}}),
+        "Service" => json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+            "spec": {"selector": {"app": "d"}, "ports": [{"port": 80}]}}),
+        "Tenant" => json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
+            "metadata": {"name": "t"}, "spec": {"namespaces": ["fz"], "weight": 1}}),
+        _ => json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"},
+            "data": {"k": "v"}}),
+    }
+}
+
+/// Sends `req`; checks the outcome is a success or a 4xx that changed nothing.
+fn check(h: &Harness, req: ApiRequest) -> Result<(), TestCaseError> {
+    let before = h.rt.block_on(h.store.current_revision()).expect("revision");
+    let result = h.rt.block_on(h.api.handle(&User::Admin, req.clone()));
+    match result {
+        Ok(ApiResponse::Object { code, .. }) => {
+            prop_assert!((200..300).contains(&code), "{code} for {req:?}");
+        }
+        Ok(ApiResponse::Encoded { code, body }) => {
+            prop_assert!((200..300).contains(&code), "{code} for {req:?}");
+            prop_assert!(
+                serde_json::from_slice::<Value>(&body).is_ok(),
+                "the answer is JSON"
+            );
+        }
+        Ok(ApiResponse::Watch(_)) => {}
+        Err(e) => {
+            prop_assert!(
+                (400..500).contains(&e.code),
+                "{} {}: {} for {:?} body {:?}",
+                e.code,
+                e.reason,
+                e.message,
+                req.verb,
+                String::from_utf8_lossy(&req.body)
+            );
+            prop_assert!(!e.message.is_empty());
+            let status = e.to_status();
+            prop_assert_eq!(&status["kind"], "Status");
+            let after = h.rt.block_on(h.store.current_revision()).expect("revision");
+            prop_assert_eq!(before, after, "a rejected request changed the store");
+        }
+    }
+    Ok(())
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        "[a-zA-Z0-9 ./:_-]{0,12}".prop_map(Value::from),
+        "\\PC{0,40}".prop_map(Value::from),
+        Just(Value::from("x".repeat(300))),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            prop::collection::btree_map("[a-zA-Z$/.]{1,8}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A change to a JSON document: set a path to a value, remove it, or add an unknown field.
+#[derive(Clone, Debug)]
+enum Mutation {
+    Set(Vec<usize>, Value),
+    Remove(Vec<usize>),
+    Insert(Vec<usize>, String, Value),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let path = prop::collection::vec(0usize..8, 0..6);
+    prop_oneof![
+        (path.clone(), json_value()).prop_map(|(p, v)| Mutation::Set(p, v)),
+        path.clone().prop_map(Mutation::Remove),
+        (path, "[a-zA-Z]{1,8}", json_value()).prop_map(|(p, k, v)| Mutation::Insert(p, k, v)),
+    ]
+}
+
+/// Follows `path` (child indices, modulo the number of children) as deep as it goes.
+fn target<'a>(doc: &'a mut Value, path: &[usize]) -> &'a mut Value {
+    let mut cur = doc;
+    for i in path {
+        let n = match cur {
+            Value::Object(m) => m.len(),
+            Value::Array(a) => a.len(),
+            _ => 0,
+        };
+        if n == 0 {
+            break;
+        }
+        cur = match cur {
+            Value::Object(m) => m.values_mut().nth(i % n).expect("in range"),
+            Value::Array(a) => &mut a[i % n],
+            _ => unreachable!("n > 0 only for containers"),
+        };
+    }
+    cur
+}
+
+fn mutate(mut doc: Value, muts: &[Mutation]) -> Value {
+    for m in muts {
+        match m {
+            Mutation::Set(p, v) => *target(&mut doc, p) = v.clone(),
+            Mutation::Remove(p) => {
+                if let Some((last, parent)) = p.split_last() {
+                    match target(&mut doc, parent) {
+                        Value::Object(map) if !map.is_empty() => {
+                            let k = map.keys().nth(last % map.len()).cloned();
+                            if let Some(k) = k {
+                                map.remove(&k);
+                            }
+                        }
+                        Value::Array(a) if !a.is_empty() => {
+                            let n = a.len();
+                            a.remove(last % n);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Mutation::Insert(p, k, v) => {
+                if let Value::Object(map) = target(&mut doc, p) {
+                    map.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    doc
+}
+
+fn resource_index() -> impl Strategy<Value = usize> {
+    0..RESOURCES.len()
+}
+
+fn verb() -> impl Strategy<Value = Verb> {
+    prop_oneof![
+        Just(Verb::Create),
+        Just(Verb::Update),
+        Just(Verb::Patch(PatchType::Json)),
+        Just(Verb::Patch(PatchType::Merge)),
+        Just(Verb::Patch(PatchType::StrategicMerge)),
+        Just(Verb::Patch(PatchType::Apply)),
+        Just(Verb::Delete),
+        Just(Verb::Get),
+        Just(Verb::List),
+    ]
+}
+
+fn request_for(res_i: usize, verb: Verb, name: &str, body: Vec<u8>) -> ApiRequest {
+    let res = &RESOURCES[res_i];
+    let mut req = ApiRequest::new(verb, res);
+    if res.namespaced {
+        req.namespace = Some("fz".into());
+    }
+    if !matches!(verb, Verb::Create | Verb::List) {
+        req.name = Some(name.to_owned());
+    }
+    if matches!(verb, Verb::Patch(PatchType::Apply)) {
+        req.params.field_manager = Some("fuzz".into());
+    }
+    req.body = Bytes::from(body);
+    req
+}
+
+#[test]
+fn arbitrary_bodies_are_refused_cleanly() {
+    let h = harness();
+    let n = std::sync::atomic::AtomicU64::new(0);
+    proptest!(ProptestConfig::with_cases(cases()), |(
+        res_i in resource_index(),
+        verb in verb(),
+        name in prop_oneof![Just("cm".to_owned()), Just("d".to_owned()), "[a-z]{1,5}", "\\PC{0,10}"],
+        body in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..512),
+            json_value().prop_map(|v| v.to_string().into_bytes()),
+        ],
+    )| {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = if name.is_empty() { "x".to_owned() } else { name };
+        check(&h, request_for(res_i, verb, &name, body))?;
+    });
+    println!("arbitrary bodies: {} inputs", n.into_inner());
+}
+
+#[test]
+fn mutated_objects_are_accepted_or_refused_cleanly() {
+    let h = harness();
+    let n = std::sync::atomic::AtomicU64::new(0);
+    proptest!(ProptestConfig::with_cases(cases()), |(
+        kind in prop_oneof![Just("Deployment"), Just("Pod"), Just("ConfigMap"), Just("Service"), Just("Tenant")],
+        muts in prop::collection::vec(mutation(), 1..5),
+        verb in verb(),
+    )| {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = valid(kind);
+        let doc = mutate(base.clone(), &muts);
+        let res_i = RESOURCES.iter().position(|r| r.kind == kind).expect("served");
+        let name = base["metadata"]["name"].as_str().expect("name").to_owned();
+        check(&h, request_for(res_i, verb, &name, doc.to_string().into_bytes()))?;
+    });
+    println!("mutated objects: {} inputs", n.into_inner());
+}
+
+#[test]
+fn arbitrary_urls_are_refused_cleanly() {
+    let n = std::sync::atomic::AtomicU64::new(0);
+    proptest!(ProptestConfig::with_cases(cases() * 4), |(
+        method in prop_oneof![Just("GET".to_owned()), Just("POST".to_owned()), Just("PUT".to_owned()), Just("PATCH".to_owned()), Just("DELETE".to_owned()), "[A-Z]{1,7}"],
+        segments in prop::collection::vec(prop_oneof![
+            Just("api".to_owned()), Just("apis".to_owned()), Just("v1".to_owned()),
+            Just("apps".to_owned()), Just("namespaces".to_owned()), Just("pods".to_owned()),
+            Just("deployments".to_owned()), Just("status".to_owned()), Just("scale".to_owned()),
+            "[a-z0-9.%-]{0,6}",
+        ], 0..8),
+        query in "[a-zA-Z=&%0-9,!()_.-]{0,40}",
+        content_type in prop_oneof![Just(None), Just(Some("application/json")), Just(Some("application/merge-patch+json")), "\\PC{0,20}".prop_map(|_| Some("text/plain"))],
+    )| {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = format!("/{}", segments.join("/"));
+        match request::from_http(&method, &path, &query, content_type, None, Bytes::new()) {
+            Ok(_) => {}
+            Err(e) => prop_assert!((400..500).contains(&e.code), "{} for {method} {path}?{query}", e.code),
+        }
+    });
+    println!("urls: {} inputs", n.into_inner());
+}

@@ -1,0 +1,414 @@
+//! `tessera bench api`: the API server over HTTPS on loopback, on a fresh embedded store,
+//! driven by the same HTTP client the components use. Measures creates, gets and lists at
+//! each concurrency, a paced mix at a fixed request rate (latency under a steady load, timed
+//! from when each request was due so that queueing counts), and watch fan-out (every
+//! watcher must receive every event).
+//!
+//! Client and server share the machine's cores: the numbers are for both together.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Args;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+use tessera_apiserver::api::Api;
+use tessera_apiserver::auth::Tokens;
+use tessera_apiserver::catalog::Resource;
+use tessera_apiserver::client::{Client, HttpClient};
+use tessera_apiserver::pki::Credentials;
+use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
+use tessera_apiserver::{http, serve};
+use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
+
+use super::latency::Latencies;
+
+/// Flags of `bench api`.
+#[derive(Args, Debug)]
+pub struct ApiBenchArgs {
+    /// Concurrency levels (requests in flight), comma-separated.
+    #[arg(long, default_value = "1,16,64", value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Creates (and as many gets) per level.
+    #[arg(long, default_value_t = 10_000)]
+    pub requests: usize,
+    /// Lists per level (of a namespace of `--list-size` objects).
+    #[arg(long, default_value_t = 200)]
+    pub lists: usize,
+    /// Objects in the listed namespace.
+    #[arg(long, default_value_t = 500)]
+    pub list_size: usize,
+    /// Requests per second of the paced mix (half creates, half gets).
+    #[arg(long, default_value_t = 1000)]
+    pub rate: usize,
+    /// Seconds the paced mix runs.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Watchers of the fan-out phase.
+    #[arg(long, default_value_t = 1000)]
+    pub watchers: usize,
+    /// Objects created while they watch.
+    #[arg(long, default_value_t = 1000)]
+    pub events: usize,
+    /// Print one JSON object per measurement instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Measurement {
+    phase: &'static str,
+    concurrency: usize,
+    requests: usize,
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    complete: Option<bool>,
+}
+
+fn report(m: &Measurement, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(m)?);
+    } else {
+        println!(
+            "{:<12} c={:<5} {:>8} requests {:>10.0}/s  p50 {:>7.3} ms  p99 {:>7.3} ms{}",
+            m.phase,
+            m.concurrency,
+            m.requests,
+            m.per_sec,
+            m.p50_ms,
+            m.p99_ms,
+            match m.complete {
+                Some(true) => "  every event to every watcher",
+                Some(false) => "  EVENTS MISSING",
+                None => "",
+            }
+        );
+    }
+    Ok(())
+}
+
+fn configmap(name: &str, stamp: u128) -> Bytes {
+    Bytes::from(
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"bench": "api"}, "annotations": {"t": stamp.to_string()}},
+            "data": {"k": "v".repeat(64)}})
+        .to_string(),
+    )
+}
+
+struct Bench {
+    client: Arc<HttpClient>,
+    cm: &'static Resource,
+    ns: &'static Resource,
+    clock: Instant,
+}
+
+impl Bench {
+    async fn namespace(&self, name: &str) -> anyhow::Result<()> {
+        let mut req = ApiRequest::new(Verb::Create, self.ns);
+        req.body = Bytes::from(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+                .to_string(),
+        );
+        self.client.call(req).await?;
+        Ok(())
+    }
+
+    fn create_req(&self, ns: &str, name: &str) -> ApiRequest {
+        let mut req = ApiRequest::new(Verb::Create, self.cm);
+        req.namespace = Some(ns.to_owned());
+        req.body = configmap(name, self.clock.elapsed().as_micros());
+        req
+    }
+
+    fn get_req(&self, ns: &str, name: &str) -> ApiRequest {
+        let mut req = ApiRequest::new(Verb::Get, self.cm);
+        req.namespace = Some(ns.to_owned());
+        req.name = Some(name.to_owned());
+        req
+    }
+
+    /// `n` requests from `make(i)` with `c` in flight; throughput and latencies.
+    async fn closed_loop(
+        &self,
+        label: String,
+        n: usize,
+        c: usize,
+        make: impl Fn(usize) -> ApiRequest + Send + Sync + 'static,
+    ) -> anyhow::Result<(f64, Latencies)> {
+        let bar = super::progress_bar(n as u64, label);
+        let next = Arc::new(AtomicUsize::new(0));
+        let make = Arc::new(make);
+        let started = Instant::now();
+        let mut workers = Vec::new();
+        for _ in 0..c {
+            let (client, next, make, bar) =
+                (self.client.clone(), next.clone(), make.clone(), bar.clone());
+            workers.push(tokio::spawn(async move {
+                let mut lat = Latencies::with_capacity(n / c + 1);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        return Ok::<_, anyhow::Error>(lat);
+                    }
+                    let t = Instant::now();
+                    client.call(make(i)).await?;
+                    lat.record(t.elapsed());
+                    bar.inc(1);
+                }
+            }));
+        }
+        let mut all = Latencies::with_capacity(n);
+        for w in workers {
+            all.extend(w.await??);
+        }
+        bar.finish_and_clear();
+        Ok((n as f64 / started.elapsed().as_secs_f64(), all))
+    }
+}
+
+/// Runs the benchmark.
+pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.requests > 0 && args.rate > 0 && args.watchers > 0 && args.events > 0,
+        "--requests, --rate, --watchers and --events must be positive"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("tessera-bench-api-")
+        .tempdir()?;
+    let store = Arc::new(
+        EmbeddedStore::open(
+            dir.path(),
+            EmbeddedOptions::default(),
+            StoreMetrics::detached(),
+        )
+        .await?,
+    );
+    let credentials = Credentials::generate()?;
+    let api = Api::new(store, None);
+    let router = http::router(api, Tokens::new(&credentials.admin_token));
+    let addr = serve::serve_tls("127.0.0.1:0".parse()?, &credentials, router).await?;
+    let client = Arc::new(HttpClient::new(
+        &format!("https://{addr}"),
+        &credentials.ca_pem,
+        &credentials.admin_token,
+    )?);
+    let bench = Arc::new(Bench {
+        client,
+        cm: find_resource("", "v1", "configmaps")?,
+        ns: find_resource("", "v1", "namespaces")?,
+        clock: Instant::now(),
+    });
+
+    for &c in &args.concurrency {
+        anyhow::ensure!(c > 0, "--concurrency levels must be positive");
+        let ns = format!("c{c}");
+        bench.namespace(&ns).await?;
+        let (b, n2) = (bench.clone(), ns.clone());
+        let (rate, mut lat) = bench
+            .closed_loop(format!("create c={c}"), args.requests, c, move |i| {
+                b.create_req(&n2, &format!("cm-{i}"))
+            })
+            .await?;
+        report(
+            &Measurement {
+                phase: "create",
+                concurrency: c,
+                requests: args.requests,
+                per_sec: rate.round(),
+                p50_ms: lat.percentile_ms(50.0),
+                p99_ms: lat.percentile_ms(99.0),
+                complete: None,
+            },
+            args.json,
+        )?;
+        let (b, n2) = (bench.clone(), ns.clone());
+        let total = args.requests;
+        let (rate, mut lat) = bench
+            .closed_loop(format!("get c={c}"), args.requests, c, move |i| {
+                b.get_req(&n2, &format!("cm-{}", (i * 7919) % total))
+            })
+            .await?;
+        report(
+            &Measurement {
+                phase: "get",
+                concurrency: c,
+                requests: args.requests,
+                per_sec: rate.round(),
+                p50_ms: lat.percentile_ms(50.0),
+                p99_ms: lat.percentile_ms(99.0),
+                complete: None,
+            },
+            args.json,
+        )?;
+    }
+
+    // Lists of a namespace of --list-size objects.
+    bench.namespace("listed").await?;
+    let b = bench.clone();
+    bench
+        .closed_loop("fill list".into(), args.list_size, 16, move |i| {
+            b.create_req("listed", &format!("l-{i}"))
+        })
+        .await?;
+    for &c in &args.concurrency {
+        let b = bench.clone();
+        let (rate, mut lat) = bench
+            .closed_loop(format!("list c={c}"), args.lists, c, move |_| {
+                let mut req = ApiRequest::new(Verb::List, b.cm);
+                req.namespace = Some("listed".into());
+                req
+            })
+            .await?;
+        report(
+            &Measurement {
+                phase: "list",
+                concurrency: c,
+                requests: args.lists,
+                per_sec: rate.round(),
+                p50_ms: lat.percentile_ms(50.0),
+                p99_ms: lat.percentile_ms(99.0),
+                complete: None,
+            },
+            args.json,
+        )?;
+    }
+
+    paced(&bench, &args).await?;
+    fan_out(&bench, &args).await?;
+    drop(dir);
+    Ok(())
+}
+
+/// Half creates, half gets, started on a fixed schedule of `--rate` per second; each
+/// latency is measured from when the request was due.
+async fn paced(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()> {
+    bench.namespace("paced").await?;
+    bench.client.call(bench.create_req("paced", "p-0")).await?;
+    let total = args.rate * args.seconds as usize;
+    let bar = super::progress_bar(total as u64, format!("paced {}/s", args.rate));
+    let interval = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let due = started + interval.mul_f64(i as f64);
+        tokio::time::sleep_until(due).await;
+        let (b, bar) = (bench.clone(), bar.clone());
+        tasks.push(tokio::spawn(async move {
+            // Gets read objects created at least i/2 requests earlier.
+            let req = if i % 2 == 0 {
+                b.create_req("paced", &format!("p-{}", i + 2))
+            } else {
+                b.get_req("paced", &format!("p-{}", i / 4 * 2))
+            };
+            let r = b.client.call(req).await;
+            bar.inc(1);
+            r.map(|_| due.elapsed())
+        }));
+    }
+    let mut lat = Latencies::with_capacity(total);
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await? {
+            Ok(d) => lat.record(d),
+            Err(e) => errors.push(e),
+        }
+    }
+    bar.finish_and_clear();
+    if let Some(first) = errors.first() {
+        anyhow::bail!("{} paced requests failed, the first: {first}", errors.len());
+    }
+    report(
+        &Measurement {
+            phase: "paced-mix",
+            concurrency: 0,
+            requests: total,
+            per_sec: (total as f64 / started.elapsed().as_secs_f64()).round(),
+            p50_ms: lat.percentile_ms(50.0),
+            p99_ms: lat.percentile_ms(99.0),
+            complete: None,
+        },
+        args.json,
+    )
+}
+
+/// `--watchers` HTTP watches on one namespace while `--events` objects are created in it.
+async fn fan_out(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()> {
+    bench.namespace("watched").await?;
+    let mut list = ApiRequest::new(Verb::List, bench.cm);
+    list.namespace = Some("watched".into());
+    let listed = bench.client.list(list.clone()).await?;
+    let rv = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let bar = super::progress_bar(
+        (args.watchers * args.events) as u64,
+        format!("deliveries w={}", args.watchers),
+    );
+    let mut readers = Vec::with_capacity(args.watchers);
+    for _ in 0..args.watchers {
+        let mut req = list.clone();
+        req.params.resource_version = Some(rv.clone());
+        let mut stream = bench.client.watch(req).await?;
+        let (events, bar, clock) = (args.events, bar.clone(), bench.clock);
+        readers.push(tokio::spawn(async move {
+            let mut lat = Latencies::with_capacity(events);
+            let mut seen = 0;
+            while seen < events {
+                let Ok(Some(ev)) =
+                    tokio::time::timeout(Duration::from_secs(60), stream.next()).await
+                else {
+                    break;
+                };
+                let ev = ev.into_value();
+                if ev["type"] != "ADDED" {
+                    continue;
+                }
+                let at: u64 = ev["object"]["metadata"]["annotations"]["t"]
+                    .as_str()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0);
+                lat.record(clock.elapsed().saturating_sub(Duration::from_micros(at)));
+                seen += 1;
+                bar.inc(1);
+            }
+            (seen, lat)
+        }));
+    }
+    let started = Instant::now();
+    let b = bench.clone();
+    bench
+        .closed_loop("watched creates".into(), args.events, 16, move |i| {
+            b.create_req("watched", &format!("w-{i}"))
+        })
+        .await?;
+    let mut all = Latencies::with_capacity(args.watchers * args.events);
+    let mut complete = true;
+    for r in readers {
+        let (seen, lat) = r.await?;
+        complete &= seen == args.events;
+        all.extend(lat);
+    }
+    bar.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    report(
+        &Measurement {
+            phase: "watch-fanout",
+            concurrency: args.watchers,
+            requests: args.watchers * args.events,
+            per_sec: ((args.watchers * args.events) as f64 / secs).round(),
+            p50_ms: all.percentile_ms(50.0),
+            p99_ms: all.percentile_ms(99.0),
+            complete: Some(complete),
+        },
+        args.json,
+    )?;
+    anyhow::ensure!(complete, "some watchers missed events");
+    Ok(())
+}
