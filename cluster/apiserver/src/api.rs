@@ -1421,6 +1421,14 @@ impl Api {
     async fn bind(&self, req: &ApiRequest, user: &User) -> Result<ApiResponse, ApiError> {
         let binding: Value = serde_json::from_slice(&req.body)
             .map_err(|e| ApiError::bad_request(format!("the Binding is not valid JSON: {e}")))?;
+        if let Some(t) = kinds::of_kind("", "Binding") {
+            (t.normalize)(&binding).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the Binding is not valid: {}: {}",
+                    e.path, e.message
+                ))
+            })?;
+        }
         let node = binding["target"]["name"]
             .as_str()
             .unwrap_or_default()
@@ -1439,10 +1447,8 @@ impl Api {
         }
         let res = req.resource;
         let name = req.name.clone().unwrap_or_default();
-        let mut upd = req.clone();
-        upd.subresource = None;
         self.write_existing(
-            &upd,
+            req,
             user,
             move |mut pod| {
                 if let Some(current) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
@@ -1651,6 +1657,8 @@ impl Api {
         let res = req.resource;
         let name = req.name.as_deref().unwrap_or_default();
         let mut next = match req.subresource.as_deref() {
+            // A binding sets the node and the PodScheduled condition together.
+            Some("binding") => proposed,
             Some("status") => {
                 let mut n = current.clone();
                 n["status"] = proposed["status"].clone();
@@ -2050,7 +2058,6 @@ fn revision_at_least(a: &Revision, b: &Revision) -> bool {
 fn target_kind(req: &ApiRequest) -> (&'static str, &'static str, &'static str) {
     match req.subresource.as_deref() {
         Some("scale") => ("autoscaling", "v1", "Scale"),
-        Some("binding") => ("", "v1", "Binding"),
         _ => (req.resource.group, req.resource.version, req.resource.kind),
     }
 }

@@ -1,0 +1,361 @@
+//! The client trait both ways — in process and over HTTPS — against one API on a real
+//! embedded store: the semantics controllers, the scheduler and agents will rely on
+//! (binding once, status vs. main resource, paging, resourceVersion, watch resume and 410,
+//! bookmarks, finalizers, quota charging under concurrency).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tessera_apiserver::api::Api;
+use tessera_apiserver::auth::{Tokens, User};
+use tessera_apiserver::client::{Client, HttpClient, InProcess};
+use tessera_apiserver::pki::Credentials;
+use tessera_apiserver::request::{ApiRequest, PatchType, Verb, find_resource};
+use tessera_apiserver::{http, serve};
+use tessera_store::{EmbeddedOptions, EmbeddedStore, Revision, Store, StoreMetrics};
+
+struct Setup {
+    store: Arc<dyn Store>,
+    clients: Vec<(&'static str, Arc<dyn Client>)>,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let store: Arc<dyn Store> = Arc::new(
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+            .await
+            .expect("store"),
+    );
+    let api = Api::new(store.clone(), None);
+    let creds = Credentials::generate().expect("credentials");
+    let router = http::router(api.clone(), Tokens::new(&creds.admin_token));
+    let addr = serve::serve_tls("127.0.0.1:0".parse().expect("addr"), &creds, router)
+        .await
+        .expect("serve");
+    let remote = HttpClient::new(
+        &format!("https://{addr}"),
+        &creds.ca_pem,
+        &creds.admin_token,
+    )
+    .expect("client");
+    Setup {
+        store,
+        clients: vec![
+            ("in-process", Arc::new(InProcess::new(api, User::Admin))),
+            ("https", Arc::new(remote)),
+        ],
+        _dir: dir,
+    }
+}
+
+fn res(group: &str, plural: &str) -> &'static tessera_apiserver::catalog::Resource {
+    let version = if group == "tessera.io" {
+        "v1alpha1"
+    } else {
+        "v1"
+    };
+    find_resource(group, version, plural).expect("served")
+}
+
+fn pod(name: &str, cpu: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "x"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_clients_see_the_same_api() {
+    let s = setup().await;
+    let (pods, nss) = (res("", "pods"), res("", "namespaces"));
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns = format!("ns{i}");
+        c.create(nss, None, &json!({"metadata": {"name": ns}}))
+            .await
+            .expect("namespace");
+        let ns = Some(ns.as_str());
+
+        // Binding: once; the second is a Conflict naming the node.
+        c.create(pods, ns, &pod("p", "100m")).await.expect(how);
+        let mut bind = ApiRequest::new(Verb::Create, pods);
+        bind.namespace = ns.map(str::to_owned);
+        bind.name = Some("p".into());
+        bind.subresource = Some("binding".into());
+        bind.body = Bytes::from(
+            json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}})
+                .to_string(),
+        );
+        c.call(bind.clone()).await.expect("first binding");
+        let err = c.call(bind).await.expect_err("second binding");
+        assert_eq!((err.code, err.reason), (409, "Conflict"), "{how}");
+        assert!(
+            err.message.contains("already assigned to node \"n1\""),
+            "{how}: {}",
+            err.message
+        );
+        let p = c.get(pods, ns, "p").await.expect("get");
+        assert_eq!(p["spec"]["nodeName"], "n1");
+        assert_eq!(p["status"]["conditions"][0]["type"], "PodScheduled");
+
+        // The status subresource changes only status; the main resource never changes it.
+        let st = c
+            .patch(
+                pods,
+                ns,
+                "p",
+                Some("status"),
+                PatchType::Merge,
+                &json!({"status": {"phase": "Running"}, "spec": {"nodeName": "elsewhere"}}),
+            )
+            .await
+            .expect("status patch");
+        assert_eq!(st["status"]["phase"], "Running");
+        assert_eq!(st["spec"]["nodeName"], "n1");
+        let mut upd = c.get(pods, ns, "p").await.expect("get");
+        upd["status"]["phase"] = json!("Failed");
+        upd["metadata"]["labels"]["extra"] = json!("y");
+        let after = c.update(pods, ns, &upd).await.expect("update");
+        assert_eq!(after["status"]["phase"], "Running", "{how}");
+        assert_eq!(after["metadata"]["labels"]["extra"], "y");
+        // A stale resourceVersion is a Conflict.
+        let err = c.update(pods, ns, &upd).await.expect_err("stale");
+        assert_eq!(err.reason, "Conflict");
+
+        // Paging: limit + continue, all at one revision, every object once.
+        for k in 0..7 {
+            c.create(pods, ns, &pod(&format!("q{k}"), "10m"))
+                .await
+                .expect("create");
+        }
+        let mut seen = Vec::new();
+        let mut req = ApiRequest::new(Verb::List, pods);
+        req.namespace = ns.map(str::to_owned);
+        req.params.limit = 3;
+        req.params.label_selector = Some("app=x".parse().expect("selector"));
+        let mut revisions = Vec::new();
+        loop {
+            let page = c.list(req.clone()).await.expect("page");
+            revisions.push(page["metadata"]["resourceVersion"].clone());
+            for item in page["items"].as_array().expect("items") {
+                seen.push(item["metadata"]["name"].as_str().expect("name").to_owned());
+            }
+            match page["metadata"]["continue"].as_str() {
+                Some(t) => req.params.continue_token = Some(t.to_owned()),
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 8, "{how}: {seen:?}");
+        assert_eq!(revisions.len(), 3);
+        assert!(
+            revisions.windows(2).all(|w| w[0] == w[1]),
+            "one revision: {revisions:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_resume_bookmark_and_expire() {
+    let s = setup().await;
+    let cms = res("", "configmaps");
+    let (_, c) = &s.clients[1];
+    c.create(
+        res("", "namespaces"),
+        None,
+        &json!({"metadata": {"name": "w"}}),
+    )
+    .await
+    .expect("ns");
+    let ns = Some("w");
+    let first = c
+        .create(
+            cms,
+            ns,
+            &json!({"metadata": {"name": "a"}, "data": {"v": "1"}}),
+        )
+        .await
+        .expect("create");
+    let rv_a = first["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_owned();
+
+    // No resourceVersion: the existing objects come first as ADDED.
+    let mut req = ApiRequest::new(Verb::Watch, cms);
+    req.namespace = ns.map(str::to_owned);
+    let mut from_now = c.watch(req.clone()).await.expect("watch");
+    let ev = from_now.next().await.expect("event").into_value();
+    assert_eq!(
+        (
+            ev["type"].as_str(),
+            ev["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("a"))
+    );
+
+    // From a resourceVersion: only what came after, in order.
+    c.create(cms, ns, &json!({"metadata": {"name": "b"}}))
+        .await
+        .expect("b");
+    c.patch(
+        cms,
+        ns,
+        "a",
+        None,
+        PatchType::Merge,
+        &json!({"data": {"v": "2"}}),
+    )
+    .await
+    .expect("patch");
+    c.delete(cms, ns, "b", None).await.expect("delete");
+    let mut resumed_req = req.clone();
+    resumed_req.params.resource_version = Some(rv_a.clone());
+    let mut resumed = c.watch(resumed_req).await.expect("resume");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let ev = tokio::time::timeout(Duration::from_secs(10), resumed.next())
+            .await
+            .expect("in time")
+            .expect("event")
+            .into_value();
+        got.push(format!(
+            "{} {}",
+            ev["type"].as_str().unwrap_or(""),
+            ev["object"]["metadata"]["name"].as_str().unwrap_or("")
+        ));
+    }
+    assert_eq!(got, ["ADDED b", "MODIFIED a", "DELETED b"]);
+    // The first watch saw the same, after its initial event.
+    for want in ["ADDED b", "MODIFIED a", "DELETED b"] {
+        let ev = from_now.next().await.expect("event").into_value();
+        assert_eq!(
+            format!(
+                "{} {}",
+                ev["type"].as_str().unwrap_or(""),
+                ev["object"]["metadata"]["name"].as_str().unwrap_or("")
+            ),
+            want
+        );
+    }
+
+    // A label selector: an object that starts matching joins as ADDED, one that stops leaves
+    // as DELETED.
+    let mut sel = req.clone();
+    sel.params.resource_version = Some(rv_a.clone());
+    sel.params.label_selector = Some("team=blue".parse().expect("selector"));
+    c.patch(
+        cms,
+        ns,
+        "a",
+        None,
+        PatchType::Merge,
+        &json!({"metadata": {"labels": {"team": "blue"}}}),
+    )
+    .await
+    .expect("label");
+    c.patch(
+        cms,
+        ns,
+        "a",
+        None,
+        PatchType::Merge,
+        &json!({"metadata": {"labels": {"team": "red"}}}),
+    )
+    .await
+    .expect("relabel");
+    let mut selected = c.watch(sel).await.expect("selected watch");
+    let types: Vec<String> = (0..2).map(|_| String::new()).collect::<Vec<_>>();
+    let mut types = types;
+    for t in types.iter_mut() {
+        let ev = tokio::time::timeout(Duration::from_secs(10), selected.next())
+            .await
+            .expect("in time")
+            .expect("event")
+            .into_value();
+        *t = ev["type"].as_str().unwrap_or("").to_owned();
+    }
+    assert_eq!(types, ["ADDED", "DELETED"]);
+
+    // Bookmarks on an idle watch, carrying a resourceVersion to resume from.
+    let mut bm = req.clone();
+    bm.params.allow_bookmarks = true;
+    bm.params.resource_version = Some(rv_a.clone());
+    let mut bookmarked = c.watch(bm).await.expect("bookmarks");
+    let bookmark = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let ev = bookmarked.next().await.expect("event").into_value();
+            if ev["type"] == "BOOKMARK" {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("a bookmark within 20 s");
+    assert!(bookmark["object"]["metadata"]["resourceVersion"].is_string());
+
+    // After compaction, an old resourceVersion is gone: 410 for a list at it, an ERROR
+    // event with a 410 Status for a watch from it.
+    let now = s.store.current_revision().await.expect("revision");
+    s.store.compact(&now).await.expect("compact");
+    let mut old_list = ApiRequest::new(Verb::List, cms);
+    old_list.namespace = ns.map(str::to_owned);
+    old_list.params.resource_version = Some(rv_a.clone());
+    old_list.params.resource_version_match = Some("Exact".into());
+    let err = c.list(old_list).await.expect_err("compacted");
+    assert_eq!(err.code, 410, "{}", err.message);
+    let mut old_watch = req.clone();
+    old_watch.params.resource_version = Some(rv_a);
+    let mut expired = c
+        .watch(old_watch)
+        .await
+        .expect("watch answers with an event");
+    let ev = expired.next().await.expect("event").into_value();
+    assert_eq!(ev["type"], "ERROR");
+    assert_eq!(ev["object"]["code"], 410);
+    let _: Revision = now;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_never_overshoot_a_quota() {
+    let s = setup().await;
+    let (_, c) = &s.clients[0];
+    c.create(
+        res("", "namespaces"),
+        None,
+        &json!({"metadata": {"name": "q"}}),
+    )
+    .await
+    .expect("ns");
+    c.create(
+        res("", "resourcequotas"),
+        Some("q"),
+        &json!({"metadata": {"name": "rq"}, "spec": {"hard": {"pods": "10", "requests.cpu": "2"}}}),
+    )
+    .await
+    .expect("quota");
+    // 40 pods of 100m at once: exactly 10 fit the pod count (1 CPU of 2).
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.create(res("", "pods"), Some("q"), &pod(&format!("p{i}"), "100m"))
+                .await
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(_) => ok += 1,
+            Err(e) => assert_eq!((e.code, e.reason), (403, "Forbidden"), "{}", e.message),
+        }
+    }
+    assert_eq!(ok, 10);
+    let q = c
+        .get(res("", "resourcequotas"), Some("q"), "rq")
+        .await
+        .expect("quota");
+    assert_eq!(q["status"]["used"]["pods"], "10");
+    assert_eq!(q["status"]["used"]["requests.cpu"], "1");
+}
