@@ -239,6 +239,32 @@ fn kubectl_drives_objects_end_to_end() {
     assert_eq!(lines.next().expect("update").expect("line"), "7");
     drop(watch);
 
+    // edit, with an editor that changes the replicas.
+    let editor = c.file(
+        "editor.sh",
+        "#!/bin/sh\nsed -i 's/replicas: 7$/replicas: 3/' \"$1\"\n",
+    );
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let out = c
+        .command(&["edit", "deploy", "web", "-n", "demo"])
+        .env("EDITOR", &editor)
+        .output()
+        .expect("kubectl edit");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "deployment.apps/web edited"
+    );
+    assert_eq!(
+        json(&c, &["get", "deploy", "web", "-n", "demo"])["spec"]["replicas"],
+        3
+    );
+
     // explain and describe.
     let explain = c.ok(&["explain", "deployment.spec.strategy"]);
     assert!(
@@ -475,6 +501,21 @@ fn kubectl_drives_objects_end_to_end() {
         c.fails(&["get", "deploy", "web", "-n", "demo"])
             .contains("not found")
     );
+    // Namespaces: an empty one goes at once; one with content is Terminating and takes no
+    // new objects (the namespace controller of the next issue empties it).
+    let nss = c.file("nss.yaml", "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: empty\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: full\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n  namespace: full\n");
+    c.ok(&["create", "-f", &nss]);
+    c.ok(&["delete", "ns", "empty"]);
+    assert!(c.fails(&["get", "ns", "empty"]).contains("not found"));
+    c.ok(&["delete", "ns", "full", "--wait=false"]);
+    assert!(c.ok(&["get", "ns", "full"]).contains("Terminating"));
+    let late = c.file(
+        "late.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: late\n  namespace: full\n",
+    );
+    let err = c.fails(&["create", "-f", &late]);
+    assert!(err.contains("because it is being terminated"), "{err}");
+
     // Quota usage was charged at create and is refunded at delete.
     c.ok(&["delete", "pod", "p3", "-n", "demo"]);
     let q = json(&c, &["get", "quota", "q", "-n", "demo"]);
