@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tessera_core::keys;
 use tessera_core::quantity::Quantity;
 use tessera_store::continuation::Cursor;
-use tessera_store::{EventKind, KeyValue, ListRequest, Op, Revision, Store, StoreError};
+use tessera_store::{KeyValue, ListRequest, Op, Revision, Store, StoreError};
 
 use crate::auth::{Authorizer, User};
 use crate::catalog::Resource;
@@ -26,6 +26,7 @@ use crate::kinds::{self, unknown_fields};
 use crate::metrics::ApiMetrics;
 use crate::request::{ApiRequest, FieldValidation, PatchType, Propagation, Verb};
 use crate::status::{ApiError, Cause};
+use crate::watchcache::WatchCache;
 use crate::{apply, patch, table, validation};
 
 /// One watch event.
@@ -131,6 +132,7 @@ pub struct Api {
     authorizer: Authorizer,
     fairness: Fairness,
     metrics: Option<ApiMetrics>,
+    watch_cache: WatchCache,
 }
 
 /// RFC 3339 in UTC, to the second, as Kubernetes writes timestamps.
@@ -478,6 +480,10 @@ impl Api {
         Api {
             authorizer: Authorizer::new(store.clone()),
             fairness: Fairness::new(metrics.clone()),
+            watch_cache: WatchCache::new(
+                store.clone(),
+                Arc::new(|ty: &str, value: &[u8], rev: i64| event_line(ty, value, rev).ok()),
+            ),
             store,
             metrics,
         }
@@ -896,7 +902,19 @@ impl Api {
         let kind = res.kind;
         let version = api_version(res);
         let allowed = Arc::new(allowed_namespaces);
-        let events: WatchStream = match self.store.watch(watch_prefix.as_bytes(), after).await {
+        let after = after.ok_or_else(|| ApiError::internal("a watch without a revision"))?;
+        // Events at or before `after` that share a batch with later ones are skipped.
+        let floor = match after.parts() {
+            [one] => *one,
+            _ => i64::MIN,
+        };
+        let resource_prefix = prefix(res, None);
+        let ns_prefix = Bytes::from(watch_prefix.clone());
+        let events: WatchStream = match self
+            .watch_cache
+            .watch(&resource_prefix, &watch_prefix, after)
+            .await
+        {
             Ok(w) => {
                 let mut last_bookmark = Instant::now();
                 let decode = !filter.is_trivial() || allowed.is_some();
@@ -905,52 +923,45 @@ impl Api {
                         Ok(batch) => {
                             let mut out = Vec::with_capacity(batch.events.len() + 1);
                             for e in &batch.events {
-                                let (ty, value, rev) = match (e.kind, &e.prev_kv) {
-                                    (EventKind::Put, None) => {
-                                        ("ADDED", &e.kv.value, e.kv.mod_revision)
-                                    }
-                                    (EventKind::Put, Some(_)) => {
-                                        ("MODIFIED", &e.kv.value, e.kv.mod_revision)
-                                    }
-                                    (EventKind::Delete, Some(prev)) => {
-                                        ("DELETED", &prev.value, e.kv.mod_revision)
-                                    }
-                                    (EventKind::Delete, None) => continue,
+                                if e.rev <= floor || !e.key.starts_with(&ns_prefix) {
+                                    continue;
+                                }
+                                let Some(line) = &e.line else { continue };
+                                if !decode {
+                                    out.push(WatchEvent::Encoded(line.clone()));
+                                    continue;
+                                }
+                                let Ok(obj) = serde_json::from_slice::<Value>(&e.value) else {
+                                    continue;
                                 };
-                                let ty = if decode {
-                                    let Ok(obj) = serde_json::from_slice::<Value>(value) else {
-                                        continue;
-                                    };
-                                    if let Some(a) = allowed.as_ref()
-                                        && !a.iter().any(|n| n == name_of(&obj))
-                                    {
-                                        continue;
-                                    }
-                                    // An object that stops matching leaves the watch as
-                                    // DELETED; one that starts matching joins it as ADDED.
-                                    let now = filter.matches(&obj);
-                                    let before = ty == "MODIFIED"
-                                        && e.prev_kv
-                                            .as_ref()
-                                            .and_then(|p| {
-                                                serde_json::from_slice::<Value>(&p.value).ok()
-                                            })
-                                            .is_some_and(|p| filter.matches(&p));
-                                    match (ty, before, now) {
-                                        ("MODIFIED", false, true) => "ADDED",
-                                        ("MODIFIED", true, false) => "DELETED",
-                                        (_, _, false) => continue,
-                                        (t, _, _) => t,
-                                    }
-                                } else {
-                                    ty
+                                if let Some(a) = allowed.as_ref()
+                                    && !a.iter().any(|n| n == name_of(&obj))
+                                {
+                                    continue;
+                                }
+                                // An object that stops matching leaves the watch as DELETED;
+                                // one that starts matching joins it as ADDED.
+                                let now = filter.matches(&obj);
+                                let before = e.ty == "MODIFIED"
+                                    && e.prev
+                                        .as_ref()
+                                        .and_then(|p| serde_json::from_slice::<Value>(p).ok())
+                                        .is_some_and(|p| filter.matches(&p));
+                                let ty = match (e.ty, before, now) {
+                                    ("MODIFIED", false, true) => "ADDED",
+                                    ("MODIFIED", true, false) => "DELETED",
+                                    (_, _, false) => continue,
+                                    (t, _, _) => t,
                                 };
-                                if let Ok(line) = event_line(ty, value, rev) {
-                                    out.push(WatchEvent::Encoded(line));
+                                if ty == e.ty {
+                                    out.push(WatchEvent::Encoded(line.clone()));
+                                } else if let Ok(l) = event_line(ty, &e.value, e.rev) {
+                                    out.push(WatchEvent::Encoded(l));
                                 }
                             }
                             if bookmarks
-                                && (batch.is_progress() || last_bookmark.elapsed() > BOOKMARK_EVERY)
+                                && (batch.events.is_empty()
+                                    || last_bookmark.elapsed() > BOOKMARK_EVERY)
                             {
                                 last_bookmark = Instant::now();
                                 out.push(WatchEvent::Value(

@@ -24,3 +24,4 @@ pub mod status;
 pub mod table;
 pub mod types;
 pub mod validation;
+pub mod watchcache;

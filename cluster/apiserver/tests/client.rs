@@ -161,13 +161,19 @@ async fn watches_resume_bookmark_and_expire() {
     let s = setup().await;
     let cms = res("", "configmaps");
     let (_, c) = &s.clients[1];
-    c.create(
-        res("", "namespaces"),
-        None,
-        &json!({"metadata": {"name": "w"}}),
-    )
-    .await
-    .expect("ns");
+    let ns_obj = c
+        .create(
+            res("", "namespaces"),
+            None,
+            &json!({"metadata": {"name": "w"}}),
+        )
+        .await
+        .expect("ns");
+    // Older than anything the watch cache holds (it starts with the first watch).
+    let rv_before_cache = ns_obj["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_owned();
     let ns = Some("w");
     let first = c
         .create(
@@ -296,7 +302,8 @@ async fn watches_resume_bookmark_and_expire() {
     assert!(bookmark["object"]["metadata"]["resourceVersion"].is_string());
 
     // After compaction, an old resourceVersion is gone: 410 for a list at it, an ERROR
-    // event with a 410 Status for a watch from it.
+    // event with a 410 Status for a watch from before the watch cache's window. (Within the
+    // window a watch is still served from memory, as Kubernetes' watch cache does.)
     let now = s.store.current_revision().await.expect("revision");
     s.store.compact(&now).await.expect("compact");
     let mut old_list = ApiRequest::new(Verb::List, cms);
@@ -306,7 +313,7 @@ async fn watches_resume_bookmark_and_expire() {
     let err = c.list(old_list).await.expect_err("compacted");
     assert_eq!(err.code, 410, "{}", err.message);
     let mut old_watch = req.clone();
-    old_watch.params.resource_version = Some(rv_a);
+    old_watch.params.resource_version = Some(rv_before_cache);
     let mut expired = c
         .watch(old_watch)
         .await

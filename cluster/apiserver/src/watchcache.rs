@@ -1,0 +1,382 @@
+//! The watch cache: one store watch per resource, however many clients watch it, and every
+//! event encoded once for all of them (as kube-apiserver's watch cache does). Each event keeps
+//! its JSON line (`{"type":...,"object":...}`), shared by reference with every watcher; a
+//! watcher only filters (by namespace from the key, by selectors when it has some) and
+//! writes.
+//!
+//! A cache keeps the most recent events (`WINDOW` of them) so that a watch resuming from a
+//! recent resourceVersion is served from memory; an older one gets its own store watch (and
+//! its `410 Gone` if that revision was compacted). A watcher that falls more than the channel
+//! behind is caught up from the window, or its stream ends, as Kubernetes ends slow watchers;
+//! clients resume from their last resourceVersion.
+//!
+//! Caches run for stores with single-part revisions (embedded, one etcd). A sharded store's
+//! composite revisions are served by per-watch store watches, which it merges itself.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use parking_lot::{Mutex, RwLock};
+use tessera_store::{EventKind, Revision, Store, StoreError, WatchBatch};
+use tokio::sync::broadcast;
+
+/// Events kept for resuming watches.
+pub const WINDOW: usize = 100_000;
+/// Batches a watcher may fall behind the live channel before it is caught up from the window.
+const CHANNEL: usize = 4096;
+
+/// Encodes an event's JSON line: (type, stored bytes, revision).
+pub type LineEncoder = dyn Fn(&str, &[u8], i64) -> Option<Bytes> + Send + Sync;
+
+/// One change, encoded once.
+#[derive(Debug)]
+pub struct CachedEvent {
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub ty: &'static str,
+    /// The object's key (namespace filtering reads it).
+    pub key: Bytes,
+    /// The object's stored bytes (the previous ones for a deletion).
+    pub value: Bytes,
+    /// The bytes before a modification.
+    pub prev: Option<Bytes>,
+    /// The event's revision (the object's resourceVersion in it).
+    pub rev: i64,
+    /// The event's JSON line, or `None` if the stored bytes could not be rendered.
+    pub line: Option<Bytes>,
+}
+
+/// Changes of one revision range, and the revision a watch resumes after.
+#[derive(Debug)]
+pub struct CachedBatch {
+    /// The changes (empty for a progress notification).
+    pub events: Vec<CachedEvent>,
+    /// Resume after this revision to continue just after the batch.
+    pub revision: Revision,
+}
+
+/// Builds the shared form of a store batch (lines encoded by `line`).
+pub fn cached_batch(
+    batch: &WatchBatch,
+    line: &LineEncoder,
+) -> CachedBatch {
+    let events = batch
+        .events
+        .iter()
+        .filter_map(|e| {
+            let (ty, value, prev) = match (e.kind, &e.prev_kv) {
+                (EventKind::Put, None) => ("ADDED", e.kv.value.clone(), None),
+                (EventKind::Put, Some(p)) => {
+                    ("MODIFIED", e.kv.value.clone(), Some(p.value.clone()))
+                }
+                (EventKind::Delete, Some(p)) => ("DELETED", p.value.clone(), None),
+                (EventKind::Delete, None) => return None,
+            };
+            let rev = e.kv.mod_revision;
+            Some(CachedEvent {
+                ty,
+                key: e.kv.key.clone(),
+                line: line(ty, &value, rev),
+                value,
+                prev,
+                rev,
+            })
+        })
+        .collect();
+    CachedBatch {
+        events,
+        revision: batch.revision.clone(),
+    }
+}
+
+/// A stream of batches for one watcher.
+pub type BatchStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<Arc<CachedBatch>, StoreError>> + Send>>;
+
+struct ResourceCache {
+    /// Batches held, oldest first, and how many events they hold.
+    window: RwLock<(VecDeque<Arc<CachedBatch>>, usize)>,
+    /// Every revision after `floor` is in the window (`floor` rises as batches leave it).
+    floor: Mutex<i64>,
+    live: broadcast::Sender<Arc<CachedBatch>>,
+}
+
+impl ResourceCache {
+    /// The batches after `after`, if the window holds everything since then.
+    fn since(&self, after: i64) -> Option<Vec<Arc<CachedBatch>>> {
+        let floor = *self.floor.lock();
+        if after < floor {
+            return None;
+        }
+        let window = self.window.read();
+        Some(
+            window
+                .0
+                .iter()
+                .filter(|b| single(&b.revision) > after)
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+fn single(r: &Revision) -> i64 {
+    r.parts().first().copied().unwrap_or(0)
+}
+
+/// The caches of one API server, one per watched resource prefix.
+#[derive(Clone)]
+pub struct WatchCache {
+    store: Arc<dyn Store>,
+    line: Arc<LineEncoder>,
+    caches: Arc<Mutex<HashMap<String, Arc<ResourceCache>>>>,
+    channel: usize,
+}
+
+impl WatchCache {
+    /// Caches over `store`, encoding event lines with `line`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        line: Arc<LineEncoder>,
+    ) -> WatchCache {
+        WatchCache {
+            store,
+            line,
+            caches: Arc::default(),
+            channel: CHANNEL,
+        }
+    }
+
+    /// The same with a live channel of `batches` (tests make watchers lag with a small one).
+    pub fn with_channel(mut self, batches: usize) -> WatchCache {
+        self.channel = batches.max(1);
+        self
+    }
+
+    /// The resource's cache, started on first use at the store's current revision; `None`
+    /// for stores with composite revisions.
+    async fn cache(&self, prefix: &str) -> Result<Option<Arc<ResourceCache>>, StoreError> {
+        if let Some(c) = self.caches.lock().get(prefix) {
+            return Ok(Some(c.clone()));
+        }
+        let now = self.store.current_revision().await?;
+        if now.parts().len() != 1 {
+            return Ok(None);
+        }
+        let mut stream = self
+            .store
+            .watch(prefix.as_bytes(), Some(now.clone()))
+            .await?;
+        let (live, _) = broadcast::channel(self.channel);
+        let cache = Arc::new(ResourceCache {
+            window: RwLock::new((VecDeque::new(), 0)),
+            floor: Mutex::new(single(&now)),
+            live,
+        });
+        {
+            let mut caches = self.caches.lock();
+            if let Some(existing) = caches.get(prefix) {
+                // Another watcher started it meanwhile; this store watch is dropped.
+                return Ok(Some(existing.clone()));
+            }
+            caches.insert(prefix.to_owned(), cache.clone());
+        }
+        let (line, caches, key, pumped) = (
+            self.line.clone(),
+            self.caches.clone(),
+            prefix.to_owned(),
+            cache.clone(),
+        );
+        tokio::spawn(async move {
+            while let Some(item) = stream.next().await {
+                let batch = match item {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(prefix = %key, error = %e, "watch cache lost its store watch; watchers will resume");
+                        break;
+                    }
+                };
+                let cached = Arc::new(cached_batch(&batch, line.as_ref()));
+                {
+                    let mut w = pumped.window.write();
+                    w.1 += cached.events.len();
+                    w.0.push_back(cached.clone());
+                    while w.1 > WINDOW {
+                        let Some(old) = w.0.pop_front() else { break };
+                        w.1 -= old.events.len();
+                        *pumped.floor.lock() = single(&old.revision);
+                    }
+                }
+                // No receivers is fine: nobody watches right now.
+                let _ = pumped.live.send(cached);
+            }
+            caches.lock().remove(&key);
+        });
+        Ok(Some(cache))
+    }
+
+    /// Batches of `prefix` after revision `after`: from the cache when it can serve them, from
+    /// a store watch of their own otherwise.
+    /// `prefix` is the resource's (what the cache watches); `narrow`, within it, is what a
+    /// watch of its own needs (one namespace).
+    pub async fn watch(
+        &self,
+        prefix: &str,
+        narrow: &str,
+        after: Revision,
+    ) -> Result<BatchStream, StoreError> {
+        if after.parts().len() == 1
+            && let Some(cache) = self.cache(prefix).await?
+        {
+            // Subscribe first, then read the window: nothing falls between the two.
+            let rx = cache.live.subscribe();
+            let from = single(&after);
+            if let Some(backlog) = cache.since(from) {
+                return Ok(Box::pin(follow(cache, rx, backlog, from)));
+            }
+        }
+        let line = self.line.clone();
+        let stream = self.store.watch(narrow.as_bytes(), Some(after)).await?;
+        Ok(Box::pin(stream.map(move |item| {
+            item.map(|b| Arc::new(cached_batch(&b, line.as_ref())))
+        })))
+    }
+}
+
+/// The backlog, then live batches after it; caught up from the window after a lag.
+fn follow(
+    cache: Arc<ResourceCache>,
+    rx: broadcast::Receiver<Arc<CachedBatch>>,
+    backlog: Vec<Arc<CachedBatch>>,
+    from: i64,
+) -> impl Stream<Item = Result<Arc<CachedBatch>, StoreError>> + Send {
+    let last = backlog.last().map_or(from, |b| single(&b.revision));
+    let state = (cache, rx, VecDeque::from(backlog), last);
+    futures::stream::unfold(state, |(cache, mut rx, mut pending, mut last)| async move {
+        loop {
+            if let Some(b) = pending.pop_front() {
+                last = last.max(single(&b.revision));
+                return Some((Ok(b), (cache, rx, pending, last)));
+            }
+            match rx.recv().await {
+                Ok(b) if single(&b.revision) <= last && !b.events.is_empty() => continue,
+                Ok(b) => {
+                    last = last.max(single(&b.revision));
+                    return Some((Ok(b), (cache, rx, pending, last)));
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => match cache.since(last) {
+                    Some(missed) => pending.extend(missed),
+                    // Too far behind even for the window: end; the client resumes.
+                    None => return None,
+                },
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
+
+    use super::*;
+
+    async fn store(dir: &std::path::Path) -> Arc<dyn Store> {
+        let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        Arc::new(
+            EmbeddedStore::open(dir, EmbeddedOptions::default(), metrics)
+                .await
+                .expect("store"),
+        )
+    }
+
+    fn cache(store: Arc<dyn Store>) -> WatchCache {
+        WatchCache::new(
+            store,
+            Arc::new(|ty: &str, v: &[u8], rev: i64| {
+                Some(Bytes::from(format!(
+                    "{ty} {rev} {}",
+                    String::from_utf8_lossy(v)
+                )))
+            }),
+        )
+    }
+
+    /// Collects `n` events' revisions from a stream.
+    async fn take(stream: &mut BatchStream, n: usize) -> Vec<i64> {
+        let mut revs = Vec::new();
+        while revs.len() < n {
+            let b = tokio::time::timeout(std::time::Duration::from_secs(20), stream.next())
+                .await
+                .expect("in time")
+                .expect("open")
+                .expect("batch");
+            revs.extend(b.events.iter().map(|e| e.rev));
+        }
+        revs
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_watchers_share_one_store_watch_and_see_everything_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path()).await;
+        let wc = cache(s.clone());
+        let start = s.current_revision().await.expect("rev");
+        let mut watchers = Vec::new();
+        for _ in 0..50 {
+            watchers.push(
+                wc.watch("/registry/x/", "/registry/x/", start.clone())
+                    .await
+                    .expect("watch"),
+            );
+        }
+        assert_eq!(wc.caches.lock().len(), 1, "one cache, one store watch");
+        for i in 0..100 {
+            s.create(
+                Bytes::from(format!("/registry/x/k{i:03}")),
+                Bytes::from("v"),
+            )
+            .await
+            .expect("create");
+        }
+        let first = take(&mut watchers[0], 100).await;
+        assert!(first.windows(2).all(|w| w[0] < w[1]), "in order, once");
+        for w in &mut watchers[1..] {
+            assert_eq!(take(w, 100).await, first);
+        }
+        // A late watcher resuming from the middle gets exactly the rest from the window.
+        let mid = Revision::single(first[49]);
+        let mut late = wc
+            .watch("/registry/x/", "/registry/x/", mid)
+            .await
+            .expect("resume");
+        let rest = take(&mut late, 50).await;
+        assert_eq!(rest.iter().filter(|r| **r > first[49]).count(), 50);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lagging_watcher_is_caught_up_from_the_window() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path()).await;
+        let wc = cache(s.clone()).with_channel(8);
+        let start = s.current_revision().await.expect("rev");
+        let mut slow = wc
+            .watch("/registry/y/", "/registry/y/", start)
+            .await
+            .expect("watch");
+        // More single-write batches than the channel holds, while it does not read.
+        let n = 500;
+        for i in 0..n {
+            s.create(
+                Bytes::from(format!("/registry/y/k{i:05}")),
+                Bytes::from("v"),
+            )
+            .await
+            .expect("create");
+        }
+        let revs = take(&mut slow, n).await;
+        assert_eq!(revs.len(), n);
+        assert!(revs.windows(2).all(|w| w[0] < w[1]), "no gap, no repeat");
+    }
+}
