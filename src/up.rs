@@ -32,6 +32,9 @@ pub struct UpArgs {
     /// Address of the Kubernetes API (HTTPS).
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub api_addr: SocketAddr,
+    /// Serve watches from one store watch per resource (`false`: each watch reads the store).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_cache: bool,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -61,7 +64,10 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
     ));
     let metrics_addr = crate::metrics_server::serve(args.metrics_addr, registry).await?;
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
-    let api = Api::new(store.clone(), Some(api_metrics));
+    let mut api = Api::new(store.clone(), Some(api_metrics));
+    if !args.watch_cache {
+        api = api.without_watch_cache();
+    }
     let router = http::router(api.clone(), Tokens::new(&credentials.admin_token));
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;
     let kubeconfig = args.data_dir.join("kubeconfig");

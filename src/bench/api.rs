@@ -22,9 +22,9 @@ use tessera_apiserver::client::{Client, HttpClient};
 use tessera_apiserver::pki::Credentials;
 use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
 use tessera_apiserver::{http, serve};
-use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 
 use super::latency::Latencies;
+use super::target::{BenchBackend, Target};
 
 /// Flags of `bench api`.
 #[derive(Args, Debug)]
@@ -56,6 +56,18 @@ pub struct ApiBenchArgs {
     /// Print one JSON object per measurement instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Store behind the API.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub backend: BenchBackend,
+    /// etcd to use with `--backend etcd`; without it an etcd process is started for the run.
+    #[arg(long)]
+    pub etcd_servers: Option<String>,
+    /// Serve watches through the watch cache (`false`: each watch reads the store itself).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_cache: bool,
+    /// Only these phases (create, get, list, paced, watch), comma-separated; all by default.
+    #[arg(long, value_delimiter = ',')]
+    pub phases: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -178,19 +190,14 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         args.requests > 0 && args.rate > 0 && args.watchers > 0 && args.events > 0,
         "--requests, --rate, --watchers and --events must be positive"
     );
-    let dir = tempfile::Builder::new()
-        .prefix("tessera-bench-api-")
-        .tempdir()?;
-    let store = Arc::new(
-        EmbeddedStore::open(
-            dir.path(),
-            EmbeddedOptions::default(),
-            StoreMetrics::detached(),
-        )
-        .await?,
-    );
+    let target = Target::new(args.backend, args.etcd_servers.as_deref(), None).await?;
+    let bench_store = target.open().await?;
     let credentials = Credentials::generate()?;
-    let api = Api::new(store, None);
+    let mut api = Api::new(bench_store.store.clone(), None);
+    if !args.watch_cache {
+        api = api.without_watch_cache();
+    }
+    let phase = |p: &str| args.phases.is_empty() || args.phases.iter().any(|x| x == p);
     let router = http::router(api, Tokens::new(&credentials.admin_token));
     let addr = serve::serve_tls("127.0.0.1:0".parse()?, &credentials, router).await?;
     let client = Arc::new(HttpClient::new(
@@ -205,7 +212,7 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         clock: Instant::now(),
     });
 
-    for &c in &args.concurrency {
+    for &c in args.concurrency.iter().filter(|_| phase("create") || phase("get")) {
         anyhow::ensure!(c > 0, "--concurrency levels must be positive");
         let ns = format!("c{c}");
         bench.namespace(&ns).await?;
@@ -248,7 +255,21 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         )?;
     }
 
-    // Lists of a namespace of --list-size objects.
+    if phase("list") {
+        list_phase(&bench, &args).await?;
+    }
+    if phase("paced") {
+        paced(&bench, &args).await?;
+    }
+    if phase("watch") {
+        fan_out(&bench, &args).await?;
+    }
+    drop(bench_store);
+    Ok(())
+}
+
+/// Lists of a namespace of `--list-size` objects at each concurrency.
+async fn list_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()> {
     bench.namespace("listed").await?;
     let b = bench.clone();
     bench
@@ -279,9 +300,6 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         )?;
     }
 
-    paced(&bench, &args).await?;
-    fan_out(&bench, &args).await?;
-    drop(dir);
     Ok(())
 }
 

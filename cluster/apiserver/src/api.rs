@@ -489,6 +489,13 @@ impl Api {
         }
     }
 
+    /// The same API without a watch cache: each watch reads the store itself
+    /// (`tessera apiserver --watch-cache=false`).
+    pub fn without_watch_cache(mut self) -> Api {
+        self.watch_cache = self.watch_cache.disabled();
+        self
+    }
+
     /// The store behind the API.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store

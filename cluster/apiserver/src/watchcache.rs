@@ -132,6 +132,7 @@ pub struct WatchCache {
     line: Arc<LineEncoder>,
     caches: Arc<Mutex<HashMap<String, Arc<ResourceCache>>>>,
     channel: usize,
+    enabled: bool,
 }
 
 impl WatchCache {
@@ -145,7 +146,15 @@ impl WatchCache {
             line,
             caches: Arc::default(),
             channel: CHANNEL,
+            enabled: true,
         }
+    }
+
+    /// The same, switched off: every watch gets a store watch of its own (kube-apiserver's
+    /// `--watch-cache=false`; for measuring what the cache saves).
+    pub fn disabled(mut self) -> WatchCache {
+        self.enabled = false;
+        self
     }
 
     /// The same with a live channel of `batches` (tests make watchers lag with a small one).
@@ -226,7 +235,8 @@ impl WatchCache {
         narrow: &str,
         after: Revision,
     ) -> Result<BatchStream, StoreError> {
-        if after.parts().len() == 1
+        if self.enabled
+            && after.parts().len() == 1
             && let Some(cache) = self.cache(prefix).await?
         {
             // Subscribe first, then read the window: nothing falls between the two.
