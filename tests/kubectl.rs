@@ -52,6 +52,109 @@ fn kubectl_drives_objects_end_to_end() {
         assert!(versions.lines().any(|l| l == gv), "{gv} in {versions}");
     }
 
+    // kubectl's typed generators send protobuf; each object arrives whole.
+    for args in [
+        &["create", "namespace", "gen"][..],
+        &[
+            "create",
+            "configmap",
+            "cfg",
+            "-n",
+            "gen",
+            "--from-literal=a=1",
+        ],
+        &[
+            "create",
+            "secret",
+            "generic",
+            "pw",
+            "-n",
+            "gen",
+            "--from-literal=pw=hunter2",
+        ],
+        &[
+            "create",
+            "deployment",
+            "api",
+            "-n",
+            "gen",
+            "--image=nginx:1.25",
+            "--replicas=3",
+            "--port=80",
+        ],
+        &[
+            "create",
+            "job",
+            "once",
+            "-n",
+            "gen",
+            "--image=busybox",
+            "--",
+            "echo",
+            "hi",
+        ],
+        &[
+            "create",
+            "cronjob",
+            "tick",
+            "-n",
+            "gen",
+            "--image=busybox",
+            "--schedule=*/5 * * * *",
+            "--",
+            "date",
+        ],
+        &["create", "serviceaccount", "robot", "-n", "gen"],
+        &[
+            "create",
+            "service",
+            "clusterip",
+            "api",
+            "-n",
+            "gen",
+            "--tcp=80:8080",
+        ],
+        &["create", "quota", "small", "-n", "gen", "--hard=pods=10"],
+        &["create", "priorityclass", "high", "--value=1000"],
+        &[
+            "create",
+            "poddisruptionbudget",
+            "keep",
+            "-n",
+            "gen",
+            "--selector=app=api",
+            "--min-available=1",
+        ],
+    ] {
+        let out = c.ok(args);
+        assert!(out.trim().ends_with("created"), "{args:?}: {out}");
+    }
+    let d = json(&c, &["get", "deploy", "api", "-n", "gen"]);
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert_eq!(
+        d["spec"]["template"]["spec"]["containers"][0]["image"],
+        "nginx:1.25"
+    );
+    assert_eq!(
+        d["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"],
+        80
+    );
+    let pw = json(&c, &["get", "secret", "pw", "-n", "gen"]);
+    assert_eq!(pw["data"]["pw"], "aHVudGVyMg==", "bytes survive protobuf");
+    assert_eq!(pw["type"], "Opaque");
+    let svc = json(&c, &["get", "svc", "api", "-n", "gen"]);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(
+        json(&c, &["get", "cj", "tick", "-n", "gen"])["spec"]["schedule"],
+        "*/5 * * * *"
+    );
+    assert_eq!(json(&c, &["get", "pc", "high"])["value"], 1000);
+    assert_eq!(
+        c.ok(&["auth", "can-i", "create", "pods", "-n", "gen"])
+            .trim(),
+        "yes"
+    );
+
     // create -f and apply -f, under kubectl's default strict validation (served by
     // /openapi/v3 and fieldValidation=Strict).
     let ns = c.file("ns.yaml", NAMESPACE);
@@ -569,6 +672,48 @@ fn tenants_see_only_their_own_namespaces() {
     );
     acme_ok(&["get", "nodes"]);
     acme_ok(&["get", "tenant", "acme"]);
+
+    // kubectl auth can-i asks the same authorizer.
+    assert_eq!(
+        acme_ok(&["auth", "can-i", "create", "pods", "-n", "acme-dev"]).trim(),
+        "yes"
+    );
+    let out = c
+        .command(&[
+            acme.as_str(),
+            "auth",
+            "can-i",
+            "create",
+            "pods",
+            "-n",
+            "zeta-dev",
+        ])
+        .output()
+        .expect("can-i");
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("no - ") && said.contains("not one of tenant acme's namespaces"),
+        "{said}"
+    );
+    // A typed generator (protobuf) is authorized like everything else.
+    acme_ok(&[
+        "create",
+        "configmap",
+        "typed",
+        "-n",
+        "acme-dev",
+        "--from-literal=k=v",
+    ]);
+    let err = acme_fails(&[
+        "create",
+        "configmap",
+        "typed",
+        "-n",
+        "zeta-dev",
+        "--from-literal=k=v",
+    ]);
+    assert!(err.contains("forbidden"), "{err}");
 
     // Everything of another tenant's, or of nobody's, answers the same 403.
     let other = c.file(

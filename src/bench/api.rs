@@ -212,7 +212,11 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         clock: Instant::now(),
     });
 
-    for &c in args.concurrency.iter().filter(|_| phase("create") || phase("get")) {
+    for &c in args
+        .concurrency
+        .iter()
+        .filter(|_| phase("create") || phase("get"))
+    {
         anyhow::ensure!(c > 0, "--concurrency levels must be positive");
         let ns = format!("c{c}");
         bench.namespace(&ns).await?;

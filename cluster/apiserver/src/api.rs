@@ -496,6 +496,11 @@ impl Api {
         self
     }
 
+    /// The authorizer (for access reviews).
+    pub fn authorizer(&self) -> &Authorizer {
+        &self.authorizer
+    }
+
     /// The store behind the API.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store

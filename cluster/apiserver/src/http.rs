@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::api::{Api, ApiResponse};
 use crate::auth::{Tokens, User};
 use crate::status::ApiError;
-use crate::{discovery, openapi, request};
+use crate::{discovery, openapi, protobuf, request};
 
 /// Paths anyone may read, as Kubernetes lets `system:anonymous` read them.
 const PUBLIC: &[&str] = &["/version", "/healthz", "/livez", "/readyz"];
@@ -126,13 +126,22 @@ async fn objects(
     };
     let header_str = |h| headers.get(h).and_then(|v: &HeaderValue| v.to_str().ok());
     let content_type = header_str(header::CONTENT_TYPE);
-    let served = request::from_http("GET", uri.path(), "", None, None, Bytes::new());
-    if matches!(served, Ok(Some(_))) && content_type.is_some_and(|ct| ct.contains("protobuf")) {
-        return error_response(&ApiError::new(
-            415,
-            "UnsupportedMediaType",
-            "this server accepts JSON bodies only (application/json); Kubernetes' protobuf encoding is not served. `kubectl create <kind> NAME` sends protobuf — write the object to a file and use `kubectl create -f` or `kubectl apply -f`",
-        ));
+    // Kubernetes' protobuf bodies (kubectl's typed commands) become the JSON they carry.
+    let (body, content_type) =
+        if content_type.is_some_and(|ct| ct.starts_with(protobuf::CONTENT_TYPE)) {
+            match protobuf::decode_body(&body) {
+                Ok(obj) => (Bytes::from(obj.to_string()), Some("application/json")),
+                Err(e) => {
+                    return error_response(&ApiError::bad_request(format!(
+                        "the protobuf body could not be decoded: {e}"
+                    )));
+                }
+            }
+        } else {
+            (body, content_type)
+        };
+    if uri.path() == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" {
+        return encode(crate::access_review::review(&api, &user, method.as_str(), &body).await);
     }
     let parsed = request::from_http(
         method.as_str(),

@@ -4,6 +4,7 @@
 //! encode) that in-process components call through [`client::Client`]; [`http`] wraps it for
 //! kubectl and every other HTTP client, over TLS ([`serve`]) with bearer tokens ([`auth`]).
 
+pub mod access_review;
 pub mod api;
 pub mod apply;
 pub mod auth;
@@ -18,6 +19,9 @@ pub mod metrics;
 pub mod openapi;
 pub mod patch;
 pub mod pki;
+pub mod protobuf;
+#[rustfmt::skip]
+pub mod protobuf_schema;
 pub mod request;
 pub mod serve;
 pub mod status;

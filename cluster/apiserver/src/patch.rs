@@ -173,6 +173,11 @@ fn schemas() -> &'static HashMap<String, Value> {
     })
 }
 
+/// The OpenAPI schema named `name` (`io.k8s.api.core.v1.PodSpec`), if a served kind uses it.
+pub(crate) fn schema(name: &str) -> Option<&'static Value> {
+    schemas().get(name)
+}
+
 fn ref_name(schema: &Value) -> Option<&str> {
     schema
         .get("$ref")

@@ -57,10 +57,7 @@ pub struct CachedBatch {
 }
 
 /// Builds the shared form of a store batch (lines encoded by `line`).
-pub fn cached_batch(
-    batch: &WatchBatch,
-    line: &LineEncoder,
-) -> CachedBatch {
+pub fn cached_batch(batch: &WatchBatch, line: &LineEncoder) -> CachedBatch {
     let events = batch
         .events
         .iter()
@@ -137,10 +134,7 @@ pub struct WatchCache {
 
 impl WatchCache {
     /// Caches over `store`, encoding event lines with `line`.
-    pub fn new(
-        store: Arc<dyn Store>,
-        line: Arc<LineEncoder>,
-    ) -> WatchCache {
+    pub fn new(store: Arc<dyn Store>, line: Arc<LineEncoder>) -> WatchCache {
         WatchCache {
             store,
             line,

@@ -292,6 +292,35 @@ fn mutated_objects_are_accepted_or_refused_cleanly() {
 }
 
 #[test]
+fn arbitrary_protobuf_bodies_never_panic() {
+    let n = std::sync::atomic::AtomicU64::new(0);
+    proptest!(ProptestConfig::with_cases(cases() * 4), |(
+        kind in prop_oneof![Just("Namespace".to_owned()), Just("ConfigMap".to_owned()), Just("Secret".to_owned()), Just("Deployment".to_owned()), Just("Pod".to_owned()), Just("Service".to_owned()), "[A-Z][a-z]{0,8}"],
+        api_version in prop_oneof![Just("v1".to_owned()), Just("apps/v1".to_owned()), Just("batch/v1".to_owned()), "[a-z/0-9.]{0,12}"],
+        raw in prop::collection::vec(any::<u8>(), 0..256),
+    )| {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tm = Vec::new();
+        for (tag, s) in [(1u8, api_version.as_bytes()), (2u8, kind.as_bytes())] {
+            tm.push(tag << 3 | 2);
+            tm.push(s.len() as u8);
+            tm.extend_from_slice(s);
+        }
+        let mut body = b"k8s\0".to_vec();
+        body.push(1 << 3 | 2);
+        body.push(tm.len() as u8);
+        body.extend_from_slice(&tm);
+        body.push(2 << 3 | 2);
+        body.extend_from_slice(&[(raw.len() as u8 & 0x7f) | 0x80, (raw.len() >> 7) as u8]);
+        body.extend_from_slice(&raw);
+        // Ok or a reason; never a panic.
+        let _ = tessera_apiserver::protobuf::decode_body(&body);
+        let _ = tessera_apiserver::protobuf::decode_body(&raw);
+    });
+    println!("protobuf bodies: {} inputs", n.into_inner());
+}
+
+#[test]
 fn arbitrary_urls_are_refused_cleanly() {
     let n = std::sync::atomic::AtomicU64::new(0);
     proptest!(ProptestConfig::with_cases(cases() * 4), |(
