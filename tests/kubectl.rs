@@ -619,6 +619,50 @@ fn kubectl_drives_objects_end_to_end() {
     let err = c.fails(&["create", "-f", &late]);
     assert!(err.contains("because it is being terminated"), "{err}");
 
+    // YAML bodies, as curl or any HTTP client may send them: a create, and a server-side apply.
+    let kubeconfig = std::fs::read_to_string(&c.kubeconfig).expect("kubeconfig");
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("server")
+        .to_owned();
+    let curl = |method: &str, path: &str, ct: &str, body: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-X", method, "--cacert"])
+            .arg(c.dir.path().join("pki/ca.crt"))
+            .args(["-H", &format!("Authorization: Bearer {}", c.admin_token())])
+            .args(["-H", &format!("Content-Type: {ct}"), "--data-binary", body])
+            .arg(format!("{server}{path}"))
+            .output()
+            .expect("curl");
+        serde_json::from_slice::<Value>(&out.stdout).expect("a JSON answer")
+    };
+    let made = curl(
+        "POST",
+        "/api/v1/namespaces/demo/configmaps",
+        "application/yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\ndata:\n  k: v\n",
+    );
+    assert_eq!(made["metadata"]["name"], "from-yaml", "{made}");
+    let applied = curl(
+        "PATCH",
+        "/api/v1/namespaces/demo/configmaps/from-yaml?fieldManager=curl",
+        "application/apply-patch+yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\ndata:\n  k: v\n  added: by-apply\n",
+    );
+    assert_eq!(applied["data"]["added"], "by-apply", "{applied}");
+    let bad = curl(
+        "POST",
+        "/api/v1/namespaces/demo/configmaps",
+        "application/yaml",
+        "a: [1, 2",
+    );
+    assert_eq!(
+        (bad["code"].as_i64(), bad["reason"].as_str()),
+        (Some(400), Some("BadRequest")),
+        "{bad}"
+    );
+
     // Quota usage was charged at create and is refunded at delete.
     c.ok(&["delete", "pod", "p3", "-n", "demo"]);
     let q = json(&c, &["get", "quota", "q", "-n", "demo"]);

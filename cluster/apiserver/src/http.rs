@@ -137,6 +137,27 @@ async fn objects(
                     )));
                 }
             }
+        } else if content_type.is_some_and(|ct| {
+            ct.starts_with("application/yaml")
+                || (ct.starts_with("application/apply-patch+yaml")
+                    && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err())
+        }) {
+            // YAML bodies become the JSON they carry (apply keeps its patch type).
+            match crate::yaml::to_json(&body) {
+                Ok(obj) => {
+                    let ct = if content_type.is_some_and(|ct| ct.starts_with("application/yaml")) {
+                        Some("application/json")
+                    } else {
+                        content_type
+                    };
+                    (Bytes::from(obj.to_string()), ct)
+                }
+                Err(e) => {
+                    return error_response(&ApiError::bad_request(format!(
+                        "the YAML body could not be read: {e}"
+                    )));
+                }
+            }
         } else {
             (body, content_type)
         };

@@ -29,3 +29,4 @@ pub mod table;
 pub mod types;
 pub mod validation;
 pub mod watchcache;
+pub mod yaml;

@@ -321,6 +321,23 @@ fn arbitrary_protobuf_bodies_never_panic() {
 }
 
 #[test]
+fn arbitrary_yaml_never_panics() {
+    let n = std::sync::atomic::AtomicU64::new(0);
+    proptest!(ProptestConfig::with_cases(cases() * 4), |(
+        text in prop_oneof![
+            "\\PC{0,200}",
+            "[-:\\[\\]{}&*!|>'\"#? \n a-z0-9]{0,200}",
+            json_value().prop_map(|v| v.to_string()),
+        ],
+    )| {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Ok or a reason; never a panic, never a stack overflow.
+        let _ = tessera_apiserver::yaml::to_json(text.as_bytes());
+    });
+    println!("yaml bodies: {} inputs", n.into_inner());
+}
+
+#[test]
 fn arbitrary_urls_are_refused_cleanly() {
     let n = std::sync::atomic::AtomicU64::new(0);
     proptest!(ProptestConfig::with_cases(cases() * 4), |(
