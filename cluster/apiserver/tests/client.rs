@@ -366,3 +366,68 @@ async fn concurrent_creates_never_overshoot_a_quota() {
     assert_eq!(q["status"]["used"]["pods"], "10");
     assert_eq!(q["status"]["used"]["requests.cpu"], "1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_quota_holds_across_its_namespaces() {
+    let s = setup().await;
+    let (_, c) = &s.clients[0];
+    for ns in ["t1", "t2"] {
+        c.create(
+            res("", "namespaces"),
+            None,
+            &json!({"metadata": {"name": ns}}),
+        )
+        .await
+        .expect("ns");
+    }
+    // One pod exists before the quota: the tenant's usage starts from it.
+    c.create(res("", "pods"), Some("t1"), &pod("before", "100m"))
+        .await
+        .expect("pod");
+    c.create(
+        res("tessera.io", "tenants"),
+        None,
+        &json!({"metadata": {"name": "team"}, "spec": {"namespaces": ["t1", "t2"],
+            "quota": {"pods": "4", "requests.cpu": "1"}}}),
+    )
+    .await
+    .expect("tenant");
+    // 20 creates at once over both namespaces: exactly 3 more fit.
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let c = c.clone();
+        let ns = if i % 2 == 0 { "t1" } else { "t2" };
+        tasks.push(tokio::spawn(async move {
+            c.create(res("", "pods"), Some(ns), &pod(&format!("p{i}"), "100m"))
+                .await
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert_eq!(e.code, 403, "{}", e.message);
+                assert!(
+                    e.message.contains("exceeded tenant quota: team"),
+                    "{}",
+                    e.message
+                );
+            }
+        }
+    }
+    assert_eq!(ok, 3);
+    let t = c
+        .get(res("tessera.io", "tenants"), None, "team")
+        .await
+        .expect("tenant");
+    assert_eq!(t["status"]["used"]["pods"], "4");
+    assert_eq!(t["status"]["used"]["requests.cpu"], "400m");
+    // A delete gives back its share; the next create fits again.
+    c.delete(res("", "pods"), Some("t1"), "before", None)
+        .await
+        .expect("delete");
+    c.create(res("", "pods"), Some("t2"), &pod("after", "100m"))
+        .await
+        .expect("fits again");
+}

@@ -6,6 +6,8 @@
 //! kind's real type (`k8s-openapi`), so that what is kept is exactly what clients expect;
 //! fields the type does not have are dropped, warned about or refused (`fieldValidation`).
 
+mod tenant_quota;
+
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -133,6 +135,7 @@ pub struct Api {
     fairness: Fairness,
     metrics: Option<ApiMetrics>,
     watch_cache: WatchCache,
+    tenants: Arc<parking_lot::Mutex<tenant_quota::TenantList>>,
 }
 
 /// RFC 3339 in UTC, to the second, as Kubernetes writes timestamps.
@@ -486,6 +489,7 @@ impl Api {
             ),
             store,
             metrics,
+            tenants: Arc::default(),
         }
     }
 
@@ -513,6 +517,11 @@ impl Api {
         let resource = req.resource;
         let sub = req.subresource.clone();
         let result = self.handle_inner(user, req).await;
+        if verb.is_write() && resource.plural == "tenants" && resource.group == "tessera.io" {
+            // Tenant quotas are looked up from a short-lived list: a Tenant written here is
+            // seen at once by this server (other API servers within a second).
+            *self.tenants.lock() = None;
+        }
         if let Some(m) = &self.metrics {
             let code = match &result {
                 Ok(ApiResponse::Object { code, .. }) => *code,
@@ -1164,6 +1173,14 @@ impl Api {
             obj["status"] = json!({"hard": obj["spec"]["hard"], "used": quantity_json(&used)});
         }
         let name = name_of(&obj).to_owned();
+        // A pod is charged to its tenant's quota first, and refunded if the create fails.
+        let tenant_charged = match (res.plural, req.namespace.as_deref()) {
+            ("pods", Some(ns)) => {
+                self.tenant_quota(ns, &obj, true, req.params.dry_run)
+                    .await?
+            }
+            _ => false,
+        };
         if req.params.dry_run {
             return Ok(ApiResponse::Object {
                 code: 201,
@@ -1171,8 +1188,28 @@ impl Api {
                 warnings,
             });
         }
-        let key = object_key(res, req.namespace.as_deref(), &name);
-        let value = encode(&obj)?;
+        let result = self.commit_create(req, &obj, &name, warnings).await;
+        if result.is_err()
+            && tenant_charged
+            && let Some(ns) = req.namespace.as_deref()
+            && let Err(e) = self.tenant_quota(ns, &obj, false, false).await
+        {
+            tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota reservation; the quota controller will");
+        }
+        result
+    }
+
+    /// Writes a new object, with its ResourceQuota charges in the same transaction.
+    async fn commit_create(
+        &self,
+        req: &ApiRequest,
+        obj: &Value,
+        name: &str,
+        warnings: Vec<String>,
+    ) -> Result<ApiResponse, ApiError> {
+        let res = req.resource;
+        let key = object_key(res, req.namespace.as_deref(), name);
+        let value = encode(obj)?;
         // Pods count against ResourceQuotas in the same transaction that creates them, so
         // that concurrent creates can never overshoot a quota.
         for _attempt in 0..16 {
@@ -1181,7 +1218,7 @@ impl Api {
                 value: value.clone(),
                 lease: 0,
             }];
-            ops.extend(self.quota_ops(req, &obj, true).await?);
+            ops.extend(self.quota_ops(req, obj, true).await?);
             match self.store.txn(ops).await {
                 Ok(t) => {
                     let rev = match t.results.first() {
@@ -1190,13 +1227,13 @@ impl Api {
                     };
                     return Ok(ApiResponse::Object {
                         code: 201,
-                        body: with_rv(obj, rev),
+                        body: with_rv(obj.clone(), rev),
                         warnings,
                     });
                 }
                 Err(e) => match e.precondition() {
                     Some(p) if p.index == 0 => {
-                        return Err(ApiError::already_exists(res.group, res.plural, &name));
+                        return Err(ApiError::already_exists(res.group, res.plural, name));
                     }
                     // A quota changed under us: read it again.
                     Some(_) => continue,
@@ -1207,7 +1244,7 @@ impl Api {
         Err(ApiError::conflict_because(
             res.group,
             res.plural,
-            &name,
+            name,
             "the namespace's resource quotas kept changing; try again",
         ))
     }
@@ -1954,7 +1991,15 @@ impl Api {
             ops.extend(self.quota_ops(&quota_req, &current, false).await?);
         }
         match self.store.txn(ops).await {
-            Ok(_) => Ok(ApiResponse::ok(current)),
+            Ok(_) => {
+                if res.plural == "pods"
+                    && let Some(ns) = current["metadata"]["namespace"].as_str()
+                    && let Err(e) = self.tenant_quota(ns, &current, false, false).await
+                {
+                    tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota; the quota controller will");
+                }
+                Ok(ApiResponse::ok(current))
+            }
             Err(e) if e.precondition().is_some() => {
                 Err(ApiError::conflict(res.group, res.plural, &name))
             }

@@ -1,0 +1,166 @@
+//! A Tenant's quota (`spec.quota`): the resources its pods may request across all of its
+//! namespaces together, kept in `status.used`.
+//!
+//! The tenant's usage is reserved *before* a pod is created (a compare-and-swap on the Tenant)
+//! and given back if the create fails, and given back after a pod is deleted — the order
+//! Kubernetes' quota admission uses. The two writes are separate because a Tenant and its
+//! pods may live on different stores of a sharded layout; a crash between them can leave a
+//! reservation behind, which the quota controller (next issue) recomputes. Never an
+//! overshoot: concurrent creates serialize on the Tenant's revision.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tessera_core::quantity::Quantity;
+
+use super::{
+    Api, decode_stored, encode, name_of, pod_usage, quantity_json, quantity_map, store_error,
+};
+use crate::status::ApiError;
+
+/// How long a read of the Tenants list is reused to find a namespace's tenant.
+const TENANTS_TTL: Duration = Duration::from_secs(1);
+
+/// Tenants, as read at one moment.
+pub(super) type TenantList = Option<(Instant, Vec<Value>)>;
+
+impl Api {
+    /// The Tenant that owns `ns` and has a quota, if any (from a list read at most
+    /// `TENANTS_TTL` ago: tenants are few; pods are many).
+    async fn quota_tenant(&self, ns: &str) -> Result<Option<String>, ApiError> {
+        let fresh = {
+            let cached = self.tenants.lock();
+            cached
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < TENANTS_TTL)
+                .map(|(_, list)| list.clone())
+        };
+        let list = match fresh {
+            Some(l) => l,
+            None => {
+                let res = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
+                let page = self
+                    .store
+                    .list(tessera_store::ListRequest {
+                        prefix: super::prefix(res, None).into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(store_error)?;
+                let list: Vec<Value> = page
+                    .kvs
+                    .iter()
+                    .filter_map(|kv| decode_stored(kv).ok())
+                    .filter(|t| {
+                        t["spec"]["quota"]
+                            .as_object()
+                            .is_some_and(|q| !q.is_empty())
+                    })
+                    .collect();
+                *self.tenants.lock() = Some((Instant::now(), list.clone()));
+                list
+            }
+        };
+        Ok(list
+            .iter()
+            .find(|t| {
+                t["spec"]["namespaces"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|n| n == ns))
+            })
+            .map(|t| name_of(t).to_owned()))
+    }
+
+    /// Charges (or with `charge == false` refunds) `pod` to the quota of the tenant owning
+    /// `ns`. Returns whether anything was charged. Refuses with 403 what would exceed it.
+    pub(super) async fn tenant_quota(
+        &self,
+        ns: &str,
+        pod: &Value,
+        charge: bool,
+        dry_run: bool,
+    ) -> Result<bool, ApiError> {
+        let Some(tenant) = self.quota_tenant(ns).await? else {
+            return Ok(false);
+        };
+        let res = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
+        let key = super::object_key(res, None, &tenant);
+        let usage = pod_usage(pod);
+        for _attempt in 0..32 {
+            let Some(kv) = self.store.get(key.as_bytes()).await.map_err(store_error)? else {
+                return Ok(false);
+            };
+            let mut t = decode_stored(&kv)?;
+            let quota = quantity_map(&t["spec"]["quota"]);
+            if quota.is_empty() {
+                return Ok(false);
+            }
+            let mut used = if t["status"]["used"].is_object() {
+                quantity_map(&t["status"]["used"])
+            } else {
+                self.tenant_usage(&t, &quota).await?
+            };
+            for (k, limit) in &quota {
+                let Some(add) = usage.get(k) else { continue };
+                let cur = used
+                    .get(k)
+                    .copied()
+                    .unwrap_or_else(|| Quantity::from_units(0));
+                let next = if charge {
+                    cur.saturating_add(*add)
+                } else {
+                    cur.saturating_sub(*add)
+                };
+                if charge && next > *limit {
+                    return Err(ApiError::forbidden(format!(
+                        "pods \"{}\" is forbidden: exceeded tenant quota: {tenant}, requested: {k}={add}, used: {k}={cur}, limited: {k}={limit} (across the tenant's namespaces)",
+                        name_of(pod)
+                    )));
+                }
+                used.insert(k.clone(), next);
+            }
+            if dry_run {
+                return Ok(false);
+            }
+            t["status"]["used"] = quantity_json(&used);
+            match self
+                .store
+                .update(kv.key.clone(), encode(&t)?, kv.mod_revision)
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(e) if e.precondition().is_some() => continue,
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+        Err(ApiError::conflict_because(
+            "tessera.io",
+            "tenants",
+            &tenant,
+            "the tenant's quota kept changing; try again",
+        ))
+    }
+
+    /// What the tenant's pods request now, over all its namespaces (when `status.used` was
+    /// never set).
+    async fn tenant_usage(
+        &self,
+        tenant: &Value,
+        quota: &BTreeMap<String, Quantity>,
+    ) -> Result<BTreeMap<String, Quantity>, ApiError> {
+        let mut total: BTreeMap<String, Quantity> = BTreeMap::new();
+        for ns in tenant["spec"]["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let Some(ns) = ns.as_str() else { continue };
+            for (k, v) in self.usage_in(ns, quota).await? {
+                let e = total.entry(k).or_insert_with(|| Quantity::from_units(0));
+                *e = e.saturating_add(v);
+            }
+        }
+        Ok(total)
+    }
+}
