@@ -1,0 +1,330 @@
+//! Admission at create: LimitRange defaults and bounds, ResourceQuota charges in the
+//! creating transaction, and the usage they count.
+
+use super::*;
+
+/// The object's pod-level resource requests and limits summed over containers, for quota.
+pub(super) fn pod_usage(pod: &Value) -> BTreeMap<String, Quantity> {
+    let mut out: BTreeMap<String, Quantity> = BTreeMap::new();
+    out.insert("pods".into(), Quantity::from_units(1));
+    for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
+        for (section, prefix) in [("requests", "requests."), ("limits", "limits.")] {
+            for (k, v) in c["resources"][section].as_object().into_iter().flatten() {
+                let Some(q) = v.as_str().and_then(|s| s.parse::<Quantity>().ok()) else {
+                    continue;
+                };
+                let mut names = vec![format!("{prefix}{k}")];
+                if section == "requests" {
+                    names.push(k.clone());
+                }
+                for n in names {
+                    let e = out.entry(n).or_insert_with(|| Quantity::from_units(0));
+                    *e = (*e).saturating_add(q);
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn quantity_map(v: &Value) -> BTreeMap<String, Quantity> {
+    v.as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.parse().ok()?)))
+        .collect()
+}
+
+pub(super) fn quantity_json(m: &BTreeMap<String, Quantity>) -> Value {
+    Value::Object(
+        m.iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+            .collect(),
+    )
+}
+
+pub(super) fn qos_class(pod: &Value) -> &'static str {
+    let containers = pod["spec"]["containers"].as_array();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in containers.into_iter().flatten() {
+        let r = &c["resources"];
+        for k in ["cpu", "memory"] {
+            let req = r["requests"][k].as_str().or(r["limits"][k].as_str());
+            let lim = r["limits"][k].as_str();
+            if req.is_some() || lim.is_some() {
+                any = true;
+            }
+            if lim.is_none() || req != lim {
+                guaranteed = false;
+            }
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
+
+impl ApiError {
+    /// The same error with reason Forbidden (403), as LimitRange admission answers.
+    fn forbidden_reason(mut self) -> Self {
+        self.code = 403;
+        self.reason = "Forbidden";
+        self
+    }
+}
+
+impl Api {
+    /// Every object of core/v1 `plural` in namespace `ns` (a namespace's few quotas or
+    /// limit ranges).
+    pub(super) async fn all_in(&self, plural: &str, ns: &str) -> Result<Vec<KeyValue>, ApiError> {
+        let res = crate::request::find_resource("", "v1", plural)?;
+        Ok(self
+            .store
+            .list(ListRequest {
+                prefix: prefix(res, Some(ns)).into(),
+                ..Default::default()
+            })
+            .await
+            .map_err(store_error)?
+            .kvs)
+    }
+
+    /// What the objects in `ns` use of the resources a quota limits (`hard`): a quota
+    /// starts from the namespace's current usage; from then on every create and delete
+    /// charges it in the same transaction.
+    pub(super) async fn usage_in(
+        &self,
+        ns: &str,
+        hard: &BTreeMap<String, Quantity>,
+    ) -> Result<BTreeMap<String, Quantity>, ApiError> {
+        let mut used: BTreeMap<String, Quantity> = hard
+            .keys()
+            .map(|k| (k.clone(), Quantity::from_units(0)))
+            .collect();
+        let mut add = |usage: BTreeMap<String, Quantity>| {
+            for (k, v) in usage {
+                if let Some(u) = used.get_mut(&k) {
+                    *u = u.saturating_add(v);
+                }
+            }
+        };
+        for res in crate::catalog::RESOURCES.iter().filter(|r| r.namespaced) {
+            let counted = format!("count/{}", crate::status::qualified(res.group, res.plural));
+            let by_name = res.group.is_empty()
+                && ["services", "secrets", "configmaps", "resourcequotas"].contains(&res.plural);
+            let tracked = hard.contains_key(&counted)
+                || (by_name && hard.contains_key(res.plural))
+                || (res.plural == "pods" && !hard.is_empty());
+            if !tracked {
+                continue;
+            }
+            let page = self
+                .store
+                .list(ListRequest {
+                    prefix: prefix(res, Some(ns)).into(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(store_error)?;
+            for kv in &page.kvs {
+                let obj = decode_stored(kv)?;
+                if res.plural == "pods" {
+                    add(pod_usage(&obj));
+                } else {
+                    let mut m = BTreeMap::new();
+                    m.insert(counted.clone(), Quantity::from_units(1));
+                    if by_name {
+                        m.insert(res.plural.to_owned(), Quantity::from_units(1));
+                    }
+                    add(m);
+                }
+            }
+        }
+        Ok(used)
+    }
+
+    /// LimitRange admission: container defaults filled in, min/max checked.
+    pub(super) async fn apply_limit_ranges(
+        &self,
+        req: &ApiRequest,
+        pod: &mut Value,
+    ) -> Result<(), ApiError> {
+        let Some(ns) = req.namespace.as_deref() else {
+            return Ok(());
+        };
+        let ranges = self.all_in("limitranges", ns).await?;
+        let mut causes = Vec::new();
+        for kv in &ranges {
+            let range = decode_stored(kv)?;
+            for limit in range["spec"]["limits"].as_array().into_iter().flatten() {
+                if limit["type"] != "Container" {
+                    continue;
+                }
+                let containers = pod["spec"]["containers"]
+                    .as_array_mut()
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                let mut out = Vec::with_capacity(containers.len());
+                for (i, mut c) in containers.into_iter().enumerate() {
+                    // Requests set from limits first (Kubernetes' defaulting, before
+                    // admission), then the range's defaults for what is still unset.
+                    for (k, v) in c["resources"]["limits"]
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default()
+                    {
+                        if c["resources"]["requests"][&k].is_null() {
+                            c["resources"]["requests"][&k] = v;
+                        }
+                    }
+                    for (from, to) in [("default", "limits"), ("defaultRequest", "requests")] {
+                        for (k, v) in limit[from].as_object().into_iter().flatten() {
+                            if c["resources"][to][k].is_null() {
+                                c["resources"][to][k] = v.clone();
+                            }
+                        }
+                    }
+                    // Kubernetes defaults a missing request to the limit.
+                    for (k, v) in c["resources"]["limits"]
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default()
+                    {
+                        if c["resources"]["requests"][&k].is_null() {
+                            c["resources"]["requests"][&k] = v;
+                        }
+                    }
+                    for (bound, section, cmp) in [
+                        ("max", "limits", std::cmp::Ordering::Greater),
+                        ("min", "requests", std::cmp::Ordering::Less),
+                    ] {
+                        for (k, b) in quantity_map(&limit[bound]) {
+                            let v = c["resources"][section][&k]
+                                .as_str()
+                                .and_then(|s| s.parse::<Quantity>().ok());
+                            match v {
+                                Some(v) if v.cmp(&b) == cmp => causes.push(Cause {
+                                    reason: "FieldValueForbidden",
+                                    field: format!("spec.containers[{i}].resources.{section}"),
+                                    message: format!(
+                                        "Forbidden: {bound} {k} usage per Container is {b}, but {section} is {v} (LimitRange {})",
+                                        name_of(&range)
+                                    ),
+                                }),
+                                None if bound == "max" => causes.push(Cause {
+                                    reason: "FieldValueRequired",
+                                    field: format!("spec.containers[{i}].resources.limits[{k}]"),
+                                    message: format!(
+                                        "Required value: LimitRange {} sets a maximum {k}, so every container must set a {k} limit",
+                                        name_of(&range)
+                                    ),
+                                }),
+                                _ => {}
+                            }
+                        }
+                    }
+                    out.push(c);
+                }
+                pod["spec"]["containers"] = Value::Array(out);
+            }
+        }
+        if !causes.is_empty() {
+            return Err(ApiError::invalid("", "Pod", name_of(pod), causes).forbidden_reason());
+        }
+        Ok(())
+    }
+
+    /// Store operations that charge (or refund) `obj` to its namespace's ResourceQuotas,
+    /// conditional on each quota's revision. Fails with 403 when a quota would be exceeded.
+    pub(super) async fn quota_ops(
+        &self,
+        req: &ApiRequest,
+        obj: &Value,
+        charge: bool,
+    ) -> Result<Vec<Op>, ApiError> {
+        let Some(ns) = req.namespace.as_deref() else {
+            return Ok(Vec::new());
+        };
+        let res = req.resource;
+        let usage: BTreeMap<String, Quantity> = if res.plural == "pods" {
+            pod_usage(obj)
+        } else {
+            let mut m = BTreeMap::new();
+            m.insert(
+                format!("count/{}", crate::status::qualified(res.group, res.plural)),
+                Quantity::from_units(1),
+            );
+            if res.group.is_empty()
+                && ["services", "secrets", "configmaps", "resourcequotas"].contains(&res.plural)
+            {
+                m.insert(res.plural.to_owned(), Quantity::from_units(1));
+            }
+            m
+        };
+        let quotas = self.all_in("resourcequotas", ns).await?;
+        let mut ops = Vec::new();
+        for kv in &quotas {
+            let mut quota = decode_stored(kv)?;
+            let hard = quantity_map(&quota["spec"]["hard"]);
+            if !hard.keys().any(|k| usage.contains_key(k)) {
+                continue;
+            }
+            let mut used = quantity_map(&quota["status"]["used"]);
+            for (k, limit) in &hard {
+                let Some(add) = usage.get(k) else { continue };
+                let cur = used
+                    .get(k)
+                    .cloned()
+                    .unwrap_or_else(|| Quantity::from_units(0));
+                let next = if charge {
+                    cur.saturating_add(*add)
+                } else {
+                    cur.saturating_sub(*add)
+                };
+                if charge && next > *limit {
+                    return Err(ApiError::forbidden(format!(
+                        "{} \"{}\" is forbidden: exceeded quota: {}, requested: {k}={add}, used: {k}={}, limited: {k}={limit}",
+                        crate::status::qualified(res.group, res.plural),
+                        name_of(obj),
+                        name_of(&quota),
+                        used.get(k)
+                            .cloned()
+                            .unwrap_or_else(|| Quantity::from_units(0)),
+                    )));
+                }
+                used.insert(k.clone(), next);
+            }
+            quota["status"]["hard"] = quantity_json(&hard);
+            quota["status"]["used"] = quantity_json(&used);
+            ops.push(Op::Update {
+                key: kv.key.clone(),
+                value: encode(&quota)?,
+                expected: kv.mod_revision,
+                lease: 0,
+            });
+        }
+        Ok(ops)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qos_follows_requests_and_limits() {
+        let pod = |r: Value| json!({"spec": {"containers": [{"resources": r}]}});
+        assert_eq!(qos_class(&pod(json!({}))), "BestEffort");
+        assert_eq!(
+            qos_class(&pod(json!({"limits": {"cpu": "1", "memory": "1Gi"}}))),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&pod(json!({"requests": {"cpu": "1"}}))),
+            "Burstable"
+        );
+    }
+}

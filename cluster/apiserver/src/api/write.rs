@@ -1,0 +1,657 @@
+//! Writes: decoding bodies into the kinds' types, create, update, patch, the scale and
+//! binding subresources, and the compare-and-swap loop they share.
+
+use super::*;
+
+pub(super) fn strip_meta_status(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("metadata");
+        o.remove("status");
+    }
+    v
+}
+
+/// The (group, version, kind) a request body must be: the resource's kind, or the
+/// subresource's (`Scale`, `Binding`).
+pub(super) fn target_kind(req: &ApiRequest) -> (&'static str, &'static str, &'static str) {
+    match req.subresource.as_deref() {
+        Some("scale") => ("autoscaling", "v1", "Scale"),
+        _ => (req.resource.group, req.resource.version, req.resource.kind),
+    }
+}
+
+pub(super) fn target_schema(req: &ApiRequest) -> String {
+    let (g, _, k) = target_kind(req);
+    kinds::of_kind(g, k).map_or_else(String::new, |t| (t.schema_name)())
+}
+
+impl Api {
+    /// Decodes a create/update body: JSON object of the resource's kind, typed, with unknown
+    /// fields handled per `fieldValidation`. Returns the object and warnings.
+    pub(super) fn decode_body(&self, req: &ApiRequest) -> Result<(Value, Vec<String>), ApiError> {
+        let obj: Value = serde_json::from_slice(&req.body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the request body is not valid JSON: {e}; send one {} object",
+                req.resource.kind
+            ))
+        })?;
+        self.typed(req, obj)
+    }
+
+    /// Checks apiVersion/kind (filling them in), decodes into the kind's type and applies
+    /// `fieldValidation`.
+    pub(super) fn typed(
+        &self,
+        req: &ApiRequest,
+        mut obj: Value,
+    ) -> Result<(Value, Vec<String>), ApiError> {
+        let res = target_kind(req);
+        if !obj.is_object() {
+            return Err(ApiError::bad_request(format!(
+                "the request body must be a JSON object (a {})",
+                res.2
+            )));
+        }
+        let want_version = if res.0.is_empty() {
+            res.1.to_owned()
+        } else {
+            format!("{}/{}", res.0, res.1)
+        };
+        match obj.get("apiVersion") {
+            None | Some(Value::Null) => obj["apiVersion"] = json!(want_version),
+            Some(Value::String(v)) if *v == want_version => {}
+            Some(v) => {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({}) does not match the expected API version ({want_version})",
+                    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+                )));
+            }
+        }
+        match obj.get("kind") {
+            None | Some(Value::Null) => obj["kind"] = json!(res.2),
+            Some(Value::String(k)) if k == res.2 => {}
+            Some(k) => {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({}) does not match the expected kind ({})",
+                    k.as_str().map_or_else(|| k.to_string(), str::to_owned),
+                    res.2
+                )));
+            }
+        }
+        let typed = kinds::of_kind(res.0, res.2)
+            .ok_or_else(|| ApiError::internal(format!("no type for {}", res.2)))?;
+        let normalized = (typed.normalize)(&obj).map_err(|e| {
+            ApiError::bad_request(format!(
+                "{kind} in version \"{v}\" cannot be handled as a {kind}: {path}{msg}",
+                kind = res.2,
+                v = res.1,
+                path = if e.path.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}: ", e.path)
+                },
+                msg = e.message
+            ))
+        })?;
+        let unknown = unknown_fields(&obj, &normalized);
+        let mut normalized = normalized;
+        if res.2 == req.resource.kind {
+            crate::defaults::apply(req.resource, &mut normalized);
+            if normalized["spec"].is_null()
+                && let Some(o) = normalized.as_object_mut()
+            {
+                o.remove("spec");
+            }
+        }
+        let mut warnings = Vec::new();
+        if !unknown.is_empty() {
+            match req.params.field_validation {
+                FieldValidation::Strict => {
+                    let list: Vec<String> = unknown
+                        .iter()
+                        .map(|f| format!("unknown field \"{f}\""))
+                        .collect();
+                    return Err(ApiError::bad_request(format!(
+                        "strict decoding error: {}",
+                        list.join(", ")
+                    )));
+                }
+                FieldValidation::Warn => {
+                    warnings.extend(unknown.iter().map(|f| format!("unknown field \"{f}\"")));
+                }
+                FieldValidation::Ignore => {}
+            }
+        }
+        Ok((normalized, warnings))
+    }
+
+    /// Fills in what the server owns on a new object and validates it.
+    pub(super) async fn prepare_new(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        mut obj: Value,
+        applied: Option<Value>,
+    ) -> Result<Value, ApiError> {
+        let res = req.resource;
+        if !obj["metadata"].is_object() {
+            obj["metadata"] = json!({});
+        }
+        let meta = &mut obj["metadata"];
+        let name = match (
+            meta.get("name").and_then(Value::as_str),
+            meta.get("generateName").and_then(Value::as_str),
+        ) {
+            (Some(n), _) if !n.is_empty() => n.to_owned(),
+            (_, Some(prefix)) if !prefix.is_empty() => {
+                let suffix: String = (0..5)
+                    .map(|_| {
+                        let alphabet = b"bcdfghjklmnpqrstvwxz2456789";
+                        alphabet[rand::random_range(0..alphabet.len())] as char
+                    })
+                    .collect();
+                format!("{prefix}{suffix}")
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    res.group,
+                    res.kind,
+                    "",
+                    vec![Cause {
+                        reason: "FieldValueRequired",
+                        field: "metadata.name".into(),
+                        message: "Required value: name or generateName is required".into(),
+                    }],
+                ));
+            }
+        };
+        if let (Some(path_ns), Some(body_ns)) = (
+            req.namespace.as_deref(),
+            meta.get("namespace").and_then(Value::as_str),
+        ) && path_ns != body_ns
+            && !body_ns.is_empty()
+        {
+            return Err(ApiError::bad_request(format!(
+                "the namespace of the provided object ({body_ns}) does not match the namespace sent on the request ({path_ns})"
+            )));
+        }
+        let m = meta
+            .as_object_mut()
+            .ok_or_else(|| ApiError::internal("metadata"))?;
+        match req.namespace.as_deref() {
+            Some(n) => {
+                m.insert("namespace".into(), json!(n));
+            }
+            None => {
+                m.remove("namespace");
+            }
+        }
+        m.insert("name".into(), json!(name));
+        m.insert("uid".into(), json!(uid()));
+        m.insert("creationTimestamp".into(), json!(rfc3339(now_secs())));
+        m.insert("generation".into(), json!(1));
+        for server_owned in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
+            m.remove(server_owned);
+        }
+        if res.plural == "namespaces" {
+            obj["status"] = json!({"phase": "Active"});
+            if obj["spec"]["finalizers"].is_null() {
+                obj["spec"]["finalizers"] = json!(["kubernetes"]);
+            }
+        }
+        if res.plural == "pods" && obj["status"]["phase"].is_null() {
+            obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(&obj)});
+        }
+        if res.plural == "pods" && obj["spec"]["schedulerName"].is_null() {
+            obj["spec"]["schedulerName"] = json!("default-scheduler");
+        }
+        let manager = req
+            .params
+            .field_manager
+            .clone()
+            .unwrap_or_else(|| user.manager());
+        match applied {
+            Some(managed) => obj["metadata"]["managedFields"] = managed,
+            None => apply::record_update(&mut obj, None, &manager, &api_version(res), "Update"),
+        }
+        let errors = validation::validate(res, &obj);
+        if !errors.is_empty() {
+            return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
+        }
+        Ok(obj)
+    }
+
+    /// Checks the namespace of a new object exists and is not being deleted.
+    pub(super) async fn check_namespace(&self, ns: &str) -> Result<(), ApiError> {
+        let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
+        match self.read(ns_res, None, ns).await? {
+            None => Err(ApiError::not_found("", "namespaces", ns)),
+            Some((n, _)) if n["metadata"]["deletionTimestamp"].is_string() => {
+                Err(ApiError::forbidden(format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                )))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    pub(super) async fn create(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+    ) -> Result<ApiResponse, ApiError> {
+        let (obj, warnings) = self.decode_body(req)?;
+        self.create_object(req, user, obj, warnings, None).await
+    }
+
+    /// Creates for server-side apply, when the object does not exist yet: `obj` is the
+    /// configuration, `managed` its managedFields (all the applier's).
+    pub(crate) async fn create_applied(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        obj: Value,
+        managed: Value,
+    ) -> Result<ApiResponse, ApiError> {
+        let (obj, warnings) = self.typed(req, obj)?;
+        self.create_object(req, user, obj, warnings, Some(managed))
+            .await
+    }
+
+    pub(super) async fn create_object(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        obj: Value,
+        warnings: Vec<String>,
+        applied: Option<Value>,
+    ) -> Result<ApiResponse, ApiError> {
+        let mut obj = self.prepare_new(req, user, obj, applied).await?;
+        let res = req.resource;
+        if let Some(ns) = req.namespace.as_deref() {
+            self.check_namespace(ns).await?;
+        }
+        if res.plural == "pods" {
+            self.apply_limit_ranges(req, &mut obj).await?;
+        }
+        if res.plural == "resourcequotas"
+            && let Some(ns) = req.namespace.as_deref()
+        {
+            let used = self
+                .usage_in(ns, &quantity_map(&obj["spec"]["hard"]))
+                .await?;
+            obj["status"] = json!({"hard": obj["spec"]["hard"], "used": quantity_json(&used)});
+        }
+        let name = name_of(&obj).to_owned();
+        // A pod is charged to its tenant's quota first, and refunded if the create fails.
+        let tenant_charged = match (res.plural, req.namespace.as_deref()) {
+            ("pods", Some(ns)) => {
+                self.tenant_quota(ns, &obj, true, req.params.dry_run)
+                    .await?
+            }
+            _ => false,
+        };
+        if req.params.dry_run {
+            return Ok(ApiResponse::Object {
+                code: 201,
+                body: obj,
+                warnings,
+            });
+        }
+        let result = self.commit_create(req, &obj, &name, warnings).await;
+        if result.is_err()
+            && tenant_charged
+            && let Some(ns) = req.namespace.as_deref()
+            && let Err(e) = self.tenant_quota(ns, &obj, false, false).await
+        {
+            tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota reservation; the quota controller will");
+        }
+        result
+    }
+
+    /// Writes a new object, with its ResourceQuota charges in the same transaction.
+    pub(super) async fn commit_create(
+        &self,
+        req: &ApiRequest,
+        obj: &Value,
+        name: &str,
+        warnings: Vec<String>,
+    ) -> Result<ApiResponse, ApiError> {
+        let res = req.resource;
+        let key = object_key(res, req.namespace.as_deref(), name);
+        let value = encode(obj)?;
+        // Pods count against ResourceQuotas in the same transaction that creates them, so
+        // that concurrent creates can never overshoot a quota.
+        for _attempt in 0..16 {
+            let mut ops = vec![Op::Create {
+                key: key.clone().into(),
+                value: value.clone(),
+                lease: 0,
+            }];
+            ops.extend(self.quota_ops(req, obj, true).await?);
+            match self.store.txn(ops).await {
+                Ok(t) => {
+                    let rev = match t.results.first() {
+                        Some(tessera_store::OpResult::Written(kv)) => kv.mod_revision,
+                        _ => t.revision,
+                    };
+                    return Ok(ApiResponse::Object {
+                        code: 201,
+                        body: with_rv(obj.clone(), rev),
+                        warnings,
+                    });
+                }
+                Err(e) => match e.precondition() {
+                    Some(p) if p.index == 0 => {
+                        return Err(ApiError::already_exists(res.group, res.plural, name));
+                    }
+                    // A quota changed under us: read it again.
+                    Some(_) => continue,
+                    None => return Err(store_error(e)),
+                },
+            }
+        }
+        Err(ApiError::conflict_because(
+            res.group,
+            res.plural,
+            name,
+            "the namespace's resource quotas kept changing; try again",
+        ))
+    }
+
+    pub(super) async fn patch(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        pt: PatchType,
+    ) -> Result<ApiResponse, ApiError> {
+        let res = req.resource;
+        if pt == PatchType::StrategicMerge && res.group == "tessera.io" {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                "strategic merge patch is not supported for tessera.io kinds (as for custom resources): use a JSON merge patch (--type=merge) or a JSON patch (--type=json)",
+            ));
+        }
+        if pt == PatchType::Apply {
+            return apply::apply(self, req, user).await;
+        }
+        let body = req.body.clone();
+        let sub = req.subresource.clone();
+        let schema = target_schema(req);
+        let warnings = Vec::new();
+        self.write_existing(
+            req,
+            user,
+            move |current| {
+                let mut doc = match sub.as_deref() {
+                    Some("scale") => to_scale_plain(res, &current),
+                    _ => current.clone(),
+                };
+                let result = match pt {
+                    PatchType::Json => patch::json_patch(&mut doc, &body),
+                    PatchType::Merge => patch::merge_patch(&mut doc, &body),
+                    PatchType::StrategicMerge => patch::strategic_merge(&mut doc, &body, &schema),
+                    PatchType::Apply => Ok(()),
+                };
+                result.map_err(|e| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!("the patch could not be applied: {}", e.0),
+                    )
+                })?;
+                Ok(doc)
+            },
+            warnings,
+        )
+        .await
+    }
+
+    /// Reads the object, computes the new one with `change` (which sees the current object,
+    /// or its Scale for the scale subresource), and writes it if nothing changed in between;
+    /// retried on a concurrent change unless the new object pins a resourceVersion.
+    pub(crate) async fn write_existing<F>(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        change: F,
+        mut warnings: Vec<String>,
+    ) -> Result<ApiResponse, ApiError>
+    where
+        F: Fn(Value) -> Result<Value, ApiError>,
+    {
+        let res = req.resource;
+        let name = req.name.clone().unwrap_or_default();
+        let ns = req.namespace.as_deref();
+        for _attempt in 0..16 {
+            let (current, kv) = self
+                .read(res, ns, &name)
+                .await?
+                .ok_or_else(|| ApiError::not_found(res.group, res.plural, &name))?;
+            let proposed = change(current.clone())?;
+            // Patched and replaced objects go through the same decoding as new ones.
+            let (mut proposed, w) = if req.verb == Verb::Update {
+                (proposed, Vec::new())
+            } else {
+                self.typed(req, proposed)?
+            };
+            warnings.extend(w);
+            if req.subresource.as_deref() == Some("scale") {
+                proposed = from_scale(res, &current, &proposed)?;
+            }
+            let pinned = proposed["metadata"]["resourceVersion"]
+                .as_str()
+                .filter(|rv| !rv.is_empty())
+                .map(str::to_owned);
+            if let Some(rv) = &pinned {
+                let want: i64 = rv.parse().map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "metadata.resourceVersion {rv:?} is not one this server issued"
+                    ))
+                })?;
+                if want != kv.mod_revision {
+                    return Err(ApiError::conflict(res.group, res.plural, &name));
+                }
+            }
+            let next = self.merge_update(req, user, &current, proposed)?;
+            if next == current {
+                // Nothing changed: no write, the same resourceVersion (as Kubernetes).
+                return Ok(ApiResponse::Object {
+                    code: 200,
+                    body: current,
+                    warnings,
+                });
+            }
+            let errors = validation::validate(res, &next);
+            if !errors.is_empty() {
+                return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
+            }
+            if req.params.dry_run {
+                return Ok(ApiResponse::Object {
+                    code: 200,
+                    body: next,
+                    warnings,
+                });
+            }
+            // Removing the last finalizer of an object being deleted deletes it.
+            let finalized = next["metadata"]["deletionTimestamp"].is_string()
+                && next["metadata"]["finalizers"]
+                    .as_array()
+                    .is_none_or(|f| f.is_empty())
+                && !(res.plural == "pods" && awaiting_kubelet(&next))
+                && (res.plural != "namespaces" || namespace_finalized(&next));
+            let result = if finalized {
+                self.store
+                    .delete(kv.key.clone(), Some(kv.mod_revision))
+                    .await
+                    .map(|d| d.mod_revision)
+            } else {
+                self.store
+                    .update(kv.key.clone(), encode(&next)?, kv.mod_revision)
+                    .await
+                    .map(|w| w.mod_revision)
+            };
+            match result {
+                Ok(rev) => {
+                    return Ok(ApiResponse::Object {
+                        code: 200,
+                        body: with_rv(next, rev),
+                        warnings,
+                    });
+                }
+                // Changed in between: read again. A client-pinned resourceVersion now
+                // differs from the stored one, and the check above answers 409.
+                Err(e) if e.precondition().is_some() => continue,
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+        Err(ApiError::conflict(res.group, res.plural, &name))
+    }
+
+    /// The stored object after an update: what the client may not change is kept from
+    /// `current`; the main resource does not change status and the status subresource
+    /// changes nothing else; generation counts spec changes; managedFields are updated.
+    pub(super) fn merge_update(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        current: &Value,
+        proposed: Value,
+    ) -> Result<Value, ApiError> {
+        let res = req.resource;
+        let name = req.name.as_deref().unwrap_or_default();
+        let mut next = match req.subresource.as_deref() {
+            // A binding sets the node and the PodScheduled condition together.
+            Some("binding") => proposed,
+            Some("status") => {
+                let mut n = current.clone();
+                n["status"] = proposed["status"].clone();
+                n
+            }
+            _ => {
+                let mut n = proposed;
+                if has_status(res) && res.plural != "namespaces" {
+                    n["status"] = current["status"].clone();
+                }
+                if res.plural == "namespaces" {
+                    n["status"] = current["status"].clone();
+                }
+                n
+            }
+        };
+        if next["status"].is_null()
+            && let Some(o) = next.as_object_mut()
+        {
+            o.remove("status");
+        }
+        let body_name = next["metadata"]["name"].as_str().unwrap_or(name).to_owned();
+        if body_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        if let Some(body_ns) = next["metadata"]["namespace"].as_str()
+            && Some(body_ns) != req.namespace.as_deref()
+            && !body_ns.is_empty()
+        {
+            return Err(ApiError::bad_request(format!(
+                "the namespace of the object ({body_ns}) does not match the namespace on the URL ({})",
+                req.namespace.as_deref().unwrap_or("none")
+            )));
+        }
+        if !next["metadata"].is_object() {
+            next["metadata"] = json!({});
+        }
+        if let Some(uid) = next["metadata"]["uid"].as_str()
+            && Some(uid) != current["metadata"]["uid"].as_str()
+        {
+            return Err(ApiError::conflict_because(
+                res.group,
+                res.plural,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    current["metadata"]["uid"].as_str().unwrap_or_default()
+                ),
+            ));
+        }
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "namespace",
+            "name",
+            "generation",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+        ] {
+            match current["metadata"].get(field) {
+                Some(v) => next["metadata"][field] = v.clone(),
+                None => {
+                    if let Some(m) = next["metadata"].as_object_mut() {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        // Immutable fields.
+        if res.plural == "pods"
+            && req.subresource.is_none()
+            && let (Some(a), Some(b)) = (
+                current["spec"]["nodeName"].as_str(),
+                next["spec"]["nodeName"].as_str(),
+            )
+            && a != b
+        {
+            return Err(ApiError::invalid(
+                res.group,
+                res.kind,
+                name,
+                vec![Cause {
+                    reason: "FieldValueForbidden",
+                    field: "spec.nodeName".into(),
+                    message:
+                        "Forbidden: pod updates may not change the node; delete the pod instead"
+                            .into(),
+                }],
+            ));
+        }
+        if res.plural == "pods"
+            && current["spec"]["nodeName"].is_string()
+            && next["spec"]["nodeName"].is_null()
+        {
+            next["spec"]["nodeName"] = current["spec"]["nodeName"].clone();
+        }
+        let spec_changed = next.get("spec") != current.get("spec")
+            || (current.get("spec").is_none()
+                && strip_meta_status(&next) != strip_meta_status(current));
+        if spec_changed && req.subresource.as_deref() != Some("status") {
+            let g = current["metadata"]["generation"].as_i64().unwrap_or(1);
+            next["metadata"]["generation"] = json!(g + 1);
+        }
+        if let Some(m) = next["metadata"].as_object_mut() {
+            m.retain(|_, v| !v.is_null());
+        }
+        let manager = req
+            .params
+            .field_manager
+            .clone()
+            .unwrap_or_else(|| user.manager());
+        let op = if matches!(req.verb, Verb::Patch(PatchType::Apply)) {
+            "Apply"
+        } else {
+            "Update"
+        };
+        if op == "Update" {
+            apply::record_update(&mut next, Some(current), &manager, &api_version(res), op);
+        }
+        Ok(next)
+    }
+}
