@@ -46,7 +46,44 @@ fn json(c: &Cluster, args: &[&str]) -> Value {
 
 #[test]
 fn kubectl_drives_objects_end_to_end() {
-    let c = Cluster::start();
+    drive(&Cluster::start());
+}
+
+/// The same, with `tessera apiserver` over real etcd processes in the sharded layout: a
+/// default cluster, events on their own, namespaces hashed over two tenant shards.
+#[test]
+fn kubectl_drives_objects_over_sharded_etcd() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (a, b, e) = rt.block_on(async {
+        let (a, b, e) = tokio::join!(
+            tessera_store::testing::EtcdProcess::start(),
+            tessera_store::testing::EtcdProcess::start(),
+            tessera_store::testing::EtcdProcess::start()
+        );
+        (a.expect("etcd a"), b.expect("etcd b"), e.expect("etcd e"))
+    });
+    let overrides = format!("/events#{}", e.url());
+    let shards = format!("{};{}", a.url(), b.url());
+    let c = Cluster::start_with(
+        "apiserver",
+        &[
+            "--store",
+            "etcd",
+            "--etcd-servers",
+            &a.url(),
+            "--etcd-servers-overrides",
+            &overrides,
+            "--tenant-shards",
+            &shards,
+        ],
+    );
+    drive(&c);
+    drop(c);
+    drop((a, b, e));
+}
+
+/// One long session of kubectl against `c`.
+fn drive(c: &Cluster) {
     let versions = c.ok(&["api-versions"]);
     for gv in ["v1", "apps/v1", "batch/v1", "tessera.io/v1alpha1"] {
         assert!(versions.lines().any(|l| l == gv), "{gv} in {versions}");

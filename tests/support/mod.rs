@@ -50,9 +50,22 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `tessera up` and waits until it says it is up.
     pub fn start() -> Cluster {
+        Cluster::start_with("up", &[])
+    }
+
+    /// Starts `tessera <command>` (`up` or `apiserver`) with extra flags (a store layout).
+    pub fn start_with(command: &str, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let metrics_addr = free_addr();
-        let mut child = up_command(&metrics_addr, "127.0.0.1:0", dir.path())
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+        cmd.args([command, "--metrics-addr", &metrics_addr])
+            .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .args(extra);
+        if command == "up" {
+            cmd.args(["--grpc-addr", "127.0.0.1:0"]);
+        }
+        let mut child = cmd
             .env("TESSERA_LOG", "warn")
             .stdout(Stdio::piped())
             .spawn()
