@@ -20,6 +20,8 @@ use tessera_store::{EmbeddedOptions, EmbeddedStore, Revision, Store, StoreMetric
 struct Setup {
     store: Arc<dyn Store>,
     clients: Vec<(&'static str, Arc<dyn Client>)>,
+    server: String,
+    creds: Credentials,
     _dir: tempfile::TempDir,
 }
 
@@ -49,6 +51,8 @@ async fn setup() -> Setup {
             ("in-process", Arc::new(InProcess::new(api, User::Admin))),
             ("https", Arc::new(remote)),
         ],
+        server: format!("https://{addr}"),
+        creds,
         _dir: dir,
     }
 }
@@ -430,4 +434,154 @@ async fn a_tenant_quota_holds_across_its_namespaces() {
     c.create(res("", "pods"), Some("t2"), &pod("after", "100m"))
         .await
         .expect("fits again");
+}
+
+/// A store whose lists under one prefix wait until released: a request that holds its seat
+/// for as long as the test wants (the fake sits at the `Store` seam; everything above it is
+/// the real API and HTTP server).
+struct GatedStore {
+    inner: Arc<dyn Store>,
+    prefix: Vec<u8>,
+    gate: Arc<tokio::sync::Semaphore>,
+    waiting: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl Store for GatedStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn get(&self, key: &[u8]) -> tessera_store::Result<Option<tessera_store::KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn list(
+        &self,
+        req: tessera_store::ListRequest,
+    ) -> tessera_store::Result<tessera_store::ListResponse> {
+        if req.prefix.starts_with(&self.prefix) {
+            self.waiting.notify_one();
+            let _permit = self.gate.acquire().await.expect("gate");
+        }
+        self.inner.list(req).await
+    }
+    async fn txn(
+        &self,
+        ops: Vec<tessera_store::Op>,
+    ) -> tessera_store::Result<tessera_store::TxnResponse> {
+        self.inner.txn(ops).await
+    }
+    async fn watch(
+        &self,
+        prefix: &[u8],
+        after: Option<Revision>,
+    ) -> tessera_store::Result<tessera_store::WatchStream> {
+        self.inner.watch(prefix, after).await
+    }
+    async fn lease_grant(&self, ttl: i64) -> tessera_store::Result<i64> {
+        self.inner.lease_grant(ttl).await
+    }
+    async fn lease_keep_alive(&self, id: i64) -> tessera_store::Result<i64> {
+        self.inner.lease_keep_alive(id).await
+    }
+    async fn lease_revoke(&self, id: i64) -> tessera_store::Result<()> {
+        self.inner.lease_revoke(id).await
+    }
+    async fn compact(&self, revision: &Revision) -> tessera_store::Result<()> {
+        self.inner.compact(revision).await
+    }
+    async fn current_revision(&self) -> tessera_store::Result<Revision> {
+        self.inner.current_revision().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_flood_gets_429_while_another_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let inner: Arc<dyn Store> = Arc::new(
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+            .await
+            .expect("store"),
+    );
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let waiting = Arc::new(tokio::sync::Notify::new());
+    let store: Arc<dyn Store> = Arc::new(GatedStore {
+        inner,
+        prefix: b"/registry/configmaps/f/".to_vec(),
+        gate: gate.clone(),
+        waiting: waiting.clone(),
+    });
+    let api = Api::new(store, None);
+    let creds = Credentials::generate().expect("credentials");
+    let tokens = Tokens::new(&creds.admin_token);
+    let router = http::router(api.clone(), Tokens::new(&creds.admin_token));
+    let addr = serve::serve_tls("127.0.0.1:0".parse().expect("addr"), &creds, router)
+        .await
+        .expect("serve");
+    let server = format!("https://{addr}");
+    let admin = InProcess::new(api, User::Admin);
+    for (tenant, ns, seats) in [("flood", "f", 2), ("calm", "c", 2)] {
+        admin
+            .create(
+                res("", "namespaces"),
+                None,
+                &json!({"metadata": {"name": ns}}),
+            )
+            .await
+            .expect("ns");
+        admin
+            .create(
+                res("tessera.io", "tenants"),
+                None,
+                &json!({"metadata": {"name": tenant}, "spec": {"namespaces": [ns], "maxInflightRequests": seats}}),
+            )
+            .await
+            .expect("tenant");
+    }
+    let as_tenant = |t: &str| {
+        Arc::new(HttpClient::new(&server, &creds.ca_pem, &tokens.mint(t)).expect("client"))
+    };
+    let (flood, calm) = (as_tenant("flood"), as_tenant("calm"));
+    let list_in = |ns: &str| {
+        let mut req = ApiRequest::new(Verb::List, res("", "configmaps"));
+        req.namespace = Some(ns.into());
+        req
+    };
+    // The flooding tenant's two seats are taken by lists held at the store.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let notified = waiting.notified();
+        let (f, req) = (flood.clone(), list_in("f"));
+        held.push(tokio::spawn(async move { f.call(req).await }));
+        notified.await;
+    }
+    // Its next requests are refused at once, with Retry-After; nothing waits behind them.
+    for _ in 0..5 {
+        let err = flood.call(list_in("f")).await.expect_err("no seat");
+        assert_eq!(
+            (err.code, err.reason),
+            (429, "TooManyRequests"),
+            "{}",
+            err.message
+        );
+        assert_eq!(
+            err.details
+                .as_ref()
+                .and_then(|d| d["retryAfterSeconds"].as_u64()),
+            Some(1)
+        );
+        assert!(err.message.contains("tenant:flood"), "{}", err.message);
+    }
+    // Another tenant is served meanwhile.
+    for _ in 0..5 {
+        calm.call(list_in("c"))
+            .await
+            .expect("the calm tenant is served");
+    }
+    // Released, the held requests finish and the flooding tenant has its seats again.
+    gate.add_permits(1000);
+    for h in held {
+        h.await.expect("task").expect("held request finishes");
+    }
+    flood.call(list_in("f")).await.expect("seats are back");
 }
