@@ -166,7 +166,7 @@ fn drive(c: &Cluster) {
         let out = c.ok(args);
         assert!(out.trim().ends_with("created"), "{args:?}: {out}");
     }
-    let d = json(&c, &["get", "deploy", "api", "-n", "gen"]);
+    let d = json(c, &["get", "deploy", "api", "-n", "gen"]);
     assert_eq!(d["spec"]["replicas"], 3);
     assert_eq!(
         d["spec"]["template"]["spec"]["containers"][0]["image"],
@@ -176,16 +176,16 @@ fn drive(c: &Cluster) {
         d["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"],
         80
     );
-    let pw = json(&c, &["get", "secret", "pw", "-n", "gen"]);
+    let pw = json(c, &["get", "secret", "pw", "-n", "gen"]);
     assert_eq!(pw["data"]["pw"], "aHVudGVyMg==", "bytes survive protobuf");
     assert_eq!(pw["type"], "Opaque");
-    let svc = json(&c, &["get", "svc", "api", "-n", "gen"]);
+    let svc = json(c, &["get", "svc", "api", "-n", "gen"]);
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080);
     assert_eq!(
-        json(&c, &["get", "cj", "tick", "-n", "gen"])["spec"]["schedule"],
+        json(c, &["get", "cj", "tick", "-n", "gen"])["spec"]["schedule"],
         "*/5 * * * *"
     );
-    assert_eq!(json(&c, &["get", "pc", "high"])["value"], 1000);
+    assert_eq!(json(c, &["get", "pc", "high"])["value"], 1000);
     assert_eq!(
         c.ok(&["auth", "can-i", "create", "pods", "-n", "gen"])
             .trim(),
@@ -227,7 +227,7 @@ fn drive(c: &Cluster) {
         c.ok(&["get", "deploy", "-n", "demo", "-o", "name"]).trim(),
         "deployment.apps/web"
     );
-    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    let d = json(c, &["get", "deploy", "web", "-n", "demo"]);
     assert_eq!(d["spec"]["replicas"], 2);
     assert_eq!(
         d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%",
@@ -249,7 +249,7 @@ fn drive(c: &Cluster) {
         c.ok(&["apply", "-f", &d2]).trim(),
         "deployment.apps/web unchanged"
     );
-    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    let d = json(c, &["get", "deploy", "web", "-n", "demo"]);
     assert_eq!(
         d["metadata"]["generation"], 2,
         "a spec change bumps generation once"
@@ -267,7 +267,7 @@ fn drive(c: &Cluster) {
     );
     c.ok(&["label", "deploy", "web", "-n", "demo", "tier=front"]);
     c.ok(&["annotate", "deploy", "web", "-n", "demo", "owner=team-a"]);
-    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    let d = json(c, &["get", "deploy", "web", "-n", "demo"]);
     assert_eq!(d["spec"]["replicas"], 5);
     assert_eq!(d["metadata"]["labels"]["tier"], "front");
     assert_eq!(d["metadata"]["annotations"]["owner"], "team-a");
@@ -334,7 +334,7 @@ fn drive(c: &Cluster) {
         "-p",
         r#"{"spec":{"template":{"spec":{"containers":[{"name":"app","image":"nginx:1.27"}]}}}}"#,
     ]);
-    let d = json(&c, &["get", "deploy", "web", "-n", "demo"]);
+    let d = json(c, &["get", "deploy", "web", "-n", "demo"]);
     assert_eq!(d["spec"]["replicas"], 4);
     assert!(d["metadata"]["labels"].get("tier").is_none());
     let images: Vec<&str> = d["spec"]["template"]["spec"]["containers"]
@@ -401,7 +401,7 @@ fn drive(c: &Cluster) {
         "deployment.apps/web edited"
     );
     assert_eq!(
-        json(&c, &["get", "deploy", "web", "-n", "demo"])["spec"]["replicas"],
+        json(c, &["get", "deploy", "web", "-n", "demo"])["spec"]["replicas"],
         3
     );
 
@@ -445,7 +445,7 @@ fn drive(c: &Cluster) {
         &cm2,
     ]);
     let cfg = json(
-        &c,
+        c,
         &["get", "cm", "cfg", "-n", "demo", "--show-managed-fields"],
     );
     assert_eq!(cfg["data"]["a"], "9");
@@ -463,7 +463,7 @@ fn drive(c: &Cluster) {
     // The first manager re-applies without `a`: it no longer owns it, and `b` it drops goes.
     let cm3 = c.file("cm3.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: demo\ndata:\n  c: \"3\"\n");
     c.ok(&["apply", "--server-side", "-f", &cm3]);
-    let cfg = json(&c, &["get", "cm", "cfg", "-n", "demo"]);
+    let cfg = json(c, &["get", "cm", "cfg", "-n", "demo"]);
     assert_eq!(cfg["data"], serde_json::json!({"a": "9", "c": "3"}));
 
     // Field selectors and -A.
@@ -570,7 +570,7 @@ fn drive(c: &Cluster) {
     c.ok(&["create", "-f", &quota]);
     let p3 = c.file("p3.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p3\n  namespace: demo\nspec:\n  containers: [{name: c, image: busybox, resources: {limits: {cpu: 800m}}}]\n");
     c.ok(&["create", "-f", &p3]);
-    let p3 = json(&c, &["get", "pod", "p3", "-n", "demo"]);
+    let p3 = json(c, &["get", "pod", "p3", "-n", "demo"]);
     assert_eq!(
         p3["spec"]["containers"][0]["resources"]["requests"]["cpu"], "800m",
         "request defaults to the limit"
@@ -606,7 +606,7 @@ fn drive(c: &Cluster) {
             &format!("--cascade={cascade}"),
             "--wait=false",
         ]);
-        let obj = json(&c, &["get", "cm", name, "-n", "demo"]);
+        let obj = json(c, &["get", "cm", name, "-n", "demo"]);
         assert!(obj["metadata"]["deletionTimestamp"].is_string());
         assert_eq!(obj["metadata"]["finalizers"][0], finalizer);
         // The garbage collector's part: removing the finalizer lets it go.
@@ -702,7 +702,7 @@ fn drive(c: &Cluster) {
 
     // Quota usage was charged at create and is refunded at delete.
     c.ok(&["delete", "pod", "p3", "-n", "demo"]);
-    let q = json(&c, &["get", "quota", "q", "-n", "demo"]);
+    let q = json(c, &["get", "quota", "q", "-n", "demo"]);
     assert_eq!(q["status"]["used"]["pods"], "2");
     assert_eq!(q["status"]["used"]["requests.cpu"], "0");
 }
