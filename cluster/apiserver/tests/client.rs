@@ -585,3 +585,110 @@ async fn one_tenants_flood_gets_429_while_another_is_served() {
     }
     flood.call(list_in("f")).await.expect("seats are back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_get_addresses_once() {
+    let s = setup().await;
+    let (_, c) = &s.clients[0];
+    let svcs = res("", "services");
+    c.create(
+        res("", "namespaces"),
+        None,
+        &json!({"metadata": {"name": "net"}}),
+    )
+    .await
+    .expect("ns");
+    let svc = |name: &str, extra: Value| {
+        let mut v = json!({"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}});
+        if let (Some(spec), Some(more)) = (v["spec"].as_object_mut(), extra.as_object()) {
+            spec.extend(more.clone());
+        }
+        v
+    };
+    let a = c
+        .create(svcs, Some("net"), &svc("a", json!({})))
+        .await
+        .expect("a");
+    let b = c
+        .create(svcs, Some("net"), &svc("b", json!({"type": "NodePort"})))
+        .await
+        .expect("b");
+    let ip_a = a["spec"]["clusterIP"]
+        .as_str()
+        .expect("an address")
+        .to_owned();
+    let ip_b = b["spec"]["clusterIP"]
+        .as_str()
+        .expect("an address")
+        .to_owned();
+    assert_ne!(ip_a, ip_b);
+    for ip in [&ip_a, &ip_b] {
+        let o: Vec<u8> = ip.split('.').map(|p| p.parse().expect("octet")).collect();
+        assert!(
+            o[0] == 10 && (96..112).contains(&o[1]),
+            "{ip} in 10.96.0.0/12"
+        );
+    }
+    assert_eq!(a["spec"]["clusterIPs"], json!([ip_a]));
+    let np = b["spec"]["ports"][0]["nodePort"]
+        .as_u64()
+        .expect("a node port");
+    assert!((30000..=32767).contains(&np));
+    let headless = c
+        .create(svcs, Some("net"), &svc("h", json!({"clusterIP": "None"})))
+        .await
+        .expect("headless");
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+
+    // Asking for a held address or port is Invalid; nothing is created.
+    let err = c
+        .create(svcs, Some("net"), &svc("dup", json!({"clusterIP": ip_a})))
+        .await
+        .expect_err("held");
+    assert_eq!(err.code, 422);
+    assert!(err.message.contains("already allocated"), "{}", err.message);
+    let err = c
+        .create(
+            svcs,
+            Some("net"),
+            &svc("dup", json!({"clusterIP": "192.168.1.1"})),
+        )
+        .await
+        .expect_err("out of range");
+    assert!(err.message.contains("10.96.0.0/12"), "{}", err.message);
+    assert!(c.get(svcs, Some("net"), "dup").await.is_err());
+
+    // An update that leaves the address out keeps it; one that changes it is refused.
+    let mut upd = c.get(svcs, Some("net"), "a").await.expect("get");
+    upd["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("clusterIP");
+    upd["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("clusterIPs");
+    let kept = c.update(svcs, Some("net"), &upd).await.expect("update");
+    assert_eq!(kept["spec"]["clusterIP"], ip_a.as_str());
+    let mut moved = kept.clone();
+    moved["spec"]["clusterIP"] = json!("10.96.0.9");
+    let err = c
+        .update(svcs, Some("net"), &moved)
+        .await
+        .expect_err("immutable");
+    assert!(
+        err.message.contains("field is immutable"),
+        "{}",
+        err.message
+    );
+
+    // Deleted, its address is free again.
+    c.delete(svcs, Some("net"), "a", None)
+        .await
+        .expect("delete");
+    let again = c
+        .create(svcs, Some("net"), &svc("a2", json!({"clusterIP": ip_a})))
+        .await
+        .expect("the address is free again");
+    assert_eq!(again["spec"]["clusterIP"], ip_a.as_str());
+}

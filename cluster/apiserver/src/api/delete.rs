@@ -199,6 +199,9 @@ impl Api {
         }
         match self.store.txn(ops).await {
             Ok(_) => {
+                if res.plural == "services" && res.group.is_empty() {
+                    self.release(Api::held_by(&current)).await;
+                }
                 if res.plural == "pods"
                     && let Some(ns) = current["metadata"]["namespace"].as_str()
                     && let Err(e) = self.tenant_quota(ns, &current, false, false).await

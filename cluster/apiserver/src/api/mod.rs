@@ -7,6 +7,7 @@
 //! fields the type does not have are dropped, warned about or refused (`fieldValidation`).
 
 mod admission;
+mod allocator;
 mod delete;
 mod read;
 mod subresources;

@@ -298,13 +298,27 @@ impl Api {
             _ => false,
         };
         if req.params.dry_run {
+            if res.plural == "services" && res.group.is_empty() {
+                self.allocate(&mut obj, true).await?;
+            }
             return Ok(ApiResponse::Object {
                 code: 201,
                 body: obj,
                 warnings,
             });
         }
+        // A Service's addresses are taken first, and given back if the create fails.
+        let held = if res.plural == "services" && res.group.is_empty() {
+            Some(self.allocate(&mut obj, false).await?)
+        } else {
+            None
+        };
         let result = self.commit_create(req, &obj, &name, warnings).await;
+        if let Some(held) = held
+            && result.is_err()
+        {
+            self.release(held).await;
+        }
         if result.is_err()
             && tenant_charged
             && let Some(ns) = req.namespace.as_deref()
@@ -629,6 +643,9 @@ impl Api {
         {
             next["spec"]["nodeName"] = current["spec"]["nodeName"].clone();
         }
+        if res.plural == "services" && res.group.is_empty() {
+            keep_service_addresses(current, &mut next, name)?;
+        }
         let spec_changed = next.get("spec") != current.get("spec")
             || (current.get("spec").is_none()
                 && strip_meta_status(&next) != strip_meta_status(current));
@@ -654,4 +671,50 @@ impl Api {
         }
         Ok(next)
     }
+}
+
+/// A Service keeps the addresses it was given: an update that leaves them out keeps them
+/// (as Kubernetes does), one that changes them is refused — they are immutable.
+fn keep_service_addresses(current: &Value, next: &mut Value, name: &str) -> Result<(), ApiError> {
+    let old_ip = &current["spec"]["clusterIP"];
+    match next["spec"]["clusterIP"].as_str() {
+        None | Some("") if !old_ip.is_null() && next["spec"].is_object() => {
+            for f in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+                if !current["spec"][f].is_null() && next["spec"][f].is_null() {
+                    next["spec"][f] = current["spec"][f].clone();
+                }
+            }
+            next["spec"]["clusterIP"] = old_ip.clone();
+        }
+        Some(ip) if Some(ip) != old_ip.as_str() && !old_ip.is_null() => {
+            return Err(ApiError::invalid(
+                "",
+                "Service",
+                name,
+                vec![Cause {
+                    reason: "FieldValueInvalid",
+                    field: "spec.clusterIP".into(),
+                    message: format!("Invalid value: {ip:?}: field is immutable"),
+                }],
+            ));
+        }
+        _ => {}
+    }
+    let old_ports = current["spec"]["ports"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if let Some(ports) = next["spec"]["ports"].as_array_mut() {
+        for p in ports {
+            let held = old_ports
+                .iter()
+                .find(|o| o["port"] == p["port"] && o["protocol"] == p["protocol"])
+                .map(|o| o["nodePort"].clone())
+                .unwrap_or(Value::Null);
+            if p["nodePort"].is_null() && !held.is_null() {
+                p["nodePort"] = held;
+            }
+        }
+    }
+    Ok(())
 }
