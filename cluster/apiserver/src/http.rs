@@ -127,8 +127,15 @@ async fn objects(
     let header_str = |h| headers.get(h).and_then(|v: &HeaderValue| v.to_str().ok());
     let content_type = header_str(header::CONTENT_TYPE);
     // Kubernetes' protobuf bodies (kubectl's typed commands) become the JSON they carry.
+    // Only for what is served: anything else answers its 404 below, whatever the body.
+    const REVIEWS: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+    let served = uri.path() == REVIEWS
+        || matches!(
+            request::from_http("GET", uri.path(), "", None, None, Bytes::new()),
+            Ok(Some(_))
+        );
     let (body, content_type) =
-        if content_type.is_some_and(|ct| ct.starts_with(protobuf::CONTENT_TYPE)) {
+        if served && content_type.is_some_and(|ct| ct.starts_with(protobuf::CONTENT_TYPE)) {
             match protobuf::decode_body(&body) {
                 Ok(obj) => (Bytes::from(obj.to_string()), Some("application/json")),
                 Err(e) => {
@@ -137,11 +144,13 @@ async fn objects(
                     )));
                 }
             }
-        } else if content_type.is_some_and(|ct| {
-            ct.starts_with("application/yaml")
-                || (ct.starts_with("application/apply-patch+yaml")
-                    && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err())
-        }) {
+        } else if served
+            && content_type.is_some_and(|ct| {
+                ct.starts_with("application/yaml")
+                    || (ct.starts_with("application/apply-patch+yaml")
+                        && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err())
+            })
+        {
             // YAML bodies become the JSON they carry (apply keeps its patch type).
             match crate::yaml::to_json(&body) {
                 Ok(obj) => {
@@ -161,7 +170,7 @@ async fn objects(
         } else {
             (body, content_type)
         };
-    if uri.path() == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" {
+    if uri.path() == REVIEWS {
         return encode(crate::access_review::review(&api, &user, method.as_str(), &body).await);
     }
     let parsed = request::from_http(

@@ -373,7 +373,14 @@ pub fn from_http(
     };
     let (ns, plural, name, sub) = match rest {
         [plural] => (None, *plural, None, None),
-        ["namespaces", ns, plural] if namespaced_plural(plural) => (Some(*ns), *plural, None, None),
+        // `namespaces/<name>/status` and `/finalize` are a Namespace's own subresources;
+        // anything else there is a namespaced collection, served or not.
+        ["namespaces", ns, plural]
+            if namespaced_plural(plural)
+                || !(group.is_empty() && ["status", "finalize"].contains(plural)) =>
+        {
+            (Some(*ns), *plural, None, None)
+        }
         ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name), None),
         ["namespaces", ns, plural, name, sub] => (Some(*ns), *plural, Some(*name), Some(*sub)),
         [plural, name] => (None, *plural, Some(*name), None),
@@ -513,6 +520,8 @@ mod tests {
             .expect("path");
         assert_eq!(r.verb, Verb::Watch);
         assert!(req("GET", "/version", "").expect("ok").is_none());
+        let err = req("GET", "/api/v1/namespaces/a/nosuch", "").expect_err("unknown");
+        assert!(err.message.contains("(nosuch in v1)"), "{}", err.message);
     }
 
     #[test]
@@ -531,6 +540,13 @@ mod tests {
             ("POST", "/api/v1/namespaces/a/pods/p", "", 405),
             ("PATCH", "/api/v1/namespaces/a/pods/p", "", 415),
             ("GET", "/api/v1/namespaces//pods", "", 404),
+            (
+                "GET",
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles",
+                "",
+                404,
+            ),
+            ("GET", "/api/v1/namespaces/a/nosuch", "", 404),
         ] {
             let err = req(method, path, query).expect_err(path);
             assert_eq!(err.code, code, "{method} {path}?{query}: {}", err.message);
