@@ -19,7 +19,7 @@ ROOTS = [
     "api.core.v1.Pod", "api.core.v1.Binding", "api.apps.v1.Deployment", "api.batch.v1.Job",
     "api.batch.v1.CronJob", "api.scheduling.v1.PriorityClass",
     "api.policy.v1.PodDisruptionBudget", "api.authorization.v1.SelfSubjectAccessReview",
-    "apimachinery.pkg.apis.meta.v1.DeleteOptions",
+    "apimachinery.pkg.apis.meta.v1.DeleteOptions", "api.policy.v1.Eviction",
 ]
 
 ATTR = re.compile(r'#\[prost\((.*)\)\]')

@@ -656,6 +656,46 @@ fn drive(c: &Cluster) {
     let err = c.fails(&["create", "-f", &late]);
     assert!(err.contains("because it is being terminated"), "{err}");
 
+    // drain: cordon, then evictions (protobuf) that respect disruption budgets.
+    let nodes = c.file("drain.yaml", "apiVersion: v1\nkind: Node\nmetadata:\n  name: n-drain\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: dr\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: loose\n  namespace: dr\nspec:\n  nodeName: n-drain\n  containers: [{name: c, image: busybox}]\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: kept\n  namespace: dr\n  labels: {app: kept}\nspec:\n  nodeName: n-drain\n  containers: [{name: c, image: busybox}]\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: keep\n  namespace: dr\nspec:\n  minAvailable: 1\n  selector: {matchLabels: {app: kept}}\n");
+    c.ok(&["create", "-f", &nodes]);
+    let err = c.fails(&[
+        "drain",
+        "n-drain",
+        "--force",
+        "--grace-period=0",
+        "--timeout=3s",
+    ]);
+    assert!(
+        err.contains("Cannot evict pod as it would violate the pod's disruption budget"),
+        "{err}"
+    );
+    assert!(
+        c.fails(&["get", "pod", "loose", "-n", "dr"])
+            .contains("not found"),
+        "the unprotected pod went"
+    );
+    c.ok(&["get", "pod", "kept", "-n", "dr"]);
+    assert_eq!(
+        json(c, &["get", "node", "n-drain"])["spec"]["unschedulable"],
+        true
+    );
+    c.ok(&["delete", "pdb", "keep", "-n", "dr"]);
+    assert!(
+        c.ok(&[
+            "drain",
+            "n-drain",
+            "--force",
+            "--grace-period=0",
+            "--timeout=20s"
+        ])
+        .contains("node/n-drain drained")
+    );
+    assert!(
+        c.fails(&["get", "pod", "kept", "-n", "dr"])
+            .contains("not found")
+    );
+
     // YAML bodies, as curl or any HTTP client may send them: a create, and a server-side apply.
     let kubeconfig = std::fs::read_to_string(&c.kubeconfig).expect("kubeconfig");
     let server = kubeconfig

@@ -120,6 +120,11 @@ pub const RESOURCES: &[Resource] = &[
                 verbs: &["create"],
             },
             Subresource {
+                name: "eviction",
+                response: ("policy", "v1", "Eviction"),
+                verbs: &["create"],
+            },
+            Subresource {
                 name: "log",
                 response: ("", "v1", "Pod"),
                 verbs: &["get"],

@@ -93,6 +93,7 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("coordination.k8s.io", "Lease") => typed::<coordination::v1::Lease>(),
         ("scheduling.k8s.io", "PriorityClass") => typed::<scheduling::v1::PriorityClass>(),
         ("policy", "PodDisruptionBudget") => typed::<policy::v1::PodDisruptionBudget>(),
+        ("policy", "Eviction") => typed::<policy::v1::Eviction>(),
         ("tessera.io", "Tenant") => typed::<types::Tenant>(),
         ("tessera.io", "PodGroup") => typed::<types::PodGroup>(),
         _ => return None,

@@ -1133,6 +1133,10 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 2, name: "pod_group", kind: Str, repeated: false, message: "" },
         Field { tag: 3, name: "pod_group_replica_key", kind: Str, repeated: false, message: "" },
     ]),
+    ("api.policy.v1.Eviction", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "delete_options", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.DeleteOptions" },
+    ]),
     ("api.policy.v1.PodDisruptionBudget", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
         Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.policy.v1.PodDisruptionBudgetSpec" },

@@ -692,3 +692,72 @@ async fn services_get_addresses_once() {
         .expect("the address is free again");
     assert_eq!(again["spec"]["clusterIP"], ip_a.as_str());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_respect_disruption_budgets() {
+    let s = setup().await;
+    let (_, c) = &s.clients[1];
+    let (pods, pdbs) = (res("", "pods"), res("policy", "poddisruptionbudgets"));
+    c.create(
+        res("", "namespaces"),
+        None,
+        &json!({"metadata": {"name": "ev"}}),
+    )
+    .await
+    .expect("ns");
+    for name in ["free", "w1", "w2"] {
+        let mut p = pod(name, "10m");
+        p["metadata"]["labels"] = json!({"app": if name == "free" { "other" } else { "web" }});
+        c.create(pods, Some("ev"), &p).await.expect("pod");
+    }
+    c.create(
+        pdbs,
+        Some("ev"),
+        &json!({"metadata": {"name": "web"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
+    )
+    .await
+    .expect("pdb");
+    let evict = |name: &str| {
+        let mut req = ApiRequest::new(Verb::Create, pods);
+        req.namespace = Some("ev".into());
+        req.name = Some(name.into());
+        req.subresource = Some("eviction".into());
+        req.body = Bytes::from(
+            json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "ev"}})
+                .to_string(),
+        );
+        req
+    };
+    // No budget covers it: evicted.
+    c.call(evict("free")).await.expect("evicted");
+    assert_eq!(
+        c.get(pods, Some("ev"), "free")
+            .await
+            .expect_err("gone")
+            .code,
+        404
+    );
+    // A budget with no disruptions allowed (its controller has not counted yet): 429.
+    let err = c.call(evict("w1")).await.expect_err("budget");
+    assert_eq!(
+        (err.code, err.reason),
+        (429, "TooManyRequests"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("disruption budget"), "{}", err.message);
+    // One disruption allowed: one eviction spends it, the next is refused.
+    c.patch(pdbs, Some("ev"), "web", Some("status"), PatchType::Merge,
+        &json!({"status": {"disruptionsAllowed": 1, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2}}))
+        .await
+        .expect("status");
+    c.call(evict("w1")).await.expect("evicted within budget");
+    let pdb = c.get(pdbs, Some("ev"), "web").await.expect("pdb");
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 0);
+    assert!(pdb["status"]["disruptedPods"]["w1"].is_string());
+    assert_eq!(c.call(evict("w2")).await.expect_err("spent").code, 429);
+    assert!(
+        c.get(pods, Some("ev"), "w2").await.is_ok(),
+        "refused evictions delete nothing"
+    );
+}

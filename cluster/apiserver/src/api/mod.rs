@@ -400,6 +400,7 @@ impl Api {
             (Verb::Watch, _) => self.watch(&req, scope.namespaces.clone()).await,
             (Verb::Create, None) => self.create(&req, user).await,
             (Verb::Create, Some("binding")) => self.bind(&req, user).await,
+            (Verb::Create, Some("eviction")) => self.evict(&req).await,
             (Verb::Update, _) => {
                 let obj = self.decode_body(&req)?;
                 self.write_existing(&req, user, |_| Ok(obj.0.clone()), obj.1)

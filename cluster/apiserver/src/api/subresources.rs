@@ -1,5 +1,7 @@
 //! Subresources that are not the object itself: `pods/binding` (a pod is bound once, node and
-//! `PodScheduled` together) and `scale` (the autoscaling/v1 Scale view of `spec.replicas`).
+//! `PodScheduled` together), `pods/eviction` (a delete that respects PodDisruptionBudgets —
+//! what `kubectl drain` asks for) and `scale` (the autoscaling/v1 Scale view of
+//! `spec.replicas`).
 
 use super::*;
 
@@ -141,5 +143,199 @@ impl Api {
             },
             other => other,
         })
+    }
+
+    /// `pods/eviction`: deletes the pod unless that would break its PodDisruptionBudget. The
+    /// budget's `status.disruptionsAllowed` (kept by the disruption controller) is spent with a
+    /// compare-and-swap before the delete, and the pod recorded in `disruptedPods`; with none
+    /// left the answer is 429, as Kubernetes answers, and `kubectl drain` retries.
+    pub(super) async fn evict(&self, req: &ApiRequest) -> Result<ApiResponse, ApiError> {
+        let res = req.resource;
+        let name = req.name.clone().unwrap_or_default();
+        let ns = req.namespace.clone().unwrap_or_default();
+        let eviction: Value = serde_json::from_slice(&req.body)
+            .map_err(|e| ApiError::bad_request(format!("the Eviction is not valid JSON: {e}")))?;
+        if let Some(t) = kinds::of_kind("policy", "Eviction") {
+            (t.normalize)(&eviction).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the Eviction is not valid: {}: {}",
+                    e.path, e.message
+                ))
+            })?;
+        }
+        let (pod, _) = self
+            .read(res, Some(&ns), &name)
+            .await?
+            .ok_or_else(|| ApiError::not_found(res.group, res.plural, &name))?;
+        let mut delete = req.clone();
+        delete.verb = Verb::Delete;
+        delete.subresource = None;
+        delete.body = match eviction.get("deleteOptions") {
+            Some(o) if o.is_object() => Bytes::from(o.to_string()),
+            _ => Bytes::new(),
+        };
+        let done = || json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+        // Pods that are finished or already going need no budget.
+        let settled = matches!(
+            pod["status"]["phase"].as_str(),
+            Some("Succeeded" | "Failed")
+        ) || pod["metadata"]["deletionTimestamp"].is_string();
+        if !settled {
+            self.spend_budget(&ns, &pod).await?;
+        }
+        if !req.params.dry_run {
+            self.delete(&delete).await?;
+        }
+        Ok(ApiResponse::Object {
+            code: 201,
+            body: done(),
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Takes one disruption from the budget that covers `pod`, if one does.
+    async fn spend_budget(&self, ns: &str, pod: &Value) -> Result<(), ApiError> {
+        let pdbs = crate::request::find_resource("policy", "v1", "poddisruptionbudgets")?;
+        let name = name_of(pod).to_owned();
+        for _attempt in 0..16 {
+            let page = self
+                .store
+                .list(ListRequest {
+                    prefix: prefix(pdbs, Some(ns)).into(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(store_error)?;
+            let mut covering = Vec::new();
+            for kv in &page.kvs {
+                let pdb = decode_stored(kv)?;
+                if selects(&pdb["spec"]["selector"], &pod["metadata"]["labels"]) {
+                    covering.push((pdb, kv.clone()));
+                }
+            }
+            let (mut pdb, kv) = match covering.len() {
+                0 => return Ok(()),
+                1 => covering.remove(0),
+                _ => {
+                    return Err(ApiError::conflict_because(
+                        "",
+                        "pods",
+                        &name,
+                        "this pod has more than one PodDisruptionBudget, which the eviction subresource does not support",
+                    ));
+                }
+            };
+            let allowed = pdb["status"]["disruptionsAllowed"].as_i64().unwrap_or(0);
+            if allowed <= 0 {
+                let mut e = ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                );
+                e.details = Some(
+                    json!({"causes": [{"reason": "DisruptionBudget", "message": format!(
+                        "The disruption budget {} needs {} healthy pods and has {} currently",
+                        name_of(&pdb),
+                        pdb["status"]["desiredHealthy"].as_i64().unwrap_or(0),
+                        pdb["status"]["currentHealthy"].as_i64().unwrap_or(0)
+                    )}]}),
+                );
+                return Err(e);
+            }
+            pdb["status"]["disruptionsAllowed"] = json!(allowed - 1);
+            pdb["status"]["disruptedPods"][&name] = json!(rfc3339(now_secs()));
+            match self
+                .store
+                .update(kv.key.clone(), encode(&pdb)?, kv.mod_revision)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.precondition().is_some() => continue,
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+        Err(ApiError::conflict_because(
+            "",
+            "pods",
+            &name,
+            "the pod's disruption budget kept changing; try again",
+        ))
+    }
+}
+
+/// Whether a `metav1.LabelSelector` selects objects with `labels` (an empty selector selects
+/// everything, as a PodDisruptionBudget's does).
+pub(super) fn selects(selector: &Value, labels: &Value) -> bool {
+    if !selector.is_object() {
+        // policy/v1: a budget without a selector covers no pod.
+        return false;
+    }
+    let get = |k: &str| labels.get(k).and_then(Value::as_str);
+    for (k, v) in selector["matchLabels"].as_object().into_iter().flatten() {
+        if get(k) != v.as_str() {
+            return false;
+        }
+    }
+    for e in selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let key = e["key"].as_str().unwrap_or_default();
+        let values: Vec<&str> = e["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let ok = match e["operator"].as_str() {
+            Some("In") => get(key).is_some_and(|v| values.contains(&v)),
+            Some("NotIn") => get(key).is_none_or(|v| !values.contains(&v)),
+            Some("Exists") => get(key).is_some(),
+            Some("DoesNotExist") => get(key).is_none(),
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_selectors_select_like_kubernetes() {
+        let labels = json!({"app": "web", "tier": "front"});
+        for (sel, want) in [
+            (json!({}), true),
+            (Value::Null, false),
+            (json!({"matchLabels": {"app": "web"}}), true),
+            (json!({"matchLabels": {"app": "db"}}), false),
+            (
+                json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front", "back"]}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["front"]}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "zone", "operator": "Exists"}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "zone", "operator": "Bogus"}]}),
+                false,
+            ),
+        ] {
+            assert_eq!(selects(&sel, &labels), want, "{sel}");
+        }
     }
 }
