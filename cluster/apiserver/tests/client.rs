@@ -20,8 +20,6 @@ use tessera_store::{EmbeddedOptions, EmbeddedStore, Revision, Store, StoreMetric
 struct Setup {
     store: Arc<dyn Store>,
     clients: Vec<(&'static str, Arc<dyn Client>)>,
-    server: String,
-    creds: Credentials,
     _dir: tempfile::TempDir,
 }
 
@@ -51,8 +49,6 @@ async fn setup() -> Setup {
             ("in-process", Arc::new(InProcess::new(api, User::Admin))),
             ("https", Arc::new(remote)),
         ],
-        server: format!("https://{addr}"),
-        creds,
         _dir: dir,
     }
 }
