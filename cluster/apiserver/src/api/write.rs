@@ -307,7 +307,19 @@ impl Api {
                 warnings,
             });
         }
-        // A Service's addresses are taken first, and given back if the create fails.
+        // A Service's addresses are taken first, and given back if the create fails (a
+        // Service that exists already is refused before anything is taken).
+        if res.plural == "services"
+            && res.group.is_empty()
+            && self
+                .store
+                .get(object_key(res, req.namespace.as_deref(), &name).as_bytes())
+                .await
+                .map_err(store_error)?
+                .is_some()
+        {
+            return Err(ApiError::already_exists(res.group, res.plural, &name));
+        }
         let held = if res.plural == "services" && res.group.is_empty() {
             Some(self.allocate(&mut obj, false).await?)
         } else {
