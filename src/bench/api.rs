@@ -82,6 +82,27 @@ struct Measurement {
     complete: Option<bool>,
 }
 
+impl Measurement {
+    /// A closed-loop measurement: `requests` at `concurrency`, their rate and latencies.
+    fn of(
+        phase: &'static str,
+        concurrency: usize,
+        requests: usize,
+        rate: f64,
+        lat: &mut Latencies,
+    ) -> Measurement {
+        Measurement {
+            phase,
+            concurrency,
+            requests,
+            per_sec: rate.round(),
+            p50_ms: lat.percentile_ms(50.0),
+            p99_ms: lat.percentile_ms(99.0),
+            complete: None,
+        }
+    }
+}
+
 fn report(m: &Measurement, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string(m)?);
@@ -227,15 +248,7 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
             })
             .await?;
         report(
-            &Measurement {
-                phase: "create",
-                concurrency: c,
-                requests: args.requests,
-                per_sec: rate.round(),
-                p50_ms: lat.percentile_ms(50.0),
-                p99_ms: lat.percentile_ms(99.0),
-                complete: None,
-            },
+            &Measurement::of("create", c, args.requests, rate, &mut lat),
             args.json,
         )?;
         let (b, n2) = (bench.clone(), ns.clone());
@@ -246,15 +259,7 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
             })
             .await?;
         report(
-            &Measurement {
-                phase: "get",
-                concurrency: c,
-                requests: args.requests,
-                per_sec: rate.round(),
-                p50_ms: lat.percentile_ms(50.0),
-                p99_ms: lat.percentile_ms(99.0),
-                complete: None,
-            },
+            &Measurement::of("get", c, args.requests, rate, &mut lat),
             args.json,
         )?;
     }
@@ -291,15 +296,7 @@ async fn list_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<(
             })
             .await?;
         report(
-            &Measurement {
-                phase: "list",
-                concurrency: c,
-                requests: args.lists,
-                per_sec: rate.round(),
-                p50_ms: lat.percentile_ms(50.0),
-                p99_ms: lat.percentile_ms(99.0),
-                complete: None,
-            },
+            &Measurement::of("list", c, args.lists, rate, &mut lat),
             args.json,
         )?;
     }

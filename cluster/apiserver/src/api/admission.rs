@@ -76,6 +76,39 @@ impl ApiError {
     }
 }
 
+/// Adds (or with `charge == false` takes back) `usage` to `used` for every resource `limits`
+/// names; refuses a charge that would go over a limit, changing nothing then, with what was
+/// asked, what is used and the limit in Kubernetes' words (`requested: pods=1, used: pods=10,
+/// limited: pods=10`). The one rule of ResourceQuotas and Tenant quotas.
+pub(super) fn charge_usage(
+    used: &mut BTreeMap<String, Quantity>,
+    usage: &BTreeMap<String, Quantity>,
+    limits: &BTreeMap<String, Quantity>,
+    charge: bool,
+) -> Result<(), String> {
+    let mut next = used.clone();
+    for (k, limit) in limits {
+        let Some(add) = usage.get(k) else { continue };
+        let cur = used
+            .get(k)
+            .copied()
+            .unwrap_or_else(|| Quantity::from_units(0));
+        let after = if charge {
+            cur.saturating_add(*add)
+        } else {
+            cur.saturating_sub(*add)
+        };
+        if charge && after > *limit {
+            return Err(format!(
+                "requested: {k}={add}, used: {k}={cur}, limited: {k}={limit}"
+            ));
+        }
+        next.insert(k.clone(), after);
+    }
+    *used = next;
+    Ok(())
+}
+
 impl Api {
     /// Every object of core/v1 `plural` in namespace `ns` (a namespace's few quotas or
     /// limit ranges).
@@ -273,29 +306,13 @@ impl Api {
                 continue;
             }
             let mut used = quantity_map(&quota["status"]["used"]);
-            for (k, limit) in &hard {
-                let Some(add) = usage.get(k) else { continue };
-                let cur = used
-                    .get(k)
-                    .cloned()
-                    .unwrap_or_else(|| Quantity::from_units(0));
-                let next = if charge {
-                    cur.saturating_add(*add)
-                } else {
-                    cur.saturating_sub(*add)
-                };
-                if charge && next > *limit {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{}\" is forbidden: exceeded quota: {}, requested: {k}={add}, used: {k}={}, limited: {k}={limit}",
-                        crate::status::qualified(res.group, res.plural),
-                        name_of(obj),
-                        name_of(&quota),
-                        used.get(k)
-                            .cloned()
-                            .unwrap_or_else(|| Quantity::from_units(0)),
-                    )));
-                }
-                used.insert(k.clone(), next);
+            if let Err(over) = charge_usage(&mut used, &usage, &hard, charge) {
+                return Err(ApiError::forbidden(format!(
+                    "{} \"{}\" is forbidden: exceeded quota: {}, {over}",
+                    crate::status::qualified(res.group, res.plural),
+                    name_of(obj),
+                    name_of(&quota),
+                )));
             }
             quota["status"]["hard"] = quantity_json(&hard);
             quota["status"]["used"] = quantity_json(&used);

@@ -101,24 +101,11 @@ impl Api {
             } else {
                 self.tenant_usage(&t, &quota).await?
             };
-            for (k, limit) in &quota {
-                let Some(add) = usage.get(k) else { continue };
-                let cur = used
-                    .get(k)
-                    .copied()
-                    .unwrap_or_else(|| Quantity::from_units(0));
-                let next = if charge {
-                    cur.saturating_add(*add)
-                } else {
-                    cur.saturating_sub(*add)
-                };
-                if charge && next > *limit {
-                    return Err(ApiError::forbidden(format!(
-                        "pods \"{}\" is forbidden: exceeded tenant quota: {tenant}, requested: {k}={add}, used: {k}={cur}, limited: {k}={limit} (across the tenant's namespaces)",
-                        name_of(pod)
-                    )));
-                }
-                used.insert(k.clone(), next);
+            if let Err(over) = super::admission::charge_usage(&mut used, &usage, &quota, charge) {
+                return Err(ApiError::forbidden(format!(
+                    "pods \"{}\" is forbidden: exceeded tenant quota: {tenant}, {over} (across the tenant's namespaces)",
+                    name_of(pod)
+                )));
             }
             if dry_run {
                 return Ok(false);
