@@ -32,38 +32,16 @@ const SERVER_FIELDS: &[&str] = &[
     "selfLink",
 ];
 
-/// The merge key of list `field` under a parent reached by `path`, found in the strategic
-/// merge table by the list's own name (the owning type is implied by where it sits).
+/// The merge key of a list named `field` whose items all carry it (the strategic-merge
+/// table's keys for that name); `None` for atomic lists.
 fn list_key(field: &str, items: &[Value]) -> Option<&'static str> {
-    let key = match field {
-        "containers"
-        | "initContainers"
-        | "ephemeralContainers"
-        | "volumes"
-        | "env"
-        | "imagePullSecrets"
-        | "resourceClaims"
-        | "schedulingGates" => "name",
-        "ports" => {
-            if items.iter().all(|i| i.get("containerPort").is_some()) {
-                "containerPort"
-            } else {
-                "port"
-            }
-        }
-        "volumeMounts" => "mountPath",
-        "volumeDevices" => "devicePath",
-        "ownerReferences" => "uid",
-        "conditions" | "addresses" => "type",
-        "hostAliases" => "ip",
-        "topologySpreadConstraints" => "topologyKey",
-        _ => return None,
-    };
-    items.iter().all(|i| i.get(key).is_some()).then_some(key)
+    crate::patch::merge_keys_by_name(field)
+        .into_iter()
+        .find(|k| items.iter().all(|i| i.get(*k).is_some()))
 }
 
 fn is_set_list(field: &str) -> bool {
-    field == "finalizers"
+    crate::patch::is_set_by_name(field)
 }
 
 fn item_step(key: &str, item: &Value) -> String {

@@ -143,22 +143,27 @@ fn pod_spec(spec: &mut Value) {
                 set(c, "terminationMessagePath", json!("/dev/termination-log"));
                 set(c, "terminationMessagePolicy", json!("File"));
                 set(c, "resources", json!({}));
-                // A limit without a request requests the limit.
-                let limits = c["resources"]["limits"]
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default();
-                for (k, v) in limits {
-                    if c["resources"]["requests"][&k].is_null() {
-                        c["resources"]["requests"][&k] = v;
-                    }
-                }
+                requests_from_limits(c);
                 if let Some(ports) = c["ports"].as_array_mut() {
                     for p in ports {
                         set(p, "protocol", json!("TCP"));
                     }
                 }
             }
+        }
+    }
+}
+
+/// A container's limit without a request requests the limit (Kubernetes' defaulting; also
+/// run again by LimitRange admission after it fills in default limits).
+pub(crate) fn requests_from_limits(c: &mut Value) {
+    let limits = c["resources"]["limits"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    for (k, v) in limits {
+        if c["resources"]["requests"][&k].is_null() {
+            c["resources"]["requests"][&k] = v;
         }
     }
 }

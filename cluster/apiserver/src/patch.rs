@@ -152,6 +152,29 @@ const RETAIN_KEYS: &[(&str, &str)] = &[
     ("StatefulSetSpec", "updateStrategy"),
 ];
 
+/// Merge keys a list named `field` has in any type, in table order (`ports` is merged on
+/// `containerPort` in containers and on `port` in services): for walks that do not track
+/// types, such as server-side apply's field sets.
+pub(crate) fn merge_keys_by_name(field: &str) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    for (_, f, m) in MERGE_LISTS {
+        if let ListMerge::Key(k) = m
+            && *f == field
+            && !keys.contains(k)
+        {
+            keys.push(*k);
+        }
+    }
+    keys
+}
+
+/// True if a list named `field` merges as a set of scalars (`finalizers`).
+pub(crate) fn is_set_by_name(field: &str) -> bool {
+    MERGE_LISTS
+        .iter()
+        .any(|(_, f, m)| *f == field && *m == ListMerge::Set)
+}
+
 fn list_merge(ty: &str, field: &str) -> Option<ListMerge> {
     let short = ty.rsplit('.').next().unwrap_or(ty);
     MERGE_LISTS

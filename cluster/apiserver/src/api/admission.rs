@@ -202,17 +202,8 @@ impl Api {
                     .unwrap_or_default();
                 let mut out = Vec::with_capacity(containers.len());
                 for (i, mut c) in containers.into_iter().enumerate() {
-                    // Requests set from limits first (Kubernetes' defaulting, before
-                    // admission), then the range's defaults for what is still unset.
-                    for (k, v) in c["resources"]["limits"]
-                        .as_object()
-                        .cloned()
-                        .unwrap_or_default()
-                    {
-                        if c["resources"]["requests"][&k].is_null() {
-                            c["resources"]["requests"][&k] = v;
-                        }
-                    }
+                    // Requests were set from limits by defaulting before admission; the
+                    // range's defaults fill in what is still unset.
                     for (from, to) in [("default", "limits"), ("defaultRequest", "requests")] {
                         for (k, v) in limit[from].as_object().into_iter().flatten() {
                             if c["resources"][to][k].is_null() {
@@ -220,16 +211,8 @@ impl Api {
                             }
                         }
                     }
-                    // Kubernetes defaults a missing request to the limit.
-                    for (k, v) in c["resources"]["limits"]
-                        .as_object()
-                        .cloned()
-                        .unwrap_or_default()
-                    {
-                        if c["resources"]["requests"][&k].is_null() {
-                            c["resources"]["requests"][&k] = v;
-                        }
-                    }
+                    // A default limit without a request requests the limit, too.
+                    crate::defaults::requests_from_limits(&mut c);
                     for (bound, section, cmp) in [
                         ("max", "limits", std::cmp::Ordering::Greater),
                         ("min", "requests", std::cmp::Ordering::Less),
