@@ -1,5 +1,16 @@
-//! The controller runtime every controller stands on (issue 4, being built): today the
-//! priority work queue; the list+watch cache and the reconcile runner join it.
+//! The controller runtime every controller stands on: list+watch caches ([`informer`]), the
+//! priority work queue ([`queue`]), the reconcile runner ([`controller`]), leader election
+//! ([`leader`]), expectations and Events.
 
+pub mod controller;
+pub mod events;
+pub mod expectations;
+pub mod informer;
+pub mod leader;
 pub mod metrics;
 pub mod queue;
+pub mod selector;
+
+pub use controller::{Action, ReconcileError, Reconciler};
+pub use informer::{Cache, Change, Informer, Scope};
+pub use queue::{EventClass, QueueConfig, WorkQueue};

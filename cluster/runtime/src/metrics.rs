@@ -74,3 +74,67 @@ impl QueueMetrics {
         })
     }
 }
+
+/// Informer and reconcile metrics of a process (labelled by resource or controller).
+#[derive(Clone)]
+pub struct RuntimeMetrics {
+    pub(crate) informer_events: IntCounterVec,
+    pub(crate) relists: IntCounterVec,
+    pub(crate) reconciles: IntCounterVec,
+    pub(crate) leader: IntGaugeVec,
+    pub(crate) events_written: IntCounterVec,
+}
+
+impl RuntimeMetrics {
+    /// Creates and registers the metrics in `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<RuntimeMetrics> {
+        let m = RuntimeMetrics::unregistered()?;
+        registry.register(Box::new(m.informer_events.clone()))?;
+        registry.register(Box::new(m.relists.clone()))?;
+        registry.register(Box::new(m.reconciles.clone()))?;
+        registry.register(Box::new(m.leader.clone()))?;
+        registry.register(Box::new(m.events_written.clone()))?;
+        Ok(m)
+    }
+
+    /// Metrics no registry reads (tests, benchmarks).
+    pub fn unregistered() -> prometheus::Result<RuntimeMetrics> {
+        Ok(RuntimeMetrics {
+            informer_events: IntCounterVec::new(
+                Opts::new(
+                    "tessera_informer_events_total",
+                    "Watch events an informer applied to its cache, by resource and type.",
+                ),
+                &["resource", "type"],
+            )?,
+            relists: IntCounterVec::new(
+                Opts::new(
+                    "tessera_informer_relists_total",
+                    "Full lists after a watch's revision was compacted (410 Gone).",
+                ),
+                &["resource"],
+            )?,
+            reconciles: IntCounterVec::new(
+                Opts::new(
+                    "tessera_reconcile_total",
+                    "Reconciles by controller and outcome (done, requeue, error).",
+                ),
+                &["controller", "outcome"],
+            )?,
+            leader: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_leader_is_leader",
+                    "1 while this process holds the named leader Lease.",
+                ),
+                &["lease"],
+            )?,
+            events_written: IntCounterVec::new(
+                Opts::new(
+                    "tessera_events_written_total",
+                    "Kubernetes Events written (created or counted again), by component.",
+                ),
+                &["component"],
+            )?,
+        })
+    }
+}

@@ -79,6 +79,17 @@ impl LabelSelector {
         Self::default()
     }
 
+    /// A selector of these requirements (sorted by key; each requirement's values sorted and
+    /// deduplicated).
+    pub fn from_requirements(mut requirements: Vec<Requirement>) -> Self {
+        for r in &mut requirements {
+            r.values.sort();
+            r.values.dedup();
+        }
+        requirements.sort_by(|a, b| a.key.cmp(&b.key));
+        LabelSelector { requirements }
+    }
+
     /// True if it has no requirements.
     pub fn is_empty(&self) -> bool {
         self.requirements.is_empty()

@@ -1,0 +1,546 @@
+//! List+watch into a local cache: one informer per resource (and optional selector) per
+//! controller. It lists in pages, watches from the list's revision, resumes the watch after
+//! errors and closed streams, and relists when the revision it resumes from is gone (`410`),
+//! turning the difference between what it had and what it found into changes, so its
+//! handlers see every object appear, change and go away exactly as if they had watched.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::Metadata;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use parking_lot::RwLock;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+use tessera_apiserver::api::WatchEvent;
+use tessera_apiserver::catalog::Resource;
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::{ApiRequest, Verb};
+use tessera_apiserver::status::ApiError;
+use tessera_core::selector::label::Operator;
+use tessera_core::{FieldSelector, LabelSelector};
+use tokio::sync::watch;
+
+use crate::metrics::RuntimeMetrics;
+
+/// A kind an informer can cache: a Kubernetes object with metadata.
+pub trait Object: Metadata<Ty = ObjectMeta> + DeserializeOwned + Send + Sync + 'static {}
+impl<T: Metadata<Ty = ObjectMeta> + DeserializeOwned + Send + Sync + 'static> Object for T {}
+
+/// The cache key of an object: `namespace/name`, or `name` for cluster-scoped kinds.
+pub fn key_of(meta: &ObjectMeta) -> String {
+    match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{}", meta.name.as_deref().unwrap_or("")),
+        _ => meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Splits a cache key into namespace and name.
+pub fn split_key(key: &str) -> (Option<&str>, &str) {
+    match key.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, key),
+    }
+}
+
+/// What happened to an object.
+#[derive(Debug)]
+pub enum Change<T> {
+    /// It appeared (or was found by the first list).
+    Added(Arc<T>),
+    /// It changed.
+    Updated {
+        /// Before.
+        old: Arc<T>,
+        /// After.
+        new: Arc<T>,
+    },
+    /// It went away (its last known state).
+    Deleted(Arc<T>),
+}
+
+impl<T> Change<T> {
+    /// The object's newest known state.
+    pub fn object(&self) -> &Arc<T> {
+        match self {
+            Change::Added(o) | Change::Deleted(o) => o,
+            Change::Updated { new, .. } => new,
+        }
+    }
+}
+
+type Handler<T> = Box<dyn Fn(&Change<T>) + Send + Sync>;
+
+struct Indexed<T> {
+    objects: HashMap<String, Arc<T>>,
+    by_namespace: HashMap<String, HashSet<String>>,
+    by_owner: HashMap<String, HashSet<String>>,
+    by_label: HashMap<(String, String), HashSet<String>>,
+}
+
+impl<T: Object> Indexed<T> {
+    fn new() -> Self {
+        Indexed {
+            objects: HashMap::new(),
+            by_namespace: HashMap::new(),
+            by_owner: HashMap::new(),
+            by_label: HashMap::new(),
+        }
+    }
+
+    fn index(&mut self, key: &str, o: &T, add: bool) {
+        let m = o.metadata();
+        fn touch<K: std::hash::Hash + Eq>(
+            map: &mut HashMap<K, HashSet<String>>,
+            k: K,
+            key: &str,
+            add: bool,
+        ) {
+            if add {
+                map.entry(k).or_default().insert(key.to_owned());
+            } else if let Some(set) = map.get_mut(&k) {
+                set.remove(key);
+                if set.is_empty() {
+                    map.remove(&k);
+                }
+            }
+        }
+        if let Some(ns) = m.namespace.as_deref() {
+            touch(&mut self.by_namespace, ns.to_owned(), key, add);
+        }
+        for r in m.owner_references.iter().flatten() {
+            touch(&mut self.by_owner, r.uid.clone(), key, add);
+        }
+        for (k, v) in m.labels.iter().flatten() {
+            touch(&mut self.by_label, (k.clone(), v.clone()), key, add);
+        }
+    }
+
+    fn put(&mut self, key: String, o: Arc<T>) -> Option<Arc<T>> {
+        let old = self.objects.insert(key.clone(), o.clone());
+        if let Some(old) = &old {
+            self.index(&key, old, false);
+        }
+        self.index(&key, &o, true);
+        old
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Arc<T>> {
+        let old = self.objects.remove(key)?;
+        self.index(key, &old, false);
+        Some(old)
+    }
+}
+
+/// The local copy of a resource, with indexes by namespace, owner and label. Reads never wait
+/// on the API.
+pub struct Cache<T> {
+    inner: RwLock<Indexed<T>>,
+}
+
+impl<T: Object> Cache<T> {
+    fn new() -> Self {
+        Cache {
+            inner: RwLock::new(Indexed::new()),
+        }
+    }
+
+    /// The object at `key` (`namespace/name` or `name`).
+    pub fn get(&self, key: &str) -> Option<Arc<T>> {
+        self.inner.read().objects.get(key).cloned()
+    }
+
+    /// Every cached object.
+    pub fn list(&self) -> Vec<Arc<T>> {
+        self.inner.read().objects.values().cloned().collect()
+    }
+
+    /// The number of cached objects.
+    pub fn len(&self) -> usize {
+        self.inner.read().objects.len()
+    }
+
+    /// True if nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The objects of one namespace.
+    pub fn in_namespace(&self, ns: &str) -> Vec<Arc<T>> {
+        let s = self.inner.read();
+        s.by_namespace
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| s.objects.get(k).cloned())
+            .collect()
+    }
+
+    /// The objects with an owner reference to `uid`.
+    pub fn owned_by(&self, uid: &str) -> Vec<Arc<T>> {
+        let s = self.inner.read();
+        s.by_owner
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| s.objects.get(k).cloned())
+            .collect()
+    }
+
+    /// The objects of `ns` (or all namespaces) that `selector` matches. An equality
+    /// requirement narrows the search to its label index; otherwise the namespace is scanned.
+    pub fn select(&self, ns: Option<&str>, selector: &LabelSelector) -> Vec<Arc<T>> {
+        let s = self.inner.read();
+        let matches = |o: &T| {
+            let m = o.metadata();
+            ns.is_none_or(|ns| m.namespace.as_deref() == Some(ns))
+                && selector.matches_with(|k| m.labels.as_ref()?.get(k).map(String::as_str))
+        };
+        let narrowest = selector
+            .requirements()
+            .iter()
+            .filter(|r| {
+                matches!(r.operator, Operator::Equals | Operator::In) && r.values.len() == 1
+            })
+            .filter_map(|r| {
+                let v = r.values.first()?;
+                Some(
+                    s.by_label
+                        .get(&(r.key.clone(), v.clone()))
+                        .map_or(0, HashSet::len),
+                )
+                .map(|n| (n, r))
+            })
+            .min_by_key(|(n, _)| *n);
+        let candidates: Box<dyn Iterator<Item = &String>> = match (narrowest, ns) {
+            (Some((_, r)), _) => {
+                let v = r.values.first().cloned().unwrap_or_default();
+                Box::new(s.by_label.get(&(r.key.clone(), v)).into_iter().flatten())
+            }
+            (None, Some(ns)) => Box::new(s.by_namespace.get(ns).into_iter().flatten()),
+            (None, None) => Box::new(s.objects.keys()),
+        };
+        candidates
+            .filter_map(|k| s.objects.get(k))
+            .filter(|o| matches(o))
+            .cloned()
+            .collect()
+    }
+}
+
+/// What an informer watches.
+#[derive(Clone, Default)]
+pub struct Scope {
+    /// One namespace, or all.
+    pub namespace: Option<String>,
+    /// Only objects with these labels.
+    pub label_selector: Option<LabelSelector>,
+    /// Only objects with these fields.
+    pub field_selector: Option<FieldSelector>,
+}
+
+/// Lists and watches one resource into a [`Cache`], calling its handlers on every change.
+pub struct Informer<T> {
+    client: Arc<dyn Client>,
+    resource: &'static Resource,
+    scope: Scope,
+    cache: Arc<Cache<T>>,
+    handlers: RwLock<Vec<Handler<T>>>,
+    synced: watch::Sender<bool>,
+    metrics: Option<RuntimeMetrics>,
+    page: usize,
+}
+
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(borrow)]
+    object: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct ListMeta {
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(default, rename = "continue")]
+    continue_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct List<T> {
+    metadata: ListMeta,
+    #[serde(default = "Vec::new")]
+    items: Vec<T>,
+}
+
+#[derive(Deserialize)]
+struct Bookmark {
+    metadata: BookmarkMeta,
+}
+
+#[derive(Deserialize)]
+struct BookmarkMeta {
+    #[serde(rename = "resourceVersion")]
+    resource_version: String,
+}
+
+/// Why a watch stopped.
+enum Stop {
+    /// The revision to resume from is compacted: list again.
+    Gone,
+    /// The stream ended or failed: watch again from the last revision seen.
+    Resume,
+}
+
+impl<T: Object> Informer<T> {
+    /// An informer of `resource` within `scope`.
+    pub fn new(
+        client: Arc<dyn Client>,
+        resource: &'static Resource,
+        scope: Scope,
+        metrics: Option<RuntimeMetrics>,
+    ) -> Arc<Self> {
+        Arc::new(Informer {
+            client,
+            resource,
+            scope,
+            cache: Arc::new(Cache::new()),
+            handlers: RwLock::new(Vec::new()),
+            synced: watch::channel(false).0,
+            metrics,
+            page: 500,
+        })
+    }
+
+    /// Its cache.
+    pub fn cache(&self) -> &Arc<Cache<T>> {
+        &self.cache
+    }
+
+    /// The resource it watches.
+    pub fn resource(&self) -> &'static Resource {
+        self.resource
+    }
+
+    /// Calls `f` on every change, in order, from the watch task: `f` must be quick (queue a
+    /// key, send on a channel), never wait.
+    pub fn on_change(&self, f: impl Fn(&Change<T>) + Send + Sync + 'static) {
+        self.handlers.write().push(Box::new(f));
+    }
+
+    /// Waits until the first list is in the cache.
+    pub async fn synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// True once the first list is in the cache.
+    pub fn has_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    fn request(&self, verb: Verb) -> ApiRequest {
+        let mut req = ApiRequest::new(verb, self.resource);
+        req.namespace = self.scope.namespace.clone();
+        req.params.label_selector = self.scope.label_selector.clone();
+        req.params.field_selector = self.scope.field_selector.clone();
+        req
+    }
+
+    fn emit(&self, change: Change<T>) {
+        for h in self.handlers.read().iter() {
+            h(&change);
+        }
+    }
+
+    fn count(&self, what: &str) {
+        if let Some(m) = &self.metrics {
+            m.informer_events
+                .with_label_values(&[self.resource.plural, what])
+                .inc();
+        }
+    }
+
+    /// Runs until the task is dropped: list, watch, resume, relist.
+    pub async fn run(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let rv = match self.relist().await {
+                Ok(rv) => rv,
+                Err(e) => {
+                    tracing::warn!(resource = self.resource.plural, error = %e.message, "list failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            let mut rv = rv;
+            loop {
+                match self.watch_from(&mut rv).await {
+                    Ok(Stop::Resume) => {}
+                    Ok(Stop::Gone) => break,
+                    Err(e) if e.code == 410 => break,
+                    Err(e) => {
+                        tracing::warn!(resource = self.resource.plural, error = %e.message, "watch failed; resuming");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+            if let Some(m) = &self.metrics {
+                m.relists.with_label_values(&[self.resource.plural]).inc();
+            }
+            tracing::info!(
+                resource = self.resource.plural,
+                "watch revision compacted; listing again"
+            );
+        }
+    }
+
+    /// Lists everything in pages, replaces the cache with it, and emits the difference.
+    async fn relist(&self) -> Result<String, ApiError> {
+        let mut found: HashMap<String, Arc<T>> = HashMap::new();
+        let mut token: Option<String> = None;
+        let rv = loop {
+            let mut req = self.request(Verb::List);
+            req.params.limit = self.page;
+            req.params.continue_token = token.take();
+            let v = self.client.list(req).await?;
+            let list: List<T> = serde_json::from_value(v).map_err(|e| {
+                ApiError::internal(format!("a {} list did not decode: {e}", self.resource.kind))
+            })?;
+            for o in list.items {
+                found.insert(key_of(o.metadata()), Arc::new(o));
+            }
+            match list.metadata.continue_token.filter(|t| !t.is_empty()) {
+                Some(t) => token = Some(t),
+                None => break list.metadata.resource_version,
+            }
+        };
+        let mut changes = Vec::new();
+        {
+            let mut s = self.cache.inner.write();
+            let gone: Vec<String> = s
+                .objects
+                .keys()
+                .filter(|k| !found.contains_key(*k))
+                .cloned()
+                .collect();
+            for k in gone {
+                if let Some(old) = s.remove(&k) {
+                    changes.push(Change::Deleted(old));
+                }
+            }
+            for (k, o) in found {
+                let changed = match s.objects.get(&k) {
+                    Some(old) => old.metadata().resource_version != o.metadata().resource_version,
+                    None => true,
+                };
+                if changed {
+                    match s.put(k, o.clone()) {
+                        Some(old) => changes.push(Change::Updated { old, new: o }),
+                        None => changes.push(Change::Added(o)),
+                    }
+                }
+            }
+        }
+        for c in changes {
+            self.emit(c);
+        }
+        self.synced.send_replace(true);
+        Ok(rv)
+    }
+
+    async fn watch_from(&self, rv: &mut String) -> Result<Stop, ApiError> {
+        let mut req = self.request(Verb::Watch);
+        req.params.resource_version = Some(rv.clone());
+        req.params.allow_bookmarks = true;
+        req.params.timeout_seconds = Some(300 + rand::random::<u64>() % 300);
+        let mut stream = self.client.watch(req).await?;
+        while let Some(ev) = stream.next().await {
+            let line = match ev {
+                WatchEvent::Encoded(b) => b,
+                WatchEvent::Value(v) => bytes::Bytes::from(v.to_string()),
+            };
+            let raw: RawEvent = serde_json::from_slice(&line)
+                .map_err(|e| ApiError::internal(format!("a watch event did not decode: {e}")))?;
+            match raw.kind {
+                "ADDED" | "MODIFIED" | "DELETED" => {
+                    let o: T = serde_json::from_str(raw.object.get()).map_err(|e| {
+                        ApiError::internal(format!(
+                            "a watched {} did not decode: {e}",
+                            self.resource.kind
+                        ))
+                    })?;
+                    if let Some(v) = o.metadata().resource_version.as_deref() {
+                        v.clone_into(rv);
+                    }
+                    self.apply(raw.kind, o);
+                }
+                "BOOKMARK" => {
+                    if let Ok(b) = serde_json::from_str::<Bookmark>(raw.object.get()) {
+                        *rv = b.metadata.resource_version;
+                    }
+                    self.count("bookmark");
+                }
+                _ => {
+                    let status: serde_json::Value =
+                        serde_json::from_str(raw.object.get()).unwrap_or_default();
+                    if status["code"].as_u64() == Some(410) {
+                        return Ok(Stop::Gone);
+                    }
+                    return Err(ApiError::internal(format!(
+                        "the watch answered an error: {}",
+                        status["message"].as_str().unwrap_or("(no message)")
+                    )));
+                }
+            }
+        }
+        Ok(Stop::Resume)
+    }
+
+    fn apply(&self, kind: &str, o: T) {
+        let key = key_of(o.metadata());
+        let o = Arc::new(o);
+        let change = {
+            let mut s = self.cache.inner.write();
+            if kind == "DELETED" {
+                s.remove(&key).map(|_| Change::Deleted(o))
+            } else {
+                Some(match s.put(key, o.clone()) {
+                    Some(old) => Change::Updated { old, new: o },
+                    None => Change::Added(o),
+                })
+            }
+        };
+        self.count(match kind {
+            "ADDED" => "added",
+            "MODIFIED" => "modified",
+            _ => "deleted",
+        });
+        if let Some(c) = change {
+            self.emit(c);
+        }
+    }
+}
+
+/// Labels as a map, for code that reads them often.
+pub fn labels_of(meta: &ObjectMeta) -> &BTreeMap<String, String> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    meta.labels.as_ref().unwrap_or(&EMPTY)
+}
+
+/// The controller owner of an object (the owner reference with `controller: true`).
+pub fn controller_of(
+    meta: &ObjectMeta,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+}

@@ -1,0 +1,296 @@
+//! The runtime against a real API on a real embedded store: informers list, watch and
+//! relist into their caches; the reconcile runner retries with backoff; leader election
+//! hands over.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+use serde_json::json;
+use tessera_apiserver::api::Api;
+use tessera_apiserver::auth::User;
+use tessera_apiserver::catalog::Resource;
+use tessera_apiserver::client::{Client, InProcess};
+use tessera_apiserver::request::find_resource;
+use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::leader::{LeaderConfig, LeaderElector};
+use tessera_runtime::{Change, Informer, QueueConfig, Scope, WorkQueue};
+use tessera_store::{EmbeddedOptions, EmbeddedStore, Store, StoreMetrics};
+
+struct Setup {
+    store: Arc<dyn Store>,
+    client: Arc<dyn Client>,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let store: Arc<dyn Store> = Arc::new(
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+            .await
+            .expect("store"),
+    );
+    let client: Arc<dyn Client> =
+        Arc::new(InProcess::new(Api::new(store.clone(), None), User::Admin));
+    for ns in ["default", "kube-system"] {
+        client
+            .create(res("namespaces"), None, &json!({"metadata": {"name": ns}}))
+            .await
+            .expect("namespace");
+    }
+    Setup {
+        store,
+        client,
+        _dir: dir,
+    }
+}
+
+fn res(plural: &str) -> &'static Resource {
+    let (g, v) = if plural == "leases" {
+        ("coordination.k8s.io", "v1")
+    } else {
+        ("", "v1")
+    };
+    find_resource(g, v, plural).expect("resource")
+}
+
+fn pod(name: &str, app: &str) -> serde_json::Value {
+    json!({"metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+}
+
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn informer_lists_in_pages_watches_and_indexes() {
+    let s = setup().await;
+    for i in 0..1_203 {
+        let app = if i % 3 == 0 { "web" } else { "db" };
+        s.client
+            .create(res("pods"), Some("default"), &pod(&format!("p{i}"), app))
+            .await
+            .expect("create");
+    }
+    let informer = Informer::<Pod>::new(s.client.clone(), res("pods"), Scope::default(), None);
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let l = log.clone();
+    informer.on_change(move |c| {
+        let name = c.object().metadata.name.clone().unwrap_or_default();
+        l.lock().push(match c {
+            Change::Added(_) => format!("add {name}"),
+            Change::Updated { .. } => format!("update {name}"),
+            Change::Deleted(_) => format!("delete {name}"),
+        });
+    });
+    let task = tokio::spawn(informer.clone().run());
+    informer.synced().await;
+    assert_eq!(
+        informer.cache().len(),
+        1_203,
+        "three pages of 500 and a rest"
+    );
+    assert_eq!(log.lock().len(), 1_203);
+    let sel = "app=web".parse().expect("selector");
+    assert_eq!(informer.cache().select(Some("default"), &sel).len(), 401);
+    assert_eq!(informer.cache().select(Some("other"), &sel).len(), 0);
+    let notweb = "app!=web".parse().expect("selector");
+    assert_eq!(informer.cache().select(None, &notweb).len(), 802);
+    assert_eq!(informer.cache().in_namespace("default").len(), 1_203);
+
+    log.lock().clear();
+    s.client
+        .create(res("pods"), Some("default"), &pod("late", "web"))
+        .await
+        .expect("create");
+    let mut p = s
+        .client
+        .get(res("pods"), Some("default"), "p0")
+        .await
+        .expect("get");
+    p["metadata"]["labels"]["app"] = json!("db");
+    s.client
+        .update(res("pods"), Some("default"), &p)
+        .await
+        .expect("update");
+    s.client
+        .delete(res("pods"), Some("default"), "p1", None)
+        .await
+        .expect("delete");
+    eventually("three watch events", || log.lock().len() >= 3).await;
+    assert_eq!(
+        *log.lock(),
+        vec!["add late", "update p0", "delete p1"],
+        "in the order they were written"
+    );
+    assert_eq!(
+        informer.cache().select(Some("default"), &sel).len(),
+        401,
+        "p0 left the app=web index, late joined it"
+    );
+    assert!(informer.cache().get("default/p1").is_none());
+    task.abort();
+
+    // While no one watches, objects change and history is compacted; the informer's next
+    // run relists and reports exactly the difference.
+    let _ = task.await;
+    log.lock().clear();
+    s.client
+        .delete(res("pods"), Some("default"), "p2", None)
+        .await
+        .expect("delete");
+    s.client
+        .create(res("pods"), Some("default"), &pod("new", "web"))
+        .await
+        .expect("create");
+    let rev = s.store.current_revision().await.expect("rev");
+    s.store.compact(&rev).await.expect("compact");
+    let task = tokio::spawn(informer.clone().run());
+    eventually("relist diff", || log.lock().len() >= 2).await;
+    let mut seen = log.lock().clone();
+    seen.sort();
+    assert_eq!(seen, vec!["add new", "delete p2"]);
+    task.abort();
+}
+
+struct Flaky {
+    calls: AtomicUsize,
+    seen: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl Reconciler for Flaky {
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+    async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        self.seen.lock().push(key.to_owned());
+        if n < 2 {
+            return Err(ReconcileError("not yet".into()));
+        }
+        Ok(Action::Done)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_reconciles_come_back_after_backoff() {
+    let q = WorkQueue::new(QueueConfig::new("flaky"), None, None);
+    let r = Arc::new(Flaky {
+        calls: AtomicUsize::new(0),
+        seen: Mutex::new(Vec::new()),
+    });
+    q.add("ns/a".to_owned(), tessera_runtime::EventClass::Add);
+    let runner = tokio::spawn(controller::run(r.clone(), q.clone(), 2, None));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        r.calls.load(Ordering::SeqCst),
+        3,
+        "two failures, then success"
+    );
+    assert_eq!(
+        q.failures(&"ns/a".to_owned()),
+        0,
+        "success clears the backoff"
+    );
+    q.shut_down();
+    runner.await.expect("runner");
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_stops_renewing() {
+    let s = setup().await;
+    let config = |id: &str| LeaderConfig {
+        lease_duration: Duration::from_millis(600),
+        renew_deadline: Duration::from_millis(400),
+        retry_period: Duration::from_millis(100),
+        ..LeaderConfig::new("test-lease", id.into())
+    };
+    let mut a = LeaderElector::new(s.client.clone(), config("a"), None);
+    let mut b = LeaderElector::new(s.client.clone(), config("b"), None);
+    assert!(a.try_acquire_or_renew().await.expect("a"));
+    assert!(!b.try_acquire_or_renew().await.expect("b"), "held by a");
+    // a renews a few times: b still may not take it.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(a.try_acquire_or_renew().await.expect("a renews"));
+        assert!(!b.try_acquire_or_renew().await.expect("b"));
+    }
+    // a dies (stops renewing): b takes over once a whole lease duration has passed on b's clock.
+    let started = std::time::Instant::now();
+    let b_leads = tokio::spawn(async move {
+        b.acquire().await;
+        b
+    });
+    let b = tokio::time::timeout(Duration::from_secs(5), b_leads)
+        .await
+        .expect("b took over")
+        .expect("task");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    drop(b);
+    let lease = s
+        .client
+        .get(res("leases"), Some("kube-system"), "test-lease")
+        .await
+        .expect("lease");
+    assert_eq!(lease["spec"]["holderIdentity"], "b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+    // a comes back: it is deposed and must not think it leads.
+    assert!(!a.try_acquire_or_renew().await.expect("a"));
+}
+
+#[tokio::test]
+async fn a_leader_that_cannot_renew_stops_its_work() {
+    let s = setup().await;
+    let config = LeaderConfig {
+        lease_duration: Duration::from_millis(600),
+        renew_deadline: Duration::from_millis(400),
+        retry_period: Duration::from_millis(100),
+        ..LeaderConfig::new("work-lease", "a".into())
+    };
+    let a = LeaderElector::new(s.client.clone(), config, None);
+    let client = s.client.clone();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let t = ticks.clone();
+    let work = async move {
+        loop {
+            t.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let lead = tokio::spawn(a.lead(work));
+    eventually("work started", || ticks.load(Ordering::SeqCst) > 0).await;
+    // Someone else takes the lease over (as an operator would by editing it).
+    let mut lease = client
+        .get(res("leases"), Some("kube-system"), "work-lease")
+        .await
+        .expect("lease");
+    lease["spec"]["holderIdentity"] = json!("intruder");
+    client
+        .update(res("leases"), Some("kube-system"), &lease)
+        .await
+        .expect("take over");
+    let out = tokio::time::timeout(Duration::from_secs(5), lead)
+        .await
+        .expect("lead returned")
+        .expect("task");
+    assert!(out.is_err(), "deposed: the work was stopped");
+    let after = ticks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        after,
+        "no work after losing the lease"
+    );
+}
