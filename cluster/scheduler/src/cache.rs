@@ -1,0 +1,309 @@
+//! The scheduler's view of the cluster: nodes in one flat vector (the filter loop walks it
+//! without chasing pointers), what each node's pods take, and the pods the scheduler has
+//! *assumed* onto a node (reserved, binding in flight) before the API confirms them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::framework::ClusterEvent;
+use crate::resources::{NodeInfo, PodInfo};
+
+struct CachedPod {
+    node: String,
+    info: Arc<PodInfo>,
+    assumed: bool,
+}
+
+/// Nodes and the pods on them.
+#[derive(Default)]
+pub struct Cache {
+    nodes: Vec<NodeInfo>,
+    index: HashMap<String, usize>,
+    pods: HashMap<String, CachedPod>,
+    live_nodes: usize,
+}
+
+impl Cache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every node entry (including placeholders without a Node: skip those).
+    pub fn nodes(&self) -> &[NodeInfo] {
+        &self.nodes
+    }
+
+    /// The entry of node `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeInfo> {
+        self.index.get(name).map(|i| &self.nodes[*i])
+    }
+
+    /// Nodes with a Node object.
+    pub fn node_count(&self) -> usize {
+        self.live_nodes
+    }
+
+    /// Pods counted on nodes (bound and assumed).
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Pods assumed and not yet confirmed by the API.
+    pub fn assumed_count(&self) -> usize {
+        self.pods.values().filter(|p| p.assumed).count()
+    }
+
+    /// True if `key` is assumed (binding in flight or not yet seen bound).
+    pub fn is_assumed(&self, key: &str) -> bool {
+        self.pods.get(key).is_some_and(|p| p.assumed)
+    }
+
+    /// True if the cache counts `key` on some node.
+    pub fn has_pod(&self, key: &str) -> bool {
+        self.pods.contains_key(key)
+    }
+
+    fn slot(&mut self, name: &str) -> usize {
+        if let Some(i) = self.index.get(name) {
+            return *i;
+        }
+        self.nodes.push(NodeInfo::empty(name));
+        let i = self.nodes.len() - 1;
+        self.index.insert(name.to_owned(), i);
+        i
+    }
+
+    /// Adds or updates a Node; returns the cluster events the change amounts to.
+    pub fn upsert_node(&mut self, node: Arc<Node>) -> Vec<ClusterEvent> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let i = self.slot(&name);
+        let entry = &mut self.nodes[i];
+        let mut events = Vec::new();
+        match entry.node.take() {
+            None => {
+                self.live_nodes += 1;
+                events.push(ClusterEvent::NodeAdd);
+            }
+            Some(old) => {
+                let spec = |n: &Node| n.spec.clone().unwrap_or_default();
+                let (a, b) = (spec(&old), spec(&node));
+                if a.taints != b.taints {
+                    events.push(ClusterEvent::NodeTaint);
+                }
+                if a.unschedulable != b.unschedulable {
+                    events.push(ClusterEvent::NodeUnschedulable);
+                }
+                if old.metadata.labels != node.metadata.labels {
+                    events.push(ClusterEvent::NodeLabel);
+                }
+                let alloc = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
+                if alloc(&old) != alloc(&node) {
+                    events.push(ClusterEvent::NodeAllocatable);
+                }
+            }
+        }
+        entry.set_node(node);
+        events
+    }
+
+    /// Removes a Node (its entry stays, without the Node, while pods still count on it).
+    pub fn remove_node(&mut self, name: &str) {
+        let Some(&i) = self.index.get(name) else {
+            return;
+        };
+        if self.nodes[i].node.take().is_some() {
+            self.live_nodes -= 1;
+        }
+        self.drop_if_unused(i);
+    }
+
+    fn drop_if_unused(&mut self, i: usize) {
+        let e = &self.nodes[i];
+        if e.node.is_some() || e.requested.pods > 0 {
+            return;
+        }
+        let name = e.name.clone();
+        self.index.remove(&name);
+        self.nodes.swap_remove(i);
+        if i < self.nodes.len() {
+            let moved = self.nodes[i].name.clone();
+            self.index.insert(moved, i);
+        }
+    }
+
+    /// Counts `pod` on `node` before the API confirms it.
+    pub fn assume(&mut self, pod: Arc<PodInfo>, node: &str) {
+        self.remove_pod(&pod.key);
+        let i = self.slot(node);
+        self.nodes[i].add_pod(&pod);
+        self.pods.insert(
+            pod.key.clone(),
+            CachedPod {
+                node: node.to_owned(),
+                info: pod,
+                assumed: true,
+            },
+        );
+    }
+
+    /// Undoes an assumption (binding failed). A pod the API already confirmed stays.
+    pub fn forget(&mut self, key: &str) {
+        if self.is_assumed(key) {
+            self.remove_pod(key);
+        }
+    }
+
+    /// Confirms a pod the cache already counts on `node` (without recomputing it); false if
+    /// it is not counted there.
+    pub fn confirm_existing(&mut self, key: &str, node: &str) -> bool {
+        match self.pods.get_mut(key) {
+            Some(p) if p.node == node => {
+                p.assumed = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A pod the API shows on `node` (and not finished): counted there, confirmed.
+    pub fn confirm_pod(&mut self, pod: Arc<PodInfo>, node: &str) {
+        if let Some(p) = self.pods.get_mut(&pod.key)
+            && p.node == node
+        {
+            p.assumed = false;
+            return;
+        }
+        self.remove_pod(&pod.key);
+        let i = self.slot(node);
+        self.nodes[i].add_pod(&pod);
+        self.pods.insert(
+            pod.key.clone(),
+            CachedPod {
+                node: node.to_owned(),
+                info: pod,
+                assumed: false,
+            },
+        );
+    }
+
+    /// Stops counting a pod (deleted or finished); true if it was counted.
+    pub fn remove_pod(&mut self, key: &str) -> bool {
+        let Some(p) = self.pods.remove(key) else {
+            return false;
+        };
+        if let Some(&i) = self.index.get(&p.node) {
+            self.nodes[i].remove_pod(&p.info);
+            self.drop_if_unused(i);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn node(name: &str, cpu: &str) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name},
+                "status": {"allocatable": {"cpu": cpu, "memory": "1Gi", "pods": "10"}}}))
+            .expect("node"),
+        )
+    }
+
+    fn pod(name: &str, milli: u32) -> Arc<PodInfo> {
+        Arc::new(PodInfo::new(Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns"},
+                "spec": {"containers": [{"name": "c", "image": "x",
+                    "resources": {"requests": {"cpu": format!("{milli}m")}}}]}}))
+            .expect("pod"),
+        )))
+    }
+
+    #[test]
+    fn node_changes_become_cluster_events() {
+        let mut c = Cache::new();
+        assert_eq!(c.upsert_node(node("a", "1")), vec![ClusterEvent::NodeAdd]);
+        assert_eq!(
+            c.upsert_node(node("a", "2")),
+            vec![ClusterEvent::NodeAllocatable]
+        );
+        assert_eq!(c.upsert_node(node("a", "2")), vec![]);
+        assert_eq!(c.node_count(), 1);
+        c.remove_node("a");
+        assert_eq!(c.node_count(), 0);
+        assert!(c.node("a").is_none());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Node(u8, bool),
+        Assume(u8, u8, u16),
+        Confirm(u8, u8, u16),
+        Forget(u8),
+        Remove(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..4, any::<bool>()).prop_map(|(n, up)| Op::Node(n, up)),
+            (0u8..12, 0u8..4, 1u16..900).prop_map(|(p, n, m)| Op::Assume(p, n, m)),
+            (0u8..12, 0u8..4, 1u16..900).prop_map(|(p, n, m)| Op::Confirm(p, n, m)),
+            (0u8..12).prop_map(Op::Forget),
+            (0u8..12).prop_map(Op::Remove),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, each node's requested resources are exactly the sum of the pods
+        /// the cache counts on it, and no entry without a Node lingers once it is empty.
+        #[test]
+        fn requested_is_always_the_sum_of_counted_pods(ops in proptest::collection::vec(op(), 1..80)) {
+            let mut c = Cache::new();
+            let mut model: HashMap<String, (String, i64)> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Node(n, true) => { c.upsert_node(node(&format!("n{n}"), "4")); }
+                    Op::Node(n, false) => c.remove_node(&format!("n{n}")),
+                    Op::Assume(p, n, m) => {
+                        c.assume(pod(&format!("p{p}"), m.into()), &format!("n{n}"));
+                        model.insert(format!("ns/p{p}"), (format!("n{n}"), i64::from(m)));
+                    }
+                    Op::Confirm(p, n, m) => {
+                        let key = format!("ns/p{p}");
+                        let node = format!("n{n}");
+                        // A confirmed pod on the node it was assumed on keeps its accounting.
+                        let m = match model.get(&key) {
+                            Some((on, had)) if *on == node => *had,
+                            _ => i64::from(m),
+                        };
+                        c.confirm_pod(pod(&format!("p{p}"), m as u32), &node);
+                        model.insert(key, (node, m));
+                    }
+                    Op::Forget(p) => {
+                        let key = format!("ns/p{p}");
+                        if c.is_assumed(&key) { model.remove(&key); }
+                        c.forget(&key);
+                    }
+                    Op::Remove(p) => {
+                        let key = format!("ns/p{p}");
+                        prop_assert_eq!(c.remove_pod(&key), model.remove(&key).is_some());
+                    }
+                }
+                for n in c.nodes() {
+                    let want: i64 = model.values().filter(|(on, _)| *on == n.name).map(|(_, m)| *m).sum();
+                    let count = model.values().filter(|(on, _)| *on == n.name).count() as i64;
+                    prop_assert_eq!(n.requested.milli_cpu, want, "node {}", n.name);
+                    prop_assert_eq!(n.requested.pods, count);
+                    prop_assert!(n.node.is_some() || count > 0, "empty placeholder {} kept", n.name);
+                }
+                prop_assert_eq!(c.pod_count(), model.len());
+            }
+        }
+    }
+}

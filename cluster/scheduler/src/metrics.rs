@@ -1,0 +1,90 @@
+//! Scheduler metrics (`tessera_scheduler_*`), named after kube-scheduler's.
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// The scheduler's metrics.
+#[derive(Clone)]
+pub struct SchedulerMetrics {
+    pub(crate) attempts: IntCounterVec,
+    pub(crate) attempt_duration: HistogramVec,
+    pub(crate) pending: IntGaugeVec,
+    pub(crate) binding_duration: HistogramVec,
+    pub(crate) e2e: HistogramVec,
+    pub(crate) cache_nodes: IntGauge,
+    pub(crate) cache_pods: IntGauge,
+}
+
+fn buckets() -> Vec<f64> {
+    vec![
+        0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0,
+    ]
+}
+
+impl SchedulerMetrics {
+    /// Creates and registers the metrics.
+    pub fn register(registry: &Registry) -> prometheus::Result<SchedulerMetrics> {
+        let m = SchedulerMetrics::unregistered()?;
+        registry.register(Box::new(m.attempts.clone()))?;
+        registry.register(Box::new(m.attempt_duration.clone()))?;
+        registry.register(Box::new(m.pending.clone()))?;
+        registry.register(Box::new(m.binding_duration.clone()))?;
+        registry.register(Box::new(m.e2e.clone()))?;
+        registry.register(Box::new(m.cache_nodes.clone()))?;
+        registry.register(Box::new(m.cache_pods.clone()))?;
+        Ok(m)
+    }
+
+    /// Metrics no registry reads.
+    pub fn unregistered() -> prometheus::Result<SchedulerMetrics> {
+        Ok(SchedulerMetrics {
+            attempts: IntCounterVec::new(
+                Opts::new(
+                    "tessera_scheduler_schedule_attempts_total",
+                    "Scheduling attempts by result (scheduled, unschedulable, error) and profile.",
+                ),
+                &["result", "profile"],
+            )?,
+            attempt_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_scheduler_scheduling_attempt_duration_seconds",
+                    "Time of the scheduling cycle (filter, score, reserve, permit), by result.",
+                )
+                .buckets(buckets()),
+                &["result"],
+            )?,
+            pending: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_scheduler_pending_pods",
+                    "Pods waiting, by queue (active, backoff, unschedulable).",
+                ),
+                &["queue"],
+            )?,
+            binding_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_scheduler_binding_duration_seconds",
+                    "Time of the binding cycle (permit wait, prebind, bind), by result.",
+                )
+                .buckets(buckets()),
+                &["result"],
+            )?,
+            e2e: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_scheduler_pod_scheduling_duration_seconds",
+                    "From a pod entering the queue to its binding, by attempts needed.",
+                )
+                .buckets(buckets()),
+                &["attempts"],
+            )?,
+            cache_nodes: IntGauge::new(
+                "tessera_scheduler_cache_nodes",
+                "Nodes in the scheduler's cache.",
+            )?,
+            cache_pods: IntGauge::new(
+                "tessera_scheduler_cache_pods",
+                "Pods counted on nodes in the scheduler's cache (bound and assumed).",
+            )?,
+        })
+    }
+}

@@ -1,0 +1,54 @@
+//! The built-in plugins and the registry that builds them by name.
+
+pub mod affinity;
+pub mod basic;
+pub mod binder;
+pub mod fit;
+pub mod taints;
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::framework::{Handle, Plugin};
+
+/// Every built-in plugin name.
+pub const NAMES: &[&str] = &[
+    "PrioritySort",
+    "NodeUnschedulable",
+    "NodeName",
+    "TaintToleration",
+    "NodeAffinity",
+    "NodePorts",
+    "NodeResourcesFit",
+    "NodeResourcesBalancedAllocation",
+    "DefaultBinder",
+];
+
+/// Builds the plugin `name` with its `pluginConfig` args (null for none).
+pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin>, String> {
+    if let Some(p) = basic::build(name) {
+        return Ok(p);
+    }
+    Ok(match name {
+        "TaintToleration" => Arc::new(taints::TaintToleration),
+        "NodeAffinity" => Arc::new(affinity::NodeAffinity),
+        "NodeResourcesBalancedAllocation" => Arc::new(fit::Balanced),
+        "NodeResourcesFit" => {
+            let args: fit::FitArgs = if args.is_null() {
+                fit::FitArgs::default()
+            } else {
+                serde_json::from_value(args.clone())
+                    .map_err(|e| format!("NodeResourcesFit args: {e}"))?
+            };
+            Arc::new(fit::Fit::new(args).map_err(|e| format!("NodeResourcesFit args: {e}"))?)
+        }
+        "DefaultBinder" => Arc::new(binder::DefaultBinder::new(handle.client.clone())),
+        other => {
+            return Err(format!(
+                "unknown plugin {other:?}; known plugins: {}",
+                NAMES.join(", ")
+            ));
+        }
+    })
+}

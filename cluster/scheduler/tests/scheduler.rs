@@ -1,0 +1,331 @@
+//! The scheduler against a real API on a real embedded store: pods are bound through
+//! `pods/binding`, never beyond a node's allocatable; a pod that fits nowhere gets
+//! `PodScheduled=False` with kube-scheduler's summary of why, and is placed as soon as a node
+//! that fits it joins.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tessera_apiserver::api::Api;
+use tessera_apiserver::auth::User;
+use tessera_apiserver::catalog::Resource;
+use tessera_apiserver::client::{Client, InProcess};
+use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
+use tessera_scheduler::config::{self, SchedulerConfig};
+use tessera_scheduler::{Scheduler, SchedulerOptions};
+use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
+
+fn res(plural: &str) -> &'static Resource {
+    find_resource("", "v1", plural).expect("resource")
+}
+
+async fn client(dir: &std::path::Path) -> Arc<dyn Client> {
+    let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let store = Arc::new(
+        EmbeddedStore::open(dir, EmbeddedOptions::default(), metrics)
+            .await
+            .expect("store"),
+    );
+    let c: Arc<dyn Client> = Arc::new(InProcess::new(Api::new(store, None), User::Admin));
+    c.create(
+        res("namespaces"),
+        None,
+        &json!({"metadata": {"name": "default"}}),
+    )
+    .await
+    .expect("ns");
+    c
+}
+
+async fn node(c: &Arc<dyn Client>, name: &str, cpu: &str, extra: Value) {
+    let mut n = json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"capacity": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+                   "allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"}}});
+    if let (Some(n), Some(extra)) = (n.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            n.insert(k.clone(), v.clone());
+        }
+    }
+    c.create(res("nodes"), None, &n).await.expect("node");
+}
+
+async fn pod(c: &Arc<dyn Client>, name: &str, cpu: &str, spec_extra: Value) {
+    let mut spec = json!({"containers": [{"name": "c", "image": "x",
+        "resources": {"requests": {"cpu": cpu}}}]});
+    if let (Some(s), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
+        for (k, v) in extra {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    c.create(
+        res("pods"),
+        Some("default"),
+        &json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec}),
+    )
+    .await
+    .expect("pod");
+}
+
+async fn pods(c: &Arc<dyn Client>) -> Vec<Value> {
+    let mut req = ApiRequest::new(Verb::List, res("pods"));
+    req.namespace = Some("default".into());
+    c.list(req).await.expect("list")["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    for _ in 0..500 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn start(c: &Arc<dyn Client>, config: SchedulerConfig) -> tokio::task::JoinHandle<()> {
+    let s = Scheduler::new(
+        c.clone(),
+        SchedulerOptions {
+            config,
+            metrics: None,
+            runtime_metrics: None,
+        },
+    )
+    .expect("scheduler");
+    tokio::spawn(s.run())
+}
+
+#[tokio::test]
+async fn places_pods_within_allocatable_and_explains_what_does_not_fit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = client(dir.path()).await;
+    node(&c, "small-1", "1", json!({})).await;
+    node(&c, "small-2", "1", json!({})).await;
+    node(
+        &c,
+        "tainted",
+        "8",
+        json!({"spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}),
+    )
+    .await;
+    let sched = start(&c, SchedulerConfig::default());
+    for i in 0..8 {
+        pod(&c, &format!("p{i}"), "300m", json!({})).await;
+    }
+    pod(&c, "huge", "4", json!({})).await;
+    pod(
+        &c,
+        "pinned",
+        "100m",
+        json!({"nodeSelector": {"kubernetes.io/hostname": "small-2"}}),
+    )
+    .await;
+    pod(
+        &c,
+        "tolerant",
+        "2",
+        json!({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}),
+    )
+    .await;
+    // 6 of the 300m pods fit on the two small nodes (3 each); the other 2 and "huge" do not.
+    wait_until("the scheduler to settle", || {
+        let c = c.clone();
+        async move {
+            let ps = pods(&c).await;
+            let bound = ps
+                .iter()
+                .filter(|p| p["spec"]["nodeName"].is_string())
+                .count();
+            let reported = ps
+                .iter()
+                .filter(|p| {
+                    p["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+                    })
+                })
+                .count();
+            bound == 8 && reported == 3
+        }
+    })
+    .await;
+    let ps = pods(&c).await;
+    let mut used: HashMap<String, i64> = HashMap::new();
+    for p in &ps {
+        if let Some(n) = p["spec"]["nodeName"].as_str() {
+            let cpu = p["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+                .as_str()
+                .unwrap_or("0");
+            let milli = cpu.strip_suffix('m').map_or_else(
+                || cpu.parse::<i64>().unwrap_or(0) * 1000,
+                |m| m.parse().unwrap_or(0),
+            );
+            *used.entry(n.to_owned()).or_default() += milli;
+        }
+    }
+    assert!(
+        used["small-1"] <= 1000 && used["small-2"] <= 1000,
+        "no node over allocatable: {used:?}"
+    );
+    let by_name = |n: &str| {
+        ps.iter()
+            .find(|p| p["metadata"]["name"] == n)
+            .cloned()
+            .expect("pod")
+    };
+    assert_eq!(by_name("pinned")["spec"]["nodeName"], "small-2");
+    assert_eq!(by_name("tolerant")["spec"]["nodeName"], "tainted");
+    let huge = by_name("huge");
+    let cond = huge["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "PodScheduled").cloned())
+        .expect("condition");
+    assert_eq!(cond["reason"], "Unschedulable");
+    assert_eq!(
+        cond["message"],
+        "0/3 nodes are available: 2 Insufficient cpu, 1 node(s) had untolerated taint {dedicated: gpu}."
+    );
+    // A FailedScheduling event tells the same story (what `kubectl describe` shows).
+    wait_until("a FailedScheduling event", || {
+        let c = c.clone();
+        async move {
+            let mut req = ApiRequest::new(Verb::List, res("events"));
+            req.namespace = Some("default".into());
+            let evs = c.list(req).await.expect("events");
+            evs["items"].as_array().into_iter().flatten().any(|e| {
+                e["reason"] == "FailedScheduling"
+                    && e["involvedObject"]["name"] == "huge"
+                    && e["type"] == "Warning"
+            })
+        }
+    })
+    .await;
+    // A big node joins: the parked pods are retried on that event (not only on a timer).
+    node(&c, "big", "16", json!({})).await;
+    wait_until("every pod bound", || {
+        let c = c.clone();
+        async move {
+            pods(&c)
+                .await
+                .iter()
+                .all(|p| p["spec"]["nodeName"].is_string())
+        }
+    })
+    .await;
+    assert_eq!(
+        by_name_in(&pods(&c).await, "huge")["spec"]["nodeName"],
+        "big"
+    );
+    sched.abort();
+}
+
+fn by_name_in(ps: &[Value], n: &str) -> Value {
+    ps.iter()
+        .find(|p| p["metadata"]["name"] == n)
+        .cloned()
+        .expect("pod")
+}
+
+#[tokio::test]
+async fn profiles_come_from_a_configuration_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = client(dir.path()).await;
+    for n in ["a", "b", "c"] {
+        node(&c, n, "4", json!({})).await;
+    }
+    // A packing profile: MostAllocated puts every pod on the node already most used.
+    let cfg = config::parse(
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nprofiles:\n- schedulerName: packer\n  plugins:\n    score:\n      disabled: [{name: NodeResourcesBalancedAllocation}]\n  pluginConfig:\n  - name: NodeResourcesFit\n    args: {scoringStrategy: {type: MostAllocated}}\n",
+    )
+    .expect("config");
+    let sched = start(&c, cfg);
+    for i in 0..6 {
+        pod(
+            &c,
+            &format!("p{i}"),
+            "500m",
+            json!({"schedulerName": "packer"}),
+        )
+        .await;
+        // One at a time, so each sees the previous one's node as the most used.
+        wait_until("bound", || {
+            let c = c.clone();
+            let name = format!("p{i}");
+            async move { by_name_in(&pods(&c).await, &name)["spec"]["nodeName"].is_string() }
+        })
+        .await;
+    }
+    pod(
+        &c,
+        "other",
+        "500m",
+        json!({"schedulerName": "someone-else"}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ps = pods(&c).await;
+    let nodes: std::collections::HashSet<&str> = ps
+        .iter()
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    assert_eq!(nodes.len(), 1, "packed onto one node: {nodes:?}");
+    assert!(
+        by_name_in(&ps, "other")["spec"]["nodeName"].is_null(),
+        "not this scheduler's pod"
+    );
+    sched.abort();
+}
+
+#[test]
+fn invalid_configurations_are_refused_with_the_reason() {
+    let cases = [
+        (
+            "profiles:\n- plugins: {filter: {enabled: [{name: Nope}]}}\n",
+            "unknown plugin \"Nope\"",
+        ),
+        (
+            "profiles:\n- plugins: {filter: {enabled: [{name: PrioritySort}]}}\n",
+            "does not implement the Filter",
+        ),
+        (
+            "profiles:\n- plugins: {score: {enabled: [{name: NodeAffinity, weight: 0}]}}\n",
+            "between 1 and 100",
+        ),
+        (
+            "profiles:\n- plugins: {bind: {disabled: [{name: '*'}]}}\n",
+            "at least one bind plugin",
+        ),
+        ("profiles:\n- {}\n- {}\n", "unique"),
+        ("percentageOfNodesToScore: 150\n", "between 0 and 100"),
+        (
+            "profiles:\n- pluginConfig: [{name: NodeResourcesFit, args: {scoringStrategy: {type: Random}}}]\n",
+            "NodeResourcesFit args",
+        ),
+        ("bogus: 1\n", "unknown field"),
+    ];
+    let dir = tempfile::tempdir().expect("tmp");
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let c = rt.block_on(client(dir.path()));
+    for (text, want) in cases {
+        let err = config::parse(text).and_then(|cfg| {
+            Scheduler::new(
+                c.clone(),
+                SchedulerOptions {
+                    config: cfg,
+                    metrics: None,
+                    runtime_metrics: None,
+                },
+            )
+            .map(|_| ())
+        });
+        match err {
+            Ok(()) => panic!("{text:?} was accepted"),
+            Err(e) => assert!(e.contains(want), "{text:?}: {e}"),
+        }
+    }
+}
