@@ -1,0 +1,567 @@
+//! Hollow nodes: simulated nodes that register, renew their Leases and run the pods bound to
+//! them — a pod becomes Running after a configurable delay, and finishes after the seconds
+//! its `tessera.io/sim-run-seconds` annotation says (with the exit code of
+//! `tessera.io/sim-exit-code`, default 0), following its restartPolicy. A node can be made to
+//! fail: it stops renewing its Lease and stops touching its pods, as a dead machine would.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tessera_apiserver::api::{now_secs, rfc3339};
+use tessera_apiserver::catalog::Resource;
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::{PatchType, find_resource};
+use tessera_apiserver::status::ApiError;
+use tessera_runtime::informer::{Change, Informer, Scope};
+use tessera_runtime::metrics::RuntimeMetrics;
+use tokio::sync::mpsc;
+
+use crate::metrics::AgentMetrics;
+
+/// How long a pod runs before its containers exit (seconds).
+pub const RUN_SECONDS_ANNOTATION: &str = "tessera.io/sim-run-seconds";
+/// The exit code its containers exit with.
+pub const EXIT_CODE_ANNOTATION: &str = "tessera.io/sim-exit-code";
+/// The namespace of node Leases.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// The shape of the simulated nodes.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Node names are `{prefix}-{i}`.
+    pub prefix: String,
+    /// How many nodes.
+    pub nodes: usize,
+    /// Each node's cpu.
+    pub cpu: String,
+    /// Each node's memory.
+    pub memory: String,
+    /// Each node's pod slots.
+    pub pods: u32,
+    /// Extra labels of every node.
+    pub labels: BTreeMap<String, String>,
+    /// From binding to Running.
+    pub startup_delay: Duration,
+    /// Lease duration written on the node Leases (seconds).
+    pub lease_duration_seconds: i64,
+    /// How often each Lease is renewed.
+    pub renew_interval: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            prefix: "sim-node".into(),
+            nodes: 100,
+            cpu: "8".into(),
+            memory: "32Gi".into(),
+            pods: 110,
+            labels: BTreeMap::new(),
+            startup_delay: Duration::from_millis(500),
+            lease_duration_seconds: 40,
+            renew_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+fn res(group: &str, plural: &str) -> &'static Resource {
+    find_resource(group, "v1", plural).expect("served resource")
+}
+
+/// A set of hollow nodes.
+pub struct SimAgent {
+    client: Arc<dyn Client>,
+    config: SimConfig,
+    names: Vec<String>,
+    failed: Mutex<HashSet<String>>,
+    leases: Mutex<HashMap<String, Value>>,
+    started: Mutex<HashSet<String>>,
+    deleting: Mutex<HashSet<String>>,
+    next_ip: AtomicU32,
+    metrics: Option<AgentMetrics>,
+    runtime_metrics: Option<RuntimeMetrics>,
+}
+
+fn micro_now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{}.{:06}Z",
+        rfc3339(d.as_secs() as i64).trim_end_matches('Z'),
+        d.subsec_micros()
+    )
+}
+
+impl SimAgent {
+    /// Hollow nodes of `config`, talking to the API through `client`.
+    pub fn new(
+        client: Arc<dyn Client>,
+        config: SimConfig,
+        metrics: Option<AgentMetrics>,
+        runtime_metrics: Option<RuntimeMetrics>,
+    ) -> Arc<SimAgent> {
+        let names = (0..config.nodes)
+            .map(|i| format!("{}-{i}", config.prefix))
+            .collect();
+        Arc::new(SimAgent {
+            client,
+            config,
+            names,
+            failed: Mutex::new(HashSet::new()),
+            leases: Mutex::new(HashMap::new()),
+            started: Mutex::new(HashSet::new()),
+            deleting: Mutex::new(HashSet::new()),
+            next_ip: AtomicU32::new(0),
+            metrics,
+            runtime_metrics,
+        })
+    }
+
+    /// The node names.
+    pub fn node_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Makes a node fail (no more Lease renewals, its pods left as they are); false if it is
+    /// not one of this agent's nodes.
+    pub fn fail_node(&self, name: &str) -> bool {
+        if !self.names.iter().any(|n| n == name) {
+            return false;
+        }
+        self.failed.lock().insert(name.to_owned());
+        if let Some(m) = &self.metrics {
+            m.nodes.dec();
+        }
+        true
+    }
+
+    fn healthy(&self, node: &str) -> bool {
+        !self.failed.lock().contains(node)
+    }
+
+    fn count(&self, kind: &str, ok: bool) {
+        if let Some(m) = &self.metrics {
+            m.writes
+                .with_label_values(&[kind, if ok { "ok" } else { "error" }])
+                .inc();
+        }
+    }
+
+    fn node_object(&self, name: &str, i: usize) -> Value {
+        let mut labels = json!({
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "tessera.io/sim": "true",
+        });
+        for (k, v) in &self.config.labels {
+            labels[k] = json!(v);
+        }
+        let c = &self.config;
+        let resources = json!({"cpu": c.cpu, "memory": c.memory, "pods": c.pods.to_string(),
+            "ephemeral-storage": "100Gi"});
+        let now = rfc3339(now_secs());
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"podCIDR": format!("10.{}.{}.0/24", 64 + (i / 256) % 64, i % 256)},
+            "status": {
+                "capacity": resources, "allocatable": resources,
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                     "message": "hollow node is posting ready status",
+                     "lastHeartbeatTime": now, "lastTransitionTime": now},
+                    {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory",
+                     "lastHeartbeatTime": now, "lastTransitionTime": now},
+                    {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure",
+                     "lastHeartbeatTime": now, "lastTransitionTime": now},
+                    {"type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID",
+                     "lastHeartbeatTime": now, "lastTransitionTime": now},
+                ],
+                "addresses": [{"type": "InternalIP", "address": format!("10.0.{}.{}", i / 250, i % 250 + 1)},
+                              {"type": "Hostname", "address": name}],
+                "nodeInfo": {"kubeletVersion": "v1.32.0-tessera-sim", "kubeProxyVersion": "",
+                    "operatingSystem": "linux", "architecture": "amd64",
+                    "containerRuntimeVersion": "sim://1", "kernelVersion": "", "osImage": "Tessera hollow node",
+                    "machineID": "", "systemUUID": "", "bootID": ""},
+            }
+        })
+    }
+
+    /// Registers every node (creating it, or marking an existing one Ready again) and its
+    /// Lease; `progress` is called after each node.
+    pub async fn register(&self, progress: impl Fn() + Send + Sync) -> Result<(), ApiError> {
+        let nodes = res("", "nodes");
+        let _ = self
+            .client
+            .create(
+                res("", "namespaces"),
+                None,
+                &json!({"metadata": {"name": LEASE_NAMESPACE}}),
+            )
+            .await;
+        let results: Vec<Result<(), ApiError>> =
+            futures::stream::iter(self.names.iter().enumerate())
+                .map(|(i, name)| {
+                    let progress = &progress;
+                    async move {
+                        let obj = self.node_object(name, i);
+                        match self.client.create(nodes, None, &obj).await {
+                            Ok(_) => {}
+                            Err(e) if e.code == 409 => {
+                                // Known from an earlier run: report Ready again.
+                                let patch =
+                                    json!({"status": {"conditions": obj["status"]["conditions"]}});
+                                self.client
+                                    .patch(
+                                        nodes,
+                                        None,
+                                        name,
+                                        Some("status"),
+                                        PatchType::StrategicMerge,
+                                        &patch,
+                                    )
+                                    .await?;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                        self.count("node", true);
+                        self.renew(name).await;
+                        progress();
+                        Ok(())
+                    }
+                })
+                .buffer_unordered(32)
+                .collect()
+                .await;
+        results.into_iter().collect::<Result<(), ApiError>>()?;
+        if let Some(m) = &self.metrics {
+            m.nodes.set(self.names.len() as i64);
+        }
+        Ok(())
+    }
+
+    /// Renews (or creates) the Lease of `node`.
+    async fn renew(&self, node: &str) {
+        let leases = res("coordination.k8s.io", "leases");
+        let cached = self.leases.lock().get(node).cloned();
+        let now = micro_now();
+        let result = match cached {
+            Some(mut l) => {
+                l["spec"]["renewTime"] = json!(now);
+                self.client.update(leases, Some(LEASE_NAMESPACE), &l).await
+            }
+            None => {
+                let l = json!({"metadata": {"name": node, "namespace": LEASE_NAMESPACE},
+                    "spec": {"holderIdentity": node, "leaseDurationSeconds": self.config.lease_duration_seconds,
+                             "renewTime": now}});
+                match self.client.create(leases, Some(LEASE_NAMESPACE), &l).await {
+                    Err(e) if e.code == 409 => {
+                        match self.client.get(leases, Some(LEASE_NAMESPACE), node).await {
+                            Ok(mut l) => {
+                                l["spec"]["renewTime"] = json!(now);
+                                l["spec"]["holderIdentity"] = json!(node);
+                                self.client.update(leases, Some(LEASE_NAMESPACE), &l).await
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    other => other,
+                }
+            }
+        };
+        match result {
+            Ok(l) => {
+                self.leases.lock().insert(node.to_owned(), l);
+                self.count("lease", true);
+            }
+            Err(e) => {
+                // Read it fresh next time.
+                self.leases.lock().remove(node);
+                self.count("lease", false);
+                tracing::debug!(node, error = %e.message, "lease renewal failed");
+            }
+        }
+    }
+
+    /// Renews Leases (spread evenly over the renew interval) and runs pods, until dropped.
+    pub async fn run(self: Arc<Self>) {
+        let renewer = tokio::spawn(self.clone().renew_loop());
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<Pod>, bool)>();
+        let informer = Informer::<Pod>::new(
+            self.client.clone(),
+            res("", "pods"),
+            Scope::default(),
+            self.runtime_metrics.clone(),
+        );
+        let mine: HashSet<String> = self.names.iter().cloned().collect();
+        informer.on_change(move |c| {
+            let (pod, gone) = match c {
+                Change::Added(p) | Change::Updated { new: p, .. } => (p, false),
+                Change::Deleted(p) => (p, true),
+            };
+            let on_mine = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_some_and(|n| mine.contains(n));
+            if on_mine {
+                let _ = tx.send((pod.clone(), gone));
+            }
+        });
+        let watcher = tokio::spawn(informer.run());
+        while let Some((pod, gone)) = rx.recv().await {
+            self.handle(pod, gone);
+        }
+        renewer.abort();
+        watcher.abort();
+    }
+
+    async fn renew_loop(self: Arc<Self>) {
+        let slices = self.config.renew_interval.as_secs().max(1) as usize;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut n = 0usize;
+        loop {
+            tick.tick().await;
+            let slice: Vec<&String> = self
+                .names
+                .iter()
+                .enumerate()
+                .filter(|(i, name)| i % slices == n % slices && self.healthy(name))
+                .map(|(_, name)| name)
+                .collect();
+            futures::stream::iter(slice)
+                .for_each_concurrent(32, |name| self.renew(name))
+                .await;
+            n += 1;
+        }
+    }
+
+    fn handle(self: &Arc<Self>, pod: Arc<Pod>, gone: bool) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if gone {
+            self.started.lock().remove(&uid);
+            self.deleting.lock().remove(&uid);
+            if let Some(m) = &self.metrics {
+                m.pods.dec();
+            }
+            return;
+        }
+        if !self.healthy(&node) {
+            return;
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            if self.deleting.lock().insert(uid.clone()) {
+                let this = self.clone();
+                tokio::spawn(async move { this.stop(&pod, &uid).await });
+            }
+            return;
+        }
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending");
+        if phase == "Pending" && self.started.lock().insert(uid) {
+            if let Some(m) = &self.metrics {
+                m.pods.inc();
+            }
+            let this = self.clone();
+            tokio::spawn(async move { this.start(pod).await });
+        }
+    }
+
+    /// Containers stopped: the pod object goes away (grace 0, only this very pod).
+    async fn stop(&self, pod: &Pod, uid: &str) {
+        let ns = pod.metadata.namespace.as_deref();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let mut req = tessera_apiserver::request::ApiRequest::new(
+            tessera_apiserver::request::Verb::Delete,
+            res("", "pods"),
+        );
+        req.namespace = ns.map(str::to_owned);
+        req.name = Some(name.to_owned());
+        req.params.grace_period_seconds = Some(0);
+        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+            "preconditions": {"uid": uid}})
+        .to_string()
+        .into();
+        let r = self.client.call(req).await;
+        self.count(
+            "pod_delete",
+            r.is_ok() || r.as_ref().is_err_and(|e| e.code == 404),
+        );
+    }
+
+    fn pod_ip(&self) -> String {
+        let n = self.next_ip.fetch_add(1, Ordering::Relaxed);
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (n % (1 << 22)) + 1).to_string()
+    }
+
+    async fn start(self: Arc<Self>, pod: Arc<Pod>) {
+        tokio::time::sleep(self.config.startup_delay).await;
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let ip = self.pod_ip();
+        let started = rfc3339(now_secs());
+        let containers: Vec<(String, String)> = pod
+            .spec
+            .as_ref()
+            .map(|s| {
+                s.containers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let run: Option<u64> = annotations
+            .get(RUN_SECONDS_ANNOTATION)
+            .and_then(|v| v.parse().ok());
+        let exit: i32 = annotations
+            .get(EXIT_CODE_ANNOTATION)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let policy = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.clone())
+            .unwrap_or_else(|| "Always".into());
+        let mut restarts = 0;
+        let mut last: Option<Value> = None;
+        loop {
+            if !self.healthy(&node) {
+                return;
+            }
+            let statuses: Vec<Value> = containers
+                .iter()
+                .map(|(name, image)| {
+                    json!({"name": name, "image": image, "imageID": format!("sim://{image}"),
+                        "containerID": format!("sim://{}-{name}", pod.metadata.uid.as_deref().unwrap_or("")),
+                        "ready": true, "started": true, "restartCount": restarts,
+                        "state": {"running": {"startedAt": rfc3339(now_secs())}},
+                        "lastState": last.clone().unwrap_or(json!({}))})
+                })
+                .collect();
+            let status = json!({
+                "phase": "Running", "hostIP": node_ip(&node), "podIP": ip, "podIPs": [{"ip": ip}],
+                "startTime": started, "containerStatuses": statuses,
+                "conditions": conditions(&pod, true),
+            });
+            if !self.patch_status(&pod, status).await {
+                return;
+            }
+            let Some(secs) = run else { return };
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            if !self.healthy(&node)
+                || self
+                    .deleting
+                    .lock()
+                    .contains(pod.metadata.uid.as_deref().unwrap_or(""))
+            {
+                return;
+            }
+            let finished = rfc3339(now_secs());
+            let terminated = json!({"terminated": {"exitCode": exit,
+                "reason": if exit == 0 { "Completed" } else { "Error" },
+                "startedAt": started, "finishedAt": finished}});
+            let restart = match policy.as_str() {
+                "Never" => false,
+                "OnFailure" => exit != 0,
+                _ => true,
+            };
+            if restart {
+                restarts += 1;
+                last = Some(terminated);
+                continue;
+            }
+            let statuses: Vec<Value> = containers
+                .iter()
+                .map(|(name, image)| {
+                    json!({"name": name, "image": image, "imageID": format!("sim://{image}"),
+                        "ready": false, "started": false, "restartCount": restarts,
+                        "state": terminated})
+                })
+                .collect();
+            let status = json!({
+                "phase": if exit == 0 { "Succeeded" } else { "Failed" },
+                "hostIP": node_ip(&node), "podIP": ip, "podIPs": [{"ip": ip}], "startTime": started,
+                "containerStatuses": statuses, "conditions": conditions(&pod, false),
+            });
+            self.patch_status(&pod, status).await;
+            return;
+        }
+    }
+
+    async fn patch_status(&self, pod: &Pod, status: Value) -> bool {
+        let ns = pod.metadata.namespace.as_deref();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let r = self
+            .client
+            .patch(
+                res("", "pods"),
+                ns,
+                name,
+                Some("status"),
+                PatchType::Merge,
+                &json!({"status": status}),
+            )
+            .await;
+        self.count("pod_status", r.is_ok());
+        if let Err(e) = &r {
+            tracing::debug!(pod = name, error = %e.message, "pod status update failed");
+        }
+        r.is_ok()
+    }
+}
+
+fn node_ip(node: &str) -> String {
+    let i: usize = node
+        .rsplit('-')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    format!("10.0.{}.{}", i / 250, i % 250 + 1)
+}
+
+fn conditions(pod: &Pod, ready: bool) -> Vec<Value> {
+    let now = rfc3339(now_secs());
+    let scheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| serde_json::to_value(c).ok())
+        .unwrap_or_else(
+            || json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now}),
+        );
+    let s = if ready { "True" } else { "False" };
+    let mut out = vec![
+        json!({"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": now}),
+        json!({"type": "Initialized", "status": "True", "lastTransitionTime": now}),
+        json!({"type": "Ready", "status": s, "lastTransitionTime": now}),
+        json!({"type": "ContainersReady", "status": s, "lastTransitionTime": now}),
+        scheduled,
+    ];
+    if !ready {
+        out[2]["reason"] = json!("PodCompleted");
+        out[3]["reason"] = json!("PodCompleted");
+    }
+    out
+}

@@ -1,0 +1,78 @@
+//! What every controller is built with, and the plumbing they share: informers whose tasks
+//! end with the controller, a queue per controller, and its workers.
+
+use std::sync::Arc;
+
+use tessera_apiserver::catalog::Resource;
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::find_resource;
+use tessera_runtime::events::Recorder;
+use tessera_runtime::informer::{Informer, Object, Scope};
+use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
+use tessera_runtime::{QueueConfig, WorkQueue};
+use tokio::task::JoinHandle;
+
+/// Shared by all controllers of a process.
+#[derive(Clone)]
+pub struct Context {
+    /// The API.
+    pub client: Arc<dyn Client>,
+    /// Work queue metrics.
+    pub queue_metrics: Option<QueueMetrics>,
+    /// Informer, reconcile and event metrics.
+    pub runtime_metrics: Option<RuntimeMetrics>,
+    /// Workers per controller.
+    pub workers: usize,
+}
+
+impl Context {
+    /// A context with 4 workers per controller and no metrics.
+    pub fn new(client: Arc<dyn Client>) -> Context {
+        Context {
+            client,
+            queue_metrics: None,
+            runtime_metrics: None,
+            workers: 4,
+        }
+    }
+
+    /// An informer of `resource` in all namespaces.
+    pub fn informer<T: Object>(&self, resource: &'static Resource) -> Arc<Informer<T>> {
+        Informer::new(
+            self.client.clone(),
+            resource,
+            Scope::default(),
+            self.runtime_metrics.clone(),
+        )
+    }
+
+    /// A work queue named after the controller.
+    pub fn queue(&self, name: &str) -> WorkQueue<String> {
+        WorkQueue::new(QueueConfig::new(name), None, self.queue_metrics.clone())
+    }
+
+    /// An Event recorder for `component`.
+    pub fn recorder(&self, component: &str) -> Recorder {
+        Recorder::new(self.client.clone(), component, self.runtime_metrics.clone())
+    }
+}
+
+/// A served resource by group and plural (the catalog always has the ones controllers use).
+pub fn res(group: &str, plural: &str) -> &'static Resource {
+    let version = match group {
+        "tessera.io" => "v1alpha1",
+        _ => "v1",
+    };
+    find_resource(group, version, plural).expect("the catalog serves every controller's kinds")
+}
+
+/// Tasks that stop when this is dropped (a controller's informers).
+pub struct Tasks(pub Vec<JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}

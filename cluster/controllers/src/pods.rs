@@ -1,0 +1,182 @@
+//! Pod helpers shared by the workload controllers: which pods count, which are ready and
+//! available, pods from a template, and creating them in slow-start batches.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::{Value, json};
+use tessera_apiserver::client::Client;
+use tessera_apiserver::status::ApiError;
+use tessera_runtime::expectations::Expectations;
+
+use crate::context::res;
+
+/// Not finished and not being deleted.
+pub fn is_active(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none() && !is_terminal(p)
+}
+
+/// Succeeded or Failed.
+pub fn is_terminal(p: &Pod) -> bool {
+    matches!(phase(p), "Succeeded" | "Failed")
+}
+
+/// The pod's phase.
+pub fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+fn ready_since(p: &Pod) -> Option<i64> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    Some(
+        c.last_transition_time
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+    )
+}
+
+/// The Ready condition is True.
+pub fn is_ready(p: &Pod) -> bool {
+    ready_since(p).is_some()
+}
+
+/// Ready for at least `min_ready` seconds at `now`.
+pub fn is_available(p: &Pod, min_ready: i64, now: i64) -> bool {
+    ready_since(p).is_some_and(|t| min_ready <= 0 || t + min_ready <= now)
+}
+
+/// Seconds until a ready pod becomes available (None if it is not ready or already is).
+pub fn until_available(p: &Pod, min_ready: i64, now: i64) -> Option<i64> {
+    let t = ready_since(p)?;
+    let left = t + min_ready - now;
+    (min_ready > 0 && left > 0).then_some(left)
+}
+
+/// A controller owner reference to an object.
+pub fn owner_ref(api_version: &str, kind: &str, name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: api_version.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// A pod from `template`, owned by `owner`, named `{prefix}{random}` by the API (or `name`).
+pub fn from_template(
+    template: &PodTemplateSpec,
+    owner: &OwnerReference,
+    prefix: &str,
+    name: Option<&str>,
+    extra_labels: &BTreeMap<String, String>,
+) -> Value {
+    let meta = template.metadata.clone().unwrap_or_default();
+    let mut labels = meta.labels.unwrap_or_default();
+    labels.extend(extra_labels.clone());
+    let mut m = json!({
+        "labels": labels,
+        "ownerReferences": [owner],
+    });
+    if let Some(a) = meta.annotations.filter(|a| !a.is_empty()) {
+        m["annotations"] = json!(a);
+    }
+    if let Some(f) = meta.finalizers.filter(|f| !f.is_empty()) {
+        m["finalizers"] = json!(f);
+    }
+    match name {
+        Some(n) => m["name"] = json!(n),
+        None => m["generateName"] = json!(prefix),
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": m, "spec": template.spec})
+}
+
+/// Largest number of pods created at once by one reconcile (Kubernetes' burst).
+pub const BURST: usize = 500;
+
+/// Creates `pods` in `ns` in slow-start batches (1, 2, 4, ...), stopping at the first batch
+/// with a failure — a quota or an invalid template fails once instead of `n` times. Each
+/// creation is expected under `key` first; ones not attempted or failed are un-expected.
+/// Returns how many were created and the first error.
+pub async fn create_slow_start(
+    client: &Arc<dyn Client>,
+    ns: &str,
+    pods: Vec<Value>,
+    expectations: &Expectations,
+    key: &str,
+) -> (usize, Option<ApiError>) {
+    let total = pods.len();
+    expectations.expect(key, total as i64, 0);
+    let mut created = 0;
+    let mut batch = 1;
+    let mut it = pods.into_iter();
+    let mut attempted = 0;
+    while attempted < total {
+        let chunk: Vec<Value> = it.by_ref().take(batch).collect();
+        attempted += chunk.len();
+        let results = join_all(
+            chunk
+                .iter()
+                .map(|p| client.create(res("", "pods"), Some(ns), p)),
+        )
+        .await;
+        let mut error = None;
+        for r in results {
+            match r {
+                Ok(_) => created += 1,
+                Err(e) => {
+                    expectations.observed_add(key);
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = error {
+            for _ in attempted..total {
+                expectations.observed_add(key);
+            }
+            return (created, Some(e));
+        }
+        batch *= 2;
+    }
+    (created, None)
+}
+
+/// Which pods to delete first when scaling down: unassigned before assigned, pending before
+/// running, not ready before ready, fewer restarts last, newest first (Kubernetes' order,
+/// simplified).
+pub fn deletion_rank(p: &Pod) -> (u8, u8, u8, std::cmp::Reverse<i64>) {
+    let assigned = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    let phase_rank = match phase(p) {
+        "Pending" => 0,
+        "Unknown" => 1,
+        _ => 2,
+    };
+    let created = p
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second());
+    (
+        u8::from(assigned),
+        phase_rank,
+        u8::from(is_ready(p)),
+        std::cmp::Reverse(created),
+    )
+}

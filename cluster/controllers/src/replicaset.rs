@@ -1,0 +1,404 @@
+//! The ReplicaSet controller: keeps `spec.replicas` pods of the template running, adopting
+//! matching orphans and releasing pods that stopped matching, and reports replicas, ready,
+//! available and fully-labeled counts in `status`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+use tessera_apiserver::api::now_secs;
+use tessera_apiserver::request::{ApiRequest, PatchType, Verb};
+use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::expectations::Expectations;
+use tessera_runtime::informer::{Cache, Change, controller_of, key_of};
+use tessera_runtime::selector::from_metav1;
+use tessera_runtime::{EventClass, WorkQueue};
+
+use crate::context::{Context, Tasks, res};
+use crate::pods::{self, BURST};
+
+/// The controller's name (queue, metrics, events).
+pub const NAME: &str = "replicaset-controller";
+
+struct Rs {
+    ctx: Context,
+    sets: Arc<Cache<ReplicaSet>>,
+    pods: Arc<Cache<Pod>>,
+    expectations: Arc<Expectations>,
+    recorder: Recorder,
+}
+
+/// Runs the controller until the future is dropped.
+pub async fn run(ctx: Context) {
+    let sets = ctx.informer::<ReplicaSet>(res("apps", "replicasets"));
+    let pods = ctx.informer::<Pod>(res("", "pods"));
+    let queue = ctx.queue(NAME);
+    let expectations = Arc::new(Expectations::new());
+    {
+        let q = queue.clone();
+        let exp = expectations.clone();
+        sets.on_change(move |c| {
+            let key = key_of(&c.object().metadata);
+            match c {
+                Change::Added(_) => q.add(key, EventClass::Add),
+                Change::Updated { .. } => q.add(key, EventClass::Update),
+                Change::Deleted(_) => {
+                    exp.forget(&key);
+                    q.add(key, EventClass::Delete);
+                }
+            }
+        });
+    }
+    {
+        let q = queue.clone();
+        let exp = expectations.clone();
+        let set_cache = sets.cache().clone();
+        pods.on_change(move |c| on_pod(c, &q, &exp, &set_cache));
+    }
+    let r = Arc::new(Rs {
+        recorder: ctx.recorder(NAME),
+        sets: sets.cache().clone(),
+        pods: pods.cache().clone(),
+        expectations,
+        ctx: ctx.clone(),
+    });
+    let _tasks = Tasks(vec![
+        tokio::spawn(sets.clone().run()),
+        tokio::spawn(pods.clone().run()),
+    ]);
+    sets.synced().await;
+    pods.synced().await;
+    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+}
+
+/// Queues the ReplicaSet a pod belongs to (or, for an orphan, the ones that could adopt it).
+fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations, sets: &Cache<ReplicaSet>) {
+    let owner_key = |p: &Pod| {
+        controller_of(&p.metadata)
+            .filter(|o| o.kind == "ReplicaSet")
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or(""),
+                    o.name
+                )
+            })
+    };
+    match c {
+        Change::Added(p) => match owner_key(p) {
+            Some(k) => {
+                exp.observed_add(&k);
+                q.add(k, EventClass::Add);
+            }
+            None => orphan(p, q, sets),
+        },
+        Change::Updated { old, new } => {
+            let (a, b) = (owner_key(old), owner_key(new));
+            if a != b
+                && let Some(a) = a
+            {
+                q.add(a, EventClass::Update);
+            }
+            match b {
+                Some(b) => q.add(b, EventClass::Update),
+                None => orphan(new, q, sets),
+            }
+            if new.metadata.deletion_timestamp.is_some()
+                && old.metadata.deletion_timestamp.is_none()
+                && let Some(k) = owner_key(new)
+            {
+                // A graceful deletion counts as the deletion it was expected to be.
+                exp.observed_delete(&k);
+            }
+        }
+        Change::Deleted(p) => {
+            if let Some(k) = owner_key(p) {
+                if p.metadata.deletion_timestamp.is_none() {
+                    exp.observed_delete(&k);
+                }
+                q.add(k, EventClass::Delete);
+            }
+        }
+    }
+}
+
+fn orphan(p: &Pod, q: &WorkQueue<String>, sets: &Cache<ReplicaSet>) {
+    if !pods::is_active(p) {
+        return;
+    }
+    let ns = p.metadata.namespace.as_deref().unwrap_or("");
+    let labels = p.metadata.labels.clone().unwrap_or_default();
+    for rs in sets.in_namespace(ns) {
+        let Some(sel) = rs.spec.as_ref().and_then(|s| from_metav1(&s.selector).ok()) else {
+            continue;
+        };
+        if !sel.is_empty() && sel.matches(&labels) {
+            q.add(key_of(&rs.metadata), EventClass::Update);
+        }
+    }
+}
+
+#[async_trait]
+impl Reconciler for Rs {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
+        let Some(rs) = self.sets.get(key) else {
+            self.expectations.forget(key);
+            return Ok(Action::Done);
+        };
+        let ns = rs.metadata.namespace.clone().unwrap_or_default();
+        let name = rs.metadata.name.clone().unwrap_or_default();
+        let uid = rs.metadata.uid.clone().unwrap_or_default();
+        let spec = rs.spec.clone().unwrap_or_default();
+        let selector = from_metav1(&spec.selector)
+            .map_err(|e| ReconcileError(format!("ReplicaSet {key}: {e}")))?;
+        if selector.is_empty() {
+            return Ok(Action::Done);
+        }
+        // Claim: adopt matching orphans, release owned pods that no longer match.
+        let mut mine: Vec<Arc<Pod>> = Vec::new();
+        for p in self.pods.in_namespace(&ns) {
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            let matches = selector.matches(&labels);
+            match controller_of(&p.metadata) {
+                Some(o) if o.uid == uid => {
+                    if matches {
+                        mine.push(p);
+                    } else if rs.metadata.deletion_timestamp.is_none() {
+                        self.release(&p).await?;
+                    }
+                }
+                None if matches
+                    && pods::is_active(&p)
+                    && rs.metadata.deletion_timestamp.is_none() =>
+                {
+                    let adopted = self.adopt(&rs, &p).await?;
+                    if adopted {
+                        mine.push(p);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let active: Vec<&Arc<Pod>> = mine.iter().filter(|p| pods::is_active(p)).collect();
+        let want = spec.replicas.unwrap_or(1).max(0) as usize;
+        let mut error = None;
+        if rs.metadata.deletion_timestamp.is_none() && self.expectations.satisfied(key) {
+            if active.len() < want {
+                let n = (want - active.len()).min(BURST);
+                let owner = pods::owner_ref("apps/v1", "ReplicaSet", &name, &uid);
+                let template = spec.template.clone().unwrap_or_default();
+                let new: Vec<_> = (0..n)
+                    .map(|_| {
+                        pods::from_template(
+                            &template,
+                            &owner,
+                            &format!("{name}-"),
+                            None,
+                            &BTreeMap::new(),
+                        )
+                    })
+                    .collect();
+                let (created, err) =
+                    pods::create_slow_start(&self.ctx.client, &ns, new, &self.expectations, key)
+                        .await;
+                let r = ObjectRef::new("apps/v1", "ReplicaSet", &rs.metadata);
+                if created > 0 {
+                    self.recorder.event(
+                        &r,
+                        EventType::Normal,
+                        "SuccessfulCreate",
+                        &format!("Created {created} pod(s)"),
+                    );
+                }
+                if let Some(e) = err {
+                    self.recorder.event(
+                        &r,
+                        EventType::Warning,
+                        "FailedCreate",
+                        &format!("Error creating: {}", e.message),
+                    );
+                    error = Some(ReconcileError::from(e));
+                }
+            } else if active.len() > want {
+                let mut victims = active.clone();
+                victims.sort_by_key(|p| pods::deletion_rank(p));
+                victims.truncate((active.len() - want).min(BURST));
+                self.expectations.expect(key, 0, victims.len() as i64);
+                let mut deleted = 0;
+                for p in victims {
+                    match self.delete_pod(p).await {
+                        Ok(()) => deleted += 1,
+                        Err(e) => {
+                            self.expectations.observed_delete(key);
+                            if e.code != 404 {
+                                error.get_or_insert(ReconcileError::from(e));
+                            }
+                        }
+                    }
+                }
+                if deleted > 0 {
+                    self.recorder.event(
+                        &ObjectRef::new("apps/v1", "ReplicaSet", &rs.metadata),
+                        EventType::Normal,
+                        "SuccessfulDelete",
+                        &format!("Deleted {deleted} pod(s)"),
+                    );
+                }
+            }
+        }
+        let requeue = self.update_status(&rs, &active, &selector).await?;
+        match error {
+            Some(e) => Err(e),
+            None => Ok(requeue.map_or(Action::Done, Action::RequeueAfter)),
+        }
+    }
+}
+
+impl Rs {
+    async fn adopt(&self, rs: &ReplicaSet, p: &Pod) -> Result<bool, ReconcileError> {
+        let owner = pods::owner_ref(
+            "apps/v1",
+            "ReplicaSet",
+            rs.metadata.name.as_deref().unwrap_or(""),
+            rs.metadata.uid.as_deref().unwrap_or(""),
+        );
+        let mut refs = p.metadata.owner_references.clone().unwrap_or_default();
+        refs.push(owner);
+        let patch = json!({"metadata": {"ownerReferences": refs, "uid": p.metadata.uid,
+            "resourceVersion": p.metadata.resource_version}});
+        match self
+            .ctx
+            .client
+            .patch(
+                res("", "pods"),
+                p.metadata.namespace.as_deref(),
+                p.metadata.name.as_deref().unwrap_or(""),
+                None,
+                PatchType::Merge,
+                &patch,
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            // Changed or gone meanwhile: the next event brings it back.
+            Err(e) if e.code == 409 || e.code == 404 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn release(&self, p: &Pod) -> Result<(), ReconcileError> {
+        let refs: Vec<_> = p
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| r.controller != Some(true))
+            .cloned()
+            .collect();
+        let patch = json!({"metadata": {"ownerReferences": refs,
+            "resourceVersion": p.metadata.resource_version}});
+        match self
+            .ctx
+            .client
+            .patch(
+                res("", "pods"),
+                p.metadata.namespace.as_deref(),
+                p.metadata.name.as_deref().unwrap_or(""),
+                None,
+                PatchType::Merge,
+                &patch,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 409 || e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn delete_pod(&self, p: &Pod) -> Result<(), tessera_apiserver::status::ApiError> {
+        let mut req = ApiRequest::new(Verb::Delete, res("", "pods"));
+        req.namespace = p.metadata.namespace.clone();
+        req.name = p.metadata.name.clone();
+        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1",
+            "preconditions": {"uid": p.metadata.uid}})
+        .to_string()
+        .into();
+        self.ctx.client.call(req).await.map(|_| ())
+    }
+
+    /// Writes the counts if they changed; returns when to look again for pods becoming
+    /// available.
+    async fn update_status(
+        &self,
+        rs: &ReplicaSet,
+        active: &[&Arc<Pod>],
+        _selector: &tessera_core::LabelSelector,
+    ) -> Result<Option<Duration>, ReconcileError> {
+        let spec = rs.spec.clone().unwrap_or_default();
+        let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
+        let now = now_secs();
+        let template_labels = spec
+            .template
+            .as_ref()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        let fully = active
+            .iter()
+            .filter(|p| {
+                let l = p.metadata.labels.clone().unwrap_or_default();
+                template_labels.iter().all(|(k, v)| l.get(k) == Some(v))
+            })
+            .count();
+        let ready = active.iter().filter(|p| pods::is_ready(p)).count();
+        let available = active
+            .iter()
+            .filter(|p| pods::is_available(p, min_ready, now))
+            .count();
+        let next = active
+            .iter()
+            .filter_map(|p| pods::until_available(p, min_ready, now))
+            .min()
+            .map(|s| Duration::from_secs(s as u64 + 1));
+        let status = rs.status.clone().unwrap_or_default();
+        let generation = rs.metadata.generation.unwrap_or(0);
+        let same = status.replicas == active.len() as i32
+            && status.fully_labeled_replicas.unwrap_or(0) == fully as i32
+            && status.ready_replicas.unwrap_or(0) == ready as i32
+            && status.available_replicas.unwrap_or(0) == available as i32
+            && status.observed_generation.unwrap_or(0) == generation;
+        if same {
+            return Ok(next);
+        }
+        let patch = json!({"status": {
+            "replicas": active.len(), "fullyLabeledReplicas": fully, "readyReplicas": ready,
+            "availableReplicas": available, "observedGeneration": generation}});
+        match self
+            .ctx
+            .client
+            .patch(
+                res("apps", "replicasets"),
+                rs.metadata.namespace.as_deref(),
+                rs.metadata.name.as_deref().unwrap_or(""),
+                Some("status"),
+                PatchType::Merge,
+                &patch,
+            )
+            .await
+        {
+            Ok(_) => Ok(next),
+            Err(e) if e.code == 404 => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
