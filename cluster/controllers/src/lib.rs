@@ -2,6 +2,7 @@
 //! watches and work queue, so a slow controller never stalls another.
 
 pub mod context;
+pub mod deployment;
 pub mod pods;
 pub mod replicaset;
 

@@ -2,103 +2,15 @@
 //! real scheduler and hollow nodes. Pods are created, scheduled and started; scaling and
 //! deleted pods are followed; orphans are adopted; status counts what runs.
 
+mod support;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
-use tessera_agent::sim::{SimAgent, SimConfig};
-use tessera_apiserver::api::Api;
-use tessera_apiserver::auth::User;
-use tessera_apiserver::client::{Client, InProcess};
-use tessera_apiserver::request::{ApiRequest, PatchType, Verb};
-use tessera_controllers::Context;
+use support::{list, shard, wait_until};
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::PatchType;
 use tessera_controllers::context::res;
-use tessera_scheduler::config::SchedulerConfig;
-use tessera_scheduler::{Scheduler, SchedulerOptions};
-use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
-
-struct Shard {
-    client: Arc<dyn Client>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Shard {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-async fn shard(nodes: usize) -> Shard {
-    let dir = tempfile::tempdir().expect("tmp");
-    let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
-    let store = Arc::new(
-        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
-            .await
-            .expect("store"),
-    );
-    let client: Arc<dyn Client> = Arc::new(InProcess::new(Api::new(store, None), User::Admin));
-    client
-        .create(
-            res("", "namespaces"),
-            None,
-            &json!({"metadata": {"name": "default"}}),
-        )
-        .await
-        .expect("ns");
-    let agent = SimAgent::new(
-        client.clone(),
-        SimConfig {
-            nodes,
-            cpu: "2".into(),
-            startup_delay: Duration::from_millis(50),
-            ..SimConfig::default()
-        },
-        None,
-        None,
-    );
-    agent.register(|| {}).await.expect("register");
-    let sched = Scheduler::new(
-        client.clone(),
-        SchedulerOptions {
-            config: SchedulerConfig::default(),
-            metrics: None,
-            runtime_metrics: None,
-        },
-    )
-    .expect("scheduler");
-    let ctx = Context::new(client.clone());
-    Shard {
-        tasks: vec![
-            tokio::spawn(agent.run()),
-            tokio::spawn(sched.run()),
-            tokio::spawn(tessera_controllers::replicaset::run(ctx)),
-        ],
-        client,
-        _dir: dir,
-    }
-}
-
-async fn list(c: &Arc<dyn Client>, group: &str, plural: &str) -> Vec<Value> {
-    let mut req = ApiRequest::new(Verb::List, res(group, plural));
-    req.namespace = Some("default".into());
-    c.list(req).await.expect("list")["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    for _ in 0..1_000 {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
 
 fn rs(name: &str, replicas: i64) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
