@@ -2,6 +2,7 @@
 //! line and its wiring only; the parts live in the workspace crates.
 
 mod bench;
+mod components;
 mod debug;
 mod health;
 mod metrics_server;
@@ -23,10 +24,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run Tessera on this machine: a shard's store and its Kubernetes API.
-    Up(up::UpArgs),
+    /// Run Tessera on this machine: a shard's store, its Kubernetes API, controllers,
+    /// scheduler and simulated nodes.
+    Up(up::UpAllArgs),
     /// Run a shard's API server alone (against its store).
     Apiserver(up::UpArgs),
+    /// Run the controllers against an API server (active/standby through a Lease).
+    ControllerManager(components::ControllerManagerArgs),
+    /// Run the scheduler against an API server (active/standby through a Lease).
+    Scheduler(components::SchedulerArgs),
+    /// Run a node agent (simulated nodes) against an API server.
+    Agent(components::AgentArgs),
     /// Bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -63,6 +71,9 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Up(args) => up::run(args).await,
             Command::Apiserver(args) => up::run_apiserver(args).await,
+            Command::ControllerManager(args) => components::controller_manager(args).await,
+            Command::Scheduler(args) => components::scheduler(args).await,
+            Command::Agent(args) => components::agent(args).await,
             Command::Token(_) => Ok(()),
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Debug(cmd) => debug::run(cmd).await,

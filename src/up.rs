@@ -1,6 +1,7 @@
 //! `tessera up` and `tessera apiserver`: a shard's store (embedded by default), its compactor,
-//! metrics, and the Kubernetes API over TLS with a kubeconfig. `up` is where the controllers,
-//! scheduler and agents join as their issues land; `apiserver` stays the API server alone.
+//! metrics, and the Kubernetes API over TLS with a kubeconfig. `up` also runs the controllers,
+//! the scheduler and a simulated node agent in the same process (each can be turned off and
+//! run as its own process instead); `apiserver` stays the API server alone.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +10,8 @@ use std::sync::Arc;
 use clap::Args;
 use prometheus::Registry;
 use tessera_apiserver::api::Api;
-use tessera_apiserver::auth::Tokens;
+use tessera_apiserver::auth::{Tokens, User};
+use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::metrics::ApiMetrics;
 use tessera_apiserver::pki::Credentials;
 use tessera_apiserver::{http, serve};
@@ -39,6 +41,34 @@ pub struct UpArgs {
     pub store: StoreArgs,
 }
 
+/// What `tessera up` runs besides the API server.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Simulated nodes to run in this process (0 for none).
+    #[arg(long, default_value_t = 300)]
+    pub nodes_per_shard: usize,
+    /// Run the controllers in this process (false: run `tessera controller-manager`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub controllers: bool,
+    /// Run the scheduler in this process (false: run `tessera scheduler`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub scheduler: bool,
+    /// The scheduler's configuration file (profiles and plugins).
+    #[arg(long)]
+    pub scheduler_config: Option<PathBuf>,
+    #[command(flatten)]
+    pub sim: crate::components::SimArgs,
+}
+
+/// Flags of `tessera up`.
+#[derive(Args, Debug)]
+pub struct UpAllArgs {
+    #[command(flatten)]
+    pub base: UpArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+}
+
 /// What a running shard serves.
 pub struct Shard {
     /// The store.
@@ -49,7 +79,14 @@ pub struct Shard {
     pub metrics_addr: SocketAddr,
     /// The kubeconfig written for it.
     pub kubeconfig: PathBuf,
+    /// The process's metrics.
+    pub registry: Registry,
+    /// An in-process admin client of the API.
+    pub client: Arc<dyn Client>,
 }
+
+/// Namespaces every cluster has.
+const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Opens the store and serves the API and metrics.
 pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
@@ -62,11 +99,22 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
         store.clone(),
         args.store.compaction_interval,
     ));
-    let metrics_addr = crate::metrics_server::serve(args.metrics_addr, registry).await?;
+    let metrics_addr = crate::metrics_server::serve(args.metrics_addr, registry.clone()).await?;
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
     let mut api = Api::new(store.clone(), Some(api_metrics));
     if !args.watch_cache {
         api = api.without_watch_cache();
+    }
+    let client: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
+    let namespaces = tessera_apiserver::request::find_resource("", "v1", "namespaces")
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    for ns in SYSTEM_NAMESPACES {
+        let obj = serde_json::json!({"metadata": {"name": ns}});
+        match client.create(namespaces, None, &obj).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => anyhow::bail!("creating namespace {ns}: {}", e.message),
+        }
     }
     let router = http::router(api.clone(), Tokens::new(&credentials.admin_token));
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;
@@ -77,6 +125,8 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
         api_addr,
         metrics_addr,
         kubeconfig,
+        registry,
+        client,
     })
 }
 
@@ -109,15 +159,76 @@ fn usage(shard: &Shard, args: &UpArgs) {
     println!();
 }
 
+/// Starts the controllers, scheduler and simulated nodes `workers` asks for, in process.
+pub async fn start_workers(
+    shard: &Shard,
+    workers: &WorkerArgs,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    use crate::components;
+    let mut tasks = Vec::new();
+    let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&shard.registry)?;
+    if workers.scheduler {
+        let config = components::scheduler_config(workers.scheduler_config.as_ref())?;
+        let s = components::build_scheduler(
+            shard.client.clone(),
+            config,
+            &shard.registry,
+            Some(runtime.clone()),
+        )?;
+        tasks.push(tokio::spawn(s.run()));
+    }
+    if workers.controllers {
+        let ctx = tessera_controllers::Context {
+            client: shard.client.clone(),
+            queue_metrics: Some(tessera_runtime::metrics::QueueMetrics::register(
+                &shard.registry,
+            )?),
+            runtime_metrics: Some(runtime.clone()),
+            workers: 4,
+        };
+        tasks.push(tokio::spawn(tessera_controllers::run_all(ctx)));
+    }
+    if workers.nodes_per_shard > 0 {
+        let agent = tessera_agent::sim::SimAgent::new(
+            shard.client.clone(),
+            workers.sim.config("sim-node", workers.nodes_per_shard),
+            Some(tessera_agent::metrics::AgentMetrics::register(
+                &shard.registry,
+            )?),
+            Some(runtime),
+        );
+        components::register_sim(&agent).await?;
+        tasks.push(tokio::spawn(agent.run()));
+    }
+    Ok(tasks)
+}
+
 /// `tessera up`: serves until Ctrl-C.
-pub async fn run(args: UpArgs) -> anyhow::Result<()> {
-    let shard = start(&args).await?;
+pub async fn run(all: UpAllArgs) -> anyhow::Result<()> {
+    let args = &all.base;
+    let shard = start(args).await?;
     let grpc = crate::health::serve(args.grpc_addr, shard.store.clone()).await?;
-    banner(&shard, &args, "").await?;
+    let _tasks = start_workers(&shard, &all.workers).await?;
+    banner(&shard, args, "").await?;
     println!("  grpc:     {grpc} (grpc.health.v1)");
-    usage(&shard, &args);
-    println!("Controllers, scheduler and node agents are not in this build yet: objects are");
-    println!("stored and served, but nothing runs pods (see docs/architecture.md).");
+    let w = &all.workers;
+    let on = |b: bool| {
+        if b {
+            "running"
+        } else {
+            "off (run it as its own process)"
+        }
+    };
+    println!("  scheduler:   {}", on(w.scheduler));
+    println!(
+        "  controllers: {} (ReplicaSet, Deployment)",
+        on(w.controllers)
+    );
+    println!(
+        "  nodes:       {} simulated ({} cpu, {} memory, {} pods each)",
+        w.nodes_per_shard, w.sim.node_cpu, w.sim.node_memory, w.sim.node_pods
+    );
+    usage(&shard, args);
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     tracing::info!("shutting down");

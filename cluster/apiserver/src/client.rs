@@ -284,6 +284,50 @@ fn percent_encode(s: &str) -> String {
 }
 
 impl HttpClient {
+    /// A client from a kubeconfig file: its current context's server, CA and bearer token.
+    pub fn from_kubeconfig(path: &std::path::Path) -> Result<HttpClient, ApiError> {
+        use base64::Engine;
+        let text = std::fs::read(path).map_err(|e| {
+            ApiError::bad_request(format!("cannot read kubeconfig {}: {e}", path.display()))
+        })?;
+        let kc = crate::yaml::to_json(&text).map_err(|e| {
+            ApiError::bad_request(format!("kubeconfig {} is not YAML: {e}", path.display()))
+        })?;
+        let bad =
+            |what: &str| ApiError::bad_request(format!("kubeconfig {}: {what}", path.display()));
+        let current = kc["current-context"]
+            .as_str()
+            .ok_or_else(|| bad("no current-context"))?;
+        let named = |list: &str, name: &str| {
+            kc[list]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"].as_str() == Some(name))
+                .cloned()
+        };
+        let ctx =
+            named("contexts", current).ok_or_else(|| bad("the current context is not listed"))?;
+        let cluster_name = ctx["context"]["cluster"].as_str().unwrap_or_default();
+        let user_name = ctx["context"]["user"].as_str().unwrap_or_default();
+        let cluster =
+            named("clusters", cluster_name).ok_or_else(|| bad("its cluster is not listed"))?;
+        let user = named("users", user_name).ok_or_else(|| bad("its user is not listed"))?;
+        let server = cluster["cluster"]["server"]
+            .as_str()
+            .ok_or_else(|| bad("the cluster has no server"))?;
+        let ca = cluster["cluster"]["certificate-authority-data"]
+            .as_str()
+            .ok_or_else(|| bad("the cluster has no certificate-authority-data"))?;
+        let ca = base64::engine::general_purpose::STANDARD
+            .decode(ca.trim())
+            .map_err(|e| bad(&format!("certificate-authority-data is not base64: {e}")))?;
+        let token = user["user"]["token"]
+            .as_str()
+            .ok_or_else(|| bad("the user has no token"))?;
+        HttpClient::new(server, &String::from_utf8_lossy(&ca), token)
+    }
+
     /// A client of `server` (`https://127.0.0.1:6443`) trusting `ca_pem`, sending `token`.
     pub fn new(server: &str, ca_pem: &str, token: &str) -> Result<HttpClient, ApiError> {
         let mut roots = rustls::RootCertStore::empty();

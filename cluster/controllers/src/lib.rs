@@ -7,3 +7,8 @@ pub mod pods;
 pub mod replicaset;
 
 pub use context::Context;
+
+/// Every controller, each with its own watches, queue and workers, until dropped.
+pub async fn run_all(ctx: Context) {
+    tokio::join!(replicaset::run(ctx.clone()), deployment::run(ctx.clone()),);
+}

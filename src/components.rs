@@ -1,0 +1,299 @@
+//! The shard's workers as processes of their own — `tessera controller-manager`,
+//! `tessera scheduler`, `tessera agent` — against a remote API server, and the same parts
+//! started inside `tessera up`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use prometheus::Registry;
+use tessera_agent::metrics::AgentMetrics;
+use tessera_agent::sim::{SimAgent, SimConfig};
+use tessera_apiserver::client::{Client, HttpClient};
+use tessera_controllers::Context;
+use tessera_runtime::leader::{LeaderConfig, LeaderElector, default_identity};
+use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
+use tessera_scheduler::config::{self, SchedulerConfig};
+use tessera_scheduler::metrics::SchedulerMetrics;
+use tessera_scheduler::{Scheduler, SchedulerOptions};
+
+/// How a component reaches the API and serves its metrics.
+#[derive(Args, Debug)]
+pub struct RemoteArgs {
+    /// The kubeconfig of the API server (`tessera up` writes one in its data dir).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: PathBuf,
+    /// Address of this process's `/metrics` and health endpoints.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// Leader election flags (active/standby through a Lease in kube-system).
+#[derive(Args, Debug)]
+pub struct ElectionArgs {
+    /// Run only while holding the leader Lease (run several processes for standbys).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Seconds a Lease stays held without renewal.
+    #[arg(long, default_value_t = 15.0)]
+    pub lease_duration: f64,
+    /// Seconds a leader keeps trying to renew before it stops.
+    #[arg(long, default_value_t = 10.0)]
+    pub renew_deadline: f64,
+    /// Seconds between attempts.
+    #[arg(long, default_value_t = 2.0)]
+    pub retry_period: f64,
+    /// This candidate's identity (default: host name and process id).
+    #[arg(long)]
+    pub identity: Option<String>,
+}
+
+impl ElectionArgs {
+    fn config(&self, lease: &str) -> anyhow::Result<LeaderConfig> {
+        let d = |s: f64, what: &str| {
+            if s.is_finite() && s > 0.0 {
+                Ok(Duration::from_secs_f64(s))
+            } else {
+                Err(anyhow::anyhow!(
+                    "--{what} must be a positive number of seconds"
+                ))
+            }
+        };
+        let c = LeaderConfig {
+            lease_duration: d(self.lease_duration, "lease-duration")?,
+            renew_deadline: d(self.renew_deadline, "renew-deadline")?,
+            retry_period: d(self.retry_period, "retry-period")?,
+            ..LeaderConfig::new(
+                lease,
+                self.identity.clone().unwrap_or_else(default_identity),
+            )
+        };
+        if c.renew_deadline >= c.lease_duration {
+            anyhow::bail!(
+                "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?}): a leader must stop before a standby may take over",
+                c.renew_deadline,
+                c.lease_duration
+            );
+        }
+        if c.retry_period >= c.renew_deadline {
+            anyhow::bail!("--retry-period must be shorter than --renew-deadline");
+        }
+        Ok(c)
+    }
+}
+
+async fn connect(args: &RemoteArgs, registry: &Registry) -> anyhow::Result<Arc<dyn Client>> {
+    let client = HttpClient::from_kubeconfig(&args.kubeconfig)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let addr = crate::metrics_server::serve(args.metrics_addr, registry.clone()).await?;
+    tracing::info!(metrics = %addr, "serving metrics");
+    Ok(Arc::new(client))
+}
+
+/// Runs `work` while holding `lease` (or right away without election); exits with an error
+/// when the Lease is lost — the process stops writing at once, as Kubernetes' do.
+async fn elected<F: std::future::Future<Output = ()>>(
+    client: Arc<dyn Client>,
+    election: &ElectionArgs,
+    lease: &str,
+    metrics: RuntimeMetrics,
+    work: F,
+) -> anyhow::Result<()> {
+    if !election.leader_elect {
+        work.await;
+        return Ok(());
+    }
+    let config = election.config(lease)?;
+    tracing::info!(lease, identity = %config.identity, "waiting for the leader lease");
+    let elector = LeaderElector::new(client, config, Some(metrics));
+    tokio::select! {
+        r = elector.lead(work) => r.map_err(|e| anyhow::anyhow!("{e}")),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
+/// Flags of `tessera controller-manager`.
+#[derive(Args, Debug)]
+pub struct ControllerManagerArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    #[command(flatten)]
+    election: ElectionArgs,
+    /// Workers per controller.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+}
+
+/// Metrics of the controllers.
+pub fn controller_context(
+    client: Arc<dyn Client>,
+    registry: &Registry,
+    workers: usize,
+) -> anyhow::Result<Context> {
+    Ok(Context {
+        client,
+        queue_metrics: Some(QueueMetrics::register(registry)?),
+        runtime_metrics: Some(RuntimeMetrics::register(registry)?),
+        workers: workers.max(1),
+    })
+}
+
+/// `tessera controller-manager`.
+pub async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<()> {
+    let registry = Registry::new();
+    let client = connect(&args.remote, &registry).await?;
+    let ctx = controller_context(client.clone(), &registry, args.workers)?;
+    let metrics = ctx.runtime_metrics.clone().expect("registered above");
+    elected(
+        client,
+        &args.election,
+        "tessera-controller-manager",
+        metrics,
+        tessera_controllers::run_all(ctx),
+    )
+    .await
+}
+
+/// Flags of `tessera scheduler`.
+#[derive(Args, Debug)]
+pub struct SchedulerArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    #[command(flatten)]
+    election: ElectionArgs,
+    /// A KubeSchedulerConfiguration-shaped file (YAML or JSON): profiles and plugins.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+/// Reads the scheduler configuration file (or the defaults).
+pub fn scheduler_config(path: Option<&PathBuf>) -> anyhow::Result<SchedulerConfig> {
+    match path {
+        None => Ok(SchedulerConfig::default()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
+            config::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+        }
+    }
+}
+
+/// Builds the scheduler with its metrics.
+pub fn build_scheduler(
+    client: Arc<dyn Client>,
+    config: SchedulerConfig,
+    registry: &Registry,
+    runtime: Option<RuntimeMetrics>,
+) -> anyhow::Result<Scheduler> {
+    Scheduler::new(
+        client,
+        SchedulerOptions {
+            config,
+            metrics: Some(SchedulerMetrics::register(registry)?),
+            runtime_metrics: runtime,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("the scheduler configuration is not valid: {e}"))
+}
+
+/// `tessera scheduler`.
+pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
+    let config = scheduler_config(args.config.as_ref())?;
+    let registry = Registry::new();
+    let client = connect(&args.remote, &registry).await?;
+    let runtime = RuntimeMetrics::register(&registry)?;
+    let s = build_scheduler(client.clone(), config, &registry, Some(runtime.clone()))?;
+    elected(
+        client,
+        &args.election,
+        "tessera-scheduler",
+        runtime,
+        s.run(),
+    )
+    .await
+}
+
+/// The shape of simulated nodes.
+#[derive(Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Each simulated node's cpu.
+    #[arg(long, default_value = "8")]
+    pub node_cpu: String,
+    /// Each simulated node's memory.
+    #[arg(long, default_value = "32Gi")]
+    pub node_memory: String,
+    /// Each simulated node's pod slots.
+    #[arg(long, default_value_t = 110)]
+    pub node_pods: u32,
+    /// Milliseconds from binding to Running on a simulated node.
+    #[arg(long, default_value_t = 500)]
+    pub startup_delay_ms: u64,
+}
+
+impl SimArgs {
+    /// The agent configuration for `nodes` nodes named `{prefix}-{i}`.
+    pub fn config(&self, prefix: &str, nodes: usize) -> SimConfig {
+        SimConfig {
+            prefix: prefix.into(),
+            nodes,
+            cpu: self.node_cpu.clone(),
+            memory: self.node_memory.clone(),
+            pods: self.node_pods,
+            startup_delay: Duration::from_millis(self.startup_delay_ms),
+            ..SimConfig::default()
+        }
+    }
+}
+
+/// Flags of `tessera agent`.
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// Simulated (hollow) nodes to run.
+    #[arg(long, default_value_t = 100)]
+    sim_nodes: usize,
+    /// Node names are `{prefix}-{i}`.
+    #[arg(long, default_value = "sim-node")]
+    prefix: String,
+    #[command(flatten)]
+    sim: SimArgs,
+}
+
+/// Registers a sim agent's nodes with a progress bar.
+pub async fn register_sim(agent: &SimAgent) -> anyhow::Result<()> {
+    let bar = ProgressBar::new(agent.node_names().len() as u64).with_style(
+        ProgressStyle::with_template("registering nodes {bar:30} {pos}/{len}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    agent
+        .register(|| bar.inc(1))
+        .await
+        .map_err(|e| anyhow::anyhow!("registering nodes: {}", e.message))?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// `tessera agent`.
+pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
+    let registry = Registry::new();
+    let client = connect(&args.remote, &registry).await?;
+    let agent = SimAgent::new(
+        client,
+        args.sim.config(&args.prefix, args.sim_nodes),
+        Some(AgentMetrics::register(&registry)?),
+        Some(RuntimeMetrics::register(&registry)?),
+    );
+    register_sim(&agent).await?;
+    println!(
+        "{} simulated nodes registered ({}-0 ...)",
+        args.sim_nodes, args.prefix
+    );
+    tokio::select! {
+        _ = agent.run() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
