@@ -90,7 +90,7 @@ async fn connect(args: &RemoteArgs, registry: &Registry) -> anyhow::Result<Arc<d
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let addr = crate::metrics_server::serve(args.metrics_addr, registry.clone()).await?;
     tracing::info!(metrics = %addr, "serving metrics");
-    Ok(Arc::new(client))
+    Ok(tessera_runtime::client::Retrying::wrap(Arc::new(client)))
 }
 
 /// Runs `work` while holding `lease` (or right away without election); exits with an error

@@ -12,6 +12,12 @@ mod up;
 use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand};
+
+/// mimalloc instead of the system allocator: the control plane allocates many small,
+/// short-lived objects from many threads (decoded watch events, request bodies), where
+/// glibc's malloc spent a third of the CPU of `tessera bench shard` (see docs/dependencies.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use tracing_subscriber::EnvFilter;
 
 /// Tessera: a federated, sharded cluster scheduler.

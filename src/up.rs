@@ -81,8 +81,19 @@ pub struct Shard {
     pub kubeconfig: PathBuf,
     /// The process's metrics.
     pub registry: Registry,
-    /// An in-process admin client of the API.
-    pub client: Arc<dyn Client>,
+    /// The API (for in-process components, each with its own identity).
+    pub api: Api,
+}
+
+impl Shard {
+    /// An in-process client acting as control-plane component `name` (its own fairness
+    /// seats), retrying when the API sheds load.
+    pub fn component_client(&self, name: &str) -> Arc<dyn Client> {
+        tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
+            self.api.clone(),
+            User::System(name.into()),
+        )))
+    }
 }
 
 /// Namespaces every cluster has.
@@ -126,7 +137,7 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
         metrics_addr,
         kubeconfig,
         registry,
-        client,
+        api,
     })
 }
 
@@ -170,7 +181,7 @@ pub async fn start_workers(
     if workers.scheduler {
         let config = components::scheduler_config(workers.scheduler_config.as_ref())?;
         let s = components::build_scheduler(
-            shard.client.clone(),
+            shard.component_client("scheduler"),
             config,
             &shard.registry,
             Some(runtime.clone()),
@@ -179,7 +190,7 @@ pub async fn start_workers(
     }
     if workers.controllers {
         let ctx = tessera_controllers::Context {
-            client: shard.client.clone(),
+            client: shard.component_client("controller-manager"),
             queue_metrics: Some(tessera_runtime::metrics::QueueMetrics::register(
                 &shard.registry,
             )?),
@@ -190,7 +201,7 @@ pub async fn start_workers(
     }
     if workers.nodes_per_shard > 0 {
         let agent = tessera_agent::sim::SimAgent::new(
-            shard.client.clone(),
+            shard.component_client("node-agent"),
             workers.sim.config("sim-node", workers.nodes_per_shard),
             Some(tessera_agent::metrics::AgentMetrics::register(
                 &shard.registry,

@@ -46,7 +46,15 @@ fn json(c: &Cluster, args: &[&str]) -> Value {
 
 #[test]
 fn kubectl_drives_objects_end_to_end() {
-    drive(&Cluster::start());
+    // The API alone: no scheduler, controllers or nodes to change what kubectl wrote.
+    drive(&Cluster::start_with(
+        "up",
+        &[
+            "--scheduler=false",
+            "--controllers=false",
+            "--nodes-per-shard=0",
+        ],
+    ));
 }
 
 /// The same, with `tessera apiserver` over real etcd processes in the sharded layout: a

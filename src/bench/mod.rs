@@ -3,6 +3,7 @@
 mod api;
 mod latency;
 mod reopen;
+mod shard;
 mod store;
 mod target;
 mod watch;
@@ -32,6 +33,8 @@ pub enum BenchCommand {
     Reopen(reopen::ReopenBenchArgs),
     /// Watch fan-out: many watches on one prefix under a stream of writes.
     Watch(watch::WatchBenchArgs),
+    /// A whole shard: pods from ReplicaSets scheduled onto simulated nodes and started.
+    Shard(shard::ShardBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -41,5 +44,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Store(args) => store::run(args).await,
         BenchCommand::Reopen(args) => reopen::run(args).await,
         BenchCommand::Watch(args) => watch::run(args).await,
+        BenchCommand::Shard(args) => shard::run(args).await,
     }
 }

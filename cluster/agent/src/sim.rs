@@ -21,7 +21,7 @@ use tessera_apiserver::request::{PatchType, find_resource};
 use tessera_apiserver::status::ApiError;
 use tessera_runtime::informer::{Change, Informer, Scope};
 use tessera_runtime::metrics::RuntimeMetrics;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::metrics::AgentMetrics;
 
@@ -85,6 +85,8 @@ pub struct SimAgent {
     started: Mutex<HashSet<String>>,
     deleting: Mutex<HashSet<String>>,
     next_ip: AtomicU32,
+    /// Pod status writes in flight at once (a burst of bindings becomes a steady stream).
+    writes: Semaphore,
     metrics: Option<AgentMetrics>,
     runtime_metrics: Option<RuntimeMetrics>,
 }
@@ -120,6 +122,7 @@ impl SimAgent {
             started: Mutex::new(HashSet::new()),
             deleting: Mutex::new(HashSet::new()),
             next_ip: AtomicU32::new(0),
+            writes: Semaphore::new(64),
             metrics,
             runtime_metrics,
         })
@@ -509,25 +512,46 @@ impl SimAgent {
         }
     }
 
+    /// Writes a pod's status, retrying failures with backoff (as a kubelet's status manager
+    /// keeps trying) until it is written, the pod is gone, or the node failed.
     async fn patch_status(&self, pod: &Pod, status: Value) -> bool {
         let ns = pod.metadata.namespace.as_deref();
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let r = self
-            .client
-            .patch(
-                res("", "pods"),
-                ns,
-                name,
-                Some("status"),
-                PatchType::Merge,
-                &json!({"status": status}),
-            )
-            .await;
-        self.count("pod_status", r.is_ok());
-        if let Err(e) = &r {
-            tracing::debug!(pod = name, error = %e.message, "pod status update failed");
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or_default();
+        let body = json!({"status": status});
+        let mut wait = Duration::from_millis(50);
+        loop {
+            let r = {
+                let _permit = self.writes.acquire().await;
+                self.client
+                    .patch(
+                        res("", "pods"),
+                        ns,
+                        name,
+                        Some("status"),
+                        PatchType::Merge,
+                        &body,
+                    )
+                    .await
+            };
+            self.count("pod_status", r.is_ok());
+            match r {
+                Ok(_) => return true,
+                Err(e) if e.code == 404 => return false,
+                Err(e) => {
+                    tracing::debug!(pod = name, error = %e.message, "pod status update failed; retrying");
+                    if !self.healthy(node) {
+                        return false;
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
         }
-        r.is_ok()
     }
 }
 

@@ -59,7 +59,7 @@ pub async fn review(
         let plural = s("resource");
         if plural == "*" || group == "*" {
             match user {
-                User::Admin => (true, String::new()),
+                User::Admin | User::System(_) => (true, String::new()),
                 User::Tenant(t) => (
                     false,
                     format!("tenant {t} may act only on resources in its own namespaces"),
@@ -98,7 +98,7 @@ pub async fn review(
         }
     } else if let Some(path) = spec["nonResourceAttributes"]["path"].as_str() {
         match user {
-            User::Admin => (true, String::new()),
+            User::Admin | User::System(_) => (true, String::new()),
             User::Tenant(_) if public_path(path) => (true, String::new()),
             User::Tenant(_) => (false, format!("tenants may not access {path}")),
         }

@@ -97,6 +97,78 @@ fn leaves(v: &Value, path: &mut Path, out: &mut BTreeSet<Path>) {
     }
 }
 
+/// The leaf paths of `new` (as [`leaves`]) into `after`, and into `changed` those whose
+/// value differs in `cur` — one walk of both objects, without copying either.
+fn diff_leaves(
+    cur: Option<&Value>,
+    new: &Value,
+    path: &mut Path,
+    after: &mut BTreeSet<Path>,
+    changed: &mut BTreeSet<Path>,
+) {
+    fn leaf(
+        path: &Path,
+        cur: Option<&Value>,
+        new: &Value,
+        after: &mut BTreeSet<Path>,
+        changed: &mut BTreeSet<Path>,
+    ) {
+        after.insert(path.clone());
+        if cur != Some(new) {
+            changed.insert(path.clone());
+        }
+    }
+    match new {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                if path.is_empty() && (k == "apiVersion" || k == "kind") {
+                    continue;
+                }
+                if path.len() == 1
+                    && path[0] == "f:metadata"
+                    && (SERVER_FIELDS.contains(&k.as_str()) || k == "name" || k == "namespace")
+                {
+                    continue;
+                }
+                let cur_child = cur.and_then(|c| c.get(k));
+                path.push(format!("f:{k}"));
+                match child {
+                    Value::Array(items) => {
+                        let cur_items = cur_child.and_then(Value::as_array);
+                        if let Some(key) = list_key(k, items) {
+                            for item in items {
+                                let cur_item = cur_items
+                                    .and_then(|c| c.iter().find(|i| i.get(key) == item.get(key)));
+                                path.push(item_step(key, item));
+                                leaf(path, cur_item, item, after, changed);
+                                diff_leaves(cur_item, item, path, after, changed);
+                                path.pop();
+                            }
+                        } else if is_set_list(k) {
+                            for item in items {
+                                let cur_item =
+                                    cur_items.and_then(|c| c.iter().find(|i| *i == item));
+                                path.push(format!("v:{item}"));
+                                leaf(path, cur_item, item, after, changed);
+                                path.pop();
+                            }
+                        } else {
+                            leaf(path, cur_child, child, after, changed);
+                        }
+                    }
+                    _ => diff_leaves(cur_child, child, path, after, changed),
+                }
+                path.pop();
+            }
+        }
+        _ => {
+            if !path.is_empty() {
+                leaf(path, cur, new, after, changed);
+            }
+        }
+    }
+}
+
 fn field_set(v: &Value) -> BTreeSet<Path> {
     let mut out = BTreeSet::new();
     leaves(v, &mut Vec::new(), &mut out);
@@ -286,19 +358,9 @@ pub fn record_update(
     api_version: &str,
     operation: &str,
 ) {
-    let after = field_set(&without_managed(next));
-    let changed: BTreeSet<Path> = match current {
-        None => after.clone(),
-        Some(cur) => {
-            let cur = without_managed(cur);
-            let new = without_managed(next);
-            after
-                .iter()
-                .filter(|p| value_at(&cur, p) != value_at(&new, p))
-                .cloned()
-                .collect()
-        }
-    };
+    let mut after = BTreeSet::new();
+    let mut changed = BTreeSet::new();
+    diff_leaves(current, next, &mut Vec::new(), &mut after, &mut changed);
     // Entries come from the object the client sent, or the stored one if it sent none.
     let mut list = if next["metadata"]["managedFields"].is_array() {
         entries(next)

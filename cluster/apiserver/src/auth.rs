@@ -33,6 +33,10 @@ pub enum User {
     Admin,
     /// A tenant's token.
     Tenant(String),
+    /// A control-plane component in the API server's process (scheduler, controllers, node
+    /// agents): the admin's rights, with seats of its own so that one component's burst
+    /// never takes another's (or the admin's) seats.
+    System(String),
 }
 
 impl User {
@@ -41,6 +45,7 @@ impl User {
         match self {
             User::Admin => "admin".into(),
             User::Tenant(t) => format!("tenant:{t}"),
+            User::System(c) => format!("system:{c}"),
         }
     }
 
@@ -49,6 +54,7 @@ impl User {
         match self {
             User::Admin => "tessera-admin".into(),
             User::Tenant(t) => format!("tenant-{t}"),
+            User::System(c) => c.clone(),
         }
     }
 
@@ -166,7 +172,7 @@ impl Authorizer {
     /// Allows or refuses `req` for `user`.
     pub async fn authorize(&self, user: &User, req: &ApiRequest) -> Result<Scope, ApiError> {
         let tenant = match user {
-            User::Admin => {
+            User::Admin | User::System(_) => {
                 return Ok(Scope {
                     namespaces: None,
                     max_inflight: ADMIN_INFLIGHT,

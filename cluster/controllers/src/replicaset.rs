@@ -132,12 +132,14 @@ fn orphan(p: &Pod, q: &WorkQueue<String>, sets: &Cache<ReplicaSet>) {
         return;
     }
     let ns = p.metadata.namespace.as_deref().unwrap_or("");
-    let labels = p.metadata.labels.clone().unwrap_or_default();
+    let Some(labels) = p.metadata.labels.as_ref() else {
+        return;
+    };
     for rs in sets.in_namespace(ns) {
         let Some(sel) = rs.spec.as_ref().and_then(|s| from_metav1(&s.selector).ok()) else {
             continue;
         };
-        if !sel.is_empty() && sel.matches(&labels) {
+        if !sel.is_empty() && sel.matches(labels) {
             q.add(key_of(&rs.metadata), EventClass::Update);
         }
     }
@@ -163,29 +165,33 @@ impl Reconciler for Rs {
         if selector.is_empty() {
             return Ok(Action::Done);
         }
-        // Claim: adopt matching orphans, release owned pods that no longer match.
+        // Claim: adopt matching orphans, release owned pods that no longer match. Both come
+        // from indexes (owner, label): a set's work does not grow with the namespace.
         let mut mine: Vec<Arc<Pod>> = Vec::new();
-        for p in self.pods.in_namespace(&ns) {
-            let labels = p.metadata.labels.clone().unwrap_or_default();
-            let matches = selector.matches(&labels);
-            match controller_of(&p.metadata) {
-                Some(o) if o.uid == uid => {
-                    if matches {
-                        mine.push(p);
-                    } else if rs.metadata.deletion_timestamp.is_none() {
-                        self.release(&p).await?;
-                    }
-                }
-                None if matches
-                    && pods::is_active(&p)
-                    && rs.metadata.deletion_timestamp.is_none() =>
-                {
+        let live = rs.metadata.deletion_timestamp.is_none();
+        for p in self.pods.owned_by(&uid) {
+            if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) {
+                continue;
+            }
+            let matches = p
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| selector.matches(l));
+            if matches {
+                mine.push(p);
+            } else if live {
+                self.release(&p).await?;
+            }
+        }
+        if live {
+            for p in self.pods.select(Some(&ns), &selector) {
+                if controller_of(&p.metadata).is_none() && pods::is_active(&p) {
                     let adopted = self.adopt(&rs, &p).await?;
                     if adopted {
                         mine.push(p);
                     }
                 }
-                _ => {}
             }
         }
         let active: Vec<&Arc<Pod>> = mine.iter().filter(|p| pods::is_active(p)).collect();
@@ -356,8 +362,10 @@ impl Rs {
         let fully = active
             .iter()
             .filter(|p| {
-                let l = p.metadata.labels.clone().unwrap_or_default();
-                template_labels.iter().all(|(k, v)| l.get(k) == Some(v))
+                let l = p.metadata.labels.as_ref();
+                template_labels
+                    .iter()
+                    .all(|(k, v)| l.and_then(|l| l.get(k)) == Some(v))
             })
             .count();
         let ready = active.iter().filter(|p| pods::is_ready(p)).count();

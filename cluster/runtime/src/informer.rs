@@ -254,6 +254,39 @@ pub struct Informer<T> {
     page: usize,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn managed_fields_are_cut_and_nothing_else() {
+        let cases = [
+            (
+                r#"{"metadata":{"name":"a","managedFields":[{"f":{"x":"]"}}],"uid":"u"}}"#,
+                r#"{"metadata":{"name":"a","uid":"u"}}"#,
+            ),
+            (
+                r#"{"metadata":{"managedFields":[{"a":"\"]"}],"name":"a"}}"#,
+                r#"{"metadata":{"name":"a"}}"#,
+            ),
+            (
+                r#"{"metadata":{"name":"a","managedFields":[]}}"#,
+                r#"{"metadata":{"name":"a"}}"#,
+            ),
+            (
+                r#"{"metadata":{"annotations":{"x":"{\"managedFields\":[1]}"}}}"#,
+                r#"{"metadata":{"annotations":{"x":"{\"managedFields\":[1]}"}}}"#,
+            ),
+            (r#"{"a":1}"#, r#"{"a":1}"#),
+        ];
+        for (input, want) in cases {
+            let got = strip_managed_fields(input);
+            assert_eq!(got, want, "{input}");
+            let _: serde_json::Value = serde_json::from_str(&got).expect("still JSON");
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct RawEvent<'a> {
     #[serde(rename = "type")]
@@ -410,7 +443,12 @@ impl<T: Object> Informer<T> {
             let mut req = self.request(Verb::List);
             req.params.limit = self.page;
             req.params.continue_token = token.take();
-            let v = self.client.list(req).await?;
+            let mut v = self.client.list(req).await?;
+            for item in v["items"].as_array_mut().into_iter().flatten() {
+                if let Some(m) = item["metadata"].as_object_mut() {
+                    m.remove("managedFields");
+                }
+            }
             let list: List<T> = serde_json::from_value(v).map_err(|e| {
                 ApiError::internal(format!("a {} list did not decode: {e}", self.resource.kind))
             })?;
@@ -471,7 +509,8 @@ impl<T: Object> Informer<T> {
                 .map_err(|e| ApiError::internal(format!("a watch event did not decode: {e}")))?;
             match raw.kind {
                 "ADDED" | "MODIFIED" | "DELETED" => {
-                    let o: T = serde_json::from_str(raw.object.get()).map_err(|e| {
+                    let text = strip_managed_fields(raw.object.get());
+                    let o: T = serde_json::from_str(&text).map_err(|e| {
                         ApiError::internal(format!(
                             "a watched {} did not decode: {e}",
                             self.resource.kind
@@ -527,6 +566,65 @@ impl<T: Object> Informer<T> {
             self.emit(c);
         }
     }
+}
+
+/// `json` without its `"managedFields":[...]` members: what an informer caches never needs
+/// them (client-go's informers drop them too), and they are most of a small object's bytes.
+/// Only a member key can match — inside string values quotes are escaped.
+pub fn strip_managed_fields(json: &str) -> std::borrow::Cow<'_, str> {
+    const KEY: &str = "\"managedFields\":";
+    if !json.contains(KEY) {
+        return std::borrow::Cow::Borrowed(json);
+    }
+    let b = json.as_bytes();
+    let mut out = String::with_capacity(json.len());
+    let mut from = 0;
+    let mut search = 0;
+    while let Some(rel) = json[search..].find(KEY) {
+        let start = search + rel;
+        let value = start + KEY.len();
+        let prev = json[..start].trim_end().as_bytes().last().copied();
+        if !matches!(prev, Some(b'{' | b',')) || b.get(value) != Some(&b'[') {
+            search = value;
+            continue;
+        }
+        // Find the end of the array, skipping strings.
+        let (mut depth, mut i, mut in_str, mut esc) = (0i32, value, false, false);
+        while i < b.len() {
+            let c = b[i];
+            if in_str {
+                if esc {
+                    esc = false;
+                } else if c == b'\\' {
+                    esc = true;
+                } else if c == b'"' {
+                    in_str = false;
+                }
+            } else if c == b'"' {
+                in_str = true;
+            } else if c == b'[' || c == b'{' {
+                depth += 1;
+            } else if c == b']' || c == b'}' {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            i += 1;
+        }
+        let mut end = i + 1;
+        let mut cut = start;
+        if prev == Some(b',') {
+            cut = json[..start].trim_end().len() - 1;
+        } else if b.get(end) == Some(&b',') {
+            end += 1;
+        }
+        out.push_str(&json[from..cut]);
+        from = end.min(json.len());
+        search = from;
+    }
+    out.push_str(&json[from..]);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Labels as a map, for code that reads them often.
