@@ -3,6 +3,8 @@
 
 pub mod context;
 pub mod deployment;
+pub mod gc;
+pub mod namespace;
 pub mod pods;
 pub mod replicaset;
 

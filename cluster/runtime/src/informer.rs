@@ -642,3 +642,31 @@ pub fn controller_of(
         .flatten()
         .find(|r| r.controller == Some(true))
 }
+
+/// Any object, with only its metadata decoded (what the garbage collector and the namespace
+/// controller need of every kind).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct PartialObject {
+    /// The object's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+}
+
+impl k8s_openapi::Resource for PartialObject {
+    const API_VERSION: &'static str = "";
+    const GROUP: &'static str = "";
+    const KIND: &'static str = "";
+    const VERSION: &'static str = "";
+    const URL_PATH_SEGMENT: &'static str = "";
+    type Scope = k8s_openapi::SubResourceScope;
+}
+
+impl Metadata for PartialObject {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}

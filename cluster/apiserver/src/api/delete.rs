@@ -153,8 +153,10 @@ impl Api {
                 next["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
                 let g = next["metadata"]["generation"].as_i64().unwrap_or(1);
                 next["metadata"]["generation"] = json!(g + 1);
-            } else if graceful {
-                // A shorter grace period may be asked for later, never a longer one.
+            } else if res.plural == "pods" {
+                // A shorter grace period may be asked for later, never a longer one — down to
+                // 0 from an agent whose containers stopped while finalizers still hold the pod
+                // (it goes as soon as they are removed).
                 let had = next["metadata"]["deletionGracePeriodSeconds"]
                     .as_i64()
                     .unwrap_or(grace);

@@ -76,7 +76,9 @@ pub async fn shard(nodes: usize) -> Shard {
             tokio::spawn(agent.run()),
             tokio::spawn(sched.run()),
             tokio::spawn(tessera_controllers::replicaset::run(ctx.clone())),
-            tokio::spawn(tessera_controllers::deployment::run(ctx)),
+            tokio::spawn(tessera_controllers::deployment::run(ctx.clone())),
+            tokio::spawn(tessera_controllers::gc::run(ctx.clone())),
+            tokio::spawn(tessera_controllers::namespace::run(ctx)),
         ],
         client,
         _dir: dir,
@@ -84,8 +86,12 @@ pub async fn shard(nodes: usize) -> Shard {
 }
 
 pub async fn list(c: &Arc<dyn Client>, group: &str, plural: &str) -> Vec<Value> {
+    list_in(c, group, plural, "default").await
+}
+
+pub async fn list_in(c: &Arc<dyn Client>, group: &str, plural: &str, ns: &str) -> Vec<Value> {
     let mut req = ApiRequest::new(Verb::List, res(group, plural));
-    req.namespace = Some("default".into());
+    req.namespace = Some(ns.into());
     c.list(req).await.expect("list")["items"]
         .as_array()
         .cloned()
