@@ -3,8 +3,10 @@
 
 pub mod context;
 pub mod deployment;
+pub mod endpoints;
 pub mod gc;
 pub mod namespace;
+pub mod nodelifecycle;
 pub mod pods;
 pub mod replicaset;
 

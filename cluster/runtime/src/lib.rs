@@ -11,6 +11,7 @@ pub mod leader;
 pub mod metrics;
 pub mod queue;
 pub mod selector;
+pub mod taints;
 
 pub use controller::{Action, ReconcileError, Reconciler};
 pub use informer::{Cache, Change, Informer, Scope};

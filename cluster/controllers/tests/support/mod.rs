@@ -19,6 +19,7 @@ use tessera_scheduler::{Scheduler, SchedulerOptions};
 use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 
 pub struct Shard {
+    pub agent: Arc<SimAgent>,
     pub client: Arc<dyn Client>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -55,6 +56,7 @@ pub async fn shard(nodes: usize) -> Shard {
             nodes,
             cpu: "2".into(),
             startup_delay: Duration::from_millis(50),
+            renew_interval: Duration::from_secs(1),
             ..SimConfig::default()
         },
         None,
@@ -73,14 +75,23 @@ pub async fn shard(nodes: usize) -> Shard {
     let ctx = Context::new(client.clone());
     Shard {
         tasks: vec![
-            tokio::spawn(agent.run()),
+            tokio::spawn(agent.clone().run()),
             tokio::spawn(sched.run()),
             tokio::spawn(tessera_controllers::replicaset::run(ctx.clone())),
             tokio::spawn(tessera_controllers::deployment::run(ctx.clone())),
             tokio::spawn(tessera_controllers::gc::run(ctx.clone())),
-            tokio::spawn(tessera_controllers::namespace::run(ctx)),
+            tokio::spawn(tessera_controllers::namespace::run(ctx.clone())),
+            tokio::spawn(tessera_controllers::endpoints::run(ctx.clone())),
+            tokio::spawn(tessera_controllers::nodelifecycle::run(
+                ctx,
+                tessera_controllers::nodelifecycle::NodeLifecycleConfig {
+                    grace: Duration::from_secs(2),
+                    period: Duration::from_millis(200),
+                },
+            )),
         ],
         client,
+        agent,
         _dir: dir,
     }
 }

@@ -12,31 +12,7 @@ use crate::resources::{NodeInfo, PodInfo};
 /// Registered name.
 pub const NAME: &str = "TaintToleration";
 
-/// True if `toleration` tolerates `taint` (Kubernetes' rules: an empty effect matches every
-/// effect; an empty key with `Exists` matches every taint; `Equal` compares values).
-pub fn toleration_matches(t: &Toleration, taint: &Taint) -> bool {
-    if let Some(effect) = t.effect.as_deref().filter(|e| !e.is_empty())
-        && effect != taint.effect
-    {
-        return false;
-    }
-    let key = t.key.as_deref().unwrap_or("");
-    if !key.is_empty() && key != taint.key {
-        return false;
-    }
-    match t.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => true,
-        _ => {
-            key == taint.key
-                && t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
-        }
-    }
-}
-
-/// True if some toleration tolerates `taint`.
-pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
-    tolerations.iter().any(|t| toleration_matches(t, taint))
-}
+pub use tessera_runtime::taints::{tolerates, toleration_matches};
 
 fn taints(node: &NodeInfo) -> &[Taint] {
     node.node

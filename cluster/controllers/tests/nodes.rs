@@ -1,0 +1,168 @@
+//! Node lifecycle and Endpoints in a working shard: a failed node goes NotReady and tainted,
+//! its pods are evicted and replaced elsewhere; a Service's Endpoints list its ready pods.
+
+mod support;
+
+use std::collections::HashSet;
+
+use serde_json::json;
+use support::{list, shard, wait_until};
+use tessera_controllers::context::res;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_leave_a_failed_node_and_are_replaced_elsewhere() {
+    let s = shard(3).await;
+    let c = &s.client;
+    c.create(
+        res("apps", "replicasets"),
+        Some("default"),
+        &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "c", "image": "x"}]}}}}),
+    )
+    .await
+    .expect("rs");
+    let running_on = |pods: &[serde_json::Value], node: &str| {
+        pods.iter()
+            .filter(|p| {
+                p["spec"]["nodeName"] == node && p["metadata"]["deletionTimestamp"].is_null()
+            })
+            .count()
+    };
+    wait_until("6 running", || async {
+        list(c, "", "pods")
+            .await
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count()
+            == 6
+    })
+    .await;
+    let pods = list(c, "", "pods").await;
+    let victim = ["sim-node-0", "sim-node-1", "sim-node-2"]
+        .into_iter()
+        .max_by_key(|n| running_on(&pods, n))
+        .expect("a node");
+    assert!(running_on(&pods, victim) > 0);
+    assert!(s.agent.fail_node(victim));
+    wait_until("node NotReady and tainted", || async {
+        let n = c.get(res("", "nodes"), None, victim).await.expect("node");
+        let unknown = n["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "Unknown")
+        });
+        let tainted = n["spec"]["taints"]
+            .to_string()
+            .contains("node.kubernetes.io/unreachable");
+        unknown && tainted
+    })
+    .await;
+    wait_until("replaced on healthy nodes", || async {
+        let pods = list(c, "", "pods").await;
+        let healthy: Vec<_> = pods
+            .iter()
+            .filter(|p| {
+                p["metadata"]["deletionTimestamp"].is_null()
+                    && p["status"]["phase"] == "Running"
+                    && p["spec"]["nodeName"] != victim
+            })
+            .collect();
+        healthy.len() == 6
+    })
+    .await;
+    // Nothing new went to the dead node.
+    let pods = list(c, "", "pods").await;
+    assert_eq!(
+        running_on(&pods, victim),
+        0,
+        "evicted pods are terminating, none new placed there"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_list_ready_pods() {
+    let s = shard(2).await;
+    let c = &s.client;
+    c.create(
+        res("", "services"),
+        Some("default"),
+        &json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+    )
+    .await
+    .expect("svc");
+    c.create(
+        res("apps", "replicasets"),
+        Some("default"),
+        &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "ports": [{"name": "http", "containerPort": 8080}]}]}}}}),
+    )
+    .await
+    .expect("rs");
+    wait_until("3 ready endpoints", || async {
+        c.get(res("", "endpoints"), Some("default"), "web")
+            .await
+            .is_ok_and(|e| {
+                e["subsets"][0]["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.len() == 3)
+            })
+    })
+    .await;
+    let e = c
+        .get(res("", "endpoints"), Some("default"), "web")
+        .await
+        .expect("eps");
+    assert_eq!(
+        e["subsets"][0]["ports"][0]["port"], 8080,
+        "named target port resolved"
+    );
+    let ips: HashSet<String> = list(c, "", "pods")
+        .await
+        .iter()
+        .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+        .collect();
+    let listed: HashSet<String> = e["subsets"][0]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["ip"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ips, listed);
+    // Scale to 1: the Endpoints follow.
+    c.patch(
+        res("apps", "replicasets"),
+        Some("default"),
+        "web",
+        None,
+        tessera_apiserver::request::PatchType::Merge,
+        &json!({"spec": {"replicas": 1}}),
+    )
+    .await
+    .expect("scale");
+    wait_until("1 endpoint", || async {
+        c.get(res("", "endpoints"), Some("default"), "web")
+            .await
+            .is_ok_and(|e| {
+                e["subsets"][0]["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.len() == 1)
+            })
+    })
+    .await;
+    // The Service goes: so do its Endpoints.
+    c.delete(res("", "services"), Some("default"), "web", None)
+        .await
+        .expect("delete");
+    wait_until("endpoints gone", || async {
+        c.get(res("", "endpoints"), Some("default"), "web")
+            .await
+            .is_err()
+    })
+    .await;
+}
