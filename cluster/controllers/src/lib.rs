@@ -2,9 +2,12 @@
 //! watches and work queue, so a slow controller never stalls another.
 
 pub mod context;
+pub mod cron;
+pub mod cronjob;
 pub mod deployment;
 pub mod endpoints;
 pub mod gc;
+pub mod job;
 pub mod namespace;
 pub mod nodelifecycle;
 pub mod pods;
@@ -14,5 +17,19 @@ pub use context::Context;
 
 /// Every controller, each with its own watches, queue and workers, until dropped.
 pub async fn run_all(ctx: Context) {
-    tokio::join!(replicaset::run(ctx.clone()), deployment::run(ctx.clone()),);
+    run_all_with(ctx, nodelifecycle::NodeLifecycleConfig::default()).await;
+}
+
+/// [`run_all`] with the node lifecycle controller's timings.
+pub async fn run_all_with(ctx: Context, nodes: nodelifecycle::NodeLifecycleConfig) {
+    tokio::join!(
+        replicaset::run(ctx.clone()),
+        deployment::run(ctx.clone()),
+        endpoints::run(ctx.clone()),
+        gc::run(ctx.clone()),
+        job::run(ctx.clone()),
+        cronjob::run(ctx.clone()),
+        namespace::run(ctx.clone()),
+        nodelifecycle::run(ctx.clone(), nodes),
+    );
 }

@@ -77,12 +77,7 @@ pub async fn shard(nodes: usize) -> Shard {
         tasks: vec![
             tokio::spawn(agent.clone().run()),
             tokio::spawn(sched.run()),
-            tokio::spawn(tessera_controllers::replicaset::run(ctx.clone())),
-            tokio::spawn(tessera_controllers::deployment::run(ctx.clone())),
-            tokio::spawn(tessera_controllers::gc::run(ctx.clone())),
-            tokio::spawn(tessera_controllers::namespace::run(ctx.clone())),
-            tokio::spawn(tessera_controllers::endpoints::run(ctx.clone())),
-            tokio::spawn(tessera_controllers::nodelifecycle::run(
+            tokio::spawn(tessera_controllers::run_all_with(
                 ctx,
                 tessera_controllers::nodelifecycle::NodeLifecycleConfig {
                     grace: Duration::from_secs(2),
