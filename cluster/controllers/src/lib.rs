@@ -4,6 +4,7 @@
 pub mod context;
 pub mod cron;
 pub mod cronjob;
+pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
 pub mod gc;
@@ -12,6 +13,7 @@ pub mod namespace;
 pub mod nodelifecycle;
 pub mod pods;
 pub mod replicaset;
+pub mod statefulset;
 
 pub use context::Context;
 
@@ -25,6 +27,8 @@ pub async fn run_all_with(ctx: Context, nodes: nodelifecycle::NodeLifecycleConfi
     tokio::join!(
         replicaset::run(ctx.clone()),
         deployment::run(ctx.clone()),
+        daemonset::run(ctx.clone()),
+        statefulset::run(ctx.clone()),
         endpoints::run(ctx.clone()),
         gc::run(ctx.clone()),
         job::run(ctx.clone()),

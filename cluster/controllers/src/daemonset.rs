@@ -1,0 +1,384 @@
+//! The DaemonSet controller: one pod on every eligible node (the template's nodeSelector
+//! and required node affinity admit it, and the pod tolerates its NoSchedule/NoExecute
+//! taints), following nodes as they join and leave; template changes roll out node by node
+//! within `maxUnavailable` (or wait for deletions with `OnDelete`).
+//!
+//! Each pod is pinned with required node affinity on `metadata.name` and placed by the
+//! scheduler, as Kubernetes does.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec, Taint};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::{Value, json};
+use tessera_apiserver::api::now_secs;
+use tessera_apiserver::request::PatchType;
+use tessera_runtime::EventClass;
+use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::expectations::Expectations;
+use tessera_runtime::informer::{Cache, Change, controller_of, key_of};
+use tessera_runtime::taints::tolerates;
+
+use crate::context::{Context, Tasks, res};
+use crate::deployment::template_hash;
+use crate::pods;
+
+/// The controller's name.
+pub const NAME: &str = "daemonset-controller";
+/// The label carrying a pod's template revision.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+struct DaemonSets {
+    ctx: Context,
+    sets: Arc<Cache<DaemonSet>>,
+    nodes: Arc<Cache<Node>>,
+    pods: Arc<Cache<Pod>>,
+    expectations: Arc<Expectations>,
+    recorder: Recorder,
+}
+
+/// Runs the controller until dropped.
+pub async fn run(ctx: Context) {
+    let sets = ctx.informer::<DaemonSet>(res("apps", "daemonsets"));
+    let nodes = ctx.informer::<Node>(res("", "nodes"));
+    let pod_inf = ctx.informer::<Pod>(res("", "pods"));
+    let queue = ctx.queue(NAME);
+    let expectations = Arc::new(Expectations::new());
+    {
+        let q = queue.clone();
+        sets.on_change(move |c| q.add(key_of(&c.object().metadata), EventClass::Update));
+    }
+    {
+        // A node joining, leaving or changing may change every set's placement.
+        let q = queue.clone();
+        let set_cache = sets.cache().clone();
+        nodes.on_change(move |c| {
+            let class = match c {
+                Change::Added(_) => EventClass::Add,
+                Change::Updated { .. } => EventClass::Update,
+                Change::Deleted(_) => EventClass::Delete,
+            };
+            for ds in set_cache.list() {
+                q.add(key_of(&ds.metadata), class);
+            }
+        });
+    }
+    {
+        let q = queue.clone();
+        let exp = expectations.clone();
+        pod_inf.on_change(move |c| {
+            let p = c.object();
+            if let Some(o) = controller_of(&p.metadata).filter(|o| o.kind == "DaemonSet") {
+                let key = format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or(""),
+                    o.name
+                );
+                match c {
+                    Change::Added(_) => exp.observed_add(&key),
+                    Change::Deleted(_) => exp.observed_delete(&key),
+                    _ => {}
+                }
+                q.add(key, EventClass::Update);
+            }
+        });
+    }
+    let r = Arc::new(DaemonSets {
+        recorder: ctx.recorder(NAME),
+        sets: sets.cache().clone(),
+        nodes: nodes.cache().clone(),
+        pods: pod_inf.cache().clone(),
+        expectations,
+        ctx: ctx.clone(),
+    });
+    let _tasks = Tasks(vec![
+        tokio::spawn(sets.clone().run()),
+        tokio::spawn(nodes.clone().run()),
+        tokio::spawn(pod_inf.clone().run()),
+    ]);
+    sets.synced().await;
+    nodes.synced().await;
+    pod_inf.synced().await;
+    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+}
+
+/// The tolerations Kubernetes gives every daemon pod, so it runs on nodes being drained,
+/// unready or under pressure.
+fn daemon_tolerations() -> Vec<Value> {
+    let mut t = vec![
+        json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}),
+        json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}),
+    ];
+    for k in [
+        "disk-pressure",
+        "memory-pressure",
+        "pid-pressure",
+        "unschedulable",
+    ] {
+        t.push(json!({"key": format!("node.kubernetes.io/{k}"), "operator": "Exists", "effect": "NoSchedule"}));
+    }
+    t
+}
+
+/// Whether a daemon pod of `template` belongs on `node`.
+pub fn eligible(template: &PodTemplateSpec, node: &Node) -> bool {
+    let spec = template.spec.clone().unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    if let Some(sel) = &spec.node_selector
+        && !sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+    {
+        return false;
+    }
+    let mut tolerations = spec.tolerations.clone().unwrap_or_default();
+    tolerations.extend(
+        daemon_tolerations()
+            .into_iter()
+            .filter_map(|t| serde_json::from_value(t).ok()),
+    );
+    let taints: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .all(|t| tolerates(&tolerations, t))
+}
+
+#[async_trait]
+impl Reconciler for DaemonSets {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
+        let Some(ds) = self.sets.get(key) else {
+            self.expectations.forget(key);
+            return Ok(Action::Done);
+        };
+        if ds.metadata.deletion_timestamp.is_some() {
+            return Ok(Action::Done);
+        }
+        let ns = ds.metadata.namespace.clone().unwrap_or_default();
+        let name = ds.metadata.name.clone().unwrap_or_default();
+        let uid = ds.metadata.uid.clone().unwrap_or_default();
+        let spec = ds.spec.clone().unwrap_or_default();
+        let template = spec.template.clone();
+        let revision = template_hash(&serde_json::to_value(&template).unwrap_or(Value::Null), 0);
+        let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
+        let now = now_secs();
+        // Pods by node.
+        let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
+        for p in self.pods.owned_by(&uid) {
+            if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) || !pods::is_active(&p) {
+                continue;
+            }
+            let node = pod_node(&p);
+            by_node.entry(node).or_default().push(p);
+        }
+        let nodes = self.nodes.list();
+        let mut create_on = Vec::new();
+        let mut delete = Vec::new();
+        let (mut desired, mut scheduled, mut ready, mut available, mut updated, mut misscheduled) =
+            (0, 0, 0, 0, 0, 0);
+        let mut outdated = Vec::new();
+        for n in &nodes {
+            let node = n.metadata.name.clone().unwrap_or_default();
+            let should = eligible(&template, n);
+            let here = by_node.remove(&node).unwrap_or_default();
+            if should {
+                desired += 1;
+                if here.is_empty() {
+                    create_on.push(node.clone());
+                } else {
+                    scheduled += 1;
+                    // More than one: keep the oldest.
+                    let mut here = here;
+                    here.sort_by_key(|p| {
+                        p.metadata
+                            .creation_timestamp
+                            .as_ref()
+                            .map(|t| t.0.as_second())
+                    });
+                    let keep = here.remove(0);
+                    delete.extend(here);
+                    ready += i32::from(pods::is_ready(&keep));
+                    available += i32::from(pods::is_available(&keep, min_ready, now));
+                    let current = keep
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(REVISION_LABEL))
+                        .is_some_and(|r| *r == revision);
+                    if current {
+                        updated += 1;
+                    } else {
+                        outdated.push(keep);
+                    }
+                }
+            } else if !here.is_empty() {
+                misscheduled += 1;
+                delete.extend(here);
+            }
+        }
+        // Pods whose node is gone.
+        for (_, rest) in by_node {
+            delete.extend(rest);
+        }
+        let r = ObjectRef::new("apps/v1", "DaemonSet", &ds.metadata);
+        if self.expectations.satisfied(key) {
+            // Rolling update: replace outdated pods while enough stay available.
+            let strategy = spec.update_strategy.clone().unwrap_or_default();
+            if strategy.type_.as_deref().unwrap_or("RollingUpdate") == "RollingUpdate" {
+                let max_unavailable = match strategy
+                    .rolling_update
+                    .as_ref()
+                    .and_then(|r| r.max_unavailable.clone())
+                {
+                    Some(IntOrString::Int(i)) => i.max(0),
+                    Some(IntOrString::String(p)) => {
+                        let pct: i32 = p.trim_end_matches('%').parse().unwrap_or(0);
+                        (desired * pct / 100).max(1)
+                    }
+                    None => 1,
+                };
+                let unavailable = desired - available;
+                let budget = (max_unavailable - unavailable).max(0) as usize;
+                // Not-ready outdated pods go first: they cost nothing.
+                outdated.sort_by_key(|p| pods::is_ready(p));
+                let mut budget = budget;
+                for p in outdated {
+                    if !pods::is_ready(&p) || budget > 0 {
+                        if pods::is_ready(&p) {
+                            budget -= 1;
+                        }
+                        delete.push(p);
+                    }
+                }
+            }
+            if !delete.is_empty() {
+                self.expectations.expect(key, 0, delete.len() as i64);
+                for p in &delete {
+                    let gone = self
+                        .ctx
+                        .client
+                        .delete(
+                            res("", "pods"),
+                            Some(&ns),
+                            p.metadata.name.as_deref().unwrap_or(""),
+                            None,
+                        )
+                        .await;
+                    if gone.is_err() {
+                        self.expectations.observed_delete(key);
+                    }
+                }
+                self.recorder.event(
+                    &r,
+                    EventType::Normal,
+                    "SuccessfulDelete",
+                    &format!("Deleted {} pod(s)", delete.len()),
+                );
+            }
+            if !create_on.is_empty() {
+                let owner = pods::owner_ref("apps/v1", "DaemonSet", &name, &uid);
+                let labels = BTreeMap::from([(REVISION_LABEL.to_owned(), revision.clone())]);
+                let new: Vec<Value> = create_on
+                    .iter()
+                    .map(|node| {
+                        let mut p = pods::from_template(&template, &owner, &format!("{name}-"), None, &labels);
+                        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] =
+                            json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]});
+                        let mut tol = p["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
+                        tol.extend(daemon_tolerations());
+                        p["spec"]["tolerations"] = json!(tol);
+                        p
+                    })
+                    .collect();
+                let (created, err) =
+                    pods::create_slow_start(&self.ctx.client, &ns, new, &self.expectations, key)
+                        .await;
+                if created > 0 {
+                    self.recorder.event(
+                        &r,
+                        EventType::Normal,
+                        "SuccessfulCreate",
+                        &format!("Created {created} pod(s)"),
+                    );
+                }
+                if let Some(e) = err {
+                    return Err(e.into());
+                }
+            }
+        }
+        let status = json!({"status": {
+            "desiredNumberScheduled": desired, "currentNumberScheduled": scheduled,
+            "numberReady": ready, "numberAvailable": available,
+            "numberUnavailable": (desired - available).max(0),
+            "updatedNumberScheduled": updated, "numberMisscheduled": misscheduled,
+            "observedGeneration": ds.metadata.generation.unwrap_or(0)}});
+        let old = serde_json::to_value(&ds.status).unwrap_or(Value::Null);
+        let changed = [
+            "desiredNumberScheduled",
+            "currentNumberScheduled",
+            "numberReady",
+            "numberAvailable",
+            "updatedNumberScheduled",
+            "numberMisscheduled",
+            "observedGeneration",
+        ]
+        .iter()
+        .any(|k| old[*k].as_i64().unwrap_or(0) != status["status"][*k].as_i64().unwrap_or(0));
+        if changed {
+            match self
+                .ctx
+                .client
+                .patch(
+                    res("apps", "daemonsets"),
+                    Some(&ns),
+                    &name,
+                    Some("status"),
+                    PatchType::Merge,
+                    &status,
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Action::Done)
+    }
+}
+
+/// The node a daemon pod is for: where it runs, or where its affinity pins it.
+fn pod_node(p: &Pod) -> String {
+    if let Some(n) = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .filter(|n| !n.is_empty())
+    {
+        return n;
+    }
+    p.spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .and_then(|r| r.node_selector_terms.first())
+        .and_then(|t| t.match_fields.as_ref())
+        .and_then(|f| f.first())
+        .and_then(|f| f.values.as_ref())
+        .and_then(|v| v.first().cloned())
+        .unwrap_or_default()
+}

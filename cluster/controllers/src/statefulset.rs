@@ -1,0 +1,294 @@
+//! The StatefulSet controller: pods with stable names `{set}-{ordinal}`; with `OrderedReady`
+//! each ordinal is created only once every lower one is Running and Ready, and scaling down
+//! removes the highest ordinal first, one at a time; `Parallel` does both at once. Template
+//! changes roll from the highest ordinal down (above `partition`), one pod at a time.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use tessera_apiserver::request::PatchType;
+use tessera_runtime::EventClass;
+use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::informer::{Cache, controller_of, key_of};
+
+use crate::context::{Context, Tasks, res};
+use crate::deployment::template_hash;
+use crate::pods;
+
+/// The controller's name.
+pub const NAME: &str = "statefulset-controller";
+/// The label carrying a pod's template revision.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+struct Sets {
+    ctx: Context,
+    sets: Arc<Cache<StatefulSet>>,
+    pods: Arc<Cache<Pod>>,
+    recorder: Recorder,
+}
+
+/// Runs the controller until dropped.
+pub async fn run(ctx: Context) {
+    let sets = ctx.informer::<StatefulSet>(res("apps", "statefulsets"));
+    let pod_inf = ctx.informer::<Pod>(res("", "pods"));
+    let queue = ctx.queue(NAME);
+    {
+        let q = queue.clone();
+        sets.on_change(move |c| q.add(key_of(&c.object().metadata), EventClass::Update));
+    }
+    {
+        let q = queue.clone();
+        pod_inf.on_change(move |c| {
+            let p = c.object();
+            if let Some(o) = controller_of(&p.metadata).filter(|o| o.kind == "StatefulSet") {
+                q.add(
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.as_deref().unwrap_or(""),
+                        o.name
+                    ),
+                    EventClass::Update,
+                );
+            }
+        });
+    }
+    let r = Arc::new(Sets {
+        recorder: ctx.recorder(NAME),
+        sets: sets.cache().clone(),
+        pods: pod_inf.cache().clone(),
+        ctx: ctx.clone(),
+    });
+    let _tasks = Tasks(vec![
+        tokio::spawn(sets.clone().run()),
+        tokio::spawn(pod_inf.clone().run()),
+    ]);
+    sets.synced().await;
+    pod_inf.synced().await;
+    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+}
+
+fn ordinal(set: &str, pod: &str) -> Option<usize> {
+    pod.strip_prefix(set)?.strip_prefix('-')?.parse().ok()
+}
+
+fn running_ready(p: &Pod) -> bool {
+    pods::phase(p) == "Running" && pods::is_ready(p) && p.metadata.deletion_timestamp.is_none()
+}
+
+#[async_trait]
+impl Reconciler for Sets {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
+        let Some(set) = self.sets.get(key) else {
+            return Ok(Action::Done);
+        };
+        if set.metadata.deletion_timestamp.is_some() {
+            return Ok(Action::Done);
+        }
+        let ns = set.metadata.namespace.clone().unwrap_or_default();
+        let name = set.metadata.name.clone().unwrap_or_default();
+        let uid = set.metadata.uid.clone().unwrap_or_default();
+        let spec = set.spec.clone().unwrap_or_default();
+        let replicas = spec.replicas.unwrap_or(1).max(0) as usize;
+        let parallel = spec.pod_management_policy.as_deref() == Some("Parallel");
+        let revision = template_hash(
+            &serde_json::to_value(&spec.template).unwrap_or(Value::Null),
+            0,
+        );
+        let mut by_ordinal: BTreeMap<usize, Arc<Pod>> = BTreeMap::new();
+        for p in self.pods.owned_by(&uid) {
+            if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) {
+                continue;
+            }
+            if let Some(i) = ordinal(&name, p.metadata.name.as_deref().unwrap_or("")) {
+                by_ordinal.insert(i, p);
+            }
+        }
+        let r = ObjectRef::new("apps/v1", "StatefulSet", &set.metadata);
+        let rev_of = |p: &Pod| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(REVISION_LABEL).cloned())
+                .unwrap_or_default()
+        };
+        // Failed or finished pods are replaced under the same name.
+        for (i, p) in &by_ordinal {
+            if pods::is_terminal(p) && p.metadata.deletion_timestamp.is_none() && *i < replicas {
+                self.delete(&ns, p).await?;
+                return Ok(Action::Done);
+            }
+        }
+        // Create missing ordinals below `replicas`.
+        for i in 0..replicas {
+            if by_ordinal.contains_key(&i) {
+                if !parallel && !by_ordinal.get(&i).is_some_and(|p| running_ready(p)) {
+                    // OrderedReady: wait for this one before the next.
+                    break;
+                }
+                continue;
+            }
+            self.create(&set, i, &revision).await?;
+            self.recorder.event(
+                &r,
+                EventType::Normal,
+                "SuccessfulCreate",
+                &format!("create Pod {name}-{i} in StatefulSet {name} successful"),
+            );
+            if !parallel {
+                break;
+            }
+        }
+        // Scale down: highest ordinals first (one at a time unless Parallel).
+        let extra: Vec<(usize, Arc<Pod>)> = by_ordinal
+            .iter()
+            .rev()
+            .filter(|(i, _)| **i >= replicas)
+            .map(|(i, p)| (*i, p.clone()))
+            .collect();
+        for (i, p) in &extra {
+            if p.metadata.deletion_timestamp.is_some() {
+                if !parallel {
+                    break;
+                }
+                continue;
+            }
+            // OrderedReady scales down only while the rest is healthy.
+            if !parallel && by_ordinal.range(..*i).any(|(_, q)| !running_ready(q)) {
+                break;
+            }
+            self.delete(&ns, p).await?;
+            self.recorder.event(
+                &r,
+                EventType::Normal,
+                "SuccessfulDelete",
+                &format!("delete Pod {name}-{i} in StatefulSet {name} successful"),
+            );
+            if !parallel {
+                break;
+            }
+        }
+        // Rolling update, from the top down to the partition, one pod at a time.
+        let strategy = spec.update_strategy.clone().unwrap_or_default();
+        if extra.is_empty()
+            && strategy.type_.as_deref().unwrap_or("RollingUpdate") == "RollingUpdate"
+        {
+            let partition = strategy
+                .rolling_update
+                .as_ref()
+                .and_then(|r| r.partition)
+                .unwrap_or(0)
+                .max(0) as usize;
+            let all_ready =
+                (0..replicas).all(|i| by_ordinal.get(&i).is_some_and(|p| running_ready(p)));
+            if all_ready
+                && let Some((_, p)) = by_ordinal
+                    .iter()
+                    .rev()
+                    .filter(|(i, _)| **i >= partition && **i < replicas)
+                    .find(|(_, p)| rev_of(p) != revision)
+            {
+                self.delete(&ns, p).await?;
+            }
+        }
+        // Status.
+        let live: Vec<&Arc<Pod>> = by_ordinal.values().filter(|p| pods::is_active(p)).collect();
+        let ready = live.iter().filter(|p| pods::is_ready(p)).count();
+        let updated = live.iter().filter(|p| rev_of(p) == revision).count();
+        let status = json!({"status": {
+            "replicas": live.len(), "readyReplicas": ready, "availableReplicas": ready,
+            "currentReplicas": updated, "updatedReplicas": updated,
+            "currentRevision": format!("{name}-{revision}"), "updateRevision": format!("{name}-{revision}"),
+            "observedGeneration": set.metadata.generation.unwrap_or(0)}});
+        let old = serde_json::to_value(&set.status).unwrap_or(Value::Null);
+        let changed = [
+            "replicas",
+            "readyReplicas",
+            "updatedReplicas",
+            "observedGeneration",
+        ]
+        .iter()
+        .any(|k| old[*k].as_i64().unwrap_or(0) != status["status"][*k].as_i64().unwrap_or(0))
+            || old["updateRevision"] != status["status"]["updateRevision"];
+        if changed {
+            match self
+                .ctx
+                .client
+                .patch(
+                    res("apps", "statefulsets"),
+                    Some(&ns),
+                    &name,
+                    Some("status"),
+                    PatchType::Merge,
+                    &status,
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Action::Done)
+    }
+}
+
+impl Sets {
+    async fn create(
+        &self,
+        set: &StatefulSet,
+        i: usize,
+        revision: &str,
+    ) -> Result<(), ReconcileError> {
+        let ns = set.metadata.namespace.clone().unwrap_or_default();
+        let name = set.metadata.name.clone().unwrap_or_default();
+        let uid = set.metadata.uid.clone().unwrap_or_default();
+        let spec = set.spec.clone().unwrap_or_default();
+        let pod_name = format!("{name}-{i}");
+        let labels = BTreeMap::from([
+            (REVISION_LABEL.to_owned(), revision.to_owned()),
+            (
+                "statefulset.kubernetes.io/pod-name".to_owned(),
+                pod_name.clone(),
+            ),
+            ("apps.kubernetes.io/pod-index".to_owned(), i.to_string()),
+        ]);
+        let owner = pods::owner_ref("apps/v1", "StatefulSet", &name, &uid);
+        let mut p = pods::from_template(&spec.template, &owner, "", Some(&pod_name), &labels);
+        if let Some(svc) = spec.service_name.as_ref().filter(|s| !s.is_empty()) {
+            p["spec"]["hostname"] = json!(pod_name);
+            p["spec"]["subdomain"] = json!(svc);
+        }
+        match self.ctx.client.create(res("", "pods"), Some(&ns), &p).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn delete(&self, ns: &str, p: &Pod) -> Result<(), ReconcileError> {
+        match self
+            .ctx
+            .client
+            .delete(
+                res("", "pods"),
+                Some(ns),
+                p.metadata.name.as_deref().unwrap_or(""),
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
