@@ -125,6 +125,23 @@ pub struct ControllerManagerArgs {
     /// Workers per controller.
     #[arg(long, default_value_t = 4)]
     workers: usize,
+    /// Seconds without a Lease renewal before a node is unreachable and its pods evicted.
+    #[arg(long, default_value_t = 40.0)]
+    node_monitor_grace_period: f64,
+}
+
+/// The node lifecycle timings for a grace period in seconds.
+pub fn node_lifecycle(
+    grace: f64,
+) -> anyhow::Result<tessera_controllers::nodelifecycle::NodeLifecycleConfig> {
+    if !(grace.is_finite() && grace > 0.0) {
+        anyhow::bail!("--node-monitor-grace-period must be a positive number of seconds");
+    }
+    let grace = Duration::from_secs_f64(grace);
+    Ok(tessera_controllers::nodelifecycle::NodeLifecycleConfig {
+        grace,
+        period: (grace / 8).clamp(Duration::from_millis(100), Duration::from_secs(5)),
+    })
 }
 
 /// Metrics of the controllers.
@@ -147,12 +164,13 @@ pub async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<(
     let client = connect(&args.remote, &registry).await?;
     let ctx = controller_context(client.clone(), &registry, args.workers)?;
     let metrics = ctx.runtime_metrics.clone().expect("registered above");
+    let nodes = node_lifecycle(args.node_monitor_grace_period)?;
     elected(
         client,
         &args.election,
         "tessera-controller-manager",
         metrics,
-        tessera_controllers::run_all(ctx),
+        tessera_controllers::run_all_with(ctx, nodes),
     )
     .await
 }
@@ -231,6 +249,9 @@ pub struct SimArgs {
     /// Milliseconds from binding to Running on a simulated node.
     #[arg(long, default_value_t = 500)]
     pub startup_delay_ms: u64,
+    /// Seconds between renewals of each simulated node's Lease.
+    #[arg(long, default_value_t = 10)]
+    pub node_lease_renew_seconds: u64,
 }
 
 impl SimArgs {
@@ -243,6 +264,7 @@ impl SimArgs {
             memory: self.node_memory.clone(),
             pods: self.node_pods,
             startup_delay: Duration::from_millis(self.startup_delay_ms),
+            renew_interval: Duration::from_secs(self.node_lease_renew_seconds.max(1)),
             ..SimConfig::default()
         }
     }

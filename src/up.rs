@@ -56,6 +56,9 @@ pub struct WorkerArgs {
     /// The scheduler's configuration file (profiles and plugins).
     #[arg(long)]
     pub scheduler_config: Option<PathBuf>,
+    /// Seconds without a Lease renewal before a node is unreachable and its pods evicted.
+    #[arg(long, default_value_t = 40.0)]
+    pub node_monitor_grace_period: f64,
     #[command(flatten)]
     pub sim: crate::components::SimArgs,
 }
@@ -197,7 +200,8 @@ pub async fn start_workers(
             runtime_metrics: Some(runtime.clone()),
             workers: 4,
         };
-        tasks.push(tokio::spawn(tessera_controllers::run_all(ctx)));
+        let nodes = crate::components::node_lifecycle(workers.node_monitor_grace_period)?;
+        tasks.push(tokio::spawn(tessera_controllers::run_all_with(ctx, nodes)));
     }
     if workers.nodes_per_shard > 0 {
         let agent = tessera_agent::sim::SimAgent::new(
