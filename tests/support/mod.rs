@@ -38,7 +38,9 @@ pub fn up_command(metrics: &str, grpc: &str, dir: &Path) -> Command {
 
 /// A `tessera up` on loopback with its kubeconfig, for kubectl.
 pub struct Cluster {
-    _child: Running,
+    child: Running,
+    command: String,
+    extra: Vec<String>,
     /// The data directory (and scratch space).
     pub dir: tempfile::TempDir,
     /// The kubeconfig tessera wrote.
@@ -57,10 +59,23 @@ impl Cluster {
     pub fn start_with(command: &str, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let metrics_addr = free_addr();
+        let child = Self::spawn(command, extra, dir.path(), &metrics_addr);
+        let kubeconfig = dir.path().join("kubeconfig");
+        Cluster {
+            child,
+            command: command.to_owned(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            dir,
+            kubeconfig,
+            metrics_addr,
+        }
+    }
+
+    fn spawn(command: &str, extra: &[&str], dir: &Path, metrics_addr: &str) -> Running {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-        cmd.args([command, "--metrics-addr", &metrics_addr])
+        cmd.args([command, "--metrics-addr", metrics_addr])
             .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.path())
+            .arg(dir)
             .args(extra);
         if command == "up" {
             cmd.args(["--grpc-addr", "127.0.0.1:0"]);
@@ -80,13 +95,34 @@ impl Cluster {
                 .any(|l| l.starts_with("Press Ctrl-C")),
             "tessera up did not come up"
         );
-        let kubeconfig = dir.path().join("kubeconfig");
-        Cluster {
-            _child: child,
-            dir,
-            kubeconfig,
-            metrics_addr,
-        }
+        // Keep reading so the process never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+        child
+    }
+
+    /// Kills the process with SIGKILL (no shutdown of any kind) and starts it again on the
+    /// same data directory.
+    pub fn kill_and_restart(&mut self) {
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.child = Self::spawn(&self.command, &extra, self.dir.path(), &self.metrics_addr);
+    }
+
+    /// Starts another tessera process (`scheduler`, `controller-manager`, `agent`) against
+    /// this cluster; killed when dropped.
+    pub fn component(&self, args: &[&str]) -> Running {
+        Running(
+            Command::new(env!("CARGO_BIN_EXE_tessera"))
+                .args(args)
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["--metrics-addr", "127.0.0.1:0"])
+                .env("TESSERA_LOG", "warn")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("start a tessera component"),
+        )
     }
 
     /// kubectl with this cluster's kubeconfig and its own cache.

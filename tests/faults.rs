@@ -1,0 +1,282 @@
+//! Faults, each ending with the shard's invariants checked: no node over its allocatable,
+//! every ReplicaSet at its count (and no pod bound twice: the API binds a pod once, so a
+//! second binding would have failed). The processes are real and killed with SIGKILL.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Cluster, Running, wait_for};
+
+fn json(c: &Cluster, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&c.ok(&all)).expect("kubectl -o json prints JSON")
+}
+
+fn items(c: &Cluster, args: &[&str]) -> Vec<Value> {
+    json(c, args)["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn milli(q: &str) -> i64 {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or(0),
+        None => (q.parse::<f64>().unwrap_or(0.0) * 1000.0) as i64,
+    }
+}
+
+fn deployment(name: &str, replicas: usize, image: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      containers:\n      - {{name: c, image: {image}, resources: {{requests: {{cpu: 100m}}}}}}\n"
+    )
+}
+
+/// No node holds more cpu requests than it has; every ReplicaSet has exactly its count of
+/// live pods.
+fn check_invariants(c: &Cluster) {
+    let nodes = items(c, &["get", "nodes"]);
+    let alloc: HashMap<String, i64> = nodes
+        .iter()
+        .map(|n| {
+            (
+                n["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                milli(n["status"]["allocatable"]["cpu"].as_str().unwrap_or("0")),
+            )
+        })
+        .collect();
+    let pods = items(c, &["get", "pods", "-A"]);
+    let mut used: HashMap<String, i64> = HashMap::new();
+    for p in &pods {
+        let phase = p["status"]["phase"].as_str().unwrap_or("");
+        if phase == "Succeeded" || phase == "Failed" {
+            continue;
+        }
+        if let Some(n) = p["spec"]["nodeName"].as_str() {
+            let cpu: i64 = p["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| milli(c["resources"]["requests"]["cpu"].as_str().unwrap_or("0")))
+                .sum();
+            *used.entry(n.to_owned()).or_default() += cpu;
+        }
+    }
+    for (n, u) in &used {
+        assert!(
+            u <= alloc.get(n).unwrap_or(&0),
+            "node {n} holds {u}m cpu, more than {:?}",
+            alloc.get(n)
+        );
+    }
+    for rs in items(c, &["get", "replicasets", "-A"]) {
+        let uid = rs["metadata"]["uid"].as_str().unwrap_or("");
+        let live = pods
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter(|p| {
+                p["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["uid"] == uid))
+            })
+            .count();
+        assert_eq!(
+            rs["spec"]["replicas"].as_u64().unwrap_or(0) as usize,
+            live,
+            "ReplicaSet {} is not at its count",
+            rs["metadata"]["name"]
+        );
+    }
+}
+
+fn holder(c: &Cluster, lease: &str) -> Option<String> {
+    let out = c.kubectl(&[
+        "get",
+        "lease",
+        lease,
+        "-n",
+        "kube-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (out.status.success() && !s.is_empty()).then_some(s)
+}
+
+const ELECTION: [&str; 6] = [
+    "--lease-duration",
+    "3",
+    "--renew-deadline",
+    "2",
+    "--retry-period",
+    "0.5",
+];
+
+#[test]
+fn standbys_take_over_a_500_replica_rollout_after_kill_9() {
+    let c = Cluster::start_with(
+        "up",
+        &[
+            "--scheduler=false",
+            "--controllers=false",
+            "--nodes-per-shard=20",
+            "--startup-delay-ms=50",
+        ],
+    );
+    let start = |kind: &str, id: &str| -> Running {
+        let mut args = vec![kind, "--identity", id];
+        args.extend(ELECTION);
+        c.component(&args)
+    };
+    let mut procs: HashMap<String, Running> = HashMap::new();
+    for (kind, id) in [
+        ("scheduler", "sched-a"),
+        ("scheduler", "sched-b"),
+        ("controller-manager", "cm-a"),
+        ("controller-manager", "cm-b"),
+    ] {
+        procs.insert(id.to_owned(), start(kind, id));
+    }
+    let d = c.file("d.yaml", &deployment("big", 500, "app:1"));
+    c.ok(&["apply", "-f", &d]);
+    c.ok(&["rollout", "status", "deployment/big", "--timeout=240s"]);
+    c.ok(&["set", "image", "deployment/big", "c=app:2"]);
+    // Mid-rollout, kill both leaders.
+    let mid = wait_for(Duration::from_secs(120), || {
+        let d = json(&c, &["get", "deployment", "big"]);
+        (d["status"]["updatedReplicas"].as_u64().unwrap_or(0) >= 50).then_some(d)
+    })
+    .expect("the rollout started");
+    let updated = mid["status"]["updatedReplicas"].as_u64().unwrap_or(0);
+    eprintln!("killing the leaders with {updated} of 500 updated");
+    assert!(
+        updated < 500 || mid["status"]["replicas"].as_u64().unwrap_or(0) > 500,
+        "the leaders die mid-rollout"
+    );
+    for lease in ["tessera-scheduler", "tessera-controller-manager"] {
+        let leader = holder(&c, lease).expect("a leader");
+        let mut p = procs.remove(&leader).expect("the leader is one of ours");
+        p.0.kill().expect("kill -9");
+        let _ = p.0.wait();
+    }
+    c.ok(&["rollout", "status", "deployment/big", "--timeout=300s"]);
+    let d = json(&c, &["get", "deployment", "big"]);
+    assert_eq!(d["status"]["availableReplicas"], 500);
+    assert_eq!(d["status"]["updatedReplicas"], 500);
+    for lease in ["tessera-scheduler", "tessera-controller-manager"] {
+        let h = holder(&c, lease).expect("a leader");
+        assert!(
+            procs.contains_key(&h),
+            "{lease} is held by a standby that took over ({h})"
+        );
+    }
+    check_invariants(&c);
+}
+
+#[test]
+fn a_stopped_agent_s_pods_are_replaced_elsewhere() {
+    let c = Cluster::start_with(
+        "up",
+        &["--nodes-per-shard=0", "--node-monitor-grace-period=3"],
+    );
+    let agent = |prefix: &str| {
+        c.component(&[
+            "agent",
+            "--sim-nodes",
+            "2",
+            "--prefix",
+            prefix,
+            "--node-lease-renew-seconds",
+            "1",
+            "--startup-delay-ms",
+            "50",
+        ])
+    };
+    let mut a = agent("a");
+    let _b = agent("b");
+    assert!(
+        wait_for(Duration::from_secs(30), || (items(&c, &["get", "nodes"])
+            .len()
+            == 4)
+            .then_some(()))
+        .is_some()
+    );
+    let d = c.file("d.yaml", &deployment("svc", 8, "app:1"));
+    c.ok(&["apply", "-f", &d]);
+    c.ok(&["rollout", "status", "deployment/svc", "--timeout=60s"]);
+    let on_a = items(&c, &["get", "pods"])
+        .iter()
+        .filter(|p| {
+            p["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("a-"))
+        })
+        .count();
+    assert!(on_a > 0, "some pods run on agent a's nodes");
+    a.0.kill().expect("kill -9 the agent");
+    let _ = a.0.wait();
+    let notready = wait_for(Duration::from_secs(60), || {
+        let n = json(&c, &["get", "node", "a-0"]);
+        n["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "Unknown")
+            })
+            .then_some(())
+    });
+    assert!(notready.is_some(), "the node went NotReady");
+    let replaced = wait_for(Duration::from_secs(90), || {
+        let pods = items(&c, &["get", "pods"]);
+        let live_on_b = pods
+            .iter()
+            .filter(|p| {
+                p["metadata"]["deletionTimestamp"].is_null() && p["status"]["phase"] == "Running"
+            })
+            .filter(|p| {
+                p["spec"]["nodeName"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("b-"))
+            })
+            .count();
+        (live_on_b == 8).then_some(())
+    });
+    assert!(replaced.is_some(), "every pod runs on agent b's nodes");
+    let described = c.ok(&["describe", "node", "a-0"]);
+    assert!(
+        described.contains("node.kubernetes.io/unreachable"),
+        "{described}"
+    );
+    check_invariants(&c);
+}
+
+#[test]
+fn kill_9_of_the_whole_shard_resumes_without_duplicates() {
+    let mut c = Cluster::start_with("up", &["--nodes-per-shard=10", "--startup-delay-ms=50"]);
+    let d = c.file("d.yaml", &deployment("web", 300, "app:1"));
+    c.ok(&["apply", "-f", &d]);
+    // Kill it while pods are being created and bound.
+    let some = wait_for(Duration::from_secs(60), || {
+        (items(&c, &["get", "pods"]).len() >= 30).then_some(())
+    });
+    assert!(some.is_some(), "creation started");
+    c.kill_and_restart();
+    c.ok(&["rollout", "status", "deployment/web", "--timeout=180s"]);
+    let pods = items(&c, &["get", "pods"]);
+    let live: Vec<&Value> = pods
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    assert_eq!(live.len(), 300, "exactly the replicas, nothing duplicated");
+    assert!(live.iter().all(|p| p["status"]["phase"] == "Running"));
+    assert_eq!(
+        items(&c, &["get", "replicasets"]).len(),
+        1,
+        "one ReplicaSet, not a second from a replayed create"
+    );
+    check_invariants(&c);
+}
