@@ -248,6 +248,10 @@ pub struct NodeInfo {
     pub non_zero_requested: (i64, i64),
     /// Host ports its pods bind.
     pub used_ports: Vec<HostPort>,
+    /// `spec.unschedulable` (cordoned), copied out of the Node so filters read flat data.
+    pub unschedulable: bool,
+    /// `spec.taints`, copied out of the Node (empty for most nodes: no allocation).
+    pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
 }
 
 impl NodeInfo {
@@ -260,6 +264,8 @@ impl NodeInfo {
             requested: Resources::default(),
             non_zero_requested: (0, 0),
             used_ports: Vec::new(),
+            unschedulable: false,
+            taints: Vec::new(),
         }
     }
 
@@ -270,6 +276,9 @@ impl NodeInfo {
             .and_then(|s| s.allocatable.as_ref())
             .or_else(|| status.and_then(|s| s.capacity.as_ref()));
         self.allocatable = Resources::from_list(alloc);
+        let spec = node.spec.as_ref();
+        self.unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+        self.taints = spec.and_then(|s| s.taints.clone()).unwrap_or_default();
         self.node = Some(node);
     }
 

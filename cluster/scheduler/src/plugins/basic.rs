@@ -71,13 +71,7 @@ impl Plugin for NodeUnschedulable {
 
 impl FilterPlugin for NodeUnschedulable {
     fn filter(&self, _: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
-        let cordoned = node
-            .node
-            .as_ref()
-            .and_then(|n| n.spec.as_ref())
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
-        if !cordoned {
+        if !node.unschedulable {
             return Status::success();
         }
         let taint = k8s_openapi::api::core::v1::Taint {

@@ -15,11 +15,7 @@ pub const NAME: &str = "TaintToleration";
 pub use tessera_runtime::taints::{tolerates, toleration_matches};
 
 fn taints(node: &NodeInfo) -> &[Taint] {
-    node.node
-        .as_ref()
-        .and_then(|n| n.spec.as_ref())
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default()
+    &node.taints
 }
 
 fn tolerations(pod: &PodInfo) -> &[Toleration] {
@@ -50,6 +46,9 @@ impl Plugin for TaintToleration {
 
 impl FilterPlugin for TaintToleration {
     fn filter(&self, _: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
+        if node.taints.is_empty() {
+            return Status::success();
+        }
         let tol = tolerations(pod);
         let bad = taints(node)
             .iter()
