@@ -52,3 +52,6 @@ pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin
         }
     })
 }
+
+#[cfg(test)]
+mod tests;
