@@ -133,7 +133,15 @@ fn workloads_run_on_a_shard_through_kubectl() {
             && d["status"]["replicas"] == 80)
             .then_some(())
     });
-    assert!(done.is_some(), "the rolling update finished");
+    if done.is_none() {
+        let d = c.ok(&["get", "deployment", "web", "-n", "work", "-o", "yaml"]);
+        let rs = c.ok(&["get", "replicasets", "-n", "work", "-o", "wide"]);
+        let ev = c.ok(&["get", "events", "-n", "work"]);
+        panic!(
+            "the rolling update did not finish:\n{d}\n{rs}\n{}",
+            ev.lines().rev().take(40).collect::<Vec<_>>().join("\n")
+        );
+    }
     assert!(
         min_ready >= 60,
         "ready pods fell to {min_ready} during the rollout ({samples} samples)"

@@ -263,7 +263,7 @@ impl Deployments {
         let spec = d.spec.clone().unwrap_or_default();
         let desired = spec.replicas.unwrap_or(1).max(0);
         let selector = from_metav1(&spec.selector)
-            .map_err(|e| ReconcileError(format!("Deployment {}: {e}", plan.key)))?;
+            .map_err(|e| ReconcileError::new(format!("Deployment {}: {e}", plan.key)))?;
         if selector.is_empty() {
             return Ok(Action::Done);
         }
@@ -299,7 +299,7 @@ impl Deployments {
                 ru.and_then(|r| r.max_unavailable.as_ref()),
                 desired,
             )
-            .map_err(|e| ReconcileError(format!("Deployment {}: {e}", plan.key)))?
+            .map_err(|e| ReconcileError::new(format!("Deployment {}: {e}", plan.key)))?
         } else {
             (0, desired)
         };
@@ -426,7 +426,7 @@ impl Deployments {
                     &format!("Scaled up replica set {name}-{hash} to {replicas}"),
                 );
                 serde_json::from_value(v).map(Arc::new).map_err(|e| {
-                    ReconcileError(format!("a created ReplicaSet did not decode: {e}"))
+                    ReconcileError::new(format!("a created ReplicaSet did not decode: {e}"))
                 })
             }
             Err(e) if e.code == 409 => {
@@ -451,9 +451,10 @@ impl Deployments {
                         )
                         .await?;
                 }
-                Err(ReconcileError(format!(
-                    "ReplicaSet {name}-{hash} already exists; retrying"
-                )))
+                Err(ReconcileError {
+                    message: format!("ReplicaSet {name}-{hash} already exists; retrying"),
+                    conflict: true,
+                })
             }
             Err(e) => Err(e.into()),
         }

@@ -190,9 +190,10 @@ impl Reconciler for Endpoints {
                 match self.ctx.client.create(eps, Some(ns), &obj).await {
                     Ok(_) => {}
                     Err(e) if e.code == 409 => {
-                        return Err(ReconcileError(
-                            "Endpoints appeared meanwhile; retrying".into(),
-                        ));
+                        return Err(ReconcileError {
+                            message: "Endpoints appeared meanwhile; retrying".into(),
+                            conflict: true,
+                        });
                     }
                     Err(e) => return Err(e.into()),
                 }

@@ -11,6 +11,7 @@ pub mod gc;
 pub mod job;
 pub mod namespace;
 pub mod nodelifecycle;
+pub mod podgroup;
 pub mod pods;
 pub mod replicaset;
 pub mod statefulset;
@@ -35,5 +36,6 @@ pub async fn run_all_with(ctx: Context, nodes: nodelifecycle::NodeLifecycleConfi
         cronjob::run(ctx.clone()),
         namespace::run(ctx.clone()),
         nodelifecycle::run(ctx.clone(), nodes),
+        podgroup::run(ctx.clone()),
     );
 }

@@ -161,7 +161,7 @@ impl Reconciler for Rs {
         let uid = rs.metadata.uid.clone().unwrap_or_default();
         let spec = rs.spec.clone().unwrap_or_default();
         let selector = from_metav1(&spec.selector)
-            .map_err(|e| ReconcileError(format!("ReplicaSet {key}: {e}")))?;
+            .map_err(|e| ReconcileError::new(format!("ReplicaSet {key}: {e}")))?;
         if selector.is_empty() {
             return Ok(Action::Done);
         }

@@ -20,14 +20,37 @@ pub enum Action {
     RequeueAfter(Duration),
 }
 
-/// A reconcile failure: the key is retried after its backoff.
+/// A reconcile failure: the key is retried after its backoff — or, for a write that lost a
+/// race (`409 Conflict`: the cache was behind), soon and without growing its backoff, since
+/// the next look will see the newer object.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ReconcileError(pub String);
+#[error("{message}")]
+pub struct ReconcileError {
+    /// What failed.
+    pub message: String,
+    /// A write lost a race with another writer.
+    pub conflict: bool,
+}
+
+impl ReconcileError {
+    /// A failure retried after the key's backoff.
+    pub fn new(message: impl Into<String>) -> Self {
+        ReconcileError {
+            message: message.into(),
+            conflict: false,
+        }
+    }
+}
+
+/// How soon a key whose write lost a race is looked at again.
+pub const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 
 impl From<tessera_apiserver::status::ApiError> for ReconcileError {
     fn from(e: tessera_apiserver::status::ApiError) -> Self {
-        ReconcileError(format!("{} ({})", e.message, e.reason))
+        ReconcileError {
+            message: format!("{} ({})", e.message, e.reason),
+            conflict: e.code == 409,
+        }
     }
 }
 
@@ -66,6 +89,11 @@ pub async fn run<R: Reconciler + ?Sized>(
                         q.forget(&item.key);
                         q.add_after(item.key.clone(), EventClass::Resync, *d);
                         "requeue"
+                    }
+                    Err(e) if e.conflict => {
+                        tracing::debug!(controller = r.name(), key = %item.key, error = %e, "a write lost a race; looking again");
+                        q.add_after(item.key.clone(), item.class, CONFLICT_RETRY);
+                        "conflict"
                     }
                     Err(e) => {
                         tracing::debug!(controller = r.name(), key = %item.key, error = %e, "reconcile failed; retrying");

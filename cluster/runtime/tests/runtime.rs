@@ -178,7 +178,7 @@ impl Reconciler for Flaky {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         self.seen.lock().push(key.to_owned());
         if n < 2 {
-            return Err(ReconcileError("not yet".into()));
+            return Err(ReconcileError::new("not yet"));
         }
         Ok(Action::Done)
     }
