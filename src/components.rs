@@ -281,6 +281,12 @@ pub struct AgentArgs {
     /// Node names are `{prefix}-{i}`.
     #[arg(long, default_value = "sim-node")]
     prefix: String,
+    /// Nodes whose containers run as real local processes (`{prefix}-proc-{i}`).
+    #[arg(long, default_value_t = 0)]
+    process_nodes: usize,
+    /// Where process nodes keep container logs.
+    #[arg(long, default_value = "./logs")]
+    log_dir: PathBuf,
     #[command(flatten)]
     sim: SimArgs,
 }
@@ -304,7 +310,7 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let registry = Registry::new();
     let client = connect(&args.remote, &registry).await?;
     let agent = SimAgent::new(
-        client,
+        client.clone(),
         args.sim.config(&args.prefix, args.sim_nodes),
         Some(AgentMetrics::register(&registry)?),
         Some(RuntimeMetrics::register(&registry)?),

@@ -47,6 +47,9 @@ pub struct WorkerArgs {
     /// Simulated nodes to run in this process (0 for none).
     #[arg(long, default_value_t = 300)]
     pub nodes_per_shard: usize,
+    /// Nodes whose containers run as real local processes (`proc-0`, ...; logs in DIR/logs).
+    #[arg(long, default_value_t = 0)]
+    pub process_nodes: usize,
     /// Run the controllers in this process (false: run `tessera controller-manager`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub controllers: bool,
@@ -177,6 +180,7 @@ fn usage(shard: &Shard, args: &UpArgs) {
 pub async fn start_workers(
     shard: &Shard,
     workers: &WorkerArgs,
+    data_dir: &std::path::Path,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     use crate::components;
     let mut tasks = Vec::new();
@@ -215,6 +219,17 @@ pub async fn start_workers(
         components::register_sim(&agent).await?;
         tasks.push(tokio::spawn(agent.run()));
     }
+    for i in 0..workers.process_nodes {
+        let agent = tessera_agent::process::ProcessAgent::new(
+            shard.component_client("node-agent"),
+            tessera_agent::process::ProcessConfig::new(&format!("proc-{i}"), data_dir.join("logs")),
+        );
+        agent
+            .register()
+            .await
+            .map_err(|e| anyhow::anyhow!("registering process node proc-{i}: {}", e.message))?;
+        tasks.push(tokio::spawn(agent.run()));
+    }
     Ok(tasks)
 }
 
@@ -223,7 +238,7 @@ pub async fn run(all: UpAllArgs) -> anyhow::Result<()> {
     let args = &all.base;
     let shard = start(args).await?;
     let grpc = crate::health::serve(args.grpc_addr, shard.store.clone()).await?;
-    let _tasks = start_workers(&shard, &all.workers).await?;
+    let _tasks = start_workers(&shard, &all.workers, &args.data_dir).await?;
     banner(&shard, args, "").await?;
     println!("  grpc:     {grpc} (grpc.health.v1)");
     let w = &all.workers;
@@ -240,8 +255,8 @@ pub async fn run(all: UpAllArgs) -> anyhow::Result<()> {
         on(w.controllers)
     );
     println!(
-        "  nodes:       {} simulated ({} cpu, {} memory, {} pods each)",
-        w.nodes_per_shard, w.sim.node_cpu, w.sim.node_memory, w.sim.node_pods
+        "  nodes:       {} simulated ({} cpu, {} memory, {} pods each), {} running real processes",
+        w.nodes_per_shard, w.sim.node_cpu, w.sim.node_memory, w.sim.node_pods, w.process_nodes
     );
     usage(&shard, args);
     println!("Press Ctrl-C to stop.");

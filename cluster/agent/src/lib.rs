@@ -3,4 +3,5 @@
 //! sees is exactly what real agents would show it.
 
 pub mod metrics;
+pub mod process;
 pub mod sim;

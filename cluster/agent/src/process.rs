@@ -1,0 +1,477 @@
+//! The process runtime: a node whose containers are real local processes. Each container's
+//! `command` + `args` runs with its `env` (literal values) and `workingDir`; the image name
+//! is recorded, not pulled. Output goes to a log file per container and restart; exits are
+//! reported with their codes, restarts follow `restartPolicy` with back-off
+//! (`CrashLoopBackOff` while waiting); a deleted pod's processes get SIGTERM, then SIGKILL
+//! after the grace period, and the pod object is removed.
+//!
+//! Not yet: probes, resource usage, serving logs to `kubectl logs`.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tessera_apiserver::api::{now_secs, rfc3339};
+use tessera_apiserver::catalog::Resource;
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::{PatchType, find_resource};
+use tessera_apiserver::status::ApiError;
+use tessera_runtime::informer::{Change, Informer, Scope};
+use tokio::sync::{mpsc, watch};
+
+use crate::sim::LEASE_NAMESPACE;
+
+fn res(group: &str, plural: &str) -> &'static Resource {
+    find_resource(group, "v1", plural).expect("served resource")
+}
+
+/// A process node's settings.
+#[derive(Clone, Debug)]
+pub struct ProcessConfig {
+    /// The Node's name.
+    pub node: String,
+    /// Where container logs are kept.
+    pub log_dir: PathBuf,
+    /// First restart back-off (Kubernetes: 10 s), doubling up to `max_backoff`.
+    pub backoff: Duration,
+    /// Longest restart back-off (Kubernetes: 5 min).
+    pub max_backoff: Duration,
+    /// How often the node's Lease is renewed.
+    pub renew_interval: Duration,
+}
+
+impl ProcessConfig {
+    /// Kubernetes' timings for node `node`, logs under `log_dir`.
+    pub fn new(node: &str, log_dir: PathBuf) -> Self {
+        ProcessConfig {
+            node: node.into(),
+            log_dir,
+            backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(300),
+            renew_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A node running pods as local processes.
+pub struct ProcessAgent {
+    client: Arc<dyn Client>,
+    config: ProcessConfig,
+    /// Per pod UID: a sender that asks its task to stop (with the grace period).
+    running: Mutex<HashMap<String, watch::Sender<Option<i64>>>>,
+    done: Mutex<HashSet<String>>,
+}
+
+fn host_memory() -> String {
+    let kb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<u64>().ok())
+                })
+        })
+        .unwrap_or(1 << 20);
+    format!("{kb}Ki")
+}
+
+/// The path of a container's log for its `restart`-th run.
+pub fn log_path(dir: &Path, pod: &Pod, container: &str, restart: u32) -> PathBuf {
+    let m = &pod.metadata;
+    dir.join(format!(
+        "{}_{}_{}",
+        m.namespace.as_deref().unwrap_or(""),
+        m.name.as_deref().unwrap_or(""),
+        m.uid.as_deref().unwrap_or("")
+    ))
+    .join(container)
+    .join(format!("{restart}.log"))
+}
+
+impl ProcessAgent {
+    /// A process node.
+    pub fn new(client: Arc<dyn Client>, config: ProcessConfig) -> Arc<ProcessAgent> {
+        Arc::new(ProcessAgent {
+            client,
+            config,
+            running: Mutex::new(HashMap::new()),
+            done: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Registers the Node (this machine's cpus and memory) and its Lease.
+    pub async fn register(&self) -> Result<(), ApiError> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let now = rfc3339(now_secs());
+        let resources = json!({"cpu": cpus.to_string(), "memory": host_memory(), "pods": "110"});
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.config.node, "labels": {"kubernetes.io/hostname": self.config.node,
+                "kubernetes.io/os": "linux", "tessera.io/runtime": "process"}},
+            "status": {"capacity": resources, "allocatable": resources,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "message": "process agent is posting ready status",
+                    "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                              {"type": "Hostname", "address": self.config.node}],
+                "nodeInfo": {"kubeletVersion": "v1.32.0-tessera-process", "kubeProxyVersion": "",
+                    "operatingSystem": "linux", "architecture": std::env::consts::ARCH,
+                    "containerRuntimeVersion": "process://1", "kernelVersion": "", "osImage": "",
+                    "machineID": "", "systemUUID": "", "bootID": ""}}});
+        match self.client.create(res("", "nodes"), None, &node).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {
+                let patch = json!({"status": {"conditions": node["status"]["conditions"]}});
+                self.client
+                    .patch(
+                        res("", "nodes"),
+                        None,
+                        &self.config.node,
+                        Some("status"),
+                        PatchType::StrategicMerge,
+                        &patch,
+                    )
+                    .await?;
+            }
+            Err(e) => return Err(e),
+        }
+        let _ = self
+            .client
+            .create(
+                res("", "namespaces"),
+                None,
+                &json!({"metadata": {"name": LEASE_NAMESPACE}}),
+            )
+            .await;
+        self.renew().await;
+        Ok(())
+    }
+
+    async fn renew(&self) {
+        let leases = res("coordination.k8s.io", "leases");
+        let now = rfc3339(now_secs());
+        let l = json!({"metadata": {"name": self.config.node, "namespace": LEASE_NAMESPACE},
+            "spec": {"holderIdentity": self.config.node, "leaseDurationSeconds": 40, "renewTime": now}});
+        if let Err(e) = self.client.create(leases, Some(LEASE_NAMESPACE), &l).await
+            && e.code == 409
+        {
+            let patch = json!({"spec": {"renewTime": now, "holderIdentity": self.config.node}});
+            let _ = self
+                .client
+                .patch(
+                    leases,
+                    Some(LEASE_NAMESPACE),
+                    &self.config.node,
+                    None,
+                    PatchType::Merge,
+                    &patch,
+                )
+                .await;
+        }
+    }
+
+    /// Renews the Lease and runs the node's pods until dropped.
+    pub async fn run(self: Arc<Self>) {
+        let this = self.clone();
+        let renewer = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(this.config.renew_interval);
+            loop {
+                tick.tick().await;
+                this.renew().await;
+            }
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<Pod>, bool)>();
+        let informer =
+            Informer::<Pod>::new(self.client.clone(), res("", "pods"), Scope::default(), None);
+        let node = self.config.node.clone();
+        informer.on_change(move |c| {
+            let (p, gone) = match c {
+                Change::Added(p) | Change::Updated { new: p, .. } => (p, false),
+                Change::Deleted(p) => (p, true),
+            };
+            if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()) {
+                let _ = tx.send((p.clone(), gone));
+            }
+        });
+        let watcher = tokio::spawn(informer.run());
+        while let Some((pod, gone)) = rx.recv().await {
+            self.handle(pod, gone);
+        }
+        renewer.abort();
+        watcher.abort();
+    }
+
+    fn handle(self: &Arc<Self>, pod: Arc<Pod>, gone: bool) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if gone {
+            if let Some(stop) = self.running.lock().remove(&uid) {
+                let _ = stop.send(Some(0));
+            }
+            self.done.lock().remove(&uid);
+            return;
+        }
+        if let Some(ts) = &pod.metadata.deletion_timestamp {
+            let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30);
+            let _ = ts;
+            let stop = self.running.lock().get(&uid).cloned();
+            match stop {
+                Some(s) => {
+                    let _ = s.send(Some(grace));
+                }
+                None => {
+                    // Nothing runs (finished, or never started): the object can go.
+                    let this = self.clone();
+                    tokio::spawn(async move { this.remove(&pod).await });
+                }
+            }
+            return;
+        }
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending");
+        let known = self.running.lock().contains_key(&uid) || self.done.lock().contains(&uid);
+        if phase == "Pending" && !known {
+            let (tx, rx) = watch::channel(None);
+            self.running.lock().insert(uid.clone(), tx);
+            let this = self.clone();
+            tokio::spawn(async move {
+                let deleted = this.run_pod(&pod, rx).await;
+                this.running.lock().remove(&uid);
+                this.done.lock().insert(uid);
+                if deleted {
+                    this.remove(&pod).await;
+                }
+            });
+        }
+    }
+
+    /// The pod object goes (grace 0, this very pod only): its processes are stopped.
+    async fn remove(&self, pod: &Pod) {
+        let mut req = tessera_apiserver::request::ApiRequest::new(
+            tessera_apiserver::request::Verb::Delete,
+            res("", "pods"),
+        );
+        req.namespace = pod.metadata.namespace.clone();
+        req.name = pod.metadata.name.clone();
+        req.params.grace_period_seconds = Some(0);
+        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+            "preconditions": {"uid": pod.metadata.uid}})
+        .to_string()
+        .into();
+        let _ = self.client.call(req).await;
+    }
+
+    async fn patch_status(&self, pod: &Pod, status: Value) {
+        let mut wait = Duration::from_millis(50);
+        for _ in 0..10 {
+            match self
+                .client
+                .patch(
+                    res("", "pods"),
+                    pod.metadata.namespace.as_deref(),
+                    pod.metadata.name.as_deref().unwrap_or(""),
+                    Some("status"),
+                    PatchType::Merge,
+                    &json!({"status": status}),
+                )
+                .await
+            {
+                Ok(_) => return,
+                Err(e) if e.code == 404 => return,
+                Err(_) => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+            }
+        }
+    }
+
+    /// Runs every container of the pod until the pod is finished or deleted; true if it was
+    /// deleted.
+    async fn run_pod(&self, pod: &Pod, stop: watch::Receiver<Option<i64>>) -> bool {
+        let spec = pod.spec.clone().unwrap_or_default();
+        let policy = spec
+            .restart_policy
+            .clone()
+            .unwrap_or_else(|| "Always".into());
+        let started = rfc3339(now_secs());
+        let statuses: Arc<Mutex<Vec<Value>>> = Arc::new(Mutex::new(
+            spec.containers
+                .iter()
+                .map(|c| json!({"name": c.name, "image": c.image, "imageID": "", "ready": false,
+                    "started": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}))
+                .collect(),
+        ));
+        let report = |phase: &str, statuses: &Arc<Mutex<Vec<Value>>>| {
+            let list = statuses.lock().clone();
+            let ready = list.iter().all(|s| s["ready"] == true);
+            let now = rfc3339(now_secs());
+            let cond = |t: &str, ok: bool| json!({"type": t, "status": if ok { "True" } else { "False" }, "lastTransitionTime": now});
+            json!({"phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                "startTime": started, "containerStatuses": list,
+                "conditions": [cond("PodScheduled", true), cond("Initialized", true),
+                    cond("Ready", ready && phase == "Running"), cond("ContainersReady", ready && phase == "Running")]})
+        };
+        self.patch_status(pod, report("Pending", &statuses)).await;
+        let runs = spec.containers.iter().enumerate().map(|(i, c)| {
+            let statuses = statuses.clone();
+            let stop = stop.clone();
+            let policy = policy.clone();
+            async move { self.run_container(pod, i, c, &policy, statuses, stop).await }
+        });
+        // Each container reports its own transitions through the shared list.
+        let tick = async {
+            let mut last = Value::Null;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let now = statuses.lock().clone();
+                if Value::Array(now.clone()) != last {
+                    last = Value::Array(now);
+                    self.patch_status(pod, report("Running", &statuses)).await;
+                }
+            }
+        };
+        let results = tokio::select! {
+            r = join_all(runs) => r,
+            _ = tick => unreachable_never(),
+        };
+        let deleted = stop.borrow().is_some();
+        if !deleted {
+            let failed = results.iter().any(|code| *code != 0);
+            let phase = if failed { "Failed" } else { "Succeeded" };
+            self.patch_status(pod, report(phase, &statuses)).await;
+        }
+        deleted
+    }
+
+    /// Runs one container, restarting per policy; its final exit code.
+    async fn run_container(
+        &self,
+        pod: &Pod,
+        i: usize,
+        c: &Container,
+        policy: &str,
+        statuses: Arc<Mutex<Vec<Value>>>,
+        mut stop: watch::Receiver<Option<i64>>,
+    ) -> i32 {
+        let mut restarts = 0u32;
+        let mut backoff = self.config.backoff;
+        loop {
+            let mut argv: Vec<String> = c.command.clone().unwrap_or_default();
+            argv.extend(c.args.clone().unwrap_or_default());
+            if argv.is_empty() {
+                statuses.lock()[i]["state"] = json!({"waiting": {"reason": "CreateContainerConfigError",
+                    "message": "the process runtime runs a container's command and args; this one has none (images are not pulled)"}});
+                return 1;
+            }
+            let log = log_path(&self.config.log_dir, pod, &c.name, restarts);
+            if let Some(parent) = log.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            let out = std::fs::File::create(&log);
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..]).stdin(Stdio::null()).kill_on_drop(true);
+            for e in c.env.iter().flatten() {
+                if let Some(v) = &e.value {
+                    cmd.env(&e.name, v);
+                }
+            }
+            if let Some(d) = &c.working_dir {
+                cmd.current_dir(d);
+            }
+            if let Ok(f) = out {
+                if let Ok(f2) = f.try_clone() {
+                    cmd.stderr(f2);
+                }
+                cmd.stdout(f);
+            }
+            let child = cmd.spawn();
+            let mut child = match child {
+                Ok(ch) => ch,
+                Err(e) => {
+                    statuses.lock()[i]["state"] = json!({"waiting": {"reason": "RunContainerError",
+                        "message": format!("cannot start {:?}: {e}", argv[0])}});
+                    return 127;
+                }
+            };
+            let started_at = rfc3339(now_secs());
+            {
+                let mut s = statuses.lock();
+                s[i]["state"] = json!({"running": {"startedAt": started_at}});
+                s[i]["ready"] = json!(true);
+                s[i]["started"] = json!(true);
+                s[i]["restartCount"] = json!(restarts);
+                s[i]["containerID"] = json!(format!("process://{}", child.id().unwrap_or(0)));
+            }
+            // Either the process ends, or the pod is deleted (with its grace period).
+            let ended = tokio::select! {
+                status = child.wait() => Ok(status.ok().and_then(|s| s.code()).unwrap_or(137)),
+                g = stop.wait_for(Option::is_some) => Err(g.map_or(30, |r| r.unwrap_or(30)).max(0) as u64),
+            };
+            let code = match ended {
+                Ok(code) => code,
+                Err(grace) => {
+                    if let Some(pid) = child.id() {
+                        let _ = tokio::process::Command::new("kill")
+                            .args(["-TERM", &pid.to_string()])
+                            .status()
+                            .await;
+                    }
+                    match tokio::time::timeout(Duration::from_secs(grace), child.wait()).await {
+                        Ok(s) => s.ok().and_then(|s| s.code()).unwrap_or(143),
+                        Err(_) => {
+                            let _ = child.kill().await;
+                            137
+                        }
+                    }
+                }
+            };
+            let finished = json!({"terminated": {"exitCode": code,
+                "reason": if code == 0 { "Completed" } else { "Error" },
+                "startedAt": started_at, "finishedAt": rfc3339(now_secs())}});
+            {
+                let mut s = statuses.lock();
+                s[i]["state"] = finished.clone();
+                s[i]["ready"] = json!(false);
+            }
+            if stop.borrow().is_some() {
+                return code;
+            }
+            let again = match policy {
+                "Never" => false,
+                "OnFailure" => code != 0,
+                _ => true,
+            };
+            if !again {
+                return code;
+            }
+            {
+                let mut s = statuses.lock();
+                s[i]["lastState"] = finished;
+                s[i]["state"] = json!({"waiting": {"reason": "CrashLoopBackOff",
+                    "message": format!("back-off {}s restarting failed container={} pod={}",
+                        backoff.as_secs(), c.name, pod.metadata.name.as_deref().unwrap_or(""))}});
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.wait_for(Option::is_some) => return code,
+            }
+            backoff = (backoff * 2).min(self.config.max_backoff);
+            restarts += 1;
+        }
+    }
+}
+
+fn unreachable_never() -> Vec<i32> {
+    Vec::new()
+}
