@@ -5,3 +5,24 @@
 pub mod metrics;
 pub mod process;
 pub mod sim;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
+use tessera_apiserver::status::ApiError;
+
+/// Removes a pod whose containers have stopped: grace 0, this very pod only (its UID as
+/// precondition), as a kubelet does once a deleted pod's containers are gone.
+pub async fn remove_stopped(client: &Arc<dyn Client>, pod: &Pod) -> Result<(), ApiError> {
+    let mut req = ApiRequest::new(Verb::Delete, find_resource("", "v1", "pods")?);
+    req.namespace = pod.metadata.namespace.clone();
+    req.name = pod.metadata.name.clone();
+    req.params.grace_period_seconds = Some(0);
+    req.body = serde_json::json!({"kind": "DeleteOptions", "apiVersion": "v1",
+        "gracePeriodSeconds": 0, "preconditions": {"uid": pod.metadata.uid}})
+    .to_string()
+    .into();
+    client.call(req).await.map(|_| ())
+}

@@ -218,9 +218,8 @@ impl ProcessAgent {
             self.done.lock().remove(&uid);
             return;
         }
-        if let Some(ts) = &pod.metadata.deletion_timestamp {
+        if pod.metadata.deletion_timestamp.is_some() {
             let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30);
-            let _ = ts;
             let stop = self.running.lock().get(&uid).cloned();
             match stop {
                 Some(s) => {
@@ -257,18 +256,7 @@ impl ProcessAgent {
 
     /// The pod object goes (grace 0, this very pod only): its processes are stopped.
     async fn remove(&self, pod: &Pod) {
-        let mut req = tessera_apiserver::request::ApiRequest::new(
-            tessera_apiserver::request::Verb::Delete,
-            res("", "pods"),
-        );
-        req.namespace = pod.metadata.namespace.clone();
-        req.name = pod.metadata.name.clone();
-        req.params.grace_period_seconds = Some(0);
-        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-            "preconditions": {"uid": pod.metadata.uid}})
-        .to_string()
-        .into();
-        let _ = self.client.call(req).await;
+        let _ = crate::remove_stopped(&self.client, pod).await;
     }
 
     async fn patch_status(&self, pod: &Pod, status: Value) {
@@ -343,7 +331,7 @@ impl ProcessAgent {
         };
         let results = tokio::select! {
             r = join_all(runs) => r,
-            _ = tick => unreachable_never(),
+            () = tick => unreachable!("the status loop never ends"),
         };
         let deleted = stop.borrow().is_some();
         if !deleted {
@@ -470,8 +458,4 @@ impl ProcessAgent {
             restarts += 1;
         }
     }
-}
-
-fn unreachable_never() -> Vec<i32> {
-    Vec::new()
 }

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tessera_apiserver::api::{now_secs, rfc3339};
+use tessera_apiserver::api::{now_secs, rfc3339, rfc3339_micro_now};
 use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::{PatchType, find_resource};
@@ -89,17 +89,6 @@ pub struct SimAgent {
     writes: Semaphore,
     metrics: Option<AgentMetrics>,
     runtime_metrics: Option<RuntimeMetrics>,
-}
-
-fn micro_now() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!(
-        "{}.{:06}Z",
-        rfc3339(d.as_secs() as i64).trim_end_matches('Z'),
-        d.subsec_micros()
-    )
 }
 
 impl SimAgent {
@@ -256,7 +245,7 @@ impl SimAgent {
     async fn renew(&self, node: &str) {
         let leases = res("coordination.k8s.io", "leases");
         let cached = self.leases.lock().get(node).cloned();
-        let now = micro_now();
+        let now = rfc3339_micro_now();
         let result = match cached {
             Some(mut l) => {
                 l["spec"]["renewTime"] = json!(now);
@@ -369,7 +358,7 @@ impl SimAgent {
         if pod.metadata.deletion_timestamp.is_some() {
             if self.deleting.lock().insert(uid.clone()) {
                 let this = self.clone();
-                tokio::spawn(async move { this.stop(&pod, &uid).await });
+                tokio::spawn(async move { this.stop(&pod).await });
             }
             return;
         }
@@ -388,21 +377,8 @@ impl SimAgent {
     }
 
     /// Containers stopped: the pod object goes away (grace 0, only this very pod).
-    async fn stop(&self, pod: &Pod, uid: &str) {
-        let ns = pod.metadata.namespace.as_deref();
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let mut req = tessera_apiserver::request::ApiRequest::new(
-            tessera_apiserver::request::Verb::Delete,
-            res("", "pods"),
-        );
-        req.namespace = ns.map(str::to_owned);
-        req.name = Some(name.to_owned());
-        req.params.grace_period_seconds = Some(0);
-        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-            "preconditions": {"uid": uid}})
-        .to_string()
-        .into();
-        let r = self.client.call(req).await;
+    async fn stop(&self, pod: &Pod) {
+        let r = crate::remove_stopped(&self.client, pod).await;
         self.count(
             "pod_delete",
             r.is_ok() || r.as_ref().is_err_and(|e| e.code == 404),

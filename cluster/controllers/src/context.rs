@@ -10,7 +10,6 @@ use tessera_runtime::events::Recorder;
 use tessera_runtime::informer::{Informer, Object, Scope};
 use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use tessera_runtime::{QueueConfig, WorkQueue};
-use tokio::task::JoinHandle;
 
 /// Shared by all controllers of a process.
 #[derive(Clone)]
@@ -66,13 +65,4 @@ pub fn res(group: &str, plural: &str) -> &'static Resource {
     find_resource(group, version, plural).expect("the catalog serves every controller's kinds")
 }
 
-/// Tasks that stop when this is dropped (a controller's informers).
-pub struct Tasks(pub Vec<JoinHandle<()>>);
-
-impl Drop for Tasks {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
-    }
-}
+pub use tessera_runtime::informer::Tasks;

@@ -16,7 +16,7 @@ use tessera_apiserver::request::{PatchType, Propagation};
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, Change, controller_of, key_of};
+use tessera_runtime::informer::{Cache, controller_of, key_of, owner_key};
 
 use crate::context::{Context, Tasks, res};
 use crate::cron::Schedule;
@@ -42,27 +42,15 @@ pub async fn run(ctx: Context) {
     {
         let q = queue.clone();
         cronjobs.on_change(move |c| {
-            let class = match c {
-                Change::Added(_) => EventClass::Add,
-                Change::Updated { .. } => EventClass::Update,
-                Change::Deleted(_) => EventClass::Delete,
-            };
-            q.add(key_of(&c.object().metadata), class);
+            q.add(key_of(&c.object().metadata), c.class());
         });
     }
     {
         let q = queue.clone();
         jobs.on_change(move |c| {
             let j = c.object();
-            if let Some(o) = controller_of(&j.metadata).filter(|o| o.kind == "CronJob") {
-                q.add(
-                    format!(
-                        "{}/{}",
-                        j.metadata.namespace.as_deref().unwrap_or(""),
-                        o.name
-                    ),
-                    EventClass::Update,
-                );
+            if let Some(key) = owner_key(&j.metadata, "CronJob") {
+                q.add(key, EventClass::Update);
             }
         });
     }

@@ -20,7 +20,7 @@ use tessera_runtime::EventClass;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::expectations::Expectations;
-use tessera_runtime::informer::{Cache, Change, controller_of, key_of};
+use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
 use tessera_runtime::taints::tolerates;
 
 use crate::context::{Context, Tasks, res};
@@ -57,11 +57,7 @@ pub async fn run(ctx: Context) {
         let q = queue.clone();
         let set_cache = sets.cache().clone();
         nodes.on_change(move |c| {
-            let class = match c {
-                Change::Added(_) => EventClass::Add,
-                Change::Updated { .. } => EventClass::Update,
-                Change::Deleted(_) => EventClass::Delete,
-            };
+            let class = c.class();
             for ds in set_cache.list() {
                 q.add(key_of(&ds.metadata), class);
             }
@@ -72,12 +68,7 @@ pub async fn run(ctx: Context) {
         let exp = expectations.clone();
         pod_inf.on_change(move |c| {
             let p = c.object();
-            if let Some(o) = controller_of(&p.metadata).filter(|o| o.kind == "DaemonSet") {
-                let key = format!(
-                    "{}/{}",
-                    p.metadata.namespace.as_deref().unwrap_or(""),
-                    o.name
-                );
+            if let Some(key) = owner_key(&p.metadata, "DaemonSet") {
                 match c {
                     Change::Added(_) => exp.observed_add(&key),
                     Change::Deleted(_) => exp.observed_delete(&key),
@@ -264,16 +255,7 @@ impl Reconciler for DaemonSets {
             if !delete.is_empty() {
                 self.expectations.expect(key, 0, delete.len() as i64);
                 for p in &delete {
-                    let gone = self
-                        .ctx
-                        .client
-                        .delete(
-                            res("", "pods"),
-                            Some(&ns),
-                            p.metadata.name.as_deref().unwrap_or(""),
-                            None,
-                        )
-                        .await;
+                    let gone = pods::delete_pod(&self.ctx.client, p).await;
                     if gone.is_err() {
                         self.expectations.observed_delete(key);
                     }

@@ -15,11 +15,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 use tessera_apiserver::api::{now_secs, rfc3339};
 use tessera_apiserver::request::PatchType;
+use tessera_runtime::WorkQueue;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, Change, controller_of, key_of};
+use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
 use tessera_runtime::selector::from_metav1;
-use tessera_runtime::{EventClass, WorkQueue};
 
 use crate::context::{Context, Tasks, res};
 use crate::pods;
@@ -48,12 +48,7 @@ pub async fn run(ctx: Context) {
     {
         let q = queue.clone();
         deployments.on_change(move |c| {
-            let class = match c {
-                Change::Added(_) => EventClass::Add,
-                Change::Updated { .. } => EventClass::Update,
-                Change::Deleted(_) => EventClass::Delete,
-            };
-            q.add(key_of(&c.object().metadata), class);
+            q.add(key_of(&c.object().metadata), c.class());
         });
     }
     {
@@ -66,12 +61,10 @@ pub async fn run(ctx: Context) {
         let set_cache = sets.cache().clone();
         pods.on_change(move |c| {
             if let Change::Deleted(p) = c
-                && let Some(o) = controller_of(&p.metadata).filter(|o| o.kind == "ReplicaSet")
+                && let Some(rs) =
+                    owner_key(&p.metadata, "ReplicaSet").and_then(|k| set_cache.get(&k))
             {
-                let ns = p.metadata.namespace.as_deref().unwrap_or("");
-                if let Some(rs) = set_cache.get(&format!("{ns}/{}", o.name)) {
-                    enqueue_owner(&q, &rs.metadata, "Deployment", c);
-                }
+                enqueue_owner(&q, &rs.metadata, "Deployment", c);
             }
         });
     }
@@ -99,16 +92,8 @@ fn enqueue_owner<T>(
     kind: &str,
     c: &Change<T>,
 ) {
-    if let Some(o) = controller_of(meta).filter(|o| o.kind == kind) {
-        let class = match c {
-            Change::Added(_) => EventClass::Add,
-            Change::Updated { .. } => EventClass::Update,
-            Change::Deleted(_) => EventClass::Delete,
-        };
-        q.add(
-            format!("{}/{}", meta.namespace.as_deref().unwrap_or(""), o.name),
-            class,
-        );
+    if let Some(key) = owner_key(meta, kind) {
+        q.add(key, c.class());
     }
 }
 

@@ -50,12 +50,7 @@ pub async fn run(ctx: Context) {
     {
         let q = queue.clone();
         services.on_change(move |c| {
-            let class = match c {
-                Change::Added(_) => EventClass::Add,
-                Change::Updated { .. } => EventClass::Update,
-                Change::Deleted(_) => EventClass::Delete,
-            };
-            q.add(key_of(&c.object().metadata), class);
+            q.add(key_of(&c.object().metadata), c.class());
         });
     }
     {

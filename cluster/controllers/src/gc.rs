@@ -98,6 +98,17 @@ pub async fn run(ctx: Context) {
 
 fn on_change(i: usize, c: &Change<PartialObject>, q: &WorkQueue<String>) {
     let m = &c.object().metadata;
+    // Most updates (status, labels) change nothing the collector looks at: skip them rather
+    // than re-check every owner on every pod status write.
+    if let Change::Updated { old, new } = c {
+        let (a, b) = (&old.metadata, &new.metadata);
+        if a.owner_references == b.owner_references
+            && a.deletion_timestamp == b.deletion_timestamp
+            && a.finalizers == b.finalizers
+        {
+            return;
+        }
+    }
     let interesting = m.owner_references.as_ref().is_some_and(|r| !r.is_empty())
         || (m.deletion_timestamp.is_some()
             && m.finalizers

@@ -16,7 +16,7 @@ use tessera_apiserver::request::{PatchType, Propagation};
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::expectations::Expectations;
-use tessera_runtime::informer::{Cache, Change, controller_of, key_of};
+use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
 use tessera_runtime::{EventClass, WorkQueue};
 
 use crate::context::{Context, Tasks, res};
@@ -78,14 +78,9 @@ pub async fn run(ctx: Context) {
 
 fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations) {
     let p = c.object();
-    let Some(o) = controller_of(&p.metadata).filter(|o| o.kind == "Job") else {
+    let Some(key) = owner_key(&p.metadata, "Job") else {
         return;
     };
-    let key = format!(
-        "{}/{}",
-        p.metadata.namespace.as_deref().unwrap_or(""),
-        o.name
-    );
     match c {
         Change::Added(_) => exp.observed_add(&key),
         Change::Deleted(_) if p.metadata.deletion_timestamp.is_none() => exp.observed_delete(&key),
@@ -181,7 +176,7 @@ impl Reconciler for Jobs {
         let mut completion_time = None;
         if let Some((reason, message)) = &failure {
             for p in &active {
-                self.delete_pod(p).await?;
+                pods::delete_pod_if_present(&self.ctx.client, p).await?;
             }
             self.recorder.event(&r, EventType::Warning, reason, message);
             conditions.push(condition("FailureTarget", reason, message));
@@ -246,7 +241,7 @@ impl Reconciler for Jobs {
                 let mut extra = active.clone();
                 extra.sort_by_key(|p| pods::deletion_rank(p));
                 for p in extra.into_iter().take(active.len() - want) {
-                    self.delete_pod(p).await?;
+                    pods::delete_pod_if_present(&self.ctx.client, p).await?;
                 }
             }
         }
@@ -297,24 +292,6 @@ impl Reconciler for Jobs {
 }
 
 impl Jobs {
-    async fn delete_pod(&self, p: &Pod) -> Result<(), ReconcileError> {
-        match self
-            .ctx
-            .client
-            .delete(
-                res("", "pods"),
-                p.metadata.namespace.as_deref(),
-                p.metadata.name.as_deref().unwrap_or(""),
-                None,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     /// Deletes a finished Job once its TTL has passed.
     async fn ttl(&self, job: &Job, now: i64) -> Result<Action, ReconcileError> {
         let Some(ttl) = job.spec.as_ref().and_then(|s| s.ttl_seconds_after_finished) else {

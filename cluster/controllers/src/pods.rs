@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
 use tessera_apiserver::client::Client;
+use tessera_apiserver::request::{ApiRequest, Verb};
 use tessera_apiserver::status::ApiError;
 use tessera_runtime::expectations::Expectations;
 
@@ -102,6 +103,27 @@ pub fn from_template(
         None => m["generateName"] = json!(prefix),
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": m, "spec": template.spec})
+}
+
+/// Deletes this very pod (its UID as precondition: a newer pod of the same name is left
+/// alone).
+pub async fn delete_pod(client: &Arc<dyn Client>, p: &Pod) -> Result<(), ApiError> {
+    let mut req = ApiRequest::new(Verb::Delete, res("", "pods"));
+    req.namespace = p.metadata.namespace.clone();
+    req.name = p.metadata.name.clone();
+    req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1",
+        "preconditions": {"uid": p.metadata.uid}})
+    .to_string()
+    .into();
+    client.call(req).await.map(|_| ())
+}
+
+/// [`delete_pod`], where a pod already gone is fine.
+pub async fn delete_pod_if_present(client: &Arc<dyn Client>, p: &Pod) -> Result<(), ApiError> {
+    match delete_pod(client, p).await {
+        Err(e) if e.code == 404 => Ok(()),
+        other => other,
+    }
 }
 
 /// Largest number of pods created at once by one reconcile (Kubernetes' burst).

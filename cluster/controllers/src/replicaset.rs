@@ -11,11 +11,11 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use tessera_apiserver::api::now_secs;
-use tessera_apiserver::request::{ApiRequest, PatchType, Verb};
+use tessera_apiserver::request::PatchType;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::expectations::Expectations;
-use tessera_runtime::informer::{Cache, Change, controller_of, key_of};
+use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
 use tessera_runtime::selector::from_metav1;
 use tessera_runtime::{EventClass, WorkQueue};
 
@@ -78,17 +78,7 @@ pub async fn run(ctx: Context) {
 
 /// Queues the ReplicaSet a pod belongs to (or, for an orphan, the ones that could adopt it).
 fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations, sets: &Cache<ReplicaSet>) {
-    let owner_key = |p: &Pod| {
-        controller_of(&p.metadata)
-            .filter(|o| o.kind == "ReplicaSet")
-            .map(|o| {
-                format!(
-                    "{}/{}",
-                    p.metadata.namespace.as_deref().unwrap_or(""),
-                    o.name
-                )
-            })
-    };
+    let owner_key = |p: &Pod| owner_key(&p.metadata, "ReplicaSet");
     match c {
         Change::Added(p) => match owner_key(p) {
             Some(k) => {
@@ -241,7 +231,7 @@ impl Reconciler for Rs {
                 self.expectations.expect(key, 0, victims.len() as i64);
                 let mut deleted = 0;
                 for p in victims {
-                    match self.delete_pod(p).await {
+                    match pods::delete_pod(&self.ctx.client, p).await {
                         Ok(()) => deleted += 1,
                         Err(e) => {
                             self.expectations.observed_delete(key);
@@ -261,7 +251,7 @@ impl Reconciler for Rs {
                 }
             }
         }
-        let requeue = self.update_status(&rs, &active, &selector).await?;
+        let requeue = self.update_status(&rs, &active).await?;
         match error {
             Some(e) => Err(e),
             None => Ok(requeue.map_or(Action::Done, Action::RequeueAfter)),
@@ -279,6 +269,28 @@ impl Rs {
         );
         let mut refs = p.metadata.owner_references.clone().unwrap_or_default();
         refs.push(owner);
+        self.set_owner_refs(p, refs).await
+    }
+
+    async fn release(&self, p: &Pod) -> Result<(), ReconcileError> {
+        let refs: Vec<_> = p
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| r.controller != Some(true))
+            .cloned()
+            .collect();
+        self.set_owner_refs(p, refs).await.map(|_| ())
+    }
+
+    /// Writes a pod's owner references if it is still the version the cache showed; false
+    /// if it changed or went meanwhile (the next event brings it back).
+    async fn set_owner_refs(
+        &self,
+        p: &Pod,
+        refs: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) -> Result<bool, ReconcileError> {
         let patch = json!({"metadata": {"ownerReferences": refs, "uid": p.metadata.uid,
             "resourceVersion": p.metadata.resource_version}});
         match self
@@ -295,51 +307,9 @@ impl Rs {
             .await
         {
             Ok(_) => Ok(true),
-            // Changed or gone meanwhile: the next event brings it back.
             Err(e) if e.code == 409 || e.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
         }
-    }
-
-    async fn release(&self, p: &Pod) -> Result<(), ReconcileError> {
-        let refs: Vec<_> = p
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .filter(|r| r.controller != Some(true))
-            .cloned()
-            .collect();
-        let patch = json!({"metadata": {"ownerReferences": refs,
-            "resourceVersion": p.metadata.resource_version}});
-        match self
-            .ctx
-            .client
-            .patch(
-                res("", "pods"),
-                p.metadata.namespace.as_deref(),
-                p.metadata.name.as_deref().unwrap_or(""),
-                None,
-                PatchType::Merge,
-                &patch,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 409 || e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn delete_pod(&self, p: &Pod) -> Result<(), tessera_apiserver::status::ApiError> {
-        let mut req = ApiRequest::new(Verb::Delete, res("", "pods"));
-        req.namespace = p.metadata.namespace.clone();
-        req.name = p.metadata.name.clone();
-        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1",
-            "preconditions": {"uid": p.metadata.uid}})
-        .to_string()
-        .into();
-        self.ctx.client.call(req).await.map(|_| ())
     }
 
     /// Writes the counts if they changed; returns when to look again for pods becoming
@@ -348,7 +318,6 @@ impl Rs {
         &self,
         rs: &ReplicaSet,
         active: &[&Arc<Pod>],
-        _selector: &tessera_core::LabelSelector,
     ) -> Result<Option<Duration>, ReconcileError> {
         let spec = rs.spec.clone().unwrap_or_default();
         let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));

@@ -14,7 +14,7 @@ use tessera_apiserver::request::PatchType;
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, controller_of, key_of};
+use tessera_runtime::informer::{Cache, controller_of, key_of, owner_key};
 
 use crate::context::{Context, Tasks, res};
 use crate::deployment::template_hash;
@@ -45,15 +45,8 @@ pub async fn run(ctx: Context) {
         let q = queue.clone();
         pod_inf.on_change(move |c| {
             let p = c.object();
-            if let Some(o) = controller_of(&p.metadata).filter(|o| o.kind == "StatefulSet") {
-                q.add(
-                    format!(
-                        "{}/{}",
-                        p.metadata.namespace.as_deref().unwrap_or(""),
-                        o.name
-                    ),
-                    EventClass::Update,
-                );
+            if let Some(key) = owner_key(&p.metadata, "StatefulSet") {
+                q.add(key, EventClass::Update);
             }
         });
     }
@@ -123,7 +116,7 @@ impl Reconciler for Sets {
         // Failed or finished pods are replaced under the same name.
         for (i, p) in &by_ordinal {
             if pods::is_terminal(p) && p.metadata.deletion_timestamp.is_none() && *i < replicas {
-                self.delete(&ns, p).await?;
+                pods::delete_pod_if_present(&self.ctx.client, p).await?;
                 return Ok(Action::Done);
             }
         }
@@ -165,7 +158,7 @@ impl Reconciler for Sets {
             if !parallel && by_ordinal.range(..*i).any(|(_, q)| !running_ready(q)) {
                 break;
             }
-            self.delete(&ns, p).await?;
+            pods::delete_pod_if_present(&self.ctx.client, p).await?;
             self.recorder.event(
                 &r,
                 EventType::Normal,
@@ -196,7 +189,7 @@ impl Reconciler for Sets {
                     .filter(|(i, _)| **i >= partition && **i < replicas)
                     .find(|(_, p)| rev_of(p) != revision)
             {
-                self.delete(&ns, p).await?;
+                pods::delete_pod_if_present(&self.ctx.client, p).await?;
             }
         }
         // Status.
@@ -270,24 +263,6 @@ impl Sets {
         match self.ctx.client.create(res("", "pods"), Some(&ns), &p).await {
             Ok(_) => Ok(()),
             Err(e) if e.code == 409 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn delete(&self, ns: &str, p: &Pod) -> Result<(), ReconcileError> {
-        match self
-            .ctx
-            .client
-            .delete(
-                res("", "pods"),
-                Some(ns),
-                p.metadata.name.as_deref().unwrap_or(""),
-                None,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 => Ok(()),
             Err(e) => Err(e.into()),
         }
     }

@@ -63,6 +63,15 @@ pub enum Change<T> {
 }
 
 impl<T> Change<T> {
+    /// The work-queue class of this change.
+    pub fn class(&self) -> crate::queue::EventClass {
+        match self {
+            Change::Added(_) => crate::queue::EventClass::Add,
+            Change::Updated { .. } => crate::queue::EventClass::Update,
+            Change::Deleted(_) => crate::queue::EventClass::Delete,
+        }
+    }
+
     /// The object's newest known state.
     pub fn object(&self) -> &Arc<T> {
         match self {
@@ -631,6 +640,24 @@ pub fn strip_managed_fields(json: &str) -> std::borrow::Cow<'_, str> {
 pub fn labels_of(meta: &ObjectMeta) -> &BTreeMap<String, String> {
     static EMPTY: BTreeMap<String, String> = BTreeMap::new();
     meta.labels.as_ref().unwrap_or(&EMPTY)
+}
+
+/// The cache key (`namespace/name`) of the object's controller owner, if it is a `kind`.
+pub fn owner_key(meta: &ObjectMeta, kind: &str) -> Option<String> {
+    controller_of(meta)
+        .filter(|o| o.kind == kind)
+        .map(|o| format!("{}/{}", meta.namespace.as_deref().unwrap_or(""), o.name))
+}
+
+/// Tasks that stop when this is dropped (a component's informers).
+pub struct Tasks(pub Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
 }
 
 /// The controller owner of an object (the owner reference with `controller: true`).

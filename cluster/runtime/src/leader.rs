@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tessera_apiserver::api::{now_secs, rfc3339};
+use tessera_apiserver::api::rfc3339_micro_now;
 use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::Client;
 use tessera_apiserver::status::ApiError;
@@ -74,14 +74,6 @@ pub fn default_identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-fn micro_time() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = rfc3339(now_secs());
-    format!("{}.{:06}Z", secs.trim_end_matches('Z'), now.subsec_micros())
-}
-
 fn lease_resource() -> &'static Resource {
     tessera_apiserver::catalog::RESOURCES
         .iter()
@@ -114,7 +106,7 @@ impl LeaderElector {
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, ApiError> {
         let c = &self.config;
         let res = lease_resource();
-        let now = micro_time();
+        let now = rfc3339_micro_now();
         let duration_secs = c.lease_duration.as_secs().max(1) as i64;
         let current = match self.client.get(res, Some(&c.namespace), &c.name).await {
             Ok(v) => v,

@@ -13,7 +13,7 @@ use tessera_apiserver::api::{now_secs, rfc3339};
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::{PatchType, find_resource};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache as PodCache, Change, Informer, Scope};
+use tessera_runtime::informer::{Cache as PodCache, Change, Informer, Scope, Tasks};
 use tessera_runtime::metrics::RuntimeMetrics;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -186,7 +186,7 @@ impl Scheduler {
         self.pods = Some(pods.cache().clone());
         let node_task = tokio::spawn(nodes.clone().run());
         let pod_task = tokio::spawn(pods.clone().run());
-        let _guard = AbortOnDrop(vec![node_task, pod_task]);
+        let _guard = Tasks(vec![node_task, pod_task]);
         // Every bound pod must be counted before anything is placed.
         nodes.synced().await;
         pods.synced().await;
@@ -804,14 +804,4 @@ fn filter_events(profile: &Profile, plugins: &[&'static str]) -> Vec<ClusterEven
 
 fn res(plural: &str) -> &'static tessera_apiserver::catalog::Resource {
     find_resource("", "v1", plural).expect("core resources are served")
-}
-
-struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
-    }
 }
