@@ -11,7 +11,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use prometheus::Registry;
 use tessera_agent::metrics::AgentMetrics;
+use tessera_agent::process::{ProcessAgent, ProcessConfig};
 use tessera_agent::sim::{SimAgent, SimConfig};
+use tessera_apiserver::auth::Tokens;
 use tessera_apiserver::client::{Client, HttpClient};
 use tessera_controllers::Context;
 use tessera_runtime::leader::{LeaderConfig, LeaderElector, default_identity};
@@ -309,6 +311,34 @@ pub async fn register_sim(agent: &SimAgent) -> anyhow::Result<()> {
 pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let registry = Registry::new();
     let client = connect(&args.remote, &registry).await?;
+    // Process nodes serve logs to the API server that holds the same admin token.
+    let token = HttpClient::from_kubeconfig(&args.remote.kubeconfig)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?
+        .token()
+        .to_owned();
+    let mut tasks = Vec::new();
+    for i in 0..args.process_nodes {
+        let name = format!("{}-proc-{i}", args.prefix);
+        let node = ProcessAgent::new(
+            client.clone(),
+            ProcessConfig {
+                tokens: Some(Tokens::new(&token)),
+                ..ProcessConfig::new(&name, args.log_dir.clone())
+            },
+        );
+        node.register()
+            .await
+            .map_err(|e| anyhow::anyhow!("registering process node {name}: {}", e.message))?;
+        tasks.push(tokio::spawn(node.run()));
+    }
+    if args.process_nodes > 0 {
+        println!(
+            "{} process nodes registered ({}-proc-0 ...), logs in {}",
+            args.process_nodes,
+            args.prefix,
+            args.log_dir.display()
+        );
+    }
     let agent = SimAgent::new(
         client.clone(),
         args.sim.config(&args.prefix, args.sim_nodes),
@@ -320,8 +350,15 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         "{} simulated nodes registered ({}-0 ...)",
         args.sim_nodes, args.prefix
     );
+    let sim = async {
+        if args.sim_nodes > 0 {
+            agent.run().await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
-        _ = agent.run() => Ok(()),
+        () = sim => Ok(()),
         _ = tokio::signal::ctrl_c() => Ok(()),
     }
 }

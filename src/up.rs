@@ -89,6 +89,8 @@ pub struct Shard {
     pub registry: Registry,
     /// The API (for in-process components, each with its own identity).
     pub api: Api,
+    /// The credentials rooted in the admin token (node agents check the API server's).
+    pub tokens: Tokens,
 }
 
 impl Shard {
@@ -118,7 +120,8 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
     ));
     let metrics_addr = crate::metrics_server::serve(args.metrics_addr, registry.clone()).await?;
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
-    let mut api = Api::new(store.clone(), Some(api_metrics));
+    let tokens = Tokens::new(&credentials.admin_token);
+    let mut api = Api::new(store.clone(), Some(api_metrics)).with_node_proxy(tokens.clone());
     if !args.watch_cache {
         api = api.without_watch_cache();
     }
@@ -133,7 +136,7 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
             Err(e) => anyhow::bail!("creating namespace {ns}: {}", e.message),
         }
     }
-    let router = http::router(api.clone(), Tokens::new(&credentials.admin_token));
+    let router = http::router(api.clone(), tokens.clone());
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;
     let kubeconfig = args.data_dir.join("kubeconfig");
     credentials.write_kubeconfig(&kubeconfig, &format!("https://{api_addr}"))?;
@@ -144,6 +147,7 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
         kubeconfig,
         registry,
         api,
+        tokens,
     })
 }
 
@@ -222,7 +226,13 @@ pub async fn start_workers(
     for i in 0..workers.process_nodes {
         let agent = tessera_agent::process::ProcessAgent::new(
             shard.component_client("node-agent"),
-            tessera_agent::process::ProcessConfig::new(&format!("proc-{i}"), data_dir.join("logs")),
+            tessera_agent::process::ProcessConfig {
+                tokens: Some(shard.tokens.clone()),
+                ..tessera_agent::process::ProcessConfig::new(
+                    &format!("proc-{i}"),
+                    data_dir.join("logs"),
+                )
+            },
         );
         agent
             .register()

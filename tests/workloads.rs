@@ -310,3 +310,152 @@ fn workloads_run_on_a_shard_through_kubectl() {
         );
     }
 }
+
+/// `kubectl run NAME` of a `sh -c SCRIPT` pod on `node`.
+fn run_on(c: &Cluster, name: &str, node: &str, restart: &str, script: &str) {
+    let overrides = format!("{{\"spec\":{{\"nodeName\":\"{node}\"}}}}");
+    c.ok(&[
+        "run",
+        name,
+        "--image=busybox",
+        &format!("--restart={restart}"),
+        &format!("--overrides={overrides}"),
+        "--command",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+}
+
+/// `kubectl logs` of pods on process nodes: one inside `tessera up`, one in a separate
+/// `tessera agent` — the API server reaches each through its Node's endpoint.
+#[test]
+fn kubectl_logs_reads_process_pods() {
+    let c = Cluster::start_with("up", &["--nodes-per-shard=0", "--process-nodes=1"]);
+    let _remote = c.component(&[
+        "agent",
+        "--sim-nodes=0",
+        "--process-nodes=1",
+        "--prefix=remote",
+        "--log-dir",
+        &c.dir.path().join("remote-logs").display().to_string(),
+    ]);
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            (items(&c, &["get", "nodes"]).len() == 2).then_some(())
+        })
+        .is_some(),
+        "both process nodes registered"
+    );
+    let phase =
+        |name: &str| -> String { c.ok(&["get", "pod", name, "-o", "jsonpath={.status.phase}"]) };
+    let wait_phase = |name: &str, want: &str| {
+        assert!(
+            wait_for(Duration::from_secs(60), || (phase(name) == want)
+                .then_some(()))
+            .is_some(),
+            "{name} reached {want}: {}",
+            c.ok(&["get", "pod", name, "-o", "yaml"])
+        );
+    };
+
+    // A finished pod's output, whole and its tail.
+    run_on(
+        &c,
+        "hello",
+        "proc-0",
+        "Never",
+        "echo hello from tessera; echo second line",
+    );
+    wait_phase("hello", "Succeeded");
+    assert_eq!(
+        c.ok(&["logs", "hello"]),
+        "hello from tessera\nsecond line\n"
+    );
+    assert_eq!(c.ok(&["logs", "hello", "--tail=1"]), "second line\n");
+    let stamped = c.ok(&["logs", "hello", "--timestamps"]);
+    assert!(
+        stamped
+            .lines()
+            .all(|l| l.split_once(' ').is_some_and(|(ts, _)| ts.ends_with('Z'))),
+        "{stamped}"
+    );
+
+    // The same from the agent running as its own process.
+    run_on(
+        &c,
+        "far",
+        "remote-proc-0",
+        "Never",
+        "echo from the remote agent",
+    );
+    wait_phase("far", "Succeeded");
+    assert_eq!(c.ok(&["logs", "far"]), "from the remote agent\n");
+
+    // -f streams while the container runs.
+    run_on(
+        &c,
+        "ticker",
+        "proc-0",
+        "Always",
+        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done",
+    );
+    wait_phase("ticker", "Running");
+    let mut follow = c
+        .command(&["logs", "-f", "ticker"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("kubectl logs -f");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        follow.stdout.take().expect("stdout"),
+    ));
+    // Lines written after the follow began arrive on the open stream.
+    let seen: Vec<String> = (0..15)
+        .map(|_| lines.next().expect("a line").expect("text"))
+        .collect();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    for (i, l) in seen.iter().enumerate() {
+        assert_eq!(l, &format!("tick {i}"));
+    }
+
+    // --previous: the run before a restart.
+    run_on(
+        &c,
+        "crash",
+        "proc-0",
+        "Always",
+        "echo run at $(date +%s%N); exit 1",
+    );
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let n = c.ok(&[
+                "get",
+                "pod",
+                "crash",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].restartCount}",
+            ]);
+            (n.parse::<u32>().unwrap_or(0) >= 1).then_some(())
+        })
+        .is_some(),
+        "crash restarted"
+    );
+    let previous = c.ok(&["logs", "crash", "--previous"]);
+    assert!(previous.starts_with("run at "), "{previous}");
+
+    // What cannot be shown says why.
+    let err = c.fails(&["logs", "nosuchpod"]);
+    assert!(
+        err.contains("NotFound") || err.contains("not found"),
+        "{err}"
+    );
+    let err = c.fails(&["logs", "hello", "--previous"]);
+    assert!(err.contains("previous terminated container"), "{err}");
+    let err = c.fails(&["logs", "hello", "-c", "sidecar"]);
+    assert!(err.contains("container sidecar is not valid"), "{err}");
+
+    // Nothing keeps running after the test: the pods are deleted and their processes stop.
+    c.ok(&["delete", "pod", "--all", "--grace-period=1", "--wait=true"]);
+}

@@ -5,9 +5,11 @@
 //! (`CrashLoopBackOff` while waiting); a deleted pod's processes get SIGTERM, then SIGKILL
 //! after the grace period, and the pod object is removed.
 //!
-//! Not yet: probes, resource usage, serving logs to `kubectl logs`.
+//! Output is kept in the CRI log format and served to the API server for `kubectl logs`
+//! ([`crate::logs`]): the node publishes its endpoint in `status.daemonEndpoints`.
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tessera_apiserver::api::{now_secs, rfc3339};
+use tessera_apiserver::auth::Tokens;
 use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::{PatchType, find_resource};
@@ -25,6 +28,7 @@ use tessera_apiserver::status::ApiError;
 use tessera_runtime::informer::{Change, Informer, Scope};
 use tokio::sync::{mpsc, watch};
 
+use crate::logs::{Live, LogFile, LogServer, pod_dir};
 use crate::sim::LEASE_NAMESPACE;
 
 fn res(group: &str, plural: &str) -> &'static Resource {
@@ -44,6 +48,13 @@ pub struct ProcessConfig {
     pub max_backoff: Duration,
     /// How often the node's Lease is renewed.
     pub renew_interval: Duration,
+    /// A container run's log rotates past this size (the kubelet's containerLogMaxSize).
+    pub max_log_bytes: u64,
+    /// Where the node serves logs to the API server (its InternalIP and port go in the Node).
+    pub serve_addr: SocketAddr,
+    /// Whose credentials the log endpoint accepts (the admin token's node tokens); `None`
+    /// serves no logs.
+    pub tokens: Option<Tokens>,
 }
 
 impl ProcessConfig {
@@ -55,6 +66,9 @@ impl ProcessConfig {
             backoff: Duration::from_secs(10),
             max_backoff: Duration::from_secs(300),
             renew_interval: Duration::from_secs(10),
+            max_log_bytes: 10 << 20,
+            serve_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tokens: None,
         }
     }
 }
@@ -66,6 +80,7 @@ pub struct ProcessAgent {
     /// Per pod UID: a sender that asks its task to stop (with the grace period).
     running: Mutex<HashMap<String, watch::Sender<Option<i64>>>>,
     done: Mutex<HashSet<String>>,
+    live: Live,
 }
 
 fn host_memory() -> String {
@@ -84,17 +99,15 @@ fn host_memory() -> String {
     format!("{kb}Ki")
 }
 
-/// The path of a container's log for its `restart`-th run.
-pub fn log_path(dir: &Path, pod: &Pod, container: &str, restart: u32) -> PathBuf {
+/// The directory of a pod's logs.
+fn logs_of(dir: &Path, pod: &Pod) -> PathBuf {
     let m = &pod.metadata;
-    dir.join(format!(
-        "{}_{}_{}",
+    pod_dir(
+        dir,
         m.namespace.as_deref().unwrap_or(""),
         m.name.as_deref().unwrap_or(""),
-        m.uid.as_deref().unwrap_or("")
-    ))
-    .join(container)
-    .join(format!("{restart}.log"))
+        m.uid.as_deref().unwrap_or(""),
+    )
 }
 
 impl ProcessAgent {
@@ -105,11 +118,49 @@ impl ProcessAgent {
             config,
             running: Mutex::new(HashMap::new()),
             done: Mutex::new(HashSet::new()),
+            live: Live::default(),
         })
     }
 
-    /// Registers the Node (this machine's cpus and memory) and its Lease.
+    /// Starts the log endpoint, if the node has credentials for it; the port it serves on.
+    async fn serve_logs(&self) -> Result<Option<u16>, ApiError> {
+        let Some(tokens) = self.config.tokens.clone() else {
+            return Ok(None);
+        };
+        let listener = tokio::net::TcpListener::bind(self.config.serve_addr)
+            .await
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "node {}: serving logs on {}: {e}",
+                    self.config.node, self.config.serve_addr
+                ))
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let router = LogServer::new(
+            &self.config.node,
+            self.config.log_dir.clone(),
+            tokens,
+            self.live.clone(),
+        )
+        .router();
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!(error = %e, "the log endpoint stopped");
+            }
+        });
+        tracing::info!(node = %self.config.node, %addr, "serving container logs");
+        Ok(Some(addr.port()))
+    }
+
+    /// Registers the Node (this machine's cpus and memory, its log endpoint) and its Lease.
     pub async fn register(&self) -> Result<(), ApiError> {
+        let port = self.serve_logs().await?.unwrap_or(0);
+        let ip = match self.config.serve_addr.ip() {
+            ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+            ip => ip.to_string(),
+        };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let now = rfc3339(now_secs());
         let resources = json!({"cpu": cpus.to_string(), "memory": host_memory(), "pods": "110"});
@@ -120,8 +171,9 @@ impl ProcessAgent {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                     "message": "process agent is posting ready status",
                     "lastHeartbeatTime": now, "lastTransitionTime": now}],
-                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                "addresses": [{"type": "InternalIP", "address": ip},
                               {"type": "Hostname", "address": self.config.node}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
                 "nodeInfo": {"kubeletVersion": "v1.32.0-tessera-process", "kubeProxyVersion": "",
                     "operatingSystem": "linux", "architecture": std::env::consts::ARCH,
                     "containerRuntimeVersion": "process://1", "kernelVersion": "", "osImage": "",
@@ -129,7 +181,10 @@ impl ProcessAgent {
         match self.client.create(res("", "nodes"), None, &node).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {
-                let patch = json!({"status": {"conditions": node["status"]["conditions"]}});
+                // Registered before: the endpoint moved with this start.
+                let st = &node["status"];
+                let patch = json!({"status": {"conditions": st["conditions"],
+                    "addresses": st["addresses"], "daemonEndpoints": st["daemonEndpoints"]}});
                 self.client
                     .patch(
                         res("", "nodes"),
@@ -216,6 +271,13 @@ impl ProcessAgent {
                 let _ = stop.send(Some(0));
             }
             self.done.lock().remove(&uid);
+            // The kubelet keeps a pod's logs until the pod object is gone.
+            let dir = logs_of(&self.config.log_dir, &pod);
+            if let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(error = %e, dir = %dir.display(), "removing a pod's logs");
+            }
             return;
         }
         if pod.metadata.deletion_timestamp.is_some() {
@@ -362,13 +424,22 @@ impl ProcessAgent {
                     "message": "the process runtime runs a container's command and args; this one has none (images are not pulled)"}});
                 return 1;
             }
-            let log = log_path(&self.config.log_dir, pod, &c.name, restarts);
-            if let Some(parent) = log.parent() {
-                let _ = std::fs::create_dir_all(parent);
-            }
-            let out = std::fs::File::create(&log);
+            let path =
+                crate::logs::log_path(&logs_of(&self.config.log_dir, pod), &c.name, restarts);
+            let log = match LogFile::create(&path, self.config.max_log_bytes) {
+                Ok(f) => Arc::new(Mutex::new(f)),
+                Err(e) => {
+                    statuses.lock()[i]["state"] = json!({"waiting": {"reason": "RunContainerError",
+                        "message": format!("cannot create the log {}: {e}", path.display())}});
+                    return 1;
+                }
+            };
             let mut cmd = tokio::process::Command::new(&argv[0]);
-            cmd.args(&argv[1..]).stdin(Stdio::null()).kill_on_drop(true);
+            cmd.args(&argv[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
             for e in c.env.iter().flatten() {
                 if let Some(v) = &e.value {
                     cmd.env(&e.name, v);
@@ -376,12 +447,6 @@ impl ProcessAgent {
             }
             if let Some(d) = &c.working_dir {
                 cmd.current_dir(d);
-            }
-            if let Ok(f) = out {
-                if let Ok(f2) = f.try_clone() {
-                    cmd.stderr(f2);
-                }
-                cmd.stdout(f);
             }
             let child = cmd.spawn();
             let mut child = match child {
@@ -392,6 +457,14 @@ impl ProcessAgent {
                     return 127;
                 }
             };
+            self.live.lock().insert(path.clone());
+            let mut pumps = Vec::new();
+            if let Some(out) = child.stdout.take() {
+                pumps.push(tokio::spawn(crate::logs::pump(out, "stdout", log.clone())));
+            }
+            if let Some(err) = child.stderr.take() {
+                pumps.push(tokio::spawn(crate::logs::pump(err, "stderr", log.clone())));
+            }
             let started_at = rfc3339(now_secs());
             {
                 let mut s = statuses.lock();
@@ -424,6 +497,17 @@ impl ProcessAgent {
                     }
                 }
             };
+            // The output is complete once the pipes close (a child the container left
+            // running may hold them: its output is cut off after a second).
+            for p in pumps {
+                if tokio::time::timeout(Duration::from_secs(1), p)
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!(container = %c.name, "output still open after exit");
+                }
+            }
+            self.live.lock().remove(&path);
             let finished = json!({"terminated": {"exitCode": code,
                 "reason": if code == 0 { "Completed" } else { "Error" },
                 "startedAt": started_at, "finishedAt": rfc3339(now_secs())}});

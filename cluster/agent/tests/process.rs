@@ -1,17 +1,20 @@
 //! The process runtime against a real API: containers run as real local processes, with
 //! their output logged, exit codes reported, restarts with back-off, and SIGTERM then SIGKILL
-//! on deletion.
+//! on deletion; and `pods/log` through the API server to the agent's log endpoint.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tessera_agent::process::{ProcessAgent, ProcessConfig};
 use tessera_apiserver::api::Api;
-use tessera_apiserver::auth::User;
+use tessera_apiserver::api::ApiResponse;
+use tessera_apiserver::auth::{Tokens, User};
 use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::{Client, InProcess};
-use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
+use tessera_apiserver::request::{ApiRequest, Verb, find_resource, from_http};
+use tessera_apiserver::status::ApiError;
 use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 
 fn res(plural: &str) -> &'static Resource {
@@ -30,6 +33,22 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl Fn
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// `GET pods/NAME/log?QUERY` through the API, read to its end.
+async fn logs(c: &Arc<dyn Client>, name: &str, query: &str) -> Result<String, ApiError> {
+    let path = format!("/api/v1/namespaces/default/pods/{name}/log");
+    let req = from_http("GET", &path, query, None, None, Default::default())?.expect("served");
+    match c.call(req).await? {
+        ApiResponse::Stream { mut body, .. } => {
+            let mut out = Vec::new();
+            while let Some(chunk) = body.next().await {
+                out.extend_from_slice(&chunk.expect("chunk"));
+            }
+            Ok(String::from_utf8(out).expect("utf-8"))
+        }
+        other => panic!("a log read answered {other:?}"),
+    }
 }
 
 fn pod(name: &str, command: Value, policy: &str, extra: Value) -> Value {
@@ -56,7 +75,9 @@ async fn containers_run_as_processes() {
         .await
         .expect("store"),
     );
-    let c: Arc<dyn Client> = Arc::new(InProcess::new(Api::new(store, None), User::Admin));
+    let tokens = Tokens::new("test-admin-token");
+    let api = Api::new(store, None).with_node_proxy(tokens.clone());
+    let c: Arc<dyn Client> = Arc::new(InProcess::new(api, User::Admin));
     c.create(
         res("namespaces"),
         None,
@@ -64,18 +85,22 @@ async fn containers_run_as_processes() {
     )
     .await
     .expect("ns");
-    let logs = dir.path().join("logs");
+    let log_dir = dir.path().join("logs");
     let agent = ProcessAgent::new(
         c.clone(),
         ProcessConfig {
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_millis(400),
-            ..ProcessConfig::new("proc-0", logs.clone())
+            tokens: Some(tokens.clone()),
+            ..ProcessConfig::new("proc-0", log_dir.clone())
         },
     );
     agent.register().await.expect("register");
     let node = c.get(res("nodes"), None, "proc-0").await.expect("node");
     assert_eq!(node["metadata"]["labels"]["tessera.io/runtime"], "process");
+    let port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+        .as_u64()
+        .expect("the node publishes its log endpoint");
     let task = tokio::spawn(agent.run());
     let sh = |script: &str| json!(["sh", "-c", script]);
 
@@ -85,7 +110,7 @@ async fn containers_run_as_processes() {
         Some("default"),
         &pod(
             "hello",
-            sh("echo $GREETING; pwd; echo oops >&2"),
+            sh("echo $GREETING; pwd; sleep 0.2; echo oops >&2"),
             "Never",
             json!({"env": [{"name": "GREETING", "value": "hi"}], "workingDir": "/tmp"}),
         ),
@@ -103,14 +128,75 @@ async fn containers_run_as_processes() {
         p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
         0
     );
-    let text = std::fs::read_to_string(tessera_agent::process::log_path(
-        &logs,
-        &serde_json::from_value(p).expect("pod"),
-        "main",
-        0,
-    ))
-    .expect("log");
-    assert_eq!(text, "hi\n/tmp\noops\n");
+    // stdout and stderr, in order, through the API and the agent.
+    assert_eq!(
+        logs(&c, "hello", "").await.expect("log"),
+        "hi\n/tmp\noops\n"
+    );
+    assert_eq!(
+        logs(&c, "hello", "container=main&tailLines=1")
+            .await
+            .expect("tail"),
+        "oops\n"
+    );
+    assert_eq!(
+        logs(&c, "hello", "limitBytes=4").await.expect("limit"),
+        "hi\n/"
+    );
+    let stamped = logs(&c, "hello", "timestamps=true").await.expect("stamped");
+    let first = stamped.lines().next().expect("a line");
+    let (ts, text) = first.split_once(' ').expect("time, then text");
+    assert!(ts.ends_with('Z') && ts.contains('T'), "{first}");
+    assert_eq!(text, "hi");
+    assert_eq!(
+        logs(&c, "hello", "sinceTime=2099-01-01T00:00:00Z")
+            .await
+            .expect("since"),
+        ""
+    );
+    // What cannot be answered says why, and what to fix.
+    let e = logs(&c, "hello", "container=side")
+        .await
+        .expect_err("no such container");
+    assert_eq!(e.code, 400);
+    assert!(
+        e.message.contains("container side is not valid"),
+        "{}",
+        e.message
+    );
+    let e = logs(&c, "hello", "previous=true")
+        .await
+        .expect_err("no previous run");
+    assert_eq!(e.code, 400);
+    assert!(
+        e.message.contains("previous terminated container"),
+        "{}",
+        e.message
+    );
+    let e = logs(&c, "hello", "tailLines=-1")
+        .await
+        .expect_err("invalid");
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("tailLines"), "{}", e.message);
+    assert_eq!(logs(&c, "missing", "").await.expect_err("no pod").code, 404);
+    // The agent's endpoint itself refuses anyone but its API server.
+    for auth in ["", "Authorization: Bearer test-admin-token\r\n"] {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port as u16))
+            .await
+            .expect("connect");
+        let uid = p["metadata"]["uid"].as_str().expect("uid");
+        let req = format!(
+            "GET /containerLogs/default/hello/main?podUID={uid} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
+            .await
+            .expect("write");
+        let mut answer = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut s, &mut answer)
+            .await
+            .expect("read");
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
 
     // A failing container restarts with back-off (OnFailure), counting restarts.
     c.create(
@@ -132,6 +218,12 @@ async fn containers_run_as_processes() {
     let p = get(&c, "crash").await.expect("pod");
     let cs = &p["status"]["containerStatuses"][0];
     assert_eq!(cs["lastState"]["terminated"]["exitCode"], 3);
+    assert_eq!(
+        logs(&c, "crash", "previous=true")
+            .await
+            .expect("previous run"),
+        "try\n"
+    );
 
     // A failing container under Never: the pod Failed with its exit code.
     c.create(
@@ -172,19 +264,38 @@ async fn containers_run_as_processes() {
             .is_some_and(|p| p["status"]["phase"] == "Running")
     })
     .await;
-    let polite: k8s_openapi::api::core::v1::Pod =
-        serde_json::from_value(get(&c, "polite").await.expect("pod")).expect("pod");
+    let polite = get(&c, "polite").await.expect("pod");
+    let polite_dir = log_dir.join(format!(
+        "default_polite_{}",
+        polite["metadata"]["uid"].as_str().expect("uid")
+    ));
+    // A follower sees the output as it comes, and its stream ends with the container.
+    let follower = {
+        let c = c.clone();
+        tokio::spawn(async move { logs(&c, "polite", "follow=true").await })
+    };
     tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !follower.is_finished(),
+        "following waits while the container runs"
+    );
     c.delete(res("pods"), Some("default"), "polite", None)
         .await
         .expect("delete");
+    let text = tokio::time::timeout(Duration::from_secs(15), follower)
+        .await
+        .expect("the stream ended with the container")
+        .expect("task")
+        .expect("log");
+    assert_eq!(text, "up\nbye\n", "SIGTERM reached the process");
     until("polite gone", || async {
         get(&c, "polite").await.is_none()
     })
     .await;
-    let text = std::fs::read_to_string(tessera_agent::process::log_path(&logs, &polite, "main", 0))
-        .expect("log");
-    assert_eq!(text, "up\nbye\n", "SIGTERM reached the process");
+    until("its logs removed with it", || async {
+        !polite_dir.exists()
+    })
+    .await;
 
     // One that ignores SIGTERM is killed after its grace period.
     c.create(

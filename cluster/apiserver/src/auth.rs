@@ -71,6 +71,12 @@ pub struct Tokens {
     key: hmac::Key,
 }
 
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tokens(<redacted>)")
+    }
+}
+
 impl Tokens {
     /// Tokens rooted in the admin token.
     pub fn new(admin_token: &str) -> Tokens {
@@ -83,8 +89,39 @@ impl Tokens {
     /// A token for tenant `name`.
     pub fn mint(&self, tenant: &str) -> String {
         let tag = hmac::sign(&self.key, tenant.as_bytes());
-        let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        format!("tenant.{tenant}.{hex}")
+        format!("tenant.{tenant}.{}", hex(tag.as_ref()))
+    }
+
+    /// A credential the API server presents to node `node`'s agent when it proxies a request
+    /// to it (`pods/log`), good until `expires` (seconds since the epoch):
+    /// `node.<node>.<expires>.<HMAC-SHA256 of "node/<node>/<expires>">`. It names one node and
+    /// lapses soon, so one seen on the wire opens no other node and no API request
+    /// ([`Tokens::authenticate`] refuses it).
+    pub fn node_token(&self, node: &str, expires: i64) -> String {
+        let tag = hmac::sign(&self.key, format!("node/{node}/{expires}").as_bytes());
+        format!("node.{node}.{expires}.{}", hex(tag.as_ref()))
+    }
+
+    /// Whether `token` is a [`Tokens::node_token`] for `node` that has not lapsed at `now`.
+    pub fn check_node_token(&self, token: &str, node: &str, now: i64) -> bool {
+        let Some(rest) = token.strip_prefix("node.") else {
+            return false;
+        };
+        let Some((signed, hex)) = rest.rsplit_once('.') else {
+            return false;
+        };
+        let Some((name, expires)) = signed.rsplit_once('.') else {
+            return false;
+        };
+        let Ok(expires) = expires.parse::<i64>() else {
+            return false;
+        };
+        let Some(tag) = unhex(hex) else {
+            return false;
+        };
+        name == node
+            && expires >= now
+            && hmac::verify(&self.key, format!("node/{name}/{expires}").as_bytes(), &tag).is_ok()
     }
 
     /// Who a bearer token belongs to.
@@ -94,15 +131,24 @@ impl Tokens {
         }
         let rest = token.strip_prefix("tenant.")?;
         let (name, hex) = rest.rsplit_once('.')?;
-        if hex.len() != 64 {
-            return None;
-        }
-        let tag: Vec<u8> = (0..32)
-            .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-            .collect::<Option<_>>()?;
+        let tag = unhex(hex)?;
         hmac::verify(&self.key, name.as_bytes(), &tag).ok()?;
         Some(User::Tenant(name.to_owned()))
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A 32-byte HMAC tag from its 64 hex digits.
+fn unhex(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() != 64 {
+        return None;
+    }
+    (0..32)
+        .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -288,5 +334,23 @@ mod tests {
         for junk in ["", "tenant.", "tenant.a.zz", "tenant.a.", "secret-admi"] {
             assert_eq!(t.authenticate(junk), None, "{junk}");
         }
+    }
+
+    #[test]
+    fn node_tokens_name_one_node_and_lapse() {
+        let t = Tokens::new("secret-admin");
+        let token = t.node_token("proc-0", 1_000);
+        assert!(t.check_node_token(&token, "proc-0", 999));
+        assert!(t.check_node_token(&token, "proc-0", 1_000));
+        // Lapsed, another node, another server, a longer life claimed: refused.
+        assert!(!t.check_node_token(&token, "proc-0", 1_001));
+        assert!(!t.check_node_token(&token, "proc-1", 999));
+        assert!(!Tokens::new("another-admin").check_node_token(&token, "proc-0", 999));
+        let extended = token.replace(".1000.", ".9000.");
+        assert!(!t.check_node_token(&extended, "proc-0", 999));
+        // Not an API credential, and no API credential opens a node.
+        assert_eq!(t.authenticate(&token), None);
+        assert!(!t.check_node_token("secret-admin", "proc-0", 0));
+        assert!(!t.check_node_token(&t.mint("proc-0"), "proc-0", 0));
     }
 }

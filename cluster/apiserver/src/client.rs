@@ -151,6 +151,13 @@ pub struct HttpClient {
     client: HyperClient<Https, Full<Bytes>>,
 }
 
+impl HttpClient {
+    /// The bearer token it sends (a node agent roots its log endpoint's credentials in it).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
 /// Well-known reasons, so that a `Status` read off the wire becomes the same `ApiError`.
 const REASONS: &[&str] = &[
     "BadRequest",

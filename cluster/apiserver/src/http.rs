@@ -79,6 +79,15 @@ pub fn encode(result: Result<ApiResponse, ApiError>) -> Response {
             )
                 .into_response()
         }
+        Ok(ApiResponse::Stream { content_type, body }) => (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, content_type),
+                (header::CACHE_CONTROL, "no-cache, private"),
+            ],
+            Body::from_stream(body),
+        )
+            .into_response(),
         Err(e) => error_response(&e),
     }
 }

@@ -137,6 +137,92 @@ pub struct Params {
     pub grace_period_seconds: Option<i64>,
     /// `includeObject` of a Table (`None`, `Metadata`, `Object`).
     pub include_object: Option<String>,
+    /// The options of a `pods/log` read.
+    pub log: LogOptions,
+}
+
+/// What a `pods/log` read asks for (Kubernetes' `PodLogOptions`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// `container` (may be left out when the pod has one).
+    pub container: Option<String>,
+    /// `follow`: stream until the container stops.
+    pub follow: bool,
+    /// `previous`: the container's run before the current one.
+    pub previous: bool,
+    /// `tailLines`: only the last N lines.
+    pub tail_lines: Option<i64>,
+    /// `sinceSeconds`: only lines newer than this many seconds.
+    pub since_seconds: Option<i64>,
+    /// `sinceTime` (RFC 3339): only lines from this time on.
+    pub since_time: Option<String>,
+    /// `timestamps`: each line starts with its RFC 3339 time.
+    pub timestamps: bool,
+    /// `limitBytes`: stop after this many bytes.
+    pub limit_bytes: Option<i64>,
+}
+
+impl LogOptions {
+    /// What Kubernetes' `ValidatePodLogOptions` refuses, as one message.
+    pub fn problems(&self) -> Option<String> {
+        let mut out = Vec::new();
+        if self.tail_lines.is_some_and(|n| n < 0) {
+            out.push("tailLines: Invalid value: must be greater than or equal to 0");
+        }
+        if self.limit_bytes.is_some_and(|n| n < 1) {
+            out.push("limitBytes: Invalid value: must be greater than 0");
+        }
+        if self.since_seconds.is_some() && self.since_time.is_some() {
+            out.push("sinceSeconds: Forbidden: at most one of sinceTime or sinceSeconds may be specified");
+        }
+        if self.since_seconds.is_some_and(|n| n < 1) {
+            out.push("sinceSeconds: Invalid value: must be greater than 0");
+        }
+        if self
+            .since_time
+            .as_deref()
+            .is_some_and(|t| t.parse::<jiff::Timestamp>().is_err())
+        {
+            out.push("sinceTime: Invalid value: must be an RFC 3339 time");
+        }
+        (!out.is_empty()).then(|| out.join(", "))
+    }
+
+    /// The earliest line time asked for, in nanoseconds since the epoch, at `now_nanos`.
+    pub fn since_nanos(&self, now_nanos: i128) -> Option<i128> {
+        if let Some(s) = self.since_seconds {
+            return Some(now_nanos - i128::from(s) * 1_000_000_000);
+        }
+        let t: jiff::Timestamp = self.since_time.as_deref()?.parse().ok()?;
+        Some(t.as_nanosecond())
+    }
+
+    /// The options as a query string (without the container), for a node agent.
+    pub fn to_query(&self) -> String {
+        let mut q = Vec::new();
+        if self.follow {
+            q.push("follow=true".to_owned());
+        }
+        if self.previous {
+            q.push("previous=true".to_owned());
+        }
+        if self.timestamps {
+            q.push("timestamps=true".to_owned());
+        }
+        if let Some(n) = self.tail_lines {
+            q.push(format!("tailLines={n}"));
+        }
+        if let Some(n) = self.since_seconds {
+            q.push(format!("sinceSeconds={n}"));
+        }
+        if let Some(t) = &self.since_time {
+            q.push(format!("sinceTime={}", t.replace('+', "%2B")));
+        }
+        if let Some(n) = self.limit_bytes {
+            q.push(format!("limitBytes={n}"));
+        }
+        q.join("&")
+    }
 }
 
 /// One API request.
@@ -323,6 +409,14 @@ pub fn parse_params(query: &str) -> Result<(Params, bool), ApiError> {
             "propagationPolicy" if !v.is_empty() => p.propagation = Some(propagation(&v)?),
             "gracePeriodSeconds" => p.grace_period_seconds = Some(number(&v)?),
             "includeObject" => p.include_object = Some(v),
+            "container" if !v.is_empty() => p.log.container = Some(v),
+            "follow" => p.log.follow = flag(&v)?,
+            "previous" => p.log.previous = flag(&v)?,
+            "timestamps" => p.log.timestamps = flag(&v)?,
+            "tailLines" => p.log.tail_lines = Some(number(&v)?),
+            "sinceSeconds" => p.log.since_seconds = Some(number(&v)?),
+            "sinceTime" if !v.is_empty() => p.log.since_time = Some(v),
+            "limitBytes" => p.log.limit_bytes = Some(number(&v)?),
             // Accepted and ignored, as by Kubernetes: formatting and client hints.
             _ => {}
         }

@@ -9,12 +9,14 @@
 mod admission;
 mod allocator;
 mod delete;
+mod logs;
 mod read;
 mod subresources;
 mod tenant_quota;
 mod write;
 
 use admission::{pod_usage, qos_class, quantity_json, quantity_map};
+pub use logs::NodeProxy;
 use subresources::{from_scale, to_scale, to_scale_plain};
 
 use std::collections::BTreeMap;
@@ -96,7 +98,17 @@ pub enum ApiResponse {
     },
     /// A stream of watch events.
     Watch(WatchStream),
+    /// Bytes as they come, of one content type (a container's log).
+    Stream {
+        /// `text/plain`.
+        content_type: &'static str,
+        /// The body.
+        body: ByteStream,
+    },
 }
+
+/// A body streamed as it comes.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
 
 impl std::fmt::Debug for ApiResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,6 +118,7 @@ impl std::fmt::Debug for ApiResponse {
                 write!(f, "{code} {}", String::from_utf8_lossy(body))
             }
             ApiResponse::Watch(_) => write!(f, "watch"),
+            ApiResponse::Stream { content_type, .. } => write!(f, "stream of {content_type}"),
         }
     }
 }
@@ -116,7 +129,7 @@ impl ApiResponse {
         match self {
             ApiResponse::Object { body, .. } => Some(body),
             ApiResponse::Encoded { body, .. } => serde_json::from_slice(&body).ok(),
-            ApiResponse::Watch(_) => None,
+            ApiResponse::Watch(_) | ApiResponse::Stream { .. } => None,
         }
     }
 
@@ -145,6 +158,7 @@ pub struct Api {
     metrics: Option<ApiMetrics>,
     watch_cache: WatchCache,
     tenants: Arc<parking_lot::Mutex<tenant_quota::TenantList>>,
+    node_proxy: Option<NodeProxy>,
 }
 
 /// RFC 3339 in UTC, to the second, as Kubernetes writes timestamps.
@@ -339,7 +353,15 @@ impl Api {
             store,
             metrics,
             tenants: Arc::default(),
+            node_proxy: None,
         }
+    }
+
+    /// The same API, reaching node agents (for `pods/log`) with credentials rooted in
+    /// `tokens`.
+    pub fn with_node_proxy(mut self, tokens: crate::auth::Tokens) -> Api {
+        self.node_proxy = Some(NodeProxy::new(tokens));
+        self
     }
 
     /// The same API without a watch cache: each watch reads the store itself
@@ -374,7 +396,7 @@ impl Api {
         if let Some(m) = &self.metrics {
             let code = match &result {
                 Ok(ApiResponse::Object { code, .. }) => *code,
-                Ok(ApiResponse::Watch(_)) => 200,
+                Ok(ApiResponse::Watch(_) | ApiResponse::Stream { .. }) => 200,
                 Ok(ApiResponse::Encoded { code, .. }) => *code,
                 Err(e) => e.code,
             };
@@ -404,10 +426,7 @@ impl Api {
             (Verb::Get, None) => self.get(&req).await,
             (Verb::Get, Some("status")) => self.get(&req).await,
             (Verb::Get, Some("scale")) => self.get(&req).await,
-            (Verb::Get, Some("log")) => Err(ApiError::bad_request(format!(
-                "no logs for pod {:?}: no node agent runs it yet",
-                req.name.as_deref().unwrap_or_default()
-            ))),
+            (Verb::Get, Some("log")) => self.logs(&req).await,
             (Verb::List, _) => self.list(&req, &scope.namespaces).await,
             (Verb::Watch, _) => self.watch(&req, scope.namespaces.clone()).await,
             (Verb::Create, None) => self.create(&req, user).await,
