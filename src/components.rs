@@ -329,6 +329,7 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         node.register()
             .await
             .map_err(|e| anyhow::anyhow!("registering process node {name}: {}", e.message))?;
+        node.register_metrics(&registry)?;
         tasks.push(tokio::spawn(node.run()));
     }
     if args.process_nodes > 0 {

@@ -238,6 +238,7 @@ pub async fn start_workers(
             .register()
             .await
             .map_err(|e| anyhow::anyhow!("registering process node proc-{i}: {}", e.message))?;
+        agent.register_metrics(&shard.registry)?;
         tasks.push(tokio::spawn(agent.run()));
     }
     Ok(tasks)

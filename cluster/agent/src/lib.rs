@@ -4,8 +4,10 @@
 
 pub mod logs;
 pub mod metrics;
+pub mod probe;
 pub mod process;
 pub mod sim;
+pub mod usage;
 
 use std::sync::Arc;
 

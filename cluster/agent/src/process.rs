@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tessera_apiserver::api::{now_secs, rfc3339};
@@ -25,10 +25,12 @@ use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::{PatchType, find_resource};
 use tessera_apiserver::status::ApiError;
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Change, Informer, Scope};
 use tokio::sync::{mpsc, watch};
 
 use crate::logs::{Live, LogFile, LogServer, pod_dir};
+use crate::probe::{Kind, Tally, Timing, attempt};
 use crate::sim::LEASE_NAMESPACE;
 
 fn res(group: &str, plural: &str) -> &'static Resource {
@@ -81,6 +83,9 @@ pub struct ProcessAgent {
     running: Mutex<HashMap<String, watch::Sender<Option<i64>>>>,
     done: Mutex<HashSet<String>>,
     live: Live,
+    /// Running containers by the process (group) id: namespace, pod, container.
+    usage: crate::usage::Running,
+    events: Recorder,
 }
 
 fn host_memory() -> String {
@@ -110,16 +115,57 @@ fn logs_of(dir: &Path, pod: &Pod) -> PathBuf {
     )
 }
 
+/// A container's exit code: its own, or 128 + the signal that ended it.
+fn exit_code(status: Option<std::process::ExitStatus>) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.map_or(137, |s| {
+        s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
+    })
+}
+
+/// Signals a container as a container runtime does: SIGTERM to its main process only (as
+/// to PID 1 of a container), SIGKILL to its whole process group.
+async fn signal_container(pid: u32, signal: &str) {
+    if pid > 1 {
+        let target = if signal == "KILL" {
+            format!("-{pid}")
+        } else {
+            pid.to_string()
+        };
+        let _ = tokio::process::Command::new("kill")
+            .args([&format!("-{signal}"), "--", &target])
+            .stderr(Stdio::null())
+            .status()
+            .await;
+    }
+}
+
+/// A probe the runtime runs (`grpc` ones are not).
+fn runnable(p: Option<&Probe>) -> Option<&Probe> {
+    p.filter(|p| p.exec.is_some() || p.tcp_socket.is_some() || p.http_get.is_some())
+}
+
 impl ProcessAgent {
     /// A process node.
     pub fn new(client: Arc<dyn Client>, config: ProcessConfig) -> Arc<ProcessAgent> {
         Arc::new(ProcessAgent {
-            client,
             config,
             running: Mutex::new(HashMap::new()),
             done: Mutex::new(HashSet::new()),
             live: Live::default(),
+            usage: crate::usage::Running::default(),
+            events: Recorder::new(client.clone(), "kubelet", None),
+            client,
         })
+    }
+
+    /// Serves the resource usage of this node's containers in `registry`
+    /// ([`crate::usage`]).
+    pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(crate::usage::ContainerUsage::new(
+            &self.config.node,
+            self.usage.clone(),
+        )?))
     }
 
     /// Starts the log endpoint, if the node has credentials for it; the port it serves on.
@@ -404,6 +450,121 @@ impl ProcessAgent {
         deleted
     }
 
+    /// Runs a container's probes; returns (with the grace period to kill it in) once its
+    /// startup or liveness probe has failed `failureThreshold` times in a row.
+    async fn supervise(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        i: usize,
+        statuses: &Arc<Mutex<Vec<Value>>>,
+    ) -> u64 {
+        let obj = ObjectRef::new("v1", "Pod", &pod.metadata);
+        for (kind, p) in [
+            (Kind::Startup, &c.startup_probe),
+            (Kind::Liveness, &c.liveness_probe),
+            (Kind::Readiness, &c.readiness_probe),
+        ] {
+            if p.is_some() && runnable(p.as_ref()).is_none() {
+                self.events.event(&obj, EventType::Warning, "ProbeNotSupported",
+                    &format!("{} probe of container {} is not run: the process runtime runs exec, tcpSocket and httpGet probes", kind.as_str(), c.name));
+            }
+        }
+        let grace = |p: &Probe| {
+            p.termination_grace_period_seconds
+                .or(pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds))
+                .unwrap_or(30)
+                .max(0) as u64
+        };
+        let killing = |p: &Probe, kind: Kind| {
+            self.events.event(
+                &obj,
+                EventType::Normal,
+                "Killing",
+                &format!(
+                    "Container {} failed {} probe, will be restarted",
+                    c.name,
+                    kind.as_str().to_lowercase()
+                ),
+            );
+            grace(p)
+        };
+        if let Some(p) = runnable(c.startup_probe.as_ref()) {
+            let mut passed = false;
+            self.probe_loop(&obj, Kind::Startup, p, c, |ok| {
+                passed = ok;
+                true
+            })
+            .await;
+            if !passed {
+                return killing(p, Kind::Startup);
+            }
+            let mut s = statuses.lock();
+            s[i]["started"] = json!(true);
+            s[i]["ready"] = json!(runnable(c.readiness_probe.as_ref()).is_none());
+        }
+        let readiness = async {
+            match runnable(c.readiness_probe.as_ref()) {
+                Some(p) => {
+                    self.probe_loop(&obj, Kind::Readiness, p, c, |ok| {
+                        statuses.lock()[i]["ready"] = json!(ok);
+                        false
+                    })
+                    .await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let liveness = async {
+            match runnable(c.liveness_probe.as_ref()) {
+                Some(p) => {
+                    self.probe_loop(&obj, Kind::Liveness, p, c, |ok| !ok).await;
+                    killing(p, Kind::Liveness)
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            grace = liveness => grace,
+            () = readiness => unreachable!("readiness probing never stops"),
+        }
+    }
+
+    /// Runs probe `p` every period; `decide` hears each threshold reached (true: passed)
+    /// and says whether to stop.
+    async fn probe_loop(
+        &self,
+        obj: &ObjectRef,
+        kind: Kind,
+        p: &Probe,
+        c: &Container,
+        mut decide: impl FnMut(bool) -> bool,
+    ) {
+        let t = Timing::of(p);
+        tokio::time::sleep(t.initial_delay).await;
+        let mut tally = Tally::default();
+        loop {
+            let result = attempt(p, c, "127.0.0.1", t.timeout).await;
+            if let Err(why) = &result {
+                self.events.event(
+                    obj,
+                    EventType::Warning,
+                    "Unhealthy",
+                    &format!("{} probe failed: {why}", kind.as_str()),
+                );
+            }
+            if let Some(passed) = tally.record(result.is_ok(), &t)
+                && decide(passed)
+            {
+                return;
+            }
+            tokio::time::sleep(t.period).await;
+        }
+    }
+
     /// Runs one container, restarting per policy; its final exit code.
     async fn run_container(
         &self,
@@ -434,21 +595,12 @@ impl ProcessAgent {
                     return 1;
                 }
             };
-            let mut cmd = tokio::process::Command::new(&argv[0]);
-            cmd.args(&argv[1..])
-                .stdin(Stdio::null())
+            let child = crate::probe::in_container(c, &argv[0], &argv[1..])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .kill_on_drop(true);
-            for e in c.env.iter().flatten() {
-                if let Some(v) = &e.value {
-                    cmd.env(&e.name, v);
-                }
-            }
-            if let Some(d) = &c.working_dir {
-                cmd.current_dir(d);
-            }
-            let child = cmd.spawn();
+                // Its own process group: what the container starts is killed with it.
+                .process_group(0)
+                .spawn();
             let mut child = match child {
                 Ok(ch) => ch,
                 Err(e) => {
@@ -469,34 +621,47 @@ impl ProcessAgent {
             {
                 let mut s = statuses.lock();
                 s[i]["state"] = json!({"running": {"startedAt": started_at}});
-                s[i]["ready"] = json!(true);
-                s[i]["started"] = json!(true);
+                // Probes decide these when there are any.
+                s[i]["started"] = json!(runnable(c.startup_probe.as_ref()).is_none());
+                s[i]["ready"] = json!(
+                    s[i]["started"] == true && runnable(c.readiness_probe.as_ref()).is_none()
+                );
                 s[i]["restartCount"] = json!(restarts);
                 s[i]["containerID"] = json!(format!("process://{}", child.id().unwrap_or(0)));
             }
-            // Either the process ends, or the pod is deleted (with its grace period).
+            let pid = child.id().unwrap_or(0);
+            self.usage.lock().insert(
+                pid,
+                (
+                    pod.metadata.namespace.clone().unwrap_or_default(),
+                    pod.metadata.name.clone().unwrap_or_default(),
+                    c.name.clone(),
+                ),
+            );
+            // The process ends; or the pod is deleted (with its grace period); or a startup
+            // or liveness probe fails for good (the container is killed and restarted).
             let ended = tokio::select! {
-                status = child.wait() => Ok(status.ok().and_then(|s| s.code()).unwrap_or(137)),
+                status = child.wait() => Ok(exit_code(status.ok())),
                 g = stop.wait_for(Option::is_some) => Err(g.map_or(30, |r| r.unwrap_or(30)).max(0) as u64),
+                grace = self.supervise(pod, c, i, &statuses) => Err(grace),
             };
             let code = match ended {
                 Ok(code) => code,
                 Err(grace) => {
-                    if let Some(pid) = child.id() {
-                        let _ = tokio::process::Command::new("kill")
-                            .args(["-TERM", &pid.to_string()])
-                            .status()
-                            .await;
-                    }
+                    signal_container(pid, "TERM").await;
                     match tokio::time::timeout(Duration::from_secs(grace), child.wait()).await {
-                        Ok(s) => s.ok().and_then(|s| s.code()).unwrap_or(143),
+                        Ok(s) => exit_code(s.ok()),
                         Err(_) => {
-                            let _ = child.kill().await;
+                            signal_container(pid, "KILL").await;
+                            let _ = child.wait().await;
                             137
                         }
                     }
                 }
             };
+            // What the container left running in its group goes with it.
+            signal_container(pid, "KILL").await;
+            self.usage.lock().remove(&pid);
             // The output is complete once the pipes close (a child the container left
             // running may hold them: its output is cut off after a second).
             for p in pumps {

@@ -101,6 +101,8 @@ async fn containers_run_as_processes() {
     let port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
         .as_u64()
         .expect("the node publishes its log endpoint");
+    let registry = prometheus::Registry::new();
+    agent.register_metrics(&registry).expect("metrics");
     let task = tokio::spawn(agent.run());
     let sh = |script: &str| json!(["sh", "-c", script]);
 
@@ -197,6 +199,127 @@ async fn containers_run_as_processes() {
             .expect("read");
         assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     }
+
+    // Probes. Readiness follows an exec probe; a failing liveness probe restarts the
+    // container; a startup probe holds readiness back until it passes.
+    let flags = dir.path().join("flags");
+    std::fs::create_dir_all(&flags).expect("flags");
+    let flag = |name: &str| flags.join(name).display().to_string();
+    let probe = |cmd: String| {
+        json!({"exec": {"command": ["sh", "-c", cmd]},
+        "periodSeconds": 1, "failureThreshold": 1})
+    };
+    c.create(
+        res("pods"),
+        Some("default"),
+        &pod(
+            "probed",
+            sh("echo up; while true; do sleep 0.1; done"),
+            "Always",
+            json!({
+                "readinessProbe": probe(format!("test -f {}", flag("ready"))),
+                "livenessProbe": probe(format!("! test -f {}", flag("sick"))),
+                "startupProbe": {"exec": {"command": ["sh", "-c", format!("test -f {}", flag("started"))]},
+                    "periodSeconds": 1, "failureThreshold": 60},
+            }),
+        ),
+    )
+    .await
+    .expect("pod");
+    let status = |p: &Value| p["status"]["containerStatuses"][0].clone();
+    until("probed running, not started", || async {
+        get(&c, "probed").await.is_some_and(|p| {
+            p["status"]["phase"] == "Running"
+                && status(&p)["started"] == false
+                && status(&p)["ready"] == false
+        })
+    })
+    .await;
+    std::fs::write(flag("started"), "").expect("flag");
+    until("started, not ready", || async {
+        get(&c, "probed")
+            .await
+            .is_some_and(|p| status(&p)["started"] == true && status(&p)["ready"] == false)
+    })
+    .await;
+    std::fs::write(flag("ready"), "").expect("flag");
+    until("ready", || async {
+        get(&c, "probed").await.is_some_and(|p| {
+            status(&p)["ready"] == true
+                && status(&p)["restartCount"] == 0
+                && p["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+        })
+    })
+    .await;
+    // The container's processes show in the node's usage metrics.
+    let families = registry.gather();
+    let processes = families
+        .iter()
+        .find(|f| f.name() == "tessera_container_processes")
+        .expect("usage family");
+    let probed = processes
+        .get_metric()
+        .iter()
+        .find(|m| m.get_label().iter().any(|l| l.value() == "probed"))
+        .expect("probed's usage");
+    assert!(probed.get_gauge().get_value() >= 1.0);
+    assert!(families.iter().any(|f| {
+        f.name() == "tessera_container_memory_rss_bytes"
+            && f.get_metric()
+                .iter()
+                .any(|m| m.get_gauge().get_value() > 0.0)
+    }));
+    std::fs::remove_file(flag("ready")).expect("unflag");
+    until("not ready again", || async {
+        get(&c, "probed")
+            .await
+            .is_some_and(|p| status(&p)["ready"] == false)
+    })
+    .await;
+    std::fs::write(flag("sick"), "").expect("flag");
+    until("restarted by the liveness probe", || async {
+        get(&c, "probed")
+            .await
+            .is_some_and(|p| status(&p)["restartCount"].as_u64().unwrap_or(0) >= 1)
+    })
+    .await;
+    std::fs::remove_file(flag("sick")).expect("unflag");
+    let events = c
+        .list(ApiRequest {
+            namespace: Some("default".into()),
+            ..ApiRequest::new(Verb::List, res("events"))
+        })
+        .await
+        .expect("events");
+    let said: Vec<String> = events["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == "probed")
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["reason"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert!(
+        said.iter()
+            .any(|m| m.starts_with("Unhealthy Liveness probe failed")),
+        "{said:?}"
+    );
+    assert!(
+        said.iter()
+            .any(|m| m == "Killing Container main failed liveness probe, will be restarted"),
+        "{said:?}"
+    );
+    c.delete(res("pods"), Some("default"), "probed", None)
+        .await
+        .expect("delete");
 
     // A failing container restarts with back-off (OnFailure), counting restarts.
     c.create(
