@@ -130,19 +130,29 @@ pub struct ControllerManagerArgs {
     /// Seconds without a Lease renewal before a node is unreachable and its pods evicted.
     #[arg(long, default_value_t = 40.0)]
     node_monitor_grace_period: f64,
+    /// Seconds between recounts of every ResourceQuota's usage.
+    #[arg(long, default_value_t = 300.0)]
+    resource_quota_sync_period: f64,
 }
 
-/// The node lifecycle timings for a grace period in seconds.
-pub fn node_lifecycle(
+/// The controllers' timings from a node grace period and a quota recount period, in seconds.
+pub fn controller_settings(
     grace: f64,
-) -> anyhow::Result<tessera_controllers::nodelifecycle::NodeLifecycleConfig> {
+    quota_sync: f64,
+) -> anyhow::Result<tessera_controllers::Settings> {
     if !(grace.is_finite() && grace > 0.0) {
         anyhow::bail!("--node-monitor-grace-period must be a positive number of seconds");
     }
+    if !(quota_sync.is_finite() && quota_sync > 0.0) {
+        anyhow::bail!("--resource-quota-sync-period must be a positive number of seconds");
+    }
     let grace = Duration::from_secs_f64(grace);
-    Ok(tessera_controllers::nodelifecycle::NodeLifecycleConfig {
-        grace,
-        period: (grace / 8).clamp(Duration::from_millis(100), Duration::from_secs(5)),
+    Ok(tessera_controllers::Settings {
+        nodes: tessera_controllers::nodelifecycle::NodeLifecycleConfig {
+            grace,
+            period: (grace / 8).clamp(Duration::from_millis(100), Duration::from_secs(5)),
+        },
+        quota_resync: Duration::from_secs_f64(quota_sync),
     })
 }
 
@@ -166,13 +176,16 @@ pub async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<(
     let client = connect(&args.remote, &registry).await?;
     let ctx = controller_context(client.clone(), &registry, args.workers)?;
     let metrics = ctx.runtime_metrics.clone().expect("registered above");
-    let nodes = node_lifecycle(args.node_monitor_grace_period)?;
+    let settings = controller_settings(
+        args.node_monitor_grace_period,
+        args.resource_quota_sync_period,
+    )?;
     elected(
         client,
         &args.election,
         "tessera-controller-manager",
         metrics,
-        tessera_controllers::run_all_with(ctx, nodes),
+        tessera_controllers::run_all_with(ctx, settings),
     )
     .await
 }

@@ -62,6 +62,9 @@ pub struct WorkerArgs {
     /// Seconds without a Lease renewal before a node is unreachable and its pods evicted.
     #[arg(long, default_value_t = 40.0)]
     pub node_monitor_grace_period: f64,
+    /// Seconds between recounts of every ResourceQuota's usage.
+    #[arg(long, default_value_t = 300.0)]
+    pub resource_quota_sync_period: f64,
     #[command(flatten)]
     pub sim: crate::components::SimArgs,
 }
@@ -208,8 +211,13 @@ pub async fn start_workers(
             runtime_metrics: Some(runtime.clone()),
             workers: 4,
         };
-        let nodes = crate::components::node_lifecycle(workers.node_monitor_grace_period)?;
-        tasks.push(tokio::spawn(tessera_controllers::run_all_with(ctx, nodes)));
+        let settings = crate::components::controller_settings(
+            workers.node_monitor_grace_period,
+            workers.resource_quota_sync_period,
+        )?;
+        tasks.push(tokio::spawn(tessera_controllers::run_all_with(
+            ctx, settings,
+        )));
     }
     if workers.nodes_per_shard > 0 {
         let agent = tessera_agent::sim::SimAgent::new(

@@ -22,6 +22,7 @@ pub mod pki;
 pub mod protobuf;
 #[rustfmt::skip]
 pub mod protobuf_schema;
+pub mod quota;
 pub mod request;
 pub mod serve;
 pub mod status;

@@ -365,6 +365,105 @@ async fn concurrent_creates_never_overshoot_a_quota() {
         .expect("quota");
     assert_eq!(q["status"]["used"]["pods"], "10");
     assert_eq!(q["status"]["used"]["requests.cpu"], "1");
+
+    // Finished pods use nothing: the status write that says so gives their charge back.
+    let used = |q: &Value, k: &str| q["status"]["used"][k].as_str().unwrap_or("").to_owned();
+    let quota = || async {
+        c.get(res("", "resourcequotas"), Some("q"), "rq")
+            .await
+            .expect("quota")
+    };
+    let done: Vec<String> = (0..40).map(|i| format!("p{i}")).collect();
+    let mut finished = Vec::new();
+    for name in &done {
+        if finished.len() == 3 {
+            break;
+        }
+        if c.get(res("", "pods"), Some("q"), name).await.is_ok() {
+            c.patch(
+                res("", "pods"),
+                Some("q"),
+                name,
+                Some("status"),
+                PatchType::Merge,
+                &json!({"status": {"phase": "Succeeded"}}),
+            )
+            .await
+            .expect("finish");
+            finished.push(name.clone());
+        }
+    }
+    let q = quota().await;
+    assert_eq!(
+        (used(&q, "pods"), used(&q, "requests.cpu")),
+        ("7".into(), "700m".into())
+    );
+    // Writing the finished phase again gives back nothing more.
+    c.patch(
+        res("", "pods"),
+        Some("q"),
+        &finished[0],
+        Some("status"),
+        PatchType::Merge,
+        &json!({"status": {"phase": "Succeeded", "message": "again"}}),
+    )
+    .await
+    .expect("rewrite");
+    assert_eq!(used(&quota().await, "pods"), "7");
+    // The room is usable again; deleting a finished pod refunds nothing twice.
+    for i in 0..3 {
+        c.create(res("", "pods"), Some("q"), &pod(&format!("n{i}"), "100m"))
+            .await
+            .expect("fits again");
+    }
+    c.delete(res("", "pods"), Some("q"), &finished[0], None)
+        .await
+        .expect("delete finished");
+    let q = quota().await;
+    assert_eq!(
+        (used(&q, "pods"), used(&q, "requests.cpu")),
+        ("10".into(), "1".into())
+    );
+    // A pod held by a finalizer is refunded when the last finalizer goes and it with it.
+    c.patch(
+        res("", "pods"),
+        Some("q"),
+        "n0",
+        None,
+        PatchType::Merge,
+        &json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+    )
+    .await
+    .expect("hold");
+    let mut del = ApiRequest::new(Verb::Delete, res("", "pods"));
+    del.namespace = Some("q".into());
+    del.name = Some("n0".into());
+    del.params.grace_period_seconds = Some(0);
+    c.call(del).await.expect("delete held");
+    assert_eq!(
+        used(&quota().await, "pods"),
+        "10",
+        "still there, still counted"
+    );
+    c.patch(
+        res("", "pods"),
+        Some("q"),
+        "n0",
+        None,
+        PatchType::Merge,
+        &json!({"metadata": {"finalizers": null}}),
+    )
+    .await
+    .expect("release");
+    assert!(
+        c.get(res("", "pods"), Some("q"), "n0").await.is_err(),
+        "gone"
+    );
+    let q = quota().await;
+    assert_eq!(
+        (used(&q, "pods"), used(&q, "requests.cpu")),
+        ("9".into(), "900m".into())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -120,7 +120,7 @@ fn check(h: &Harness, req: ApiRequest) -> Result<(), TestCaseError> {
                 "the answer is JSON"
             );
         }
-        Ok(ApiResponse::Watch(_)) => {}
+        Ok(ApiResponse::Watch(_) | ApiResponse::Stream { .. }) => {}
         Err(e) => {
             prop_assert!(
                 (400..500).contains(&e.code),

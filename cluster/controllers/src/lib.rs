@@ -14,17 +14,36 @@ pub mod nodelifecycle;
 pub mod podgroup;
 pub mod pods;
 pub mod replicaset;
+pub mod resourcequota;
 pub mod statefulset;
 
 pub use context::Context;
 
-/// Every controller, each with its own watches, queue and workers, until dropped.
-pub async fn run_all(ctx: Context) {
-    run_all_with(ctx, nodelifecycle::NodeLifecycleConfig::default()).await;
+/// The controllers' timings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The node lifecycle controller's.
+    pub nodes: nodelifecycle::NodeLifecycleConfig,
+    /// How often every ResourceQuota is recounted.
+    pub quota_resync: std::time::Duration,
 }
 
-/// [`run_all`] with the node lifecycle controller's timings.
-pub async fn run_all_with(ctx: Context, nodes: nodelifecycle::NodeLifecycleConfig) {
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            nodes: nodelifecycle::NodeLifecycleConfig::default(),
+            quota_resync: resourcequota::DEFAULT_RESYNC,
+        }
+    }
+}
+
+/// Every controller, each with its own watches, queue and workers, until dropped.
+pub async fn run_all(ctx: Context) {
+    run_all_with(ctx, Settings::default()).await;
+}
+
+/// [`run_all`] with these timings.
+pub async fn run_all_with(ctx: Context, settings: Settings) {
     tokio::join!(
         replicaset::run(ctx.clone()),
         deployment::run(ctx.clone()),
@@ -35,7 +54,8 @@ pub async fn run_all_with(ctx: Context, nodes: nodelifecycle::NodeLifecycleConfi
         job::run(ctx.clone()),
         cronjob::run(ctx.clone()),
         namespace::run(ctx.clone()),
-        nodelifecycle::run(ctx.clone(), nodes),
+        nodelifecycle::run(ctx.clone(), settings.nodes),
         podgroup::run(ctx.clone()),
+        resourcequota::run(ctx.clone(), settings.quota_resync),
     );
 }

@@ -3,46 +3,6 @@
 
 use super::*;
 
-/// The object's pod-level resource requests and limits summed over containers, for quota.
-pub(super) fn pod_usage(pod: &Value) -> BTreeMap<String, Quantity> {
-    let mut out: BTreeMap<String, Quantity> = BTreeMap::new();
-    out.insert("pods".into(), Quantity::from_units(1));
-    for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
-        for (section, prefix) in [("requests", "requests."), ("limits", "limits.")] {
-            for (k, v) in c["resources"][section].as_object().into_iter().flatten() {
-                let Some(q) = v.as_str().and_then(|s| s.parse::<Quantity>().ok()) else {
-                    continue;
-                };
-                let mut names = vec![format!("{prefix}{k}")];
-                if section == "requests" {
-                    names.push(k.clone());
-                }
-                for n in names {
-                    let e = out.entry(n).or_insert_with(|| Quantity::from_units(0));
-                    *e = (*e).saturating_add(q);
-                }
-            }
-        }
-    }
-    out
-}
-
-pub(super) fn quantity_map(v: &Value) -> BTreeMap<String, Quantity> {
-    v.as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.parse().ok()?)))
-        .collect()
-}
-
-pub(super) fn quantity_json(m: &BTreeMap<String, Quantity>) -> Value {
-    Value::Object(
-        m.iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
-            .collect(),
-    )
-}
-
 pub(super) fn qos_class(pod: &Value) -> &'static str {
     let containers = pod["spec"]["containers"].as_array();
     let mut any = false;
@@ -137,21 +97,8 @@ impl Api {
             .keys()
             .map(|k| (k.clone(), Quantity::from_units(0)))
             .collect();
-        let mut add = |usage: BTreeMap<String, Quantity>| {
-            for (k, v) in usage {
-                if let Some(u) = used.get_mut(&k) {
-                    *u = u.saturating_add(v);
-                }
-            }
-        };
         for res in crate::catalog::RESOURCES.iter().filter(|r| r.namespaced) {
-            let counted = format!("count/{}", crate::status::qualified(res.group, res.plural));
-            let by_name = res.group.is_empty()
-                && ["services", "secrets", "configmaps", "resourcequotas"].contains(&res.plural);
-            let tracked = hard.contains_key(&counted)
-                || (by_name && hard.contains_key(res.plural))
-                || (res.plural == "pods" && !hard.is_empty());
-            if !tracked {
+            if !crate::quota::tracked(res, hard) {
                 continue;
             }
             let page = self
@@ -163,17 +110,10 @@ impl Api {
                 .await
                 .map_err(store_error)?;
             for kv in &page.kvs {
-                let obj = decode_stored(kv)?;
-                if res.plural == "pods" {
-                    add(pod_usage(&obj));
-                } else {
-                    let mut m = BTreeMap::new();
-                    m.insert(counted.clone(), Quantity::from_units(1));
-                    if by_name {
-                        m.insert(res.plural.to_owned(), Quantity::from_units(1));
-                    }
-                    add(m);
-                }
+                crate::quota::add_tracked(
+                    &mut used,
+                    crate::quota::usage_of(res, &decode_stored(kv)?),
+                );
             }
         }
         Ok(used)
@@ -265,21 +205,11 @@ impl Api {
             return Ok(Vec::new());
         };
         let res = req.resource;
-        let usage: BTreeMap<String, Quantity> = if res.plural == "pods" {
-            pod_usage(obj)
-        } else {
-            let mut m = BTreeMap::new();
-            m.insert(
-                format!("count/{}", crate::status::qualified(res.group, res.plural)),
-                Quantity::from_units(1),
-            );
-            if res.group.is_empty()
-                && ["services", "secrets", "configmaps", "resourcequotas"].contains(&res.plural)
-            {
-                m.insert(res.plural.to_owned(), Quantity::from_units(1));
-            }
-            m
-        };
+        let usage = crate::quota::usage_of(res, obj);
+        if usage.is_empty() {
+            // A finished pod: its charge was given back when it finished.
+            return Ok(Vec::new());
+        }
         let quotas = self.all_in("resourcequotas", ns).await?;
         let mut ops = Vec::new();
         for kv in &quotas {

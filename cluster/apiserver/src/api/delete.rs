@@ -205,6 +205,7 @@ impl Api {
                     self.release(Api::held_by(&current)).await;
                 }
                 if res.plural == "pods"
+                    && !crate::quota::is_terminal(&current)
                     && let Some(ns) = current["metadata"]["namespace"].as_str()
                     && let Err(e) = self.tenant_quota(ns, &current, false, false).await
                 {

@@ -15,7 +15,8 @@ mod subresources;
 mod tenant_quota;
 mod write;
 
-use admission::{pod_usage, qos_class, quantity_json, quantity_map};
+use crate::quota::{pod_usage, quantity_json, quantity_map};
+use admission::qos_class;
 pub use logs::NodeProxy;
 use subresources::{from_scale, to_scale, to_scale_plain};
 

@@ -513,19 +513,48 @@ impl Api {
                     .is_none_or(|f| f.is_empty())
                 && !(res.plural == "pods" && awaiting_kubelet(&next))
                 && (res.plural != "namespaces" || namespace_finalized(&next));
-            let result = if finalized {
-                self.store
-                    .delete(kv.key.clone(), Some(kv.mod_revision))
-                    .await
-                    .map(|d| d.mod_revision)
+            // What the object used is given back in the same transaction when it goes, or
+            // when a pod finishes.
+            let is_pod = res.plural == "pods" && res.group.is_empty();
+            let refund = res.namespaced
+                && (finalized
+                    || (is_pod
+                        && crate::quota::is_terminal(&next)
+                        && !crate::quota::is_terminal(&current)));
+            let mut ops = vec![if finalized {
+                Op::Delete {
+                    key: kv.key.clone(),
+                    expected: Some(kv.mod_revision),
+                }
             } else {
-                self.store
-                    .update(kv.key.clone(), encode(&next)?, kv.mod_revision)
-                    .await
-                    .map(|w| w.mod_revision)
-            };
+                Op::Update {
+                    key: kv.key.clone(),
+                    value: encode(&next)?,
+                    expected: kv.mod_revision,
+                    lease: 0,
+                }
+            }];
+            if refund {
+                let mut quota_req = req.clone();
+                quota_req.namespace = current["metadata"]["namespace"].as_str().map(str::to_owned);
+                ops.extend(self.quota_ops(&quota_req, &current, false).await?);
+            }
+            let result = self.store.txn(ops).await.map(|t| match t.results.first() {
+                Some(
+                    tessera_store::OpResult::Written(kv) | tessera_store::OpResult::Deleted(kv),
+                ) => kv.mod_revision,
+                _ => t.revision,
+            });
             match result {
                 Ok(rev) => {
+                    if refund
+                        && is_pod
+                        && !crate::quota::is_terminal(&current)
+                        && let Some(ns) = current["metadata"]["namespace"].as_str()
+                        && let Err(e) = self.tenant_quota(ns, &current, false, false).await
+                    {
+                        tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota");
+                    }
                     return Ok(ApiResponse::Object {
                         code: 200,
                         body: with_rv(next, rev),

@@ -79,9 +79,12 @@ pub async fn shard(nodes: usize) -> Shard {
             tokio::spawn(sched.run()),
             tokio::spawn(tessera_controllers::run_all_with(
                 ctx,
-                tessera_controllers::nodelifecycle::NodeLifecycleConfig {
-                    grace: Duration::from_secs(2),
-                    period: Duration::from_millis(200),
+                tessera_controllers::Settings {
+                    nodes: tessera_controllers::nodelifecycle::NodeLifecycleConfig {
+                        grace: Duration::from_secs(2),
+                        period: Duration::from_millis(200),
+                    },
+                    quota_resync: Duration::from_millis(500),
                 },
             )),
         ],
