@@ -28,6 +28,10 @@ use crate::pods;
 pub const NAME: &str = "deployment-controller";
 /// The revision annotation on Deployments and their ReplicaSets.
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
+/// The Deployment size a ReplicaSet was last sized for.
+const DESIRED_REPLICAS: &str = "deployment.kubernetes.io/desired-replicas";
+/// That size plus maxSurge: what proportional scaling divides by.
+const MAX_REPLICAS: &str = "deployment.kubernetes.io/max-replicas";
 /// The label that tells a template's pods apart.
 pub const HASH_LABEL: &str = "pod-template-hash";
 
@@ -161,6 +165,54 @@ fn revision_of(rs: &ReplicaSet) -> i64 {
         .and_then(|a| a.get(REVISION))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+fn annotation(rs: &ReplicaSet, key: &str) -> Option<i32> {
+    rs.metadata.annotations.as_ref()?.get(key)?.parse().ok()
+}
+
+/// The sizes proportional scaling gives a Deployment's active ReplicaSets when it is scaled
+/// mid-rollout, as Kubernetes computes them: each set `(replicas, max-replicas annotation)`
+/// grows or shrinks by its share of the change — its size times the new
+/// `desired + maxSurge` over the total it was sized for — within what is left to add or
+/// take away; rounding leftovers go to the first (largest) set. `sets` come largest first.
+pub fn proportional_sizes(
+    sets: &[(i32, Option<i32>)],
+    desired: i32,
+    max_surge: i32,
+    status_replicas: i32,
+) -> Vec<i32> {
+    let allowed = if desired > 0 { desired + max_surge } else { 0 };
+    let total: i32 = sets.iter().map(|(n, _)| n).sum();
+    let to_add = allowed - total;
+    let mut sizes: Vec<i32> = sets.iter().map(|(n, _)| *n).collect();
+    if to_add == 0 {
+        return sizes;
+    }
+    let mut added = 0;
+    for (i, (n, max)) in sets.iter().enumerate() {
+        if *n == 0 || added == to_add {
+            continue;
+        }
+        let fraction = if desired == 0 {
+            -n
+        } else {
+            let was = max.filter(|m| *m > 0).unwrap_or(status_replicas.max(1));
+            (f64::from(*n) * f64::from(desired + max_surge) / f64::from(was)).round() as i32 - n
+        };
+        let left = to_add - added;
+        let share = if to_add > 0 {
+            fraction.min(left)
+        } else {
+            fraction.max(left)
+        };
+        sizes[i] += share;
+        added += share;
+    }
+    if let Some(first) = sizes.first_mut() {
+        *first = (*first + to_add - added).max(0);
+    }
+    sizes
 }
 
 fn spec_replicas(rs: &ReplicaSet) -> i32 {
@@ -314,23 +366,29 @@ impl Deployments {
                 )
             }
         };
+        // Scaled (or paused): resize the sets as they are, and roll on later.
+        let scaling = sets.iter().any(|rs| {
+            spec_replicas(rs) > 0 && annotation(rs, DESIRED_REPLICAS).is_some_and(|n| n != desired)
+        });
         let mut changed = false;
-        if !paused && let Some(new) = &new {
+        if paused || scaling {
+            changed = self
+                .scale(
+                    d,
+                    new.as_deref(),
+                    &olds,
+                    desired,
+                    max_surge,
+                    strategy == "RollingUpdate",
+                )
+                .await?;
+        } else if let Some(new) = &new {
             changed = if strategy == "Recreate" {
                 self.recreate(d, new, &olds, desired).await?
             } else {
                 self.roll(d, new, &olds, desired, max_surge, max_unavailable)
                     .await?
             };
-        } else if paused {
-            // Paused: only scale the current set to the desired count when nothing else runs.
-            if let Some(new) = &new
-                && olds.iter().all(|rs| spec_replicas(rs) == 0)
-                && spec_replicas(new) != desired
-            {
-                self.set_rs(new, Some(desired), None, d, max_surge).await?;
-                changed = true;
-            }
         }
         self.cleanup(d, &olds, spec.revision_history_limit.unwrap_or(10))
             .await?;
@@ -458,8 +516,8 @@ impl Deployments {
         let mut patch = json!({"metadata": {"resourceVersion": rs.metadata.resource_version}});
         let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let mut ann = json!({
-            "deployment.kubernetes.io/desired-replicas": desired.to_string(),
-            "deployment.kubernetes.io/max-replicas": (desired + max_surge).to_string(),
+            DESIRED_REPLICAS: desired.to_string(),
+            MAX_REPLICAS: (desired + max_surge).to_string(),
         });
         if let Some(r) = revision {
             ann[REVISION] = json!(r.to_string());
@@ -492,6 +550,80 @@ impl Deployments {
             );
         }
         Ok(())
+    }
+
+    /// Resizes the sets to a new replica count without rolling (Kubernetes' `scale`): the
+    /// only active set (or the newest) takes the count; with the new set complete, the old
+    /// ones go; mid-rollout, the active sets share the change in proportion to their sizes.
+    /// True if anything was written.
+    async fn scale(
+        &self,
+        d: &Deployment,
+        new: Option<&ReplicaSet>,
+        olds: &[Arc<ReplicaSet>],
+        desired: i32,
+        max_surge: i32,
+        rolling: bool,
+    ) -> Result<bool, ReconcileError> {
+        let mut active: Vec<&ReplicaSet> = new
+            .into_iter()
+            .chain(olds.iter().map(|rs| &**rs))
+            .filter(|rs| spec_replicas(rs) > 0)
+            .collect();
+        let stale = |rs: &ReplicaSet| annotation(rs, DESIRED_REPLICAS) != Some(desired);
+        if active.len() <= 1 {
+            let target = active
+                .first()
+                .copied()
+                .or(new)
+                .or_else(|| olds.iter().max_by_key(|rs| revision_of(rs)).map(|rs| &**rs));
+            let Some(t) = target else { return Ok(false) };
+            if spec_replicas(t) == desired && !stale(t) {
+                return Ok(false);
+            }
+            let n = (spec_replicas(t) != desired).then_some(desired);
+            self.set_rs(t, n, None, d, max_surge).await?;
+            return Ok(true);
+        }
+        if let Some(n) = new
+            && spec_replicas(n) == desired
+            && available(n) == desired
+        {
+            for rs in olds.iter().filter(|rs| spec_replicas(rs) > 0) {
+                self.set_rs(rs, Some(0), None, d, max_surge).await?;
+            }
+            return Ok(true);
+        }
+        if !rolling {
+            return Ok(false);
+        }
+        let total: i32 = active.iter().map(|rs| spec_replicas(rs)).sum();
+        let growing = desired + max_surge > total;
+        // Largest first; among equals the newer first when growing, the older when shrinking.
+        active.sort_by(|a, b| {
+            spec_replicas(b).cmp(&spec_replicas(a)).then_with(|| {
+                if growing {
+                    revision_of(b).cmp(&revision_of(a))
+                } else {
+                    revision_of(a).cmp(&revision_of(b))
+                }
+            })
+        });
+        let shape: Vec<(i32, Option<i32>)> = active
+            .iter()
+            .map(|rs| (spec_replicas(rs), annotation(rs, MAX_REPLICAS)))
+            .collect();
+        let status_replicas = d.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        let sizes = proportional_sizes(&shape, desired, max_surge, status_replicas);
+        let mut wrote = false;
+        for (rs, size) in active.iter().zip(sizes) {
+            if size != spec_replicas(rs) || stale(rs) {
+                let n = (size != spec_replicas(rs)).then_some(size);
+                self.set_rs(rs, n, None, d, max_surge).await?;
+                wrote = true;
+            }
+        }
+        Ok(wrote)
     }
 
     /// One step of a rolling update; true if a set was scaled.
@@ -905,6 +1037,46 @@ mod tests {
             );
         }
         assert!(surge_and_unavailable(pct("x%").as_ref(), None, 3).is_err());
+    }
+
+    #[test]
+    fn scaling_mid_rollout_is_proportional() {
+        // 10 replicas with maxSurge 3, mid-rollout at 8 old + 5 new (sized for 13), scaled
+        // to 15 (18 with surge): each grows by its share.
+        assert_eq!(
+            proportional_sizes(&[(8, Some(13)), (5, Some(13))], 15, 3, 13),
+            [11, 7]
+        );
+        // Scaled down to 5 (7 with surge 2): each shrinks by its share, leftovers to the first.
+        assert_eq!(
+            proportional_sizes(&[(11, Some(18)), (7, Some(18))], 5, 2, 18),
+            [4, 3]
+        );
+        // To zero: everything goes.
+        assert_eq!(
+            proportional_sizes(&[(4, Some(7)), (3, Some(7))], 0, 0, 7),
+            [0, 0]
+        );
+        // Already the allowed size: unchanged.
+        assert_eq!(
+            proportional_sizes(&[(8, Some(13)), (5, Some(13))], 10, 3, 13),
+            [8, 5]
+        );
+        // No annotation: sized against the Deployment's status count.
+        assert_eq!(
+            proportional_sizes(&[(6, None), (6, None)], 20, 4, 12),
+            [12, 12]
+        );
+        // The sum is always what is allowed.
+        for (a, b, desired, surge) in [(7, 3, 31, 5), (1, 9, 3, 1), (50, 49, 200, 50)] {
+            let sizes =
+                proportional_sizes(&[(a, Some(a + b)), (b, Some(a + b))], desired, surge, a + b);
+            assert_eq!(
+                sizes.iter().sum::<i32>(),
+                desired + surge,
+                "{a} {b} {desired} {surge}"
+            );
+        }
     }
 
     #[test]

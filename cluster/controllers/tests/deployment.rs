@@ -277,3 +277,71 @@ async fn old_sets_are_pruned_to_the_history_limit() {
         "the newest old set and the current one"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_mid_rollout_is_proportional() {
+    let s = shard(3).await;
+    let c = &s.client;
+    let strategy = json!({"type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 3, "maxUnavailable": 0}});
+    c.create(
+        res("apps", "deployments"),
+        Some("default"),
+        &deployment("prop", 10, "v1", strategy),
+    )
+    .await
+    .expect("create");
+    wait_until("v1 rolled out", || async { rolled_out(c, "prop").await }).await;
+    // A template whose pods fit nowhere: the rollout stops at 10 old + 3 new.
+    patch(
+        c,
+        "prop",
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "v2",
+            "resources": {"requests": {"cpu": "100"}}}]}}}}),
+    )
+    .await;
+    let sizes = || async {
+        let mut v: Vec<(String, i64)> = sets_of(c, "prop")
+            .await
+            .iter()
+            .map(|rs| {
+                (
+                    rs["spec"]["template"]["spec"]["containers"][0]["image"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                    rs["spec"]["replicas"].as_i64().unwrap_or(0),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let stuck = vec![("v1".to_owned(), 10), ("v2".to_owned(), 3)];
+    wait_until("stuck at 10 old + 3 new", || async {
+        sizes().await == stuck
+    })
+    .await;
+    // Scaled to 20 (23 with the surge): the 10 and the 3 sized for 13 grow in proportion,
+    // to 18 and 5 (Kubernetes' numbers), rather than all 10 going to one set.
+    patch(c, "prop", json!({"spec": {"replicas": 20}})).await;
+    let grown = vec![("v1".to_owned(), 18), ("v2".to_owned(), 5)];
+    wait_until("grown in proportion", || async { sizes().await == grown }).await;
+    for rs in sets_of(c, "prop").await {
+        let a = &rs["metadata"]["annotations"];
+        assert_eq!(a["deployment.kubernetes.io/desired-replicas"], "20");
+        assert_eq!(a["deployment.kubernetes.io/max-replicas"], "23");
+    }
+    // It stays there (the new pods still fit nowhere), and finishes once they fit.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sizes().await, grown);
+    patch(c, "prop", set_image("v2")).await;
+    wait_until("v2 rolled out at 20", || async {
+        rolled_out(c, "prop").await
+    })
+    .await;
+    assert_eq!(
+        pods_of(c, "prop").await.iter().filter(|p| ready(p)).count(),
+        20
+    );
+}
