@@ -177,14 +177,17 @@ fn workloads_run_on_a_shard_through_kubectl() {
     // A DaemonSet covers every node, and follows a new one.
     let ds = c.file("ds.yaml", "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: logs, namespace: work}\nspec:\n  selector: {matchLabels: {app: logs}}\n  template:\n    metadata: {labels: {app: logs}}\n    spec: {containers: [{name: c, image: fluentbit}]}\n");
     c.ok(&["apply", "-f", &ds]);
-    c.ok(&[
-        "rollout",
-        "status",
-        "daemonset/logs",
-        "-n",
-        "work",
-        "--timeout=60s",
-    ]);
+    let ds_rolled = |c: &Cluster| {
+        c.ok(&[
+            "rollout",
+            "status",
+            "daemonset/logs",
+            "-n",
+            "work",
+            "--timeout=60s",
+        ]);
+    };
+    ds_rolled(&c);
     let covered = |c: &Cluster| {
         let mut n: Vec<String> = items(c, &["get", "pods", "-n", "work", "-l", "app=logs"])
             .iter()
@@ -218,6 +221,55 @@ fn workloads_run_on_a_shard_through_kubectl() {
         wait_for(Duration::from_secs(60), || (covered(&c) == 7).then_some(())).is_some(),
         "the daemon set followed the new node"
     );
+    // Its history: a new template is revision 2; undo brings back the first template as
+    // revision 3.
+    let ds_history = |c: &Cluster| -> Vec<String> {
+        c.ok(&["rollout", "history", "daemonset/logs", "-n", "work"])
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|w| w.chars().all(|ch| ch.is_ascii_digit()))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(ds_history(&c), ["1"]);
+    c.ok(&[
+        "set",
+        "image",
+        "daemonset/logs",
+        "c=fluentbit:2",
+        "-n",
+        "work",
+    ]);
+    ds_rolled(&c);
+    assert_eq!(ds_history(&c), ["1", "2"]);
+    let shown = c.ok(&[
+        "rollout",
+        "history",
+        "daemonset/logs",
+        "-n",
+        "work",
+        "--revision=1",
+    ]);
+    // `--revision=1` shows that revision's template.
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.split_whitespace().eq(["Image:", "fluentbit"])),
+        "{shown}"
+    );
+    c.ok(&["rollout", "undo", "daemonset/logs", "-n", "work"]);
+    ds_rolled(&c);
+    assert_eq!(ds_history(&c), ["2", "3"]);
+    let image = c.ok(&[
+        "get",
+        "daemonset",
+        "logs",
+        "-n",
+        "work",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ]);
+    assert_eq!(image, "fluentbit");
 
     // A StatefulSet comes up in order.
     let sts = c.file("sts.yaml", "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db, namespace: work}\nspec:\n  replicas: 3\n  serviceName: db\n  selector: {matchLabels: {app: db}}\n  template:\n    metadata: {labels: {app: db}}\n    spec: {containers: [{name: c, image: postgres}]}\n");
@@ -243,6 +295,13 @@ fn workloads_run_on_a_shard_through_kubectl() {
     started.sort();
     let order: Vec<&str> = started.iter().map(|(_, n)| n.as_str()).collect();
     assert_eq!(order, vec!["db-0", "db-1", "db-2"]);
+    let sts_history = c.ok(&["rollout", "history", "statefulset/db", "-n", "work"]);
+    assert!(
+        sts_history
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("1")),
+        "{sts_history}"
+    );
 
     // A Job of 20 completions, 5 at a time, completes.
     let job = c.file("job.yaml", "apiVersion: batch/v1\nkind: Job\nmetadata: {name: batch, namespace: work}\nspec:\n  completions: 20\n  parallelism: 5\n  template:\n    metadata:\n      annotations: {tessera.io/sim-run-seconds: \"1\"}\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox}]\n");

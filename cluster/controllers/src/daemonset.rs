@@ -6,11 +6,11 @@
 //! Each pod is pinned with required node affinity on `metadata.name` and placed by the
 //! scheduler, as Kubernetes does.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec, Taint};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
@@ -25,15 +25,17 @@ use tessera_runtime::taints::tolerates;
 
 use crate::context::{Context, Tasks, res};
 use crate::deployment::template_hash;
+use crate::history::{History, Owner};
 use crate::pods;
 
 /// The controller's name.
 pub const NAME: &str = "daemonset-controller";
 /// The label carrying a pod's template revision.
-pub const REVISION_LABEL: &str = "controller-revision-hash";
+pub use crate::history::REVISION_LABEL;
 
 struct DaemonSets {
     ctx: Context,
+    history: History,
     sets: Arc<Cache<DaemonSet>>,
     nodes: Arc<Cache<Node>>,
     pods: Arc<Cache<Pod>>,
@@ -46,6 +48,7 @@ pub async fn run(ctx: Context) {
     let sets = ctx.informer::<DaemonSet>(res("apps", "daemonsets"));
     let nodes = ctx.informer::<Node>(res("", "nodes"));
     let pod_inf = ctx.informer::<Pod>(res("", "pods"));
+    let revisions = ctx.informer::<ControllerRevision>(res("apps", "controllerrevisions"));
     let queue = ctx.queue(NAME);
     let expectations = Arc::new(Expectations::new());
     {
@@ -79,6 +82,7 @@ pub async fn run(ctx: Context) {
         });
     }
     let r = Arc::new(DaemonSets {
+        history: History::new(ctx.clone(), revisions.cache().clone()),
         recorder: ctx.recorder(NAME),
         sets: sets.cache().clone(),
         nodes: nodes.cache().clone(),
@@ -87,11 +91,13 @@ pub async fn run(ctx: Context) {
         ctx: ctx.clone(),
     });
     let _tasks = Tasks(vec![
+        tokio::spawn(revisions.clone().run()),
         tokio::spawn(sets.clone().run()),
         tokio::spawn(nodes.clone().run()),
         tokio::spawn(pod_inf.clone().run()),
     ]);
     sets.synced().await;
+    revisions.synced().await;
     nodes.synced().await;
     pod_inf.synced().await;
     controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
@@ -160,7 +166,8 @@ impl Reconciler for DaemonSets {
         let uid = ds.metadata.uid.clone().unwrap_or_default();
         let spec = ds.spec.clone().unwrap_or_default();
         let template = spec.template.clone();
-        let revision = template_hash(&serde_json::to_value(&template).unwrap_or(Value::Null), 0);
+        let template_value = serde_json::to_value(&template).unwrap_or(Value::Null);
+        let revision = template_hash(&template_value, 0);
         let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
         let now = now_secs();
         // Pods by node.
@@ -172,6 +179,19 @@ impl Reconciler for DaemonSets {
             let node = pod_node(&p);
             by_node.entry(node).or_default().push(p);
         }
+        let in_use: HashSet<String> = by_node
+            .values()
+            .flatten()
+            .filter_map(|p| p.metadata.labels.as_ref()?.get(REVISION_LABEL).cloned())
+            .collect();
+        let owner = Owner {
+            api_version: "apps/v1",
+            kind: "DaemonSet",
+            meta: &ds.metadata,
+            template: &template_value,
+            limit: spec.revision_history_limit.unwrap_or(10),
+        };
+        self.history.sync(&owner, &revision, &in_use).await?;
         let nodes = self.nodes.list();
         let mut create_on = Vec::new();
         let mut delete = Vec::new();

@@ -8,6 +8,7 @@ pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
 pub mod gc;
+pub mod history;
 pub mod job;
 pub mod namespace;
 pub mod nodelifecycle;

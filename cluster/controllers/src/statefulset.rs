@@ -3,11 +3,11 @@
 //! removes the highest ordinal first, one at a time; `Parallel` does both at once. Template
 //! changes roll from the highest ordinal down (above `partition`), one pod at a time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tessera_apiserver::request::PatchType;
@@ -18,15 +18,17 @@ use tessera_runtime::informer::{Cache, controller_of, key_of, owner_key};
 
 use crate::context::{Context, Tasks, res};
 use crate::deployment::template_hash;
+use crate::history::{History, Owner};
 use crate::pods;
 
 /// The controller's name.
 pub const NAME: &str = "statefulset-controller";
 /// The label carrying a pod's template revision.
-pub const REVISION_LABEL: &str = "controller-revision-hash";
+pub use crate::history::REVISION_LABEL;
 
 struct Sets {
     ctx: Context,
+    history: History,
     sets: Arc<Cache<StatefulSet>>,
     pods: Arc<Cache<Pod>>,
     recorder: Recorder,
@@ -36,6 +38,7 @@ struct Sets {
 pub async fn run(ctx: Context) {
     let sets = ctx.informer::<StatefulSet>(res("apps", "statefulsets"));
     let pod_inf = ctx.informer::<Pod>(res("", "pods"));
+    let revisions = ctx.informer::<ControllerRevision>(res("apps", "controllerrevisions"));
     let queue = ctx.queue(NAME);
     {
         let q = queue.clone();
@@ -51,16 +54,19 @@ pub async fn run(ctx: Context) {
         });
     }
     let r = Arc::new(Sets {
+        history: History::new(ctx.clone(), revisions.cache().clone()),
         recorder: ctx.recorder(NAME),
         sets: sets.cache().clone(),
         pods: pod_inf.cache().clone(),
         ctx: ctx.clone(),
     });
     let _tasks = Tasks(vec![
+        tokio::spawn(revisions.clone().run()),
         tokio::spawn(sets.clone().run()),
         tokio::spawn(pod_inf.clone().run()),
     ]);
     sets.synced().await;
+    revisions.synced().await;
     pod_inf.synced().await;
     controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
 }
@@ -92,10 +98,8 @@ impl Reconciler for Sets {
         let spec = set.spec.clone().unwrap_or_default();
         let replicas = spec.replicas.unwrap_or(1).max(0) as usize;
         let parallel = spec.pod_management_policy.as_deref() == Some("Parallel");
-        let revision = template_hash(
-            &serde_json::to_value(&spec.template).unwrap_or(Value::Null),
-            0,
-        );
+        let template_value = serde_json::to_value(&spec.template).unwrap_or(Value::Null);
+        let revision = template_hash(&template_value, 0);
         let mut by_ordinal: BTreeMap<usize, Arc<Pod>> = BTreeMap::new();
         for p in self.pods.owned_by(&uid) {
             if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) {
@@ -105,6 +109,18 @@ impl Reconciler for Sets {
                 by_ordinal.insert(i, p);
             }
         }
+        let in_use: HashSet<String> = by_ordinal
+            .values()
+            .filter_map(|p| p.metadata.labels.as_ref()?.get(REVISION_LABEL).cloned())
+            .collect();
+        let owner = Owner {
+            api_version: "apps/v1",
+            kind: "StatefulSet",
+            meta: &set.metadata,
+            template: &template_value,
+            limit: spec.revision_history_limit.unwrap_or(10),
+        };
+        self.history.sync(&owner, &revision, &in_use).await?;
         let r = ObjectRef::new("apps/v1", "StatefulSet", &set.metadata);
         let rev_of = |p: &Pod| {
             p.metadata
