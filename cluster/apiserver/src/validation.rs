@@ -254,15 +254,22 @@ fn selected_template(spec: &Value, path: &str, always_restart: bool, e: &mut Err
                 "empty selector is invalid for deployment",
             );
         }
-        for (k, v) in match_labels.into_iter().flatten() {
-            if template_labels.get(k) != Some(v) {
-                e.invalid(
-                    &format!("{path}.template.metadata.labels"),
-                    template_labels,
-                    "`selector` does not match template `labels`",
-                );
-                break;
-            }
+        let valid = label_selector(selector, &format!("{path}.selector"), e);
+        let labels_match = match_labels
+            .into_iter()
+            .flatten()
+            .all(|(k, v)| template_labels.get(k) == Some(v))
+            && (!valid
+                || exprs
+                    .into_iter()
+                    .flatten()
+                    .all(|x| expression_matches(x, template_labels)));
+        if !labels_match {
+            e.invalid(
+                &format!("{path}.template.metadata.labels"),
+                template_labels,
+                "`selector` does not match template `labels`",
+            );
         }
     }
     if spec["template"].is_null() {
@@ -275,6 +282,72 @@ fn selected_template(spec: &Value, path: &str, always_restart: bool, e: &mut Err
         always_restart,
         e,
     );
+}
+
+/// A `metav1.LabelSelector`'s rules (Kubernetes' `ValidateLabelSelector`): label keys
+/// and values well formed; operators `In`, `NotIn` (with values), `Exists`, `DoesNotExist`
+/// (without). True if it is valid.
+fn label_selector(sel: &Value, path: &str, e: &mut Errors) -> bool {
+    let before = e.0.len();
+    for (k, v) in sel["matchLabels"].as_object().into_iter().flatten() {
+        if let Some(why) = names::qualified_name(k) {
+            e.invalid(
+                &format!("{path}.matchLabels"),
+                &Value::String(k.clone()),
+                why,
+            );
+        }
+        if let Some(why) = v.as_str().and_then(names::label_value) {
+            e.invalid(&format!("{path}.matchLabels"), v, why);
+        }
+    }
+    for (i, x) in sel["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let at = format!("{path}.matchExpressions[{i}]");
+        let key = x["key"].as_str().unwrap_or_default();
+        if let Some(why) = names::qualified_name(key) {
+            e.invalid(&format!("{at}.key"), &x["key"], why);
+        }
+        let values = x["values"].as_array().map_or(0, Vec::len);
+        match x["operator"].as_str().unwrap_or_default() {
+            "In" | "NotIn" if values == 0 => e.required(&format!("{at}.values")),
+            "Exists" | "DoesNotExist" if values > 0 => e.invalid(
+                &format!("{at}.values"),
+                &x["values"],
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            ),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            _ => e.not_supported(
+                &format!("{at}.operator"),
+                &x["operator"],
+                &["DoesNotExist", "Exists", "In", "NotIn"],
+            ),
+        }
+    }
+    e.0.len() == before
+}
+
+/// Whether labels `labels` satisfy one (valid) selector expression.
+fn expression_matches(x: &Value, labels: &Value) -> bool {
+    let key = x["key"].as_str().unwrap_or_default();
+    let have = labels.get(key).and_then(Value::as_str);
+    let listed = || {
+        x["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v.as_str() == have)
+    };
+    match x["operator"].as_str().unwrap_or_default() {
+        "In" => have.is_some() && listed(),
+        "NotIn" => have.is_none() || !listed(),
+        "Exists" => have.is_some(),
+        _ => have.is_none(),
+    }
 }
 
 fn job_spec(spec: &Value, path: &str, e: &mut Errors) {
@@ -450,6 +523,51 @@ mod tests {
             "spec.template.spec.containers[1].resources.limits[memory]: Invalid value: \"lots\"",
             "spec.template.spec.containers[1].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1",
             "spec.template.spec.restartPolicy: Unsupported value: \"Never\"",
+        ] {
+            assert!(
+                got.iter().any(|g| g.starts_with(want)),
+                "missing {want:?} in {got:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn selector_expressions_are_checked() {
+        let with = |exprs: Value, labels: Value| {
+            check(
+                "apps",
+                "deployments",
+                json!({"metadata": {"name": "web"},
+                    "spec": {"selector": {"matchExpressions": exprs},
+                        "template": {"metadata": {"labels": labels},
+                            "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}}),
+            )
+        };
+        let good = json!([{"key": "app", "operator": "In", "values": ["web"]},
+            {"key": "tier", "operator": "DoesNotExist"}]);
+        assert_eq!(
+            with(good.clone(), json!({"app": "web"})),
+            Vec::<String>::new()
+        );
+        // The template's labels must satisfy the expressions too.
+        let got = with(good, json!({"app": "web", "tier": "db"}));
+        assert!(
+            got.iter()
+                .any(|g| g.starts_with("spec.template.metadata.labels: Invalid value")),
+            "{got:#?}"
+        );
+        let got = with(
+            json!([{"key": "app", "operator": "Matches", "values": ["web"]},
+                {"key": "a", "operator": "In"},
+                {"key": "b", "operator": "Exists", "values": ["x"]},
+                {"key": "-no", "operator": "Exists"}]),
+            json!({"app": "web"}),
+        );
+        for want in [
+            "spec.selector.matchExpressions[0].operator: Unsupported value: \"Matches\"",
+            "spec.selector.matchExpressions[1].values: Required value",
+            "spec.selector.matchExpressions[2].values: Invalid value",
+            "spec.selector.matchExpressions[3].key: Invalid value: \"-no\"",
         ] {
             assert!(
                 got.iter().any(|g| g.starts_with(want)),
