@@ -387,10 +387,10 @@ fn run_on(c: &Cluster, name: &str, node: &str, restart: &str, script: &str) {
     ]);
 }
 
-/// `kubectl logs` of pods on process nodes: one inside `tessera up`, one in a separate
-/// `tessera agent` — the API server reaches each through its Node's endpoint.
+/// `kubectl logs` and `kubectl top` of pods on process nodes: one inside `tessera up`, one
+/// in a separate `tessera agent` — the API server reaches each through its Node's endpoint.
 #[test]
-fn kubectl_logs_reads_process_pods() {
+fn kubectl_logs_and_top_read_process_pods() {
     let c = Cluster::start_with("up", &["--nodes-per-shard=0", "--process-nodes=1"]);
     let _remote = c.component(&[
         "agent",
@@ -478,6 +478,19 @@ fn kubectl_logs_reads_process_pods() {
     for (i, l) in seen.iter().enumerate() {
         assert_eq!(l, &format!("tick {i}"));
     }
+
+    // `kubectl top` reads the agents' usage through metrics.k8s.io.
+    let top = wait_for(Duration::from_secs(60), || {
+        let out = c.kubectl(&["top", "pod", "ticker", "--no-headers"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && text.starts_with("ticker")).then_some(text)
+    })
+    .expect("kubectl top pod shows the ticker");
+    let cols: Vec<&str> = top.split_whitespace().collect();
+    assert_eq!(cols.len(), 3, "{top}");
+    assert!(cols[1].ends_with('m') && cols[2].ends_with("Mi"), "{top}");
+    let nodes = c.ok(&["top", "node", "--no-headers"]);
+    assert!(nodes.lines().any(|l| l.starts_with("proc-0 ")), "{nodes}");
 
     // --previous: the run before a restart.
     run_on(

@@ -350,13 +350,14 @@ async fn send(tx: &mpsc::Sender<Bytes>, out: &mut Vec<u8>) -> bool {
     out.is_empty() || tx.send(Bytes::from(std::mem::take(out))).await.is_ok()
 }
 
-/// Serves a node's container logs to the API server.
+/// Serves a node's container logs (and its containers' usage) to the API server.
 #[derive(Clone)]
 pub struct LogServer {
     node: String,
     dir: PathBuf,
     tokens: Tokens,
     live: Live,
+    stats: crate::usage::Stats,
 }
 
 fn safe(segment: &str) -> bool {
@@ -373,13 +374,21 @@ fn bad(message: String) -> Result<(PathBuf, LogOptions), ApiError> {
 }
 
 impl LogServer {
-    /// Logs of node `node` under `dir`, for requests signed by `tokens`.
-    pub fn new(node: &str, dir: PathBuf, tokens: Tokens, live: Live) -> LogServer {
+    /// Logs of node `node` under `dir` and its usage `stats`, for requests signed by
+    /// `tokens`.
+    pub fn new(
+        node: &str,
+        dir: PathBuf,
+        tokens: Tokens,
+        live: Live,
+        stats: crate::usage::Stats,
+    ) -> LogServer {
         LogServer {
             node: node.to_owned(),
             dir,
             tokens,
             live,
+            stats,
         }
     }
 
@@ -387,6 +396,7 @@ impl LogServer {
     pub fn router(self) -> Router {
         Router::new()
             .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
+            .route("/stats/usage", get(usage))
             .route("/healthz", get(|| async { "ok" }))
             .with_state(self)
     }
@@ -461,29 +471,50 @@ impl LogServer {
     }
 }
 
+/// Refuses a request that does not carry a credential the API server signed for this node.
+fn refuse_stranger(server: &LogServer, headers: &HeaderMap) -> Option<Response> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if server
+        .tokens
+        .check_node_token(token.trim(), &server.node, now_secs())
+    {
+        return None;
+    }
+    Some(error_response(&ApiError::new(
+        401,
+        "Unauthorized",
+        format!(
+            "node {} serves only its API server (a node credential it signed)",
+            server.node
+        ),
+    )))
+}
+
+async fn usage(State(server): State<LogServer>, headers: HeaderMap) -> Response {
+    if let Some(refused) = refuse_stranger(&server, &headers) {
+        return refused;
+    }
+    let report = server.stats.lock().clone();
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        report.to_string(),
+    )
+        .into_response()
+}
+
 async fn container_logs(
     State(server): State<LogServer>,
     UrlPath((ns, pod, container)): UrlPath<(String, String, String)>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if !server
-        .tokens
-        .check_node_token(token.trim(), &server.node, now_secs())
-    {
-        return error_response(&ApiError::new(
-            401,
-            "Unauthorized",
-            format!(
-                "node {} serves logs only to its API server (a node credential it signed)",
-                server.node
-            ),
-        ));
+    if let Some(refused) = refuse_stranger(&server, &headers) {
+        return refused;
     }
     let (path, opts) =
         match server.resolve(&ns, &pod, &container, query.as_deref().unwrap_or_default()) {

@@ -54,6 +54,9 @@ pub struct ProcessConfig {
     pub max_log_bytes: u64,
     /// Where the node serves logs to the API server (its InternalIP and port go in the Node).
     pub serve_addr: SocketAddr,
+    /// How often container usage is sampled for `kubectl top` (the kubelet's resource
+    /// metrics resolution is 15 s; a new container is reported from its first sample).
+    pub usage_window: Duration,
     /// Whose credentials the log endpoint accepts (the admin token's node tokens); `None`
     /// serves no logs.
     pub tokens: Option<Tokens>,
@@ -69,6 +72,7 @@ impl ProcessConfig {
             max_backoff: Duration::from_secs(300),
             renew_interval: Duration::from_secs(10),
             max_log_bytes: 10 << 20,
+            usage_window: Duration::from_secs(5),
             serve_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             tokens: None,
         }
@@ -85,6 +89,7 @@ pub struct ProcessAgent {
     live: Live,
     /// Running containers by the process (group) id: namespace, pod, container.
     usage: crate::usage::Running,
+    stats: crate::usage::Stats,
     events: Recorder,
 }
 
@@ -154,6 +159,7 @@ impl ProcessAgent {
             done: Mutex::new(HashSet::new()),
             live: Live::default(),
             usage: crate::usage::Running::default(),
+            stats: crate::usage::Stats::default(),
             events: Recorder::new(client.clone(), "kubelet", None),
             client,
         })
@@ -189,6 +195,7 @@ impl ProcessAgent {
             self.config.log_dir.clone(),
             tokens,
             self.live.clone(),
+            self.stats.clone(),
         )
         .router();
         tokio::spawn(async move {
@@ -281,6 +288,11 @@ impl ProcessAgent {
 
     /// Renews the Lease and runs the node's pods until dropped.
     pub async fn run(self: Arc<Self>) {
+        let reporter = tokio::spawn(crate::usage::report_every(
+            self.usage.clone(),
+            self.stats.clone(),
+            self.config.usage_window,
+        ));
         let this = self.clone();
         let renewer = tokio::spawn(async move {
             let mut tick = tokio::time::interval(this.config.renew_interval);
@@ -308,6 +320,7 @@ impl ProcessAgent {
         }
         renewer.abort();
         watcher.abort();
+        reporter.abort();
     }
 
     fn handle(self: &Arc<Self>, pod: Arc<Pod>, gone: bool) {
@@ -636,6 +649,7 @@ impl ProcessAgent {
                     pod.metadata.namespace.clone().unwrap_or_default(),
                     pod.metadata.name.clone().unwrap_or_default(),
                     c.name.clone(),
+                    std::time::Instant::now(),
                 ),
             );
             // The process ends; or the pod is deleted (with its grace period); or a startup

@@ -6,6 +6,9 @@
 //!   user and system, of the group's live processes and the children they have reaped;
 //! - `tessera_container_memory_rss_bytes{...}`: resident memory of the group;
 //! - `tessera_container_processes{...}`: processes in the group.
+//!
+//! The same samples, as rates over a window, are what the agent serves on `/stats/usage`
+//! for the API server's `metrics.k8s.io` (`kubectl top`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,8 +18,9 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{CounterVec, GaugeVec, Opts};
 
-/// Running containers by their process group id: namespace, pod, container.
-pub type Running = Arc<Mutex<HashMap<u32, (String, String, String)>>>;
+/// Running containers by their process group id: namespace, pod, container, and when it
+/// started.
+pub type Running = Arc<Mutex<HashMap<u32, (String, String, String, std::time::Instant)>>>;
 
 /// Clock ticks per second of `/proc/*/stat` times (Linux's USER_HZ, 100 on every
 /// architecture Tessera builds for).
@@ -86,6 +90,55 @@ pub fn sample(groups: &[u32]) -> HashMap<u32, Usage> {
     out
 }
 
+/// The newest usage report of a node's containers, as its agent serves it on
+/// `/stats/usage`: `{"timestamp", "window", "pods": [{"namespace", "name",
+/// "containers": [{"name", "usage": {"cpu": "<n>n", "memory": "<n>Ki"}}]}]}` (CPU as the
+/// rate over the window, in nanocores, as metrics-server reports it).
+pub type Stats = Arc<Mutex<serde_json::Value>>;
+
+/// Samples the running containers every `window` and keeps the newest report in `stats`.
+pub async fn report_every(running: Running, stats: Stats, window: std::time::Duration) {
+    let mut previous: HashMap<u32, (f64, std::time::Instant)> = HashMap::new();
+    let mut tick = tokio::time::interval(window);
+    loop {
+        tick.tick().await;
+        let containers = running.lock().clone();
+        let groups: Vec<u32> = containers.keys().copied().collect();
+        let now = std::time::Instant::now();
+        let usage = tokio::task::spawn_blocking(move || sample(&groups))
+            .await
+            .unwrap_or_default();
+        let mut pods: std::collections::BTreeMap<(String, String), Vec<serde_json::Value>> =
+            std::collections::BTreeMap::new();
+        let mut next = HashMap::new();
+        for (pid, (ns, pod, container, started)) in &containers {
+            let u = usage.get(pid).copied().unwrap_or_default();
+            next.insert(*pid, (u.cpu_seconds, now));
+            // The rate since the last sample; for a new container, since it started.
+            let (cpu_before, at) = previous.get(pid).copied().unwrap_or((0.0, *started));
+            let secs = now.duration_since(at).as_secs_f64().max(1e-3);
+            let nanocores = ((u.cpu_seconds - cpu_before).max(0.0) / secs * 1e9).round() as u64;
+            pods.entry((ns.clone(), pod.clone())).or_default().push(
+                serde_json::json!({"name": container, "usage": {
+                    "cpu": format!("{nanocores}n"),
+                    "memory": format!("{}Ki", u.rss_bytes / 1024)}}),
+            );
+        }
+        previous = next;
+        let pods: Vec<serde_json::Value> = pods
+            .into_iter()
+            .map(|((ns, name), containers)| {
+                serde_json::json!({"namespace": ns, "name": name, "containers": containers})
+            })
+            .collect();
+        *stats.lock() = serde_json::json!({
+            "timestamp": format!("{:.0}", jiff::Timestamp::now()),
+            "window": format!("{}s", window.as_secs().max(1)),
+            "pods": pods,
+        });
+    }
+}
+
 /// The collector of one node's container usage.
 pub struct ContainerUsage {
     running: Running,
@@ -144,7 +197,7 @@ impl Collector for ContainerUsage {
         self.cpu.reset();
         self.rss.reset();
         self.processes.reset();
-        for (pid, (ns, pod, container)) in &running {
+        for (pid, (ns, pod, container, _)) in &running {
             let u = usage.get(pid).copied().unwrap_or_default();
             let l = [ns.as_str(), pod.as_str(), container.as_str()];
             self.cpu.with_label_values(&l).inc_by(u.cpu_seconds);

@@ -77,7 +77,7 @@ async fn containers_run_as_processes() {
     );
     let tokens = Tokens::new("test-admin-token");
     let api = Api::new(store, None).with_node_proxy(tokens.clone());
-    let c: Arc<dyn Client> = Arc::new(InProcess::new(api, User::Admin));
+    let c: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
     c.create(
         res("namespaces"),
         None,
@@ -92,6 +92,7 @@ async fn containers_run_as_processes() {
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_millis(400),
             tokens: Some(tokens.clone()),
+            usage_window: Duration::from_millis(200),
             ..ProcessConfig::new("proc-0", log_dir.clone())
         },
     );
@@ -272,6 +273,43 @@ async fn containers_run_as_processes() {
                 .iter()
                 .any(|m| m.get_gauge().get_value() > 0.0)
     }));
+    // ...and in metrics.k8s.io, as `kubectl top` reads it: the pod, and its node.
+    let pod_metrics = || async {
+        api.resource_metrics(&User::Admin, "namespaces/default/pods/probed", "")
+            .await
+            .unwrap_or(Value::Null)
+    };
+    until("pod metrics", || async {
+        pod_metrics().await["containers"][0]["usage"]["memory"]
+            .as_str()
+            .is_some_and(|m| m != "0Ki" && m != "0")
+    })
+    .await;
+    let top = pod_metrics().await;
+    assert_eq!(top["kind"], "PodMetrics");
+    assert_eq!(top["containers"][0]["name"], "main");
+    assert!(top["containers"][0]["usage"]["cpu"].is_string(), "{top}");
+    let nodes = api
+        .resource_metrics(&User::Admin, "nodes", "")
+        .await
+        .expect("node metrics");
+    assert_eq!(nodes["kind"], "NodeMetricsList");
+    assert_eq!(nodes["items"][0]["metadata"]["name"], "proc-0");
+    assert!(nodes["items"][0]["usage"]["memory"].is_string(), "{nodes}");
+    let e = api
+        .resource_metrics(&User::Admin, "namespaces/default/pods/nothing", "")
+        .await
+        .expect_err("no such pod");
+    assert_eq!(e.code, 404);
+    assert!(
+        e.message
+            .contains("podmetrics.metrics.k8s.io \"nothing\" not found")
+    );
+    let e = api
+        .resource_metrics(&User::Tenant("acme".into()), "namespaces/default/pods", "")
+        .await
+        .expect_err("another tenant's namespace");
+    assert_eq!(e.code, 403);
     std::fs::remove_file(flag("ready")).expect("unflag");
     until("not ready again", || async {
         get(&c, "probed")

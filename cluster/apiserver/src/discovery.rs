@@ -33,6 +33,15 @@ pub fn version_info() -> Value {
     })
 }
 
+/// The resource metrics API (`kubectl top`), served by the API server beside the catalog:
+/// (plural, singular, kind, namespaced).
+const METRICS_GROUP: &str = "metrics.k8s.io";
+const METRICS_VERSION: &str = "v1beta1";
+const METRICS: [(&str, &str, &str, bool); 2] = [
+    ("nodes", "", "NodeMetrics", false),
+    ("pods", "", "PodMetrics", true),
+];
+
 fn group_version(group: &str, version: &str) -> String {
     if group.is_empty() {
         version.to_owned()
@@ -43,6 +52,17 @@ fn group_version(group: &str, version: &str) -> String {
 
 /// The legacy `APIResourceList` of one group-version, or `None` if it is not served.
 pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
+    if (group, version) == (METRICS_GROUP, METRICS_VERSION) {
+        let resources: Vec<Value> = METRICS
+            .iter()
+            .map(|(plural, singular, kind, namespaced)| {
+                json!({"name": plural, "singularName": singular, "namespaced": namespaced,
+                    "kind": kind, "verbs": ["get", "list"]})
+            })
+            .collect();
+        return Some(json!({"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": group_version(group, version), "resources": resources}));
+    }
     let mut resources = Vec::new();
     for res in catalog::resources_of(group, version) {
         resources.push(json!({
@@ -84,6 +104,7 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
 fn api_group(group: &str) -> Option<Value> {
     let versions: Vec<Value> = catalog::groups()
         .into_iter()
+        .chain([(METRICS_GROUP, METRICS_VERSION)])
         .filter(|(g, _)| *g == group)
         .map(|(g, v)| json!({"groupVersion": group_version(g, v), "version": v}))
         .collect();
@@ -100,7 +121,10 @@ fn api_group(group: &str) -> Option<Value> {
 /// The legacy `APIGroupList` of `/apis`.
 pub fn api_group_list() -> Value {
     let mut names: Vec<&str> = Vec::new();
-    for (g, _) in catalog::groups() {
+    for (g, _) in catalog::groups()
+        .into_iter()
+        .chain([(METRICS_GROUP, METRICS_VERSION)])
+    {
         if !g.is_empty() && !names.contains(&g) {
             names.push(g);
         }
@@ -181,6 +205,19 @@ pub fn aggregated(core: bool) -> Value {
                 "versions": [entry],
             })),
         }
+    }
+    if !core {
+        let resources: Vec<Value> = METRICS
+            .iter()
+            .map(|(plural, singular, kind, namespaced)| {
+                json!({"resource": plural,
+                    "responseKind": {"group": METRICS_GROUP, "version": METRICS_VERSION, "kind": kind},
+                    "scope": if *namespaced { "Namespaced" } else { "Cluster" },
+                    "singularResource": singular, "verbs": ["get", "list"]})
+            })
+            .collect();
+        items.push(json!({"metadata": {"name": METRICS_GROUP, "creationTimestamp": null},
+            "versions": [{"version": METRICS_VERSION, "resources": resources, "freshness": "Current"}]}));
     }
     json!({
         "kind": "APIGroupDiscoveryList",

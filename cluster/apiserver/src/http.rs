@@ -235,6 +235,25 @@ async fn openapi_doc(uri: Uri) -> Response {
     }
 }
 
+/// `metrics.k8s.io/v1beta1` (`kubectl top`).
+async fn resource_metrics(
+    State(api): State<Api>,
+    axum::extract::Path(rest): axum::extract::Path<String>,
+    uri: Uri,
+    request: Request,
+) -> Response {
+    let Some(user) = request.extensions().get::<User>().cloned() else {
+        return unauthorized("authentication required");
+    };
+    let answer = api
+        .resource_metrics(&user, &rest, uri.query().unwrap_or(""))
+        .await;
+    match answer {
+        Ok(body) => json_response(200, &body, &[]),
+        Err(e) => error_response(&e),
+    }
+}
+
 async fn ready(State(api): State<Api>) -> Response {
     match api.store().current_revision().await {
         Ok(_) => "ok".into_response(),
@@ -250,6 +269,10 @@ async fn ready(State(api): State<Api>) -> Response {
 pub fn router(api: Api, tokens: Tokens) -> Router {
     let stateful = Router::new()
         .route("/readyz", get(ready))
+        .route(
+            "/apis/metrics.k8s.io/v1beta1/{*rest}",
+            get(resource_metrics),
+        )
         .fallback(objects)
         .with_state(api);
     Router::new()

@@ -106,29 +106,6 @@ impl Api {
                 "pod {name} does not have a host assigned: it has not been scheduled yet (kubectl describe pod {name} tells why)"
             )));
         };
-        let Some(proxy) = &self.node_proxy else {
-            return Err(ApiError::new(
-                503,
-                "ServiceUnavailable",
-                "this API server has no credential for node agents, so it cannot read logs",
-            ));
-        };
-        let mut node_req = ApiRequest::new(crate::request::Verb::Get, nodes());
-        node_req.name = Some(node_name.to_owned());
-        let node = match self.get(&node_req).await {
-            Ok(n) => n.into_value().unwrap_or(Value::Null),
-            Err(e) if e.code == 404 => {
-                return Err(bad(format!(
-                    "pod {name} is on node {node_name}, which no longer exists"
-                )));
-            }
-            Err(e) => return Err(e),
-        };
-        let Some(addr) = agent_address(&node) else {
-            return Err(bad(format!(
-                "node {node_name} serves no logs (it has no agent endpoint: simulated nodes run no processes, so their pods have no output)"
-            )));
-        };
         let ns = req.namespace.as_deref().unwrap_or_default();
         let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
         let mut query = format!("podUID={uid}");
@@ -137,11 +114,56 @@ impl Api {
             query.push('&');
             query.push_str(&rest);
         }
-        let uri = format!("http://{addr}/containerLogs/{ns}/{name}/{container}?{query}");
+        let resp = self
+            .agent_get(
+                node_name,
+                &format!("/containerLogs/{ns}/{name}/{container}?{query}"),
+            )
+            .await?;
+        let stream = resp
+            .into_body()
+            .into_data_stream()
+            .map(|chunk| chunk.map_err(std::io::Error::other));
+        Ok(ApiResponse::Stream {
+            content_type: "text/plain",
+            body: Box::pin(stream),
+        })
+    }
+}
+
+impl Api {
+    /// `GET path` on node `node_name`'s agent, with a credential for that node: the answer
+    /// if it is a 200, else the agent's `Status` as an error.
+    pub(crate) async fn agent_get(
+        &self,
+        node_name: &str,
+        path: &str,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+        let Some(proxy) = &self.node_proxy else {
+            return Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                "this API server has no credential for node agents, so it cannot reach them",
+            ));
+        };
+        let mut node_req = ApiRequest::new(crate::request::Verb::Get, nodes());
+        node_req.name = Some(node_name.to_owned());
+        let node = match self.get(&node_req).await {
+            Ok(n) => n.into_value().unwrap_or(Value::Null),
+            Err(e) if e.code == 404 => {
+                return Err(bad(format!("node {node_name} no longer exists")));
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(addr) = agent_address(&node) else {
+            return Err(bad(format!(
+                "node {node_name} has no agent endpoint (simulated nodes run no processes: their pods have no output or usage)"
+            )));
+        };
         let token = proxy
             .tokens
             .node_token(node_name, now_secs() + NODE_TOKEN_SECONDS);
-        let request = hyper::Request::get(&uri)
+        let request = hyper::Request::get(format!("http://{addr}{path}"))
             .header("authorization", format!("Bearer {token}"))
             .body(Empty::new())
             .map_err(|e| ApiError::internal(format!("building the agent request: {e}")))?;
@@ -160,39 +182,32 @@ impl Api {
             .await
             .map_err(|e| unreachable(&e))?;
         let code = resp.status().as_u16();
-        if code != 200 {
-            // The agent answers a Kubernetes Status; it is passed on as it is.
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| unreachable(&e))?
-                .to_bytes();
-            let status: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            return Err(ApiError::new(
-                code,
-                match status["reason"].as_str() {
-                    Some("BadRequest") => "BadRequest",
-                    Some("NotFound") => "NotFound",
-                    Some("Forbidden") => "Forbidden",
-                    Some("Unauthorized") => "Unauthorized",
-                    Some("ServiceUnavailable") => "ServiceUnavailable",
-                    _ => "InternalError",
-                },
-                status["message"].as_str().map_or_else(
-                    || String::from_utf8_lossy(&body).into_owned(),
-                    str::to_owned,
-                ),
-            ));
+        if code == 200 {
+            return Ok(resp);
         }
-        let stream = resp
+        // The agent answers a Kubernetes Status; it is passed on as it is.
+        let body = resp
             .into_body()
-            .into_data_stream()
-            .map(|chunk| chunk.map_err(std::io::Error::other));
-        Ok(ApiResponse::Stream {
-            content_type: "text/plain",
-            body: Box::pin(stream),
-        })
+            .collect()
+            .await
+            .map_err(|e| unreachable(&e))?
+            .to_bytes();
+        let status: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Err(ApiError::new(
+            code,
+            match status["reason"].as_str() {
+                Some("BadRequest") => "BadRequest",
+                Some("NotFound") => "NotFound",
+                Some("Forbidden") => "Forbidden",
+                Some("Unauthorized") => "Unauthorized",
+                Some("ServiceUnavailable") => "ServiceUnavailable",
+                _ => "InternalError",
+            },
+            status["message"].as_str().map_or_else(
+                || String::from_utf8_lossy(&body).into_owned(),
+                str::to_owned,
+            ),
+        ))
     }
 }
 

@@ -11,6 +11,7 @@ mod allocator;
 mod delete;
 mod logs;
 mod read;
+pub mod resource_metrics;
 mod subresources;
 mod tenant_quota;
 mod write;
