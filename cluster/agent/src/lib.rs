@@ -2,6 +2,7 @@
 //! with its own Node, Lease and pods, as kubemark and KWOK do — what a shard's control plane
 //! sees is exactly what real agents would show it.
 
+pub mod env;
 pub mod logs;
 pub mod metrics;
 pub mod probe;

@@ -69,17 +69,18 @@ impl Timing {
     }
 }
 
-/// Runs one probe attempt against container `c` (whose processes listen on `host`):
-/// `Ok` with its output if it passed, `Err` with why not.
+/// Runs one probe attempt against container `c` (with environment `env`; its processes
+/// listen on `host`): `Ok` with its output if it passed, `Err` with why not.
 pub async fn attempt(
     p: &Probe,
     c: &Container,
+    env: &[(String, String)],
     host: &str,
     timeout: Duration,
 ) -> Result<String, String> {
     let run = async {
         if let Some(exec) = &p.exec {
-            return exec_probe(exec.command.as_deref().unwrap_or_default(), c).await;
+            return exec_probe(exec.command.as_deref().unwrap_or_default(), c, env).await;
         }
         if let Some(tcp) = &p.tcp_socket {
             let port = port_of(&tcp.port, c)?;
@@ -122,30 +123,40 @@ fn cut(bytes: &[u8]) -> String {
     text.trim_end().to_owned()
 }
 
-/// `cmd args` as container `c` would run it: its env (literal values) and working
-/// directory, no stdin, killed if dropped.
-pub fn in_container(c: &Container, cmd: &str, args: &[String]) -> tokio::process::Command {
+/// `cmd args` as container `c` would run it: with its environment `env` (only that: the
+/// agent's own is not inherited, `PATH` aside) and working directory, no stdin, killed if
+/// dropped.
+pub fn in_container(
+    c: &Container,
+    env: &[(String, String)],
+    cmd: &str,
+    args: &[String],
+) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(cmd);
     command
         .args(args)
+        .env_clear()
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    for e in c.env.iter().flatten() {
-        if let Some(v) = &e.value {
-            command.env(&e.name, v);
-        }
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
     }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     if let Some(d) = &c.working_dir {
         command.current_dir(d);
     }
     command
 }
 
-async fn exec_probe(argv: &[String], c: &Container) -> Result<String, String> {
+async fn exec_probe(
+    argv: &[String],
+    c: &Container,
+    env: &[(String, String)],
+) -> Result<String, String> {
     let Some((cmd, args)) = argv.split_first() else {
         return Err("the exec probe has no command".into());
     };
-    let out = in_container(c, cmd, args)
+    let out = in_container(c, env, cmd, args)
         .output()
         .await
         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
@@ -289,20 +300,21 @@ mod tests {
         };
         let second = Duration::from_secs(1);
         assert!(
-            attempt(&exec(&["true"]), &c, "127.0.0.1", second)
+            attempt(&exec(&["true"]), &c, &[], "127.0.0.1", second)
                 .await
                 .is_ok()
         );
         let e = attempt(
             &exec(&["sh", "-c", "echo sick; exit 2"]),
             &c,
+            &[],
             "127.0.0.1",
             second,
         )
         .await
         .expect_err("fails");
         assert!(e.contains("exited with 2: sick"), "{e}");
-        let e = attempt(&exec(&["sleep", "5"]), &c, "127.0.0.1", second)
+        let e = attempt(&exec(&["sleep", "5"]), &c, &[], "127.0.0.1", second)
             .await
             .expect_err("times out");
         assert!(e.contains("timed out"), "{e}");
@@ -335,7 +347,7 @@ mod tests {
             }),
             ..Probe::default()
         };
-        assert!(attempt(&tcp, &c, "127.0.0.1", second).await.is_ok());
+        assert!(attempt(&tcp, &c, &[], "127.0.0.1", second).await.is_ok());
         let http = Probe {
             http_get: Some(HTTPGetAction {
                 port: IntOrString::Int(i32::from(port)),
@@ -345,11 +357,11 @@ mod tests {
             ..Probe::default()
         };
         // The tcp probe's connection took the 200; this one gets the 500, the next a 200.
-        let e = attempt(&http, &c, "127.0.0.1", second)
+        let e = attempt(&http, &c, &[], "127.0.0.1", second)
             .await
             .expect_err("500");
         assert!(e.contains("statuscode: 500"), "{e}");
-        assert!(attempt(&http, &c, "127.0.0.1", second).await.is_ok());
+        assert!(attempt(&http, &c, &[], "127.0.0.1", second).await.is_ok());
         let named = Probe {
             tcp_socket: Some(TCPSocketAction {
                 port: IntOrString::String("nope".into()),
@@ -357,7 +369,7 @@ mod tests {
             }),
             ..Probe::default()
         };
-        let e = attempt(&named, &c, "127.0.0.1", second)
+        let e = attempt(&named, &c, &[], "127.0.0.1", second)
             .await
             .expect_err("no port");
         assert!(e.contains("no port named"), "{e}");

@@ -469,6 +469,7 @@ impl ProcessAgent {
         &self,
         pod: &Pod,
         c: &Container,
+        env: &[(String, String)],
         i: usize,
         statuses: &Arc<Mutex<Vec<Value>>>,
     ) -> u64 {
@@ -507,7 +508,7 @@ impl ProcessAgent {
         };
         if let Some(p) = runnable(c.startup_probe.as_ref()) {
             let mut passed = false;
-            self.probe_loop(&obj, Kind::Startup, p, c, |ok| {
+            self.probe_loop(&obj, Kind::Startup, p, c, env, |ok| {
                 passed = ok;
                 true
             })
@@ -522,7 +523,7 @@ impl ProcessAgent {
         let readiness = async {
             match runnable(c.readiness_probe.as_ref()) {
                 Some(p) => {
-                    self.probe_loop(&obj, Kind::Readiness, p, c, |ok| {
+                    self.probe_loop(&obj, Kind::Readiness, p, c, env, |ok| {
                         statuses.lock()[i]["ready"] = json!(ok);
                         false
                     })
@@ -534,7 +535,8 @@ impl ProcessAgent {
         let liveness = async {
             match runnable(c.liveness_probe.as_ref()) {
                 Some(p) => {
-                    self.probe_loop(&obj, Kind::Liveness, p, c, |ok| !ok).await;
+                    self.probe_loop(&obj, Kind::Liveness, p, c, env, |ok| !ok)
+                        .await;
                     killing(p, Kind::Liveness)
                 }
                 None => std::future::pending().await,
@@ -554,13 +556,14 @@ impl ProcessAgent {
         kind: Kind,
         p: &Probe,
         c: &Container,
+        env: &[(String, String)],
         mut decide: impl FnMut(bool) -> bool,
     ) {
         let t = Timing::of(p);
         tokio::time::sleep(t.initial_delay).await;
         let mut tally = Tally::default();
         loop {
-            let result = attempt(p, c, "127.0.0.1", t.timeout).await;
+            let result = attempt(p, c, env, "127.0.0.1", t.timeout).await;
             if let Err(why) = &result {
                 self.events.event(
                     obj,
@@ -591,8 +594,22 @@ impl ProcessAgent {
         let mut restarts = 0u32;
         let mut backoff = self.config.backoff;
         loop {
+            let env = match crate::env::resolve(&self.client, pod, c).await {
+                Ok(env) => env,
+                Err(why) => {
+                    statuses.lock()[i]["state"] = json!({"waiting": {"reason": "CreateContainerConfigError", "message": why}});
+                    // As the kubelet: try again later (the ConfigMap may yet be created).
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.wait_for(Option::is_some) => return 1,
+                    }
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                    continue;
+                }
+            };
             let mut argv: Vec<String> = c.command.clone().unwrap_or_default();
             argv.extend(c.args.clone().unwrap_or_default());
+            let argv: Vec<String> = argv.iter().map(|a| crate::env::expand(a, &env)).collect();
             if argv.is_empty() {
                 statuses.lock()[i]["state"] = json!({"waiting": {"reason": "CreateContainerConfigError",
                     "message": "the process runtime runs a container's command and args; this one has none (images are not pulled)"}});
@@ -608,7 +625,7 @@ impl ProcessAgent {
                     return 1;
                 }
             };
-            let child = crate::probe::in_container(c, &argv[0], &argv[1..])
+            let child = crate::probe::in_container(c, &env, &argv[0], &argv[1..])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 // Its own process group: what the container starts is killed with it.
@@ -657,7 +674,7 @@ impl ProcessAgent {
             let ended = tokio::select! {
                 status = child.wait() => Ok(exit_code(status.ok())),
                 g = stop.wait_for(Option::is_some) => Err(g.map_or(30, |r| r.unwrap_or(30)).max(0) as u64),
-                grace = self.supervise(pod, c, i, &statuses) => Err(grace),
+                grace = self.supervise(pod, c, &env, i, &statuses) => Err(grace),
             };
             let code = match ended {
                 Ok(code) => code,

@@ -359,6 +359,59 @@ async fn containers_run_as_processes() {
         .await
         .expect("delete");
 
+    // The environment as the kubelet builds it: the downward API, ConfigMap and Secret keys,
+    // envFrom with a prefix, $(VAR) in values and args; a missing ConfigMap holds the
+    // container back until it exists.
+    c.create(
+        res("pods"),
+        Some("default"),
+        &pod(
+            "envy",
+            json!(["sh", "-c", "echo $POD $KEY $PASS $CFG_color $GREETING $HOSTNAME", "$(POD)"]),
+            "Never",
+            json!({"env": [
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "KEY", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "size"}}},
+                {"name": "PASS", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+                {"name": "GREETING", "value": "hello-$(POD)"}],
+                "envFrom": [{"prefix": "CFG_", "configMapRef": {"name": "settings"}}]}),
+        ),
+    )
+    .await
+    .expect("pod");
+    until("held back by the missing ConfigMap", || async {
+        get(&c, "envy").await.is_some_and(|p| {
+            let waiting = &p["status"]["containerStatuses"][0]["state"]["waiting"];
+            waiting["reason"] == "CreateContainerConfigError"
+                && waiting["message"] == "configmap \"settings\" not found"
+        })
+    })
+    .await;
+    c.create(
+        res("configmaps"),
+        Some("default"),
+        &json!({"metadata": {"name": "settings"}, "data": {"size": "large", "color": "blue"}}),
+    )
+    .await
+    .expect("configmap");
+    c.create(
+        res("secrets"),
+        Some("default"),
+        &json!({"metadata": {"name": "creds"}, "data": {"password": "czNjcjN0"}}),
+    )
+    .await
+    .expect("secret");
+    until("envy succeeded", || async {
+        get(&c, "envy")
+            .await
+            .is_some_and(|p| p["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    assert_eq!(
+        logs(&c, "envy", "").await.expect("log"),
+        "envy large s3cr3t blue hello-envy envy\n"
+    );
+
     // A failing container restarts with back-off (OnFailure), counting restarts.
     c.create(
         res("pods"),
