@@ -20,6 +20,106 @@ pub fn is_terminal(pod: &Value) -> bool {
     )
 }
 
+/// A pod's QoS class, as Kubernetes derives it from its containers' requests and limits.
+pub fn qos_class(pod: &Value) -> &'static str {
+    let containers = pod["spec"]["containers"].as_array();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in containers.into_iter().flatten() {
+        let r = &c["resources"];
+        for k in ["cpu", "memory"] {
+            let req = r["requests"][k].as_str().or(r["limits"][k].as_str());
+            let lim = r["limits"][k].as_str();
+            if req.is_some() || lim.is_some() {
+                any = true;
+            }
+            if lim.is_none() || req != lim {
+                guaranteed = false;
+            }
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
+
+/// Whether a quota with `spec` counts `obj` of `res`. An unscoped quota counts everything it
+/// limits; a scoped one (`scopes`, `scopeSelector`) counts only pods that match every scope:
+/// `Terminating`/`NotTerminating` (an `activeDeadlineSeconds` or not), `BestEffort`/
+/// `NotBestEffort` (the QoS class), `PriorityClass` (the pod's `priorityClassName` against
+/// `In`/`NotIn`/`Exists`/`DoesNotExist`), `CrossNamespacePodAffinity` (affinity terms that
+/// name other namespaces).
+pub fn in_scope(spec: &Value, res: &Resource, obj: &Value) -> bool {
+    let mut scopes: Vec<(&str, &str, Vec<&str>)> = spec["scopes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s.as_str()?, "Exists", Vec::new())))
+        .collect();
+    for x in spec["scopeSelector"]["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let values = x["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        scopes.push((
+            x["scopeName"].as_str().unwrap_or_default(),
+            x["operator"].as_str().unwrap_or_default(),
+            values,
+        ));
+    }
+    if scopes.is_empty() {
+        return true;
+    }
+    if !(res.plural == "pods" && res.group.is_empty()) {
+        return false;
+    }
+    let spec = &obj["spec"];
+    scopes.iter().all(|(scope, op, values)| match *scope {
+        "Terminating" => spec["activeDeadlineSeconds"]
+            .as_i64()
+            .is_some_and(|s| s >= 0),
+        "NotTerminating" => spec["activeDeadlineSeconds"].as_i64().is_none_or(|s| s < 0),
+        "BestEffort" => qos_class(obj) == "BestEffort",
+        "NotBestEffort" => qos_class(obj) != "BestEffort",
+        "PriorityClass" => {
+            let class = spec["priorityClassName"].as_str().unwrap_or_default();
+            match *op {
+                "In" => values.contains(&class),
+                "NotIn" => !values.contains(&class),
+                "DoesNotExist" => class.is_empty(),
+                _ => !class.is_empty(),
+            }
+        }
+        "CrossNamespacePodAffinity" => ["podAffinity", "podAntiAffinity"].iter().any(|a| {
+            let terms = &spec["affinity"][a];
+            [
+                "requiredDuringSchedulingIgnoredDuringExecution",
+                "preferredDuringSchedulingIgnoredDuringExecution",
+            ]
+            .iter()
+            .flat_map(|k| terms[k].as_array().into_iter().flatten())
+            .any(|t| {
+                let t = if t["podAffinityTerm"].is_object() {
+                    &t["podAffinityTerm"]
+                } else {
+                    t
+                };
+                t["namespaces"].as_array().is_some_and(|n| !n.is_empty())
+                    || t["namespaceSelector"].is_object()
+            })
+        }),
+        _ => false,
+    })
+}
+
 /// Core kinds also counted by their plain name (`services: 10`).
 fn counted_by_name(res: &Resource) -> bool {
     res.group.is_empty()
@@ -106,4 +206,99 @@ pub fn quantity_json(m: &BTreeMap<String, Quantity>) -> Value {
             .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::request::find_resource;
+
+    fn pod(spec: Value) -> Value {
+        json!({"metadata": {"name": "p"}, "spec": spec})
+    }
+
+    #[test]
+    fn scopes_pick_the_pods_they_count() {
+        let pods = find_resource("", "v1", "pods").expect("pods");
+        let configmaps = find_resource("", "v1", "configmaps").expect("configmaps");
+        let best_effort = pod(json!({"containers": [{"name": "c"}]}));
+        let burstable = pod(json!({"containers": [{"name": "c",
+            "resources": {"requests": {"cpu": "1"}}}], "priorityClassName": "high"}));
+        let deadline = pod(json!({"containers": [{"name": "c"}], "activeDeadlineSeconds": 60}));
+        let scoped = |scopes: Value| json!({"hard": {"pods": "5"}, "scopes": scopes});
+        let unscoped = json!({"hard": {"pods": "5"}});
+        assert!(in_scope(&unscoped, pods, &best_effort));
+        assert!(in_scope(&unscoped, configmaps, &json!({})));
+        let be = scoped(json!(["BestEffort"]));
+        assert!(in_scope(&be, pods, &best_effort));
+        assert!(!in_scope(&be, pods, &burstable));
+        assert!(
+            !in_scope(&be, configmaps, &json!({})),
+            "scoped quotas count pods only"
+        );
+        assert!(in_scope(
+            &scoped(json!(["NotBestEffort"])),
+            pods,
+            &burstable
+        ));
+        let term = scoped(json!(["Terminating"]));
+        assert!(in_scope(&term, pods, &deadline));
+        assert!(!in_scope(&term, pods, &best_effort));
+        assert!(in_scope(
+            &scoped(json!(["NotTerminating"])),
+            pods,
+            &best_effort
+        ));
+        // Every scope must match.
+        assert!(!in_scope(
+            &scoped(json!(["BestEffort", "NotTerminating"])),
+            pods,
+            &deadline
+        ));
+        let selector = |op: &str, values: Value| {
+            json!({"hard": {"pods": "5"}, "scopeSelector": {"matchExpressions": [
+                {"scopeName": "PriorityClass", "operator": op, "values": values}]}})
+        };
+        assert!(in_scope(&selector("In", json!(["high"])), pods, &burstable));
+        assert!(!in_scope(
+            &selector("In", json!(["high"])),
+            pods,
+            &best_effort
+        ));
+        assert!(in_scope(
+            &selector("NotIn", json!(["high"])),
+            pods,
+            &best_effort
+        ));
+        assert!(in_scope(&selector("Exists", json!([])), pods, &burstable));
+        assert!(in_scope(
+            &selector("DoesNotExist", json!([])),
+            pods,
+            &best_effort
+        ));
+        let cross = pod(
+            json!({"containers": [{"name": "c"}], "affinity": {"podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "k",
+                "namespaces": ["other"], "labelSelector": {}}]}}}),
+        );
+        let cna = scoped(json!(["CrossNamespacePodAffinity"]));
+        assert!(in_scope(&cna, pods, &cross));
+        assert!(!in_scope(&cna, pods, &best_effort));
+    }
+
+    #[test]
+    fn finished_pods_use_nothing() {
+        let pods = find_resource("", "v1", "pods").expect("pods");
+        let mut p = pod(json!({"containers": [{"name": "c",
+            "resources": {"requests": {"cpu": "250m"}}}]}));
+        let usage = usage_of(pods, &p);
+        assert_eq!(usage["pods"], Quantity::from_units(1));
+        assert_eq!(usage["count/pods"], Quantity::from_units(1));
+        assert_eq!(usage["requests.cpu"].to_string(), "250m");
+        assert_eq!(usage["cpu"].to_string(), "250m");
+        p["status"] = json!({"phase": "Succeeded"});
+        assert!(usage_of(pods, &p).is_empty());
+    }
 }

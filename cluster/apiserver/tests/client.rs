@@ -467,6 +467,59 @@ async fn concurrent_creates_never_overshoot_a_quota() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoped_quotas_count_only_their_pods() {
+    let s = setup().await;
+    let (_, c) = &s.clients[0];
+    c.create(
+        res("", "namespaces"),
+        None,
+        &json!({"metadata": {"name": "sq"}}),
+    )
+    .await
+    .expect("ns");
+    c.create(
+        res("", "resourcequotas"),
+        Some("sq"),
+        &json!({"metadata": {"name": "best-effort"},
+            "spec": {"hard": {"pods": "1"}, "scopes": ["BestEffort"]}}),
+    )
+    .await
+    .expect("quota");
+    let best_effort = |name: &str| {
+        json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    };
+    c.create(res("", "pods"), Some("sq"), &best_effort("be-1"))
+        .await
+        .expect("the first best-effort pod fits");
+    let err = c
+        .create(res("", "pods"), Some("sq"), &best_effort("be-2"))
+        .await
+        .expect_err("the second does not");
+    assert_eq!(err.code, 403, "{}", err.message);
+    assert!(
+        err.message.contains("exceeded quota: best-effort"),
+        "{}",
+        err.message
+    );
+    // Pods with requests are outside the scope: not counted, not refused.
+    for i in 0..3 {
+        c.create(
+            res("", "pods"),
+            Some("sq"),
+            &pod(&format!("burst-{i}"), "100m"),
+        )
+        .await
+        .expect("burstable pods are not in the BestEffort scope");
+    }
+    let q = c
+        .get(res("", "resourcequotas"), Some("sq"), "best-effort")
+        .await
+        .expect("quota");
+    assert_eq!(q["status"]["used"]["pods"], "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_quota_holds_across_its_namespaces() {
     let s = setup().await;
     let (_, c) = &s.clients[0];

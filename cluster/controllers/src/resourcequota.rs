@@ -21,7 +21,9 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use serde_json::{Value, json};
 use tessera_apiserver::catalog::RESOURCES;
-use tessera_apiserver::quota::{add_tracked, quantity_json, quantity_map, tracked, usage_of};
+use tessera_apiserver::quota::{
+    add_tracked, in_scope, quantity_json, quantity_map, tracked, usage_of,
+};
 use tessera_apiserver::request::{ApiRequest, Verb};
 use tessera_core::quantity::Quantity;
 use tessera_runtime::EventClass;
@@ -75,12 +77,14 @@ pub async fn run(ctx: Context, resync: Duration) {
 }
 
 impl Quotas {
-    /// What the objects of `ns` used at revision `rv`, for the resources of `hard`.
+    /// What the objects of `ns` in the scopes of quota `spec` used at revision `rv`, for the
+    /// resources of `hard`.
     async fn usage_at(
         &self,
         ns: &str,
         rv: &str,
         hard: &BTreeMap<String, Quantity>,
+        spec: &Value,
     ) -> Result<BTreeMap<String, Quantity>, ReconcileError> {
         let mut used: BTreeMap<String, Quantity> = hard
             .keys()
@@ -106,7 +110,9 @@ impl Quotas {
                     ReconcileError::new(format!("listing {} in {ns}: {}", r.plural, e.message))
                 })?;
                 for obj in page["items"].as_array().into_iter().flatten() {
-                    add_tracked(&mut used, usage_of(r, obj));
+                    if in_scope(spec, r, obj) {
+                        add_tracked(&mut used, usage_of(r, obj));
+                    }
                 }
                 match page["metadata"]["continue"].as_str() {
                     Some(c) if !c.is_empty() => cont = Some(c.to_owned()),
@@ -137,7 +143,7 @@ impl Reconciler for Quotas {
             .unwrap_or_default()
             .to_owned();
         let hard = quantity_map(&quota["spec"]["hard"]);
-        let used = self.usage_at(ns, &rv, &hard).await?;
+        let used = self.usage_at(ns, &rv, &hard, &quota["spec"]).await?;
         let status = json!({"hard": quantity_json(&hard), "used": quantity_json(&used)});
         let same = quantity_map(&quota["status"]["hard"]) == hard
             && quantity_map(&quota["status"]["used"]) == used;

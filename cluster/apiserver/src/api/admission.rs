@@ -3,30 +3,6 @@
 
 use super::*;
 
-pub(super) fn qos_class(pod: &Value) -> &'static str {
-    let containers = pod["spec"]["containers"].as_array();
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in containers.into_iter().flatten() {
-        let r = &c["resources"];
-        for k in ["cpu", "memory"] {
-            let req = r["requests"][k].as_str().or(r["limits"][k].as_str());
-            let lim = r["limits"][k].as_str();
-            if req.is_some() || lim.is_some() {
-                any = true;
-            }
-            if lim.is_none() || req != lim {
-                guaranteed = false;
-            }
-        }
-    }
-    match (any, guaranteed) {
-        (false, _) => "BestEffort",
-        (true, true) => "Guaranteed",
-        (true, false) => "Burstable",
-    }
-}
-
 impl ApiError {
     /// The same error with reason Forbidden (403), as LimitRange admission answers.
     fn forbidden_reason(mut self) -> Self {
@@ -92,6 +68,7 @@ impl Api {
         &self,
         ns: &str,
         hard: &BTreeMap<String, Quantity>,
+        spec: &Value,
     ) -> Result<BTreeMap<String, Quantity>, ApiError> {
         let mut used: BTreeMap<String, Quantity> = hard
             .keys()
@@ -110,10 +87,10 @@ impl Api {
                 .await
                 .map_err(store_error)?;
             for kv in &page.kvs {
-                crate::quota::add_tracked(
-                    &mut used,
-                    crate::quota::usage_of(res, &decode_stored(kv)?),
-                );
+                let obj = decode_stored(kv)?;
+                if crate::quota::in_scope(spec, res, &obj) {
+                    crate::quota::add_tracked(&mut used, crate::quota::usage_of(res, &obj));
+                }
             }
         }
         Ok(used)
@@ -215,7 +192,9 @@ impl Api {
         for kv in &quotas {
             let mut quota = decode_stored(kv)?;
             let hard = quantity_map(&quota["spec"]["hard"]);
-            if !hard.keys().any(|k| usage.contains_key(k)) {
+            if !hard.keys().any(|k| usage.contains_key(k))
+                || !crate::quota::in_scope(&quota["spec"], res, obj)
+            {
                 continue;
             }
             let mut used = quantity_map(&quota["status"]["used"]);
@@ -247,13 +226,13 @@ mod tests {
     #[test]
     fn qos_follows_requests_and_limits() {
         let pod = |r: Value| json!({"spec": {"containers": [{"resources": r}]}});
-        assert_eq!(qos_class(&pod(json!({}))), "BestEffort");
+        assert_eq!(crate::quota::qos_class(&pod(json!({}))), "BestEffort");
         assert_eq!(
-            qos_class(&pod(json!({"limits": {"cpu": "1", "memory": "1Gi"}}))),
+            crate::quota::qos_class(&pod(json!({"limits": {"cpu": "1", "memory": "1Gi"}}))),
             "Guaranteed"
         );
         assert_eq!(
-            qos_class(&pod(json!({"requests": {"cpu": "1"}}))),
+            crate::quota::qos_class(&pod(json!({"requests": {"cpu": "1"}}))),
             "Burstable"
         );
     }

@@ -16,8 +16,7 @@ mod subresources;
 mod tenant_quota;
 mod write;
 
-use crate::quota::{pod_usage, quantity_json, quantity_map};
-use admission::qos_class;
+use crate::quota::{pod_usage, qos_class, quantity_json, quantity_map};
 pub use logs::NodeProxy;
 use subresources::{from_scale, to_scale, to_scale_plain};
 

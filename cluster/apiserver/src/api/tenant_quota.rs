@@ -143,7 +143,7 @@ impl Api {
             .flatten()
         {
             let Some(ns) = ns.as_str() else { continue };
-            for (k, v) in self.usage_in(ns, quota).await? {
+            for (k, v) in self.usage_in(ns, quota, &Value::Null).await? {
                 let e = total.entry(k).or_insert_with(|| Quantity::from_units(0));
                 *e = e.saturating_add(v);
             }

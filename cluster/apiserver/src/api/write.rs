@@ -284,7 +284,7 @@ impl Api {
             && let Some(ns) = req.namespace.as_deref()
         {
             let used = self
-                .usage_in(ns, &quantity_map(&obj["spec"]["hard"]))
+                .usage_in(ns, &quantity_map(&obj["spec"]["hard"]), &obj["spec"])
                 .await?;
             obj["status"] = json!({"hard": obj["spec"]["hard"], "used": quantity_json(&used)});
         }
