@@ -302,8 +302,13 @@ impl ProcessAgent {
             }
         });
         let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<Pod>, bool)>();
-        let informer =
-            Informer::<Pod>::new(self.client.clone(), res("", "pods"), Scope::default(), None);
+        // Only this node's pods, as the kubelet watches (`spec.nodeName=<node>`): the
+        // agent's work does not grow with the shard.
+        let scope = Scope {
+            field_selector: format!("spec.nodeName={}", self.config.node).parse().ok(),
+            ..Scope::default()
+        };
+        let informer = Informer::<Pod>::new(self.client.clone(), res("", "pods"), scope, None);
         let node = self.config.node.clone();
         informer.on_change(move |c| {
             let (p, gone) = match c {

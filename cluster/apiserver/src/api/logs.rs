@@ -72,7 +72,7 @@ fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, 
 }
 
 /// The agent address of a Node object: `ip:port`, if it serves one.
-fn agent_address(node: &Value) -> Option<String> {
+pub(crate) fn agent_address(node: &Value) -> Option<String> {
     let port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64()?;
     if port == 0 || port > u64::from(u16::MAX) {
         return None;
@@ -139,13 +139,6 @@ impl Api {
         node_name: &str,
         path: &str,
     ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
-        let Some(proxy) = &self.node_proxy else {
-            return Err(ApiError::new(
-                503,
-                "ServiceUnavailable",
-                "this API server has no credential for node agents, so it cannot reach them",
-            ));
-        };
         let mut node_req = ApiRequest::new(crate::request::Verb::Get, nodes());
         node_req.name = Some(node_name.to_owned());
         let node = match self.get(&node_req).await {
@@ -155,7 +148,24 @@ impl Api {
             }
             Err(e) => return Err(e),
         };
-        let Some(addr) = agent_address(&node) else {
+        self.agent_get_at(node_name, &node, path).await
+    }
+
+    /// [`Api::agent_get`] for a Node object already read.
+    pub(crate) async fn agent_get_at(
+        &self,
+        node_name: &str,
+        node: &Value,
+        path: &str,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+        let Some(proxy) = &self.node_proxy else {
+            return Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                "this API server has no credential for node agents, so it cannot reach them",
+            ));
+        };
+        let Some(addr) = agent_address(node) else {
             return Err(bad(format!(
                 "node {node_name} has no agent endpoint (simulated nodes run no processes: their pods have no output or usage)"
             )));

@@ -100,7 +100,18 @@ impl Api {
             n.dedup();
             n
         };
-        let reports = self.usage_reports(&nodes).await;
+        // The Node objects, to ask only the nodes that have an agent endpoint.
+        let node_objects: Vec<Value> = if plural == "nodes" {
+            objects.clone()
+        } else {
+            let gets = nodes.iter().map(|n| async move {
+                let mut req = ApiRequest::new(Verb::Get, find_resource("", "v1", "nodes").ok()?);
+                req.name = Some(n.clone());
+                self.get(&req).await.ok()?.into_value()
+            });
+            join_all(gets).await.into_iter().flatten().collect()
+        };
+        let reports = self.usage_reports(&node_objects).await;
         let mut items = Vec::new();
         for o in &objects {
             let meta = &o["metadata"];
@@ -167,34 +178,38 @@ impl Api {
         }
     }
 
-    /// The newest usage report of each node's agent that answers: its time and, per pod
-    /// (namespace, name), the pod's time, window and containers.
+    /// The newest usage report of each node's agent that answers (of `nodes`, Node objects):
+    /// its time and, per pod (namespace, name), the pod's time, window and containers.
     async fn usage_reports(
         &self,
-        nodes: &[String],
+        nodes: &[Value],
     ) -> HashMap<String, (Value, HashMap<(String, String), PodReport>)> {
-        let asks = nodes.iter().map(|n| async move {
-            let resp = self.agent_get(n, "/stats/usage").await.ok()?;
-            let body = resp.into_body().collect().await.ok()?.to_bytes();
-            let report: Value = serde_json::from_slice(&body).ok()?;
-            // No report yet (the agent has not sampled a whole window).
-            report["timestamp"].as_str()?;
-            let mut pods = HashMap::new();
-            for p in report["pods"].as_array().into_iter().flatten() {
-                pods.insert(
-                    (
-                        p["namespace"].as_str().unwrap_or_default().to_owned(),
-                        p["name"].as_str().unwrap_or_default().to_owned(),
-                    ),
-                    (
-                        report["timestamp"].clone(),
-                        report["window"].clone(),
-                        p["containers"].clone(),
-                    ),
-                );
-            }
-            Some((n.clone(), (report["timestamp"].clone(), pods)))
-        });
+        let asks = nodes
+            .iter()
+            .filter(|n| super::logs::agent_address(n).is_some())
+            .map(|node| async move {
+                let n = node["metadata"]["name"].as_str()?.to_owned();
+                let resp = self.agent_get_at(&n, node, "/stats/usage").await.ok()?;
+                let body = resp.into_body().collect().await.ok()?.to_bytes();
+                let report: Value = serde_json::from_slice(&body).ok()?;
+                // No report yet (the agent has not sampled a whole window).
+                report["timestamp"].as_str()?;
+                let mut pods = HashMap::new();
+                for p in report["pods"].as_array().into_iter().flatten() {
+                    pods.insert(
+                        (
+                            p["namespace"].as_str().unwrap_or_default().to_owned(),
+                            p["name"].as_str().unwrap_or_default().to_owned(),
+                        ),
+                        (
+                            report["timestamp"].clone(),
+                            report["window"].clone(),
+                            p["containers"].clone(),
+                        ),
+                    );
+                }
+                Some((n, (report["timestamp"].clone(), pods)))
+            });
         join_all(asks).await.into_iter().flatten().collect()
     }
 }
