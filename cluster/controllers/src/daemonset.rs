@@ -125,9 +125,8 @@ fn daemon_tolerations() -> Vec<Value> {
 pub fn eligible(template: &PodTemplateSpec, node: &Node) -> bool {
     let spec = template.spec.clone().unwrap_or_default();
     let labels = node.metadata.labels.clone().unwrap_or_default();
-    if let Some(sel) = &spec.node_selector
-        && !sel.iter().all(|(k, v)| labels.get(k) == Some(v))
-    {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    if !tessera_runtime::affinity::node_admits(&spec, &labels, name) {
         return false;
     }
     let mut tolerations = spec.tolerations.clone().unwrap_or_default();
@@ -383,4 +382,89 @@ fn pod_node(p: &Pod) -> String {
         .and_then(|f| f.values.as_ref())
         .and_then(|v| v.first().cloned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eligible_nodes_follow_selectors_affinity_and_taints() {
+        let node = |labels: Value, taints: Value| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n", "labels": labels},
+                "spec": {"taints": taints}}))
+            .expect("node")
+        };
+        let template = |spec: Value| -> PodTemplateSpec {
+            let mut spec = spec;
+            spec["containers"] = json!([{"name": "c"}]);
+            serde_json::from_value(json!({"spec": spec})).expect("template")
+        };
+        let linux = json!({"kubernetes.io/os": "linux", "disk": "ssd"});
+        let no_schedule = json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]);
+        let prefer = json!([{"key": "soft", "effect": "PreferNoSchedule"}]);
+        let affinity = |op: &str, values: Value| {
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": op, "values": values}]}]}}}})
+        };
+        let cases = [
+            ("no constraints", json!({}), linux.clone(), json!([]), true),
+            (
+                "selector matches",
+                json!({"nodeSelector": {"disk": "ssd"}}),
+                linux.clone(),
+                json!([]),
+                true,
+            ),
+            (
+                "selector misses",
+                json!({"nodeSelector": {"disk": "hdd"}}),
+                linux.clone(),
+                json!([]),
+                false,
+            ),
+            (
+                "affinity In",
+                affinity("In", json!(["ssd"])),
+                linux.clone(),
+                json!([]),
+                true,
+            ),
+            (
+                "affinity NotIn",
+                affinity("NotIn", json!(["ssd"])),
+                linux.clone(),
+                json!([]),
+                false,
+            ),
+            (
+                "untolerated NoSchedule",
+                json!({}),
+                linux.clone(),
+                no_schedule.clone(),
+                false,
+            ),
+            (
+                "tolerated NoSchedule",
+                json!({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}]}),
+                linux.clone(),
+                no_schedule.clone(),
+                true,
+            ),
+            (
+                "PreferNoSchedule never blocks",
+                json!({}),
+                linux.clone(),
+                prefer,
+                true,
+            ),
+        ];
+        for (what, spec, labels, taints, want) in cases {
+            assert_eq!(
+                eligible(&template(spec), &node(labels, taints)),
+                want,
+                "{what}"
+            );
+        }
+    }
 }

@@ -334,3 +334,32 @@ impl Jobs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_finished_by_a_true_complete_or_failed_condition() {
+        let job = |conditions: serde_json::Value| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": "j"},
+                "status": {"conditions": conditions}}))
+            .expect("job")
+        };
+        let cond = |t: &str, s: &str| json!({"type": t, "status": s});
+        let cases = [
+            (json!([]), None),
+            (json!([cond("Complete", "True")]), Some("Complete")),
+            (json!([cond("Failed", "True")]), Some("Failed")),
+            (json!([cond("Complete", "False")]), None),
+            (json!([cond("Suspended", "True")]), None),
+            (
+                json!([cond("Suspended", "True"), cond("Failed", "True")]),
+                Some("Failed"),
+            ),
+        ];
+        for (conditions, want) in cases {
+            assert_eq!(finished(&job(conditions.clone())), want, "{conditions}");
+        }
+    }
+}

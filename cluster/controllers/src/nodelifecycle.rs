@@ -315,3 +315,53 @@ async fn evict(ctx: &Context, recorder: &tessera_runtime::events::Recorder, p: &
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn eviction_waits_for_the_shortest_matching_toleration() {
+        let pod = |tolerations: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "p"},
+                "spec": {"containers": [], "tolerations": tolerations}}))
+            .expect("pod")
+        };
+        let unreachable = |secs: Option<i64>| {
+            let mut t = json!({"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute"});
+            if let Some(s) = secs {
+                t["tolerationSeconds"] = json!(s);
+            }
+            t
+        };
+        let cases = [
+            ("no toleration: at once", json!([]), Some(0)),
+            (
+                "300 s, as Kubernetes' default",
+                json!([unreachable(Some(300))]),
+                Some(300),
+            ),
+            (
+                "the shortest of several",
+                json!([unreachable(Some(300)), unreachable(Some(30))]),
+                Some(30),
+            ),
+            ("for ever", json!([unreachable(None)]), None),
+            ("any key, any effect", json!([{"operator": "Exists"}]), None),
+            (
+                "another key does not count",
+                json!([{"key": "other", "operator": "Exists", "tolerationSeconds": 5, "effect": "NoExecute"}]),
+                Some(0),
+            ),
+            (
+                "NoSchedule only does not count",
+                json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoSchedule"}]),
+                Some(0),
+            ),
+        ];
+        for (what, tolerations, want) in cases {
+            assert_eq!(eviction_delay(&pod(tolerations)), want, "{what}");
+        }
+    }
+}

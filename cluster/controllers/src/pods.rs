@@ -202,3 +202,107 @@ pub fn deletion_rank(p: &Pod) -> (u8, u8, u8, std::cmp::Reverse<i64>) {
         std::cmp::Reverse(created),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).expect("pod")
+    }
+
+    fn ready_at(t: &str) -> Value {
+        json!({"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": t}],
+            "phase": "Running"})
+    }
+
+    #[test]
+    fn availability_counts_min_ready_seconds() {
+        let t0 = "2026-11-30T00:00:00Z"
+            .parse::<jiff::Timestamp>()
+            .expect("time")
+            .as_second();
+        let p = pod(json!({"metadata": {"name": "p"}, "status": ready_at("2026-11-30T00:00:00Z")}));
+        let not_ready = pod(json!({"metadata": {"name": "q"}, "status": {"phase": "Running"}}));
+        // (pod, min_ready, now, available, until_available)
+        let cases = [
+            (&p, 0, t0, true, None),
+            (&p, 10, t0 + 5, false, Some(5)),
+            (&p, 10, t0 + 10, true, None),
+            (&p, 10, t0 + 60, true, None),
+            (&not_ready, 0, t0, false, None),
+            (&not_ready, 10, t0 + 60, false, None),
+        ];
+        for (p, min_ready, now, available, until) in cases {
+            let name = p.metadata.name.as_deref().unwrap_or("");
+            assert_eq!(
+                is_available(p, min_ready, now),
+                available,
+                "{name} {min_ready} {now}"
+            );
+            assert_eq!(
+                until_available(p, min_ready, now),
+                until,
+                "{name} {min_ready} {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn scale_down_deletes_the_least_valuable_pods_first() {
+        let mk = |name: &str, node: Option<&str>, status: Value, created: &str| {
+            pod(
+                json!({"metadata": {"name": name, "creationTimestamp": created},
+                "spec": {"nodeName": node, "containers": []}, "status": status}),
+            )
+        };
+        let mut pods = [
+            mk(
+                "ready-old",
+                Some("n"),
+                ready_at("2026-11-30T00:00:00Z"),
+                "2026-11-29T00:00:00Z",
+            ),
+            mk(
+                "unassigned",
+                None,
+                json!({"phase": "Pending"}),
+                "2026-11-29T00:00:00Z",
+            ),
+            mk(
+                "pending",
+                Some("n"),
+                json!({"phase": "Pending"}),
+                "2026-11-29T00:00:00Z",
+            ),
+            mk(
+                "not-ready",
+                Some("n"),
+                json!({"phase": "Running"}),
+                "2026-11-29T00:00:00Z",
+            ),
+            mk(
+                "ready-new",
+                Some("n"),
+                ready_at("2026-11-30T00:00:00Z"),
+                "2026-11-30T00:00:00Z",
+            ),
+        ];
+        pods.sort_by_key(deletion_rank);
+        let order: Vec<&str> = pods
+            .iter()
+            .map(|p| p.metadata.name.as_deref().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "unassigned",
+                "pending",
+                "not-ready",
+                "ready-new",
+                "ready-old"
+            ]
+        );
+    }
+}

@@ -283,3 +283,24 @@ impl Sets {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinals_come_from_stable_names() {
+        let cases = [
+            ("db", "db-0", Some(0)),
+            ("db", "db-12", Some(12)),
+            ("db", "db-x", None),
+            ("db", "dbx-1", None),
+            ("db", "db", None),
+            ("web-db", "web-db-3", Some(3)),
+            ("db", "other-1", None),
+        ];
+        for (set, pod, want) in cases {
+            assert_eq!(ordinal(set, pod), want, "{set} {pod}");
+        }
+    }
+}

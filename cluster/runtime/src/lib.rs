@@ -2,6 +2,7 @@
 //! priority work queue ([`queue`]), the reconcile runner ([`controller`]), leader election
 //! ([`leader`]), expectations and Events.
 
+pub mod affinity;
 pub mod client;
 pub mod controller;
 pub mod events;

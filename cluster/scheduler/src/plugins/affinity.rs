@@ -4,9 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm,
-};
+use k8s_openapi::api::core::v1::PreferredSchedulingTerm;
 
 use crate::framework::{
     ClusterEvent, CycleState, FilterPlugin, MAX_NODE_SCORE, Plugin, PreFilterPlugin,
@@ -17,43 +15,7 @@ use crate::resources::{NodeInfo, PodInfo};
 /// Registered name.
 pub const NAME: &str = "NodeAffinity";
 
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    let int = |s: &str| s.parse::<i64>().ok();
-    match (r.operator.as_str(), value) {
-        ("In", Some(v)) => values.iter().any(|x| x == v),
-        ("NotIn", v) => v.is_none_or(|v| !values.iter().any(|x| x == v)),
-        ("Exists", v) => v.is_some(),
-        ("DoesNotExist", v) => v.is_none(),
-        ("Gt", Some(v)) => {
-            matches!((int(v), values.first().and_then(|x| int(x))), (Some(a), Some(b)) if a > b)
-        }
-        ("Lt", Some(v)) => {
-            matches!((int(v), values.first().and_then(|x| int(x))), (Some(a), Some(b)) if a < b)
-        }
-        _ => false,
-    }
-}
-
-/// True if `term` matches a node with `labels` and `name` (an empty term matches nothing).
-pub fn term_matches(
-    term: &NodeSelectorTerm,
-    labels: &BTreeMap<String, String>,
-    name: &str,
-) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    exprs
-        .iter()
-        .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-        && fields.iter().all(|r| {
-            let v = (r.key == "metadata.name").then_some(name);
-            requirement_matches(r, v)
-        })
-}
+pub use tessera_runtime::affinity::term_matches;
 
 fn preferred(pod: &PodInfo) -> &[PreferredSchedulingTerm] {
     pod.pod
@@ -75,26 +37,7 @@ pub fn admits(pod: &PodInfo, node: &NodeInfo) -> bool {
     let Some(spec) = pod.pod.spec.as_ref() else {
         return true;
     };
-    if let Some(sel) = &spec.node_selector
-        && !sel.iter().all(|(k, v)| labels.get(k) == Some(v))
-    {
-        return false;
-    }
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    match required {
-        None => true,
-        Some(r) => r
-            .node_selector_terms
-            .iter()
-            .any(|t| term_matches(t, labels, &node.name)),
-    }
+    tessera_runtime::affinity::node_admits(spec, labels, &node.name)
 }
 
 /// NodeAffinity.
