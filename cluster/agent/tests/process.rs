@@ -76,7 +76,7 @@ async fn containers_run_as_processes() {
         .expect("store"),
     );
     let tokens = Tokens::new("test-admin-token");
-    let api = Api::new(store, None).with_node_proxy(tokens.clone());
+    let api = Api::new(store.clone(), None).with_node_proxy(tokens.clone());
     let c: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
     c.create(
         res("namespaces"),
@@ -182,6 +182,18 @@ async fn containers_run_as_processes() {
     assert_eq!(e.code, 422);
     assert!(e.message.contains("tailLines"), "{}", e.message);
     assert_eq!(logs(&c, "missing", "").await.expect_err("no pod").code, 404);
+    // An API server with another admin token is refused by the agent, and says so.
+    let stranger: Arc<dyn Client> = Arc::new(InProcess::new(
+        Api::new(store.clone(), None).with_node_proxy(Tokens::new("another-admin-token")),
+        User::Admin,
+    ));
+    let e = logs(&stranger, "hello", "").await.expect_err("not trusted");
+    assert_eq!(e.code, 500);
+    assert!(
+        e.message.contains("must share the admin token"),
+        "{}",
+        e.message
+    );
     // The agent's endpoint itself refuses anyone but its API server.
     for auth in ["", "Authorization: Bearer test-admin-token\r\n"] {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port as u16))

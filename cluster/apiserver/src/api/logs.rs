@@ -203,13 +203,18 @@ impl Api {
             .map_err(|e| unreachable(&e))?
             .to_bytes();
         let status: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if code == 401 {
+            // Not the caller's fault: the agent does not trust this server's credentials.
+            return Err(ApiError::internal(format!(
+                "the agent of node {node_name} refused this API server's node credential: the agent and the API server must share the admin token"
+            )));
+        }
         Err(ApiError::new(
             code,
             match status["reason"].as_str() {
                 Some("BadRequest") => "BadRequest",
                 Some("NotFound") => "NotFound",
                 Some("Forbidden") => "Forbidden",
-                Some("Unauthorized") => "Unauthorized",
                 Some("ServiceUnavailable") => "ServiceUnavailable",
                 _ => "InternalError",
             },
