@@ -145,6 +145,21 @@ async fn signal_container(pid: u32, signal: &str) {
     }
 }
 
+/// Kills a container's process group when dropped while it may still run (the agent
+/// stopping mid-run), so no process outlives the agent that started it.
+struct GroupGuard(u32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.0 > 1 {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", self.0)])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 /// A probe the runtime runs (`grpc` ones are not).
 fn runnable(p: Option<&Probe>) -> Option<&Probe> {
     p.filter(|p| p.exec.is_some() || p.tcp_socket.is_some() || p.http_get.is_some())
@@ -320,15 +335,19 @@ impl ProcessAgent {
             }
         });
         let watcher = tokio::spawn(informer.run());
+        // The pods' tasks live as long as this one: when the agent stops, so do its
+        // containers (their process groups are killed as the tasks are dropped).
+        let mut pods = tokio::task::JoinSet::new();
         while let Some((pod, gone)) = rx.recv().await {
-            self.handle(pod, gone);
+            self.handle(pod, gone, &mut pods);
+            while pods.try_join_next().is_some() {}
         }
         renewer.abort();
         watcher.abort();
         reporter.abort();
     }
 
-    fn handle(self: &Arc<Self>, pod: Arc<Pod>, gone: bool) {
+    fn handle(self: &Arc<Self>, pod: Arc<Pod>, gone: bool, pods: &mut tokio::task::JoinSet<()>) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if gone {
             if let Some(stop) = self.running.lock().remove(&uid) {
@@ -354,7 +373,7 @@ impl ProcessAgent {
                 None => {
                     // Nothing runs (finished, or never started): the object can go.
                     let this = self.clone();
-                    tokio::spawn(async move { this.remove(&pod).await });
+                    pods.spawn(async move { this.remove(&pod).await });
                 }
             }
             return;
@@ -369,7 +388,7 @@ impl ProcessAgent {
             let (tx, rx) = watch::channel(None);
             self.running.lock().insert(uid.clone(), tx);
             let this = self.clone();
-            tokio::spawn(async move {
+            pods.spawn(async move {
                 let deleted = this.run_pod(&pod, rx).await;
                 this.running.lock().remove(&uid);
                 this.done.lock().insert(uid);
@@ -665,6 +684,8 @@ impl ProcessAgent {
                 s[i]["containerID"] = json!(format!("process://{}", child.id().unwrap_or(0)));
             }
             let pid = child.id().unwrap_or(0);
+            // If this task is dropped (the agent stops), the container's whole group goes too.
+            let mut group = GroupGuard(pid);
             self.usage.lock().insert(
                 pid,
                 (
@@ -697,6 +718,7 @@ impl ProcessAgent {
             };
             // What the container left running in its group goes with it.
             signal_container(pid, "KILL").await;
+            group.0 = 0;
             self.usage.lock().remove(&pid);
             // The output is complete once the pipes close (a child the container left
             // running may hold them: its output is cut off after a second).

@@ -569,5 +569,35 @@ async fn containers_run_as_processes() {
             .is_some_and(|p| p.to_string().contains("CreateContainerConfigError"))
     })
     .await;
+    // When the agent stops, nothing it started keeps running: a container with a child of
+    // its own is running when the agent's task is dropped; both are gone after.
+    c.create(
+        res("pods"),
+        Some("default"),
+        &pod(
+            "lingering",
+            sh("sleep 300 & sleep 300"),
+            "Always",
+            json!({}),
+        ),
+    )
+    .await
+    .expect("pod");
+    until("lingering running", || async {
+        get(&c, "lingering")
+            .await
+            .is_some_and(|p| p["status"]["containerStatuses"][0]["state"]["running"].is_object())
+    })
+    .await;
+    let p = get(&c, "lingering").await.expect("pod");
+    let pgid: u32 = p["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("process://"))
+        .and_then(|id| id.parse().ok())
+        .expect("a process id");
+    let in_group = || tessera_agent::usage::sample(&[pgid])[&pgid].processes;
+    until("the container and its child", || async { in_group() >= 2 }).await;
     task.abort();
+    let _ = task.await;
+    until("no process left in the group", || async { in_group() == 0 }).await;
 }
