@@ -184,6 +184,31 @@ pub async fn resolve(client: &Arc<dyn Client>, pod: &Pod, c: &Container) -> Resu
     Ok(env)
 }
 
+/// `cmd args` as container `c` would run it: with its environment `env` (only that: the
+/// agent's own is not inherited, `PATH` aside) and working directory, no stdin, killed if
+/// dropped.
+pub fn in_container(
+    c: &Container,
+    env: &[(String, String)],
+    cmd: &str,
+    args: &[String],
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(cmd);
+    command
+        .args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
+    if let Some(d) = &c.working_dir {
+        command.current_dir(d);
+    }
+    command
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

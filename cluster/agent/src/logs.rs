@@ -352,7 +352,7 @@ async fn send(tx: &mpsc::Sender<Bytes>, out: &mut Vec<u8>) -> bool {
 
 /// Serves a node's container logs (and its containers' usage) to the API server.
 #[derive(Clone)]
-pub struct LogServer {
+pub struct AgentServer {
     node: String,
     dir: PathBuf,
     tokens: Tokens,
@@ -373,7 +373,7 @@ fn bad(message: String) -> Result<(PathBuf, LogOptions), ApiError> {
     Err(ApiError::bad_request(message))
 }
 
-impl LogServer {
+impl AgentServer {
     /// Logs of node `node` under `dir` and its usage `stats`, for requests signed by
     /// `tokens`.
     pub fn new(
@@ -382,8 +382,8 @@ impl LogServer {
         tokens: Tokens,
         live: Live,
         stats: crate::usage::Stats,
-    ) -> LogServer {
-        LogServer {
+    ) -> AgentServer {
+        AgentServer {
             node: node.to_owned(),
             dir,
             tokens,
@@ -472,7 +472,7 @@ impl LogServer {
 }
 
 /// Refuses a request that does not carry a credential the API server signed for this node.
-fn refuse_stranger(server: &LogServer, headers: &HeaderMap) -> Option<Response> {
+fn refuse_stranger(server: &AgentServer, headers: &HeaderMap) -> Option<Response> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -494,7 +494,7 @@ fn refuse_stranger(server: &LogServer, headers: &HeaderMap) -> Option<Response> 
     )))
 }
 
-async fn usage(State(server): State<LogServer>, headers: HeaderMap) -> Response {
+async fn usage(State(server): State<AgentServer>, headers: HeaderMap) -> Response {
     if let Some(refused) = refuse_stranger(&server, &headers) {
         return refused;
     }
@@ -508,7 +508,7 @@ async fn usage(State(server): State<LogServer>, headers: HeaderMap) -> Response 
 }
 
 async fn container_logs(
-    State(server): State<LogServer>,
+    State(server): State<AgentServer>,
     UrlPath((ns, pod, container)): UrlPath<(String, String, String)>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,

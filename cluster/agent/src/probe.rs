@@ -123,31 +123,6 @@ fn cut(bytes: &[u8]) -> String {
     text.trim_end().to_owned()
 }
 
-/// `cmd args` as container `c` would run it: with its environment `env` (only that: the
-/// agent's own is not inherited, `PATH` aside) and working directory, no stdin, killed if
-/// dropped.
-pub fn in_container(
-    c: &Container,
-    env: &[(String, String)],
-    cmd: &str,
-    args: &[String],
-) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(cmd);
-    command
-        .args(args)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    if let Some(path) = std::env::var_os("PATH") {
-        command.env("PATH", path);
-    }
-    command.envs(env.iter().map(|(k, v)| (k, v)));
-    if let Some(d) = &c.working_dir {
-        command.current_dir(d);
-    }
-    command
-}
-
 async fn exec_probe(
     argv: &[String],
     c: &Container,
@@ -156,7 +131,7 @@ async fn exec_probe(
     let Some((cmd, args)) = argv.split_first() else {
         return Err("the exec probe has no command".into());
     };
-    let out = in_container(c, env, cmd, args)
+    let out = crate::env::in_container(c, env, cmd, args)
         .output()
         .await
         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;

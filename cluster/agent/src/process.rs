@@ -29,7 +29,7 @@ use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Change, Informer, Scope};
 use tokio::sync::{mpsc, watch};
 
-use crate::logs::{Live, LogFile, LogServer, pod_dir};
+use crate::logs::{AgentServer, Live, LogFile, pod_dir};
 use crate::probe::{Kind, Tally, Timing, attempt};
 use crate::sim::LEASE_NAMESPACE;
 
@@ -205,7 +205,7 @@ impl ProcessAgent {
         let addr = listener
             .local_addr()
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        let router = LogServer::new(
+        let router = AgentServer::new(
             &self.config.node,
             self.config.log_dir.clone(),
             tokens,
@@ -649,7 +649,7 @@ impl ProcessAgent {
                     return 1;
                 }
             };
-            let child = crate::probe::in_container(c, &env, &argv[0], &argv[1..])
+            let child = crate::env::in_container(c, &env, &argv[0], &argv[1..])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 // Its own process group: what the container starts is killed with it.

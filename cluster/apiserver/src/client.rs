@@ -179,7 +179,8 @@ const REASONS: &[&str] = &[
     "NotAcceptable",
 ];
 
-fn status_error(code: u16, body: &[u8]) -> ApiError {
+/// The `ApiError` a `Status` body (or any other body) of an HTTP answer stands for.
+pub(crate) fn status_error(code: u16, body: &[u8]) -> ApiError {
     let status: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let reason = status["reason"]
         .as_str()

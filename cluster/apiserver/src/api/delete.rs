@@ -204,12 +204,8 @@ impl Api {
                 if res.plural == "services" && res.group.is_empty() {
                     self.release(Api::held_by(&current)).await;
                 }
-                if res.plural == "pods"
-                    && !crate::quota::is_terminal(&current)
-                    && let Some(ns) = current["metadata"]["namespace"].as_str()
-                    && let Err(e) = self.tenant_quota(ns, &current, false, false).await
-                {
-                    tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota; the quota controller will");
+                if res.plural == "pods" {
+                    self.refund_tenant(&current).await;
                 }
                 Ok(ApiResponse::ok(current))
             }

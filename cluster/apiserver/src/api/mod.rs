@@ -7,6 +7,7 @@
 //! fields the type does not have are dropped, warned about or refused (`fieldValidation`).
 
 mod admission;
+mod agents;
 mod allocator;
 mod delete;
 mod logs;
@@ -17,7 +18,7 @@ mod tenant_quota;
 mod write;
 
 use crate::quota::{pod_usage, qos_class, quantity_json, quantity_map};
-pub use logs::NodeProxy;
+pub use agents::NodeProxy;
 use subresources::{from_scale, to_scale, to_scale_plain};
 
 use std::collections::BTreeMap;

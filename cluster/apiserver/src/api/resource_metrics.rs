@@ -105,7 +105,7 @@ impl Api {
             objects.clone()
         } else {
             let gets = nodes.iter().map(|n| async move {
-                let mut req = ApiRequest::new(Verb::Get, find_resource("", "v1", "nodes").ok()?);
+                let mut req = ApiRequest::new(Verb::Get, super::agents::nodes());
                 req.name = Some(n.clone());
                 self.get(&req).await.ok()?.into_value()
             });
@@ -186,7 +186,7 @@ impl Api {
     ) -> HashMap<String, (Value, HashMap<(String, String), PodReport>)> {
         let asks = nodes
             .iter()
-            .filter(|n| super::logs::agent_address(n).is_some())
+            .filter(|n| super::agents::agent_address(n).is_some())
             .map(|node| async move {
                 let n = node["metadata"]["name"].as_str()?.to_owned();
                 let resp = self.agent_get_at(&n, node, "/stats/usage").await.ok()?;

@@ -129,6 +129,21 @@ impl Api {
         ))
     }
 
+    /// Gives a pod's charge back to its tenant after the pod stopped counting (removed, or
+    /// finished); a pod that had already finished was refunded then. Best effort: a failure
+    /// is logged (Tenant quotas are not recounted yet).
+    pub(super) async fn refund_tenant(&self, pod: &Value) {
+        if crate::quota::is_terminal(pod) {
+            return;
+        }
+        let Some(ns) = pod["metadata"]["namespace"].as_str() else {
+            return;
+        };
+        if let Err(e) = self.tenant_quota(ns, pod, false, false).await {
+            tracing::warn!(error = %e, pod = %name_of(pod), "could not refund a tenant quota");
+        }
+    }
+
     /// What the tenant's pods request now, over all its namespaces (when `status.used` was
     /// never set).
     async fn tenant_usage(

@@ -547,13 +547,8 @@ impl Api {
             });
             match result {
                 Ok(rev) => {
-                    if refund
-                        && is_pod
-                        && !crate::quota::is_terminal(&current)
-                        && let Some(ns) = current["metadata"]["namespace"].as_str()
-                        && let Err(e) = self.tenant_quota(ns, &current, false, false).await
-                    {
-                        tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota");
+                    if refund && is_pod {
+                        self.refund_tenant(&current).await;
                     }
                     return Ok(ApiResponse::Object {
                         code: 200,

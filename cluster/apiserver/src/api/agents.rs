@@ -1,0 +1,161 @@
+//! Reaching node agents, as kube-apiserver reaches kubelets: the agent's address is the
+//! Node's `InternalIP` and `status.daemonEndpoints.kubeletEndpoint.Port`, and each request
+//! carries a short-lived credential for that one node ([`Tokens::node_token`]). Used by
+//! `pods/log` and `metrics.k8s.io`.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::Value;
+
+use super::{Api, now_secs};
+use crate::auth::Tokens;
+use crate::request::ApiRequest;
+use crate::status::ApiError;
+
+/// How long a node credential minted for one proxied request stays good.
+const NODE_TOKEN_SECONDS: i64 = 60;
+
+/// What the API server needs to reach node agents.
+#[derive(Clone)]
+pub struct NodeProxy {
+    tokens: Tokens,
+    http: HyperClient<HttpConnector, Empty<Bytes>>,
+}
+
+impl NodeProxy {
+    /// Node agents reached with credentials rooted in `tokens`.
+    pub fn new(tokens: Tokens) -> NodeProxy {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+        NodeProxy {
+            tokens,
+            http: HyperClient::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
+        }
+    }
+}
+
+/// The agent address of a Node object: `ip:port`, if it serves one.
+pub(crate) fn agent_address(node: &Value) -> Option<String> {
+    let port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64()?;
+    if port == 0 || port > u64::from(u16::MAX) {
+        return None;
+    }
+    let ip = node["status"]["addresses"]
+        .as_array()?
+        .iter()
+        .find(|a| a["type"] == "InternalIP")?["address"]
+        .as_str()?
+        .parse::<std::net::IpAddr>()
+        .ok()?;
+    Some(std::net::SocketAddr::new(ip, port as u16).to_string())
+}
+
+impl Api {
+    /// `GET path` on node `node_name`'s agent, with a credential for that node: the answer
+    /// if it is a 200, else the agent's `Status` as an error.
+    pub(crate) async fn agent_get(
+        &self,
+        node_name: &str,
+        path: &str,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+        let mut node_req = ApiRequest::new(crate::request::Verb::Get, nodes());
+        node_req.name = Some(node_name.to_owned());
+        let node = match self.get(&node_req).await {
+            Ok(n) => n.into_value().unwrap_or(Value::Null),
+            Err(e) if e.code == 404 => {
+                return Err(ApiError::bad_request(format!(
+                    "node {node_name} no longer exists"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        self.agent_get_at(node_name, &node, path).await
+    }
+
+    /// [`Api::agent_get`] for a Node object already read.
+    pub(crate) async fn agent_get_at(
+        &self,
+        node_name: &str,
+        node: &Value,
+        path: &str,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+        let Some(proxy) = &self.node_proxy else {
+            return Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                "this API server has no credential for node agents, so it cannot reach them",
+            ));
+        };
+        let Some(addr) = agent_address(node) else {
+            return Err(ApiError::bad_request(format!(
+                "node {node_name} has no agent endpoint (simulated nodes run no processes: their pods have no output or usage)"
+            )));
+        };
+        let token = proxy
+            .tokens
+            .node_token(node_name, now_secs() + NODE_TOKEN_SECONDS);
+        let request = hyper::Request::get(format!("http://{addr}{path}"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(Empty::new())
+            .map_err(|e| ApiError::internal(format!("building the agent request: {e}")))?;
+        let unreachable = |e: &dyn std::fmt::Display| {
+            let mut err = ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!("the agent of node {node_name} at {addr} cannot be reached: {e}"),
+            );
+            err.retry_after = Some(1);
+            err
+        };
+        let resp = proxy
+            .http
+            .request(request)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let code = resp.status().as_u16();
+        if code == 200 {
+            return Ok(resp);
+        }
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unreachable(&e))?
+            .to_bytes();
+        if code == 401 {
+            // Not the caller's fault: the agent does not trust this server's credentials.
+            return Err(ApiError::internal(format!(
+                "the agent of node {node_name} refused this API server's node credential: the agent and the API server must share the admin token"
+            )));
+        }
+        // The agent answers a Kubernetes Status; it is passed on as it is.
+        Err(crate::client::status_error(code, &body))
+    }
+}
+
+/// The core `nodes` resource.
+pub(super) fn nodes() -> &'static crate::catalog::Resource {
+    crate::request::find_resource("", "v1", "nodes").expect("nodes are served")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_agent_address_comes_from_the_node_status() {
+        let node = json!({"status": {"addresses": [{"type": "Hostname", "address": "n"},
+            {"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}});
+        assert_eq!(agent_address(&node).as_deref(), Some("127.0.0.1:10250"));
+        let mut no_port = node.clone();
+        no_port["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] = json!(0);
+        assert_eq!(agent_address(&no_port), None);
+        let mut bad_ip = node;
+        bad_ip["status"]["addresses"][1]["address"] = json!("not-an-ip");
+        assert_eq!(agent_address(&bad_ip), None);
+    }
+}
