@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# Installs what building and testing Tessera needs on a fresh Debian machine:
-#   protoc      - etcd-client's build script compiles etcd's .proto files with it;
-#   etcd 3.4    - the tests and `tessera bench store --backend etcd` run real etcd processes.
+# Installs what building and testing Tessera needs on a fresh Debian machine with Rust:
+#   a C toolchain  - rustc links with `cc`; ring and mimalloc compile C (gcc, libc6-dev);
+#   tessera-protoc - etcd-client's build script compiles etcd's .proto files through the
+#                    program named by PROTOC; .cargo/config.toml names this one, built here
+#                    from tools/protoc (protox, pure Rust, with the well-known types inside),
+#                    so the build reads no system protoc and no /usr/include/google;
+#   etcd           - (tests only) the tests and `tessera bench store --backend etcd` run real
+#                    etcd processes;
+#   curl, procps   - (tests only) the end-to-end tests call them.
+# kubectl 1.32 is expected on the machine already; the kubectl tests say so if it is not.
 # Safe to run again: it installs only what is missing.
+#
+#   scripts/setup.sh               everything the tests need
+#   scripts/setup.sh --build-only  only what `cargo build` needs
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_only=false
+if [[ "${1:-}" == "--build-only" ]]; then build_only=true; fi
 
 need=()
-command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-if [[ "${1:-}" != "--build-only" ]]; then
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+if ! $build_only; then
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+  command -v curl >/dev/null 2>&1 || need+=(curl)
+  command -v kill >/dev/null 2>&1 || need+=(procps)
 fi
 
 if ((${#need[@]})); then
@@ -22,4 +38,21 @@ if ((${#need[@]})); then
     $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
   fi
 fi
-echo "setup: protoc $(protoc --version 2>/dev/null | cut -d' ' -f2); etcd $(etcd --version 2>/dev/null | head -1 | cut -d' ' -f3 || echo 'not installed')" >&2
+
+# The protoc stand-in, rebuilt when its source is newer than the installed binary.
+protoc=.tools/bin/tessera-protoc
+if [[ ! -x $protoc ]] || [[ -n $(find tools/protoc Cargo.lock -newer "$protoc" -type f 2>/dev/null | head -1) ]]; then
+  echo "setup: building the protoc stand-in (tools/protoc) into $protoc" >&2
+  cargo install --quiet --locked --force --path tools/protoc --root .tools 2>&1 |
+    grep -v "be sure to add" >&2 || true
+fi
+# Prove it does what etcd-client's build asks: a file that imports a well-known type.
+check=$(mktemp -d)
+trap 'rm -rf "$check"' EXIT
+printf 'syntax = "proto3";\nimport "google/protobuf/descriptor.proto";\nmessage M { google.protobuf.FileDescriptorProto f = 1; }\n' >"$check/m.proto"
+if ! "$protoc" --include_imports -o "$check/set" -I "$check" "$check/m.proto"; then
+  echo "setup: $protoc cannot compile a .proto that imports google/protobuf/descriptor.proto" >&2
+  exit 1
+fi
+
+echo "setup: cc $(cc -dumpversion); protoc stand-in $protoc; etcd $(etcd --version 2>/dev/null | head -1 | cut -d' ' -f3 || echo 'not installed'); kubectl $(kubectl version --client -o json 2>/dev/null | grep -m1 gitVersion | cut -d'"' -f4 || echo 'not installed')" >&2

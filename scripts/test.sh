@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: set-up, formatting and lints, then every test of the
 # workspace (unit, conformance against embedded / real etcd / sharded stores, the SIGKILL
-# crash test).
+# crash test, kubectl end to end). The build runs where no system protoc or
+# /usr/include/google can be seen (scripts/hermetic.sh), so it proves the set-up is complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
 
 cargo fmt --all --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --all-targets --locked
+./scripts/hermetic.sh cargo clippy --workspace --all-targets --locked -- -D warnings
+./scripts/hermetic.sh cargo test --workspace --all-targets --locked

@@ -153,6 +153,7 @@ pub fn controller_settings(
             period: (grace / 8).clamp(Duration::from_millis(100), Duration::from_secs(5)),
         },
         quota_resync: Duration::from_secs_f64(quota_sync),
+        root_ca: None,
     })
 }
 
@@ -176,10 +177,17 @@ pub async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<(
     let client = connect(&args.remote, &registry).await?;
     let ctx = controller_context(client.clone(), &registry, args.workers)?;
     let metrics = ctx.runtime_metrics.clone().expect("registered above");
-    let settings = controller_settings(
+    let mut settings = controller_settings(
         args.node_monitor_grace_period,
         args.resource_quota_sync_period,
     )?;
+    // The CA the kubeconfig trusts is the one every namespace's kube-root-ca.crt publishes.
+    settings.root_ca = Some(
+        HttpClient::from_kubeconfig(&args.remote.kubeconfig)
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?
+            .ca_pem()
+            .to_owned(),
+    );
     elected(
         client,
         &args.election,

@@ -94,6 +94,8 @@ pub struct Shard {
     pub api: Api,
     /// The credentials rooted in the admin token (node agents check the API server's).
     pub tokens: Tokens,
+    /// The CA (PEM) that signs the API server's certificate.
+    pub ca_pem: String,
 }
 
 impl Shard {
@@ -151,6 +153,7 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
         registry,
         api,
         tokens,
+        ca_pem: credentials.ca_pem.clone(),
     })
 }
 
@@ -211,10 +214,11 @@ pub async fn start_workers(
             runtime_metrics: Some(runtime.clone()),
             workers: 4,
         };
-        let settings = crate::components::controller_settings(
+        let mut settings = crate::components::controller_settings(
             workers.node_monitor_grace_period,
             workers.resource_quota_sync_period,
         )?;
+        settings.root_ca = Some(shard.ca_pem.clone());
         tasks.push(tokio::spawn(tessera_controllers::run_all_with(
             ctx, settings,
         )));
@@ -269,10 +273,18 @@ pub async fn run(all: UpAllArgs) -> anyhow::Result<()> {
         }
     };
     println!("  scheduler:   {}", on(w.scheduler));
-    println!(
-        "  controllers: {} (ReplicaSet, Deployment)",
-        on(w.controllers)
-    );
+    if w.controllers {
+        let settings = tessera_controllers::Settings {
+            root_ca: Some(shard.ca_pem.clone()),
+            ..Default::default()
+        };
+        println!(
+            "  controllers: running ({})",
+            tessera_controllers::names(&settings).join(", ")
+        );
+    } else {
+        println!("  controllers: {}", on(false));
+    }
     println!(
         "  nodes:       {} simulated ({} cpu, {} memory, {} pods each), {} running real processes",
         w.nodes_per_shard, w.sim.node_cpu, w.sim.node_memory, w.sim.node_pods, w.process_nodes

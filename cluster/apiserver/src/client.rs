@@ -146,6 +146,7 @@ type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 /// Calls a remote API server over HTTPS with a bearer token.
 #[derive(Clone)]
 pub struct HttpClient {
+    ca_pem: String,
     base: String,
     token: String,
     client: HyperClient<Https, Full<Bytes>>,
@@ -336,6 +337,11 @@ impl HttpClient {
         HttpClient::new(server, &String::from_utf8_lossy(&ca), token)
     }
 
+    /// The CA bundle (PEM) this client trusts.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
     /// A client of `server` (`https://127.0.0.1:6443`) trusting `ca_pem`, sending `token`.
     pub fn new(server: &str, ca_pem: &str, token: &str) -> Result<HttpClient, ApiError> {
         let mut roots = rustls::RootCertStore::empty();
@@ -358,6 +364,7 @@ impl HttpClient {
             .enable_http1()
             .build();
         Ok(HttpClient {
+            ca_pem: ca_pem.to_owned(),
             base: server.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
             client: HyperClient::builder(TokioExecutor::new()).build(https),

@@ -13,8 +13,52 @@ fn set(obj: &mut Value, key: &str, v: Value) {
     }
 }
 
-/// Fills in the defaults of `res`'s kind.
+/// The list `key` of `obj`, if it has one (`obj[key]` on a `&mut Value` would add a null
+/// member where there is none).
+fn list_mut<'a>(obj: &'a mut Value, key: &str) -> Option<&'a mut Vec<Value>> {
+    obj.get_mut(key).and_then(Value::as_array_mut)
+}
+
+/// Go serializes a kind's status struct even when it is empty, with its fields that are not
+/// `omitempty` at zero: Kubernetes returns these on every read. (Pods and namespaces get
+/// their status from the server's own admission.)
+fn empty_status(res: &Resource, obj: &mut Value) {
+    let zero: &[&str] = match (res.group, res.kind) {
+        ("", "Service") => {
+            set(obj, "status", json!({}));
+            set(&mut obj["status"], "loadBalancer", json!({}));
+            return;
+        }
+        ("apps", "Deployment") | ("batch", "Job") | ("batch", "CronJob") => &[],
+        ("", "ResourceQuota") => &[],
+        ("apps", "ReplicaSet") => &["replicas"],
+        ("apps", "StatefulSet") => &["replicas", "availableReplicas"],
+        ("apps", "DaemonSet") => &[
+            "currentNumberScheduled",
+            "numberMisscheduled",
+            "desiredNumberScheduled",
+            "numberReady",
+        ],
+        ("policy", "PodDisruptionBudget") => &[
+            "disruptionsAllowed",
+            "currentHealthy",
+            "desiredHealthy",
+            "expectedPods",
+        ],
+        _ => return,
+    };
+    if !obj.is_object() {
+        return;
+    }
+    set(obj, "status", json!({}));
+    for field in zero {
+        set(&mut obj["status"], field, json!(0));
+    }
+}
+
+/// Fills in the defaults of `res`'s kind, and the status stanza Kubernetes always returns.
 pub fn apply(res: &Resource, obj: &mut Value) {
+    empty_status(res, obj);
     match (res.group, res.kind) {
         ("", "Pod") => pod_spec(&mut obj["spec"]),
         ("apps", "Deployment") => {
@@ -81,7 +125,7 @@ pub fn apply(res: &Resource, obj: &mut Value) {
             }
             set(spec, "type", json!("ClusterIP"));
             set(spec, "sessionAffinity", json!("None"));
-            if let Some(ports) = spec["ports"].as_array_mut() {
+            if let Some(ports) = list_mut(spec, "ports") {
                 for p in ports {
                     set(p, "protocol", json!("TCP"));
                     let port = p["port"].clone();
@@ -129,7 +173,7 @@ fn pod_spec(spec: &mut Value) {
     set(spec, "securityContext", json!({}));
     set(spec, "enableServiceLinks", json!(true));
     for list in ["initContainers", "containers"] {
-        if let Some(cs) = spec[list].as_array_mut() {
+        if let Some(cs) = list_mut(spec, list) {
             for c in cs {
                 let image = c["image"].as_str().unwrap_or_default();
                 let last = image.rsplit('/').next().unwrap_or_default();
@@ -144,7 +188,7 @@ fn pod_spec(spec: &mut Value) {
                 set(c, "terminationMessagePolicy", json!("File"));
                 set(c, "resources", json!({}));
                 requests_from_limits(c);
-                if let Some(ports) = c["ports"].as_array_mut() {
+                if let Some(ports) = list_mut(c, "ports") {
                     for p in ports {
                         set(p, "protocol", json!("TCP"));
                     }

@@ -26,7 +26,7 @@ pub fn error_response(e: &ApiError) -> Response {
     let mut resp = (
         StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         [(header::CONTENT_TYPE, "application/json")],
-        e.to_status().to_string(),
+        crate::order::to_string(&e.to_status()),
     )
         .into_response();
     if let Some(s) = e.retry_after
@@ -41,7 +41,7 @@ fn json_response(code: u16, body: &Value, warnings: &[String]) -> Response {
     let mut resp = (
         StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
         [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
+        crate::order::to_string(body),
     )
         .into_response();
     for w in warnings {

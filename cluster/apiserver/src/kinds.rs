@@ -3,10 +3,14 @@
 //! `JsonSchema` is what `/openapi/v3` publishes.
 
 use k8s_openapi::api::{apps, batch, coordination, core, policy, scheduling};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::catalog::Resource;
 use crate::types;
@@ -100,52 +104,127 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
     })
 }
 
-/// Paths of fields present (and not null) in `input` but missing from `normalized`: the
-/// fields the kind does not have. Map-typed fields keep every key, so only struct fields
-/// are reported.
-pub fn unknown_fields(input: &Value, normalized: &Value) -> Vec<String> {
+/// The schemas of every served kind, generated once: what `unknown_fields` walks.
+struct FieldSchemas {
+    /// `components/schemas`, by name.
+    definitions: Map<String, Value>,
+    /// Each kind's root schema (a `$ref` into `definitions`), by (group, kind).
+    roots: HashMap<(&'static str, &'static str), Value>,
+}
+
+fn field_schemas() -> &'static FieldSchemas {
+    static SCHEMAS: OnceLock<FieldSchemas> = OnceLock::new();
+    SCHEMAS.get_or_init(|| {
+        let mut generator = SchemaSettings::openapi3().into_generator();
+        let roots = crate::catalog::RESOURCES
+            .iter()
+            .flat_map(|res| {
+                let subs = res
+                    .subresources
+                    .iter()
+                    .map(|s| (s.response.0, s.response.2));
+                std::iter::once((res.group, res.kind)).chain(subs)
+            })
+            .filter_map(|(group, kind)| {
+                let typed = of_kind(group, kind)?;
+                let root = serde_json::to_value((typed.schema)(&mut generator)).ok()?;
+                Some(((group, kind), root))
+            })
+            .collect();
+        let definitions = generator
+            .take_definitions(true)
+            .into_iter()
+            .collect::<Map<String, Value>>();
+        FieldSchemas { definitions, roots }
+    })
+}
+
+/// Paths of the fields in `input` that the kind `group`/`kind` does not have, found by walking
+/// the kind's schema (so an unknown field is found whatever its value, an empty list
+/// included). Keys of map-typed fields (labels, data) are all allowed; a field whose schema
+/// is free-form (`RawExtension`, `FieldsV1`) is not looked into; null values are skipped, as
+/// a null means "not set".
+pub fn unknown_fields(group: &str, kind: &str, input: &Value) -> Vec<String> {
+    let schemas = field_schemas();
     let mut out = Vec::new();
-    walk(input, normalized, &mut String::new(), &mut out);
+    if let Some((_, root)) = schemas
+        .roots
+        .iter()
+        .find(|((g, k), _)| *g == group && *k == kind)
+    {
+        walk(schemas, root, input, &mut String::new(), &mut out);
+    }
     out
 }
 
-fn walk(input: &Value, kept: &Value, path: &mut String, out: &mut Vec<String>) {
-    match (input, kept) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in a {
+/// Follows `$ref`s (bare, wrapped in a one-element `allOf` when the reference carries a
+/// description of its own, or in an `anyOf` with `null` for an `Option`) to the schema that
+/// says what the value holds.
+fn resolve<'a>(schemas: &'a FieldSchemas, mut schema: &'a Value) -> &'a Value {
+    for _ in 0..16 {
+        let reference = schema.get("$ref").or_else(|| {
+            ["allOf", "anyOf"]
+                .iter()
+                .find_map(|k| match schema.get(*k) {
+                    Some(Value::Array(all)) => all.iter().find_map(|s| s.get("$ref")),
+                    _ => None,
+                })
+        });
+        let Some(name) = reference
+            .and_then(Value::as_str)
+            .and_then(|r| r.rsplit('/').next())
+        else {
+            break;
+        };
+        match schemas.definitions.get(name) {
+            Some(target) => schema = target,
+            None => break,
+        }
+    }
+    schema
+}
+
+fn walk(
+    schemas: &FieldSchemas,
+    schema: &Value,
+    input: &Value,
+    path: &mut String,
+    out: &mut Vec<String>,
+) {
+    let schema = resolve(schemas, schema);
+    match input {
+        Value::Object(fields) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            if properties.is_none() && additional.is_none() {
+                return; // free-form
+            }
+            for (key, value) in fields {
                 let len = path.len();
                 if !path.is_empty() {
                     path.push('.');
                 }
-                path.push_str(k);
-                match b.get(k) {
-                    Some(kept) => walk(v, kept, path, out),
-                    None if v.is_null() => {}
-                    // An empty object or list may be dropped as the default of an optional
-                    // field; it is not an unknown field.
-                    None if is_empty(v) => {}
+                path.push_str(key);
+                match properties.and_then(|p| p.get(key)).or(additional) {
+                    Some(field) => walk(schemas, field, value, path, out),
+                    None if value.is_null() => {}
                     None => out.push(path.clone()),
                 }
                 path.truncate(len);
             }
         }
-        (Value::Array(a), Value::Array(b)) => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        Value::Array(items) => {
+            let Some(item) = schema.get("items") else {
+                return;
+            };
+            for (i, value) in items.iter().enumerate() {
                 let len = path.len();
                 path.push_str(&format!("[{i}]"));
-                walk(x, y, path, out);
+                walk(schemas, item, value, path, out);
                 path.truncate(len);
             }
         }
         _ => {}
-    }
-}
-
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Object(m) => m.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        _ => false,
     }
 }
 
@@ -183,7 +262,7 @@ mod tests {
         });
         let kept = (typed.normalize)(&input).expect("types are right");
         assert_eq!(
-            unknown_fields(&input, &kept),
+            unknown_fields("", "Pod", &input),
             vec![
                 "extra",
                 "metadata.bogus",
@@ -193,6 +272,46 @@ mod tests {
         assert_eq!(
             kept["metadata"]["labels"]["any"], "key",
             "map keys are kept"
+        );
+    }
+
+    /// An unknown field is unknown whatever its value: an empty list or object too (they
+    /// were once dropped silently as if they were an optional field's default).
+    #[test]
+    fn unknown_fields_with_empty_values_are_found() {
+        let input = json!({
+            "metadata": {"name": "p", "annotations": {}, "finalizers": []},
+            "spec": {"containerz": [], "containers": [{"name": "c", "image": "i", "portz": {},
+                "ports": [], "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [], "matchFieldz": []}]}}}},
+            "status": {"phase": null, "conditionz": {}},
+        });
+        assert_eq!(
+            unknown_fields("", "Pod", &input),
+            vec![
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFieldz",
+                "spec.containers[0].portz",
+                "spec.containerz",
+                "status.conditionz",
+            ]
+        );
+    }
+
+    #[test]
+    fn free_form_and_map_fields_take_any_key() {
+        let cm = json!({"metadata": {"name": "c", "managedFields": [{"manager": "m",
+            "fieldsV1": {"f:data": {"f:any": {}}}}]}, "data": {"whatever": "x"}});
+        assert!(unknown_fields("", "ConfigMap", &cm).is_empty());
+        let tenant = json!({"spec": {"quota": {"anything": "1"}, "namespacez": []}});
+        assert_eq!(
+            unknown_fields("tessera.io", "Tenant", &tenant),
+            vec!["spec.namespacez"]
+        );
+        let scale = json!({"spec": {"replicas": 2, "replicaz": 3}});
+        assert_eq!(
+            unknown_fields("autoscaling", "Scale", &scale),
+            vec!["spec.replicaz"]
         );
     }
 

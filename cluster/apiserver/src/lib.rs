@@ -17,6 +17,7 @@ pub mod http;
 pub mod kinds;
 pub mod metrics;
 pub mod openapi;
+pub mod order;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;

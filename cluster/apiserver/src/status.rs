@@ -33,6 +33,18 @@ pub struct Cause {
     pub message: String,
 }
 
+/// `StatusDetails` naming an object; empty fields are left out, as Kubernetes' `omitempty`
+/// leaves them (the core group is "").
+fn details(name: &str, group: &str, kind: &str) -> Value {
+    let mut d = serde_json::Map::new();
+    for (k, v) in [("name", name), ("group", group), ("kind", kind)] {
+        if !v.is_empty() {
+            d.insert(k.into(), json!(v));
+        }
+    }
+    Value::Object(d)
+}
+
 /// An API error, answered as a `Status`.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -66,7 +78,7 @@ impl ApiError {
     }
 
     fn about(mut self, group: &str, plural: &str, name: &str) -> Self {
-        self.details = Some(json!({"name": name, "group": group, "kind": plural}));
+        self.details = Some(details(name, group, plural));
         self
     }
 
@@ -131,12 +143,12 @@ impl ApiError {
                 qualified_kind(group, kind)
             ),
         );
-        e.details = Some(json!({
-            "name": name,
-            "group": group,
-            "kind": kind,
-            "causes": causes.iter().map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field})).collect::<Vec<_>>(),
-        }));
+        let mut d = details(name, group, kind);
+        d["causes"] = causes
+            .iter()
+            .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+            .collect();
+        e.details = Some(d);
         e
     }
 

@@ -16,6 +16,8 @@ pub mod podgroup;
 pub mod pods;
 pub mod replicaset;
 pub mod resourcequota;
+pub mod rootca;
+pub mod serviceaccount;
 pub mod statefulset;
 
 pub use context::Context;
@@ -27,6 +29,9 @@ pub struct Settings {
     pub nodes: nodelifecycle::NodeLifecycleConfig,
     /// How often every ResourceQuota is recounted.
     pub quota_resync: std::time::Duration,
+    /// The CA bundle (PEM) published in every namespace as `kube-root-ca.crt`; without one
+    /// the publisher does not run.
+    pub root_ca: Option<String>,
 }
 
 impl Default for Settings {
@@ -34,8 +39,33 @@ impl Default for Settings {
         Settings {
             nodes: nodelifecycle::NodeLifecycleConfig::default(),
             quota_resync: resourcequota::DEFAULT_RESYNC,
+            root_ca: None,
         }
     }
+}
+
+/// The names of the controllers [`run_all_with`] runs with `settings`, as logs and the
+/// `tessera up` banner show them.
+pub fn names(settings: &Settings) -> Vec<&'static str> {
+    let mut names = vec![
+        replicaset::NAME,
+        deployment::NAME,
+        daemonset::NAME,
+        statefulset::NAME,
+        endpoints::NAME,
+        gc::NAME,
+        job::NAME,
+        cronjob::NAME,
+        namespace::NAME,
+        nodelifecycle::NAME,
+        podgroup::NAME,
+        resourcequota::NAME,
+        serviceaccount::NAME,
+    ];
+    if settings.root_ca.is_some() {
+        names.push(rootca::NAME);
+    }
+    names
 }
 
 /// Every controller, each with its own watches, queue and workers, until dropped.
@@ -58,5 +88,11 @@ pub async fn run_all_with(ctx: Context, settings: Settings) {
         nodelifecycle::run(ctx.clone(), settings.nodes),
         podgroup::run(ctx.clone()),
         resourcequota::run(ctx.clone(), settings.quota_resync),
+        serviceaccount::run(ctx.clone()),
+        async {
+            if let Some(bundle) = settings.root_ca {
+                rootca::run(ctx.clone(), bundle).await;
+            }
+        },
     );
 }

@@ -37,12 +37,12 @@ use tessera_store::{KeyValue, ListRequest, Op, Revision, Store, StoreError};
 use crate::auth::{Authorizer, User};
 use crate::catalog::Resource;
 use crate::fairness::Fairness;
-use crate::kinds::{self, unknown_fields};
+use crate::kinds;
 use crate::metrics::ApiMetrics;
 use crate::request::{ApiRequest, FieldValidation, PatchType, Propagation, Verb};
 use crate::status::{ApiError, Cause};
 use crate::watchcache::WatchCache;
-use crate::{apply, patch, table, validation};
+use crate::{apply, order, patch, table, validation};
 
 /// One watch event.
 #[derive(Clone, Debug)]
@@ -68,8 +68,13 @@ impl WatchEvent {
         match self {
             WatchEvent::Encoded(b) => b,
             WatchEvent::Value(v) => {
-                let mut line = v.to_string().into_bytes();
-                line.push(b'\n');
+                // `{"type":…,"object":…}`, the object in Kubernetes' order.
+                let mut line = Vec::with_capacity(256);
+                line.extend_from_slice(br#"{"type":"#);
+                line.extend_from_slice(v["type"].to_string().as_bytes());
+                line.extend_from_slice(br#","object":"#);
+                line.extend_from_slice(order::to_string(&v["object"]).as_bytes());
+                line.extend_from_slice(b"}\n");
                 Bytes::from(line)
             }
         }
@@ -268,54 +273,30 @@ fn decode_stored(kv: &KeyValue) -> Result<Value, ApiError> {
     Ok(with_rv(obj, kv.mod_revision))
 }
 
-/// Every stored object starts with these bytes, then `"` and the rest: its resourceVersion
-/// (the store's revision, unknown until the write commits) is spliced in when it is read,
-/// so that lists and watches copy stored bytes instead of decoding and encoding objects.
-const STORED_PREFIX: &[u8] = br#"{"metadata":{"resourceVersion":""#;
-
-fn write_pair(out: &mut Vec<u8>, k: &str, v: &Value) -> Result<(), ApiError> {
-    serde_json::to_writer(&mut *out, k).map_err(|e| ApiError::internal(e.to_string()))?;
-    out.push(b':');
-    serde_json::to_writer(&mut *out, v).map_err(|e| ApiError::internal(e.to_string()))
-}
-
-/// The stored form of an object: JSON with `metadata.resourceVersion` first and empty.
+/// The stored form of an object: JSON in Kubernetes' field order, without nulls, with
+/// `metadata.resourceVersion` empty — the revision is unknown until the write commits and is
+/// spliced in when the object is read (so lists and watches copy stored bytes instead of
+/// decoding and encoding objects).
 fn encode(obj: &Value) -> Result<Bytes, ApiError> {
-    let (Some(top), Some(meta)) = (obj.as_object(), obj["metadata"].as_object()) else {
+    if !obj["metadata"].is_object() {
         return Err(ApiError::internal("an object to store has no metadata"));
-    };
+    }
     let mut out = Vec::with_capacity(512);
-    out.extend_from_slice(STORED_PREFIX);
-    out.push(b'"');
-    for (k, v) in meta {
-        if k != "resourceVersion" {
-            out.push(b',');
-            write_pair(&mut out, k, v)?;
-        }
-    }
-    out.push(b'}');
-    for (k, v) in top {
-        if k != "metadata" {
-            out.push(b',');
-            write_pair(&mut out, k, v)?;
-        }
-    }
-    out.push(b'}');
+    order::write_stored(&mut out, obj).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Bytes::from(out))
 }
 
 /// An object as a client sees it, from its stored bytes: the resourceVersion spliced in.
 fn render(value: &[u8], rev: i64, out: &mut Vec<u8>) -> Result<(), ApiError> {
-    if value.starts_with(STORED_PREFIX) {
-        out.extend_from_slice(STORED_PREFIX);
+    if let Some(at) = order::stored_rv_offset(value) {
+        out.extend_from_slice(&value[..at]);
         out.extend_from_slice(rev.to_string().as_bytes());
-        out.extend_from_slice(&value[STORED_PREFIX.len()..]);
+        out.extend_from_slice(&value[at..]);
         Ok(())
     } else {
         let obj: Value = serde_json::from_slice(value)
             .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
-        serde_json::to_writer(&mut *out, &with_rv(obj, rev))
-            .map_err(|e| ApiError::internal(e.to_string()))
+        order::write(out, &with_rv(obj, rev)).map_err(|e| ApiError::internal(e.to_string()))
     }
 }
 

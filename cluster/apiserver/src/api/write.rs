@@ -81,7 +81,24 @@ impl Api {
         }
         let typed = kinds::of_kind(res.0, res.2)
             .ok_or_else(|| ApiError::internal(format!("no type for {}", res.2)))?;
-        let normalized = (typed.normalize)(&obj).map_err(|e| {
+        // Unknown fields first, as Kubernetes' strict decoder reports them: a misspelt
+        // field is usually why a required one looks missing.
+        let unknown = kinds::unknown_fields(res.0, res.2, &obj);
+        let mut warnings = Vec::new();
+        if !unknown.is_empty() {
+            let each = unknown.iter().map(|f| format!("unknown field \"{f}\""));
+            match req.params.field_validation {
+                FieldValidation::Strict => {
+                    return Err(ApiError::bad_request(format!(
+                        "strict decoding error: {}",
+                        each.collect::<Vec<_>>().join(", ")
+                    )));
+                }
+                FieldValidation::Warn => warnings.extend(each),
+                FieldValidation::Ignore => {}
+            }
+        }
+        let mut normalized = (typed.normalize)(&obj).map_err(|e| {
             ApiError::bad_request(format!(
                 "{kind} in version \"{v}\" cannot be handled as a {kind}: {path}{msg}",
                 kind = res.2,
@@ -94,33 +111,12 @@ impl Api {
                 msg = e.message
             ))
         })?;
-        let unknown = unknown_fields(&obj, &normalized);
-        let mut normalized = normalized;
         if res.2 == req.resource.kind {
             crate::defaults::apply(req.resource, &mut normalized);
             if normalized["spec"].is_null()
                 && let Some(o) = normalized.as_object_mut()
             {
                 o.remove("spec");
-            }
-        }
-        let mut warnings = Vec::new();
-        if !unknown.is_empty() {
-            match req.params.field_validation {
-                FieldValidation::Strict => {
-                    let list: Vec<String> = unknown
-                        .iter()
-                        .map(|f| format!("unknown field \"{f}\""))
-                        .collect();
-                    return Err(ApiError::bad_request(format!(
-                        "strict decoding error: {}",
-                        list.join(", ")
-                    )));
-                }
-                FieldValidation::Warn => {
-                    warnings.extend(unknown.iter().map(|f| format!("unknown field \"{f}\"")));
-                }
-                FieldValidation::Ignore => {}
             }
         }
         Ok((normalized, warnings))

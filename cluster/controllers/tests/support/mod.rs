@@ -85,6 +85,7 @@ pub async fn shard(nodes: usize) -> Shard {
                         period: Duration::from_millis(200),
                     },
                     quota_resync: Duration::from_millis(500),
+                    root_ca: Some(TEST_CA.into()),
                 },
             )),
         ],
@@ -93,6 +94,9 @@ pub async fn shard(nodes: usize) -> Shard {
         _dir: dir,
     }
 }
+
+/// The bundle the test shard's root CA publisher publishes.
+pub const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\ntest\n-----END CERTIFICATE-----\n";
 
 pub async fn list(c: &Arc<dyn Client>, group: &str, plural: &str) -> Vec<Value> {
     list_in(c, group, plural, "default").await

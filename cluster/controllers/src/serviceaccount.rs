@@ -1,0 +1,103 @@
+//! The service account controller: every namespace that is not being deleted has a
+//! ServiceAccount named `default` (pods that name none run as it, and clients such as the
+//! official Python client read it); deleted, it is made again.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use serde_json::json;
+use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::informer::{Cache, Change, key_of};
+
+use crate::context::{Context, Tasks, res};
+
+/// The controller's name.
+pub const NAME: &str = "serviceaccount-controller";
+
+/// The account every namespace has.
+pub const DEFAULT_ACCOUNT: &str = "default";
+
+struct Accounts {
+    ctx: Context,
+    namespaces: Arc<Cache<Namespace>>,
+    accounts: Arc<Cache<ServiceAccount>>,
+}
+
+/// Runs the controller until dropped.
+pub async fn run(ctx: Context) {
+    let namespaces = ctx.informer::<Namespace>(res("", "namespaces"));
+    let accounts = ctx.informer::<ServiceAccount>(res("", "serviceaccounts"));
+    let queue = ctx.queue(NAME);
+    {
+        let q = queue.clone();
+        namespaces.on_change(move |c| {
+            if !matches!(c, Change::Deleted(_)) {
+                q.add(key_of(&c.object().metadata), c.class());
+            }
+        });
+    }
+    {
+        let q = queue.clone();
+        accounts.on_change(move |c| {
+            let meta = &c.object().metadata;
+            if let (Change::Deleted(_), Some(ns), Some(DEFAULT_ACCOUNT)) =
+                (c, &meta.namespace, meta.name.as_deref())
+            {
+                q.add(ns.clone(), c.class());
+            }
+        });
+    }
+    let r = Arc::new(Accounts {
+        ctx: ctx.clone(),
+        namespaces: namespaces.cache().clone(),
+        accounts: accounts.cache().clone(),
+    });
+    let _tasks = Tasks(vec![
+        tokio::spawn(namespaces.clone().run()),
+        tokio::spawn(accounts.clone().run()),
+    ]);
+    namespaces.synced().await;
+    accounts.synced().await;
+    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+}
+
+/// Whether objects may be made in `ns`: it exists and is not being deleted.
+pub(crate) fn is_active(ns: &Namespace) -> bool {
+    ns.metadata.deletion_timestamp.is_none()
+        && ns.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Terminating")
+}
+
+#[async_trait]
+impl Reconciler for Accounts {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
+        match self.namespaces.get(key) {
+            Some(ns) if is_active(&ns) => {}
+            _ => return Ok(Action::Done),
+        }
+        if self
+            .accounts
+            .get(&format!("{key}/{DEFAULT_ACCOUNT}"))
+            .is_some()
+        {
+            return Ok(Action::Done);
+        }
+        let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": DEFAULT_ACCOUNT, "namespace": key}});
+        match self
+            .ctx
+            .client
+            .create(res("", "serviceaccounts"), Some(key), &account)
+            .await
+        {
+            Ok(_) => Ok(Action::Done),
+            // Made meanwhile, or the namespace began to go away: nothing to do.
+            Err(e) if e.code == 409 || e.code == 404 || e.code == 403 => Ok(Action::Done),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
