@@ -168,6 +168,7 @@ pub fn controller_context(
         queue_metrics: Some(QueueMetrics::register(registry)?),
         runtime_metrics: Some(RuntimeMetrics::register(registry)?),
         workers: workers.max(1),
+        clock: Arc::new(tessera_controllers::clock::SystemClock),
     })
 }
 

@@ -213,6 +213,7 @@ pub async fn start_workers(
             )?),
             runtime_metrics: Some(runtime.clone()),
             workers: 4,
+            clock: Arc::new(tessera_controllers::clock::SystemClock),
         };
         let mut settings = crate::components::controller_settings(
             workers.node_monitor_grace_period,

@@ -1,12 +1,16 @@
-//! Faults, each ending with the shard's invariants checked: no node over its allocatable,
-//! every ReplicaSet at its count (and no pod bound twice: the API binds a pod once, so a
-//! second binding would have failed). The processes are real and killed with SIGKILL.
+//! Faults, with the shard's invariants checked at every revision of the run from a watch
+//! (no node over its cpu, memory or pod count; no pod's node ever changed; no acknowledged
+//! write lost across a restart: `support/invariants.rs`) and, at the end, every ReplicaSet at
+//! its count. The processes are real and killed with SIGKILL.
 
+#[path = "support/invariants.rs"]
+mod invariants;
 mod support;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use invariants::Invariants;
 use serde_json::Value;
 use support::{Cluster, Running, wait_for};
 
@@ -23,56 +27,22 @@ fn items(c: &Cluster, args: &[&str]) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-fn milli(q: &str) -> i64 {
-    match q.strip_suffix('m') {
-        Some(m) => m.parse().unwrap_or(0),
-        None => (q.parse::<f64>().unwrap_or(0.0) * 1000.0) as i64,
-    }
-}
-
 fn deployment(name: &str, replicas: usize, image: &str) -> String {
     format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      containers:\n      - {{name: c, image: {image}, resources: {{requests: {{cpu: 100m}}}}}}\n"
     )
 }
 
-/// No node holds more cpu requests than it has; every ReplicaSet has exactly its count of
-/// live pods.
-fn check_invariants(c: &Cluster) {
-    let nodes = items(c, &["get", "nodes"]);
-    let alloc: HashMap<String, i64> = nodes
-        .iter()
-        .map(|n| {
-            (
-                n["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                milli(n["status"]["allocatable"]["cpu"].as_str().unwrap_or("0")),
-            )
-        })
-        .collect();
+/// At the end: the watch saw no invariant broken (and saw at least `min_bindings` pods
+/// bound, so it watched the run), and every ReplicaSet has exactly its count of live pods.
+fn check_invariants(c: &Cluster, watch: Invariants, min_bindings: usize) {
+    let (events, bindings) = watch.finish();
+    eprintln!("invariants held over {events} pod events and {bindings} bindings");
+    assert!(
+        bindings >= min_bindings,
+        "the watch saw {bindings} bindings, fewer than the run made ({min_bindings})"
+    );
     let pods = items(c, &["get", "pods", "-A"]);
-    let mut used: HashMap<String, i64> = HashMap::new();
-    for p in &pods {
-        let phase = p["status"]["phase"].as_str().unwrap_or("");
-        if phase == "Succeeded" || phase == "Failed" {
-            continue;
-        }
-        if let Some(n) = p["spec"]["nodeName"].as_str() {
-            let cpu: i64 = p["spec"]["containers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| milli(c["resources"]["requests"]["cpu"].as_str().unwrap_or("0")))
-                .sum();
-            *used.entry(n.to_owned()).or_default() += cpu;
-        }
-    }
-    for (n, u) in &used {
-        assert!(
-            u <= alloc.get(n).unwrap_or(&0),
-            "node {n} holds {u}m cpu, more than {:?}",
-            alloc.get(n)
-        );
-    }
     for rs in items(c, &["get", "replicasets", "-A"]) {
         let uid = rs["metadata"]["uid"].as_str().unwrap_or("");
         let live = pods
@@ -127,6 +97,7 @@ fn standbys_take_over_a_500_replica_rollout_after_kill_9() {
             "--startup-delay-ms=50",
         ],
     );
+    let watch = Invariants::watch(c.kubeconfig.clone());
     let start = |kind: &str, id: &str| -> Running {
         let mut args = vec![kind, "--identity", id];
         args.extend(ELECTION);
@@ -174,7 +145,7 @@ fn standbys_take_over_a_500_replica_rollout_after_kill_9() {
             "{lease} is held by a standby that took over ({h})"
         );
     }
-    check_invariants(&c);
+    check_invariants(&c, watch, 1000);
 }
 
 #[test]
@@ -183,6 +154,7 @@ fn a_stopped_agent_s_pods_are_replaced_elsewhere() {
         "up",
         &["--nodes-per-shard=0", "--node-monitor-grace-period=3"],
     );
+    let watch = Invariants::watch(c.kubeconfig.clone());
     let agent = |prefix: &str| {
         c.component(&[
             "agent",
@@ -251,12 +223,13 @@ fn a_stopped_agent_s_pods_are_replaced_elsewhere() {
         described.contains("node.kubernetes.io/unreachable"),
         "{described}"
     );
-    check_invariants(&c);
+    check_invariants(&c, watch, 8 + on_a);
 }
 
 #[test]
 fn kill_9_of_the_whole_shard_resumes_without_duplicates() {
     let mut c = Cluster::start_with("up", &["--nodes-per-shard=10", "--startup-delay-ms=50"]);
+    let watch = Invariants::watch(c.kubeconfig.clone());
     let d = c.file("d.yaml", &deployment("web", 300, "app:1"));
     c.ok(&["apply", "-f", &d]);
     // Kill it while pods are being created and bound.
@@ -278,5 +251,5 @@ fn kill_9_of_the_whole_shard_resumes_without_duplicates() {
         1,
         "one ReplicaSet, not a second from a replayed create"
     );
-    check_invariants(&c);
+    check_invariants(&c, watch, 300);
 }

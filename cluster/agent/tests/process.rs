@@ -495,24 +495,34 @@ async fn containers_run_as_processes() {
         "default_polite_{}",
         polite["metadata"]["uid"].as_str().expect("uid")
     ));
-    // A follower sees the output as it comes, and its stream ends with the container.
-    let follower = {
-        let c = c.clone();
-        tokio::spawn(async move { logs(&c, "polite", "follow=true").await })
+    // A follower sees the output as it comes (its first chunk arrives while the container
+    // runs), and its stream ends with the container.
+    let path = "/api/v1/namespaces/default/pods/polite/log";
+    let req = from_http("GET", path, "follow=true", None, None, Default::default())
+        .expect("request")
+        .expect("served");
+    let ApiResponse::Stream { mut body, .. } = c.call(req).await.expect("follow") else {
+        panic!("a log follow answers a stream");
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !follower.is_finished(),
-        "following waits while the container runs"
-    );
+    let mut text = String::new();
+    while !text.contains("up\n") {
+        let chunk = body
+            .next()
+            .await
+            .expect("the stream stays open while the container runs")
+            .expect("chunk");
+        text.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+    }
     c.delete(res("pods"), Some("default"), "polite", None)
         .await
         .expect("delete");
-    let text = tokio::time::timeout(Duration::from_secs(15), follower)
-        .await
-        .expect("the stream ended with the container")
-        .expect("task")
-        .expect("log");
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(chunk) = body.next().await {
+            text.push_str(std::str::from_utf8(&chunk.expect("chunk")).expect("utf-8"));
+        }
+    })
+    .await
+    .expect("the stream ended with the container");
     assert_eq!(text, "up\nbye\n", "SIGTERM reached the process");
     until("polite gone", || async {
         get(&c, "polite").await.is_none()

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use tessera_apiserver::catalog::Resource;
+
+use crate::clock::{Clock, SystemClock};
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::find_resource;
 use tessera_runtime::events::Recorder;
@@ -22,6 +24,8 @@ pub struct Context {
     pub runtime_metrics: Option<RuntimeMetrics>,
     /// Workers per controller.
     pub workers: usize,
+    /// The wall clock (schedules read it).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Context {
@@ -32,6 +36,7 @@ impl Context {
             queue_metrics: None,
             runtime_metrics: None,
             workers: 4,
+            clock: Arc::new(SystemClock),
         }
     }
 

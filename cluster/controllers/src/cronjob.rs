@@ -143,7 +143,7 @@ impl Reconciler for CronJobs {
                 return Ok(Action::Done);
             }
         };
-        let now = Timestamp::now();
+        let now = self.ctx.clock.now();
         let status = cj.status.clone().unwrap_or_default();
         let since = status
             .last_schedule_time

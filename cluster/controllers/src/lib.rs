@@ -1,6 +1,7 @@
 //! The shard's controllers, each a small reconcile on the controller runtime with its own
 //! watches and work queue, so a slow controller never stalls another.
 
+pub mod clock;
 pub mod context;
 pub mod cron;
 pub mod cronjob;

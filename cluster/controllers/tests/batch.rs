@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{list, shard, wait_until};
+use support::{Events, list, shard, wait_until};
 use tessera_controllers::context::res;
 
 fn job(name: &str, completions: i64, parallelism: i64, run: &str, exit: &str) -> Value {
@@ -87,33 +87,49 @@ async fn a_job_completes_with_bounded_parallelism_and_a_failing_one_stops() {
     })
     .await;
 
-    // Past its deadline, a Job stops what runs.
+    // Past its deadline, a Job stops what runs. Its TTL (1 s) may delete it before a poll
+    // would see it failed, so what it went through is read from a watch.
+    let jobs = Events::start(c, "batch", "jobs", "default").await;
     let mut slow = job("slow", 1, 1, "600", "0");
     slow["spec"]["activeDeadlineSeconds"] = json!(1);
     slow["spec"]["ttlSecondsAfterFinished"] = json!(1);
     c.create(res("batch", "jobs"), Some("default"), &slow)
         .await
         .expect("job");
-    wait_until("deadline exceeded", || async {
-        c.get(res("batch", "jobs"), Some("default"), "slow")
-            .await
-            .map(|j| condition(&j, "Failed").is_some_and(|c| c["reason"] == "DeadlineExceeded"))
-            .unwrap_or(true)
-    })
-    .await;
     // ...and with a TTL it is deleted once finished.
     wait_until("deleted after its TTL", || async {
-        c.get(res("batch", "jobs"), Some("default"), "slow")
-            .await
-            .is_err()
+        jobs.deleted().contains(&"slow".to_owned())
     })
     .await;
+    let slow_states: Vec<Value> = jobs
+        .seen()
+        .into_iter()
+        .filter(|(_, j)| j["metadata"]["name"] == "slow")
+        .map(|(_, j)| j)
+        .collect();
+    let failed_at = slow_states
+        .iter()
+        .position(|j| condition(j, "Failed").is_some_and(|c| c["reason"] == "DeadlineExceeded"))
+        .expect("the Job failed with DeadlineExceeded before it was deleted");
+    assert!(
+        slow_states[failed_at..]
+            .iter()
+            .all(|j| j["status"]["active"].as_i64().unwrap_or(0) == 0),
+        "nothing runs once the deadline passed: {slow_states:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cronjob_fires_on_schedule() {
     let s = shard(2).await;
     let c = &s.client;
+    // Not a minute of waiting: the controllers' clock is moved to one second before the
+    // next minute (the API's clock, which stamps the CronJob, stays where it is).
+    let now = jiff::Timestamp::now();
+    let next_minute =
+        jiff::Timestamp::from_second(((now.as_second() + 2) / 60 + 1) * 60).expect("time");
+    s.clock
+        .set(next_minute - jiff::SignedDuration::from_secs(1));
     c.create(
         res("batch", "cronjobs"),
         Some("default"),
@@ -126,22 +142,17 @@ async fn a_cronjob_fires_on_schedule() {
     )
     .await
     .expect("cronjob");
-    // The next minute boundary: at most a minute away.
-    let deadline = std::time::Instant::now() + Duration::from_secs(75);
-    while list(c, "batch", "jobs").await.is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no job within a minute"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("the job of the next minute", || async {
+        !list(c, "batch", "jobs").await.is_empty()
+    })
+    .await;
     let jobs = list(c, "batch", "jobs").await;
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0]["metadata"]["ownerReferences"][0]["kind"], "CronJob");
-    assert!(
-        jobs[0]["metadata"]["name"]
-            .as_str()
-            .is_some_and(|n| n.starts_with("tick-"))
+    // Named after the minute it was scheduled for (as Kubernetes names them).
+    assert_eq!(
+        jobs[0]["metadata"]["name"],
+        format!("tick-{}", next_minute.as_second() / 60)
     );
     wait_until("the job completed", || async {
         list(c, "batch", "jobs")

@@ -228,7 +228,12 @@ async fn recreate_never_overlaps_and_pause_holds_a_rollout() {
     // Paused: a template change makes no new set until resumed.
     patch(c, "db", json!({"spec": {"paused": true}})).await;
     patch(c, "db", set_image("pg:3")).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Not a sleep: once the controller has observed this generation it has decided.
+    wait_until("the paused change observed", || async {
+        let d = get(c, "db").await;
+        d["status"]["observedGeneration"] == d["metadata"]["generation"]
+    })
+    .await;
     assert_eq!(sets_of(c, "db").await.len(), 2, "no new set while paused");
     let d = get(c, "db").await;
     assert!(
@@ -332,8 +337,15 @@ async fn scaling_mid_rollout_is_proportional() {
         assert_eq!(a["deployment.kubernetes.io/desired-replicas"], "20");
         assert_eq!(a["deployment.kubernetes.io/max-replicas"], "23");
     }
-    // It stays there (the new pods still fit nowhere), and finishes once they fit.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // It stays there (the new pods still fit nowhere): once the controller has observed the
+    // new size and written its status for these sets (23 pods), the sizes are still the ones
+    // above. Then it finishes once they fit.
+    wait_until("the resize observed", || async {
+        let d = get(c, "prop").await;
+        d["status"]["observedGeneration"] == d["metadata"]["generation"]
+            && d["status"]["replicas"] == 23
+    })
+    .await;
     assert_eq!(sizes().await, grown);
     patch(c, "prop", set_image("v2")).await;
     wait_until("v2 rolled out at 20", || async {

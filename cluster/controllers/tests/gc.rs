@@ -4,7 +4,6 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{list, list_in, shard, wait_until};
@@ -108,6 +107,7 @@ async fn background_foreground_and_orphan_deletion() {
     .await
     .expect("rs");
     wait_until("2 pods", || async { count(c, "", "pods").await == 2 }).await;
+    let before = list(c, "", "pods").await;
     delete(
         c,
         "apps",
@@ -121,7 +121,7 @@ async fn background_foreground_and_orphan_deletion() {
         count(c, "apps", "replicasets").await == 0
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The orphan finalizer released the pods before the set went.
     let pods = list(c, "", "pods").await;
     assert_eq!(pods.len(), 2, "orphans are kept");
     assert!(pods.iter().all(|p| {
@@ -129,6 +129,48 @@ async fn background_foreground_and_orphan_deletion() {
             .as_array()
             .is_none_or(|r| r.is_empty())
     }));
+    // Not a sleep: a barrier through the collector. Another set deleted in the background is
+    // collected with its pods; by then the collector has had its chance at the orphans, and
+    // they are untouched (same uids, same resourceVersions).
+    let orphans: Vec<(Value, Value)> = pods
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["uid"].clone(),
+                p["metadata"]["resourceVersion"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        before
+            .iter()
+            .all(|b| orphans.iter().any(|(u, _)| *u == b["metadata"]["uid"]))
+    );
+    let barrier = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "barrier", "namespace": "default"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "barrier"}},
+            "template": {"metadata": {"labels": {"app": "barrier"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]}}}});
+    c.create(res("apps", "replicasets"), Some("default"), &barrier)
+        .await
+        .expect("barrier set");
+    wait_until("3 pods", || async { count(c, "", "pods").await == 3 }).await;
+    delete(c, "apps", "replicasets", "default", "barrier", None).await;
+    wait_until("the barrier collected", || async {
+        count(c, "apps", "replicasets").await == 0 && count(c, "", "pods").await == 2
+    })
+    .await;
+    let after: Vec<(Value, Value)> = list(c, "", "pods")
+        .await
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["uid"].clone(),
+                p["metadata"]["resourceVersion"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(after, orphans, "the orphans were left alone");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

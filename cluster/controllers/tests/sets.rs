@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{list, shard, wait_until};
+use support::{Events, list, shard, wait_until};
 use tessera_agent::sim::{SimAgent, SimConfig};
 use tessera_apiserver::request::PatchType;
 use tessera_controllers::context::res;
@@ -157,7 +157,9 @@ async fn a_statefulset_comes_up_in_order_and_scales_down_in_reverse() {
         .expect("pod");
     assert_eq!(p["spec"]["hostname"], "db-2");
     assert_eq!(p["spec"]["subdomain"], "db");
-    // Scale down to 1: db-3 goes before db-2, which goes before db-1.
+    // Scale down to 1: db-3 goes before db-2, which goes before db-1 (in the order of the
+    // watch's DELETED events: one poll could see two go at once).
+    let pods = Events::start(c, "", "pods", "default").await;
     c.patch(
         res("apps", "statefulsets"),
         Some("default"),
@@ -168,19 +170,34 @@ async fn a_statefulset_comes_up_in_order_and_scales_down_in_reverse() {
     )
     .await
     .expect("scale");
-    let mut seen_gone = Vec::new();
-    for i in 0.. {
-        let live = names(&list(c, "", "pods").await);
-        for n in ["db-3", "db-2", "db-1"] {
-            if !live.contains(&n.to_owned()) && !seen_gone.contains(&n) {
-                seen_gone.push(n);
+    wait_until("scaled down to db-0", || async {
+        names(&list(c, "", "pods").await) == vec!["db-0"]
+    })
+    .await;
+    assert_eq!(
+        pods.deleted(),
+        vec!["db-3", "db-2", "db-1"],
+        "reverse order"
+    );
+    // Each went only after the one above it was gone: no two were terminating at once.
+    let mut terminating = std::collections::BTreeSet::new();
+    for (ty, p) in pods.seen() {
+        let name = p["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match ty.as_str() {
+            "DELETED" => {
+                terminating.remove(&name);
             }
+            _ if p["metadata"]["deletionTimestamp"].is_string() => {
+                terminating.insert(name);
+            }
+            _ => {}
         }
-        if live == vec!["db-0"] {
-            break;
-        }
-        assert!(i < 2_000, "did not scale down");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(
+            terminating.len() <= 1,
+            "ordered scale-down, one at a time: {terminating:?}"
+        );
     }
-    assert_eq!(seen_gone, vec!["db-3", "db-2", "db-1"], "reverse order");
 }

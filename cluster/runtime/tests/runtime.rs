@@ -1,6 +1,6 @@
 //! The runtime against a real API on a real embedded store: informers list, watch and
-//! relist into their caches; the reconcile runner retries with backoff; leader election
-//! hands over.
+//! relist into their caches; the reconcile runner retries with backoff. (Leader election,
+//! which is about time, is tested with paused time in `leader.rs`.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +16,6 @@ use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::find_resource;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
-use tessera_runtime::leader::{LeaderConfig, LeaderElector};
 use tessera_runtime::{Change, Informer, QueueConfig, Scope, WorkQueue};
 use tessera_store::{EmbeddedOptions, EmbeddedStore, Store, StoreMetrics};
 
@@ -206,91 +205,4 @@ async fn failed_reconciles_come_back_after_backoff() {
     );
     q.shut_down();
     runner.await.expect("runner");
-}
-
-#[tokio::test]
-async fn a_standby_takes_over_when_the_leader_stops_renewing() {
-    let s = setup().await;
-    let config = |id: &str| LeaderConfig {
-        lease_duration: Duration::from_millis(600),
-        renew_deadline: Duration::from_millis(400),
-        retry_period: Duration::from_millis(100),
-        ..LeaderConfig::new("test-lease", id.into())
-    };
-    let mut a = LeaderElector::new(s.client.clone(), config("a"), None);
-    let mut b = LeaderElector::new(s.client.clone(), config("b"), None);
-    assert!(a.try_acquire_or_renew().await.expect("a"));
-    assert!(!b.try_acquire_or_renew().await.expect("b"), "held by a");
-    // a renews a few times: b still may not take it.
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(a.try_acquire_or_renew().await.expect("a renews"));
-        assert!(!b.try_acquire_or_renew().await.expect("b"));
-    }
-    // a dies (stops renewing): b takes over once a whole lease duration has passed on b's clock.
-    let started = std::time::Instant::now();
-    let b_leads = tokio::spawn(async move {
-        b.acquire().await;
-        b
-    });
-    let b = tokio::time::timeout(Duration::from_secs(5), b_leads)
-        .await
-        .expect("b took over")
-        .expect("task");
-    assert!(started.elapsed() >= Duration::from_millis(400));
-    drop(b);
-    let lease = s
-        .client
-        .get(res("leases"), Some("kube-system"), "test-lease")
-        .await
-        .expect("lease");
-    assert_eq!(lease["spec"]["holderIdentity"], "b");
-    assert_eq!(lease["spec"]["leaseTransitions"], 1);
-    // a comes back: it is deposed and must not think it leads.
-    assert!(!a.try_acquire_or_renew().await.expect("a"));
-}
-
-#[tokio::test]
-async fn a_leader_that_cannot_renew_stops_its_work() {
-    let s = setup().await;
-    let config = LeaderConfig {
-        lease_duration: Duration::from_millis(600),
-        renew_deadline: Duration::from_millis(400),
-        retry_period: Duration::from_millis(100),
-        ..LeaderConfig::new("work-lease", "a".into())
-    };
-    let a = LeaderElector::new(s.client.clone(), config, None);
-    let client = s.client.clone();
-    let ticks = Arc::new(AtomicUsize::new(0));
-    let t = ticks.clone();
-    let work = async move {
-        loop {
-            t.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let lead = tokio::spawn(a.lead(work));
-    eventually("work started", || ticks.load(Ordering::SeqCst) > 0).await;
-    // Someone else takes the lease over (as an operator would by editing it).
-    let mut lease = client
-        .get(res("leases"), Some("kube-system"), "work-lease")
-        .await
-        .expect("lease");
-    lease["spec"]["holderIdentity"] = json!("intruder");
-    client
-        .update(res("leases"), Some("kube-system"), &lease)
-        .await
-        .expect("take over");
-    let out = tokio::time::timeout(Duration::from_secs(5), lead)
-        .await
-        .expect("lead returned")
-        .expect("task");
-    assert!(out.is_err(), "deposed: the work was stopped");
-    let after = ticks.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(
-        ticks.load(Ordering::SeqCst),
-        after,
-        "no work after losing the lease"
-    );
 }

@@ -805,3 +805,142 @@ fn filter_events(profile: &Profile, plugins: &[&'static str]) -> Vec<ClusterEven
 fn res(plural: &str) -> &'static tessera_apiserver::catalog::Resource {
     find_resource("", "v1", plural).expect("core resources are served")
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tessera_apiserver::api::ApiResponse;
+    use tessera_apiserver::request::ApiRequest;
+    use tessera_apiserver::status::ApiError;
+
+    use super::*;
+    use crate::config::SchedulerConfig;
+
+    /// The cycle is pure over the cache: nothing may reach the API.
+    struct NoApi;
+
+    #[async_trait::async_trait]
+    impl Client for NoApi {
+        async fn call(&self, _: ApiRequest) -> Result<ApiResponse, ApiError> {
+            panic!("a scheduling cycle called the API")
+        }
+    }
+
+    fn scheduler(percentage: Option<u32>, nodes: usize, cpu: &str) -> Scheduler {
+        let config = SchedulerConfig {
+            percentage_of_nodes_to_score: percentage,
+            ..SchedulerConfig::default()
+        };
+        let mut s = Scheduler::new(
+            Arc::new(NoApi),
+            SchedulerOptions {
+                config,
+                metrics: None,
+                runtime_metrics: None,
+            },
+        )
+        .expect("scheduler");
+        for i in 0..nodes {
+            s.handle(Msg::Node(node(&format!("n{i}"), cpu)));
+        }
+        s
+    }
+
+    fn node(name: &str, cpu: &str) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": cpu, "memory": "4Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}}))
+            .expect("node"),
+        )
+    }
+
+    fn queued(name: &str, cpu: &str) -> QueuedPod {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "t", "uid": format!("uid-{name}")},
+            "spec": {"containers": [{"name": "c", "image": "x",
+                "resources": {"requests": {"cpu": cpu}}}]}}))
+        .expect("pod");
+        QueuedPod {
+            info: Arc::new(PodInfo::new(Arc::new(pod))),
+            enqueued: 0,
+            attempts: 0,
+        }
+    }
+
+    /// kube-scheduler's numFeasibleNodesToFind, in its numbers.
+    #[test]
+    fn feasible_nodes_to_find_follows_kube_scheduler() {
+        for (all, pct, want) in [
+            (0, 0, 0),
+            (50, 0, 50),
+            (99, 10, 99),
+            (100, 0, 100),
+            (1_000, 0, 420),     // 50% - 1000/125 = 42%
+            (5_000, 0, 500),     // 50% - 40 = 10%
+            (6_000, 0, 300),     // 50% - 48 = 2%, raised to the 5% floor
+            (100_000, 0, 5_000), // 5% floor
+            (1_000, 5, 100),     // 50 nodes, raised to the 100 minimum
+            (5_000, 30, 1_500),
+            (5_000, 100, 5_000),
+            (5_000, 150, 5_000),
+        ] {
+            assert_eq!(
+                feasible_nodes_to_find(all, pct),
+                want,
+                "{all} nodes at {pct}%"
+            );
+        }
+    }
+
+    /// Each cycle assumes its pod into the cache, so the next one sees the node as used: no
+    /// node is ever given more than it has, and the pod that fits nowhere is told why.
+    #[tokio::test]
+    async fn cycles_see_each_others_reservations_and_explain_a_misfit() {
+        let mut s = scheduler(None, 3, "1");
+        let mut placed = HashMap::new();
+        for i in 0..3 {
+            let (node, _, wait) = s
+                .cycle(0, &queued(&format!("p{i}"), "600m"))
+                .ok()
+                .expect("fits");
+            assert!(wait.is_none());
+            *placed.entry(node).or_insert(0) += 1;
+        }
+        assert_eq!(placed.len(), 3, "one 600m pod per 1-cpu node: {placed:?}");
+        match s.cycle(0, &queued("big", "600m")) {
+            Err(Failure::Unschedulable { message, .. }) => {
+                assert_eq!(message, "0/3 nodes are available: 3 Insufficient cpu.")
+            }
+            _ => panic!("a fourth 600m pod fits nowhere"),
+        }
+        // A small one still fits in what is left.
+        assert!(s.cycle(0, &queued("small", "400m")).is_ok());
+    }
+
+    /// On a large shard a cycle stops once it found the nodes it samples, and the next cycle
+    /// starts where it stopped (kube-scheduler's round robin), so all nodes get looked at.
+    #[tokio::test]
+    async fn sampling_stops_at_the_wanted_count_and_rotates() {
+        let mut s = scheduler(Some(10), 1_000, "8");
+        assert_eq!(feasible_nodes_to_find(1_000, 10), 100);
+        s.cycle(0, &queued("a", "1")).ok().expect("fits");
+        assert_eq!(s.next_start, 100, "looked at exactly the 100 it wanted");
+        s.cycle(0, &queued("b", "1")).ok().expect("fits");
+        assert_eq!(s.next_start, 200, "and went on from there");
+        // Nodes that do not fit are passed over without counting towards the sample.
+        let mut small_first = scheduler(Some(10), 1_000, "8");
+        for i in 0..100 {
+            small_first.handle(Msg::Node(node(&format!("n{i}"), "500m")));
+        }
+        small_first
+            .cycle(0, &queued("late", "1"))
+            .ok()
+            .expect("fits");
+        assert_eq!(
+            small_first.next_start, 200,
+            "100 small nodes skipped, 100 feasible found"
+        );
+    }
+}

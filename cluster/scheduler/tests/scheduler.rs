@@ -267,7 +267,14 @@ async fn profiles_come_from_a_configuration_file() {
         json!({"schedulerName": "someone-else"}),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A barrier instead of a sleep: a pod of this scheduler created after "other" is bound,
+    // so the scheduler has seen "other" (watch order) and had its chance to take it.
+    pod(&c, "after", "500m", json!({"schedulerName": "packer"})).await;
+    wait_until("the pod after it bound", || {
+        let c = c.clone();
+        async move { by_name_in(&pods(&c).await, "after")["spec"]["nodeName"].is_string() }
+    })
+    .await;
     let ps = pods(&c).await;
     let nodes: std::collections::HashSet<&str> = ps
         .iter()

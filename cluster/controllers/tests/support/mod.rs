@@ -13,6 +13,7 @@ use tessera_apiserver::auth::User;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::{ApiRequest, Verb};
 use tessera_controllers::Context;
+use tessera_controllers::clock::OffsetClock;
 use tessera_controllers::context::res;
 use tessera_scheduler::config::SchedulerConfig;
 use tessera_scheduler::{Scheduler, SchedulerOptions};
@@ -20,6 +21,8 @@ use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 
 pub struct Shard {
     pub agent: Arc<SimAgent>,
+    /// The controllers' wall clock, which a test may move.
+    pub clock: Arc<OffsetClock>,
     pub client: Arc<dyn Client>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -72,8 +75,13 @@ pub async fn shard(nodes: usize) -> Shard {
         },
     )
     .expect("scheduler");
-    let ctx = Context::new(client.clone());
+    let clock = Arc::new(OffsetClock::default());
+    let ctx = Context {
+        clock: clock.clone(),
+        ..Context::new(client.clone())
+    };
     Shard {
+        clock,
         tasks: vec![
             tokio::spawn(agent.clone().run()),
             tokio::spawn(sched.run()),
@@ -122,4 +130,53 @@ pub async fn wait_until<F: std::future::Future<Output = bool>>(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// Every event of one resource's watch in a namespace, recorded as it arrives (from the
+/// objects there when it starts): for asserting on what happened, not on what a poll
+/// happened to see.
+pub struct Events {
+    seen: Arc<parking_lot::Mutex<Vec<(String, Value)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Events {
+    /// Starts watching `group`/`plural` in `ns`; returns once the watch is open.
+    pub async fn start(c: &Arc<dyn Client>, group: &str, plural: &str, ns: &str) -> Events {
+        use futures::StreamExt;
+        let mut req = ApiRequest::new(Verb::Watch, res(group, plural));
+        req.namespace = Some(ns.into());
+        let mut stream = c.watch(req).await.expect("watch");
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let task = tokio::spawn(async move {
+            while let Some(ev) = stream.next().await {
+                let v = ev.into_value();
+                let ty = v["type"].as_str().unwrap_or_default().to_owned();
+                sink.lock().push((ty, v["object"].clone()));
+            }
+        });
+        Events { seen, task }
+    }
+
+    /// What was seen so far: (type, object) in order.
+    pub fn seen(&self) -> Vec<(String, Value)> {
+        self.seen.lock().clone()
+    }
+
+    /// Names of the objects deleted so far, in the order of their DELETED events.
+    pub fn deleted(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .iter()
+            .filter(|(ty, _)| ty == "DELETED")
+            .filter_map(|(_, o)| o["metadata"]["name"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
