@@ -790,10 +790,14 @@ fn tenants_see_only_their_own_namespaces() {
     // Its own namespace works.
     let mine = c.file("mine.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: plans\n  namespace: acme-dev\ndata: {y: \"2\"}\n");
     acme_ok(&["create", "-f", &mine]);
-    assert_eq!(
-        acme_ok(&["get", "cm", "-n", "acme-dev", "-o", "name"]).trim(),
-        "configmap/plans"
-    );
+    // With the kube-root-ca.crt that every namespace holds (published shortly after the
+    // namespace appears).
+    let listed = wait_for(Duration::from_secs(30), || {
+        let out = acme_ok(&["get", "cm", "-n", "acme-dev", "-o", "name"]);
+        out.contains("kube-root-ca.crt").then_some(out)
+    })
+    .expect("the root CA published in the tenant's namespace");
+    assert_eq!(listed.trim(), "configmap/kube-root-ca.crt\nconfigmap/plans");
     assert_eq!(
         acme_ok(&["get", "ns", "-o", "name"]).trim(),
         "namespace/acme-dev",

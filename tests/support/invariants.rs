@@ -48,33 +48,22 @@ pub fn allocatable(node: &Value) -> Amounts {
 /// A pod's requests as the scheduler counts them: its containers' sum, or the largest init
 /// container's when that is more.
 pub fn requests(pod: &Value) -> Amounts {
-    let sum = |list: &Value, key: &str, f: fn(Quantity) -> i64| -> i64 {
+    let each = |list: &Value, key: &str, f: fn(Quantity) -> i64| -> Vec<i64> {
         list.as_array()
             .into_iter()
             .flatten()
             .map(|c| quantity(&c["resources"]["requests"][key]).map_or(0, f))
-            .sum()
-    };
-    let max = |list: &Value, key: &str, f: fn(Quantity) -> i64| -> i64 {
-        list.as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| quantity(&c["resources"]["requests"][key]).map_or(0, f))
-            .max()
-            .unwrap_or(0)
+            .collect()
     };
     let spec = &pod["spec"];
+    let amount = |key: &str, f: fn(Quantity) -> i64| -> i64 {
+        let containers: i64 = each(&spec["containers"], key, f).iter().sum();
+        let init = each(&spec["initContainers"], key, f).into_iter().max();
+        containers.max(init.unwrap_or(0))
+    };
     Amounts {
-        cpu: sum(&spec["containers"], "cpu", |q| q.milli_ceil()).max(max(
-            &spec["initContainers"],
-            "cpu",
-            |q| q.milli_ceil(),
-        )),
-        memory: sum(&spec["containers"], "memory", |q| q.units_ceil()).max(max(
-            &spec["initContainers"],
-            "memory",
-            |q| q.units_ceil(),
-        )),
+        cpu: amount("cpu", |q| q.milli_ceil()),
+        memory: amount("memory", |q| q.units_ceil()),
         pods: 1,
     }
 }

@@ -126,6 +126,8 @@ fn minimal(kind: &str) -> Option<Value> {
 /// structs even when empty, and their fields that are not `omitempty`).
 fn expected_status(kind: &str) -> Option<Value> {
     Some(match kind {
+        "Namespace" => json!({"phase": "Active"}),
+        "Pod" => json!({"phase": "Pending", "qosClass": "BestEffort"}),
         "Service" => json!({"loadBalancer": {}}),
         "Deployment" | "Job" | "CronJob" => json!({}),
         "ReplicaSet" => json!({"replicas": 0}),

@@ -3,15 +3,18 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::Metadata;
+use k8s_openapi::api::core::v1::Namespace;
 use tessera_apiserver::catalog::Resource;
-
-use crate::clock::{Clock, SystemClock};
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::find_resource;
+use tessera_runtime::controller::{self, Reconciler};
 use tessera_runtime::events::Recorder;
-use tessera_runtime::informer::{Informer, Object, Scope};
+use tessera_runtime::informer::{Cache, Change, Informer, Object, Scope, key_of};
 use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use tessera_runtime::{QueueConfig, WorkQueue};
+
+use crate::clock::{Clock, SystemClock};
 
 /// Shared by all controllers of a process.
 #[derive(Clone)]
@@ -71,3 +74,48 @@ pub fn res(group: &str, plural: &str) -> &'static Resource {
 }
 
 pub use tessera_runtime::informer::Tasks;
+
+/// Runs a controller that keeps one object (`name`, of kind `T`) in every namespace: a change
+/// of a namespace, or of that object in a namespace, queues the namespace's name. `make`
+/// builds the reconciler from the two caches.
+pub(crate) async fn run_per_namespace<T, R>(
+    ctx: Context,
+    controller: &'static str,
+    resource: &'static Resource,
+    name: &'static str,
+    make: impl FnOnce(Arc<Cache<Namespace>>, Arc<Cache<T>>) -> R,
+) where
+    T: Object,
+    R: Reconciler + 'static,
+{
+    let namespaces = ctx.informer::<Namespace>(res("", "namespaces"));
+    let objects = ctx.informer::<T>(resource);
+    let queue = ctx.queue(controller);
+    {
+        let q = queue.clone();
+        namespaces.on_change(move |c| {
+            if !matches!(c, Change::Deleted(_)) {
+                q.add(key_of(c.object().metadata()), c.class());
+            }
+        });
+    }
+    {
+        let q = queue.clone();
+        objects.on_change(move |c| {
+            let meta = c.object().metadata();
+            if let (Some(ns), Some(n)) = (&meta.namespace, meta.name.as_deref())
+                && n == name
+            {
+                q.add(ns.clone(), c.class());
+            }
+        });
+    }
+    let r = Arc::new(make(namespaces.cache().clone(), objects.cache().clone()));
+    let _tasks = Tasks(vec![
+        tokio::spawn(namespaces.clone().run()),
+        tokio::spawn(objects.clone().run()),
+    ]);
+    namespaces.synced().await;
+    objects.synced().await;
+    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+}

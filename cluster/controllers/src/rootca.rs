@@ -7,10 +7,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use serde_json::json;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
-use tessera_runtime::informer::{Cache, Change, key_of};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
+use tessera_runtime::informer::Cache;
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res, run_per_namespace};
 use crate::serviceaccount::is_active;
 
 /// The controller's name.
@@ -31,39 +31,20 @@ struct Publisher {
 
 /// Runs the controller until dropped, publishing `bundle` (PEM).
 pub async fn run(ctx: Context, bundle: String) {
-    let namespaces = ctx.informer::<Namespace>(res("", "namespaces"));
-    let maps = ctx.informer::<ConfigMap>(res("", "configmaps"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        namespaces.on_change(move |c| {
-            if !matches!(c, Change::Deleted(_)) {
-                q.add(key_of(&c.object().metadata), c.class());
-            }
-        });
-    }
-    {
-        let q = queue.clone();
-        maps.on_change(move |c| {
-            let meta = &c.object().metadata;
-            if let (Some(ns), Some(CONFIG_MAP)) = (&meta.namespace, meta.name.as_deref()) {
-                q.add(ns.clone(), c.class());
-            }
-        });
-    }
-    let r = Arc::new(Publisher {
-        ctx: ctx.clone(),
-        bundle,
-        namespaces: namespaces.cache().clone(),
-        maps: maps.cache().clone(),
-    });
-    let _tasks = Tasks(vec![
-        tokio::spawn(namespaces.clone().run()),
-        tokio::spawn(maps.clone().run()),
-    ]);
-    namespaces.synced().await;
-    maps.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    let c = ctx.clone();
+    run_per_namespace(
+        ctx,
+        NAME,
+        res("", "configmaps"),
+        CONFIG_MAP,
+        |namespaces, maps| Publisher {
+            ctx: c,
+            bundle,
+            namespaces,
+            maps,
+        },
+    )
+    .await;
 }
 
 #[async_trait]

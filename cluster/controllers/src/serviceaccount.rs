@@ -7,10 +7,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use serde_json::json;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
-use tessera_runtime::informer::{Cache, Change, key_of};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
+use tessera_runtime::informer::Cache;
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res, run_per_namespace};
 
 /// The controller's name.
 pub const NAME: &str = "serviceaccount-controller";
@@ -26,40 +26,19 @@ struct Accounts {
 
 /// Runs the controller until dropped.
 pub async fn run(ctx: Context) {
-    let namespaces = ctx.informer::<Namespace>(res("", "namespaces"));
-    let accounts = ctx.informer::<ServiceAccount>(res("", "serviceaccounts"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        namespaces.on_change(move |c| {
-            if !matches!(c, Change::Deleted(_)) {
-                q.add(key_of(&c.object().metadata), c.class());
-            }
-        });
-    }
-    {
-        let q = queue.clone();
-        accounts.on_change(move |c| {
-            let meta = &c.object().metadata;
-            if let (Change::Deleted(_), Some(ns), Some(DEFAULT_ACCOUNT)) =
-                (c, &meta.namespace, meta.name.as_deref())
-            {
-                q.add(ns.clone(), c.class());
-            }
-        });
-    }
-    let r = Arc::new(Accounts {
-        ctx: ctx.clone(),
-        namespaces: namespaces.cache().clone(),
-        accounts: accounts.cache().clone(),
-    });
-    let _tasks = Tasks(vec![
-        tokio::spawn(namespaces.clone().run()),
-        tokio::spawn(accounts.clone().run()),
-    ]);
-    namespaces.synced().await;
-    accounts.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    let c = ctx.clone();
+    run_per_namespace(
+        ctx,
+        NAME,
+        res("", "serviceaccounts"),
+        DEFAULT_ACCOUNT,
+        |namespaces, accounts| Accounts {
+            ctx: c,
+            namespaces,
+            accounts,
+        },
+    )
+    .await;
 }
 
 /// Whether objects may be made in `ns`: it exists and is not being deleted.
