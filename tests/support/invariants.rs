@@ -90,6 +90,8 @@ pub struct Checker {
     pub events: usize,
     /// Pods seen bound.
     pub bindings: usize,
+    /// Times the watch followed the server to a new connection (a restart) and resumed.
+    pub resumes: usize,
     /// What went wrong, each once.
     pub violations: Vec<String>,
 }
@@ -170,6 +172,7 @@ impl Checker {
         }
         if used.cpu > alloc.cpu || used.memory > alloc.memory || used.pods > alloc.pods {
             names.sort_unstable();
+            names.truncate(8);
             let v = format!(
                 "node {node} over its allocatable at revision {}: uses {used:?} of {alloc:?} ({names:?})",
                 self.revision
@@ -220,8 +223,9 @@ impl Invariants {
         }
     }
 
-    /// Stops watching and asserts that nothing was violated; returns what was checked.
-    pub fn finish(mut self) -> (usize, usize) {
+    /// Stops watching and asserts that nothing was violated; returns what was checked:
+    /// (pod events, bindings, resumes).
+    pub fn finish(mut self) -> (usize, usize, usize) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -229,10 +233,11 @@ impl Invariants {
         let c = self.checker.lock();
         assert!(
             c.violations.is_empty(),
-            "invariants violated during the run:\n{}",
-            c.violations.join("\n")
+            "{} invariant violations during the run, the first ones:\n{}",
+            c.violations.len(),
+            c.violations[..c.violations.len().min(10)].join("\n")
         );
-        (c.events, c.bindings)
+        (c.events, c.bindings, c.resumes)
     }
 }
 
@@ -296,7 +301,7 @@ async fn follow(
                 ));
                 from = Some(now);
             }
-            Some(_) => {}
+            Some(_) => checker.lock().resumes += 1,
         }
         let mut req = ApiRequest::new(Verb::Watch, resource("pods"));
         req.params.resource_version = from.map(|r| r.to_string());
