@@ -144,15 +144,38 @@ fn field_schemas() -> &'static FieldSchemas {
 /// included). Keys of map-typed fields (labels, data) are all allowed; a field whose schema
 /// is free-form (`RawExtension`, `FieldsV1`) is not looked into; null values are skipped, as
 /// a null means "not set".
-pub fn unknown_fields(group: &str, kind: &str, input: &Value) -> Vec<String> {
+pub fn unknown_fields(group: &'static str, kind: &'static str, input: &Value) -> Vec<String> {
     let schemas = field_schemas();
     let mut out = Vec::new();
-    if let Some((_, root)) = schemas
-        .roots
-        .iter()
-        .find(|((g, k), _)| *g == group && *k == kind)
-    {
-        walk(schemas, root, input, &mut String::new(), &mut out);
+    if let Some(root) = schemas.roots.get(&(group, kind)) {
+        walk(schemas, root, input, &mut Vec::new(), &mut out);
+    }
+    out
+}
+
+/// One step of the path to a field; the path is spelled out only for an unknown field, so a
+/// write with none allocates nothing for it.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn spell(path: &[Step<'_>]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Step::Index(i) => {
+                out.push('[');
+                out.push_str(&i.to_string());
+                out.push(']');
+            }
+        }
     }
     out
 }
@@ -184,11 +207,11 @@ fn resolve<'a>(schemas: &'a FieldSchemas, mut schema: &'a Value) -> &'a Value {
     schema
 }
 
-fn walk(
+fn walk<'a>(
     schemas: &FieldSchemas,
     schema: &Value,
-    input: &Value,
-    path: &mut String,
+    input: &'a Value,
+    path: &mut Vec<Step<'a>>,
     out: &mut Vec<String>,
 ) {
     let schema = resolve(schemas, schema);
@@ -200,17 +223,13 @@ fn walk(
                 return; // free-form
             }
             for (key, value) in fields {
-                let len = path.len();
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                path.push_str(key);
+                path.push(Step::Key(key));
                 match properties.and_then(|p| p.get(key)).or(additional) {
                     Some(field) => walk(schemas, field, value, path, out),
                     None if value.is_null() => {}
-                    None => out.push(path.clone()),
+                    None => out.push(spell(path)),
                 }
-                path.truncate(len);
+                path.pop();
             }
         }
         Value::Array(items) => {
@@ -218,10 +237,9 @@ fn walk(
                 return;
             };
             for (i, value) in items.iter().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
+                path.push(Step::Index(i));
                 walk(schemas, item, value, path, out);
-                path.truncate(len);
+                path.pop();
             }
         }
         _ => {}
