@@ -71,22 +71,23 @@ fn ranked<'a>(
     order: &[&str],
     last: &str,
     empty_rv: bool,
-) -> Vec<(&'a str, &'a Value)> {
-    let mut fields: Vec<(&str, &Value)> = map
-        .iter()
-        .filter(|(k, v)| !(v.is_null() || empty_rv && *k == "resourceVersion"))
-        .map(|(k, v)| (k.as_str(), v))
-        .collect();
-    if empty_rv {
-        fields.push(("resourceVersion", &EMPTY));
-    }
+) -> Vec<(usize, &'a str, &'a Value)> {
+    // Each key's rank computed once (not in every comparison of the sort).
     let rank = |k: &str| match order.iter().position(|o| *o == k) {
         Some(i) => i,
         None if k == last => usize::MAX,
         None => order.len(),
     };
+    let mut fields: Vec<(usize, &str, &Value)> = map
+        .iter()
+        .filter(|(k, v)| !(v.is_null() || empty_rv && *k == "resourceVersion"))
+        .map(|(k, v)| (rank(k), k.as_str(), v))
+        .collect();
+    if empty_rv {
+        fields.push((rank("resourceVersion"), "resourceVersion", &EMPTY));
+    }
     // A stable sort keeps the map's own (sorted) order among equal ranks.
-    fields.sort_by_key(|(k, _)| rank(k));
+    fields.sort_by_key(|(r, _, _)| *r);
     fields
 }
 
@@ -127,7 +128,7 @@ struct Ordered<'a> {
 impl Serialize for Ordered<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(None)?;
-        for (k, v) in ranked(self.map, self.order, self.last, self.empty_rv) {
+        for (_, k, v) in ranked(self.map, self.order, self.last, self.empty_rv) {
             map.serialize_entry(k, &(self.inner)(k, v))?;
         }
         map.end()

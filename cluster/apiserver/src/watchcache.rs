@@ -349,14 +349,24 @@ mod tests {
         for w in &mut watchers[1..] {
             assert_eq!(take(w, 100).await, first);
         }
-        // A late watcher resuming from the middle gets exactly the rest from the window.
+        // A late watcher resuming from the middle gets exactly the rest from the window. (A
+        // batch that straddles the resume point also carries the events at or before it; the
+        // API layer skips those, so they are skipped here too.)
         let mid = Revision::single(first[49]);
         let mut late = wc
             .watch("/registry/x/", "/registry/x/", mid)
             .await
             .expect("resume");
-        let rest = take(&mut late, 50).await;
-        assert_eq!(rest.iter().filter(|r| **r > first[49]).count(), 50);
+        let mut rest = Vec::new();
+        while rest.len() < 50 {
+            let b = tokio::time::timeout(std::time::Duration::from_secs(20), late.next())
+                .await
+                .expect("in time")
+                .expect("open")
+                .expect("batch");
+            rest.extend(b.events.iter().map(|e| e.rev).filter(|r| *r > first[49]));
+        }
+        assert_eq!(rest, first[50..]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
