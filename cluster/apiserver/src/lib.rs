@@ -13,6 +13,8 @@ pub mod client;
 pub mod defaults;
 pub mod discovery;
 pub mod fairness;
+#[rustfmt::skip]
+pub mod field_order;
 pub mod http;
 pub mod kinds;
 pub mod metrics;

@@ -2,21 +2,36 @@
 //!
 //! `serde_json::Value` keeps an object's keys sorted, so an object written from it reads
 //! `{"apiVersion":…,"kind":…,"metadata":…}` and a `Status` `{"apiVersion":…,"code":409,…}`.
-//! Kubernetes writes its Go structs' field order — `kind`, `apiVersion`, `metadata` (name,
-//! namespace, uid, resourceVersion, …), `spec`, `status`, and a `Status` as `kind`,
-//! `apiVersion`, `metadata`, `status`, `message`, `reason`, `details`, `code` — and clients that
-//! compare bodies see the difference. This module writes the envelope (the top level, metadata,
-//! a Status' details and causes) in Kubernetes' order; fields nested deeper keep the order of
-//! the kind's Rust type. A member whose value is null is left out everywhere, as Kubernetes
-//! leaves out unset fields.
+//! Kubernetes writes its Go structs' fields in declaration order — `kind`, `apiVersion`,
+//! `metadata` (name, namespace, uid, resourceVersion, …), `spec` (for a pod: volumes,
+//! initContainers, containers, …), `status` — and clients that compare bodies see the
+//! difference. This module writes every level of a stored kind in that order, from a table
+//! generated from Kubernetes' generated.proto files (`field_order.rs`, which declare fields in
+//! the Go structs' order); a `Status` as `kind`, `apiVersion`, `metadata`, `status`, `message`,
+//! `reason`, `details`, `code`. Keys a type does not declare (map keys, free-form objects,
+//! Tessera's own kinds below their envelope) keep their sorted order. Map keys are sorted, as
+//! Go's encoder sorts them. A member whose value is null is left out everywhere, as
+//! Kubernetes leaves out unset fields.
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
 
-/// A top-level object: TypeMeta, ObjectMeta, then spec; status last.
+use crate::field_order::{KINDS, MESSAGES};
+
+/// A message of `field_order.rs`: its fields in Go's order, each with its own message.
+pub struct Message {
+    /// The full proto name (`api.core.v1.PodSpec`).
+    pub name: &'static str,
+    /// (the field's proto name without underscores, its message's index or [`NONE`]).
+    pub fields: &'static [(&'static str, u16)],
+}
+
+/// No message: a scalar, a map or a list of scalars.
+pub const NONE: u16 = u16::MAX;
+
+/// Envelope of a kind `field_order.rs` does not know (Tessera's own): TypeMeta, ObjectMeta,
+/// then spec; status last.
 const OBJECT: &[&str] = &["kind", "apiVersion", "metadata", "spec", "items"];
-/// Kept for the end of an object.
-const OBJECT_LAST: &str = "status";
 /// `meta/v1.Status`.
 const STATUS: &[&str] = &[
     "kind",
@@ -63,51 +78,163 @@ const CAUSE: &[&str] = &["reason", "message", "field"];
 /// The empty resourceVersion of a stored object (see [`write_stored`]).
 static EMPTY: Value = Value::String(String::new());
 
-/// Where a key goes among its siblings: by its place in `order`, the others after them in
-/// their (sorted) order, and `last` at the very end. With `empty_rv`, `resourceVersion` is
-/// written as `""` whether the map has one or not.
-fn ranked<'a>(
-    map: &'a Map<String, Value>,
-    order: &[&str],
-    last: &str,
-    empty_rv: bool,
-) -> Vec<(usize, &'a str, &'a Value)> {
-    // Each key's rank computed once (not in every comparison of the sort).
-    let rank = |k: &str| match order.iter().position(|o| *o == k) {
-        Some(i) => i,
-        None if k == last => usize::MAX,
-        None => order.len(),
-    };
-    let mut fields: Vec<(usize, &str, &Value)> = map
+/// How one value is ordered.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// Keys as they are (sorted), nulls left out, all the way down.
+    Plain,
+    /// A top-level object: a Status, a list, or an object of a kind (looked up by its kind).
+    Object,
+    /// ObjectMeta; with `true`, resourceVersion written empty (the stored form).
+    Metadata(bool),
+    /// A message of `field_order.rs`.
+    Message(u16),
+    /// `StatusDetails`.
+    Details,
+    /// `StatusCause`.
+    Cause,
+}
+
+/// A key's place: (rank, key, value, the shape of its value).
+type Ranked<'a> = (usize, &'a str, &'a Value, Shape);
+
+fn position(order: &[&str], key: &str) -> Option<usize> {
+    order.iter().position(|o| *o == key)
+}
+
+/// Where `key` goes in message `m`, and its message.
+fn in_message(m: u16, key: &str) -> Option<(usize, u16)> {
+    let fields = MESSAGES.get(usize::from(m))?.fields;
+    fields
         .iter()
-        .filter(|(k, v)| !(v.is_null() || empty_rv && *k == "resourceVersion"))
-        .map(|(k, v)| (rank(k), k.as_str(), v))
-        .collect();
+        .enumerate()
+        .find_map(|(i, (name, child))| folded_eq(name, key).then_some((i, *child)))
+}
+
+/// `folded` (a proto name without underscores) against a JSON key, ignoring ASCII case.
+fn folded_eq(folded: &str, key: &str) -> bool {
+    folded.len() == key.len() && folded.eq_ignore_ascii_case(key)
+}
+
+/// The message of a kind, from the object's `apiVersion` and `kind`.
+fn message_of(obj: &Map<String, Value>) -> Option<u16> {
+    let kind = obj.get("kind")?.as_str()?;
+    let api_version = obj.get("apiVersion")?.as_str()?;
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    KINDS
+        .iter()
+        .find(|(g, k, _)| *g == group && *k == kind)
+        .map(|(_, _, m)| *m)
+}
+
+fn child(m: u16) -> Shape {
+    if m == NONE {
+        Shape::Plain
+    } else {
+        Shape::Message(m)
+    }
+}
+
+/// The members of `map` in the order `shape` gives, nulls left out.
+fn ranked<'a>(map: &'a Map<String, Value>, shape: Shape) -> Vec<Ranked<'a>> {
+    let unknown = usize::MAX / 2;
+    let mut fields: Vec<Ranked<'a>> = Vec::with_capacity(map.len() + 1);
+    let mut empty_rv = false;
+    match shape {
+        Shape::Plain => {
+            fields.extend(
+                map.iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (0, k.as_str(), v, Shape::Plain)),
+            );
+            return fields;
+        }
+        Shape::Object if map.get("kind").and_then(Value::as_str) == Some("Status") => {
+            for (k, v) in map.iter().filter(|(_, v)| !v.is_null()) {
+                let rank = position(STATUS, k).unwrap_or(unknown);
+                let shape = match k.as_str() {
+                    "details" => Shape::Details,
+                    "metadata" => Shape::Metadata(false),
+                    _ => Shape::Plain,
+                };
+                fields.push((rank, k, v, shape));
+            }
+        }
+        Shape::Object => {
+            let message = message_of(map);
+            for (k, v) in map.iter().filter(|(_, v)| !v.is_null()) {
+                let (rank, shape) = match (k.as_str(), message) {
+                    ("kind", _) => (0, Shape::Plain),
+                    ("apiVersion", _) => (1, Shape::Plain),
+                    ("metadata", _) => (2, Shape::Metadata(false)),
+                    ("items", _) => (3, Shape::Object),
+                    (_, Some(m)) => match in_message(m, k) {
+                        Some((i, c)) => (4 + i, child(c)),
+                        None => (unknown, Shape::Plain),
+                    },
+                    ("status", None) => (usize::MAX, Shape::Plain),
+                    (_, None) => (position(OBJECT, k).unwrap_or(unknown), Shape::Plain),
+                };
+                fields.push((rank, k, v, shape));
+            }
+        }
+        Shape::Metadata(stored) => {
+            empty_rv = stored;
+            for (k, v) in map.iter().filter(|(_, v)| !v.is_null()) {
+                if !(stored && k == "resourceVersion") {
+                    fields.push((position(METADATA, k).unwrap_or(unknown), k, v, Shape::Plain));
+                }
+            }
+        }
+        Shape::Message(m) => {
+            for (k, v) in map.iter().filter(|(_, v)| !v.is_null()) {
+                let (rank, shape) =
+                    in_message(m, k).map_or((unknown, Shape::Plain), |(i, c)| (i, child(c)));
+                fields.push((rank, k, v, shape));
+            }
+        }
+        Shape::Details => {
+            for (k, v) in map.iter().filter(|(_, v)| !v.is_null()) {
+                let shape = if k == "causes" {
+                    Shape::Cause
+                } else {
+                    Shape::Plain
+                };
+                fields.push((position(DETAILS, k).unwrap_or(unknown), k, v, shape));
+            }
+        }
+        Shape::Cause => {
+            for (k, v) in map.iter().filter(|(_, v)| !v.is_null()) {
+                fields.push((position(CAUSE, k).unwrap_or(unknown), k, v, Shape::Plain));
+            }
+        }
+    }
     if empty_rv {
-        fields.push((rank("resourceVersion"), "resourceVersion", &EMPTY));
+        let rank = position(METADATA, "resourceVersion").unwrap_or(unknown);
+        fields.push((rank, "resourceVersion", &EMPTY, Shape::Plain));
     }
     // A stable sort keeps the map's own (sorted) order among equal ranks.
-    fields.sort_by_key(|(r, _, _)| *r);
+    fields.sort_by_key(|f| f.0);
     fields
 }
 
-/// A value written without its null members, keys in the value's own order.
-pub struct NoNulls<'a>(pub &'a Value);
+/// A value written in `shape`'s order; a list's items each in the same shape.
+struct Shaped<'a>(&'a Value, Shape);
 
-impl Serialize for NoNulls<'_> {
+impl Serialize for Shaped<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self.0 {
             Value::Object(m) => {
                 let mut map = s.serialize_map(None)?;
-                for (k, v) in m.iter().filter(|(_, v)| !v.is_null()) {
-                    map.serialize_entry(k, &NoNulls(v))?;
+                for (_, k, v, shape) in ranked(m, self.1) {
+                    map.serialize_entry(k, &Shaped(v, shape))?;
                 }
                 map.end()
             }
             Value::Array(items) => {
                 let mut seq = s.serialize_seq(Some(items.len()))?;
                 for v in items {
-                    seq.serialize_element(&NoNulls(v))?;
+                    seq.serialize_element(&Shaped(v, self.1))?;
                 }
                 seq.end()
             }
@@ -116,109 +243,10 @@ impl Serialize for NoNulls<'_> {
     }
 }
 
-/// A map written with `order` (then the rest; `last` at the end); each value by `inner`.
-struct Ordered<'a> {
-    map: &'a Map<String, Value>,
-    order: &'static [&'static str],
-    last: &'static str,
-    empty_rv: bool,
-    inner: fn(&str, &'a Value) -> Envelope<'a>,
-}
-
-impl Serialize for Ordered<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(None)?;
-        for (_, k, v) in ranked(self.map, self.order, self.last, self.empty_rv) {
-            map.serialize_entry(k, &(self.inner)(k, v))?;
-        }
-        map.end()
-    }
-}
-
-/// One level of the envelope: ordered where Kubernetes' order is known, plain below.
-enum Envelope<'a> {
-    Ordered(Ordered<'a>),
-    List(&'a [Value], fn(&'a Value) -> Envelope<'a>),
-    Plain(NoNulls<'a>),
-}
-
-impl Serialize for Envelope<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Envelope::Ordered(o) => o.serialize(s),
-            Envelope::Plain(v) => v.serialize(s),
-            Envelope::List(items, each) => {
-                let mut seq = s.serialize_seq(Some(items.len()))?;
-                for v in *items {
-                    seq.serialize_element(&each(v))?;
-                }
-                seq.end()
-            }
-        }
-    }
-}
-
-fn ordered<'a>(
-    v: &'a Value,
-    order: &'static [&'static str],
-    last: &'static str,
-    inner: fn(&str, &'a Value) -> Envelope<'a>,
-) -> Envelope<'a> {
-    match v {
-        Value::Object(map) => Envelope::Ordered(Ordered {
-            map,
-            order,
-            last,
-            empty_rv: false,
-            inner,
-        }),
-        other => Envelope::Plain(NoNulls(other)),
-    }
-}
-
-fn plain<'a>(_: &str, v: &'a Value) -> Envelope<'a> {
-    Envelope::Plain(NoNulls(v))
-}
-
-fn cause(v: &Value) -> Envelope<'_> {
-    ordered(v, CAUSE, "", plain)
-}
-
-fn details_field<'a>(k: &str, v: &'a Value) -> Envelope<'a> {
-    match (k, v) {
-        ("causes", Value::Array(items)) => Envelope::List(items, cause),
-        _ => Envelope::Plain(NoNulls(v)),
-    }
-}
-
-fn object_field<'a>(k: &str, v: &'a Value) -> Envelope<'a> {
-    match (k, v) {
-        ("metadata", _) => ordered(v, METADATA, "", plain),
-        ("items", Value::Array(items)) => Envelope::List(items, object),
-        _ => Envelope::Plain(NoNulls(v)),
-    }
-}
-
-fn status_field<'a>(k: &str, v: &'a Value) -> Envelope<'a> {
-    match k {
-        "details" => ordered(v, DETAILS, "", details_field),
-        _ => object_field(k, v),
-    }
-}
-
-/// A Kubernetes object (or list, or Status) as its envelope is ordered.
-fn object(v: &Value) -> Envelope<'_> {
-    if v.get("kind").and_then(Value::as_str) == Some("Status") {
-        ordered(v, STATUS, "", status_field)
-    } else {
-        ordered(v, OBJECT, OBJECT_LAST, object_field)
-    }
-}
-
 /// Writes `v` (an object, a list of them or a `Status`) in Kubernetes' field order, without
 /// null members.
 pub fn write(out: &mut Vec<u8>, v: &Value) -> Result<(), serde_json::Error> {
-    serde_json::to_writer(out, &object(v))
+    serde_json::to_writer(out, &Shaped(v, Shape::Object))
 }
 
 /// [`write`] into a new string.
@@ -234,27 +262,35 @@ pub fn to_string(v: &Value) -> String {
 /// Where the revision goes in a stored object: metadata's resourceVersion, empty. The store's
 /// revision is unknown until the write commits, so objects are stored with this and the
 /// revision is spliced in between its last two quotes when read. It is the first
-/// `"resourceVersion"` key of the bytes: only strings (kind, apiVersion, name, generateName,
-/// namespace, selfLink, uid) come before it, and a JSON string cannot hold an unescaped quote.
+/// `"resourceVersion"` key after `"metadata":{`: only strings (kind, apiVersion, name,
+/// generateName, namespace, selfLink, uid) come before it, and a JSON string cannot hold an
+/// unescaped quote.
 pub const STORED_RV: &[u8] = br#""resourceVersion":"""#;
 
-fn stored_field<'a>(k: &str, v: &'a Value) -> Envelope<'a> {
-    match (k, v) {
-        ("metadata", Value::Object(map)) => Envelope::Ordered(Ordered {
-            map,
-            order: METADATA,
-            last: "",
-            empty_rv: true,
-            inner: plain,
-        }),
-        _ => Envelope::Plain(NoNulls(v)),
+/// The top level of a stored object: as [`Shape::Object`], with the stored metadata.
+struct Stored<'a>(&'a Map<String, Value>);
+
+impl Serialize for Stored<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for (_, k, v, shape) in ranked(self.0, Shape::Object) {
+            let shape = match shape {
+                Shape::Metadata(_) => Shape::Metadata(true),
+                other => other,
+            };
+            map.serialize_entry(k, &Shaped(v, shape))?;
+        }
+        map.end()
     }
 }
 
 /// Writes an object as it is stored: as [`write`] does, with `metadata.resourceVersion` empty
 /// (see [`STORED_RV`]). The object must have a `metadata` object.
 pub fn write_stored(out: &mut Vec<u8>, obj: &Value) -> Result<(), serde_json::Error> {
-    serde_json::to_writer(out, &ordered(obj, OBJECT, OBJECT_LAST, stored_field))
+    match obj {
+        Value::Object(map) => serde_json::to_writer(out, &Stored(map)),
+        other => serde_json::to_writer(out, &Shaped(other, Shape::Plain)),
+    }
 }
 
 /// Where the revision goes in stored bytes written by [`write_stored`] (or by the earlier
@@ -286,18 +322,47 @@ mod tests {
     }
 
     #[test]
-    fn an_object_is_written_kind_first_metadata_in_order_status_last_without_nulls() {
+    fn an_object_is_written_in_go_order_at_every_level_without_nulls() {
         let pod = json!({
-            "status": {"phase": "Pending", "podIP": null},
-            "spec": {"containers": [{"name": "c", "ports": null}], "initContainers": null},
+            "status": {"podIP": null, "phase": "Pending", "hostIP": "10.0.0.1"},
+            "spec": {"restartPolicy": "Always", "containers": [{"name": "c", "ports": null,
+                "image": "i", "imagePullPolicy": "Always", "command": ["sh"]}],
+                "initContainers": null, "hostIPC": true, "volumes": [], "nodeSelector": {"b": "1", "a": "2"}},
             "metadata": {"uid": "u", "namespace": "n", "name": "p", "labels": {"a": "b"},
                          "resourceVersion": "7", "creationTimestamp": "t"},
             "kind": "Pod", "apiVersion": "v1", "zz": 1,
         });
+        // PodSpec: volumes, initContainers, containers, ..., restartPolicy, ..., nodeSelector,
+        // ..., hostIPC (matched to host_ipc ignoring case); Container: name, image, command,
+        // ..., imagePullPolicy; PodStatus: phase, ..., hostIP. A key no type declares ("zz")
+        // goes last; map keys stay sorted.
         assert_eq!(
             to_string(&pod),
-            r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"n","uid":"u","resourceVersion":"7","creationTimestamp":"t","labels":{"a":"b"}},"spec":{"containers":[{"name":"c"}]},"zz":1,"status":{"phase":"Pending"}}"#
+            r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"n","uid":"u","resourceVersion":"7","creationTimestamp":"t","labels":{"a":"b"}},"spec":{"volumes":[],"containers":[{"name":"c","image":"i","command":["sh"],"imagePullPolicy":"Always"}],"restartPolicy":"Always","nodeSelector":{"a":"2","b":"1"},"hostIPC":true},"status":{"phase":"Pending","hostIP":"10.0.0.1"},"zz":1}"#
         );
+    }
+
+    #[test]
+    fn kinds_without_a_table_keep_the_envelope_order() {
+        let tenant = json!({"status": {}, "spec": {"weight": 1, "namespaces": ["a"]},
+            "metadata": {"name": "t"}, "kind": "Tenant", "apiVersion": "tessera.io/v1alpha1", "zz": 1});
+        assert_eq!(
+            to_string(&tenant),
+            r#"{"kind":"Tenant","apiVersion":"tessera.io/v1alpha1","metadata":{"name":"t"},"spec":{"namespaces":["a"],"weight":1},"zz":1,"status":{}}"#
+        );
+    }
+
+    #[test]
+    fn every_stored_kind_has_its_message() {
+        for (group, kind, m) in KINDS {
+            let message = &MESSAGES[usize::from(*m)];
+            assert!(
+                message.name.ends_with(&format!(".{kind}")),
+                "{group}/{kind}: {}",
+                message.name
+            );
+            assert_eq!(message.fields[0].0, "metadata", "{kind}: ObjectMeta first");
+        }
     }
 
     #[test]
