@@ -104,19 +104,30 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
     })
 }
 
-/// The schemas of every served kind, generated once: what `unknown_fields` walks.
+/// One schema, compiled for walking: `$ref`s resolved to node indices once, so the walk of a
+/// body does no lookups by definition name.
+#[derive(Default)]
+struct FieldNode {
+    /// The declared fields, sorted by name, each with its node.
+    properties: Vec<(String, usize)>,
+    /// The node of a map's values (labels, data: every key allowed).
+    additional: Option<usize>,
+    /// The node of a list's items.
+    items: Option<usize>,
+}
+
+/// The schemas of every served kind, compiled once: what `unknown_fields` walks.
 struct FieldSchemas {
-    /// `components/schemas`, by name.
-    definitions: Map<String, Value>,
-    /// Each kind's root schema (a `$ref` into `definitions`), by (group, kind).
-    roots: HashMap<(&'static str, &'static str), Value>,
+    nodes: Vec<FieldNode>,
+    /// Each kind's root node, by (group, kind).
+    roots: HashMap<(&'static str, &'static str), usize>,
 }
 
 fn field_schemas() -> &'static FieldSchemas {
     static SCHEMAS: OnceLock<FieldSchemas> = OnceLock::new();
     SCHEMAS.get_or_init(|| {
         let mut generator = SchemaSettings::openapi3().into_generator();
-        let roots = crate::catalog::RESOURCES
+        let roots: Vec<((&'static str, &'static str), Value)> = crate::catalog::RESOURCES
             .iter()
             .flat_map(|res| {
                 let subs = res
@@ -135,8 +146,94 @@ fn field_schemas() -> &'static FieldSchemas {
             .take_definitions(true)
             .into_iter()
             .collect::<Map<String, Value>>();
-        FieldSchemas { definitions, roots }
+        let mut compiler = Compiler {
+            definitions: &definitions,
+            named: HashMap::new(),
+            nodes: Vec::new(),
+        };
+        let roots = roots
+            .iter()
+            .map(|(kind, schema)| (*kind, compiler.compile(schema)))
+            .collect();
+        FieldSchemas {
+            nodes: compiler.nodes,
+            roots,
+        }
     })
+}
+
+/// Turns schemas into [`FieldNode`]s; a named definition is compiled once (which also ends
+/// recursion through references).
+struct Compiler<'a> {
+    definitions: &'a Map<String, Value>,
+    named: HashMap<String, usize>,
+    nodes: Vec<FieldNode>,
+}
+
+impl Compiler<'_> {
+    fn compile(&mut self, schema: &Value) -> usize {
+        if let Some(name) = reference(schema) {
+            if let Some(id) = self.named.get(name) {
+                return *id;
+            }
+            let id = self.nodes.len();
+            self.nodes.push(FieldNode::default());
+            self.named.insert(name.to_owned(), id);
+            let definitions = self.definitions;
+            if let Some(target) = definitions.get(name) {
+                self.nodes[id] = self.node(target);
+            }
+            return id;
+        }
+        let node = self.node(schema);
+        self.nodes.push(node);
+        self.nodes.len() - 1
+    }
+
+    fn node(&mut self, schema: &Value) -> FieldNode {
+        if reference(schema).is_some() {
+            // A reference to a reference: its node stands for this one.
+            let id = self.compile(schema);
+            return FieldNode {
+                properties: self.nodes[id].properties.clone(),
+                additional: self.nodes[id].additional,
+                items: self.nodes[id].items,
+            };
+        }
+        let mut properties: Vec<(String, usize)> = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(k, s)| (k.clone(), self.compile(s)))
+            .collect();
+        properties.sort_by(|a, b| a.0.cmp(&b.0));
+        let additional = schema
+            .get("additionalProperties")
+            .filter(|a| a.is_object())
+            .map(|a| self.compile(a));
+        let items = schema.get("items").map(|i| self.compile(i));
+        FieldNode {
+            properties,
+            additional,
+            items,
+        }
+    }
+}
+
+/// The definition a schema stands for: a bare `$ref`, one wrapped in a one-element `allOf`
+/// (when the reference carries a description of its own), or in an `anyOf` with `null` (an
+/// `Option`).
+fn reference(schema: &Value) -> Option<&str> {
+    let r = schema.get("$ref").or_else(|| {
+        ["allOf", "anyOf"]
+            .iter()
+            .find_map(|k| match schema.get(*k) {
+                Some(Value::Array(all)) => all.iter().find_map(|s| s.get("$ref")),
+                _ => None,
+            })
+    })?;
+    r.as_str()?.rsplit('/').next()
 }
 
 /// Paths of the fields in `input` that the kind `group`/`kind` does not have, found by walking
@@ -148,7 +245,7 @@ pub fn unknown_fields(group: &'static str, kind: &'static str, input: &Value) ->
     let schemas = field_schemas();
     let mut out = Vec::new();
     if let Some(root) = schemas.roots.get(&(group, kind)) {
-        walk(schemas, root, input, &mut Vec::new(), &mut out);
+        walk(&schemas.nodes, *root, input, &mut Vec::new(), &mut out);
     }
     out
 }
@@ -180,52 +277,31 @@ fn spell(path: &[Step<'_>]) -> String {
     out
 }
 
-/// Follows `$ref`s (bare, wrapped in a one-element `allOf` when the reference carries a
-/// description of its own, or in an `anyOf` with `null` for an `Option`) to the schema that
-/// says what the value holds.
-fn resolve<'a>(schemas: &'a FieldSchemas, mut schema: &'a Value) -> &'a Value {
-    for _ in 0..16 {
-        let reference = schema.get("$ref").or_else(|| {
-            ["allOf", "anyOf"]
-                .iter()
-                .find_map(|k| match schema.get(*k) {
-                    Some(Value::Array(all)) => all.iter().find_map(|s| s.get("$ref")),
-                    _ => None,
-                })
-        });
-        let Some(name) = reference
-            .and_then(Value::as_str)
-            .and_then(|r| r.rsplit('/').next())
-        else {
-            break;
-        };
-        match schemas.definitions.get(name) {
-            Some(target) => schema = target,
-            None => break,
-        }
-    }
-    schema
-}
-
 fn walk<'a>(
-    schemas: &FieldSchemas,
-    schema: &Value,
+    nodes: &[FieldNode],
+    node: usize,
     input: &'a Value,
     path: &mut Vec<Step<'a>>,
     out: &mut Vec<String>,
 ) {
-    let schema = resolve(schemas, schema);
+    let Some(schema) = nodes.get(node) else {
+        return;
+    };
     match input {
         Value::Object(fields) => {
-            let properties = schema.get("properties").and_then(Value::as_object);
-            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
-            if properties.is_none() && additional.is_none() {
+            if schema.properties.is_empty() && schema.additional.is_none() {
                 return; // free-form
             }
             for (key, value) in fields {
                 path.push(Step::Key(key));
-                match properties.and_then(|p| p.get(key)).or(additional) {
-                    Some(field) => walk(schemas, field, value, path, out),
+                let field = schema
+                    .properties
+                    .binary_search_by(|(k, _)| k.as_str().cmp(key))
+                    .ok()
+                    .map(|i| schema.properties[i].1)
+                    .or(schema.additional);
+                match field {
+                    Some(field) => walk(nodes, field, value, path, out),
                     None if value.is_null() => {}
                     None => out.push(spell(path)),
                 }
@@ -233,12 +309,12 @@ fn walk<'a>(
             }
         }
         Value::Array(items) => {
-            let Some(item) = schema.get("items") else {
+            let Some(item) = schema.items else {
                 return;
             };
             for (i, value) in items.iter().enumerate() {
                 path.push(Step::Index(i));
-                walk(schemas, item, value, path, out);
+                walk(nodes, item, value, path, out);
                 path.pop();
             }
         }
