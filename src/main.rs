@@ -3,6 +3,7 @@
 
 mod bench;
 mod components;
+mod data_dir;
 mod debug;
 mod health;
 mod metrics_server;

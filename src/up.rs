@@ -117,7 +117,7 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
     let registry = Registry::new();
     let metrics = StoreMetrics::register(&registry)?;
     let api_metrics = ApiMetrics::register(&registry)?;
-    std::fs::create_dir_all(&args.data_dir)?;
+    crate::data_dir::secure(&args.data_dir)?;
     let store = store_config::open(&args.store, &args.data_dir, metrics).await?;
     tokio::spawn(compactor::run(
         store.clone(),

@@ -25,9 +25,48 @@ fn http_get(addr: &str, path: &str) -> String {
     body
 }
 
+/// Group and other permission bits of everything under `dir` that has any (symlinks aside).
+fn readable_by_others(dir: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut loose = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(p) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&p).expect("meta");
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            loose.push(format!("{} {mode:o}", p.display()));
+        }
+        if meta.is_dir() {
+            todo.extend(
+                std::fs::read_dir(&p)
+                    .expect("dir")
+                    .map(|e| e.expect("entry").path()),
+            );
+        }
+    }
+    loose
+}
+
 #[test]
 fn up_serves_metrics_for_its_store() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // A data directory left world-readable (as earlier versions made them): taken back.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let pki = dir.path().join("pki");
+        std::fs::create_dir_all(&pki).expect("pki");
+        std::fs::write(pki.join("notes"), "old").expect("file");
+        for (p, m) in [
+            (dir.path().to_owned(), 0o755),
+            (pki.clone(), 0o755),
+            (pki.join("notes"), 0o644),
+        ] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m)).expect("chmod");
+        }
+    }
     let addr = free_addr();
     let grpc_addr = free_addr();
     let mut child = up_command(&addr, &grpc_addr, dir.path())
@@ -47,6 +86,9 @@ fn up_serves_metrics_for_its_store() {
         }
     }
     let banner = banner.join("\n");
+    // The store, the credentials, the kubeconfig and the logs: the owner's only.
+    let loose = readable_by_others(dir.path());
+    assert!(loose.is_empty(), "readable by others: {loose:?}");
     assert!(
         banner.contains("store:    embedded at revision"),
         "{banner}"

@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,15 +69,29 @@ pub struct LogFile {
     max: u64,
 }
 
+/// A new (truncated) file only the agent may read: a container's output is its tenant's.
+fn private_file(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+}
+
 impl LogFile {
     /// A new, empty log at `path` that rotates past `max` bytes.
     pub fn create(path: &Path, max: u64) -> io::Result<LogFile> {
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
         }
         Ok(LogFile {
             path: path.to_owned(),
-            file: std::fs::File::create(path)?,
+            file: private_file(path)?,
             written: 0,
             max,
         })
@@ -98,7 +112,7 @@ impl LogFile {
                 None => {}
             }
             std::fs::rename(&self.path, rotated(&self.path))?;
-            self.file = std::fs::File::create(&self.path)?;
+            self.file = private_file(&self.path)?;
             self.written = 0;
         }
         self.file.write_all(bytes)?;

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -81,10 +81,14 @@ impl Credentials {
                 admin_token: read(&files[3])?.trim().to_owned(),
             });
         }
-        fs::create_dir_all(dir).map_err(|source| PkiError::File {
-            path: dir.to_owned(),
-            source,
-        })?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| PkiError::File {
+                path: dir.to_owned(),
+                source,
+            })?;
         let creds = Credentials::generate()?;
         write_private(&files[0], &creds.ca_pem)?;
         write_private(&files[1], &creds.cert_pem)?;

@@ -11,6 +11,7 @@ mod snapshot;
 mod wal;
 
 use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
@@ -191,11 +192,16 @@ impl EmbeddedStore {
 type Recovered = ((std::fs::File, wal::Wal, i64, u64), Mvcc);
 
 fn recover(dir: &Path, segment_bytes: u64) -> Result<Recovered> {
-    std::fs::create_dir_all(dir).map_err(io("creating the data directory"))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io("creating the data directory"))?;
     let lock_file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(dir.join("LOCK"))
         .map_err(io("opening the LOCK file"))?;
     lock_file.try_lock().map_err(|e| StoreError::Io {

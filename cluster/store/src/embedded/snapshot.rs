@@ -85,7 +85,7 @@ impl Image {
 pub(crate) fn write(dir: &Path, image: &Image) -> Result<u64> {
     let index = image.index;
     let tmp = dir.join("snap.tmp");
-    let file = File::create(&tmp).map_err(io("creating a snapshot"))?;
+    let file = super::wal::private_file(&tmp).map_err(io("creating a snapshot"))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let mut crc = crc32fast::Hasher::new();
     let mut buf = Vec::with_capacity(1 << 16);

@@ -8,7 +8,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
@@ -105,8 +105,18 @@ impl Preallocator {
     }
 }
 
+/// A new (truncated) file only its owner may read: the log holds every object, Secrets too.
+pub(crate) fn private_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+}
+
 fn zero_fill(path: &Path, bytes: u64) -> std::io::Result<()> {
-    let mut f = File::create(path)?;
+    let mut f = private_file(path)?;
     let zeros = vec![0u8; 1 << 20];
     let mut left = bytes;
     while left > 0 {
@@ -235,6 +245,7 @@ fn open_segment(dir: &Path, first_index: u64, prealloc: Option<&Preallocator>) -
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(io("creating a log segment"))?;
     sync_dir(dir)?;
