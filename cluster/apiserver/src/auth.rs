@@ -256,6 +256,19 @@ impl Authorizer {
             )
         };
         if res.namespaced {
+            // What the shard's components and admins own inside a tenant's namespace: quotas
+            // and limits an admin set (deleting them would lift the limit), and pods' status
+            // (a pod reported finished gives its quota back while it still runs).
+            let admins_only = match (res.group, res.plural, req.subresource.as_deref()) {
+                ("", "resourcequotas" | "limitranges", _) => Some("only an admin may change it"),
+                ("", "pods", Some("status")) => {
+                    Some("only node agents and the shard's components write a pod's status")
+                }
+                _ => None,
+            };
+            if let (Some(why), false) = (admins_only, read) {
+                return Err(forbidden(user, req, why));
+            }
             return match req.namespace.as_deref() {
                 Some(ns) if owned.iter().any(|o| o == ns) => Ok(scope(None)),
                 Some(ns) => Err(not_theirs(ns)),

@@ -128,14 +128,19 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
             }
         }
         ("tessera.io", "Tenant") => {
-            for (i, ns) in spec["namespaces"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
+            let namespaces = spec["namespaces"].as_array().map_or(&[][..], Vec::as_slice);
+            for (i, ns) in namespaces.iter().enumerate() {
+                let field = format!("spec.namespaces[{i}]");
                 if let Some(why) = ns.as_str().and_then(names::dns1123_label) {
-                    e.invalid(&format!("spec.namespaces[{i}]"), ns, why);
+                    e.invalid(&field, ns, why);
+                } else if ns.as_str().is_some_and(is_system_namespace) {
+                    e.invalid(
+                        &field,
+                        ns,
+                        "is a system namespace (default, kube-*): no tenant may own it",
+                    );
+                } else if namespaces[..i].contains(ns) {
+                    e.invalid(&field, ns, "is listed twice");
                 }
             }
             for f in ["weight", "maxInflightRequests"] {
@@ -474,6 +479,11 @@ fn service_spec(spec: &Value, e: &mut Errors) {
             );
         }
     }
+}
+
+/// Namespaces the shard's own components use: `default` and every `kube-*` one.
+pub fn is_system_namespace(ns: &str) -> bool {
+    ns == "default" || ns.starts_with("kube-")
 }
 
 #[cfg(test)]

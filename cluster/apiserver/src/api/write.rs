@@ -220,7 +220,57 @@ impl Api {
         if !errors.is_empty() {
             return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
         }
+        self.check_tenant_namespaces(res, &obj).await?;
         Ok(obj)
+    }
+
+    /// A Tenant's namespaces are its own: one another Tenant already lists is refused (a
+    /// token of either would reach the other's objects there).
+    async fn check_tenant_namespaces(&self, res: &Resource, obj: &Value) -> Result<(), ApiError> {
+        if (res.group, res.kind) != ("tessera.io", "Tenant") {
+            return Ok(());
+        }
+        let wanted = obj["spec"]["namespaces"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let page = self
+            .store
+            .list(tessera_store::ListRequest {
+                prefix: super::prefix(res, None).into(),
+                ..Default::default()
+            })
+            .await
+            .map_err(store_error)?;
+        let mut causes = Vec::new();
+        for other in page.kvs.iter().filter_map(|kv| decode_stored(kv).ok()) {
+            let other_name = other["metadata"]["name"].as_str().unwrap_or_default();
+            if other_name == name {
+                continue;
+            }
+            for (i, ns) in wanted.iter().enumerate() {
+                let owned = other["spec"]["namespaces"]
+                    .as_array()
+                    .is_some_and(|a| a.contains(ns));
+                if owned {
+                    causes.push(Cause {
+                        reason: "FieldValueInvalid",
+                        field: format!("spec.namespaces[{i}]"),
+                        message: format!(
+                            "Invalid value: {ns}: already owned by tenant {other_name:?}; remove it there first"
+                        ),
+                    });
+                }
+            }
+        }
+        if causes.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(res.group, res.kind, name, causes))
+        }
     }
 
     /// Checks the namespace of a new object exists and is not being deleted.
@@ -495,6 +545,7 @@ impl Api {
             if !errors.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
             }
+            self.check_tenant_namespaces(res, &next).await?;
             if req.params.dry_run {
                 return Ok(ApiResponse::Object {
                     code: 200,
