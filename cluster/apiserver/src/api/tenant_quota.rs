@@ -26,6 +26,24 @@ const TENANTS_TTL: Duration = Duration::from_secs(1);
 pub(super) type TenantList = Option<(Instant, Vec<Value>)>;
 
 impl Api {
+    /// Every Tenant, read from the store now.
+    pub(super) async fn tenants(&self) -> Result<Vec<Value>, ApiError> {
+        let res = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
+        let page = self
+            .store
+            .list(tessera_store::ListRequest {
+                prefix: super::prefix(res, None).into(),
+                ..Default::default()
+            })
+            .await
+            .map_err(store_error)?;
+        Ok(page
+            .kvs
+            .iter()
+            .filter_map(|kv| decode_stored(kv).ok())
+            .collect())
+    }
+
     /// The Tenant that owns `ns` and has a quota, if any (from a list read at most
     /// `TENANTS_TTL` ago: tenants are few; pods are many).
     async fn quota_tenant(&self, ns: &str) -> Result<Option<String>, ApiError> {
@@ -39,19 +57,10 @@ impl Api {
         let list = match fresh {
             Some(l) => l,
             None => {
-                let res = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
-                let page = self
-                    .store
-                    .list(tessera_store::ListRequest {
-                        prefix: super::prefix(res, None).into(),
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(store_error)?;
-                let list: Vec<Value> = page
-                    .kvs
-                    .iter()
-                    .filter_map(|kv| decode_stored(kv).ok())
+                let list: Vec<Value> = self
+                    .tenants()
+                    .await?
+                    .into_iter()
                     .filter(|t| {
                         t["spec"]["quota"]
                             .as_object()

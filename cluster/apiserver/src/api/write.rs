@@ -237,16 +237,8 @@ impl Api {
             return Ok(());
         }
         let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-        let page = self
-            .store
-            .list(tessera_store::ListRequest {
-                prefix: super::prefix(res, None).into(),
-                ..Default::default()
-            })
-            .await
-            .map_err(store_error)?;
         let mut causes = Vec::new();
-        for other in page.kvs.iter().filter_map(|kv| decode_stored(kv).ok()) {
+        for other in self.tenants().await? {
             let other_name = other["metadata"]["name"].as_str().unwrap_or_default();
             if other_name == name {
                 continue;
