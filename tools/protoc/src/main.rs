@@ -124,7 +124,7 @@ mod tests {
     #[test]
     fn parses_prost_builds_command_line() {
         let inv = parse(args(
-            "--include_imports --include_source_info -o /tmp/set -I proto -Iother a.proto b.proto",
+            "--include_imports --include_source_info -o out/set -I proto -Iother a.proto b.proto",
         ))
         .expect("valid");
         assert_eq!(
@@ -132,7 +132,7 @@ mod tests {
             Invocation {
                 includes: vec!["proto".into(), "other".into()],
                 files: vec!["a.proto".into(), "b.proto".into()],
-                output: Some("/tmp/set".into()),
+                output: Some("out/set".into()),
                 include_imports: true,
                 include_source_info: true,
                 version: false,
