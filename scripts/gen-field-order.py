@@ -50,18 +50,7 @@ KINDS = [
 
 def main():
     messages = schema.parse(sys.argv[1])
-    needed, todo = [], [m for (_, _, m) in KINDS]
-    while todo:
-        m = todo.pop()
-        if m in needed:
-            continue
-        if m not in messages:
-            sys.exit(f"unknown message {m}")
-        needed.append(m)
-        for (_, _, _, _, target) in messages[m]:
-            if target and target not in needed:
-                todo.append(target)
-    needed.sort()
+    needed = sorted(schema.reachable(messages, [m for (_, _, m) in KINDS]))
     index = {m: i for i, m in enumerate(needed)}
     print("//! Kubernetes' field order: every message a served kind reaches, with its fields in the")
     print("//! order of Kubernetes' Go types (generated.proto's declaration order), each with the index")

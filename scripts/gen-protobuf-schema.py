@@ -102,9 +102,9 @@ def parse(root):
     return messages
 
 
-def main():
-    messages = parse(sys.argv[1])
-    needed, todo = [], list(ROOTS)
+def reachable(messages, roots):
+    """The messages `roots` reach through their message-typed fields, roots included."""
+    needed, todo = [], list(roots)
     while todo:
         m = todo.pop()
         if m in needed:
@@ -115,6 +115,12 @@ def main():
         for (_, _, _, _, target) in messages[m]:
             if target and target not in needed:
                 todo.append(target)
+    return needed
+
+
+def main():
+    messages = parse(sys.argv[1])
+    needed = reachable(messages, ROOTS)
     kinds = {"string": "Str", "int32": "I32", "int64": "I64", "bool": "Bool", "bytes": "Bytes",
              "double": "F64", "float": "F64", "message": "Msg", "map_string": "MapStr",
              "map_bytes": "MapBytes", "map_message": "MapMsg"}

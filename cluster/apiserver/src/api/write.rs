@@ -83,7 +83,11 @@ impl Api {
             .ok_or_else(|| ApiError::internal(format!("no type for {}", res.2)))?;
         // Unknown fields first, as Kubernetes' strict decoder reports them: a misspelt
         // field is usually why a required one looks missing.
-        let unknown = kinds::unknown_fields(res.0, res.2, &obj);
+        // (Under Ignore nothing is done with them, so they are not looked for.)
+        let unknown = match req.params.field_validation {
+            FieldValidation::Ignore => Vec::new(),
+            _ => kinds::unknown_fields(res.0, res.2, &obj),
+        };
         let mut warnings = Vec::new();
         if !unknown.is_empty() {
             let each = unknown.iter().map(|f| format!("unknown field \"{f}\""));
