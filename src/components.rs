@@ -311,8 +311,38 @@ pub struct AgentArgs {
     /// Where process nodes keep container logs.
     #[arg(long, default_value = "./logs")]
     log_dir: PathBuf,
+    /// Where process nodes keep pods' sandboxes and volumes (kept 0700).
+    #[arg(long, default_value = "./pods")]
+    state_dir: PathBuf,
+    /// How process nodes isolate containers (see `tessera up --help`).
+    #[arg(long, value_enum, default_value_t = ProcessIsolation::Sandbox)]
+    process_isolation: ProcessIsolation,
     #[command(flatten)]
     sim: SimArgs,
+}
+
+/// How process nodes isolate containers.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessIsolation {
+    /// Namespaces, a per-pod id range, cgroup limits (needs root).
+    Sandbox,
+    /// None: containers run with the agent's rights.
+    Off,
+}
+
+impl ProcessIsolation {
+    /// The agent's setting: the sandbox helper is this very binary (`tessera sandbox …`).
+    pub fn isolation(self) -> tessera_agent::isolation::Isolation {
+        match self {
+            ProcessIsolation::Sandbox => {
+                tessera_agent::isolation::Isolation::Sandbox(tessera_agent::sandbox::Launcher {
+                    exe: std::env::current_exe().unwrap_or_else(|_| "tessera".into()),
+                    prefix: vec!["sandbox".into()],
+                })
+            }
+            ProcessIsolation::Off => tessera_agent::isolation::Isolation::Off,
+        }
+    }
 }
 
 /// Registers a sim agent's nodes with a progress bar.
@@ -345,6 +375,8 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
             client.clone(),
             ProcessConfig {
                 tokens: Some(Tokens::new(&token)),
+                isolation: args.process_isolation.isolation(),
+                state_dir: args.state_dir.clone(),
                 ..ProcessConfig::new(&name, args.log_dir.clone())
             },
         );

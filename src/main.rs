@@ -60,6 +60,12 @@ enum TokenCommand {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The process runtime's sandbox helper (`tessera sandbox exec|init|map|join …`): started
+    // by a process node for each container; single-threaded, before anything else starts.
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == "sandbox") {
+        tessera_agent::sandbox::main(args.collect());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),

@@ -50,6 +50,11 @@ pub struct WorkerArgs {
     /// Nodes whose containers run as real local processes (`proc-0`, ...; logs in DIR/logs).
     #[arg(long, default_value_t = 0)]
     pub process_nodes: usize,
+    /// How process nodes isolate containers: `sandbox` (user, mount, PID, IPC, UTS and
+    /// network namespaces, a per-pod id range, cgroup limits; needs root) or `off` (plain
+    /// child processes with the agent's rights — trusted code on a developer machine only).
+    #[arg(long, value_enum, default_value_t = crate::components::ProcessIsolation::Sandbox)]
+    pub process_isolation: crate::components::ProcessIsolation,
     /// Run the controllers in this process (false: run `tessera controller-manager`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub controllers: bool,
@@ -241,6 +246,8 @@ pub async fn start_workers(
             shard.component_client("node-agent"),
             tessera_agent::process::ProcessConfig {
                 tokens: Some(shard.tokens.clone()),
+                isolation: workers.process_isolation.isolation(),
+                state_dir: data_dir.join("pods"),
                 ..tessera_agent::process::ProcessConfig::new(
                     &format!("proc-{i}"),
                     data_dir.join("logs"),

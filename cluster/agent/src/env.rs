@@ -194,8 +194,18 @@ pub fn in_container(
     args: &[String],
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(cmd);
+    command.args(args);
+    with_env(&mut command, env);
+    if let Some(d) = &c.working_dir {
+        command.current_dir(d);
+    }
     command
-        .args(args)
+}
+
+/// Gives `command` the container's environment `env` and nothing of the agent's but `PATH`;
+/// no stdin; killed if dropped.
+pub fn with_env(command: &mut tokio::process::Command, env: &[(String, String)]) {
+    command
         .env_clear()
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
@@ -203,10 +213,6 @@ pub fn in_container(
         command.env("PATH", path);
     }
     command.envs(env.iter().map(|(k, v)| (k, v)));
-    if let Some(d) = &c.working_dir {
-        command.current_dir(d);
-    }
-    command
 }
 
 #[cfg(test)]

@@ -2,11 +2,14 @@
 //! with its own Node, Lease and pods, as kubemark and KWOK do — what a shard's control plane
 //! sees is exactly what real agents would show it.
 
+pub mod cgroups;
 pub mod env;
+pub mod isolation;
 pub mod logs;
 pub mod metrics;
 pub mod probe;
 pub mod process;
+pub mod sandbox;
 pub mod sim;
 pub mod usage;
 
@@ -16,6 +19,14 @@ use k8s_openapi::api::core::v1::Pod;
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
 use tessera_apiserver::status::ApiError;
+
+/// Makes `dir` (and its parents) and keeps it to its owner (0700): what the agent keeps
+/// there — pods' volumes, Secrets among them — is no one else's to read.
+pub fn data_dir_private(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
 
 /// Removes a pod whose containers have stopped: grace 0, this very pod only (its UID as
 /// precondition), as a kubelet does once a deleted pod's containers are gone.

@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::sandbox::{Identity, JoinSpec, Launcher};
+
 /// Which probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -69,34 +71,124 @@ impl Timing {
     }
 }
 
+/// Where a container runs, so its probes run where it does.
+#[derive(Clone, Debug, Default)]
+pub enum Where {
+    /// Beside the agent (no sandbox).
+    #[default]
+    Host,
+    /// In a sandbox: exec probes join its namespaces as its identity; network probes connect
+    /// from inside its network namespace.
+    Sandbox {
+        /// Starts the helper.
+        launcher: Launcher,
+        /// The host pid of the sandbox's supervisor (the agent's child).
+        supervisor: u32,
+        /// Who the container runs as.
+        identity: Identity,
+        /// The container's cgroups.
+        cgroups: Vec<std::path::PathBuf>,
+    },
+}
+
+/// The host pid of the container's init: the supervisor's only child.
+fn init_of(supervisor: u32) -> Result<u32, String> {
+    std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse().ok()))
+        .ok_or_else(|| "the container is not running".to_owned())
+}
+
+/// Runs `f` on a thread of its own inside the network namespace of process `pid` (a thread
+/// may change its network namespace; the agent's runtime threads never do).
+async fn in_network_of<T, F>(pid: u32, timeout: Duration, f: F) -> Result<T, String>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, String>> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("probe-netns".into())
+        .spawn(move || {
+            let run = || -> Result<T, String> {
+                let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+                    .map_err(|e| format!("the container's network: {e}"))?;
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(&ns),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .map_err(|e| format!("entering the container's network: {e}"))?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(async {
+                    tokio::time::timeout(timeout, f)
+                        .await
+                        .unwrap_or_else(|_| Err(format!("timed out after {}s", timeout.as_secs())))
+                })
+            };
+            let _ = tx.send(run());
+        })
+        .map_err(|e| format!("probe thread: {e}"))?;
+    rx.await.map_err(|_| "the probe thread ended".to_owned())?
+}
+
+async fn tcp_probe(host: String, port: u16) -> Result<String, String> {
+    tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map(|_| String::new())
+        .map_err(|e| format!("dial tcp {host}:{port}: {e}"))
+}
+
 /// Runs one probe attempt against container `c` (with environment `env`; its processes
-/// listen on `host`): `Ok` with its output if it passed, `Err` with why not.
+/// listen on `host`, in the place `at`): `Ok` with its output if it passed, `Err` with why
+/// not.
 pub async fn attempt(
     p: &Probe,
     c: &Container,
     env: &[(String, String)],
     host: &str,
     timeout: Duration,
+    at: &Where,
 ) -> Result<String, String> {
     let run = async {
         if let Some(exec) = &p.exec {
-            return exec_probe(exec.command.as_deref().unwrap_or_default(), c, env).await;
+            let argv = exec.command.as_deref().unwrap_or_default();
+            return exec_probe(argv, c, env, at).await;
         }
-        if let Some(tcp) = &p.tcp_socket {
-            let port = port_of(&tcp.port, c)?;
-            let host = tcp.host.as_deref().unwrap_or(host);
-            return tokio::net::TcpStream::connect((host, port))
-                .await
-                .map(|_| String::new())
-                .map_err(|e| format!("dial tcp {host}:{port}: {e}"));
+        let (port, host, path) = if let Some(tcp) = &p.tcp_socket {
+            (
+                port_of(&tcp.port, c)?,
+                tcp.host.as_deref().unwrap_or(host),
+                None,
+            )
+        } else if let Some(http) = &p.http_get {
+            let path = http.path.clone().unwrap_or_else(|| "/".into());
+            (
+                port_of(&http.port, c)?,
+                http.host.as_deref().unwrap_or(host),
+                Some(path),
+            )
+        } else {
+            return Err(
+                "the probe has no handler the process runtime runs (exec, tcpSocket, httpGet)"
+                    .into(),
+            );
+        };
+        let host = host.to_owned();
+        let probe = async move {
+            match path {
+                Some(path) => http_probe(&host, port, &path).await,
+                None => tcp_probe(host, port).await,
+            }
+        };
+        match at {
+            Where::Host => probe.await,
+            Where::Sandbox { supervisor, .. } => {
+                in_network_of(init_of(*supervisor)?, timeout, probe).await
+            }
         }
-        if let Some(http) = &p.http_get {
-            let port = port_of(&http.port, c)?;
-            let host = http.host.as_deref().unwrap_or(host);
-            let path = http.path.as_deref().unwrap_or("/");
-            return http_probe(host, port, path).await;
-        }
-        Err("the probe has no handler the process runtime runs (exec, tcpSocket, httpGet)".into())
     };
     match tokio::time::timeout(timeout, run).await {
         Ok(r) => r,
@@ -127,11 +219,30 @@ async fn exec_probe(
     argv: &[String],
     c: &Container,
     env: &[(String, String)],
+    at: &Where,
 ) -> Result<String, String> {
     let Some((cmd, args)) = argv.split_first() else {
         return Err("the exec probe has no command".into());
     };
-    let out = crate::env::in_container(c, env, cmd, args)
+    let mut command = match at {
+        Where::Host => crate::env::in_container(c, env, cmd, args),
+        Where::Sandbox {
+            launcher,
+            supervisor,
+            identity,
+            cgroups,
+        } => {
+            let spec = JoinSpec {
+                pid: init_of(*supervisor)?,
+                identity: identity.clone(),
+                cgroups: cgroups.clone(),
+            };
+            let mut command = launcher.join(&spec, argv);
+            crate::env::with_env(&mut command, env);
+            command
+        }
+    };
+    let out = command
         .output()
         .await
         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
@@ -275,7 +386,7 @@ mod tests {
         };
         let second = Duration::from_secs(1);
         assert!(
-            attempt(&exec(&["true"]), &c, &[], "127.0.0.1", second)
+            attempt(&exec(&["true"]), &c, &[], "127.0.0.1", second, &Where::Host)
                 .await
                 .is_ok()
         );
@@ -285,13 +396,21 @@ mod tests {
             &[],
             "127.0.0.1",
             second,
+            &Where::Host,
         )
         .await
         .expect_err("fails");
         assert!(e.contains("exited with 2: sick"), "{e}");
-        let e = attempt(&exec(&["sleep", "5"]), &c, &[], "127.0.0.1", second)
-            .await
-            .expect_err("times out");
+        let e = attempt(
+            &exec(&["sleep", "5"]),
+            &c,
+            &[],
+            "127.0.0.1",
+            second,
+            &Where::Host,
+        )
+        .await
+        .expect_err("times out");
         assert!(e.contains("timed out"), "{e}");
 
         // A listener passes tcpSocket; an HTTP server's 200 passes httpGet, its 500 fails.
@@ -322,7 +441,11 @@ mod tests {
             }),
             ..Probe::default()
         };
-        assert!(attempt(&tcp, &c, &[], "127.0.0.1", second).await.is_ok());
+        assert!(
+            attempt(&tcp, &c, &[], "127.0.0.1", second, &Where::Host)
+                .await
+                .is_ok()
+        );
         let http = Probe {
             http_get: Some(HTTPGetAction {
                 port: IntOrString::Int(i32::from(port)),
@@ -332,11 +455,15 @@ mod tests {
             ..Probe::default()
         };
         // The tcp probe's connection took the 200; this one gets the 500, the next a 200.
-        let e = attempt(&http, &c, &[], "127.0.0.1", second)
+        let e = attempt(&http, &c, &[], "127.0.0.1", second, &Where::Host)
             .await
             .expect_err("500");
         assert!(e.contains("statuscode: 500"), "{e}");
-        assert!(attempt(&http, &c, &[], "127.0.0.1", second).await.is_ok());
+        assert!(
+            attempt(&http, &c, &[], "127.0.0.1", second, &Where::Host)
+                .await
+                .is_ok()
+        );
         let named = Probe {
             tcp_socket: Some(TCPSocketAction {
                 port: IntOrString::String("nope".into()),
@@ -344,7 +471,7 @@ mod tests {
             }),
             ..Probe::default()
         };
-        let e = attempt(&named, &c, &[], "127.0.0.1", second)
+        let e = attempt(&named, &c, &[], "127.0.0.1", second, &Where::Host)
             .await
             .expect_err("no port");
         assert!(e.contains("no port named"), "{e}");

@@ -29,8 +29,11 @@ use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Change, Informer, Scope};
 use tokio::sync::{mpsc, watch};
 
+use crate::cgroups::{Cgroups, Limits};
+use crate::isolation::{IdLease, Isolation};
 use crate::logs::{AgentServer, Live, LogFile, pod_dir};
-use crate::probe::{Kind, Tally, Timing, attempt};
+use crate::probe::{Kind, Tally, Timing, Where, attempt};
+use crate::sandbox::{Launcher, Spec};
 use crate::sim::LEASE_NAMESPACE;
 
 fn res(group: &str, plural: &str) -> &'static Resource {
@@ -60,6 +63,15 @@ pub struct ProcessConfig {
     /// Whose credentials the log endpoint accepts (the admin token's node tokens); `None`
     /// serves no logs.
     pub tokens: Option<Tokens>,
+    /// How containers are isolated from the host and each other.
+    pub isolation: Isolation,
+    /// Where pods' sandboxes (roots, volumes) and the host's id claims are kept: private to
+    /// the agent (0700).
+    pub state_dir: PathBuf,
+    /// Where the cgroup hierarchy is mounted.
+    pub cgroup_mount: PathBuf,
+    /// Most processes (and threads) one container may have (`pids.max`); `None`: no limit.
+    pub pids_limit: Option<u64>,
 }
 
 impl ProcessConfig {
@@ -67,7 +79,6 @@ impl ProcessConfig {
     pub fn new(node: &str, log_dir: PathBuf) -> Self {
         ProcessConfig {
             node: node.into(),
-            log_dir,
             backoff: Duration::from_secs(10),
             max_backoff: Duration::from_secs(300),
             renew_interval: Duration::from_secs(10),
@@ -75,6 +86,14 @@ impl ProcessConfig {
             usage_window: Duration::from_secs(5),
             serve_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             tokens: None,
+            isolation: Isolation::Sandbox(Launcher {
+                exe: std::env::current_exe().unwrap_or_else(|_| "tessera".into()),
+                prefix: vec!["sandbox".into()],
+            }),
+            state_dir: log_dir.with_file_name("pods"),
+            cgroup_mount: PathBuf::from("/sys/fs/cgroup"),
+            pids_limit: Some(4096),
+            log_dir,
         }
     }
 }
@@ -91,6 +110,7 @@ pub struct ProcessAgent {
     usage: crate::usage::Running,
     stats: crate::usage::Stats,
     events: Recorder,
+    cgroups: Cgroups,
 }
 
 fn host_memory() -> String {
@@ -160,6 +180,39 @@ impl Drop for GroupGuard {
     }
 }
 
+/// What a probe is about: the pod (for events), the container, its environment and where
+/// it runs.
+#[derive(Clone, Copy)]
+struct Probed<'a> {
+    obj: &'a ObjectRef,
+    c: &'a Container,
+    env: &'a [(String, String)],
+    at: &'a Where,
+}
+
+/// A pod's sandbox on this node: its id range, its directory and volumes.
+struct PodSandbox {
+    launcher: Launcher,
+    lease: IdLease,
+    volumes: std::collections::BTreeMap<String, PathBuf>,
+}
+
+/// What a container may use: its `limits` (CPU, memory) and the node's process cap.
+fn limits_of(c: &Container, pids: Option<u64>) -> Limits {
+    let limit = |name: &str| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get(name))
+            .and_then(|q| q.0.parse::<tessera_core::quantity::Quantity>().ok())
+    };
+    Limits {
+        cpu_milli: limit("cpu").map(|q| q.milli_ceil().max(1) as u64),
+        memory: limit("memory").map(|q| q.units_ceil().max(1) as u64),
+        pids,
+    }
+}
+
 /// A probe the runtime runs (`grpc` ones are not).
 fn runnable(p: Option<&Probe>) -> Option<&Probe> {
     p.filter(|p| p.exec.is_some() || p.tcp_socket.is_some() || p.http_get.is_some())
@@ -169,13 +222,14 @@ impl ProcessAgent {
     /// A process node.
     pub fn new(client: Arc<dyn Client>, config: ProcessConfig) -> Arc<ProcessAgent> {
         Arc::new(ProcessAgent {
-            config,
             running: Mutex::new(HashMap::new()),
             done: Mutex::new(HashSet::new()),
             live: Live::default(),
             usage: crate::usage::Running::default(),
             stats: crate::usage::Stats::default(),
             events: Recorder::new(client.clone(), "kubelet", None),
+            cgroups: Cgroups::detect(&config.cgroup_mount),
+            config,
             client,
         })
     }
@@ -187,6 +241,11 @@ impl ProcessAgent {
             &self.config.node,
             self.usage.clone(),
         )?))
+    }
+
+    /// Where the host's pods claim their id ranges (shared by every node using `state_dir`).
+    fn uid_dir(&self) -> PathBuf {
+        self.config.state_dir.join("uids")
     }
 
     /// Starts the log endpoint, if the node has credentials for it; the port it serves on.
@@ -223,7 +282,32 @@ impl ProcessAgent {
     }
 
     /// Registers the Node (this machine's cpus and memory, its log endpoint) and its Lease.
+    /// Refuses to, if containers are to be sandboxed and the agent is not root (only root may
+    /// map a range of host ids into a user namespace).
     pub async fn register(&self) -> Result<(), ApiError> {
+        if matches!(self.config.isolation, Isolation::Sandbox(_)) {
+            if !rustix::process::geteuid().is_root() {
+                return Err(ApiError::internal(format!(
+                    "process node {}: sandboxing containers needs root (user namespaces with a \
+                     range of host ids per pod); run the agent as root, or pass \
+                     --process-isolation=off for trusted code on a developer machine",
+                    self.config.node
+                )));
+            }
+            crate::data_dir_private(&self.config.state_dir).map_err(|e| {
+                ApiError::internal(format!("{}: {e}", self.config.state_dir.display()))
+            })?;
+            IdLease::release_stale(&self.uid_dir(), &self.config.node);
+            match self.cgroups.unavailable() {
+                Some(why) => tracing::warn!(node = %self.config.node, %why,
+                    "container resource limits are NOT enforced"),
+                None => tracing::info!(node = %self.config.node, cgroups = ?self.cgroups,
+                    "container resource limits enforced through cgroups"),
+            }
+        } else {
+            tracing::warn!(node = %self.config.node,
+                "process isolation is off: containers run with the agent's rights");
+        }
         let port = self.serve_logs().await?.unwrap_or(0);
         let ip = match self.config.serve_addr.ip() {
             ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
@@ -456,11 +540,23 @@ impl ProcessAgent {
                     cond("Ready", ready && phase == "Running"), cond("ContainersReady", ready && phase == "Running")]})
         };
         self.patch_status(pod, report("Pending", &statuses)).await;
+        let sandbox = match self.sandbox(pod, &statuses, stop.clone()).await {
+            Ok(s) => s,
+            Err(()) => {
+                // Deleted while its sandbox could not be made.
+                self.cleanup(pod);
+                return stop.borrow().is_some();
+            }
+        };
         let runs = spec.containers.iter().enumerate().map(|(i, c)| {
             let statuses = statuses.clone();
             let stop = stop.clone();
             let policy = policy.clone();
-            async move { self.run_container(pod, i, c, &policy, statuses, stop).await }
+            let sandbox = sandbox.as_ref();
+            async move {
+                self.run_container(pod, i, c, &policy, statuses, stop, sandbox)
+                    .await
+            }
         });
         // Each container reports its own transitions through the shared list.
         let tick = async {
@@ -478,6 +574,8 @@ impl ProcessAgent {
             r = join_all(runs) => r,
             () = tick => unreachable!("the status loop never ends"),
         };
+        drop(sandbox);
+        self.cleanup(pod);
         let deleted = stop.borrow().is_some();
         if !deleted {
             let failed = results.iter().any(|code| *code != 0);
@@ -485,6 +583,75 @@ impl ProcessAgent {
             self.patch_status(pod, report(phase, &statuses)).await;
         }
         deleted
+    }
+
+    /// The pod's sandbox (none when isolation is off or the pod is privileged): an id range
+    /// and its volumes. What cannot be made is reported in every container's status and
+    /// tried again with back-off, as the kubelet retries mounts; `Err` if the pod was deleted
+    /// meanwhile.
+    async fn sandbox(
+        &self,
+        pod: &Pod,
+        statuses: &Arc<Mutex<Vec<Value>>>,
+        mut stop: watch::Receiver<Option<i64>>,
+    ) -> Result<Option<PodSandbox>, ()> {
+        let Isolation::Sandbox(launcher) = &self.config.isolation else {
+            return Ok(None);
+        };
+        if crate::isolation::privileged(pod) {
+            return Ok(None);
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let dir = self.config.state_dir.join(&uid);
+        let mut backoff = self.config.backoff;
+        loop {
+            let made = async {
+                let lease = IdLease::take(&self.uid_dir(), &self.config.node, &uid)?;
+                let volumes = crate::isolation::prepare_volumes(
+                    &self.client,
+                    pod,
+                    &dir.join("volumes"),
+                    Some(lease.ids.base),
+                )
+                .await?;
+                Ok::<_, String>(PodSandbox {
+                    launcher: launcher.clone(),
+                    lease,
+                    volumes,
+                })
+            };
+            match made.await {
+                Ok(s) => return Ok(Some(s)),
+                Err(why) => {
+                    for s in statuses.lock().iter_mut() {
+                        s["state"] = json!({"waiting": {"reason": "CreateContainerConfigError", "message": why.clone()}});
+                    }
+                    self.events.event(
+                        &ObjectRef::new("v1", "Pod", &pod.metadata),
+                        EventType::Warning,
+                        "FailedMount",
+                        &why,
+                    );
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.wait_for(Option::is_some) => return Err(()),
+                    }
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+            }
+        }
+    }
+
+    /// Removes what the pod's sandbox left on the host: cgroups, roots, volumes.
+    fn cleanup(&self, pod: &Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.cgroups.remove_pod(&self.config.node, &uid);
+        let dir = self.config.state_dir.join(&uid);
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(error = %e, dir = %dir.display(), "removing a pod's sandbox");
+        }
     }
 
     /// Runs a container's probes; returns (with the grace period to kill it in) once its
@@ -496,8 +663,15 @@ impl ProcessAgent {
         env: &[(String, String)],
         i: usize,
         statuses: &Arc<Mutex<Vec<Value>>>,
+        at: &Where,
     ) -> u64 {
         let obj = ObjectRef::new("v1", "Pod", &pod.metadata);
+        let who = Probed {
+            obj: &obj,
+            c,
+            env,
+            at,
+        };
         for (kind, p) in [
             (Kind::Startup, &c.startup_probe),
             (Kind::Liveness, &c.liveness_probe),
@@ -532,7 +706,7 @@ impl ProcessAgent {
         };
         if let Some(p) = runnable(c.startup_probe.as_ref()) {
             let mut passed = false;
-            self.probe_loop(&obj, Kind::Startup, p, c, env, |ok| {
+            self.probe_loop(&who, Kind::Startup, p, |ok| {
                 passed = ok;
                 true
             })
@@ -547,7 +721,7 @@ impl ProcessAgent {
         let readiness = async {
             match runnable(c.readiness_probe.as_ref()) {
                 Some(p) => {
-                    self.probe_loop(&obj, Kind::Readiness, p, c, env, |ok| {
+                    self.probe_loop(&who, Kind::Readiness, p, |ok| {
                         statuses.lock()[i]["ready"] = json!(ok);
                         false
                     })
@@ -559,7 +733,7 @@ impl ProcessAgent {
         let liveness = async {
             match runnable(c.liveness_probe.as_ref()) {
                 Some(p) => {
-                    self.probe_loop(&obj, Kind::Liveness, p, c, env, |ok| !ok)
+                    self.probe_loop(&who, Kind::Liveness, p, |ok| !ok)
                         .await;
                     killing(p, Kind::Liveness)
                 }
@@ -576,18 +750,17 @@ impl ProcessAgent {
     /// and says whether to stop.
     async fn probe_loop(
         &self,
-        obj: &ObjectRef,
+        who: &Probed<'_>,
         kind: Kind,
         p: &Probe,
-        c: &Container,
-        env: &[(String, String)],
         mut decide: impl FnMut(bool) -> bool,
     ) {
+        let Probed { obj, c, env, at } = *who;
         let t = Timing::of(p);
         tokio::time::sleep(t.initial_delay).await;
         let mut tally = Tally::default();
         loop {
-            let result = attempt(p, c, env, "127.0.0.1", t.timeout).await;
+            let result = attempt(p, c, env, "127.0.0.1", t.timeout, at).await;
             if let Err(why) = &result {
                 self.events.event(
                     obj,
@@ -605,7 +778,38 @@ impl ProcessAgent {
         }
     }
 
+    /// The sandbox spec of container `c`, and its cgroups made with its limits.
+    fn container_spec(&self, pod: &Pod, c: &Container, sb: &PodSandbox) -> Result<Spec, String> {
+        let spec = pod.spec.clone().unwrap_or_default();
+        if spec.host_pid.unwrap_or(false) {
+            return Err("hostPID is not offered by the process runtime's sandbox".into());
+        }
+        let identity = crate::isolation::identity(pod, c)?;
+        let binds = crate::isolation::binds(c, &sb.volumes)?;
+        let cgroups = self.cgroups.create(
+            &self.config.node,
+            pod.metadata.uid.as_deref().unwrap_or(""),
+            &c.name,
+            limits_of(c, self.config.pids_limit),
+        )?;
+        Ok(Spec {
+            prefix: sb.launcher.prefix.clone(),
+            ids: sb.lease.ids,
+            identity,
+            hostname: spec
+                .hostname
+                .clone()
+                .or_else(|| pod.metadata.name.clone())
+                .unwrap_or_default(),
+            binds,
+            host_network: spec.host_network.unwrap_or(false),
+            host_ipc: spec.host_ipc.unwrap_or(false),
+            cgroups,
+        })
+    }
+
     /// Runs one container, restarting per policy; its final exit code.
+    #[allow(clippy::too_many_arguments)]
     async fn run_container(
         &self,
         pod: &Pod,
@@ -614,6 +818,7 @@ impl ProcessAgent {
         policy: &str,
         statuses: Arc<Mutex<Vec<Value>>>,
         mut stop: watch::Receiver<Option<i64>>,
+        sandbox: Option<&PodSandbox>,
     ) -> i32 {
         let mut restarts = 0u32;
         let mut backoff = self.config.backoff;
@@ -649,7 +854,27 @@ impl ProcessAgent {
                     return 1;
                 }
             };
-            let child = crate::env::in_container(c, &env, &argv[0], &argv[1..])
+            let (mut command, spec) = match sandbox {
+                None => (
+                    crate::env::in_container(c, &env, &argv[0], &argv[1..]),
+                    None,
+                ),
+                Some(sb) => match self.container_spec(pod, c, sb) {
+                    Ok(spec) => {
+                        let mut command = sb.launcher.exec(&spec, &argv);
+                        crate::env::with_env(&mut command, &env);
+                        (command, Some(spec))
+                    }
+                    Err(why) => {
+                        statuses.lock()[i]["state"] = json!({"waiting": {"reason": "CreateContainerConfigError", "message": why}});
+                        return 1;
+                    }
+                },
+            };
+            let ooms = spec
+                .as_ref()
+                .map_or(0, |s| self.cgroups.oom_kills(&s.cgroups));
+            let child = command
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 // Its own process group: what the container starts is killed with it.
@@ -684,6 +909,15 @@ impl ProcessAgent {
                 s[i]["containerID"] = json!(format!("process://{}", child.id().unwrap_or(0)));
             }
             let pid = child.id().unwrap_or(0);
+            let at = match (sandbox, &spec) {
+                (Some(sb), Some(spec)) => Where::Sandbox {
+                    launcher: sb.launcher.clone(),
+                    supervisor: pid,
+                    identity: spec.identity.clone(),
+                    cgroups: spec.cgroups.clone(),
+                },
+                _ => Where::Host,
+            };
             // If this task is dropped (the agent stops), the container's whole group goes too.
             let mut group = GroupGuard(pid);
             self.usage.lock().insert(
@@ -700,7 +934,7 @@ impl ProcessAgent {
             let ended = tokio::select! {
                 status = child.wait() => Ok(exit_code(status.ok())),
                 g = stop.wait_for(Option::is_some) => Err(g.map_or(30, |r| r.unwrap_or(30)).max(0) as u64),
-                grace = self.supervise(pod, c, &env, i, &statuses) => Err(grace),
+                grace = self.supervise(pod, c, &env, i, &statuses, &at) => Err(grace),
             };
             let code = match ended {
                 Ok(code) => code,
@@ -731,8 +965,15 @@ impl ProcessAgent {
                 }
             }
             self.live.lock().remove(&path);
-            let finished = json!({"terminated": {"exitCode": code,
-                "reason": if code == 0 { "Completed" } else { "Error" },
+            let oom_killed = spec
+                .as_ref()
+                .is_some_and(|s| self.cgroups.oom_kills(&s.cgroups) > ooms);
+            let reason = match code {
+                0 => "Completed",
+                _ if oom_killed => "OOMKilled",
+                _ => "Error",
+            };
+            let finished = json!({"terminated": {"exitCode": code, "reason": reason,
                 "startedAt": started_at, "finishedAt": rfc3339(now_secs())}});
             {
                 let mut s = statuses.lock();

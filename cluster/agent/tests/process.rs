@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
+use tessera_agent::isolation::Isolation;
 use tessera_agent::process::{ProcessAgent, ProcessConfig};
+use tessera_agent::sandbox::Launcher;
 use tessera_apiserver::api::Api;
 use tessera_apiserver::api::ApiResponse;
 use tessera_apiserver::auth::{Tokens, User};
@@ -62,6 +64,14 @@ fn pod(name: &str, command: Value, policy: &str, extra: Value) -> Value {
         "spec": {"nodeName": "proc-0", "restartPolicy": policy, "containers": [c]}})
 }
 
+/// Containers in the sandbox, through the helper binary built with these tests.
+fn sandboxed() -> Isolation {
+    Isolation::Sandbox(Launcher {
+        exe: env!("CARGO_BIN_EXE_tessera-sandbox").into(),
+        prefix: vec![],
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containers_run_as_processes() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -93,6 +103,8 @@ async fn containers_run_as_processes() {
             max_backoff: Duration::from_millis(400),
             tokens: Some(tokens.clone()),
             usage_window: Duration::from_millis(200),
+            isolation: sandboxed(),
+            state_dir: dir.path().join("pods"),
             ..ProcessConfig::new("proc-0", log_dir.clone())
         },
     );
@@ -217,28 +229,29 @@ async fn containers_run_as_processes() {
     // container; a startup probe holds readiness back until it passes.
     let flags = dir.path().join("flags");
     std::fs::create_dir_all(&flags).expect("flags");
+    // Probes run inside the container: the flags reach it through a hostPath volume.
     let flag = |name: &str| flags.join(name).display().to_string();
+    let inside = |name: &str| format!("/flags/{name}");
     let probe = |cmd: String| {
         json!({"exec": {"command": ["sh", "-c", cmd]},
         "periodSeconds": 1, "failureThreshold": 1})
     };
-    c.create(
-        res("pods"),
-        Some("default"),
-        &pod(
-            "probed",
-            sh("echo up; while true; do sleep 0.1; done"),
-            "Always",
-            json!({
-                "readinessProbe": probe(format!("test -f {}", flag("ready"))),
-                "livenessProbe": probe(format!("! test -f {}", flag("sick"))),
-                "startupProbe": {"exec": {"command": ["sh", "-c", format!("test -f {}", flag("started"))]},
-                    "periodSeconds": 1, "failureThreshold": 60},
-            }),
-        ),
-    )
-    .await
-    .expect("pod");
+    let mut probed = pod(
+        "probed",
+        sh("echo up; while true; do sleep 0.1; done"),
+        "Always",
+        json!({
+            "readinessProbe": probe(format!("test -f {}", inside("ready"))),
+            "livenessProbe": probe(format!("! test -f {}", inside("sick"))),
+            "startupProbe": {"exec": {"command": ["sh", "-c", format!("test -f {}", inside("started"))]},
+                "periodSeconds": 1, "failureThreshold": 60},
+            "volumeMounts": [{"name": "flags", "mountPath": "/flags", "readOnly": true}],
+        }),
+    );
+    probed["spec"]["volumes"] = json!([{"name": "flags", "hostPath": {"path": flag("")}}]);
+    c.create(res("pods"), Some("default"), &probed)
+        .await
+        .expect("pod");
     let status = |p: &Value| p["status"]["containerStatuses"][0].clone();
     until("probed running, not started", || async {
         get(&c, "probed").await.is_some_and(|p| {

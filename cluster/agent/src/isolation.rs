@@ -1,0 +1,423 @@
+//! The agent's side of the sandbox ([`crate::sandbox`]): per pod, a range of host ids no
+//! other pod on the host holds, a private directory with its volumes (`emptyDir`,
+//! `configMap`, `secret`, `hostPath`), and per container the identity and mounts its
+//! `securityContext` and `volumeMounts` ask for.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::{Container, KeyToPath, Pod, PodSecurityContext, SecurityContext};
+use serde_json::Value;
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::find_resource;
+
+use crate::sandbox::{Bind, Identity, Ids, Launcher};
+
+/// Host ids per pod (as Kubernetes gives a pod with `hostUsers: false`).
+pub const IDS_PER_POD: u32 = 65536;
+/// The first host id handed to pods: far above the ids of the host's own users.
+const FIRST_ID: u32 = 1 << 30;
+/// How many pods can hold ids on one host at once.
+const SLOTS: u32 = 16384;
+
+/// How a process node runs containers.
+#[derive(Clone, Debug)]
+pub enum Isolation {
+    /// In the sandbox, started through this launcher (the agent must be root).
+    Sandbox(Launcher),
+    /// As plain child processes of the agent, with its rights: for trusted code on a
+    /// developer's machine only (`--process-isolation=off`).
+    Off,
+}
+
+/// Whether a pod runs outside the sandbox: `privileged` containers (admitted only where the
+/// namespace's Pod Security level is `privileged`).
+pub fn privileged(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| {
+                c.security_context
+                    .as_ref()
+                    .and_then(|sc| sc.privileged)
+                    .unwrap_or(false)
+            })
+    })
+}
+
+/// A pod's claim on a range of host ids: a directory made atomically under `dir` (shared by
+/// every agent on the host), holding who owns it; released on drop.
+pub struct IdLease {
+    path: PathBuf,
+    /// The range.
+    pub ids: Ids,
+}
+
+impl Drop for IdLease {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+impl IdLease {
+    /// Takes a free range for pod `uid` of node `node`, starting the search at a slot
+    /// derived from the uid (so restarts tend to reuse a pod's range).
+    pub fn take(dir: &Path, node: &str, uid: &str) -> Result<IdLease, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let start = uid
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
+            % SLOTS;
+        for i in 0..SLOTS {
+            let slot = (start + i) % SLOTS;
+            let path = dir.join(slot.to_string());
+            match std::fs::create_dir(&path) {
+                Ok(()) => {
+                    std::fs::write(path.join("owner"), format!("{node} {uid}\n"))
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    return Ok(IdLease {
+                        path,
+                        ids: Ids {
+                            base: FIRST_ID + slot * IDS_PER_POD,
+                            count: IDS_PER_POD,
+                        },
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            }
+        }
+        Err(format!("all {SLOTS} id ranges of this host are taken"))
+    }
+
+    /// Releases the ranges node `node` held before it restarted (its containers died with
+    /// it).
+    pub fn release_stale(dir: &Path, node: &str) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
+            if owner.split_whitespace().next() == Some(node) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+/// Who container `c` of `pod` runs as: `runAsUser`/`runAsGroup` (the container's over the
+/// pod's), groups from `fsGroup` and `supplementalGroups`, the capabilities added. Without
+/// `runAsUser` the process runs as root *of its namespace* — an unprivileged id on the host.
+pub fn identity(pod: &Pod, c: &Container) -> Result<Identity, String> {
+    let ps: PodSecurityContext = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
+    let cs: SecurityContext = c.security_context.clone().unwrap_or_default();
+    let id = |v: Option<i64>, what: &str| -> Result<Option<u32>, String> {
+        v.map(|n| {
+            u32::try_from(n)
+                .ok()
+                .filter(|n| *n < IDS_PER_POD)
+                .ok_or_else(|| format!("{what} {n}: the process runtime maps ids 0 to 65535"))
+        })
+        .transpose()
+    };
+    let uid = id(cs.run_as_user.or(ps.run_as_user), "runAsUser")?.unwrap_or(0);
+    let gid = id(cs.run_as_group.or(ps.run_as_group), "runAsGroup")?.unwrap_or(0);
+    let non_root = cs.run_as_non_root.or(ps.run_as_non_root).unwrap_or(false);
+    if non_root && uid == 0 {
+        return Err(
+            "container has runAsNonRoot and would run as root: set runAsUser (images are not \
+             pulled, so there is no image user to check)"
+                .into(),
+        );
+    }
+    let mut groups: Vec<u32> = Vec::new();
+    for g in ps
+        .fs_group
+        .into_iter()
+        .chain(ps.supplemental_groups.into_iter().flatten())
+    {
+        if let Some(g) = id(Some(g), "group")? {
+            groups.push(g);
+        }
+    }
+    let capabilities = cs.capabilities.and_then(|c| c.add).unwrap_or_default();
+    crate::sandbox::capability_set(&capabilities)?;
+    Ok(Identity {
+        uid,
+        gid,
+        groups,
+        capabilities,
+        workdir: c.working_dir.clone(),
+    })
+}
+
+/// A pod's volumes, prepared in `dir` (owned by the pod's root id `owner`): name → host
+/// path.
+pub async fn prepare_volumes(
+    client: &Arc<dyn Client>,
+    pod: &Pod,
+    dir: &Path,
+    owner: Option<u32>,
+) -> Result<BTreeMap<String, PathBuf>, String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let mut out = BTreeMap::new();
+    for v in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let path = dir.join(&v.name);
+        if let Some(host) = &v.host_path {
+            let p = PathBuf::from(&host.path);
+            match host.type_.as_deref().unwrap_or("") {
+                "DirectoryOrCreate" => std::fs::create_dir_all(&p)
+                    .map_err(|e| format!("hostPath {}: {e}", p.display()))?,
+                "Directory" if !p.is_dir() => {
+                    return Err(format!(
+                        "hostPath type check failed: {} is not a directory",
+                        p.display()
+                    ));
+                }
+                "File" if !p.is_file() => {
+                    return Err(format!(
+                        "hostPath type check failed: {} is not a file",
+                        p.display()
+                    ));
+                }
+                _ => {}
+            }
+            out.insert(v.name.clone(), p);
+            continue;
+        }
+        fresh_dir(&path, owner)?;
+        if v.empty_dir.is_some() {
+            // As the kubelet makes it: writable by whichever user the containers run as.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        } else if let Some(cm) = &v.config_map {
+            let keys = read_keys(client, false, ns, &cm.name).await?;
+            match keys {
+                Some(keys) => {
+                    write_keys(&path, &keys, cm.items.as_deref(), cm.default_mode, owner)?
+                }
+                None if cm.optional.unwrap_or(false) => {}
+                None => return Err(format!("configmap \"{}\" not found", cm.name)),
+            }
+        } else if let Some(s) = &v.secret {
+            let name = s.secret_name.clone().unwrap_or_default();
+            match read_keys(client, true, ns, &name).await? {
+                Some(keys) => write_keys(&path, &keys, s.items.as_deref(), s.default_mode, owner)?,
+                None if s.optional.unwrap_or(false) => {}
+                None => return Err(format!("secret \"{name}\" not found")),
+            }
+        } else {
+            return Err(format!(
+                "volume {:?}: the process runtime mounts emptyDir, configMap, secret and hostPath volumes",
+                v.name
+            ));
+        }
+        out.insert(v.name.clone(), path);
+    }
+    Ok(out)
+}
+
+fn fresh_dir(path: &Path, owner: Option<u32>) -> Result<(), String> {
+    std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(o) = owner {
+        std::os::unix::fs::chown(path, Some(o), Some(o))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn read_keys(
+    client: &Arc<dyn Client>,
+    secret: bool,
+    ns: &str,
+    name: &str,
+) -> Result<Option<BTreeMap<String, Vec<u8>>>, String> {
+    let plural = if secret { "secrets" } else { "configmaps" };
+    let res = find_resource("", "v1", plural).map_err(|e| e.message)?;
+    let obj = match client.get(res, Some(ns), name).await {
+        Ok(o) => o,
+        Err(e) if e.code == 404 => return Ok(None),
+        Err(e) => return Err(format!("reading {plural} {name}: {}", e.message)),
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut out = BTreeMap::new();
+    let decode = |k: &str, v: &Value| -> Result<Vec<u8>, String> {
+        b64.decode(v.as_str().unwrap_or_default())
+            .map_err(|e| format!("{plural} {name} key {k} is not base64: {e}"))
+    };
+    for (k, v) in obj["data"].as_object().into_iter().flatten() {
+        let bytes = if secret {
+            decode(k, v)?
+        } else {
+            v.as_str().unwrap_or_default().as_bytes().to_vec()
+        };
+        out.insert(k.clone(), bytes);
+    }
+    for (k, v) in obj["binaryData"].as_object().into_iter().flatten() {
+        out.insert(k.clone(), decode(k, v)?);
+    }
+    Ok(Some(out))
+}
+
+/// Writes the keys (all, or the `items` chosen, at their paths) as files with their modes.
+fn write_keys(
+    dir: &Path,
+    keys: &BTreeMap<String, Vec<u8>>,
+    items: Option<&[KeyToPath]>,
+    default_mode: Option<i32>,
+    owner: Option<u32>,
+) -> Result<(), String> {
+    let mode = |m: Option<i32>| (m.or(default_mode).unwrap_or(0o644) & 0o777) as u32;
+    let chosen: Vec<(String, &Vec<u8>, u32)> = match items {
+        Some(items) => items
+            .iter()
+            .map(|i| {
+                keys.get(&i.key)
+                    .map(|v| (i.path.clone(), v, mode(i.mode)))
+                    .ok_or_else(|| format!("couldn't find key {} for the volume", i.key))
+            })
+            .collect::<Result<_, _>>()?,
+        None => keys
+            .iter()
+            .map(|(k, v)| (k.clone(), v, mode(None)))
+            .collect(),
+    };
+    for (rel, bytes, m) in chosen {
+        if rel.split('/').any(|p| p == ".." || p.is_empty()) {
+            return Err(format!(
+                "volume item path {rel:?} must be relative, without '..'"
+            ));
+        }
+        let file = dir.join(&rel);
+        if let Some(parent) = file.parent() {
+            fresh_dir(parent, owner)?;
+        }
+        std::fs::write(&file, bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m))
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        if let Some(o) = owner {
+            std::os::unix::fs::chown(&file, Some(o), Some(o))
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Container `c`'s mounts from its `volumeMounts`.
+pub fn binds(c: &Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<Bind>, String> {
+    let mut out = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let base = volumes
+            .get(&m.name)
+            .ok_or_else(|| format!("volumeMount {:?}: the pod has no such volume", m.name))?;
+        let (source, within) = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            Some(sub) => {
+                if sub.starts_with('/') || sub.split('/').any(|p| p == "..") {
+                    return Err(format!("subPath {sub:?} must be relative, without '..'"));
+                }
+                (base.join(sub), Some(base.clone()))
+            }
+            None => (base.clone(), None),
+        };
+        if !m.mount_path.starts_with('/') {
+            return Err(format!("mountPath {:?} must be absolute", m.mount_path));
+        }
+        out.push(Bind {
+            source,
+            target: m.mount_path.clone(),
+            read_only: m.read_only.unwrap_or(false),
+            within,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).expect("pod")
+    }
+
+    #[test]
+    fn identity_follows_the_security_context() {
+        let p = pod(json!({"metadata": {"name": "p"}, "spec": {
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 3000, "fsGroup": 2000},
+            "containers": [{"name": "a"}, {"name": "b", "securityContext": {"runAsUser": 7,
+                "capabilities": {"add": ["NET_BIND_SERVICE"]}}}]}}));
+        let spec = p.spec.clone().expect("spec");
+        let a = identity(&p, &spec.containers[0]).expect("a");
+        assert_eq!((a.uid, a.gid, a.groups.clone()), (1000, 3000, vec![2000]));
+        let b = identity(&p, &spec.containers[1]).expect("b");
+        assert_eq!((b.uid, b.gid), (7, 3000));
+        assert_eq!(b.capabilities, vec!["NET_BIND_SERVICE".to_owned()]);
+        let nonroot = pod(json!({"metadata": {"name": "p"}, "spec": {
+            "securityContext": {"runAsNonRoot": true}, "containers": [{"name": "a"}]}}));
+        let e =
+            identity(&nonroot, &nonroot.spec.clone().expect("s").containers[0]).expect_err("root");
+        assert!(e.contains("runAsNonRoot"), "{e}");
+        let big = pod(json!({"metadata": {"name": "p"}, "spec": {
+            "containers": [{"name": "a", "securityContext": {"runAsUser": 70000}}]}}));
+        assert!(identity(&big, &big.spec.clone().expect("s").containers[0]).is_err());
+    }
+
+    #[test]
+    fn id_ranges_are_exclusive_and_released() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = IdLease::take(dir.path(), "n1", "uid-a").expect("a");
+        let b = IdLease::take(dir.path(), "n1", "uid-a").expect("b");
+        assert_ne!(a.ids.base, b.ids.base, "two claims never share a range");
+        assert!(a.ids.base >= FIRST_ID && a.ids.base.is_multiple_of(IDS_PER_POD));
+        let base = a.ids.base;
+        drop(a);
+        let c = IdLease::take(dir.path(), "n1", "uid-a").expect("c");
+        assert_eq!(c.ids.base, base, "a released range is taken again");
+        // A restarted node frees what it held; another node's claims stay.
+        let other = IdLease::take(dir.path(), "n2", "uid-x").expect("other");
+        IdLease::release_stale(dir.path(), "n1");
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
+        drop((b, c, other));
+    }
+
+    #[test]
+    fn mounts_refuse_escaping_paths() {
+        let c: Container = serde_json::from_value(json!({"name": "c", "volumeMounts": [
+            {"name": "v", "mountPath": "/data", "subPath": "../../etc"}]}))
+        .expect("c");
+        let vols = BTreeMap::from([("v".to_owned(), PathBuf::from("/x"))]);
+        assert!(binds(&c, &vols).expect_err("escape").contains("subPath"));
+        let ok: Container = serde_json::from_value(json!({"name": "c", "volumeMounts": [
+            {"name": "v", "mountPath": "/data", "readOnly": true}]}))
+        .expect("c");
+        let b = binds(&ok, &vols).expect("binds");
+        assert_eq!(b[0].target, "/data");
+        assert!(b[0].read_only);
+        let dir = tempfile::tempdir().expect("tmp");
+        let keys = BTreeMap::from([("k".to_owned(), b"v".to_vec())]);
+        let bad = [KeyToPath {
+            key: "k".into(),
+            path: "../k".into(),
+            mode: None,
+        }];
+        assert!(write_keys(dir.path(), &keys, Some(&bad), None, None).is_err());
+        write_keys(dir.path(), &keys, None, Some(0o400), None).expect("write");
+        let m = std::fs::metadata(dir.path().join("k")).expect("k");
+        assert_eq!(m.permissions().mode() & 0o777, 0o400);
+    }
+}
