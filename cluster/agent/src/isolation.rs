@@ -159,13 +159,43 @@ pub fn identity(pod: &Pod, c: &Container) -> Result<Identity, String> {
     })
 }
 
-/// A pod's volumes, prepared in `dir` (owned by the pod's root id `owner`): name → host
-/// path.
+/// Who owns the files of a pod's volumes on the host: the pod's root, and its `fsGroup`
+/// when it has one — then, as the kubelet does, files are group-readable by it (a Secret
+/// with `defaultMode: 0400` becomes 0440 for a non-root container to read it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// Host uid.
+    pub uid: u32,
+    /// Host gid.
+    pub gid: u32,
+    /// Whether `fsGroup` set the group (and files get its read bit).
+    pub fs_group: bool,
+}
+
+impl Owner {
+    /// The owner of `pod`'s volumes given its id range.
+    pub fn of(pod: &Pod, ids: Ids) -> Owner {
+        let fs_group = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|sc| sc.fs_group)
+            .and_then(|g| u32::try_from(g).ok())
+            .filter(|g| *g < ids.count);
+        Owner {
+            uid: ids.base,
+            gid: ids.base + fs_group.unwrap_or(0),
+            fs_group: fs_group.is_some(),
+        }
+    }
+}
+
+/// A pod's volumes, prepared in `dir` (owned by `owner`): name → host path.
 pub async fn prepare_volumes(
     client: &Arc<dyn Client>,
     pod: &Pod,
     dir: &Path,
-    owner: Option<u32>,
+    owner: Option<Owner>,
 ) -> Result<BTreeMap<String, PathBuf>, String> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut out = BTreeMap::new();
@@ -231,11 +261,19 @@ pub async fn prepare_volumes(
     Ok(out)
 }
 
-fn fresh_dir(path: &Path, owner: Option<u32>) -> Result<(), String> {
+fn fresh_dir(path: &Path, owner: Option<Owner>) -> Result<(), String> {
     std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(o) = owner {
-        std::os::unix::fs::chown(path, Some(o), Some(o))
+        std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid))
             .map_err(|e| format!("{}: {e}", path.display()))?;
+        if o.fs_group {
+            let mode = std::fs::metadata(path)
+                .map_err(|e| e.to_string())?
+                .permissions()
+                .mode();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o2050))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
     }
     Ok(())
 }
@@ -279,7 +317,7 @@ fn write_keys(
     keys: &BTreeMap<String, Vec<u8>>,
     items: Option<&[KeyToPath]>,
     default_mode: Option<i32>,
-    owner: Option<u32>,
+    owner: Option<Owner>,
 ) -> Result<(), String> {
     let mode = |m: Option<i32>| (m.or(default_mode).unwrap_or(0o644) & 0o777) as u32;
     let chosen: Vec<(String, &Vec<u8>, u32)> = match items {
@@ -307,14 +345,65 @@ fn write_keys(
             fresh_dir(parent, owner)?;
         }
         std::fs::write(&file, bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        let m = if owner.is_some_and(|o| o.fs_group) {
+            m | 0o440
+        } else {
+            m
+        };
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m))
             .map_err(|e| format!("{}: {e}", file.display()))?;
         if let Some(o) = owner {
-            std::os::unix::fs::chown(&file, Some(o), Some(o))
+            std::os::unix::fs::chown(&file, Some(o.uid), Some(o.gid))
                 .map_err(|e| format!("{}: {e}", file.display()))?;
         }
     }
     Ok(())
+}
+
+/// `sub` inside volume directory `base`, its missing directories made as the kubelet makes
+/// them — one level at a time, relative to a descriptor, never following a symbolic link: a
+/// container that planted one in its volume does not get the host's root to create
+/// directories elsewhere. (The sandbox checks again, from its own descriptor, that the
+/// source it mounts is inside the volume.)
+fn sub_path(base: &Path, sub: &str) -> Result<PathBuf, String> {
+    use rustix::fs::{Mode, OFlags};
+    if sub.starts_with('/') || sub.split('/').any(|p| p == "..") {
+        return Err(format!("subPath {sub:?} must be relative, without '..'"));
+    }
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::open(base, flags | OFlags::DIRECTORY, Mode::empty())
+        .map_err(|e| format!("volume {}: {e}", base.display()))?;
+    let parts: Vec<&str> = sub
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let opened = match rustix::fs::openat(&dir, *part, flags, Mode::empty()) {
+            Err(rustix::io::Errno::NOENT) => {
+                rustix::fs::mkdirat(&dir, *part, Mode::from_raw_mode(0o777))
+                    .map_err(|e| format!("subPath {sub:?}: creating {part}: {e}"))?;
+                rustix::fs::openat(&dir, *part, flags, Mode::empty())
+            }
+            other => other,
+        }
+        .map_err(|e| format!("subPath {sub:?}: {part}: {e}"))?;
+        let kind = rustix::fs::fstat(&opened)
+            .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode))
+            .map_err(|e| e.to_string())?;
+        match kind {
+            rustix::fs::FileType::Symlink => {
+                return Err(format!(
+                    "subPath {sub:?}: {part} is a symbolic link, which a subPath may not pass"
+                ));
+            }
+            rustix::fs::FileType::Directory => {}
+            _ if last => {}
+            _ => return Err(format!("subPath {sub:?}: {part} is not a directory")),
+        }
+        dir = opened;
+    }
+    Ok(base.join(parts.join("/")))
 }
 
 /// Container `c`'s mounts from its `volumeMounts`.
@@ -325,12 +414,7 @@ pub fn binds(c: &Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<B
             .get(&m.name)
             .ok_or_else(|| format!("volumeMount {:?}: the pod has no such volume", m.name))?;
         let (source, within) = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => {
-                if sub.starts_with('/') || sub.split('/').any(|p| p == "..") {
-                    return Err(format!("subPath {sub:?} must be relative, without '..'"));
-                }
-                (base.join(sub), Some(base.clone()))
-            }
+            Some(sub) => (sub_path(base, sub)?, Some(base.clone())),
             None => (base.clone(), None),
         };
         if !m.mount_path.starts_with('/') {
@@ -402,6 +486,21 @@ mod tests {
         .expect("c");
         let vols = BTreeMap::from([("v".to_owned(), PathBuf::from("/x"))]);
         assert!(binds(&c, &vols).expect_err("escape").contains("subPath"));
+        // A link planted in the volume is not followed, and nothing is made through it.
+        let vol = tempfile::tempdir().expect("tmp");
+        let outside = tempfile::tempdir().expect("tmp");
+        std::os::unix::fs::symlink(outside.path(), vol.path().join("esc")).expect("link");
+        let e = sub_path(vol.path(), "esc/made").expect_err("through a link");
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(!outside.path().join("made").exists());
+        let made = sub_path(vol.path(), "a/b").expect("made");
+        assert!(made.is_dir());
+        std::fs::write(vol.path().join("a/file"), "x").expect("file");
+        assert!(
+            sub_path(vol.path(), "a/file").is_ok(),
+            "a file at the end is fine"
+        );
+        assert!(sub_path(vol.path(), "a/file/x").is_err());
         let ok: Container = serde_json::from_value(json!({"name": "c", "volumeMounts": [
             {"name": "v", "mountPath": "/data", "readOnly": true}]}))
         .expect("c");

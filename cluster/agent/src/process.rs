@@ -611,7 +611,7 @@ impl ProcessAgent {
                     &self.client,
                     pod,
                     &dir.join("volumes"),
-                    Some(lease.ids.base),
+                    Some(crate::isolation::Owner::of(pod, lease.ids)),
                 )
                 .await?;
                 Ok::<_, String>(PodSandbox {
@@ -733,8 +733,7 @@ impl ProcessAgent {
         let liveness = async {
             match runnable(c.liveness_probe.as_ref()) {
                 Some(p) => {
-                    self.probe_loop(&who, Kind::Liveness, p, |ok| !ok)
-                        .await;
+                    self.probe_loop(&who, Kind::Liveness, p, |ok| !ok).await;
                     killing(p, Kind::Liveness)
                 }
                 None => std::future::pending().await,

@@ -2,113 +2,30 @@
 //! their output logged, exit codes reported, restarts with back-off, and SIGTERM then SIGKILL
 //! on deletion; and `pods/log` through the API server to the agent's log endpoint.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use tessera_agent::isolation::Isolation;
-use tessera_agent::process::{ProcessAgent, ProcessConfig};
-use tessera_agent::sandbox::Launcher;
-use tessera_apiserver::api::Api;
-use tessera_apiserver::api::ApiResponse;
+use support::{Fixture, get, logs, pod, res, until};
+use tessera_apiserver::api::{Api, ApiResponse};
 use tessera_apiserver::auth::{Tokens, User};
-use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::{Client, InProcess};
-use tessera_apiserver::request::{ApiRequest, Verb, find_resource, from_http};
-use tessera_apiserver::status::ApiError;
-use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
-
-fn res(plural: &str) -> &'static Resource {
-    find_resource("", "v1", plural).expect("resource")
-}
-
-async fn get(c: &Arc<dyn Client>, name: &str) -> Option<Value> {
-    c.get(res("pods"), Some("default"), name).await.ok()
-}
-
-async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    for _ in 0..600 {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-/// `GET pods/NAME/log?QUERY` through the API, read to its end.
-async fn logs(c: &Arc<dyn Client>, name: &str, query: &str) -> Result<String, ApiError> {
-    let path = format!("/api/v1/namespaces/default/pods/{name}/log");
-    let req = from_http("GET", &path, query, None, None, Default::default())?.expect("served");
-    match c.call(req).await? {
-        ApiResponse::Stream { mut body, .. } => {
-            let mut out = Vec::new();
-            while let Some(chunk) = body.next().await {
-                out.extend_from_slice(&chunk.expect("chunk"));
-            }
-            Ok(String::from_utf8(out).expect("utf-8"))
-        }
-        other => panic!("a log read answered {other:?}"),
-    }
-}
-
-fn pod(name: &str, command: Value, policy: &str, extra: Value) -> Value {
-    let mut c = json!({"name": "main", "image": "busybox", "command": command});
-    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
-        for (k, v) in extra {
-            c.insert(k.clone(), v.clone());
-        }
-    }
-    json!({"metadata": {"name": name, "namespace": "default"},
-        "spec": {"nodeName": "proc-0", "restartPolicy": policy, "containers": [c]}})
-}
-
-/// Containers in the sandbox, through the helper binary built with these tests.
-fn sandboxed() -> Isolation {
-    Isolation::Sandbox(Launcher {
-        exe: env!("CARGO_BIN_EXE_tessera-sandbox").into(),
-        prefix: vec![],
-    })
-}
+use tessera_apiserver::request::{ApiRequest, Verb, from_http};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containers_run_as_processes() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
-    let store = Arc::new(
-        EmbeddedStore::open(
-            &dir.path().join("store"),
-            EmbeddedOptions::default(),
-            metrics,
-        )
-        .await
-        .expect("store"),
-    );
-    let tokens = Tokens::new("test-admin-token");
-    let api = Api::new(store.clone(), None).with_node_proxy(tokens.clone());
-    let c: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
-    c.create(
-        res("namespaces"),
-        None,
-        &json!({"metadata": {"name": "default"}}),
-    )
-    .await
-    .expect("ns");
-    let log_dir = dir.path().join("logs");
-    let agent = ProcessAgent::new(
-        c.clone(),
-        ProcessConfig {
-            backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(400),
-            tokens: Some(tokens.clone()),
-            usage_window: Duration::from_millis(200),
-            isolation: sandboxed(),
-            state_dir: dir.path().join("pods"),
-            ..ProcessConfig::new("proc-0", log_dir.clone())
-        },
-    );
-    agent.register().await.expect("register");
+    let Fixture {
+        dir,
+        store,
+        api,
+        client: c,
+        tokens: _,
+        log_dir,
+        agent,
+    } = Fixture::start(|_| {}).await;
     let node = c.get(res("nodes"), None, "proc-0").await.expect("node");
     assert_eq!(node["metadata"]["labels"]["tessera.io/runtime"], "process");
     let port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
