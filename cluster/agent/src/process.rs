@@ -19,6 +19,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use tessera_apiserver::api::admission::{PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
 use tessera_apiserver::api::{now_secs, rfc3339};
 use tessera_apiserver::auth::Tokens;
 use tessera_apiserver::catalog::Resource;
@@ -316,9 +317,12 @@ impl ProcessAgent {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let now = rfc3339(now_secs());
         let resources = json!({"cpu": cpus.to_string(), "memory": host_memory(), "pods": "110"});
+        // Scheduling here is opt-in: the taint keeps pods off unless they tolerate it (and a
+        // tenant's pods may tolerate it only if its Tenant allows process nodes).
         let node = json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": self.config.node, "labels": {"kubernetes.io/hostname": self.config.node,
-                "kubernetes.io/os": "linux", "tessera.io/runtime": "process"}},
+                "kubernetes.io/os": "linux", PROCESS_TAINT_KEY: PROCESS_TAINT_VALUE}},
+            "spec": {"taints": [{"key": PROCESS_TAINT_KEY, "value": PROCESS_TAINT_VALUE, "effect": "NoSchedule"}]},
             "status": {"capacity": resources, "allocatable": resources,
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                     "message": "process agent is posting ready status",
@@ -347,6 +351,31 @@ impl ProcessAgent {
                         &patch,
                     )
                     .await?;
+                // A node registered before it carried the taint gets it (added to whatever
+                // taints an administrator set since).
+                let now = self
+                    .client
+                    .get(res("", "nodes"), None, &self.config.node)
+                    .await?;
+                let mut taints = now["spec"]["taints"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                if !taints.iter().any(|t| t["key"] == PROCESS_TAINT_KEY) {
+                    taints.push(node["spec"]["taints"][0].clone());
+                    let patch = json!({"metadata": {"resourceVersion": now["metadata"]["resourceVersion"]},
+                        "spec": {"taints": taints}});
+                    self.client
+                        .patch(
+                            res("", "nodes"),
+                            None,
+                            &self.config.node,
+                            None,
+                            PatchType::Merge,
+                            &patch,
+                        )
+                        .await?;
+                }
             }
             Err(e) => return Err(e),
         }

@@ -48,6 +48,15 @@ pub struct TenantSpec {
     /// namespaces together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<BTreeMap<String, Quantity>>,
+    /// The loosest Pod Security level its namespaces may have: `privileged`, `baseline`
+    /// (default) or `restricted`. Namespace labels can only make it stricter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<String>,
+    /// Whether its pods may run on process nodes (which carry the taint
+    /// `tessera.io/runtime=process:NoSchedule`): without it, a toleration of that taint or a
+    /// `nodeName` of a process node is refused (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_nodes: Option<bool>,
 }
 
 /// Observed state of a tenant.

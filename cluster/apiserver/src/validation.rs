@@ -155,6 +155,15 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                 }
             }
             quantities(&spec["quota"], "spec.quota", &mut e);
+            if let Some(level) = spec["podSecurity"].as_str()
+                && crate::api::pod_security::Level::parse(level).is_none()
+            {
+                e.invalid(
+                    "spec.podSecurity",
+                    &spec["podSecurity"],
+                    "must be one of privileged, baseline, restricted",
+                );
+            }
         }
         ("tessera.io", "PodGroup") => {
             if spec.is_null() {

@@ -219,3 +219,267 @@ async fn a_tenant_cannot_lift_its_quota_or_report_its_pods_finished() {
     acme.get(pods, ns, "p").await.expect("read");
     acme.delete(pods, ns, "p", None).await.expect("delete");
 }
+
+/// The escape pod's shapes: host namespaces, privileged, hostPath, added capabilities.
+fn risky(name: &str) -> Vec<(&'static str, Value)> {
+    let c = |sc: Value| json!({"name": "c", "image": "x", "securityContext": sc});
+    let spec = |extra: Value| {
+        let mut s = json!({"containers": [c(json!({}))]});
+        for (k, v) in extra.as_object().expect("object") {
+            s[k] = v.clone();
+        }
+        json!({"metadata": {"name": name}, "spec": s})
+    };
+    vec![
+        (
+            "host namespaces (hostNetwork=true)",
+            spec(json!({"hostNetwork": true})),
+        ),
+        (
+            "host namespaces (hostPID=true)",
+            spec(json!({"hostPID": true})),
+        ),
+        (
+            "privileged (container \"c\" must not set securityContext.privileged=true)",
+            spec(json!({"containers": [c(json!({"privileged": true}))]})),
+        ),
+        (
+            "hostPath volumes (volume \"root\")",
+            spec(json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]})),
+        ),
+        (
+            "non-default capabilities (container \"c\" must not include \"SYS_ADMIN\"",
+            spec(json!({"containers": [c(json!({"capabilities": {"add": ["SYS_ADMIN"]}}))]})),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_security_holds_a_tenant_to_baseline() {
+    let (admin, acme, _dir) = setup().await;
+    let (pods, namespaces) = (res("", "pods"), res("", "namespaces"));
+    let ns = Some("acme-dev");
+    // A tenant's namespace is baseline without any label: each risky shape is refused,
+    // saying which rule, and nothing is created.
+    for (why, pod) in risky("p") {
+        let e = acme.create(pods, ns, &pod).await.expect_err(why);
+        assert_eq!(e.code, 403, "{}", e.message);
+        assert!(
+            e.message
+                .starts_with("pods \"p\" is forbidden: violates PodSecurity \"baseline:latest\": "),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains(why), "{why}: {}", e.message);
+        assert!(admin.get(pods, ns, "p").await.is_err(), "nothing created");
+    }
+    // Through a controller it is the same: the pod is checked whoever creates it.
+    let e = admin
+        .create(pods, ns, &risky("ctl")[0].1)
+        .await
+        .expect_err("an admin's pod in the tenant's namespace too");
+    assert_eq!(e.code, 403);
+    // A plain pod is fine; a restricted warning is returned when the namespace asks for it.
+    let plain = json!({"metadata": {"name": "plain"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}});
+    acme.create(pods, ns, &plain).await.expect("baseline pod");
+    admin
+        .patch(
+            namespaces,
+            None,
+            "acme-dev",
+            None,
+            PatchType::Merge,
+            &json!({"metadata": {"labels": {"pod-security.kubernetes.io/warn": "restricted"}}}),
+        )
+        .await
+        .expect("warn label");
+    let req = tessera_apiserver::request::ApiRequest {
+        namespace: Some("acme-dev".into()),
+        body: json!({"metadata": {"name": "warned"},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}})
+        .to_string()
+        .into(),
+        ..tessera_apiserver::request::ApiRequest::new(
+            tessera_apiserver::request::Verb::Create,
+            pods,
+        )
+    };
+    match acme.call(req).await.expect("created with a warning") {
+        tessera_apiserver::api::ApiResponse::Object { warnings, .. } => assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("would violate PodSecurity \"restricted:latest\"")),
+            "{warnings:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // The tenant cannot loosen its namespace; an admin's looser label does not take effect.
+    let loosen =
+        json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}});
+    let e = acme
+        .patch(
+            namespaces,
+            None,
+            "acme-dev",
+            None,
+            PatchType::Merge,
+            &loosen,
+        )
+        .await
+        .expect_err("looser than the Tenant allows");
+    assert_eq!(e.code, 403, "{}", e.message);
+    assert!(
+        e.message
+            .contains("looser than tenant \"acme\" allows (baseline)"),
+        "{}",
+        e.message
+    );
+    admin
+        .patch(
+            namespaces,
+            None,
+            "acme-dev",
+            None,
+            PatchType::Merge,
+            &loosen,
+        )
+        .await
+        .expect("an admin may label");
+    let e = acme
+        .create(pods, ns, &risky("still")[0].1)
+        .await
+        .expect_err("still baseline");
+    assert_eq!(e.code, 403);
+    // A Tenant allowed `privileged` gets what its namespace labels say; a stricter label
+    // holds even then.
+    admin
+        .patch(
+            res("tessera.io", "tenants"),
+            None,
+            "acme",
+            None,
+            PatchType::Merge,
+            &json!({"spec": {"podSecurity": "privileged"}}),
+        )
+        .await
+        .expect("allow privileged");
+    acme.create(pods, ns, &risky("now")[0].1)
+        .await
+        .expect("privileged allowed now");
+    acme.patch(
+        namespaces,
+        None,
+        "acme-dev",
+        None,
+        PatchType::Merge,
+        &json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}),
+    )
+    .await
+    .expect("stricter is always fine");
+    let e = acme
+        .create(pods, ns, &plain.clone())
+        .await
+        .expect_err("restricted");
+    assert!(e.message.contains("\"restricted:latest\""), "{}", e.message);
+    // A bad level is refused on the Tenant.
+    let e = admin
+        .patch(
+            res("tessera.io", "tenants"),
+            None,
+            "acme",
+            None,
+            PatchType::Merge,
+            &json!({"spec": {"podSecurity": "lenient"}}),
+        )
+        .await
+        .expect_err("invalid level");
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("spec.podSecurity"), "{}", e.message);
+    // Namespaces no Tenant owns are privileged by default, as in Kubernetes.
+    admin
+        .create(pods, Some("default"), &risky("admin-pod")[0].1)
+        .await
+        .expect("privileged by default outside tenants");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_nodes_are_opt_in_for_tenants() {
+    let (admin, acme, _dir) = setup().await;
+    let (pods, nodes) = (res("", "pods"), res("", "nodes"));
+    let ns = Some("acme-dev");
+    admin
+        .create(
+            nodes,
+            None,
+            &json!({"metadata": {"name": "proc-0", "labels": {"tessera.io/runtime": "process"}},
+                "spec": {"taints": [{"key": "tessera.io/runtime", "value": "process", "effect": "NoSchedule"}]}}),
+        )
+        .await
+        .expect("node");
+    let pod = |name: &str, spec: Value| {
+        let mut s = json!({"containers": [{"name": "c", "image": "x"}]});
+        for (k, v) in spec.as_object().expect("object") {
+            s[k] = v.clone();
+        }
+        json!({"metadata": {"name": name}, "spec": s})
+    };
+    let attempts = [
+        (
+            "named",
+            json!({"nodeName": "proc-0"}),
+            "spec.nodeName \"proc-0\" is a process node",
+        ),
+        (
+            "tolerant",
+            json!({"tolerations": [{"key": "tessera.io/runtime", "operator": "Exists"}]}),
+            "spec.tolerations[0] tolerates",
+        ),
+        (
+            "tolerates-all",
+            json!({"tolerations": [{"operator": "Exists"}]}),
+            "spec.tolerations[0] tolerates",
+        ),
+    ];
+    for (name, spec, why) in &attempts {
+        let e = acme
+            .create(pods, ns, &pod(name, spec.clone()))
+            .await
+            .expect_err(name);
+        assert_eq!(e.code, 403, "{}", e.message);
+        assert!(e.message.contains(why), "{}", e.message);
+        assert!(
+            e.message.contains("spec.processNodes: true"),
+            "{}",
+            e.message
+        );
+    }
+    // Other tolerations and nodes are the tenant's business.
+    acme.create(
+        pods,
+        ns,
+        &pod(
+            "other",
+            json!({"tolerations": [{"key": "gpu", "operator": "Exists"}], "nodeName": "n1"}),
+        ),
+    )
+    .await
+    .expect("not a process node");
+    // Allowed by its Tenant, it may.
+    admin
+        .patch(
+            res("tessera.io", "tenants"),
+            None,
+            "acme",
+            None,
+            PatchType::Merge,
+            &json!({"spec": {"processNodes": true}}),
+        )
+        .await
+        .expect("allow");
+    for (name, spec, _) in attempts {
+        acme.create(pods, ns, &pod(name, spec))
+            .await
+            .expect("allowed now");
+    }
+}

@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// The taint (and label) process nodes carry: their pods run as real processes on the
+/// node's machine, so scheduling there is opt-in.
+pub const PROCESS_TAINT_KEY: &str = "tessera.io/runtime";
+/// Its value.
+pub const PROCESS_TAINT_VALUE: &str = "process";
+
 impl ApiError {
     /// The same error with reason Forbidden (403), as LimitRange admission answers.
     fn forbidden_reason(mut self) -> Self {
@@ -94,6 +100,110 @@ impl Api {
             }
         }
         Ok(used)
+    }
+
+    /// Pod Security admission for a pod, or (warnings only) a workload's pod template in
+    /// namespace `ns`; and the process-node boundary: a pod of a Tenant without
+    /// `spec.processNodes` may neither tolerate the process nodes' taint nor name one.
+    /// Violations of the `warn` level are added to `warnings`.
+    pub(super) async fn admit_pod_security(
+        &self,
+        res: &Resource,
+        ns: &str,
+        obj: &Value,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), ApiError> {
+        use super::pod_security::{Level, Policy, TENANT_DEFAULT, message, violations};
+        let Some(spec) = super::pod_security::template_spec(res.kind, obj) else {
+            return Ok(());
+        };
+        let tenant = self.tenant_of(ns).await?;
+        let tenant_max = tenant.as_ref().map(|t| {
+            t["spec"]["podSecurity"]
+                .as_str()
+                .and_then(Level::parse)
+                .unwrap_or(TENANT_DEFAULT)
+        });
+        let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
+        let labels = match self.read(ns_res, None, ns).await? {
+            Some((n, _)) => n["metadata"]["labels"].clone(),
+            None => Value::Null,
+        };
+        let policy = Policy::of(&labels, tenant_max);
+        let name = name_of(obj);
+        if res.kind == "Pod" {
+            let v = violations(spec, policy.enforce);
+            if !v.is_empty() {
+                return Err(ApiError::forbidden(format!(
+                    "pods {name:?} is forbidden: {}",
+                    message(policy.enforce, &v)
+                )));
+            }
+            if let Some(t) = &tenant
+                && t["spec"]["processNodes"] != true
+            {
+                self.refuse_process_nodes(spec, name, name_of(t)).await?;
+            }
+        }
+        let w = violations(spec, policy.warn);
+        if !w.is_empty() {
+            warnings.push(format!(
+                "would violate PodSecurity \"{}:latest\": {}",
+                policy.warn.as_str(),
+                w.join(", ")
+            ));
+        }
+        let a = violations(spec, policy.audit);
+        if !a.is_empty() {
+            tracing::info!(target: "audit", namespace = ns, kind = res.kind, name,
+                "pod-security.kubernetes.io/audit-violations: {}", message(policy.audit, &a));
+        }
+        Ok(())
+    }
+
+    /// Refuses a pod that tolerates the process nodes' taint or names a process node.
+    async fn refuse_process_nodes(
+        &self,
+        spec: &Value,
+        name: &str,
+        tenant: &str,
+    ) -> Result<(), ApiError> {
+        let why = |what: String| {
+            ApiError::forbidden(format!(
+                "pods {name:?} is forbidden: {what}; tenant {tenant:?} may not run pods on process \
+                 nodes (an administrator can allow it with spec.processNodes: true on the Tenant)"
+            ))
+        };
+        for (i, t) in spec["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let key = t["key"].as_str().unwrap_or("");
+            let exists = t["operator"] == "Exists";
+            let effect_ok = t["effect"]
+                .as_str()
+                .is_none_or(|e| e.is_empty() || e == "NoSchedule");
+            let tolerates = effect_ok
+                && ((key.is_empty() && exists)
+                    || (key == PROCESS_TAINT_KEY
+                        && (exists || t["value"].as_str() == Some(PROCESS_TAINT_VALUE))));
+            if tolerates {
+                return Err(why(format!(
+                    "spec.tolerations[{i}] tolerates the process nodes' taint {PROCESS_TAINT_KEY}={PROCESS_TAINT_VALUE}:NoSchedule"
+                )));
+            }
+        }
+        if let Some(node) = spec["nodeName"].as_str() {
+            let nodes = crate::request::find_resource("", "v1", "nodes")?;
+            if let Some((n, _)) = self.read(nodes, None, node).await?
+                && n["metadata"]["labels"][PROCESS_TAINT_KEY] == PROCESS_TAINT_VALUE
+            {
+                return Err(why(format!("spec.nodeName {node:?} is a process node")));
+            }
+        }
+        Ok(())
     }
 
     /// LimitRange admission: container defaults filled in, min/max checked.

@@ -201,6 +201,7 @@ impl Api {
         }
         match self.store.txn(ops).await {
             Ok(_) => {
+                self.wrote(res);
                 if res.plural == "services" && res.group.is_empty() {
                     self.release(Api::held_by(&current)).await;
                 }

@@ -6,11 +6,12 @@
 //! kind's real type (`k8s-openapi`), so that what is kept is exactly what clients expect;
 //! fields the type does not have are dropped, warned about or refused (`fieldValidation`).
 
-mod admission;
+pub mod admission;
 mod agents;
 mod allocator;
 mod delete;
 mod logs;
+pub mod pod_security;
 mod read;
 pub mod resource_metrics;
 mod subresources;

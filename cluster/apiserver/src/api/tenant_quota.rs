@@ -44,9 +44,17 @@ impl Api {
             .collect())
     }
 
-    /// The Tenant that owns `ns` and has a quota, if any (from a list read at most
-    /// `TENANTS_TTL` ago: tenants are few; pods are many).
-    async fn quota_tenant(&self, ns: &str) -> Result<Option<String>, ApiError> {
+    /// After a write to `res`: a changed Tenant is read afresh by the next admission here
+    /// (other API servers see it within `TENANTS_TTL`).
+    pub(super) fn wrote(&self, res: &crate::catalog::Resource) {
+        if res.kind == "Tenant" {
+            *self.tenants.lock() = None;
+        }
+    }
+
+    /// The Tenant that owns `ns`, if any (from a list read at most `TENANTS_TTL` ago:
+    /// tenants are few; pods are many).
+    pub(super) async fn tenant_of(&self, ns: &str) -> Result<Option<Value>, ApiError> {
         let fresh = {
             let cached = self.tenants.lock();
             cached
@@ -57,28 +65,29 @@ impl Api {
         let list = match fresh {
             Some(l) => l,
             None => {
-                let list: Vec<Value> = self
-                    .tenants()
-                    .await?
-                    .into_iter()
-                    .filter(|t| {
-                        t["spec"]["quota"]
-                            .as_object()
-                            .is_some_and(|q| !q.is_empty())
-                    })
-                    .collect();
+                let list = self.tenants().await?;
                 *self.tenants.lock() = Some((Instant::now(), list.clone()));
                 list
             }
         };
-        Ok(list
-            .iter()
-            .find(|t| {
-                t["spec"]["namespaces"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|n| n == ns))
+        Ok(list.into_iter().find(|t| {
+            t["spec"]["namespaces"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|n| n == ns))
+        }))
+    }
+
+    /// The Tenant that owns `ns` and has a quota, if any.
+    async fn quota_tenant(&self, ns: &str) -> Result<Option<String>, ApiError> {
+        Ok(self
+            .tenant_of(ns)
+            .await?
+            .filter(|t| {
+                t["spec"]["quota"]
+                    .as_object()
+                    .is_some_and(|q| !q.is_empty())
             })
-            .map(|t| name_of(t).to_owned()))
+            .map(|t| name_of(&t).to_owned()))
     }
 
     /// Charges (or with `charge == false` refunds) `pod` to the quota of the tenant owning

@@ -269,6 +269,37 @@ impl Api {
         }
     }
 
+    /// A tenant may not label a namespace of its own with a Pod Security level looser than
+    /// its Tenant allows (it would not take effect anyway: the stricter one is enforced).
+    async fn check_namespace_labels(
+        &self,
+        res: &Resource,
+        user: &User,
+        obj: &Value,
+    ) -> Result<(), ApiError> {
+        use super::pod_security::{Level, TENANT_DEFAULT, looser_label};
+        if res.plural != "namespaces" || !res.group.is_empty() || !matches!(user, User::Tenant(_)) {
+            return Ok(());
+        }
+        let name = name_of(obj);
+        let Some(tenant) = self.tenant_of(name).await? else {
+            return Ok(());
+        };
+        let max = tenant["spec"]["podSecurity"]
+            .as_str()
+            .and_then(Level::parse)
+            .unwrap_or(TENANT_DEFAULT);
+        match looser_label(&obj["metadata"]["labels"], max) {
+            Some((key, value)) => Err(ApiError::forbidden(format!(
+                "namespaces {name:?} is forbidden: label {key}={value} is looser than tenant {:?} allows ({}); use {} or stricter",
+                name_of(&tenant),
+                max.as_str(),
+                max.as_str()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Checks the namespace of a new object exists and is not being deleted.
     pub(super) async fn check_namespace(&self, ns: &str) -> Result<(), ApiError> {
         let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
@@ -311,14 +342,17 @@ impl Api {
         req: &ApiRequest,
         user: &User,
         obj: Value,
-        warnings: Vec<String>,
+        mut warnings: Vec<String>,
         applied: Option<Value>,
     ) -> Result<ApiResponse, ApiError> {
         let mut obj = self.prepare_new(req, user, obj, applied).await?;
         let res = req.resource;
         if let Some(ns) = req.namespace.as_deref() {
             self.check_namespace(ns).await?;
+            self.admit_pod_security(res, ns, &obj, &mut warnings)
+                .await?;
         }
+        self.check_namespace_labels(res, user, &obj).await?;
         if res.plural == "pods" {
             self.apply_limit_ranges(req, &mut obj).await?;
         }
@@ -405,6 +439,7 @@ impl Api {
             ops.extend(self.quota_ops(req, obj, true).await?);
             match self.store.txn(ops).await {
                 Ok(t) => {
+                    self.wrote(res);
                     let rev = match t.results.first() {
                         Some(tessera_store::OpResult::Written(kv)) => kv.mod_revision,
                         _ => t.revision,
@@ -542,6 +577,14 @@ impl Api {
                 return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
             }
             self.check_tenant_namespaces(res, &next).await?;
+            self.check_namespace_labels(res, user, &next).await?;
+            if req.subresource.is_none()
+                && next.get("spec") != current.get("spec")
+                && let Some(ns) = req.namespace.as_deref()
+            {
+                self.admit_pod_security(res, ns, &next, &mut warnings)
+                    .await?;
+            }
             if req.params.dry_run {
                 return Ok(ApiResponse::Object {
                     code: 200,
@@ -590,6 +633,7 @@ impl Api {
             });
             match result {
                 Ok(rev) => {
+                    self.wrote(res);
                     if refund && is_pod {
                         self.refund_tenant(&current).await;
                     }
