@@ -7,7 +7,9 @@
 #                    so the build reads no system protoc and no /usr/include/google;
 #   etcd           - (tests only) the tests and `tessera bench store --backend etcd` run real
 #                    etcd processes;
-#   curl, procps   - (tests only) the end-to-end tests call them.
+#   curl, procps   - (tests only) the end-to-end tests call them;
+#   iproute2       - (tests, and process nodes) the sandbox brings a pod's loopback up with
+#                    `ip link set lo up` inside its network namespace.
 # kubectl 1.32 is expected on the machine already; the kubectl tests say so if it is not.
 # Safe to run again: it installs only what is missing.
 #
@@ -25,6 +27,7 @@ if ! $build_only; then
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   command -v curl >/dev/null 2>&1 || need+=(curl)
   command -v kill >/dev/null 2>&1 || need+=(procps)
+  command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip || -x /sbin/ip ]] || need+=(iproute2)
 fi
 
 if ((${#need[@]})); then

@@ -409,6 +409,8 @@ fn kubectl_logs_and_top_read_process_pods() {
         "--prefix=remote",
         "--log-dir",
         &c.dir.path().join("remote-logs").display().to_string(),
+        "--state-dir",
+        &c.dir.path().join("remote-pods").display().to_string(),
     ]);
     assert!(
         wait_for(Duration::from_secs(60), || {

@@ -23,6 +23,7 @@
 //! a running container's namespaces with the same identity.
 
 use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -640,6 +641,9 @@ fn join(spec: &JoinSpec, argv: &[String]) -> Result<i32, String> {
         ("pid", LinkNameSpaceType::ProcessID),
         ("mnt", LinkNameSpaceType::Mount),
     ];
+    let host_root = std::fs::metadata("/")
+        .map(|m| (m.dev(), m.ino()))
+        .map_err(|e| e.to_string())?;
     // Opened before any is entered: after the mount namespace, /proc is the container's.
     let files: Vec<_> = order
         .iter()
@@ -649,14 +653,18 @@ fn join(spec: &JoinSpec, argv: &[String]) -> Result<i32, String> {
         let same = std::fs::metadata(format!("/proc/self/ns/{name}"))
             .ok()
             .zip(f.metadata().ok())
-            .is_some_and(|(a, b)| {
-                std::os::unix::fs::MetadataExt::ino(&a) == std::os::unix::fs::MetadataExt::ino(&b)
-            });
+            .is_some_and(|(a, b)| a.ino() == b.ino());
         if same {
             continue;
         }
         rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(f), Some(*t))
             .map_err(|e| format!("entering the container's {name} namespace: {e}"))?;
+    }
+    // Until the init has switched to the container's root, its mount namespace still shows
+    // the host's: a probe that came too early must not run there.
+    let root = std::fs::metadata("/").map_err(|e| e.to_string())?;
+    if (root.dev(), root.ino()) == host_root {
+        return Err("the container is still starting".into());
     }
     drop_privileges(&spec.identity)?;
     workdir(&spec.identity)?;
