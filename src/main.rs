@@ -74,9 +74,6 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
-    if let Command::Token(TokenCommand::Create(args)) = cli.command {
-        return up::token_create(args);
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -87,7 +84,7 @@ fn main() -> anyhow::Result<()> {
             Command::ControllerManager(args) => components::controller_manager(args).await,
             Command::Scheduler(args) => components::scheduler(args).await,
             Command::Agent(args) => components::agent(args).await,
-            Command::Token(_) => Ok(()),
+            Command::Token(TokenCommand::Create(args)) => up::token_create(args).await,
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Debug(cmd) => debug::run(cmd).await,
         }

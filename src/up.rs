@@ -130,7 +130,8 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
     ));
     let metrics_addr = crate::metrics_server::serve(args.metrics_addr, registry.clone()).await?;
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
-    let tokens = Tokens::new(&credentials.admin_token);
+    let root = tessera_apiserver::pki::token_root(&args.data_dir.join("pki"))?;
+    let tokens = Tokens::with_root(&credentials.admin_token, &root);
     let mut api = Api::new(store.clone(), Some(api_metrics)).with_node_proxy(tokens.clone());
     if !args.watch_cache {
         api = api.without_watch_cache();
@@ -321,27 +322,55 @@ pub struct TokenArgs {
     /// The tenant the token acts for: it may touch only the namespaces its Tenant lists.
     #[arg(long)]
     pub tenant: String,
-    /// The data directory of the API server (its `pki/` holds the signing secret).
+    /// How long the token is good for (`30m`, `24h`, `90d`; at most a year).
+    #[arg(long, default_value = "24h", value_parser = crate::store_config::parse_duration)]
+    pub ttl: std::time::Duration,
+    /// The data directory of the API server: its `pki/token.key` signs the token and its
+    /// `kubeconfig` reaches the API, where the Tenant is read (the token names its uid).
     #[arg(long, default_value = "./data")]
     pub data_dir: PathBuf,
 }
 
-/// `tessera token create`: prints a tenant's bearer token.
-pub fn token_create(args: TokenArgs) -> anyhow::Result<()> {
-    if let Some(why) = tessera_core::names::dns1123_label(&args.tenant) {
+/// `tessera token create`: prints a tenant's bearer token, bound to the Tenant as it is now
+/// (its uid and `spec.tokenGeneration`) and to an expiry.
+pub async fn token_create(args: TokenArgs) -> anyhow::Result<()> {
+    if let Some(why) = tessera_core::names::dns1123_subdomain(&args.tenant) {
         anyhow::bail!(
             "--tenant {:?} is not a valid tenant name: {why}",
             args.tenant
         );
     }
-    let admin =
-        std::fs::read_to_string(args.data_dir.join("pki").join("admin.token")).map_err(|e| {
+    let ttl = args.ttl.as_secs() as i64;
+    if !(60..=tessera_apiserver::auth::TENANT_TOKEN_MAX_SECONDS).contains(&ttl) {
+        anyhow::bail!("--ttl must be between 1m and 366d");
+    }
+    let pki = args.data_dir.join("pki");
+    let admin = std::fs::read_to_string(pki.join("admin.token")).map_err(|e| {
+        anyhow::anyhow!(
+            "reading {}: {e} (run `tessera up --data-dir {}` once first)",
+            pki.join("admin.token").display(),
+            args.data_dir.display()
+        )
+    })?;
+    let root = tessera_apiserver::pki::token_root(&pki)?;
+    let kubeconfig = args.data_dir.join("kubeconfig");
+    let client = tessera_apiserver::client::HttpClient::from_kubeconfig(&kubeconfig)
+        .map_err(|e| anyhow::anyhow!("{} ({})", e.message, kubeconfig.display()))?;
+    let tenants = tessera_apiserver::request::find_resource("tessera.io", "v1alpha1", "tenants")
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let tenant = tessera_apiserver::client::Client::get(&client, tenants, None, &args.tenant)
+        .await
+        .map_err(|e| {
             anyhow::anyhow!(
-                "reading {}: {e} (run `tessera up --data-dir {}` once first)",
-                args.data_dir.join("pki/admin.token").display(),
-                args.data_dir.display()
+                "reading Tenant {:?} through the API (is `tessera up` running?): {}",
+                args.tenant,
+                e.message
             )
         })?;
-    println!("{}", Tokens::new(admin.trim()).mint(&args.tenant));
+    let claims = tessera_apiserver::auth::TenantClaims::of(
+        &tenant,
+        tessera_apiserver::api::now_secs() + ttl,
+    );
+    println!("{}", Tokens::with_root(admin.trim(), &root).mint(&claims));
     Ok(())
 }

@@ -900,6 +900,38 @@ fn tenants_see_only_their_own_namespaces() {
     let forged = token("acme").replace("tenant.acme.", "tenant.zeta.");
     let err = c.fails(&[&format!("--token={forged}"), "get", "cm", "-n", "zeta-dev"]);
     assert!(err.contains("You must be logged in"), "{err}");
+    // Revocation: bumping the Tenant's tokenGeneration, or deleting and re-creating it,
+    // refuses every token minted before; a fresh one works.
+    let before = acme.clone();
+    c.ok(&[
+        "patch",
+        "tenant",
+        "acme",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"tokenGeneration":1}}"#,
+    ]);
+    let err = c.fails(&[before.as_str(), "get", "cm", "-n", "acme-dev"]);
+    assert!(
+        err.contains("You must be logged in"),
+        "revoked by the generation: {err}"
+    );
+    let fresh = format!("--token={}", token("acme"));
+    c.ok(&[fresh.as_str(), "get", "cm", "-n", "acme-dev"]);
+    c.ok(&["delete", "tenant", "acme"]);
+    c.ok(&["create", "-f", &c.file("acme.yaml", "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata:\n  name: acme\nspec:\n  namespaces: [acme-dev]\n  tokenGeneration: 1\n")]);
+    let err = c.fails(&[fresh.as_str(), "get", "cm", "-n", "acme-dev"]);
+    assert!(
+        err.contains("You must be logged in"),
+        "an old token of a re-created Tenant (same name and generation, another uid): {err}"
+    );
+    c.ok(&[
+        &format!("--token={}", token("acme")),
+        "get",
+        "cm",
+        "-n",
+        "acme-dev",
+    ]);
     // The API's metrics saw the refusals.
     let metrics = wait_for(Duration::from_secs(5), || {
         let mut s = std::net::TcpStream::connect(&c.metrics_addr).ok()?;

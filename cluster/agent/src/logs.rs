@@ -23,7 +23,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
@@ -485,17 +485,21 @@ impl AgentServer {
     }
 }
 
-/// Refuses a request that does not carry a credential the API server signed for this node.
-fn refuse_stranger(server: &AgentServer, headers: &HeaderMap) -> Option<Response> {
+/// Refuses a request that does not carry a credential the API server signed for this very
+/// request (`GET` of `uri`'s path and query) to this node.
+fn refuse_stranger(server: &AgentServer, headers: &HeaderMap, uri: &Uri) -> Option<Response> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
-    if server
-        .tokens
-        .check_node_token(token.trim(), &server.node, now_secs())
-    {
+    if server.tokens.check_node_token(
+        token.trim(),
+        &server.node,
+        now_secs(),
+        "GET",
+        uri.path_and_query().map_or(uri.path(), |p| p.as_str()),
+    ) {
         return None;
     }
     Some(error_response(&ApiError::new(
@@ -508,8 +512,8 @@ fn refuse_stranger(server: &AgentServer, headers: &HeaderMap) -> Option<Response
     )))
 }
 
-async fn usage(State(server): State<AgentServer>, headers: HeaderMap) -> Response {
-    if let Some(refused) = refuse_stranger(&server, &headers) {
+async fn usage(State(server): State<AgentServer>, headers: HeaderMap, uri: Uri) -> Response {
+    if let Some(refused) = refuse_stranger(&server, &headers, &uri) {
         return refused;
     }
     let report = server.stats.lock().clone();
@@ -526,8 +530,9 @@ async fn container_logs(
     UrlPath((ns, pod, container)): UrlPath<(String, String, String)>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
+    uri: Uri,
 ) -> Response {
-    if let Some(refused) = refuse_stranger(&server, &headers) {
+    if let Some(refused) = refuse_stranger(&server, &headers, &uri) {
         return refused;
     }
     let (path, opts) =

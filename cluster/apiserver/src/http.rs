@@ -267,6 +267,7 @@ async fn ready(State(api): State<Api>) -> Response {
 
 /// Everything the API server serves over HTTP, with authentication.
 pub fn router(api: Api, tokens: Tokens) -> Router {
+    let checker = api.clone();
     let stateful = Router::new()
         .route("/readyz", get(ready))
         .route(
@@ -284,6 +285,7 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
         .merge(stateful)
         .layer(middleware::from_fn(move |mut req: Request, next: Next| {
             let tokens = tokens.clone();
+            let checker = checker.clone();
             async move {
                 if PUBLIC.contains(&req.uri().path()) {
                     return next.run(req).await;
@@ -294,13 +296,22 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
                     .map(str::trim);
-                match given.map(|t| tokens.authenticate(t)) {
-                    Some(Some(user)) => {
+                match given.map(|t| tokens.authenticate(t, crate::api::now_secs())) {
+                    Some(Some((user, claims))) => {
+                        // A tenant token is good while its Tenant is the one it was minted
+                        // for: not re-created, its tokens not revoked.
+                        if let Some(c) = claims
+                            && !checker.tenant_token_current(&c).await
+                        {
+                            return unauthorized(
+                                "the token was revoked: its Tenant was re-created or its spec.tokenGeneration bumped; ask an admin for a new one (`tessera token create`)",
+                            );
+                        }
                         req.extensions_mut().insert(user);
                         next.run(req).await
                     }
                     Some(None) => unauthorized(
-                        "the bearer token is not valid: use the kubeconfig that tessera wrote, or a token from `tessera token create`",
+                        "the bearer token is not valid (or has expired): use the kubeconfig that tessera wrote, or a token from `tessera token create`",
                     ),
                     None => unauthorized(
                         "authentication required: send a bearer token (use the kubeconfig that tessera wrote)",

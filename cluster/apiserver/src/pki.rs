@@ -69,6 +69,34 @@ fn write_private(path: &Path, contents: &str) -> Result<(), PkiError> {
     f.sync_all().map_err(err)
 }
 
+/// The root secret that tenant tokens are keyed from (`dir/token.key`, 32 random bytes in
+/// hex, 0600), made on first use. Replacing the file revokes every tenant token; the admin
+/// token is separate and rotates without touching them.
+pub fn token_root(dir: &Path) -> Result<Vec<u8>, PkiError> {
+    let path = dir.join("token.key");
+    if path.exists() {
+        return Ok(read(&path)?.trim().as_bytes().to_vec());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| PkiError::File {
+            path: dir.to_owned(),
+            source,
+        })?;
+    let mut bytes = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).map_err(|_| {
+        PkiError::File {
+            path: path.clone(),
+            source: std::io::Error::other("no randomness for the token key"),
+        }
+    })?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    write_private(&path, &hex)?;
+    Ok(hex.into_bytes())
+}
+
 impl Credentials {
     /// Loads the credentials in `dir`, or generates and saves them on first use.
     pub fn load_or_create(dir: &Path) -> Result<Credentials, PkiError> {

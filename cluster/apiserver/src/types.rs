@@ -57,6 +57,9 @@ pub struct TenantSpec {
     /// `nodeName` of a process node is refused (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_nodes: Option<bool>,
+    /// Bumped by an admin to revoke every token minted for this tenant before (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_generation: Option<i64>,
 }
 
 /// Observed state of a tenant.

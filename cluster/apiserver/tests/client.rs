@@ -686,9 +686,20 @@ async fn one_tenants_flood_gets_429_while_another_is_served() {
             .await
             .expect("tenant");
     }
-    let as_tenant = |t: &str| {
-        Arc::new(HttpClient::new(&server, &creds.ca_pem, &tokens.mint(t)).expect("client"))
-    };
+    let mut minted = std::collections::BTreeMap::new();
+    for t in ["flood", "calm"] {
+        let obj = admin
+            .get(res("tessera.io", "tenants"), None, t)
+            .await
+            .expect("tenant");
+        let claims = tessera_apiserver::auth::TenantClaims::of(
+            &obj,
+            tessera_apiserver::api::now_secs() + 3600,
+        );
+        minted.insert(t, tokens.mint(&claims));
+    }
+    let as_tenant =
+        |t: &str| Arc::new(HttpClient::new(&server, &creds.ca_pem, &minted[t]).expect("client"));
     let (flood, calm) = (as_tenant("flood"), as_tenant("calm"));
     let list_in = |ns: &str| {
         let mut req = ApiRequest::new(Verb::List, res("", "configmaps"));

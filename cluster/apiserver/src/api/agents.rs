@@ -93,9 +93,10 @@ impl Api {
                 "node {node_name} has no agent endpoint (simulated nodes run no processes: their pods have no output or usage)"
             )));
         };
-        let token = proxy
-            .tokens
-            .node_token(node_name, now_secs() + NODE_TOKEN_SECONDS);
+        let token =
+            proxy
+                .tokens
+                .node_token(node_name, now_secs() + NODE_TOKEN_SECONDS, "GET", path);
         let request = hyper::Request::get(format!("http://{addr}{path}"))
             .header("authorization", format!("Bearer {token}"))
             .body(Empty::new())

@@ -52,6 +52,37 @@ impl Api {
         }
     }
 
+    /// Whether a tenant token's claims still hold: its Tenant exists with the same uid and
+    /// `spec.tokenGeneration` (read through the same short-lived cache as admission; a write
+    /// to a Tenant through this server clears it at once).
+    pub async fn tenant_token_current(&self, claims: &crate::auth::TenantClaims) -> bool {
+        let found = |list: &[Value]| {
+            list.iter()
+                .find(|t| name_of(t) == claims.name)
+                .is_some_and(|t| claims.still_hold(t))
+        };
+        let cached = {
+            let c = self.tenants.lock();
+            c.as_ref()
+                .filter(|(at, _)| at.elapsed() < TENANTS_TTL)
+                .map(|(_, list)| found(list))
+        };
+        if let Some(ok) = cached {
+            return ok;
+        }
+        match self.tenants().await {
+            Ok(list) => {
+                let ok = found(&list);
+                *self.tenants.lock() = Some((Instant::now(), list));
+                ok
+            }
+            Err(e) => {
+                tracing::warn!(error = %e.message, "reading Tenants to check a token");
+                false
+            }
+        }
+    }
+
     /// The Tenant that owns `ns`, if any (from a list read at most `TENANTS_TTL` ago:
     /// tenants are few; pods are many).
     pub(super) async fn tenant_of(&self, ns: &str) -> Result<Option<Value>, ApiError> {
