@@ -186,7 +186,7 @@ fn usage(shard: &Shard, args: &UpArgs) {
     println!("  export KUBECONFIG={}", shard.kubeconfig.display());
     println!("  kubectl api-resources");
     println!(
-        "  tessera token create --tenant NAME --data-dir {}   # a tenant's token",
+        "  tessera token create --tenant NAME --ttl 24h --data-dir {}   # a tenant's token",
         args.data_dir.display()
     );
     println!();
