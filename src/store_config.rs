@@ -45,23 +45,33 @@ pub struct StoreArgs {
     /// How often old revisions are compacted (history kept: at least this long).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub compaction_interval: Duration,
+    /// Encryption at rest: a Kubernetes `EncryptionConfiguration` file (YAML or JSON) naming
+    /// the resources whose stored values are encrypted (`aesgcm`) or kept as they are
+    /// (`identity`), as kube-apiserver's flag of the same name.
+    #[arg(long)]
+    pub encryption_provider_config: Option<PathBuf>,
 }
 
-/// Parses `300ms`, `10s`, `5m`, `1h`.
+/// Parses `300ms`, `10s`, `5m`, `1h`, `90d`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s
         .find(|c: char| !c.is_ascii_digit())
         .map(|i| s.split_at(i))
-        .ok_or_else(|| format!("{s:?}: add a unit (ms, s, m or h)"))?;
+        .ok_or_else(|| format!("{s:?}: add a unit (ms, s, m, h or d)"))?;
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("{s:?}: expected a number followed by ms, s, m or h"))?;
+        .map_err(|_| format!("{s:?}: expected a number followed by ms, s, m, h or d"))?;
     Ok(match unit {
         "ms" => Duration::from_millis(n),
         "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n * 60),
         "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+        "d" => Duration::from_secs(n * 86400),
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?} (use ms, s, m, h or d)"
+            ));
+        }
     })
 }
 
@@ -118,7 +128,27 @@ pub async fn open(
             }
         }
     };
-    Ok(Arc::new(Instrumented::new(inner, metrics)))
+    let store: Arc<dyn Store> = Arc::new(Instrumented::new(inner, metrics));
+    match &args.encryption_provider_config {
+        None => Ok(store),
+        Some(path) => {
+            let config = encryption_config(path)?;
+            tracing::info!(resources = ?config.resources, file = %path.display(), "encryption at rest");
+            Ok(Arc::new(tessera_store::Encrypted::new(store, config)))
+        }
+    }
+}
+
+/// Reads an `EncryptionConfiguration` file.
+pub fn encryption_config(
+    path: &std::path::Path,
+) -> anyhow::Result<tessera_store::EncryptionConfig> {
+    let text = std::fs::read(path)
+        .with_context(|| format!("reading the encryption config {}", path.display()))?;
+    let value = tessera_apiserver::yaml::to_json(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    tessera_store::EncryptionConfig::from_json(&value)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]
@@ -130,7 +160,8 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert!(parse_duration("5").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert!(parse_duration("5w").is_err());
         assert!(parse_duration("m").is_err());
     }
 }

@@ -5,6 +5,7 @@
 pub mod compactor;
 pub mod continuation;
 pub mod embedded;
+pub mod encrypted;
 pub mod error;
 pub mod etcd;
 #[cfg(feature = "etcd-process")]
@@ -21,6 +22,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use embedded::{EmbeddedOptions, EmbeddedStore};
+pub use encrypted::{Encrypted, EncryptionConfig};
 pub use error::{PreconditionFailure, PreconditionKind, Result, StoreError};
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use instrumented::Instrumented;

@@ -1,9 +1,11 @@
-//! The conformance suite run against every backend: embedded, a real etcd process, and the
-//! sharded store over embedded stores and over two real etcd processes.
+//! The conformance suite run against every backend: embedded (plain, and with every value
+//! encrypted at rest), a real etcd process, and the sharded store over embedded stores and
+//! over two real etcd processes.
 
 use tessera_store::testing::conformance as c;
 use tessera_store::testing::{
-    EmbeddedHarness, EtcdHarness, Harness, ShardedEmbeddedHarness, ShardedEtcdHarness,
+    EmbeddedHarness, EncryptedEmbeddedHarness, EtcdHarness, Harness, ShardedEmbeddedHarness,
+    ShardedEtcdHarness,
 };
 
 macro_rules! suite {
@@ -75,6 +77,7 @@ macro_rules! suite {
 }
 
 suite!(embedded, EmbeddedHarness, 256);
+suite!(encrypted_embedded, EncryptedEmbeddedHarness, 64);
 suite!(etcd, EtcdHarness, 64);
 suite!(sharded_embedded, ShardedEmbeddedHarness, 128);
 suite!(sharded_etcd, ShardedEtcdHarness, 32);

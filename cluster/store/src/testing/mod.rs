@@ -70,6 +70,43 @@ impl Harness for EmbeddedHarness {
     }
 }
 
+/// The embedded store with every value encrypted (`*.*`, AES-GCM): the conformance suite
+/// run through [`crate::Encrypted`] shows the wrapper changes nothing a client can see.
+pub struct EncryptedEmbeddedHarness {
+    inner: EmbeddedHarness,
+}
+
+impl EncryptedEmbeddedHarness {
+    /// Opens a fresh store.
+    pub async fn new() -> EncryptedEmbeddedHarness {
+        EncryptedEmbeddedHarness {
+            inner: EmbeddedHarness::new().await,
+        }
+    }
+}
+
+fn encrypt_everything() -> crate::EncryptionConfig {
+    crate::EncryptionConfig::from_json(&serde_json::json!({
+        "kind": "EncryptionConfiguration",
+        "resources": [{"resources": ["*.*"], "providers": [
+            {"aesgcm": {"keys": [{"name": "k1", "secret": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}]}}]}]}))
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[async_trait]
+impl Harness for EncryptedEmbeddedHarness {
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(crate::Encrypted::new(
+            self.inner.store(),
+            encrypt_everything(),
+        ))
+    }
+
+    async fn restart(&mut self) {
+        self.inner.restart().await;
+    }
+}
+
 /// One real etcd process.
 pub struct EtcdHarness {
     etcd: EtcdProcess,
