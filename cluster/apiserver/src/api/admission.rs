@@ -105,11 +105,13 @@ impl Api {
     /// Pod Security admission for a pod, or (warnings only) a workload's pod template in
     /// namespace `ns`; and the process-node boundary: a pod of a Tenant without
     /// `spec.processNodes` may neither tolerate the process nodes' taint nor name one.
-    /// Violations of the `warn` level are added to `warnings`.
+    /// Violations of the `warn` level are added to `warnings`. `labels` are the namespace's,
+    /// if the caller read them already.
     pub(super) async fn admit_pod_security(
         &self,
         res: &Resource,
         ns: &str,
+        labels: Option<&Value>,
         obj: &Value,
         warnings: &mut Vec<String>,
     ) -> Result<(), ApiError> {
@@ -124,10 +126,15 @@ impl Api {
                 .and_then(Level::parse)
                 .unwrap_or(TENANT_DEFAULT)
         });
-        let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
-        let labels = match self.read(ns_res, None, ns).await? {
-            Some((n, _)) => n["metadata"]["labels"].clone(),
-            None => Value::Null,
+        let labels = match labels {
+            Some(l) => l.clone(),
+            None => {
+                let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
+                match self.read(ns_res, None, ns).await? {
+                    Some((mut n, _)) => n["metadata"]["labels"].take(),
+                    None => Value::Null,
+                }
+            }
         };
         let policy = Policy::of(&labels, tenant_max);
         let name = name_of(obj);

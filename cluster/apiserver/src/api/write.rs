@@ -300,8 +300,9 @@ impl Api {
         }
     }
 
-    /// Checks the namespace of a new object exists and is not being deleted.
-    pub(super) async fn check_namespace(&self, ns: &str) -> Result<(), ApiError> {
+    /// Checks the namespace of a new object exists and is not being deleted; its labels
+    /// (for Pod Security admission, which then needs no second read).
+    pub(super) async fn check_namespace(&self, ns: &str) -> Result<Value, ApiError> {
         let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
         match self.read(ns_res, None, ns).await? {
             None => Err(ApiError::not_found("", "namespaces", ns)),
@@ -310,7 +311,7 @@ impl Api {
                     "unable to create new content in namespace {ns} because it is being terminated"
                 )))
             }
-            Some(_) => Ok(()),
+            Some((mut n, _)) => Ok(n["metadata"]["labels"].take()),
         }
     }
 
@@ -348,8 +349,8 @@ impl Api {
         let mut obj = self.prepare_new(req, user, obj, applied).await?;
         let res = req.resource;
         if let Some(ns) = req.namespace.as_deref() {
-            self.check_namespace(ns).await?;
-            self.admit_pod_security(res, ns, &obj, &mut warnings)
+            let labels = self.check_namespace(ns).await?;
+            self.admit_pod_security(res, ns, Some(&labels), &obj, &mut warnings)
                 .await?;
         }
         self.check_namespace_labels(res, user, &obj).await?;
@@ -582,7 +583,7 @@ impl Api {
                 && next.get("spec") != current.get("spec")
                 && let Some(ns) = req.namespace.as_deref()
             {
-                self.admit_pod_security(res, ns, &next, &mut warnings)
+                self.admit_pod_security(res, ns, None, &next, &mut warnings)
                     .await?;
             }
             if req.params.dry_run {
