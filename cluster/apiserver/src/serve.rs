@@ -1,11 +1,14 @@
 //! Serving the API over TLS.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -28,11 +31,89 @@ pub enum ServeError {
     },
 }
 
-/// Binds `addr` and serves `router` over TLS until the process ends; returns the bound address.
+/// How long and how many: what keeps slow or piled-up connections from exhausting the server.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// A TLS handshake not finished in this long is dropped.
+    pub handshake_timeout: Duration,
+    /// HTTP/1 request headers not complete in this long: the connection is closed (hyper's
+    /// `header_read_timeout`; kube-apiserver's Go server uses 32 s).
+    pub header_timeout: Duration,
+    /// HTTP/2: a PING every this long; a peer that does not answer within it is dropped.
+    pub keep_alive: Duration,
+    /// Connections open at once, from everyone.
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_per_client: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(32),
+            keep_alive: Duration::from_secs(30),
+            max_connections: 16_384,
+            max_per_client: 4_096,
+        }
+    }
+}
+
+/// Open connections per client address; a slot is given back when its guard drops.
+#[derive(Default)]
+struct Slots {
+    total: usize,
+    by_client: HashMap<IpAddr, usize>,
+}
+
+struct Slot {
+    slots: Arc<Mutex<Slots>>,
+    client: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut s = self.slots.lock();
+        s.total -= 1;
+        if let Some(n) = s.by_client.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                s.by_client.remove(&self.client);
+            }
+        }
+    }
+}
+
+fn take_slot(slots: &Arc<Mutex<Slots>>, client: IpAddr, limits: &ConnectionLimits) -> Option<Slot> {
+    let mut s = slots.lock();
+    let mine = s.by_client.get(&client).copied().unwrap_or(0);
+    if s.total >= limits.max_connections || mine >= limits.max_per_client {
+        return None;
+    }
+    s.total += 1;
+    *s.by_client.entry(client).or_insert(0) += 1;
+    Some(Slot {
+        slots: slots.clone(),
+        client,
+    })
+}
+
+/// Binds `addr` and serves `router` over TLS until the process ends, with the default
+/// [`ConnectionLimits`]; returns the bound address.
 pub async fn serve_tls(
     addr: SocketAddr,
     credentials: &Credentials,
     router: Router,
+) -> Result<SocketAddr, ServeError> {
+    serve_tls_with(addr, credentials, router, ConnectionLimits::default()).await
+}
+
+/// [`serve_tls`] with explicit limits.
+pub async fn serve_tls_with(
+    addr: SocketAddr,
+    credentials: &Credentials,
+    router: Router,
+    limits: ConnectionLimits,
 ) -> Result<SocketAddr, ServeError> {
     let certs = vec![
         CertificateDer::from_pem_slice(credentials.cert_pem.as_bytes())
@@ -56,26 +137,58 @@ pub async fn serve_tls(
     let bound = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
+    let slots = Arc::new(Mutex::new(Slots::default()));
     tokio::spawn(async move {
+        // Accept errors (out of file descriptors, most often) back off, as Go's net/http
+        // does, instead of spinning.
+        let mut backoff = Duration::from_millis(5);
         loop {
             let (tcp, peer) = match listener.accept().await {
-                Ok(c) => c,
+                Ok(c) => {
+                    backoff = Duration::from_millis(5);
+                    c
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tracing::warn!(error = %e, retry_in = ?backoff, "accepting a connection failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
+            };
+            let Some(slot) = take_slot(&slots, peer.ip(), &limits) else {
+                tracing::debug!(%peer, "too many connections; closing this one");
+                drop(tcp);
+                continue;
             };
             let acceptor = acceptor.clone();
             let service = TowerToHyperService::new(router.clone());
             tokio::spawn(async move {
-                let tls = match acceptor.accept(tcp).await {
-                    Ok(t) => t,
-                    Err(e) => {
+                let _slot = slot;
+                let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         return;
                     }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
                 };
-                if let Err(e) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout);
+                builder
+                    .http2()
+                    .timer(TokioTimer::new())
+                    .keep_alive_interval(Some(limits.keep_alive))
+                    .keep_alive_timeout(limits.keep_alive);
+                if let Err(e) = builder
                     .serve_connection_with_upgrades(TokioIo::new(tls), service)
                     .await
                 {

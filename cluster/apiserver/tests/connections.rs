@@ -1,0 +1,161 @@
+//! Connections that never finish are closed, and one client's pile of connections does not
+//! shut others out: what a slowloris or an fd-exhaustion attempt meets. Attackers connect
+//! from their own loopback addresses (127.0.0.2, 127.0.0.3) so that a well-behaved client on
+//! 127.0.0.1 can be checked to be served all along. Deadlines are generous bounds on
+//! behaviour (closed at all, far within them), not speed checks.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_apiserver::api::Api;
+use tessera_apiserver::auth::Tokens;
+use tessera_apiserver::client::{Client, HttpClient};
+use tessera_apiserver::http;
+use tessera_apiserver::pki::Credentials;
+use tessera_apiserver::request::find_resource;
+use tessera_apiserver::serve::{ConnectionLimits, serve_tls_with};
+use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+async fn server(limits: ConnectionLimits) -> (SocketAddr, Credentials, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let store = Arc::new(
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+            .await
+            .expect("store"),
+    );
+    let api = Api::new(store, None);
+    let creds = Credentials::generate().expect("credentials");
+    let router = http::router(api, Tokens::new(&creds.admin_token));
+    let addr = serve_tls_with("127.0.0.1:0".parse().expect("addr"), &creds, router, limits)
+        .await
+        .expect("serve");
+    (addr, creds, dir)
+}
+
+/// A TCP connection to `server` from loopback address `from`.
+async fn connect_from(from: &str, server: SocketAddr) -> TcpStream {
+    let s = TcpSocket::new_v4().expect("socket");
+    s.bind(format!("{from}:0").parse().expect("addr"))
+        .expect("bind");
+    s.connect(server).await.expect("connect")
+}
+
+/// True if the server closes `s` within `within` (EOF or a reset); false if it stays open.
+async fn closed_within(s: &mut (impl AsyncReadExt + Unpin), within: Duration) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(within, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+async fn served(addr: SocketAddr, creds: &Credentials) -> bool {
+    let c = HttpClient::new(
+        &format!("https://{addr}"),
+        &creds.ca_pem,
+        &creds.admin_token,
+    )
+    .expect("client");
+    c.get(
+        find_resource("", "v1", "namespaces").expect("ns"),
+        None,
+        "none",
+    )
+    .await
+    .is_err_and(|e| e.code == 404)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_handshakes_and_headers_are_closed() {
+    let limits = ConnectionLimits {
+        handshake_timeout: Duration::from_secs(1),
+        header_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::default()
+    };
+    let (addr, creds, _dir) = server(limits).await;
+    // Many TCP connections that never send a ClientHello.
+    let mut silent = Vec::new();
+    for _ in 0..50 {
+        silent.push(connect_from("127.0.0.2", addr).await);
+    }
+    assert!(served(addr, &creds).await, "others are served meanwhile");
+    for s in &mut silent {
+        assert!(
+            closed_within(s, Duration::from_secs(20)).await,
+            "a connection without a handshake is closed"
+        );
+    }
+    // A TLS connection whose request headers never end.
+    let mut roots = rustls::RootCertStore::empty();
+    let ca =
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
+            creds.ca_pem.as_bytes(),
+        )
+        .expect("ca");
+    roots.add(ca).expect("root");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = connect_from("127.0.0.2", addr).await;
+    let mut tls = connector
+        .connect("localhost".try_into().expect("name"), tcp)
+        .await
+        .expect("handshake");
+    tls.write_all(b"GET /api HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+        .await
+        .expect("half a request");
+    assert!(
+        closed_within(&mut tls, Duration::from_secs(20)).await,
+        "half-sent headers are not waited on forever"
+    );
+    assert!(served(addr, &creds).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_every_connection() {
+    let limits = ConnectionLimits {
+        // Long enough that only the cap can close what is refused below.
+        handshake_timeout: Duration::from_secs(60),
+        max_per_client: 8,
+        ..ConnectionLimits::default()
+    };
+    let (addr, creds, _dir) = server(limits).await;
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(connect_from("127.0.0.3", addr).await);
+    }
+    // Let the server count them.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ninth = connect_from("127.0.0.3", addr).await;
+    assert!(
+        closed_within(&mut ninth, Duration::from_secs(10)).await,
+        "the ninth connection of one client is closed"
+    );
+    assert!(served(addr, &creds).await, "another client is served");
+    for s in &mut held {
+        assert!(
+            !closed_within(s, Duration::from_millis(100)).await,
+            "the first eight stay open"
+        );
+    }
+    // Its slots come back when it closes them.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = connect_from("127.0.0.3", addr).await;
+    assert!(
+        !closed_within(&mut again, Duration::from_millis(500)).await,
+        "accepted again once it closed the others"
+    );
+}
