@@ -283,7 +283,16 @@ pub struct Scope {
     pub namespaces: Option<Vec<String>>,
     /// Seats for the caller's requests.
     pub max_inflight: usize,
+    /// Watches the caller may hold open at once.
+    pub max_watches: usize,
 }
+
+/// Watches a tenant may hold open at once when its Tenant does not say (`spec.maxWatches`):
+/// four per request seat, at least this many.
+pub const MIN_TENANT_WATCHES: usize = 16;
+
+/// Watches the admin and the shard's components may hold (each informer holds one).
+pub const ADMIN_WATCHES: usize = 100_000;
 
 /// Decides what tenants may do, from their `Tenant` objects.
 #[derive(Clone)]
@@ -336,6 +345,22 @@ impl Authorizer {
         Ok(kv.and_then(|kv| serde_json::from_slice(&kv.value).ok()))
     }
 
+    /// How many request seats `user` has (read before its request body is, so that a body
+    /// is only read into memory on a seat).
+    pub async fn seats(&self, user: &User) -> Result<usize, ApiError> {
+        match user {
+            User::Admin | User::System(_) => Ok(ADMIN_INFLIGHT),
+            User::Tenant(t) => Ok(self
+                .tenant(t)
+                .await?
+                .map_or(DEFAULT_TENANT_INFLIGHT, |obj| {
+                    obj["spec"]["maxInflightRequests"]
+                        .as_u64()
+                        .map_or(DEFAULT_TENANT_INFLIGHT, |n| n.max(1) as usize)
+                })),
+        }
+    }
+
     /// Allows or refuses `req` for `user`.
     pub async fn authorize(&self, user: &User, req: &ApiRequest) -> Result<Scope, ApiError> {
         let tenant = match user {
@@ -343,6 +368,7 @@ impl Authorizer {
                 return Ok(Scope {
                     namespaces: None,
                     max_inflight: ADMIN_INFLIGHT,
+                    max_watches: ADMIN_WATCHES,
                 });
             }
             User::Tenant(t) => t,
@@ -363,9 +389,15 @@ impl Authorizer {
         let max_inflight = obj["spec"]["maxInflightRequests"]
             .as_u64()
             .map_or(DEFAULT_TENANT_INFLIGHT, |n| n.max(1) as usize);
+        let max_watches = obj["spec"]["maxWatches"]
+            .as_u64()
+            .map_or((max_inflight * 4).max(MIN_TENANT_WATCHES), |n| {
+                n.max(1) as usize
+            });
         let scope = |namespaces| Scope {
             namespaces,
             max_inflight,
+            max_watches,
         };
         let res = req.resource;
         let read = matches!(req.verb, Verb::Get | Verb::List | Verb::Watch);

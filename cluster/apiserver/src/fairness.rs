@@ -48,7 +48,21 @@ impl Fairness {
 
     /// Takes one of `user`'s `limit` seats, or answers 429.
     pub fn admit(&self, user: &User, limit: usize) -> Result<Seat, ApiError> {
-        let key = user.fairness_key();
+        self.take(user, limit, false)
+    }
+
+    /// Takes one of `user`'s `limit` watch slots (a pool apart from its request seats, held
+    /// for as long as the watch is open), or answers 429.
+    pub fn admit_watch(&self, user: &User, limit: usize) -> Result<Seat, ApiError> {
+        self.take(user, limit, true)
+    }
+
+    fn take(&self, user: &User, limit: usize, watch: bool) -> Result<Seat, ApiError> {
+        let key = if watch {
+            format!("{}/watches", user.fairness_key())
+        } else {
+            user.fairness_key()
+        };
         let sem = {
             let mut seats = self.seats.lock();
             let entry = seats
@@ -62,7 +76,11 @@ impl Fairness {
         };
         match sem.try_acquire_owned() {
             Ok(permit) => {
-                let gauge = self.metrics.as_ref().map(|m| m.inflight(&key));
+                let gauge = self
+                    .metrics
+                    .as_ref()
+                    .filter(|_| !watch)
+                    .map(|m| m.inflight(&key));
                 if let Some(g) = &gauge {
                     g.inc();
                 }
@@ -75,13 +93,18 @@ impl Fairness {
                 if let Some(m) = &self.metrics {
                     m.rejected(&key);
                 }
-                Err(ApiError::too_many_requests(
+                let message = if watch {
+                    format!(
+                        "too many watches open for {}: the limit is {limit} at once; close some (an admin can raise spec.maxWatches of the Tenant)",
+                        user.name()
+                    )
+                } else {
                     format!(
                         "too many requests in flight for {}: the limit is {limit} at once; retry after a second (an admin can raise spec.maxInflightRequests of the Tenant)",
                         user.name()
-                    ),
-                    1,
-                ))
+                    )
+                };
+                Err(ApiError::too_many_requests(message, 1))
             }
         }
     }
@@ -103,5 +126,14 @@ mod tests {
         assert!(f.admit(&b, 3).is_ok(), "b has its own seats");
         drop(held);
         assert!(f.admit(&a, 3).is_ok(), "seats come back");
+        // Watches have slots of their own: they neither take request seats nor go unbounded.
+        let watches: Vec<Seat> = (0..2)
+            .map(|_| f.admit_watch(&a, 2).expect("slot"))
+            .collect();
+        let e = f.admit_watch(&a, 2).err().expect("a's watches are full");
+        assert!(e.message.contains("too many watches"), "{}", e.message);
+        assert!(f.admit(&a, 3).is_ok(), "requests still have seats");
+        drop(watches);
+        assert!(f.admit_watch(&a, 2).is_ok());
     }
 }

@@ -110,6 +110,9 @@ fn manager_from_agent(headers: &HeaderMap) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
+/// The longest a request body may take to arrive.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 async fn objects(
     State(api): State<Api>,
     method: Method,
@@ -120,15 +123,36 @@ async fn objects(
     let Some(user) = request.extensions().get::<User>().cloned() else {
         return unauthorized("authentication required");
     };
-    let body = match axum::body::to_bytes(request.into_body(), request::MAX_BODY_BYTES + 1).await {
-        Ok(b) => b,
-        Err(_) => {
+    // A body is read only on one of the caller's seats, and only for so long: a flood of
+    // slowly trickled bodies fills its own seats, not the server's memory.
+    let seat = if matches!(method, Method::POST | Method::PUT | Method::PATCH) {
+        match api.early_seat(&user).await {
+            Ok(s) => Some(s),
+            Err(e) => return error_response(&e),
+        }
+    } else {
+        None
+    };
+    let read = axum::body::to_bytes(request.into_body(), request::MAX_BODY_BYTES + 1);
+    let body = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
             return error_response(&ApiError::new(
                 413,
                 "RequestEntityTooLarge",
                 format!(
                     "the request body is larger than the limit of {} bytes",
                     request::MAX_BODY_BYTES
+                ),
+            ));
+        }
+        Err(_) => {
+            return error_response(&ApiError::new(
+                408,
+                "Timeout",
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
                 ),
             ));
         }
@@ -195,7 +219,7 @@ async fn objects(
             if req.params.field_manager.is_none() {
                 req.params.field_manager = manager_from_agent(&headers);
             }
-            encode(api.handle(&user, req).await)
+            encode(api.handle_seated(&user, req, seat).await)
         }
         Ok(None) => error_response(&ApiError::new(
             404,

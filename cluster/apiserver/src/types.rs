@@ -57,6 +57,10 @@ pub struct TenantSpec {
     /// `nodeName` of a process node is refused (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_nodes: Option<bool>,
+    /// Watches its tokens may hold open at once (default: 4 per request seat, at least 16);
+    /// more answer 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_watches: Option<i32>,
     /// Bumped by an admin to revoke every token minted for this tenant before (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_generation: Option<i64>,

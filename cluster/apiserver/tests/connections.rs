@@ -1,5 +1,6 @@
-//! Connections that never finish are closed, and one client's pile of connections does not
-//! shut others out: what a slowloris or an fd-exhaustion attempt meets. Attackers connect
+//! Connections that never finish are closed, one client's pile of connections does not
+//! shut others out, and a tenant's trickled bodies and open watches are bounded by its seats:
+//! what a slowloris, an fd-exhaustion or a memory-pinning attempt meets. Attackers connect
 //! from their own loopback addresses (127.0.0.2, 127.0.0.3) so that a well-behaved client on
 //! 127.0.0.1 can be checked to be served all along. Deadlines are generous bounds on
 //! behaviour (closed at all, far within them), not speed checks.
@@ -8,18 +9,26 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_apiserver::api::Api;
-use tessera_apiserver::auth::Tokens;
-use tessera_apiserver::client::{Client, HttpClient};
+use serde_json::json;
+use tessera_apiserver::api::{Api, now_secs};
+use tessera_apiserver::auth::{TenantClaims, Tokens, User};
+use tessera_apiserver::client::{Client, HttpClient, InProcess};
 use tessera_apiserver::http;
 use tessera_apiserver::pki::Credentials;
-use tessera_apiserver::request::find_resource;
+use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
 use tessera_apiserver::serve::{ConnectionLimits, serve_tls_with};
 use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 async fn server(limits: ConnectionLimits) -> (SocketAddr, Credentials, tempfile::TempDir) {
+    let (addr, creds, dir, _) = server_with_api(limits).await;
+    (addr, creds, dir)
+}
+
+async fn server_with_api(
+    limits: ConnectionLimits,
+) -> (SocketAddr, Credentials, tempfile::TempDir, Api) {
     let dir = tempfile::tempdir().expect("tmp");
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let store = Arc::new(
@@ -29,11 +38,11 @@ async fn server(limits: ConnectionLimits) -> (SocketAddr, Credentials, tempfile:
     );
     let api = Api::new(store, None);
     let creds = Credentials::generate().expect("credentials");
-    let router = http::router(api, Tokens::new(&creds.admin_token));
+    let router = http::router(api.clone(), Tokens::new(&creds.admin_token));
     let addr = serve_tls_with("127.0.0.1:0".parse().expect("addr"), &creds, router, limits)
         .await
         .expect("serve");
-    (addr, creds, dir)
+    (addr, creds, dir, api)
 }
 
 /// A TCP connection to `server` from loopback address `from`.
@@ -93,26 +102,7 @@ async fn unfinished_handshakes_and_headers_are_closed() {
         );
     }
     // A TLS connection whose request headers never end.
-    let mut roots = rustls::RootCertStore::empty();
-    let ca =
-        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
-            creds.ca_pem.as_bytes(),
-        )
-        .expect("ca");
-    roots.add(ca).expect("root");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = connect_from("127.0.0.2", addr).await;
-    let mut tls = connector
-        .connect("localhost".try_into().expect("name"), tcp)
-        .await
-        .expect("handshake");
+    let mut tls = tls_from("127.0.0.2", addr, &creds).await;
     tls.write_all(b"GET /api HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         .await
         .expect("half a request");
@@ -158,4 +148,107 @@ async fn one_client_cannot_take_every_connection() {
         !closed_within(&mut again, Duration::from_millis(500)).await,
         "accepted again once it closed the others"
     );
+}
+
+/// A Tenant `t` owning namespace `t-ns` with `seats` request seats, and a token for it.
+async fn tenant(api: &Api, creds: &Credentials, t: &str, seats: i64) -> String {
+    let admin = InProcess::new(api.clone(), User::Admin);
+    let ns = format!("{t}-ns");
+    admin
+        .create(
+            find_resource("", "v1", "namespaces").expect("ns"),
+            None,
+            &json!({"metadata": {"name": ns}}),
+        )
+        .await
+        .expect("namespace");
+    let obj = admin
+        .create(
+            find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants"),
+            None,
+            &json!({"metadata": {"name": t}, "spec": {"namespaces": [ns], "maxInflightRequests": seats}}),
+        )
+        .await
+        .expect("tenant");
+    Tokens::new(&creds.admin_token).mint(&TenantClaims::of(&obj, now_secs() + 3600))
+}
+
+/// A TLS connection to `addr` from loopback address `from`.
+async fn tls_from(
+    from: &str,
+    addr: SocketAddr,
+    creds: &Credentials,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca =
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
+            creds.ca_pem.as_bytes(),
+        )
+        .expect("ca");
+    roots.add(ca).expect("root");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = connect_from(from, addr).await;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into().expect("name"), tcp)
+        .await
+        .expect("handshake")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_read_on_seats_and_watches_are_bounded() {
+    let (addr, creds, _dir, api) = server_with_api(ConnectionLimits::default()).await;
+    let token = tenant(&api, &creds, "slow", 2).await;
+    // Two requests announce 3 MB bodies and trickle a few bytes: each holds a seat while its
+    // body comes in.
+    let head = format!(
+        "POST /api/v1/namespaces/slow-ns/configmaps HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\n\r\n{{\"a\":\""
+    );
+    let mut trickling = Vec::new();
+    for _ in 0..2 {
+        let mut s = tls_from("127.0.0.4", addr, &creds).await;
+        s.write_all(head.as_bytes()).await.expect("head");
+        s.flush().await.expect("flush");
+        trickling.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The third is refused before its body is read: 429, at once.
+    let mut third = tls_from("127.0.0.4", addr, &creds).await;
+    third.write_all(head.as_bytes()).await.expect("head");
+    third.flush().await.expect("flush");
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), third.read(&mut answer))
+        .await
+        .expect("answered without its body")
+        .expect("read");
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+    assert!(text.contains("too many requests in flight"), "{text}");
+    drop(trickling);
+
+    // Watches: 4 per seat at least 16 — here 16; the 17th is refused, and a closed one
+    // gives its slot back.
+    let c = InProcess::new(api.clone(), User::Tenant("slow".into()));
+    let watch = || {
+        let mut req = ApiRequest::new(
+            Verb::Watch,
+            find_resource("", "v1", "configmaps").expect("configmaps"),
+        );
+        req.namespace = Some("slow-ns".into());
+        c.call(req)
+    };
+    let mut open = Vec::new();
+    for _ in 0..16 {
+        open.push(watch().await.expect("a watch"));
+    }
+    let e = watch().await.expect_err("the 17th");
+    assert_eq!(e.code, 429, "{}", e.message);
+    assert!(e.message.contains("too many watches"), "{}", e.message);
+    open.pop();
+    assert!(watch().await.is_ok(), "a slot came back");
 }

@@ -367,11 +367,27 @@ impl Api {
 
     /// Serves one request for `user`.
     pub async fn handle(&self, user: &User, req: ApiRequest) -> Result<ApiResponse, ApiError> {
+        self.handle_seated(user, req, None).await
+    }
+
+    /// A seat of `user`'s, taken before anything of its request (its body) is read.
+    pub async fn early_seat(&self, user: &User) -> Result<crate::fairness::Seat, ApiError> {
+        let limit = self.authorizer.seats(user).await?;
+        self.fairness.admit(user, limit)
+    }
+
+    /// [`Api::handle`] on a seat already taken ([`Api::early_seat`]).
+    pub async fn handle_seated(
+        &self,
+        user: &User,
+        req: ApiRequest,
+        seat: Option<crate::fairness::Seat>,
+    ) -> Result<ApiResponse, ApiError> {
         let started = Instant::now();
         let verb = req.verb;
         let resource = req.resource;
         let sub = req.subresource.clone();
-        let result = self.handle_inner(user, req).await;
+        let result = self.handle_inner(user, req, seat).await;
         if verb.is_write() && resource.plural == "tenants" && resource.group == "tessera.io" {
             // Tenant quotas are looked up from a short-lived list: a Tenant written here is
             // seen at once by this server (other API servers within a second).
@@ -389,7 +405,12 @@ impl Api {
         result
     }
 
-    async fn handle_inner(&self, user: &User, req: ApiRequest) -> Result<ApiResponse, ApiError> {
+    async fn handle_inner(
+        &self,
+        user: &User,
+        req: ApiRequest,
+        seat: Option<crate::fairness::Seat>,
+    ) -> Result<ApiResponse, ApiError> {
         for (what, v) in [("name", &req.name), ("namespace", &req.namespace)] {
             if let Some(v) = v
                 && let Some(why) = path_segment_problem(v)
@@ -400,11 +421,17 @@ impl Api {
             }
         }
         let scope = self.authorizer.authorize(user, &req).await?;
-        // Watches are long-running: they do not hold a seat, as in Kubernetes.
-        let _seat = if req.verb == Verb::Watch {
-            None
+        // Watches are long-running: they hold no request seat, as in Kubernetes, but one of
+        // a bounded number of watch slots, for as long as they are open.
+        let watch_slot = if req.verb == Verb::Watch {
+            Some(self.fairness.admit_watch(user, scope.max_watches)?)
         } else {
-            Some(self.fairness.admit(user, scope.max_inflight)?)
+            None
+        };
+        let _seat = match seat {
+            Some(s) => Some(s),
+            None if req.verb == Verb::Watch => None,
+            None => Some(self.fairness.admit(user, scope.max_inflight)?),
         };
         let mut resp = match (req.verb, req.subresource.as_deref()) {
             (Verb::Get, None) => self.get(&req).await,
@@ -453,6 +480,15 @@ impl Api {
             && req.subresource.is_none()
         {
             *body = table::to_table(req.resource, body, req.params.include_object.as_deref());
+        }
+        if let Some(slot) = watch_slot
+            && let ApiResponse::Watch(stream) = resp
+        {
+            // The slot goes back when the watch's stream is dropped.
+            resp = ApiResponse::Watch(Box::pin(stream.map(move |ev| {
+                let _held = &slot;
+                ev
+            })));
         }
         if req.table
             && let ApiResponse::Watch(stream) = resp
