@@ -1,4 +1,7 @@
-//! Serves `/metrics` (Prometheus text format), `/healthz` and `/readyz` for a process.
+//! Serves `/metrics` (Prometheus text format), `/healthz` and `/readyz` for a process. The
+//! port takes no token, so samples that identify a tenant (a `user` of `tenant:…`, any
+//! `namespace`, `pod` or `tenant` label) are left out; the API port serves them all to the
+//! admin token.
 
 use std::net::SocketAddr;
 
@@ -6,7 +9,7 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus::{Encoder, Registry, TextEncoder};
+use prometheus::Registry;
 
 /// Binds `addr` and serves until the process ends. Returns the bound address.
 pub async fn serve(addr: SocketAddr, registry: Registry) -> anyhow::Result<SocketAddr> {
@@ -32,9 +35,9 @@ pub async fn serve(addr: SocketAddr, registry: Registry) -> anyhow::Result<Socke
 }
 
 fn render(registry: &Registry) -> impl IntoResponse + use<> {
-    let mut buf = Vec::new();
-    match TextEncoder::new().encode(&registry.gather(), &mut buf) {
-        Ok(()) => (
+    let families = tessera_apiserver::metrics::without_tenants(registry.gather());
+    match tessera_apiserver::metrics::render(&families) {
+        Ok(buf) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
             buf,
@@ -42,7 +45,7 @@ fn render(registry: &Registry) -> impl IntoResponse + use<> {
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             [(header::CONTENT_TYPE, "text/plain")],
-            e.to_string().into_bytes(),
+            e.into_bytes(),
         ),
     }
 }

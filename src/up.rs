@@ -132,7 +132,9 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
     let root = tessera_apiserver::pki::token_root(&args.data_dir.join("pki"))?;
     let tokens = Tokens::with_root(&credentials.admin_token, &root);
-    let mut api = Api::new(store.clone(), Some(api_metrics)).with_node_proxy(tokens.clone());
+    let mut api = Api::new(store.clone(), Some(api_metrics))
+        .with_node_proxy(tokens.clone())
+        .with_metrics_registry(registry.clone());
     if !args.watch_cache {
         api = api.without_watch_cache();
     }

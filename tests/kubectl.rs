@@ -953,4 +953,19 @@ fn tenants_see_only_their_own_namespaces() {
         ),
         "{metrics}"
     );
+    // The open metrics port names no tenant; the API port shows everything to the admin
+    // and nothing to a tenant.
+    assert!(!metrics.contains("user=\"tenant:"), "{metrics}");
+    let full = c.ok(&["get", "--raw", "/metrics"]);
+    assert!(full.contains("user=\"tenant:acme\""), "{full}");
+    let err = c.fails(&[
+        &format!("--token={}", token("acme")),
+        "get",
+        "--raw",
+        "/metrics",
+    ]);
+    assert!(
+        err.contains("Forbidden") || err.contains("forbidden"),
+        "{err}"
+    );
 }

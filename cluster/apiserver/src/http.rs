@@ -110,6 +110,35 @@ fn manager_from_agent(headers: &HeaderMap) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
+/// `/metrics` on the API port: every metric, tenant labels included, for the admin token only
+/// (the plain metrics port leaves tenant-identifying samples out).
+async fn metrics(State(api): State<Api>, request: Request) -> Response {
+    match request.extensions().get::<User>() {
+        Some(User::Admin) => {}
+        _ => {
+            return error_response(&ApiError::forbidden(
+                "/metrics is for the admin token (tenants' metrics name other tenants)",
+            ));
+        }
+    }
+    let Some(registry) = api.metrics_registry() else {
+        return error_response(&ApiError::new(
+            404,
+            "NotFound",
+            "this API server serves no metrics here",
+        ));
+    };
+    match crate::metrics::render(&registry.gather()) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            body,
+        )
+            .into_response(),
+        Err(e) => error_response(&ApiError::internal(e)),
+    }
+}
+
 /// The longest a request body may take to arrive.
 const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -294,6 +323,7 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
     let checker = api.clone();
     let stateful = Router::new()
         .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
         .route(
             "/apis/metrics.k8s.io/v1beta1/{*rest}",
             get(resource_metrics),

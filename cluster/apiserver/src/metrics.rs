@@ -136,3 +136,73 @@ impl ApiMetrics {
         })
     }
 }
+
+/// Labels whose values say which tenant did what: kept off metrics served without a token.
+const TENANT_LABELS: &[&str] = &["namespace", "pod", "tenant"];
+
+/// `families` without the samples that identify a tenant (a `user` of `tenant:…`, or any
+/// `namespace`, `pod` or `tenant` label): what an unauthenticated `/metrics` may show. The
+/// whole set is served on the API port to the admin token, as kube-apiserver serves
+/// `/metrics`.
+pub fn without_tenants(
+    families: Vec<prometheus::proto::MetricFamily>,
+) -> Vec<prometheus::proto::MetricFamily> {
+    families
+        .into_iter()
+        .filter_map(|mut f| {
+            let kept: Vec<_> = f
+                .take_metric()
+                .into_iter()
+                .filter(|m| {
+                    !m.get_label().iter().any(|l| {
+                        TENANT_LABELS.contains(&l.name())
+                            || (l.name() == "user" && l.value().starts_with("tenant:"))
+                    })
+                })
+                .collect();
+            if kept.is_empty() {
+                return None;
+            }
+            f.set_metric(kept.into());
+            Some(f)
+        })
+        .collect()
+}
+
+/// `families` in Prometheus' text format.
+pub fn render(families: &[prometheus::proto::MetricFamily]) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    prometheus::Encoder::encode(&prometheus::TextEncoder::new(), families, &mut buf)
+        .map_err(|e| e.to_string())?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn tenant_samples_stay_off_the_open_port() {
+        let registry = Registry::new();
+        let m = ApiMetrics::register(&registry).expect("metrics");
+        m.inflight("tenant:alpha").inc();
+        m.inflight("admin").inc();
+        let c = prometheus::IntGaugeVec::new(
+            Opts::new("tessera_container_processes", "p"),
+            &["namespace", "pod", "container"],
+        )
+        .expect("vec");
+        registry.register(Box::new(c.clone())).expect("register");
+        c.with_label_values(&["t1", "p", "c"]).set(1);
+        let full = String::from_utf8(render(&registry.gather()).expect("render")).expect("utf8");
+        assert!(full.contains("tenant:alpha") && full.contains("namespace=\"t1\""));
+        let open = String::from_utf8(render(&without_tenants(registry.gather())).expect("render"))
+            .expect("utf8");
+        assert!(!open.contains("tenant:alpha"), "{open}");
+        assert!(!open.contains("t1"), "{open}");
+        assert!(
+            open.contains("user=\"admin\""),
+            "other samples stay: {open}"
+        );
+    }
+}

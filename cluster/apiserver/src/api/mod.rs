@@ -167,6 +167,8 @@ pub struct Api {
     watch_cache: WatchCache,
     tenants: Arc<parking_lot::Mutex<tenant_quota::TenantList>>,
     node_proxy: Option<NodeProxy>,
+    /// The process's metrics, served whole to the admin at `/metrics` on the API port.
+    metrics_registry: Option<prometheus::Registry>,
 }
 
 /// RFC 3339 in UTC, to the second, as Kubernetes writes timestamps.
@@ -338,6 +340,7 @@ impl Api {
             metrics,
             tenants: Arc::default(),
             node_proxy: None,
+            metrics_registry: None,
         }
     }
 
@@ -346,6 +349,17 @@ impl Api {
     pub fn with_node_proxy(mut self, tokens: crate::auth::Tokens) -> Api {
         self.node_proxy = Some(NodeProxy::new(tokens));
         self
+    }
+
+    /// The same API, serving `registry` at `/metrics` to the admin token.
+    pub fn with_metrics_registry(mut self, registry: prometheus::Registry) -> Api {
+        self.metrics_registry = Some(registry);
+        self
+    }
+
+    /// Every metric of the process (tenant labels included), if this API serves them.
+    pub fn metrics_registry(&self) -> Option<&prometheus::Registry> {
+        self.metrics_registry.as_ref()
     }
 
     /// The same API without a watch cache: each watch reads the store itself
