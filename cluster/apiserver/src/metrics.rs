@@ -163,7 +163,7 @@ pub fn without_tenants(
             if kept.is_empty() {
                 return None;
             }
-            f.set_metric(kept.into());
+            f.set_metric(kept);
             Some(f)
         })
         .collect()
