@@ -45,6 +45,9 @@ enum Command {
     /// Bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The API server's certificates.
+    #[command(subcommand)]
+    Certs(CertsCommand),
     /// Measure a part of Tessera.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -57,6 +60,17 @@ enum Command {
 enum TokenCommand {
     /// Print a token for a tenant.
     Create(up::TokenArgs),
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Issue a new serving certificate (one year) from the kept CA key; the CA and every
+    /// kubeconfig stay valid. Restart the API server to serve it.
+    Rotate {
+        /// The data directory whose `pki/` holds the CA.
+        #[arg(long, default_value = "./data")]
+        data_dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,6 +99,14 @@ fn main() -> anyhow::Result<()> {
             Command::Scheduler(args) => components::scheduler(args).await,
             Command::Agent(args) => components::agent(args).await,
             Command::Token(TokenCommand::Create(args)) => up::token_create(args).await,
+            Command::Certs(CertsCommand::Rotate { data_dir }) => {
+                let until = tessera_apiserver::pki::rotate_serving(&data_dir.join("pki"))?;
+                println!(
+                    "new serving certificate in {}, valid until {until}; restart tessera to serve it",
+                    data_dir.join("pki/server.crt").display()
+                );
+                Ok(())
+            }
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Debug(cmd) => debug::run(cmd).await,
         }

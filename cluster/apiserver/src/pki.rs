@@ -1,6 +1,7 @@
-//! The API server's credentials: a CA generated once into the data directory, a serving
-//! certificate for loopback signed by it, an admin bearer token, and the kubeconfig that
-//! carries all three to kubectl.
+//! The API server's credentials: a CA generated once into the data directory (certificate
+//! and key, valid ten years), a serving certificate for loopback signed by it (valid one
+//! year; `tessera certs rotate` issues the next one from the kept CA key), an admin bearer
+//! token, and the kubeconfig that carries CA and token to kubectl.
 
 use std::fs;
 use std::io::Write;
@@ -44,6 +45,100 @@ pub struct Credentials {
     pub key_pem: String,
     /// The admin bearer token.
     pub admin_token: String,
+    /// The CA's private key (kept 0600 in `ca.key`, to issue the next serving certificate);
+    /// `None` for a data directory made before it was kept.
+    pub ca_key_pem: Option<String>,
+}
+
+/// How long a serving certificate is valid.
+pub const SERVING_YEARS: i32 = 1;
+/// How long the CA is valid.
+pub const CA_YEARS: i32 = 10;
+
+/// Today's date (UTC) and the same date `years` later, for certificate validity. Starts a
+/// day back so a clock slightly behind still accepts a certificate issued now.
+fn validity(years: i32) -> ((i32, u8, u8), (i32, u8, u8)) {
+    let today = crate::api::rfc3339(crate::api::now_secs() - 86_400);
+    let y: i32 = today[0..4].parse().unwrap_or(2026);
+    let m: u8 = today[5..7].parse().unwrap_or(1);
+    let d: u8 = today[8..10].parse().unwrap_or(1);
+    // (Day 29-31 may not exist in the target month.)
+    ((y, m, d), (y + years, m, d.min(28)))
+}
+
+/// The CA's certificate parameters (the same each time: a serving certificate issued later
+/// by the kept key names the same issuer).
+fn ca_params() -> Result<CertificateParams, PkiError> {
+    let mut ca_params =
+        CertificateParams::new(Vec::<String>::new()).map_err(|source| PkiError::Generate {
+            what: "the CA certificate",
+            source,
+        })?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "tessera-ca");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let (from, to) = validity(CA_YEARS);
+    ca_params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+    ca_params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+    Ok(ca_params)
+}
+
+/// A serving certificate for loopback signed by `issuer`: its PEM, its key's PEM and the
+/// last date it is valid (`YYYY-MM-DD`).
+fn serving(issuer: &Issuer<'_, KeyPair>) -> Result<(String, String, String), PkiError> {
+    let generate = |what| move |source| PkiError::Generate { what, source };
+    let key = KeyPair::generate().map_err(generate("the serving key"))?;
+    let mut params = CertificateParams::new(vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+    ])
+    .map_err(generate("the serving certificate"))?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "tessera-apiserver");
+    let (from, to) = validity(SERVING_YEARS);
+    params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+    params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+    let cert = params
+        .signed_by(&key, issuer)
+        .map_err(generate("the serving certificate"))?;
+    Ok((
+        cert.pem(),
+        key.serialize_pem(),
+        format!("{:04}-{:02}-{:02}", to.0, to.1, to.2),
+    ))
+}
+
+/// Issues a new serving certificate and key into `dir` from its kept CA key (the CA, and so
+/// every kubeconfig, stays the same); returns the last date it is valid. The running API
+/// server serves it after a restart.
+pub fn rotate_serving(dir: &Path) -> Result<String, PkiError> {
+    let key_path = dir.join("ca.key");
+    let ca_key = fs::read_to_string(&key_path).map_err(|source| PkiError::File {
+        path: key_path.clone(),
+        source: std::io::Error::new(
+            source.kind(),
+            format!(
+                "{source} (a data directory made before the CA key was kept cannot rotate; remove pki/ to make new credentials, then hand out the new kubeconfig)"
+            ),
+        ),
+    })?;
+    let ca_key = KeyPair::from_pem(&ca_key).map_err(|source| PkiError::Generate {
+        what: "reading the CA key",
+        source,
+    })?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let (cert, key, until) = serving(&issuer)?;
+    write_private(&dir.join("server.key"), &key)?;
+    write_private(&dir.join("server.crt"), &cert)?;
+    Ok(until)
 }
 
 fn read(path: &Path) -> Result<String, PkiError> {
@@ -107,6 +202,7 @@ impl Credentials {
                 cert_pem: read(&files[1])?,
                 key_pem: read(&files[2])?,
                 admin_token: read(&files[3])?.trim().to_owned(),
+                ca_key_pem: fs::read_to_string(dir.join("ca.key")).ok(),
             });
         }
         fs::DirBuilder::new()
@@ -122,48 +218,35 @@ impl Credentials {
         write_private(&files[1], &creds.cert_pem)?;
         write_private(&files[2], &creds.key_pem)?;
         write_private(&files[3], &creds.admin_token)?;
+        if let Some(k) = &creds.ca_key_pem {
+            write_private(&dir.join("ca.key"), k)?;
+        }
         Ok(creds)
     }
 
     /// Fresh credentials: a CA, a serving certificate for `localhost`, `127.0.0.1` and `::1`,
     /// and a random admin token.
     pub fn generate() -> Result<Credentials, PkiError> {
-        let generate = |what| move |source| PkiError::Generate { what, source };
-        let ca_key = KeyPair::generate().map_err(generate("the CA key"))?;
-        let mut ca_params =
-            CertificateParams::new(Vec::<String>::new()).map_err(generate("the CA certificate"))?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "tessera-ca");
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca_params
+        let ca_key = KeyPair::generate().map_err(|source| PkiError::Generate {
+            what: "the CA key",
+            source,
+        })?;
+        let ca_key_pem = ca_key.serialize_pem();
+        let ca_cert = ca_params()?
             .self_signed(&ca_key)
-            .map_err(generate("the CA certificate"))?;
-        let issuer = Issuer::new(ca_params, &ca_key);
-        let key = KeyPair::generate().map_err(generate("the serving key"))?;
-        let mut params = CertificateParams::new(vec![
-            "localhost".to_owned(),
-            "127.0.0.1".to_owned(),
-            "::1".to_owned(),
-        ])
-        .map_err(generate("the serving certificate"))?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "tessera-apiserver");
-        let cert = params
-            .signed_by(&key, &issuer)
-            .map_err(generate("the serving certificate"))?;
+            .map_err(|source| PkiError::Generate {
+                what: "the CA certificate",
+                source,
+            })?;
+        let issuer = Issuer::new(ca_params()?, ca_key);
+        let (cert_pem, key_pem, _) = serving(&issuer)?;
         let token: [u8; 32] = rand::random();
         Ok(Credentials {
             ca_pem: ca_cert.pem(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
+            cert_pem,
+            key_pem,
             admin_token: token.iter().map(|b| format!("{b:02x}")).collect(),
+            ca_key_pem: Some(ca_key_pem),
         })
     }
 

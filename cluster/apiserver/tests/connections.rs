@@ -252,3 +252,55 @@ async fn bodies_are_read_on_seats_and_watches_are_bounded() {
     open.pop();
     assert!(watch().await.is_ok(), "a slot came back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_serving_certificate_is_trusted_through_the_same_ca() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let pki = dir.path().join("pki");
+    let first = Credentials::load_or_create(&pki).expect("credentials");
+    let mode = std::fs::metadata(pki.join("ca.key"))
+        .expect("the CA key is kept")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let until = tessera_apiserver::pki::rotate_serving(&pki).expect("rotate");
+    let year: i32 = tessera_apiserver::api::rfc3339(now_secs())[0..4]
+        .parse()
+        .expect("year");
+    assert!(
+        until.starts_with(&format!("{}-", year + 1)),
+        "a year: {until}"
+    );
+    let second = Credentials::load_or_create(&pki).expect("credentials");
+    assert_ne!(first.cert_pem, second.cert_pem, "a new serving certificate");
+    assert_eq!(first.ca_pem, second.ca_pem, "the same CA");
+    // Served, it is trusted by a client that knows only the first CA (every kubeconfig).
+    let store_dir = tempfile::tempdir().expect("tmp");
+    let store = Arc::new(
+        EmbeddedStore::open(
+            store_dir.path(),
+            EmbeddedOptions::default(),
+            StoreMetrics::register(&prometheus::Registry::new()).expect("metrics"),
+        )
+        .await
+        .expect("store"),
+    );
+    let router = http::router(Api::new(store, None), Tokens::new(&second.admin_token));
+    let addr = serve_tls_with(
+        "127.0.0.1:0".parse().expect("addr"),
+        &second,
+        router,
+        ConnectionLimits::default(),
+    )
+    .await
+    .expect("serve");
+    assert!(
+        served(addr, &first).await,
+        "the old kubeconfig's CA trusts it"
+    );
+    // A data directory from before the CA key was kept says what to do.
+    std::fs::remove_file(pki.join("ca.key")).expect("rm");
+    let e = tessera_apiserver::pki::rotate_serving(&pki).expect_err("no CA key");
+    assert!(e.to_string().contains("cannot rotate"), "{e}");
+}
