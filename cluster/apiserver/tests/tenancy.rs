@@ -483,3 +483,78 @@ async fn process_nodes_are_opt_in_for_tenants() {
             .expect("allowed now");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_quota_counts_objects_of_any_kind() {
+    let (admin, acme, _dir) = setup().await;
+    admin
+        .create(
+            res("", "namespaces"),
+            None,
+            &json!({"metadata": {"name": "acme-prod"}}),
+        )
+        .await
+        .expect("ns");
+    admin
+        .patch(
+            res("tessera.io", "tenants"),
+            None,
+            "acme",
+            None,
+            PatchType::Merge,
+            &json!({"spec": {"namespaces": ["acme-dev", "acme-prod"],
+                "quota": {"count/configmaps": "3", "count/secrets": "1"}}}),
+        )
+        .await
+        .expect("quota");
+    let (cms, secrets) = (res("", "configmaps"), res("", "secrets"));
+    let cm = |name: &str| json!({"metadata": {"name": name}, "data": {"k": "v"}});
+    // Three ConfigMaps across both namespaces, then the fourth is refused.
+    acme.create(cms, Some("acme-dev"), &cm("a"))
+        .await
+        .expect("1");
+    acme.create(cms, Some("acme-dev"), &cm("b"))
+        .await
+        .expect("2");
+    acme.create(cms, Some("acme-prod"), &cm("c"))
+        .await
+        .expect("3");
+    let e = acme
+        .create(cms, Some("acme-prod"), &cm("d"))
+        .await
+        .expect_err("over the tenant's count");
+    assert_eq!(e.code, 403, "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("configmaps \"d\" is forbidden: exceeded tenant quota: acme")
+            && e.message.contains("count/configmaps"),
+        "{}",
+        e.message
+    );
+    assert!(
+        admin.get(cms, Some("acme-prod"), "d").await.is_err(),
+        "nothing created"
+    );
+    // Deleting one gives its count back.
+    acme.delete(cms, Some("acme-dev"), "a", None)
+        .await
+        .expect("delete");
+    acme.create(cms, Some("acme-prod"), &cm("d"))
+        .await
+        .expect("room again");
+    let t = admin
+        .get(res("tessera.io", "tenants"), None, "acme")
+        .await
+        .expect("tenant");
+    assert_eq!(t["status"]["used"]["count/configmaps"], "3", "{t}");
+    // Another kind counts on its own.
+    let secret = |name: &str| json!({"metadata": {"name": name}, "data": {"k": "dg=="}});
+    acme.create(secrets, Some("acme-dev"), &secret("s1"))
+        .await
+        .expect("secret");
+    let e = acme
+        .create(secrets, Some("acme-dev"), &secret("s2"))
+        .await
+        .expect_err("one secret only");
+    assert!(e.message.contains("count/secrets"), "{}", e.message);
+}

@@ -205,8 +205,8 @@ impl Api {
                 if res.plural == "services" && res.group.is_empty() {
                     self.release(Api::held_by(&current)).await;
                 }
-                if res.plural == "pods" {
-                    self.refund_tenant(&current).await;
+                if res.namespaced {
+                    self.refund_tenant(res, &current).await;
                 }
                 Ok(ApiResponse::ok(current))
             }

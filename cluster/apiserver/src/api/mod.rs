@@ -18,7 +18,7 @@ mod subresources;
 mod tenant_quota;
 mod write;
 
-use crate::quota::{pod_usage, qos_class, quantity_json, quantity_map};
+use crate::quota::{qos_class, quantity_json, quantity_map};
 pub use agents::NodeProxy;
 use subresources::{from_scale, to_scale, to_scale_plain};
 

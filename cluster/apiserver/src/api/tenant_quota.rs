@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tessera_core::quantity::Quantity;
 
-use super::{
-    Api, decode_stored, encode, name_of, pod_usage, quantity_json, quantity_map, store_error,
-};
+use super::{Api, decode_stored, encode, name_of, quantity_json, quantity_map, store_error};
 use crate::status::ApiError;
 
 /// How long a read of the Tenants list is reused to find a namespace's tenant.
@@ -108,41 +106,51 @@ impl Api {
         }))
     }
 
-    /// The Tenant that owns `ns` and has a quota, if any.
-    async fn quota_tenant(&self, ns: &str) -> Result<Option<String>, ApiError> {
-        Ok(self
-            .tenant_of(ns)
-            .await?
-            .filter(|t| {
-                t["spec"]["quota"]
-                    .as_object()
-                    .is_some_and(|q| !q.is_empty())
-            })
-            .map(|t| name_of(&t).to_owned()))
+    /// The Tenant that owns `ns` and has a quota, if any (as cached).
+    async fn quota_tenant(&self, ns: &str) -> Result<Option<Value>, ApiError> {
+        Ok(self.tenant_of(ns).await?.filter(|t| {
+            t["spec"]["quota"]
+                .as_object()
+                .is_some_and(|q| !q.is_empty())
+        }))
     }
 
-    /// Charges (or with `charge == false` refunds) `pod` to the quota of the tenant owning
-    /// `ns`. Returns whether anything was charged. Refuses with 403 what would exceed it.
+    /// Charges (or with `charge == false` refunds) object `obj` of `res` to the quota of the
+    /// tenant owning `ns`: a pod's requests and limits and `count/pods`, any other object its
+    /// `count/<resource>` (`count/configmaps`, `count/deployments.apps`). Returns whether
+    /// anything was charged. Refuses with 403 what would exceed it. A quota that names none
+    /// of what the object uses is not touched (no write to the Tenant).
     pub(super) async fn tenant_quota(
         &self,
         ns: &str,
-        pod: &Value,
+        res: &crate::catalog::Resource,
+        obj: &Value,
         charge: bool,
         dry_run: bool,
     ) -> Result<bool, ApiError> {
-        let Some(tenant) = self.quota_tenant(ns).await? else {
+        let Some(cached) = self.quota_tenant(ns).await? else {
             return Ok(false);
         };
-        let res = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
-        let key = super::object_key(res, None, &tenant);
-        let usage = pod_usage(pod);
+        let usage = crate::quota::usage_of(res, obj);
+        // Most objects are nothing the quota names: no read or write of the Tenant for them.
+        if !quantity_map(&cached["spec"]["quota"])
+            .keys()
+            .any(|k| usage.contains_key(k))
+        {
+            return Ok(false);
+        }
+        let tenant = name_of(&cached).to_owned();
+        let pod = obj;
+        let what = crate::status::qualified(res.group, res.plural);
+        let tenants = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
+        let key = super::object_key(tenants, None, &tenant);
         for _attempt in 0..32 {
             let Some(kv) = self.store.get(key.as_bytes()).await.map_err(store_error)? else {
                 return Ok(false);
             };
             let mut t = decode_stored(&kv)?;
             let quota = quantity_map(&t["spec"]["quota"]);
-            if quota.is_empty() {
+            if !quota.keys().any(|k| usage.contains_key(k)) {
                 return Ok(false);
             }
             let mut used = if t["status"]["used"].is_object() {
@@ -152,7 +160,7 @@ impl Api {
             };
             if let Err(over) = super::admission::charge_usage(&mut used, &usage, &quota, charge) {
                 return Err(ApiError::forbidden(format!(
-                    "pods \"{}\" is forbidden: exceeded tenant quota: {tenant}, {over} (across the tenant's namespaces)",
+                    "{what} \"{}\" is forbidden: exceeded tenant quota: {tenant}, {over} (across the tenant's namespaces)",
                     name_of(pod)
                 )));
             }
@@ -178,18 +186,15 @@ impl Api {
         ))
     }
 
-    /// Gives a pod's charge back to its tenant after the pod stopped counting (removed, or
-    /// finished); a pod that had already finished was refunded then. Best effort: a failure
-    /// is logged (Tenant quotas are not recounted yet).
-    pub(super) async fn refund_tenant(&self, pod: &Value) {
-        if crate::quota::is_terminal(pod) {
-            return;
-        }
-        let Some(ns) = pod["metadata"]["namespace"].as_str() else {
+    /// Gives an object's charge back to its tenant after it stopped counting (removed, or a
+    /// pod finished); a pod that had already finished was refunded then. Best effort: a
+    /// failure is logged (Tenant quotas are not recounted yet).
+    pub(super) async fn refund_tenant(&self, res: &crate::catalog::Resource, obj: &Value) {
+        let Some(ns) = obj["metadata"]["namespace"].as_str() else {
             return;
         };
-        if let Err(e) = self.tenant_quota(ns, pod, false, false).await {
-            tracing::warn!(error = %e, pod = %name_of(pod), "could not refund a tenant quota");
+        if let Err(e) = self.tenant_quota(ns, res, obj, false, false).await {
+            tracing::warn!(error = %e, object = %name_of(obj), "could not refund a tenant quota");
         }
     }
 

@@ -366,10 +366,11 @@ impl Api {
             obj["status"] = json!({"hard": obj["spec"]["hard"], "used": quantity_json(&used)});
         }
         let name = name_of(&obj).to_owned();
-        // A pod is charged to its tenant's quota first, and refunded if the create fails.
-        let tenant_charged = match (res.plural, req.namespace.as_deref()) {
-            ("pods", Some(ns)) => {
-                self.tenant_quota(ns, &obj, true, req.params.dry_run)
+        // An object is charged to its tenant's quota first (a pod's resources, anything's
+        // count), and refunded if the create fails.
+        let tenant_charged = match req.namespace.as_deref() {
+            Some(ns) if res.namespaced => {
+                self.tenant_quota(ns, res, &obj, true, req.params.dry_run)
                     .await?
             }
             _ => false,
@@ -411,7 +412,7 @@ impl Api {
         if result.is_err()
             && tenant_charged
             && let Some(ns) = req.namespace.as_deref()
-            && let Err(e) = self.tenant_quota(ns, &obj, false, false).await
+            && let Err(e) = self.tenant_quota(ns, res, &obj, false, false).await
         {
             tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota reservation; the quota controller will");
         }
@@ -635,8 +636,8 @@ impl Api {
             match result {
                 Ok(rev) => {
                     self.wrote(res);
-                    if refund && is_pod {
-                        self.refund_tenant(&current).await;
+                    if refund {
+                        self.refund_tenant(res, &current).await;
                     }
                     return Ok(ApiResponse::Object {
                         code: 200,
