@@ -8,11 +8,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use base64::Engine;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
 use tessera_apiserver::client::Client;
-use tessera_apiserver::request::find_resource;
 
 /// Name and value pairs, in order.
 pub type Env = Vec<(String, String)>;
@@ -76,34 +74,20 @@ fn pod_field(pod: &Value, path: &str) -> Option<String> {
     }
 }
 
-/// Reads the keys of ConfigMap (or Secret, decoded) `name` in `ns`.
+/// Reads the keys of ConfigMap (or Secret, decoded) `name` in `ns`, as text.
 async fn keys_of(
     client: &Arc<dyn Client>,
     secret: bool,
     ns: &str,
     name: &str,
 ) -> Result<Option<BTreeMap<String, String>>, String> {
-    let plural = if secret { "secrets" } else { "configmaps" };
-    let res = find_resource("", "v1", plural).map_err(|e| e.message)?;
-    let obj = match client.get(res, Some(ns), name).await {
-        Ok(o) => o,
-        Err(e) if e.code == 404 => return Ok(None),
-        Err(e) => return Err(format!("reading {plural} {name}: {}", e.message)),
-    };
-    let mut out = BTreeMap::new();
-    for (k, v) in obj["data"].as_object().into_iter().flatten() {
-        let Some(v) = v.as_str() else { continue };
-        let v = if secret {
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(v)
-                .map_err(|e| format!("secret {name} key {k} is not base64: {e}"))?;
-            String::from_utf8_lossy(&raw).into_owned()
-        } else {
-            v.to_owned()
-        };
-        out.insert(k.clone(), v);
-    }
-    Ok(Some(out))
+    Ok(crate::isolation::read_keys(client, secret, ns, name)
+        .await?
+        .map(|keys| {
+            keys.into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                .collect()
+        }))
 }
 
 /// The environment of container `c` of `pod`.

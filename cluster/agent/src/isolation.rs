@@ -278,7 +278,9 @@ fn fresh_dir(path: &Path, owner: Option<Owner>) -> Result<(), String> {
     Ok(())
 }
 
-async fn read_keys(
+/// The keys of ConfigMap (with its `binaryData`) or Secret (decoded) `name` in `ns`, as
+/// bytes; `None` if it does not exist.
+pub async fn read_keys(
     client: &Arc<dyn Client>,
     secret: bool,
     ns: &str,

@@ -164,6 +164,18 @@ fn write_private(path: &Path, contents: &str) -> Result<(), PkiError> {
     f.sync_all().map_err(err)
 }
 
+/// Makes `dir` (0700) if it is missing.
+fn private_dir(dir: &Path) -> Result<(), PkiError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| PkiError::File {
+            path: dir.to_owned(),
+            source,
+        })
+}
+
 /// The root secret that tenant tokens are keyed from (`dir/token.key`, 32 random bytes in
 /// hex, 0600), made on first use. Replacing the file revokes every tenant token; the admin
 /// token is separate and rotates without touching them.
@@ -172,14 +184,7 @@ pub fn token_root(dir: &Path) -> Result<Vec<u8>, PkiError> {
     if path.exists() {
         return Ok(read(&path)?.trim().as_bytes().to_vec());
     }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|source| PkiError::File {
-            path: dir.to_owned(),
-            source,
-        })?;
+    private_dir(dir)?;
     let mut bytes = [0u8; 32];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).map_err(|_| {
         PkiError::File {
@@ -205,14 +210,7 @@ impl Credentials {
                 ca_key_pem: fs::read_to_string(dir.join("ca.key")).ok(),
             });
         }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|source| PkiError::File {
-                path: dir.to_owned(),
-                source,
-            })?;
+        private_dir(dir)?;
         let creds = Credentials::generate()?;
         write_private(&files[0], &creds.ca_pem)?;
         write_private(&files[1], &creds.cert_pem)?;
