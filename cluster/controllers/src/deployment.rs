@@ -219,15 +219,6 @@ fn spec_replicas(rs: &ReplicaSet) -> i32 {
     rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)
 }
 
-/// Pods a set may have that are not being deleted: its spec, or more while its controller has
-/// not yet taken a scale-down into effect (`status.replicas` is written only after the
-/// deletions were made). Scaling up against this keeps the live pods of a rollout within
-/// `replicas + maxSurge` at every instant, not only once every set has caught up.
-fn live_bound(rs: &ReplicaSet) -> i32 {
-    let counted = rs.status.as_ref().map_or(0, |s| s.replicas);
-    spec_replicas(rs).max(counted)
-}
-
 /// Available pods of a set, never more than its spec asks for: right after a scale-down the
 /// set's status still counts pods being deleted, and counting them would let the rollout
 /// take down more than `maxUnavailable` allows.
@@ -646,16 +637,16 @@ impl Deployments {
         max_unavailable: i32,
     ) -> Result<bool, ReconcileError> {
         let all: i32 = spec_replicas(new) + olds.iter().map(|rs| spec_replicas(rs)).sum::<i32>();
-        // Scale the new set up, within desired + maxSurge in total — counting the pods an old
-        // set still has beyond its spec until its controller has deleted them.
+        // Scale the new set up, within desired + maxSurge in total (of the sets' specs, as
+        // Kubernetes counts: an old set's pods of a scale-down may live on for a moment, until
+        // its controller has deleted them).
         let new_count = spec_replicas(new);
         if new_count > desired {
             self.set_rs(new, Some(desired), None, d, max_surge).await?;
             return Ok(true);
         }
         if new_count < desired {
-            let live: i32 = live_bound(new) + olds.iter().map(|rs| live_bound(rs)).sum::<i32>();
-            let room = desired + max_surge - live;
+            let room = desired + max_surge - all;
             let up = room.min(desired - new_count);
             if up > 0 {
                 self.set_rs(new, Some(new_count + up), None, d, max_surge)
