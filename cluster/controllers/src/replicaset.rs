@@ -251,7 +251,12 @@ impl Reconciler for Rs {
                 }
             }
         }
-        let requeue = self.update_status(&rs, &active).await?;
+        let mut requeue = self.update_status(&rs, &active).await?;
+        // Waiting on creations or deletions not seen yet: look again when they are given up
+        // on, even if no event comes (a lost one would otherwise stall the set).
+        if let Some(wait) = self.expectations.pending_for(key) {
+            requeue = Some(requeue.map_or(wait, |r| r.min(wait)));
+        }
         match error {
             Some(e) => Err(e),
             None => Ok(requeue.map_or(Action::Done, Action::RequeueAfter)),
