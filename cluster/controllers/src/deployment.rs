@@ -19,6 +19,7 @@ use tessera_runtime::WorkQueue;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
+use tessera_runtime::mutation::MutationCache;
 use tessera_runtime::selector::from_metav1;
 
 use crate::context::{Context, Tasks, res};
@@ -39,9 +40,14 @@ struct Deployments {
     ctx: Context,
     deployments: Arc<Cache<Deployment>>,
     sets: Arc<Cache<ReplicaSet>>,
+    /// This controller's writes of sets, until `sets` shows them.
+    written: MutationCache<ReplicaSet>,
     pods: Arc<Cache<Pod>>,
     recorder: Recorder,
 }
+
+/// How long a write is laid over the cache at most (an object deleted meanwhile).
+const WRITTEN_TTL: Duration = Duration::from_secs(30);
 
 /// Runs the controller until the future is dropped.
 pub async fn run(ctx: Context) {
@@ -76,6 +82,7 @@ pub async fn run(ctx: Context) {
         recorder: ctx.recorder(NAME),
         deployments: deployments.cache().clone(),
         sets: sets.cache().clone(),
+        written: MutationCache::new(WRITTEN_TTL),
         pods: pods.cache().clone(),
         ctx: ctx.clone(),
     });
@@ -268,11 +275,15 @@ impl Reconciler for Deployments {
 impl Deployments {
     fn owned_sets(&self, d: &Deployment) -> Vec<Arc<ReplicaSet>> {
         let uid = d.metadata.uid.as_deref().unwrap_or("");
+        let controlled =
+            |rs: &ReplicaSet| controller_of(&rs.metadata).is_some_and(|o| o.uid == uid);
+        // The sets as this controller last wrote them where the cache is behind (a resize
+        // decided on a set's older size would be wrong).
         let mut v: Vec<Arc<ReplicaSet>> = self
-            .sets
-            .owned_by(uid)
+            .written
+            .merge(&self.sets, self.sets.owned_by(uid), |rs| controlled(rs))
             .into_iter()
-            .filter(|rs| controller_of(&rs.metadata).is_some_and(|o| o.uid == uid))
+            .filter(|rs| controlled(rs))
             .collect();
         v.sort_by_key(|rs| {
             (
@@ -361,7 +372,7 @@ impl Deployments {
                         0
                     };
                 Some(
-                    self.create_rs(d, &template, initial, max_revision + 1)
+                    self.create_rs(d, &template, initial, max_revision + 1, max_surge)
                         .await?,
                 )
             }
@@ -412,6 +423,7 @@ impl Deployments {
         template: &Value,
         replicas: i32,
         revision: i64,
+        max_surge: i32,
     ) -> Result<Arc<ReplicaSet>, ReconcileError> {
         let ns = d.metadata.namespace.clone().unwrap_or_default();
         let name = d.metadata.name.clone().unwrap_or_default();
@@ -445,10 +457,11 @@ impl Deployments {
             })
             .collect();
         annotations.insert(REVISION.into(), revision.to_string());
-        annotations.insert(
-            "deployment.kubernetes.io/desired-replicas".into(),
-            spec.replicas.unwrap_or(1).to_string(),
-        );
+        // Both sizes, as Kubernetes sets them on a new set: a later mid-rollout resize divides
+        // by max-replicas, not by a Deployment status that may not have caught up.
+        let desired = spec.replicas.unwrap_or(1);
+        annotations.insert(DESIRED_REPLICAS.into(), desired.to_string());
+        annotations.insert(MAX_REPLICAS.into(), (desired + max_surge).to_string());
         let rs = json!({
             "apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": format!("{name}-{hash}"), "namespace": ns, "labels": labels,
@@ -468,9 +481,11 @@ impl Deployments {
                     "ScalingReplicaSet",
                     &format!("Scaled up replica set {name}-{hash} to {replicas}"),
                 );
-                serde_json::from_value(v).map(Arc::new).map_err(|e| {
-                    ReconcileError::new(format!("a created ReplicaSet did not decode: {e}"))
-                })
+                serde_json::from_value(v)
+                    .map(|rs| self.written.record(rs))
+                    .map_err(|e| {
+                        ReconcileError::new(format!("a created ReplicaSet did not decode: {e}"))
+                    })
             }
             Err(e) if e.code == 409 => {
                 // A set of that name exists: ours with an equal template is found next time
@@ -526,7 +541,8 @@ impl Deployments {
         if let Some(n) = replicas {
             patch["spec"] = json!({"replicas": n});
         }
-        self.ctx
+        let written = self
+            .ctx
             .client
             .patch(
                 res("apps", "replicasets"),
@@ -537,6 +553,9 @@ impl Deployments {
                 &patch,
             )
             .await?;
+        if let Ok(w) = serde_json::from_value::<ReplicaSet>(written) {
+            self.written.record(w);
+        }
         if let Some(n) = replicas {
             let from = spec_replicas(rs);
             let verb = if n > from { "up" } else { "down" };

@@ -26,6 +26,14 @@ pub const FOREGROUND: &str = "foregroundDeletion";
 /// The finalizer of an orphaning deletion.
 pub const ORPHAN: &str = "orphan";
 
+/// What a conditional delete did.
+#[derive(Debug, PartialEq, Eq)]
+enum Deleted {
+    Yes,
+    /// The object changed (or went) since the copy the decision was made on.
+    Changed,
+}
+
 struct Gc {
     ctx: Context,
     kinds: Vec<(&'static Resource, Arc<Informer<PartialObject>>)>,
@@ -143,6 +151,87 @@ impl Gc {
         out
     }
 
+    /// All dependents of `uid` as the API has them now: every kind in the owner's namespace
+    /// (every namespace for a cluster-scoped owner), in pages. Only the orphan step uses it,
+    /// once per orphaning deletion.
+    async fn live_dependents(
+        &self,
+        ns: Option<&str>,
+        uid: &str,
+    ) -> Result<Vec<(usize, Arc<PartialObject>)>, ReconcileError> {
+        #[derive(serde::Deserialize)]
+        struct Page {
+            #[serde(default)]
+            metadata: PageMeta,
+            #[serde(default)]
+            items: Vec<PartialObject>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct PageMeta {
+            #[serde(default, rename = "continue")]
+            continue_token: Option<String>,
+        }
+        let mut out = Vec::new();
+        for (j, (res, _)) in self.kinds.iter().enumerate() {
+            if ns.is_some() && !res.namespaced {
+                continue;
+            }
+            let mut token: Option<String> = None;
+            loop {
+                let mut req = ApiRequest::new(Verb::List, res);
+                req.namespace = ns.map(str::to_string);
+                req.params.limit = 500;
+                req.params.continue_token = token.take();
+                let page: Page = match self.ctx.client.list(req).await {
+                    Ok(v) => serde_json::from_value(v).map_err(|e| {
+                        ReconcileError::from(tessera_apiserver::status::ApiError::internal(
+                            format!("decoding a list of {}: {e}", res.plural),
+                        ))
+                    })?,
+                    Err(e) if e.code == 404 => break,
+                    Err(e) => return Err(e.into()),
+                };
+                for d in page.items {
+                    if d.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|r| r.uid == uid)
+                    {
+                        out.push((j, Arc::new(d)));
+                    }
+                }
+                match page.metadata.continue_token.filter(|t| !t.is_empty()) {
+                    Some(t) => token = Some(t),
+                    None => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes (in the foreground) the dependents of a foreground deletion not being deleted
+    /// yet; true if any of them blocks its owner's deletion.
+    async fn cascade(
+        &self,
+        dependents: Vec<(usize, Arc<PartialObject>)>,
+        uid: &str,
+    ) -> Result<bool, ReconcileError> {
+        let mut blocking = false;
+        for (j, d) in dependents {
+            blocking |= d
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.uid == uid && r.block_owner_deletion == Some(true));
+            if d.metadata.deletion_timestamp.is_none() {
+                self.delete(j, &d, Some(Propagation::Foreground)).await?;
+            }
+        }
+        Ok(blocking)
+    }
+
     /// Whether the owner named by `r` exists (with that UID), asking the API when the cache
     /// has not seen it.
     async fn owner_exists(
@@ -182,18 +271,37 @@ impl Gc {
         o: &PartialObject,
         propagation: Option<Propagation>,
     ) -> Result<(), ReconcileError> {
+        match self.delete_if(i, o, propagation, false).await? {
+            Deleted::Yes | Deleted::Changed => Ok(()),
+        }
+    }
+
+    /// Deletes `o` if it is still the object (uid) — and, with `unchanged`, still the version
+    /// (resourceVersion) — the decision was made on. A decision taken on a cached copy uses
+    /// `unchanged`: a dependent whose reference was just removed (an orphaning delete of its
+    /// owner) must not be collected on the strength of a cache that has not seen the removal.
+    async fn delete_if(
+        &self,
+        i: usize,
+        o: &PartialObject,
+        propagation: Option<Propagation>,
+        unchanged: bool,
+    ) -> Result<Deleted, ReconcileError> {
         let (res, _) = &self.kinds[i];
         let mut req = ApiRequest::new(Verb::Delete, res);
         req.namespace = o.metadata.namespace.clone();
         req.name = o.metadata.name.clone();
         req.params.propagation = propagation;
-        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1",
-            "preconditions": {"uid": o.metadata.uid}})
-        .to_string()
-        .into();
+        let mut pre = json!({"uid": o.metadata.uid});
+        if unchanged {
+            pre["resourceVersion"] = json!(o.metadata.resource_version);
+        }
+        req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": pre})
+            .to_string()
+            .into();
         match self.ctx.client.call(req).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 || e.code == 409 => Ok(()),
+            Ok(_) => Ok(Deleted::Yes),
+            Err(e) if e.code == 404 || e.code == 409 => Ok(Deleted::Changed),
             Err(e) => Err(e.into()),
         }
     }
@@ -259,7 +367,13 @@ impl Reconciler for Gc {
         let deleting = o.metadata.deletion_timestamp.is_some();
 
         if deleting && finalizers.iter().any(|f| f == ORPHAN) {
-            for (j, d) in self.dependents(&uid) {
+            // Read from the API, not the caches: a dependent created just before the owner's
+            // deletion may not be in a cache yet, and one left holding its reference would be
+            // collected as soon as the owner is gone.
+            for (j, d) in self
+                .live_dependents(o.metadata.namespace.as_deref(), &uid)
+                .await?
+            {
                 let refs: Vec<_> = d
                     .metadata
                     .owner_references
@@ -276,18 +390,14 @@ impl Reconciler for Gc {
             return Ok(Action::Done);
         }
         if deleting && finalizers.iter().any(|f| f == FOREGROUND) {
-            let mut blocking = false;
-            for (j, d) in self.dependents(&uid) {
-                let blocks = d
-                    .metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|r| r.uid == uid && r.block_owner_deletion == Some(true));
-                blocking |= blocks;
-                if d.metadata.deletion_timestamp.is_none() {
-                    self.delete(j, &d, Some(Propagation::Foreground)).await?;
-                }
+            let mut blocking = self.cascade(self.dependents(&uid), &uid).await?;
+            if !blocking {
+                // The caches say none is left: make sure with the API before the owner goes
+                // (one created just before the deletion may not be cached yet).
+                let live = self
+                    .live_dependents(o.metadata.namespace.as_deref(), &uid)
+                    .await?;
+                blocking = self.cascade(live, &uid).await?;
             }
             if !blocking {
                 let rest = Gc::without_finalizer(&o, FOREGROUND);
@@ -317,11 +427,21 @@ impl Reconciler for Gc {
                 alive.push(r.clone());
             }
         }
-        if alive.is_empty() {
+        let propagation = if alive.is_empty() {
             tracing::debug!(object = %key, "every owner is gone; deleting");
-            self.delete(i, &o, Some(Propagation::Background)).await?;
+            Some(Propagation::Background)
         } else if foreground_owner && alive.len() == 1 {
-            self.delete(i, &o, Some(Propagation::Foreground)).await?;
+            Some(Propagation::Foreground)
+        } else {
+            None
+        };
+        if let Some(p) = propagation {
+            if self.delete_if(i, &o, Some(p), true).await? == Deleted::Changed {
+                // Changed since the cache saw it (or gone): decide again on the newer copy,
+                // which the watch is bringing (an update that changed no reference would not
+                // queue it by itself).
+                return Ok(Action::RequeueAfter(std::time::Duration::from_millis(200)));
+            }
         } else if alive.len() < refs.len() {
             self.patch_meta(i, &o, json!({"ownerReferences": alive}))
                 .await?;

@@ -158,7 +158,7 @@ impl Reconciler for Rs {
         // Claim: adopt matching orphans, release owned pods that no longer match. Both come
         // from indexes (owner, label): a set's work does not grow with the namespace.
         let mut mine: Vec<Arc<Pod>> = Vec::new();
-        let live = rs.metadata.deletion_timestamp.is_none();
+        let mut live = rs.metadata.deletion_timestamp.is_none();
         for p in self.pods.owned_by(&uid) {
             if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) {
                 continue;
@@ -175,8 +175,21 @@ impl Reconciler for Rs {
             }
         }
         if live {
+            // Adoption is checked against the API once, as kube-controller-manager's
+            // RecheckDeletionTimestamp does: the set's cached copy may not show a deletion the
+            // pods' cache already reflects (an orphaning delete releases the pods first), and
+            // a set being deleted must not take back the pods it just let go.
+            let mut may_adopt = None;
             for p in self.pods.select(Some(&ns), &selector) {
                 if controller_of(&p.metadata).is_none() && pods::is_active(&p) {
+                    if may_adopt.is_none() {
+                        may_adopt = Some(self.may_adopt(&rs).await?);
+                    }
+                    if may_adopt == Some(false) {
+                        // Being deleted (or gone) after all: neither adopt nor scale.
+                        live = false;
+                        break;
+                    }
                     let adopted = self.adopt(&rs, &p).await?;
                     if adopted {
                         mine.push(p);
@@ -187,7 +200,7 @@ impl Reconciler for Rs {
         let active: Vec<&Arc<Pod>> = mine.iter().filter(|p| pods::is_active(p)).collect();
         let want = spec.replicas.unwrap_or(1).max(0) as usize;
         let mut error = None;
-        if rs.metadata.deletion_timestamp.is_none() && self.expectations.satisfied(key) {
+        if live && self.expectations.satisfied(key) {
             if active.len() < want {
                 let n = (want - active.len()).min(BURST);
                 let owner = pods::owner_ref("apps/v1", "ReplicaSet", &name, &uid);
@@ -265,6 +278,25 @@ impl Reconciler for Rs {
 }
 
 impl Rs {
+    /// Whether the set, read fresh from the API, is still the same one and not being deleted.
+    async fn may_adopt(&self, rs: &ReplicaSet) -> Result<bool, ReconcileError> {
+        match self
+            .ctx
+            .client
+            .get(
+                res("apps", "replicasets"),
+                rs.metadata.namespace.as_deref(),
+                rs.metadata.name.as_deref().unwrap_or(""),
+            )
+            .await
+        {
+            Ok(v) => Ok(v["metadata"]["uid"].as_str() == rs.metadata.uid.as_deref()
+                && v["metadata"]["deletionTimestamp"].is_null()),
+            Err(e) if e.code == 404 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn adopt(&self, rs: &ReplicaSet, p: &Pod) -> Result<bool, ReconcileError> {
         let owner = pods::owner_ref(
             "apps/v1",

@@ -134,7 +134,9 @@ async fn rolling_update_keeps_enough_ready_and_rolls_back() {
         if done {
             break;
         }
-        assert!(polls < 5_000, "the rollout did not finish");
+        if polls >= 5_000 {
+            panic!("the rollout did not finish:\n{}", explain(c, "web").await);
+        }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     eprintln!("rollout: {polls} polls, min ready {min_ready}, most replicas wanted {max_wanted}");
@@ -359,4 +361,33 @@ async fn scaling_mid_rollout_is_proportional() {
         pods_of(c, "prop").await.iter().filter(|p| ready(p)).count(),
         20
     );
+}
+
+/// The sets, pods and events of a Deployment, for a failure message.
+async fn explain(c: &Arc<dyn Client>, name: &str) -> String {
+    let mut out = String::new();
+    for r in sets_of(c, name).await {
+        out += &format!(
+            "set {} {} spec.replicas={} status={}\n",
+            r["metadata"]["name"], r["metadata"]["annotations"], r["spec"]["replicas"], r["status"]
+        );
+    }
+    for p in pods_of(c, name).await {
+        out += &format!(
+            "pod {} {} {} deleting={} owner={}\n",
+            p["metadata"]["name"],
+            p["spec"]["containers"][0]["image"],
+            p["status"]["phase"],
+            p["metadata"]["deletionTimestamp"],
+            p["metadata"]["ownerReferences"][0]["name"]
+        );
+    }
+    out += &format!("deployment status {}\n", get(c, name).await["status"]);
+    for e in list(c, "", "events").await {
+        out += &format!(
+            "event {} {} {}\n",
+            e["metadata"]["creationTimestamp"], e["involvedObject"]["name"], e["message"]
+        );
+    }
+    out
 }

@@ -151,10 +151,17 @@ pub struct Cache<T> {
 }
 
 impl<T: Object> Cache<T> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Cache {
             inner: RwLock::new(Indexed::new()),
         }
+    }
+
+    /// Puts an object as an event would (tests of code that reads caches).
+    #[cfg(test)]
+    pub(crate) fn insert(&self, o: T) {
+        let key = key_of(o.metadata());
+        self.inner.write().put(key, Arc::new(o));
     }
 
     /// The object at `key` (`namespace/name` or `name`).

@@ -10,6 +10,7 @@ pub mod expectations;
 pub mod informer;
 pub mod leader;
 pub mod metrics;
+pub mod mutation;
 pub mod queue;
 pub mod selector;
 pub mod taints;
