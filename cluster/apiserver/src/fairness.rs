@@ -13,16 +13,63 @@ use crate::auth::User;
 use crate::metrics::ApiMetrics;
 use crate::status::ApiError;
 
-/// A held seat; released when dropped.
+/// A held seat (or several: a large answer takes more); released when dropped — for an
+/// answer, once its body is written or its connection closed.
 pub struct Seat {
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
+    sem: Arc<Semaphore>,
+    limit: usize,
+    who: String,
     gauge: Option<prometheus::IntGauge>,
 }
+
+impl Seat {
+    /// How many seats it holds.
+    pub fn count(&self) -> usize {
+        self.permit.num_permits()
+    }
+
+    /// Holds `total` seats (at most the caller's limit): an answer of many bytes takes a seat
+    /// per [`SEAT_BYTES`] for as long as it is being written, as Kubernetes' priority and
+    /// fairness charges a large list more seats. Answers 429 if they are not free now.
+    pub fn grow_to(&mut self, total: usize) -> Result<(), ApiError> {
+        let total = total.clamp(1, self.limit);
+        let have = self.count();
+        if total <= have {
+            return Ok(());
+        }
+        match self
+            .sem
+            .clone()
+            .try_acquire_many_owned((total - have) as u32)
+        {
+            Ok(more) => {
+                if let Some(g) = &self.gauge {
+                    g.add((total - have) as i64);
+                }
+                self.permit.merge(more);
+                Ok(())
+            }
+            Err(_) => Err(ApiError::too_many_requests(
+                format!(
+                    "the answer is too large for the seats {} has free: it needs {total} of {} (one per {} MiB being written); retry after a second, or ask in pages (limit and continue)",
+                    self.who,
+                    self.limit,
+                    SEAT_BYTES >> 20
+                ),
+                1,
+            )),
+        }
+    }
+}
+
+/// Bytes of an answer one seat covers while it is written.
+pub const SEAT_BYTES: usize = 1 << 20;
 
 impl Drop for Seat {
     fn drop(&mut self) {
         if let Some(g) = &self.gauge {
-            g.dec();
+            g.sub(self.count() as i64);
         }
     }
 }
@@ -74,7 +121,7 @@ impl Fairness {
             }
             entry.1.clone()
         };
-        match sem.try_acquire_owned() {
+        match sem.clone().try_acquire_owned() {
             Ok(permit) => {
                 let gauge = self
                     .metrics
@@ -85,7 +132,10 @@ impl Fairness {
                     g.inc();
                 }
                 Ok(Seat {
-                    _permit: permit,
+                    permit,
+                    sem,
+                    limit,
+                    who: user.name(),
                     gauge,
                 })
             }
@@ -135,5 +185,28 @@ mod tests {
         assert!(f.admit(&a, 3).is_ok(), "requests still have seats");
         drop(watches);
         assert!(f.admit_watch(&a, 2).is_ok());
+    }
+
+    #[test]
+    fn a_large_answer_takes_more_seats_until_it_is_written() {
+        let f = Fairness::new(None);
+        let a = User::Tenant("a".into());
+        let mut big = f.admit(&a, 4).expect("seat");
+        big.grow_to(3).expect("three free");
+        assert_eq!(big.count(), 3);
+        let other = f.admit(&a, 4).expect("the fourth");
+        let e = f.admit(&a, 4).err().expect("full");
+        assert_eq!(e.code, 429);
+        drop(other);
+        // More than the limit is capped at it; it fails only if those are taken.
+        let held = f.admit(&a, 4).expect("seat");
+        let e = big.grow_to(9).expect_err("one is held elsewhere");
+        assert!(e.message.contains("needs 4 of 4"), "{}", e.message);
+        drop(held);
+        big.grow_to(9).expect("all four");
+        assert_eq!(big.count(), 4);
+        drop(big);
+        let back: Vec<Seat> = (0..4).map(|_| f.admit(&a, 4).expect("back")).collect();
+        assert_eq!(back.len(), 4);
     }
 }

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::api::{Api, ApiResponse};
 use crate::auth::{Tokens, User};
+use crate::fairness::{self, Seat};
 use crate::status::ApiError;
 use crate::{discovery, openapi, protobuf, request};
 
@@ -38,12 +39,48 @@ pub fn error_response(e: &ApiError) -> Response {
 }
 
 fn json_response(code: u16, body: &Value, warnings: &[String]) -> Response {
-    let mut resp = (
-        StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
-        [(header::CONTENT_TYPE, "application/json")],
-        crate::order::to_string(body),
+    json_bytes(
+        code,
+        Bytes::from(crate::order::to_string(body)),
+        warnings,
+        None,
     )
-        .into_response();
+}
+
+/// Bytes of a large answer handed to the connection at a time.
+const WRITE_CHUNK: usize = 64 << 10;
+
+/// A JSON answer. With `seat`, one of [`fairness::SEAT_BYTES`] or more is written in chunks
+/// and the seat — grown to one per `SEAT_BYTES` — is held until the last chunk is taken, so a
+/// client that does not read keeps its own seats busy (and its connection closes after the
+/// write timeout) instead of pinning the server's memory unaccounted.
+fn json_bytes(code: u16, body: Bytes, warnings: &[String], seat: Option<Seat>) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+    let mut resp = match seat {
+        Some(mut seat) if body.len() >= fairness::SEAT_BYTES => {
+            if let Err(e) = seat.grow_to(body.len().div_ceil(fairness::SEAT_BYTES)) {
+                return error_response(&e);
+            }
+            let len = body.len();
+            let chunks = futures::stream::unfold((body, seat), |(mut rest, seat)| async move {
+                if rest.is_empty() {
+                    return None;
+                }
+                let chunk = rest.split_to(rest.len().min(WRITE_CHUNK));
+                Some((Ok::<_, std::convert::Infallible>(chunk), (rest, seat)))
+            });
+            let mut r = (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                Body::from_stream(chunks),
+            )
+                .into_response();
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            r
+        }
+        _ => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+    };
     for w in warnings {
         let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
         if let Ok(v) = HeaderValue::from_str(&text) {
@@ -55,18 +92,23 @@ fn json_response(code: u16, body: &Value, warnings: &[String]) -> Response {
 
 /// Encodes an answer of the request layer.
 pub fn encode(result: Result<ApiResponse, ApiError>) -> Response {
+    encode_held(result, None)
+}
+
+/// [`encode`], holding the request's seat while a large answer is written.
+fn encode_held(result: Result<ApiResponse, ApiError>, seat: Option<Seat>) -> Response {
     match result {
         Ok(ApiResponse::Object {
             code,
             body,
             warnings,
-        }) => json_response(code, &body, &warnings),
-        Ok(ApiResponse::Encoded { code, body }) => (
-            StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response(),
+        }) => json_bytes(
+            code,
+            Bytes::from(crate::order::to_string(&body)),
+            &warnings,
+            seat,
+        ),
+        Ok(ApiResponse::Encoded { code, body }) => json_bytes(code, body, &[], seat),
         Ok(ApiResponse::Watch(stream)) => {
             let lines = stream.map(|ev| Ok::<_, std::convert::Infallible>(ev.into_line()));
             (
@@ -248,7 +290,8 @@ async fn objects(
             if req.params.field_manager.is_none() {
                 req.params.field_manager = manager_from_agent(&headers);
             }
-            encode(api.handle_seated(&user, req, seat).await)
+            let (result, seat) = api.handle_holding(&user, req, seat).await;
+            encode_held(result, seat)
         }
         Ok(None) => error_response(&ApiError::new(
             404,

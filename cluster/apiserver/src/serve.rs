@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
@@ -11,6 +13,7 @@ use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::pki::Credentials;
 
@@ -45,6 +48,11 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Connections open at once from one client address.
     pub max_per_client: usize,
+    /// A write to the client that makes no progress for this long closes the connection (a
+    /// client that stopped reading: its answer and watch buffers are freed; Go's
+    /// `WriteTimeout` plays this part in kube-apiserver). A watch that waits for events
+    /// writes nothing and is not affected.
+    pub write_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -55,6 +63,7 @@ impl Default for ConnectionLimits {
             keep_alive: Duration::from_secs(30),
             max_connections: 16_384,
             max_per_client: 4_096,
+            write_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -164,6 +173,7 @@ pub async fn serve_tls_with(
             let service = TowerToHyperService::new(router.clone());
             tokio::spawn(async move {
                 let _slot = slot;
+                let tcp = WriteTimeout::new(tcp, limits.write_timeout);
                 let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
                     .await
                 {
@@ -198,4 +208,93 @@ pub async fn serve_tls_with(
         }
     });
     Ok(bound)
+}
+
+/// A connection whose writes fail with `TimedOut` once one has waited `limit` without the
+/// peer taking a byte. The clock runs only while a write is blocked: idle connections and
+/// quiet watches are not timed.
+struct WriteTimeout<S> {
+    inner: S,
+    limit: Duration,
+    blocked: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteTimeout<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        WriteTimeout {
+            inner,
+            limit,
+            blocked: None,
+        }
+    }
+
+    /// After a write call: progress stops the clock; a blocked write starts it (once) and
+    /// fails when it runs out.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match poll {
+            Poll::Ready(r) => {
+                self.blocked = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let limit = self.limit;
+                let timer = self
+                    .blocked
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                ready!(timer.as_mut().poll(cx));
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {} s", limit.as_secs()),
+                )))
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteTimeout<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.watch(cx, poll)
+    }
 }

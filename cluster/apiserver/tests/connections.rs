@@ -179,6 +179,14 @@ async fn tls_from(
     addr: SocketAddr,
     creds: &Credentials,
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
+    tls_over(connect_from(from, addr).await, creds).await
+}
+
+/// TLS (trusting the server's CA) over `tcp`.
+async fn tls_over(
+    tcp: TcpStream,
+    creds: &Credentials,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
     let ca =
         <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
@@ -193,7 +201,6 @@ async fn tls_from(
     .expect("versions")
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let tcp = connect_from(from, addr).await;
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect("localhost".try_into().expect("name"), tcp)
         .await
@@ -251,6 +258,97 @@ async fn bodies_are_read_on_seats_and_watches_are_bounded() {
     assert!(e.message.contains("too many watches"), "{}", e.message);
     open.pop();
     assert!(watch().await.is_ok(), "a slot came back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_answer_holds_seats_until_written_and_a_non_reader_is_closed() {
+    let limits = ConnectionLimits {
+        write_timeout: Duration::from_secs(2),
+        ..ConnectionLimits::default()
+    };
+    let (addr, creds, _dir, api) = server_with_api(limits).await;
+    let token = tenant(&api, &creds, "big", 4).await;
+    // About 10 MB of ConfigMaps in the tenant's namespace.
+    let admin = InProcess::new(api.clone(), User::Admin);
+    let configmaps = find_resource("", "v1", "configmaps").expect("configmaps");
+    let filler = "x".repeat(1_000_000);
+    for i in 0..10 {
+        admin
+            .create(
+                configmaps,
+                Some("big-ns"),
+                &json!({"metadata": {"name": format!("c{i}")}, "data": {"v": filler}}),
+            )
+            .await
+            .expect("configmap");
+    }
+    // A client that asks for the list and reads nothing (a small receive buffer, so the
+    // kernel does not take the answer for it).
+    let sock = TcpSocket::new_v4().expect("socket");
+    sock.set_recv_buffer_size(4096).expect("rcvbuf");
+    sock.bind("127.0.0.5:0".parse().expect("addr"))
+        .expect("bind");
+    let tcp = sock.connect(addr).await.expect("connect");
+    let mut stalled = tls_over(tcp, &creds).await;
+    let get = format!(
+        "GET /api/v1/namespaces/big-ns/configmaps HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    stalled.write_all(get.as_bytes()).await.expect("request");
+    stalled.flush().await.expect("flush");
+    // While its answer is unread it holds all four of the tenant's seats (one per MiB, up to
+    // the limit): the tenant's next request is refused, another caller is served.
+    let c = InProcess::new(api.clone(), User::Tenant("big".into()));
+    let one = || {
+        let mut req = ApiRequest::new(Verb::Get, configmaps);
+        req.namespace = Some("big-ns".into());
+        req.name = Some("c0".into());
+        c.call(req)
+    };
+    let mut refused = None;
+    for _ in 0..100 {
+        match one().await {
+            Err(e) if e.code == 429 => {
+                refused = Some(e);
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    let refused = refused.expect("the tenant's seats are held by the unread answer");
+    assert!(
+        refused.message.contains("too many requests in flight"),
+        "{}",
+        refused.message
+    );
+    assert!(served(addr, &creds).await, "others are served meanwhile");
+    // The server gives up on the non-reader after the write timeout: its connection ends
+    // before the whole answer (over 10 MB) went out, and the seats come back.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 << 10];
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        loop {
+            match stalled.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection was closed");
+    assert!(
+        got < 10_000_000,
+        "the answer was cut short: {got} bytes arrived"
+    );
+    let mut back = false;
+    for _ in 0..100 {
+        if one().await.is_ok() {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back, "the seats came back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

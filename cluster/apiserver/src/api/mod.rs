@@ -397,11 +397,24 @@ impl Api {
         req: ApiRequest,
         seat: Option<crate::fairness::Seat>,
     ) -> Result<ApiResponse, ApiError> {
+        self.handle_holding(user, req, seat).await.0
+    }
+
+    /// [`Api::handle_seated`], giving back the seat the request held (none for a watch), for
+    /// the caller to keep while it writes the answer: a client that reads slowly keeps its
+    /// own seats busy, not the server's memory.
+    pub async fn handle_holding(
+        &self,
+        user: &User,
+        req: ApiRequest,
+        seat: Option<crate::fairness::Seat>,
+    ) -> (Result<ApiResponse, ApiError>, Option<crate::fairness::Seat>) {
         let started = Instant::now();
         let verb = req.verb;
         let resource = req.resource;
         let sub = req.subresource.clone();
-        let result = self.handle_inner(user, req, seat).await;
+        let mut seat = seat;
+        let result = self.handle_inner(user, req, &mut seat).await;
         if verb.is_write() && resource.plural == "tenants" && resource.group == "tessera.io" {
             // Tenant quotas are looked up from a short-lived list: a Tenant written here is
             // seen at once by this server (other API servers within a second).
@@ -416,14 +429,14 @@ impl Api {
             };
             m.observe(verb, resource, sub.as_deref(), code, started.elapsed());
         }
-        result
+        (result, seat)
     }
 
     async fn handle_inner(
         &self,
         user: &User,
         req: ApiRequest,
-        seat: Option<crate::fairness::Seat>,
+        seat: &mut Option<crate::fairness::Seat>,
     ) -> Result<ApiResponse, ApiError> {
         for (what, v) in [("name", &req.name), ("namespace", &req.namespace)] {
             if let Some(v) = v
@@ -442,11 +455,9 @@ impl Api {
         } else {
             None
         };
-        let _seat = match seat {
-            Some(s) => Some(s),
-            None if req.verb == Verb::Watch => None,
-            None => Some(self.fairness.admit(user, scope.max_inflight)?),
-        };
+        if seat.is_none() && req.verb != Verb::Watch {
+            *seat = Some(self.fairness.admit(user, scope.max_inflight)?);
+        }
         let mut resp = match (req.verb, req.subresource.as_deref()) {
             (Verb::Get, None) => self.get(&req).await,
             (Verb::Get, Some("status")) => self.get(&req).await,
