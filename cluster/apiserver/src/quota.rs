@@ -131,6 +131,65 @@ pub fn count_name(res: &Resource) -> String {
     format!("count/{}", crate::status::qualified(res.group, res.plural))
 }
 
+/// The Tenant quota on the bytes a tenant's objects take in the store (every kind, as
+/// encoded there), charged in [`STORED_BLOCK`]s.
+pub const STORED_BYTES: &str = "tessera.io/stored-bytes";
+
+/// The unit stored bytes are charged in: an update that does not cross a block boundary
+/// (most status writes) changes nothing in the quota and does not write the Tenant.
+pub const STORED_BLOCK: u64 = 4096;
+
+/// The bytes of `obj` a stored-bytes quota charges: its compact JSON, less what only the
+/// system writes and changes on its own — `status`, and the deletion bookkeeping and
+/// counters in `metadata` (`resourceVersion`, `generation`, `deletionTimestamp`,
+/// `deletionGracePeriodSeconds`). So the writes that change the charge are the ones that go
+/// through the quota (create, update, patch, delete), and a quota or budget status update
+/// inside another request never does.
+pub fn charged_len(obj: &Value) -> usize {
+    fn json_len(v: &Value) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0 += b.len();
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut c = Count(0);
+        let _ = serde_json::to_writer(&mut c, v);
+        c.0
+    }
+    // A member `"key":value` and the comma that separates it.
+    fn member_len(key: &str, v: &Value) -> usize {
+        json_len(&Value::String(key.to_owned())) + 1 + json_len(v) + 1
+    }
+    let mut len = json_len(obj);
+    if let Some(status) = obj.get("status") {
+        len = len.saturating_sub(member_len("status", status));
+    }
+    if let Some(meta) = obj.get("metadata").and_then(Value::as_object) {
+        for key in [
+            "resourceVersion",
+            "generation",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
+            if let Some(v) = meta.get(key) {
+                len = len.saturating_sub(member_len(key, v));
+            }
+        }
+    }
+    len
+}
+
+/// What an object of `len` stored bytes is charged: its size rounded up to whole blocks.
+pub fn stored_charge(len: usize) -> Quantity {
+    let blocks = (len as u64).div_ceil(STORED_BLOCK).max(1);
+    Quantity::from_units((blocks * STORED_BLOCK) as i64)
+}
+
 /// Whether a quota limiting `hard` counts objects of `res`.
 pub fn tracked(res: &Resource, hard: &BTreeMap<String, Quantity>) -> bool {
     hard.contains_key(&count_name(res))
@@ -213,6 +272,30 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn the_stored_bytes_charge_leaves_out_what_the_system_alone_changes() {
+        let bare = serde_json::json!({"metadata": {"name": "a", "namespace": "n",
+            "finalizers": ["x"]}, "data": {"k": "v"}});
+        let mut full = bare.clone();
+        full["status"] = serde_json::json!({"phase": "Running", "n": 12345});
+        full["metadata"]["resourceVersion"] = serde_json::json!("99");
+        full["metadata"]["generation"] = serde_json::json!(7);
+        full["metadata"]["deletionTimestamp"] = serde_json::json!("2026-12-01T00:00:00Z");
+        full["metadata"]["deletionGracePeriodSeconds"] = serde_json::json!(30);
+        assert_eq!(
+            charged_len(&bare),
+            serde_json::to_string(&bare).expect("json").len()
+        );
+        assert_eq!(charged_len(&full), charged_len(&bare));
+        // What the writer controls counts: data, finalizers.
+        let mut more = bare.clone();
+        more["data"]["k2"] = serde_json::json!("vv");
+        assert!(charged_len(&more) > charged_len(&bare));
+        assert_eq!(stored_charge(1).to_string(), "4096");
+        assert_eq!(stored_charge(4096).to_string(), "4096");
+        assert_eq!(stored_charge(4097).to_string(), "8192");
+    }
     use crate::request::find_resource;
 
     fn pod(spec: Value) -> Value {

@@ -9,6 +9,7 @@ use tessera_apiserver::api::Api;
 use tessera_apiserver::auth::User;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::{PatchType, find_resource};
+use tessera_apiserver::status::ApiError;
 use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 
 fn res(group: &str, plural: &str) -> &'static tessera_apiserver::catalog::Resource {
@@ -557,4 +558,115 @@ async fn a_tenant_quota_counts_objects_of_any_kind() {
         .await
         .expect_err("one secret only");
     assert!(e.message.contains("count/secrets"), "{}", e.message);
+}
+
+/// What the Tenant's `status.used` says of stored bytes, and what the objects named should
+/// be charged (their charged length in whole blocks), read back from the API.
+async fn stored_used(admin: &Arc<dyn Client>, objects: &[&str]) -> (i64, i64) {
+    use tessera_apiserver::quota::{STORED_BYTES, charged_len, stored_charge};
+    let t = admin
+        .get(res("tessera.io", "tenants"), None, "acme")
+        .await
+        .expect("tenant");
+    let used: i64 = t["status"]["used"][STORED_BYTES]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(-1);
+    let mut want = 0i64;
+    for name in objects {
+        let o = admin
+            .get(res("", "configmaps"), Some("acme-dev"), name)
+            .await
+            .expect("configmap");
+        want += stored_charge(charged_len(&o))
+            .to_string()
+            .parse::<i64>()
+            .expect("units");
+    }
+    (used, want)
+}
+
+/// Sets ConfigMap `big`'s data to `bytes` of `fill`.
+async fn set_big(c: &Arc<dyn Client>, fill: &str, bytes: usize) -> Result<Value, ApiError> {
+    c.patch(
+        res("", "configmaps"),
+        Some("acme-dev"),
+        "big",
+        None,
+        PatchType::Merge,
+        &json!({"data": {"k": fill.repeat(bytes)}}),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_quota_limits_stored_bytes() {
+    let (admin, acme, _dir) = setup().await;
+    admin
+        .patch(
+            res("tessera.io", "tenants"),
+            None,
+            "acme",
+            None,
+            PatchType::Merge,
+            &json!({"spec": {"quota": {"tessera.io/stored-bytes": "40Ki"}}}),
+        )
+        .await
+        .expect("quota");
+    let cms = res("", "configmaps");
+    let cm = |name: &str, bytes: usize| json!({"metadata": {"name": name}, "data": {"k": "x".repeat(bytes)}});
+    acme.create(cms, Some("acme-dev"), &cm("big", 20_000))
+        .await
+        .expect("20 KB fits");
+    let (used, want) = stored_used(&admin, &["big"]).await;
+    assert_eq!(used, want);
+    assert_eq!(used, 20_480, "five blocks of 4 KiB");
+    // 30 KB more would pass 40 KiB: refused, nothing written.
+    let e = acme
+        .create(cms, Some("acme-dev"), &cm("huge", 30_000))
+        .await
+        .expect_err("over the stored bytes");
+    assert_eq!(e.code, 403, "{}", e.message);
+    assert!(
+        e.message.contains("exceeded tenant quota: acme")
+            && e.message.contains("tessera.io/stored-bytes"),
+        "{}",
+        e.message
+    );
+    assert!(admin.get(cms, Some("acme-dev"), "huge").await.is_err());
+    acme.create(cms, Some("acme-dev"), &cm("small", 10))
+        .await
+        .expect("a small one fits");
+    // Growing an object by an update is charged too: refused past the quota, unchanged.
+    let e = set_big(&acme, "y", 40_000)
+        .await
+        .expect_err("growing past the quota");
+    assert_eq!(e.code, 403, "{}", e.message);
+    let big = admin.get(cms, Some("acme-dev"), "big").await.expect("big");
+    assert_eq!(big["data"]["k"].as_str().map(str::len), Some(20_000));
+    let (used, want) = stored_used(&admin, &["big", "small"]).await;
+    assert_eq!(used, want, "a refused update charges nothing");
+    // Shrinking gives bytes back; so does a delete.
+    set_big(&acme, "z", 5_000).await.expect("shrink");
+    let (used, want) = stored_used(&admin, &["big", "small"]).await;
+    assert_eq!(used, want);
+    assert_eq!(used, 12_288, "two blocks and one");
+    acme.delete(cms, Some("acme-dev"), "small", None)
+        .await
+        .expect("delete");
+    let (used, want) = stored_used(&admin, &["big"]).await;
+    assert_eq!(used, want);
+    // Status-like writes by the system are counted but never refused: the admin grows the
+    // object past the quota; the tenant's next write that needs room is refused.
+    set_big(&admin, "w", 45_000)
+        .await
+        .expect("not refused to the system");
+    let (used, want) = stored_used(&admin, &["big"]).await;
+    assert_eq!(used, want);
+    assert!(used > 40 * 1024);
+    let e = acme
+        .create(cms, Some("acme-dev"), &cm("more", 10))
+        .await
+        .expect_err("no room left");
+    assert_eq!(e.code, 403, "{}", e.message);
 }

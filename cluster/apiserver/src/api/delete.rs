@@ -176,11 +176,34 @@ impl Api {
                 .update(kv.key.clone(), encode(&next)?, kv.mod_revision)
                 .await
             {
-                Ok(w) => Ok(ApiResponse::Object {
-                    code: 200,
-                    body: with_rv(next, w.mod_revision),
-                    warnings: Vec::new(),
-                }),
+                Ok(w) => {
+                    // A propagation finalizer added here is charged like any growth of the
+                    // object (never refused: a delete must go through).
+                    if let Some(ns) = current["metadata"]["namespace"].as_str()
+                        && res.namespaced
+                        && self.tenant_counts_bytes(ns).await.unwrap_or(false)
+                        && let Err(e) = self
+                            .tenant_resize(
+                                ns,
+                                res,
+                                &name,
+                                (
+                                    crate::quota::charged_len(&current),
+                                    crate::quota::charged_len(&next),
+                                ),
+                                false,
+                                false,
+                            )
+                            .await
+                    {
+                        tracing::warn!(error = %e, object = %name, "could not charge a tenant's stored bytes");
+                    }
+                    Ok(ApiResponse::Object {
+                        code: 200,
+                        body: with_rv(next, w.mod_revision),
+                        warnings: Vec::new(),
+                    })
+                }
                 Err(e) if e.precondition().is_some() => {
                     Err(ApiError::conflict(res.group, res.plural, &name))
                 }
@@ -206,7 +229,8 @@ impl Api {
                     self.release(Api::held_by(&current)).await;
                 }
                 if res.namespaced {
-                    self.refund_tenant(res, &current).await;
+                    let stored = crate::quota::charged_len(&current);
+                    self.refund_tenant(res, &current, Some(stored)).await;
                 }
                 Ok(ApiResponse::ok(current))
             }

@@ -23,6 +23,24 @@ const TENANTS_TTL: Duration = Duration::from_secs(1);
 /// Tenants, as read at one moment.
 pub(super) type TenantList = Option<(Instant, Vec<Value>)>;
 
+/// How a tenant charge is made.
+#[derive(Clone, Copy)]
+struct How {
+    /// Charge (or refund).
+    charge: bool,
+    /// Check only; write nothing.
+    dry_run: bool,
+    /// Refuse what passes the quota (otherwise count it anyway).
+    enforce: bool,
+}
+
+/// Whether Tenant `t` lists namespace `ns`.
+fn owns(t: &Value, ns: &str) -> bool {
+    t["spec"]["namespaces"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|n| n == ns))
+}
+
 impl Api {
     /// Every Tenant, read from the store now.
     pub(super) async fn tenants(&self) -> Result<Vec<Value>, ApiError> {
@@ -99,11 +117,7 @@ impl Api {
                 list
             }
         };
-        Ok(list.into_iter().find(|t| {
-            t["spec"]["namespaces"]
-                .as_array()
-                .is_some_and(|a| a.iter().any(|n| n == ns))
-        }))
+        Ok(list.into_iter().find(|t| owns(t, ns)))
     }
 
     /// The Tenant that owns `ns` and has a quota, if any (as cached).
@@ -115,11 +129,28 @@ impl Api {
         }))
     }
 
+    /// Whether the quota of the tenant owning `ns` limits stored bytes (as cached): a caller
+    /// measures an object's encoded size only then.
+    pub(super) async fn tenant_counts_bytes(&self, ns: &str) -> Result<bool, ApiError> {
+        let counts = |t: &Value| t["spec"]["quota"].get(crate::quota::STORED_BYTES).is_some();
+        // On every update: answered from the cached list in place when it is fresh.
+        {
+            let cached = self.tenants.lock();
+            if let Some((at, list)) = cached.as_ref()
+                && at.elapsed() < TENANTS_TTL
+            {
+                return Ok(list.iter().find(|t| owns(t, ns)).is_some_and(counts));
+            }
+        }
+        Ok(self.tenant_of(ns).await?.is_some_and(|t| counts(&t)))
+    }
+
     /// Charges (or with `charge == false` refunds) object `obj` of `res` to the quota of the
     /// tenant owning `ns`: a pod's requests and limits and `count/pods`, any other object its
-    /// `count/<resource>` (`count/configmaps`, `count/deployments.apps`). Returns whether
-    /// anything was charged. Refuses with 403 what would exceed it. A quota that names none
-    /// of what the object uses is not touched (no write to the Tenant).
+    /// `count/<resource>` (`count/configmaps`, `count/deployments.apps`), and with `stored`
+    /// (its encoded length) its stored bytes. Returns whether anything was charged. Refuses
+    /// with 403 what would exceed it. A quota that names none of what the object uses is not
+    /// touched (no write to the Tenant).
     pub(super) async fn tenant_quota(
         &self,
         ns: &str,
@@ -127,11 +158,76 @@ impl Api {
         obj: &Value,
         charge: bool,
         dry_run: bool,
+        stored: Option<usize>,
     ) -> Result<bool, ApiError> {
+        let mut usage = crate::quota::usage_of(res, obj);
+        if let Some(len) = stored {
+            usage.insert(
+                crate::quota::STORED_BYTES.into(),
+                crate::quota::stored_charge(len),
+            );
+        }
+        let how = How {
+            charge,
+            dry_run,
+            enforce: true,
+        };
+        self.tenant_charge(ns, res, name_of(obj), &usage, how).await
+    }
+
+    /// An update changed an object's stored size from `old` to `new` bytes: growth into
+    /// more blocks is charged before the write (`true` if charged, to be refunded if the
+    /// write fails) — refused with 403 past the quota if `enforce` (the tenant's own writes;
+    /// system components' status writes are counted, never refused) — and shrinking is
+    /// refunded after it. Nothing happens unless the tenant's quota limits stored bytes and
+    /// the block count changed.
+    pub(super) async fn tenant_resize(
+        &self,
+        ns: &str,
+        res: &crate::catalog::Resource,
+        name: &str,
+        (old, new): (usize, usize),
+        dry_run: bool,
+        enforce: bool,
+    ) -> Result<bool, ApiError> {
+        let (a, b) = (
+            crate::quota::stored_charge(old),
+            crate::quota::stored_charge(new),
+        );
+        if a == b {
+            return Ok(false);
+        }
+        let grow = b > a;
+        let delta = if grow {
+            b.saturating_sub(a)
+        } else {
+            a.saturating_sub(b)
+        };
+        let usage = BTreeMap::from([(crate::quota::STORED_BYTES.to_owned(), delta)]);
+        let how = How {
+            charge: grow,
+            dry_run,
+            enforce,
+        };
+        self.tenant_charge(ns, res, name, &usage, how).await
+    }
+
+    async fn tenant_charge(
+        &self,
+        ns: &str,
+        res: &crate::catalog::Resource,
+        name: &str,
+        usage: &BTreeMap<String, Quantity>,
+        how: How,
+    ) -> Result<bool, ApiError> {
+        let How {
+            charge,
+            dry_run,
+            enforce,
+        } = how;
         let Some(cached) = self.quota_tenant(ns).await? else {
             return Ok(false);
         };
-        let usage = crate::quota::usage_of(res, obj);
         // Most objects are nothing the quota names: no read or write of the Tenant for them.
         if !quantity_map(&cached["spec"]["quota"])
             .keys()
@@ -140,7 +236,6 @@ impl Api {
             return Ok(false);
         }
         let tenant = name_of(&cached).to_owned();
-        let pod = obj;
         let what = crate::status::qualified(res.group, res.plural);
         let tenants = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
         let key = super::object_key(tenants, None, &tenant);
@@ -156,12 +251,30 @@ impl Api {
             let mut used = if t["status"]["used"].is_object() {
                 quantity_map(&t["status"]["used"])
             } else {
-                self.tenant_usage(&t, &quota).await?
+                BTreeMap::new()
             };
-            if let Err(over) = super::admission::charge_usage(&mut used, &usage, &quota, charge) {
+            // What the quota names but was never counted (a quota just set, or a name just
+            // added to it) is counted now from what is stored.
+            let uncounted: BTreeMap<String, Quantity> = quota
+                .iter()
+                .filter(|(k, _)| !used.contains_key(*k))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            if !uncounted.is_empty() {
+                used.extend(self.tenant_usage(&t, &uncounted).await?);
+            }
+            // Not enforced: counted, never refused (a system component's status write).
+            let limits = if enforce {
+                quota.clone()
+            } else {
+                quota
+                    .keys()
+                    .map(|k| (k.clone(), Quantity::from_units(i64::MAX)))
+                    .collect()
+            };
+            if let Err(over) = super::admission::charge_usage(&mut used, usage, &limits, charge) {
                 return Err(ApiError::forbidden(format!(
-                    "{what} \"{}\" is forbidden: exceeded tenant quota: {tenant}, {over} (across the tenant's namespaces)",
-                    name_of(pod)
+                    "{what} \"{name}\" is forbidden: exceeded tenant quota: {tenant}, {over} (across the tenant's namespaces)"
                 )));
             }
             if dry_run {
@@ -186,20 +299,26 @@ impl Api {
         ))
     }
 
-    /// Gives an object's charge back to its tenant after it stopped counting (removed, or a
-    /// pod finished); a pod that had already finished was refunded then. Best effort: a
-    /// failure is logged (Tenant quotas are not recounted yet).
-    pub(super) async fn refund_tenant(&self, res: &crate::catalog::Resource, obj: &Value) {
+    /// Gives an object's charge back to its tenant after it stopped counting: removed
+    /// (`stored`: the length it had in the store, whose bytes go back too), or a pod finished
+    /// (`None`: it is still stored); a pod that had already finished was refunded then. Best
+    /// effort: a failure is logged (Tenant quotas are not recounted yet).
+    pub(super) async fn refund_tenant(
+        &self,
+        res: &crate::catalog::Resource,
+        obj: &Value,
+        stored: Option<usize>,
+    ) {
         let Some(ns) = obj["metadata"]["namespace"].as_str() else {
             return;
         };
-        if let Err(e) = self.tenant_quota(ns, res, obj, false, false).await {
+        if let Err(e) = self.tenant_quota(ns, res, obj, false, false, stored).await {
             tracing::warn!(error = %e, object = %name_of(obj), "could not refund a tenant quota");
         }
     }
 
-    /// What the tenant's pods request now, over all its namespaces (when `status.used` was
-    /// never set).
+    /// What the tenant's objects use now of what `quota` names, over all its namespaces
+    /// (for names `status.used` does not hold yet).
     async fn tenant_usage(
         &self,
         tenant: &Value,
@@ -215,6 +334,34 @@ impl Api {
             for (k, v) in self.usage_in(ns, quota, &Value::Null).await? {
                 let e = total.entry(k).or_insert_with(|| Quantity::from_units(0));
                 *e = e.saturating_add(v);
+            }
+            if quota.contains_key(crate::quota::STORED_BYTES) {
+                let bytes = self.stored_in(ns).await?;
+                let e = total
+                    .entry(crate::quota::STORED_BYTES.to_owned())
+                    .or_insert_with(|| Quantity::from_units(0));
+                *e = e.saturating_add(bytes);
+            }
+        }
+        Ok(total)
+    }
+
+    /// What every object in `ns` is charged for its stored bytes.
+    async fn stored_in(&self, ns: &str) -> Result<Quantity, ApiError> {
+        let mut total = Quantity::from_units(0);
+        for res in crate::catalog::RESOURCES.iter().filter(|r| r.namespaced) {
+            let page = self
+                .store
+                .list(tessera_store::ListRequest {
+                    prefix: super::prefix(res, Some(ns)).into(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(store_error)?;
+            for kv in &page.kvs {
+                let obj = decode_stored(kv)?;
+                total = total
+                    .saturating_add(crate::quota::stored_charge(crate::quota::charged_len(&obj)));
             }
         }
         Ok(total)

@@ -366,17 +366,15 @@ impl Api {
             obj["status"] = json!({"hard": obj["spec"]["hard"], "used": quantity_json(&used)});
         }
         let name = name_of(&obj).to_owned();
-        // An object is charged to its tenant's quota first (a pod's resources, anything's
-        // count), and refunded if the create fails.
-        let tenant_charged = match req.namespace.as_deref() {
-            Some(ns) if res.namespaced => {
-                self.tenant_quota(ns, res, &obj, true, req.params.dry_run)
-                    .await?
-            }
-            _ => false,
-        };
+        let is_service = res.plural == "services" && res.group.is_empty();
         if req.params.dry_run {
-            if res.plural == "services" && res.group.is_empty() {
+            if let Some(ns) = req.namespace.as_deref()
+                && res.namespaced
+            {
+                let stored = self.stored_len(ns, &obj).await?;
+                self.tenant_quota(ns, res, &obj, true, true, stored).await?;
+            }
+            if is_service {
                 self.allocate(&mut obj, true).await?;
             }
             return Ok(ApiResponse::Object {
@@ -387,8 +385,7 @@ impl Api {
         }
         // A Service's addresses are taken first, and given back if the create fails (a
         // Service that exists already is refused before anything is taken).
-        if res.plural == "services"
-            && res.group.is_empty()
+        if is_service
             && self
                 .store
                 .get(object_key(res, req.namespace.as_deref(), &name).as_bytes())
@@ -398,10 +395,32 @@ impl Api {
         {
             return Err(ApiError::already_exists(res.group, res.plural, &name));
         }
-        let held = if res.plural == "services" && res.group.is_empty() {
+        let held = if is_service {
             Some(self.allocate(&mut obj, false).await?)
         } else {
             None
+        };
+        // Then the object is charged to its tenant's quota (a pod's resources, anything's
+        // count, its stored bytes as the store will hold them), and refunded if the create
+        // fails.
+        let charged = match req.namespace.as_deref() {
+            Some(ns) if res.namespaced => match self.stored_len(ns, &obj).await {
+                Ok(stored) => self
+                    .tenant_quota(ns, res, &obj, true, false, stored)
+                    .await
+                    .map(|c| (c, stored)),
+                Err(e) => Err(e),
+            },
+            _ => Ok((false, None)),
+        };
+        let (tenant_charged, stored) = match charged {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(held) = held {
+                    self.release(held).await;
+                }
+                return Err(e);
+            }
         };
         let result = self.commit_create(req, &obj, &name, warnings).await;
         if let Some(held) = held
@@ -412,11 +431,21 @@ impl Api {
         if result.is_err()
             && tenant_charged
             && let Some(ns) = req.namespace.as_deref()
-            && let Err(e) = self.tenant_quota(ns, res, &obj, false, false).await
+            && let Err(e) = self.tenant_quota(ns, res, &obj, false, false, stored).await
         {
             tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota reservation; the quota controller will");
         }
         result
+    }
+
+    /// The stored bytes `obj` is charged ([`crate::quota::charged_len`]), if the quota of
+    /// the tenant owning `ns` limits them (measured only then).
+    async fn stored_len(&self, ns: &str, obj: &Value) -> Result<Option<usize>, ApiError> {
+        Ok(if self.tenant_counts_bytes(ns).await? {
+            Some(crate::quota::charged_len(obj))
+        } else {
+            None
+        })
     }
 
     /// Writes a new object, with its ResourceQuota charges in the same transaction.
@@ -609,18 +638,56 @@ impl Api {
                     || (is_pod
                         && crate::quota::is_terminal(&next)
                         && !crate::quota::is_terminal(&current)));
-            let mut ops = vec![if finalized {
-                Op::Delete {
+            let value = if finalized {
+                None
+            } else {
+                Some(encode(&next)?)
+            };
+            // Stored bytes: growth is charged before the write (the tenant's own writes are
+            // refused past its quota), shrinking refunded after it.
+            let stored_ns = req
+                .namespace
+                .as_deref()
+                .filter(|_| res.namespaced && value.is_some());
+            let counts_bytes = match stored_ns {
+                Some(ns) => self.tenant_counts_bytes(ns).await?,
+                None => false,
+            };
+            let (old_len, new_len) = if counts_bytes {
+                (
+                    crate::quota::charged_len(&current),
+                    crate::quota::charged_len(&next),
+                )
+            } else {
+                (0, 0)
+            };
+            let grew = counts_bytes
+                && crate::quota::stored_charge(new_len) > crate::quota::stored_charge(old_len);
+            let grew_charged = match stored_ns {
+                Some(ns) if grew => {
+                    self.tenant_resize(
+                        ns,
+                        res,
+                        &name,
+                        (old_len, new_len),
+                        req.params.dry_run,
+                        matches!(user, User::Tenant(_)),
+                    )
+                    .await?
+                }
+                _ => false,
+            };
+            let mut ops = vec![match value {
+                None => Op::Delete {
                     key: kv.key.clone(),
                     expected: Some(kv.mod_revision),
-                }
-            } else {
-                Op::Update {
+                },
+                Some(value) => Op::Update {
                     key: kv.key.clone(),
-                    value: encode(&next)?,
+                    value,
                     expected: kv.mod_revision,
                     lease: 0,
-                }
+                },
             }];
             if refund {
                 let mut quota_req = req.clone();
@@ -633,11 +700,31 @@ impl Api {
                 ) => kv.mod_revision,
                 _ => t.revision,
             });
+            if result.is_err()
+                && grew_charged
+                && let Some(ns) = stored_ns
+                && let Err(e) = self
+                    .tenant_resize(ns, res, &name, (new_len, old_len), false, false)
+                    .await
+            {
+                tracing::warn!(error = %e, object = %name, "could not refund a tenant's stored bytes");
+            }
             match result {
                 Ok(rev) => {
                     self.wrote(res);
                     if refund {
-                        self.refund_tenant(res, &current).await;
+                        // Gone: its stored bytes go back too; a finished pod keeps them.
+                        let stored = finalized.then_some(old_len);
+                        self.refund_tenant(res, &current, stored).await;
+                    }
+                    if counts_bytes
+                        && !grew
+                        && let Some(ns) = stored_ns
+                        && let Err(e) = self
+                            .tenant_resize(ns, res, &name, (old_len, new_len), false, false)
+                            .await
+                    {
+                        tracing::warn!(error = %e, object = %name, "could not refund a tenant's stored bytes");
                     }
                     return Ok(ApiResponse::Object {
                         code: 200,
