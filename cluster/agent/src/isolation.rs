@@ -14,7 +14,7 @@ use serde_json::Value;
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::find_resource;
 
-use crate::sandbox::{Bind, Identity, Ids, Launcher};
+use crate::sandbox::{Bind, Identity, Ids, Launcher, Seccomp};
 
 /// Host ids per pod (as Kubernetes gives a pod with `hostUsers: false`).
 pub const IDS_PER_POD: u32 = 65536;
@@ -148,6 +148,20 @@ pub fn identity(pod: &Pod, c: &Container) -> Result<Identity, String> {
             groups.push(g);
         }
     }
+    let seccomp = match cs
+        .seccomp_profile
+        .as_ref()
+        .or(ps.seccomp_profile.as_ref())
+        .map(|p| p.type_.as_str())
+    {
+        None | Some("RuntimeDefault") => Seccomp::RuntimeDefault,
+        Some("Unconfined") => Seccomp::Unconfined,
+        Some(other) => {
+            return Err(format!(
+                "seccompProfile type {other:?} is not supported by the process runtime: use RuntimeDefault (or Unconfined where Pod Security allows it)"
+            ));
+        }
+    };
     let capabilities = cs.capabilities.and_then(|c| c.add).unwrap_or_default();
     crate::sandbox::capability_set(&capabilities)?;
     Ok(Identity {
@@ -156,6 +170,7 @@ pub fn identity(pod: &Pod, c: &Container) -> Result<Identity, String> {
         groups,
         capabilities,
         workdir: c.working_dir.clone(),
+        seccomp,
     })
 }
 
@@ -453,6 +468,31 @@ mod tests {
         let b = identity(&p, &spec.containers[1]).expect("b");
         assert_eq!((b.uid, b.gid), (7, 3000));
         assert_eq!(b.capabilities, vec!["NET_BIND_SERVICE".to_owned()]);
+        assert_eq!(
+            a.seccomp,
+            Seccomp::RuntimeDefault,
+            "the default without a profile"
+        );
+        let unconfined = pod(json!({"metadata": {"name": "p"}, "spec": {
+            "securityContext": {"seccompProfile": {"type": "Unconfined"}},
+            "containers": [{"name": "a"}, {"name": "b", "securityContext":
+                {"seccompProfile": {"type": "RuntimeDefault"}}}]}}));
+        let s = unconfined.spec.clone().expect("s");
+        assert_eq!(
+            identity(&unconfined, &s.containers[0]).expect("a").seccomp,
+            Seccomp::Unconfined
+        );
+        assert_eq!(
+            identity(&unconfined, &s.containers[1]).expect("b").seccomp,
+            Seccomp::RuntimeDefault
+        );
+        let local = pod(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a",
+            "securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "x.json"}}}]}}),
+        );
+        let e =
+            identity(&local, &local.spec.clone().expect("s").containers[0]).expect_err("localhost");
+        assert!(e.contains("Localhost"), "{e}");
         let nonroot = pod(json!({"metadata": {"name": "p"}, "spec": {
             "securityContext": {"runAsNonRoot": true}, "containers": [{"name": "a"}]}}));
         let e =

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod probe;
 pub mod process;
 pub mod sandbox;
+pub mod seccomp;
 pub mod sim;
 pub mod usage;
 

@@ -10,8 +10,9 @@
 //! - in its own **PID**, **IPC** and **UTS** namespaces, and its own **network** namespace
 //!   (loopback only) unless the pod was allowed `hostNetwork`;
 //! - as `runAsUser`/`runAsGroup` (in the namespace), with `no_new_privs`, an empty capability
-//!   bounding set but for `securityContext.capabilities.add`, and no capabilities at all unless
-//!   it runs as root in its namespace;
+//!   bounding set but for `securityContext.capabilities.add`, no capabilities at all unless
+//!   it runs as root in its namespace, and the default seccomp filter ([`crate::seccomp`])
+//!   unless the pod asked for `Unconfined`;
 //! - inside the cgroups the agent made for it (limits enforced by the kernel).
 //!
 //! The work is done by the agent's own binary, re-run as a helper (`<exe> [prefix] exec …`):
@@ -70,6 +71,20 @@ pub struct Identity {
     pub capabilities: Vec<String>,
     /// Working directory.
     pub workdir: Option<String>,
+    /// Its seccomp filter.
+    #[serde(default)]
+    pub seccomp: Seccomp,
+}
+
+/// A container's seccomp filter (`securityContext.seccompProfile.type`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Seccomp {
+    /// The sandbox's default filter ([`crate::seccomp`]); also what a pod gets that names
+    /// none (the kubelet's `SeccompDefault`).
+    #[default]
+    RuntimeDefault,
+    /// No filter (Pod Security allows it only at `privileged`).
+    Unconfined,
 }
 
 /// Everything the helper needs to start a container.
@@ -576,6 +591,9 @@ fn drop_privileges(id: &Identity) -> Result<(), String> {
     .map_err(|e| format!("capset: {e}"))?;
     let _ = rustix::thread::clear_ambient_capability_set();
     rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
+    if id.seccomp == Seccomp::RuntimeDefault {
+        crate::seccomp::install_default()?;
+    }
     Ok(())
 }
 
@@ -702,6 +720,7 @@ mod tests {
                 groups: vec![2000],
                 capabilities: vec![],
                 workdir: Some("/work".into()),
+                seccomp: Seccomp::Unconfined,
             },
             hostname: "web-0".into(),
             binds: vec![Bind {

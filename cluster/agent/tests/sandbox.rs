@@ -84,6 +84,8 @@ test -w /usr/bin && echo "usr=writable" || echo "usr=read-only"
 test -w /proc/sys/vm/swappiness && echo "sysctl=writable" || echo "sysctl=read-only"
 echo "caps=$(grep CapEff /proc/self/status | tr -d '\t')"
 echo "nnp=$(grep NoNewPrivs /proc/self/status | tr -d '\t')"
+echo "seccomp=$(grep '^Seccomp:' /proc/self/status | tr -d '\t')"
+unshare --user true 2>/dev/null && echo "userns=created" || echo "userns=refused"
 echo "host=$(hostname)"
 echo done
 sleep 60
@@ -139,6 +141,10 @@ async fn a_pod_finds_nothing_of_the_host() {
         assert_eq!(line("sysctl"), "read-only");
         assert_eq!(line("caps"), "CapEff:0000000000000000");
         assert_eq!(line("nnp"), "NoNewPrivs:1");
+        // The default seccomp filter: a nested user namespace (which would hand the pod
+        // mount and network-device rights inside it) is refused.
+        assert_eq!(line("seccomp"), "Seccomp:2", "{out}");
+        assert_eq!(line("userns"), "refused", "{out}");
         assert_eq!(line("host"), name);
         // On the host, every process of the container runs as an id of the pod's range.
         let p = get(&f.client, name).await.expect("pod");
@@ -165,6 +171,26 @@ async fn a_pod_finds_nothing_of_the_host() {
         }
     };
     assert_ne!(range("as-root").await, range("as-nobody").await);
+    // Unconfined (Pod Security allows it only at privileged, as this namespace is): no
+    // filter, and the same attempt succeeds — the refusal above was the filter's.
+    let mut p = pod(
+        "unconfined",
+        json!([
+            "bash",
+            "-c",
+            "echo \"seccomp=$(grep '^Seccomp:' /proc/self/status | tr -d '\\t')\"; unshare --user true && echo userns=created || echo userns=refused; echo done; sleep 60"
+        ]),
+        "Never",
+        json!({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+    );
+    p["spec"]["hostname"] = json!("unconfined");
+    f.client
+        .create(res("pods"), Some("default"), &p)
+        .await
+        .expect("pod");
+    let out = log_until(&f, "unconfined", "done").await;
+    assert!(out.contains("seccomp=Seccomp:0"), "{out}");
+    assert!(out.contains("userns=created"), "{out}");
     drop(listener);
     task.abort();
 }
