@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
-use tessera_apiserver::client::Client;
+use tessera_client::client::Client;
 
 /// Name and value pairs, in order.
 pub type Env = Vec<(String, String)>;

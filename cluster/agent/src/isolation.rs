@@ -11,8 +11,8 @@ use std::sync::Arc;
 use base64::Engine;
 use k8s_openapi::api::core::v1::{Container, KeyToPath, Pod, PodSecurityContext, SecurityContext};
 use serde_json::Value;
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::find_resource;
+use tessera_client::client::Client;
+use tessera_client::request::find_resource;
 
 use crate::sandbox::{Bind, Identity, Ids, Launcher, Seccomp};
 

@@ -17,9 +17,9 @@ pub mod usage;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
-use tessera_apiserver::status::ApiError;
+use tessera_client::client::Client;
+use tessera_client::request::{ApiRequest, Verb, find_resource};
+use tessera_client::status::ApiError;
 
 /// Makes `dir` (and its parents) and keeps it to its owner (0700): what the agent keeps
 /// there — pods' volumes, Secrets among them — is no one else's to read.

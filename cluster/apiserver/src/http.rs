@@ -110,7 +110,8 @@ fn encode_held(result: Result<ApiResponse, ApiError>, seat: Option<Seat>) -> Res
         ),
         Ok(ApiResponse::Encoded { code, body }) => json_bytes(code, body, &[], seat),
         Ok(ApiResponse::Watch(stream)) => {
-            let lines = stream.map(|ev| Ok::<_, std::convert::Infallible>(ev.into_line()));
+            let lines =
+                stream.map(|ev| Ok::<_, std::convert::Infallible>(crate::api::watch_line(ev)));
             (
                 StatusCode::OK,
                 [

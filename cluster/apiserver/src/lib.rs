@@ -8,7 +8,6 @@ pub mod access_review;
 pub mod api;
 pub mod apply;
 pub mod auth;
-pub mod catalog;
 pub mod client;
 pub mod defaults;
 pub mod discovery;
@@ -25,12 +24,9 @@ pub mod pki;
 pub mod protobuf;
 #[rustfmt::skip]
 pub mod protobuf_schema;
-pub mod quota;
-pub mod request;
 pub mod serve;
-pub mod status;
 pub mod table;
-pub mod types;
 pub mod validation;
 pub mod watchcache;
-pub mod yaml;
+
+pub use tessera_client::{catalog, quota, request, status, types, yaml};

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Namespace;
-use tessera_apiserver::catalog::Resource;
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::find_resource;
+use tessera_client::catalog::Resource;
+use tessera_client::client::Client;
+use tessera_client::request::find_resource;
 use tessera_runtime::controller::{self, Reconciler};
 use tessera_runtime::events::Recorder;
 use tessera_runtime::informer::{Cache, Change, Informer, Object, Scope, key_of};

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::json;
-use tessera_apiserver::catalog::{RESOURCES, Resource};
-use tessera_apiserver::request::{ApiRequest, PatchType, Propagation, Verb};
+use tessera_client::catalog::{RESOURCES, Resource};
+use tessera_client::request::{ApiRequest, PatchType, Propagation, Verb};
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Change, Informer, PartialObject, key_of};
 use tessera_runtime::{EventClass, WorkQueue};
@@ -184,9 +184,10 @@ impl Gc {
                 req.params.continue_token = token.take();
                 let page: Page = match self.ctx.client.list(req).await {
                     Ok(v) => serde_json::from_value(v).map_err(|e| {
-                        ReconcileError::from(tessera_apiserver::status::ApiError::internal(
-                            format!("decoding a list of {}: {e}", res.plural),
-                        ))
+                        ReconcileError::from(tessera_client::status::ApiError::internal(format!(
+                            "decoding a list of {}: {e}",
+                            res.plural
+                        )))
                     })?,
                     Err(e) if e.code == 404 => break,
                     Err(e) => return Err(e.into()),

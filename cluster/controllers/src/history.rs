@@ -11,7 +11,7 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
-use tessera_apiserver::request::PatchType;
+use tessera_client::request::PatchType;
 use tessera_runtime::controller::ReconcileError;
 use tessera_runtime::informer::{Cache, controller_of};
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::json;
-use tessera_apiserver::catalog::RESOURCES;
-use tessera_apiserver::request::{ApiRequest, PatchType, Verb};
+use tessera_client::catalog::RESOURCES;
+use tessera_client::request::{ApiRequest, PatchType, Verb};
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Cache, key_of};
@@ -71,7 +71,7 @@ impl Reconciler for Ns {
                 let mut del = ApiRequest::new(Verb::Delete, r);
                 del.namespace = Some(name.clone());
                 del.name = item["metadata"]["name"].as_str().map(str::to_owned);
-                del.params.propagation = Some(tessera_apiserver::request::Propagation::Background);
+                del.params.propagation = Some(tessera_client::request::Propagation::Background);
                 match self.ctx.client.call(del).await {
                     Ok(_) => {}
                     Err(e) if e.code == 404 || e.code == 409 => {}

@@ -8,9 +8,9 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::{ApiRequest, Verb};
-use tessera_apiserver::status::ApiError;
+use tessera_client::client::Client;
+use tessera_client::request::{ApiRequest, Verb};
+use tessera_client::status::ApiError;
 use tessera_runtime::expectations::Expectations;
 
 use crate::context::res;

@@ -20,11 +20,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use serde_json::{Value, json};
-use tessera_apiserver::catalog::RESOURCES;
-use tessera_apiserver::quota::{
+use tessera_client::catalog::RESOURCES;
+use tessera_client::quota::{
     add_tracked, in_scope, quantity_json, quantity_map, tracked, usage_of,
 };
-use tessera_apiserver::request::{ApiRequest, Verb};
+use tessera_client::request::{ApiRequest, Verb};
 use tessera_core::quantity::Quantity;
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};

@@ -80,7 +80,7 @@ impl Reconciler for Publisher {
                         Some(key),
                         CONFIG_MAP,
                         None,
-                        tessera_apiserver::request::PatchType::Merge,
+                        tessera_client::request::PatchType::Merge,
                         &patch,
                     )
                     .await

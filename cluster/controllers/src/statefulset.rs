@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use tessera_apiserver::request::PatchType;
+use tessera_client::request::PatchType;
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};

@@ -5,6 +5,7 @@ pub mod keys;
 pub mod names;
 pub mod quantity;
 pub mod selector;
+pub mod time;
 
 pub use quantity::{Quantity, QuantityError};
 pub use selector::field::{FieldSelector, FieldSelectorError};

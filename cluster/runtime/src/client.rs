@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tessera_apiserver::api::ApiResponse;
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::ApiRequest;
-use tessera_apiserver::status::ApiError;
+use tessera_client::client::Client;
+use tessera_client::request::ApiRequest;
+use tessera_client::response::ApiResponse;
+use tessera_client::status::ApiError;
 
 /// Tries of one request before a 429 is returned to the caller.
 pub const MAX_TRIES: u32 = 10;

@@ -45,8 +45,8 @@ impl ReconcileError {
 /// How soon a key whose write lost a race is looked at again.
 pub const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 
-impl From<tessera_apiserver::status::ApiError> for ReconcileError {
-    fn from(e: tessera_apiserver::status::ApiError) -> Self {
+impl From<tessera_client::status::ApiError> for ReconcileError {
+    fn from(e: tessera_client::status::ApiError) -> Self {
         ReconcileError {
             message: format!("{} ({})", e.message, e.reason),
             conflict: e.code == 409,

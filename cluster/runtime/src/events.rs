@@ -9,10 +9,10 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use parking_lot::Mutex;
 use serde_json::json;
-use tessera_apiserver::api::{now_secs, rfc3339};
-use tessera_apiserver::catalog::{RESOURCES, Resource};
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::PatchType;
+use tessera_client::catalog::{RESOURCES, Resource};
+use tessera_client::client::Client;
+use tessera_client::request::PatchType;
+use tessera_core::time::{now_secs, rfc3339};
 use tokio::sync::Semaphore;
 
 use crate::metrics::RuntimeMetrics;

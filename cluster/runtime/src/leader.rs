@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tessera_apiserver::api::rfc3339_micro_now;
-use tessera_apiserver::catalog::Resource;
-use tessera_apiserver::client::Client;
-use tessera_apiserver::status::ApiError;
+use tessera_client::catalog::Resource;
+use tessera_client::client::Client;
+use tessera_client::status::ApiError;
+use tessera_core::time::rfc3339_micro_now;
 use tokio::time::Instant;
 
 use crate::metrics::RuntimeMetrics;
@@ -75,7 +75,7 @@ pub fn default_identity() -> String {
 }
 
 fn lease_resource() -> &'static Resource {
-    tessera_apiserver::catalog::RESOURCES
+    tessera_client::catalog::RESOURCES
         .iter()
         .find(|r| r.plural == "leases")
         .expect("the catalog serves leases")

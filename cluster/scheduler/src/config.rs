@@ -246,7 +246,7 @@ impl Profile {
 
 /// Parses a configuration file's text (YAML or JSON).
 pub fn parse(text: &str) -> Result<SchedulerConfig, String> {
-    let v = tessera_apiserver::yaml::to_json(text.as_bytes())?;
+    let v = tessera_client::yaml::to_json(text.as_bytes())?;
     serde_json::from_value(v).map_err(|e| format!("the scheduler configuration is not valid: {e}"))
 }
 

@@ -224,7 +224,7 @@ pub struct Handle {
     /// Pods waiting at Permit.
     pub waiting: Arc<WaitingPods>,
     /// The API (for binders).
-    pub client: Arc<dyn tessera_apiserver::client::Client>,
+    pub client: Arc<dyn tessera_client::client::Client>,
 }
 
 /// Orders the active queue.

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
-use tessera_apiserver::api::{now_secs, rfc3339};
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::{PatchType, find_resource};
+use tessera_client::client::Client;
+use tessera_client::request::{PatchType, find_resource};
+use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache as PodCache, Change, Informer, Scope, Tasks};
 use tessera_runtime::metrics::RuntimeMetrics;
@@ -802,16 +802,16 @@ fn filter_events(profile: &Profile, plugins: &[&'static str]) -> Vec<ClusterEven
     out
 }
 
-fn res(plural: &str) -> &'static tessera_apiserver::catalog::Resource {
+fn res(plural: &str) -> &'static tessera_client::catalog::Resource {
     find_resource("", "v1", plural).expect("core resources are served")
 }
 
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use tessera_apiserver::api::ApiResponse;
-    use tessera_apiserver::request::ApiRequest;
-    use tessera_apiserver::status::ApiError;
+    use tessera_client::request::ApiRequest;
+    use tessera_client::response::ApiResponse;
+    use tessera_client::status::ApiError;
 
     use super::*;
     use crate::config::SchedulerConfig;

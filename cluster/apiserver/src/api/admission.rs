@@ -3,19 +3,13 @@
 
 use super::*;
 
-/// The taint (and label) process nodes carry: their pods run as real processes on the
-/// node's machine, so scheduling there is opt-in.
-pub const PROCESS_TAINT_KEY: &str = "tessera.io/runtime";
-/// Its value.
-pub const PROCESS_TAINT_VALUE: &str = "process";
+pub use tessera_client::types::{PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
 
-impl ApiError {
-    /// The same error with reason Forbidden (403), as LimitRange admission answers.
-    fn forbidden_reason(mut self) -> Self {
-        self.code = 403;
-        self.reason = "Forbidden";
-        self
-    }
+/// The same error with reason Forbidden (403), as LimitRange admission answers.
+fn forbidden_reason(mut e: ApiError) -> ApiError {
+    e.code = 403;
+    e.reason = "Forbidden";
+    e
 }
 
 /// Adds (or with `charge == false` takes back) `usage` to `used` for every resource `limits`
@@ -282,7 +276,12 @@ impl Api {
             }
         }
         if !causes.is_empty() {
-            return Err(ApiError::invalid("", "Pod", name_of(pod), causes).forbidden_reason());
+            return Err(forbidden_reason(ApiError::invalid(
+                "",
+                "Pod",
+                name_of(pod),
+                causes,
+            )));
         }
         Ok(())
     }

@@ -23,12 +23,11 @@ pub use agents::NodeProxy;
 use subresources::{from_scale, to_scale, to_scale_plain};
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tessera_core::keys;
 use tessera_core::quantity::Quantity;
@@ -45,107 +44,22 @@ use crate::status::{ApiError, Cause};
 use crate::watchcache::WatchCache;
 use crate::{apply, order, patch, table, validation};
 
-/// One watch event.
-#[derive(Clone, Debug)]
-pub enum WatchEvent {
-    /// An event encoded once as its JSON line (`{"type":...,"object":...}` and a newline),
-    /// shared as it is by every consumer.
-    Encoded(Bytes),
-    /// An event as a value (`{"type": ..., "object": ...}`): errors, bookmarks, Tables.
-    Value(Value),
-}
+pub use tessera_client::response::{ApiResponse, ByteStream, WatchEvent, WatchStream};
+pub use tessera_core::time::{now_secs, rfc3339, rfc3339_micro_now};
 
-impl WatchEvent {
-    /// The event as a value.
-    pub fn into_value(self) -> Value {
-        match self {
-            WatchEvent::Value(v) => v,
-            WatchEvent::Encoded(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
-        }
-    }
-
-    /// The event as one JSON line.
-    pub fn into_line(self) -> Bytes {
-        match self {
-            WatchEvent::Encoded(b) => b,
-            WatchEvent::Value(v) => {
-                // `{"type":…,"object":…}`, the object in Kubernetes' order.
-                let mut line = Vec::with_capacity(256);
-                line.extend_from_slice(br#"{"type":"#);
-                line.extend_from_slice(v["type"].to_string().as_bytes());
-                line.extend_from_slice(br#","object":"#);
-                line.extend_from_slice(order::to_string(&v["object"]).as_bytes());
-                line.extend_from_slice(b"}\n");
-                Bytes::from(line)
-            }
-        }
-    }
-}
-
-/// A watch: events until the client leaves or the timeout.
-pub type WatchStream = Pin<Box<dyn Stream<Item = WatchEvent> + Send>>;
-
-/// What a request answers.
-pub enum ApiResponse {
-    /// An object (or list, or Table) with its HTTP code and warnings for the client.
-    Object {
-        /// 200 or 201.
-        code: u16,
-        /// The body.
-        body: Value,
-        /// `Warning` headers (unknown fields under `fieldValidation=Warn`).
-        warnings: Vec<String>,
-    },
-    /// A JSON body already encoded (lists and reads, assembled from the stored bytes
-    /// without decoding them).
-    Encoded {
-        /// 200.
-        code: u16,
-        /// The JSON text.
-        body: Bytes,
-    },
-    /// A stream of watch events.
-    Watch(WatchStream),
-    /// Bytes as they come, of one content type (a container's log).
-    Stream {
-        /// `text/plain`.
-        content_type: &'static str,
-        /// The body.
-        body: ByteStream,
-    },
-}
-
-/// A body streamed as it comes.
-pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
-
-impl std::fmt::Debug for ApiResponse {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiResponse::Object { code, body, .. } => write!(f, "{code} {body}"),
-            ApiResponse::Encoded { code, body } => {
-                write!(f, "{code} {}", String::from_utf8_lossy(body))
-            }
-            ApiResponse::Watch(_) => write!(f, "watch"),
-            ApiResponse::Stream { content_type, .. } => write!(f, "stream of {content_type}"),
-        }
-    }
-}
-
-impl ApiResponse {
-    /// The body as a value (decoding an encoded one); `None` for a watch.
-    pub fn into_value(self) -> Option<Value> {
-        match self {
-            ApiResponse::Object { body, .. } => Some(body),
-            ApiResponse::Encoded { body, .. } => serde_json::from_slice(&body).ok(),
-            ApiResponse::Watch(_) | ApiResponse::Stream { .. } => None,
-        }
-    }
-
-    fn ok(body: Value) -> Self {
-        ApiResponse::Object {
-            code: 200,
-            body,
-            warnings: Vec::new(),
+/// A watch event as one JSON line (`{"type":…,"object":…}` and a newline), the object in
+/// Kubernetes' field order.
+pub fn watch_line(ev: WatchEvent) -> Bytes {
+    match ev {
+        WatchEvent::Encoded(b) => b,
+        WatchEvent::Value(v) => {
+            let mut line = Vec::with_capacity(256);
+            line.extend_from_slice(br#"{"type":"#);
+            line.extend_from_slice(v["type"].to_string().as_bytes());
+            line.extend_from_slice(br#","object":"#);
+            line.extend_from_slice(order::to_string(&v["object"]).as_bytes());
+            line.extend_from_slice(b"}\n");
+            Bytes::from(line)
         }
     }
 }
@@ -169,46 +83,6 @@ pub struct Api {
     node_proxy: Option<NodeProxy>,
     /// The process's metrics, served whole to the admin at `/metrics` on the API port.
     metrics_registry: Option<prometheus::Registry>,
-}
-
-/// RFC 3339 in UTC, to the second, as Kubernetes writes timestamps.
-pub fn rfc3339(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Now in RFC 3339 with microseconds (`MicroTime`, as Leases carry).
-pub fn rfc3339_micro_now() -> String {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    format!(
-        "{}.{:06}Z",
-        rfc3339(d.as_secs() as i64).trim_end_matches('Z'),
-        d.subsec_micros()
-    )
-}
-
-/// Seconds since the epoch.
-pub fn now_secs() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 fn uid() -> String {

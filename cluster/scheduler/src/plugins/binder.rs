@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tessera_apiserver::client::Client;
-use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
+use tessera_client::client::Client;
+use tessera_client::request::{ApiRequest, Verb, find_resource};
 
 use crate::framework::{BindPlugin, CycleState, Plugin, Status};
 use crate::resources::PodInfo;

@@ -151,3 +151,9 @@ impl k8s_openapi::Metadata for PodGroup {
 /// The label that makes a pod a member of the PodGroup it names (the coscheduling
 /// convention of Kubernetes' scheduler-plugins).
 pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
+
+/// The taint (and label) process nodes carry: their pods run as real processes on the
+/// node's machine, so scheduling there is opt-in.
+pub const PROCESS_TAINT_KEY: &str = "tessera.io/runtime";
+/// Its value.
+pub const PROCESS_TAINT_VALUE: &str = "process";

@@ -1,0 +1,487 @@
+//! The client every component uses: one trait, two ways to reach the API — in the same
+//! process (the API server's `InProcess`: a function call into its request layer, no HTTP, no
+//! JSON text) or over HTTPS to a remote API server ([`HttpClient`]), with the same requests,
+//! answers and `Status` errors either way.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde_json::Value;
+
+use crate::catalog::Resource;
+use crate::request::{ApiRequest, FieldValidation, PatchType, Propagation, Verb};
+use crate::response::{ApiResponse, WatchEvent, WatchStream};
+use crate::status::ApiError;
+
+/// A way to send requests to the API.
+#[async_trait]
+pub trait Client: Send + Sync {
+    /// Sends one request.
+    async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError>;
+
+    /// Reads one object.
+    async fn get(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        let mut req = ApiRequest::new(Verb::Get, res);
+        req.namespace = ns.map(str::to_owned);
+        req.name = Some(name.to_owned());
+        object(self.call(req).await?)
+    }
+
+    /// Lists a collection (`req.params` carries selectors and paging).
+    async fn list(&self, req: ApiRequest) -> Result<Value, ApiError> {
+        object(self.call(req).await?)
+    }
+
+    /// Creates an object.
+    async fn create(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        obj: &Value,
+    ) -> Result<Value, ApiError> {
+        let mut req = ApiRequest::new(Verb::Create, res);
+        req.namespace = ns.map(str::to_owned);
+        req.body = Bytes::from(obj.to_string());
+        object(self.call(req).await?)
+    }
+
+    /// Replaces an object (409 if its resourceVersion is stale).
+    async fn update(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        obj: &Value,
+    ) -> Result<Value, ApiError> {
+        let mut req = ApiRequest::new(Verb::Update, res);
+        req.namespace = ns.map(str::to_owned);
+        req.name = obj["metadata"]["name"].as_str().map(str::to_owned);
+        req.body = Bytes::from(obj.to_string());
+        object(self.call(req).await?)
+    }
+
+    /// Patches an object (or its `status`/`scale` subresource).
+    async fn patch(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        name: &str,
+        subresource: Option<&str>,
+        kind: PatchType,
+        patch: &Value,
+    ) -> Result<Value, ApiError> {
+        let mut req = ApiRequest::new(Verb::Patch(kind), res);
+        req.namespace = ns.map(str::to_owned);
+        req.name = Some(name.to_owned());
+        req.subresource = subresource.map(str::to_owned);
+        req.body = Bytes::from(patch.to_string());
+        object(self.call(req).await?)
+    }
+
+    /// Deletes an object.
+    async fn delete(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        name: &str,
+        propagation: Option<Propagation>,
+    ) -> Result<Value, ApiError> {
+        let mut req = ApiRequest::new(Verb::Delete, res);
+        req.namespace = ns.map(str::to_owned);
+        req.name = Some(name.to_owned());
+        req.params.propagation = propagation;
+        object(self.call(req).await?)
+    }
+
+    /// Watches a collection from `req.params.resource_version`.
+    async fn watch(&self, mut req: ApiRequest) -> Result<WatchStream, ApiError> {
+        req.verb = Verb::Watch;
+        match self.call(req).await? {
+            ApiResponse::Watch(s) => Ok(s),
+            _ => Err(ApiError::internal("a watch answered an object")),
+        }
+    }
+}
+
+fn object(resp: ApiResponse) -> Result<Value, ApiError> {
+    resp.into_value()
+        .ok_or_else(|| ApiError::internal("a request answered a watch, or text that is not JSON"))
+}
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// Calls a remote API server over HTTPS with a bearer token.
+#[derive(Clone)]
+pub struct HttpClient {
+    ca_pem: String,
+    base: String,
+    token: String,
+    client: HyperClient<Https, Full<Bytes>>,
+}
+
+impl HttpClient {
+    /// The bearer token it sends (a node agent roots its log endpoint's credentials in it).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+/// Well-known reasons, so that a `Status` read off the wire becomes the same `ApiError`.
+const REASONS: &[&str] = &[
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "AlreadyExists",
+    "Conflict",
+    "Gone",
+    "Expired",
+    "Invalid",
+    "Timeout",
+    "TooManyRequests",
+    "InternalError",
+    "ServiceUnavailable",
+    "MethodNotAllowed",
+    "UnsupportedMediaType",
+    "RequestEntityTooLarge",
+    "NotAcceptable",
+];
+
+/// The `ApiError` a `Status` body (or any other body) of an HTTP answer stands for.
+pub fn status_error(code: u16, body: &[u8]) -> ApiError {
+    let status: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let reason = status["reason"]
+        .as_str()
+        .and_then(|r| REASONS.iter().find(|x| **x == r).copied())
+        .unwrap_or("Unknown");
+    let mut e = ApiError::new(
+        code,
+        reason,
+        status["message"]
+            .as_str()
+            .map_or_else(|| String::from_utf8_lossy(body).into_owned(), str::to_owned),
+    );
+    if !status["details"].is_null() {
+        e.details = Some(status["details"].clone());
+    }
+    e
+}
+
+/// The URL path and query of a request.
+pub fn url_of(req: &ApiRequest) -> String {
+    let res = req.resource;
+    let mut path = if res.group.is_empty() {
+        format!("/api/{}", res.version)
+    } else {
+        format!("/apis/{}/{}", res.group, res.version)
+    };
+    if let Some(ns) = &req.namespace {
+        path.push_str(&format!("/namespaces/{ns}"));
+    }
+    path.push('/');
+    path.push_str(res.plural);
+    if let Some(n) = &req.name {
+        path.push('/');
+        path.push_str(n);
+    }
+    if let Some(s) = &req.subresource {
+        path.push('/');
+        path.push_str(s);
+    }
+    let p = &req.params;
+    let mut q: Vec<(String, String)> = Vec::new();
+    if req.verb == Verb::Watch {
+        q.push(("watch".into(), "true".into()));
+    }
+    if let Some(l) = &p.label_selector {
+        q.push(("labelSelector".into(), l.to_string()));
+    }
+    if let Some(f) = &p.field_selector {
+        q.push(("fieldSelector".into(), f.to_string()));
+    }
+    if p.limit > 0 {
+        q.push(("limit".into(), p.limit.to_string()));
+    }
+    for (k, v) in [
+        ("continue", &p.continue_token),
+        ("resourceVersion", &p.resource_version),
+        ("resourceVersionMatch", &p.resource_version_match),
+        ("fieldManager", &p.field_manager),
+        ("includeObject", &p.include_object),
+    ] {
+        if let Some(v) = v {
+            q.push((k.into(), v.clone()));
+        }
+    }
+    if p.allow_bookmarks {
+        q.push(("allowWatchBookmarks".into(), "true".into()));
+    }
+    if let Some(t) = p.timeout_seconds {
+        q.push(("timeoutSeconds".into(), t.to_string()));
+    }
+    if p.dry_run {
+        q.push(("dryRun".into(), "All".into()));
+    }
+    match p.field_validation {
+        FieldValidation::Strict => q.push(("fieldValidation".into(), "Strict".into())),
+        FieldValidation::Ignore => q.push(("fieldValidation".into(), "Ignore".into())),
+        FieldValidation::Warn => {}
+    }
+    if p.force {
+        q.push(("force".into(), "true".into()));
+    }
+    if let Some(pp) = p.propagation {
+        q.push(("propagationPolicy".into(), format!("{pp:?}")));
+    }
+    if let Some(g) = p.grace_period_seconds {
+        q.push(("gracePeriodSeconds".into(), g.to_string()));
+    }
+    if !q.is_empty() {
+        let enc: Vec<String> = q
+            .into_iter()
+            .map(|(k, v)| format!("{k}={}", percent_encode(&v)))
+            .collect();
+        path.push('?');
+        path.push_str(&enc.join("&"));
+    }
+    path
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+impl HttpClient {
+    /// A client from a kubeconfig file: its current context's server, CA and bearer token.
+    pub fn from_kubeconfig(path: &std::path::Path) -> Result<HttpClient, ApiError> {
+        use base64::Engine;
+        let text = std::fs::read(path).map_err(|e| {
+            ApiError::bad_request(format!("cannot read kubeconfig {}: {e}", path.display()))
+        })?;
+        let kc = crate::yaml::to_json(&text).map_err(|e| {
+            ApiError::bad_request(format!("kubeconfig {} is not YAML: {e}", path.display()))
+        })?;
+        let bad =
+            |what: &str| ApiError::bad_request(format!("kubeconfig {}: {what}", path.display()));
+        let current = kc["current-context"]
+            .as_str()
+            .ok_or_else(|| bad("no current-context"))?;
+        let named = |list: &str, name: &str| {
+            kc[list]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"].as_str() == Some(name))
+                .cloned()
+        };
+        let ctx =
+            named("contexts", current).ok_or_else(|| bad("the current context is not listed"))?;
+        let cluster_name = ctx["context"]["cluster"].as_str().unwrap_or_default();
+        let user_name = ctx["context"]["user"].as_str().unwrap_or_default();
+        let cluster =
+            named("clusters", cluster_name).ok_or_else(|| bad("its cluster is not listed"))?;
+        let user = named("users", user_name).ok_or_else(|| bad("its user is not listed"))?;
+        let server = cluster["cluster"]["server"]
+            .as_str()
+            .ok_or_else(|| bad("the cluster has no server"))?;
+        let ca = cluster["cluster"]["certificate-authority-data"]
+            .as_str()
+            .ok_or_else(|| bad("the cluster has no certificate-authority-data"))?;
+        let ca = base64::engine::general_purpose::STANDARD
+            .decode(ca.trim())
+            .map_err(|e| bad(&format!("certificate-authority-data is not base64: {e}")))?;
+        let token = user["user"]["token"]
+            .as_str()
+            .ok_or_else(|| bad("the user has no token"))?;
+        HttpClient::new(server, &String::from_utf8_lossy(&ca), token)
+    }
+
+    /// The CA bundle (PEM) this client trusts.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// A client of `server` (`https://127.0.0.1:6443`) trusting `ca_pem`, sending `token`.
+    pub fn new(server: &str, ca_pem: &str, token: &str) -> Result<HttpClient, ApiError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            let cert = cert.map_err(|e| ApiError::bad_request(format!("CA certificate: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| ApiError::bad_request(format!("CA certificate: {e}")))?;
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_only()
+            .enable_http1()
+            .build();
+        Ok(HttpClient {
+            ca_pem: ca_pem.to_owned(),
+            base: server.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            client: HyperClient::builder(TokioExecutor::new()).build(https),
+        })
+    }
+}
+
+#[async_trait]
+impl Client for HttpClient {
+    async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
+        let method = match req.verb {
+            Verb::Get | Verb::List | Verb::Watch => "GET",
+            Verb::Create => "POST",
+            Verb::Update => "PUT",
+            Verb::Patch(_) => "PATCH",
+            Verb::Delete | Verb::DeleteCollection => "DELETE",
+        };
+        let content_type = match req.verb {
+            Verb::Patch(PatchType::Json) => "application/json-patch+json",
+            Verb::Patch(PatchType::Merge) => "application/merge-patch+json",
+            Verb::Patch(PatchType::StrategicMerge) => "application/strategic-merge-patch+json",
+            Verb::Patch(PatchType::Apply) => "application/apply-patch+yaml",
+            _ => "application/json",
+        };
+        let accept = if req.table {
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+        } else {
+            "application/json"
+        };
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.base, url_of(&req)))
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", content_type)
+            .header("accept", accept)
+            .header("user-agent", "tessera/0.1")
+            .body(Full::new(req.body.clone()))
+            .map_err(|e| ApiError::bad_request(format!("building the request: {e}")))?;
+        let resp = self.client.request(request).await.map_err(|e| {
+            let mut err = ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!("cannot reach the API server at {}: {e}", self.base),
+            );
+            err.retry_after = Some(1);
+            err
+        })?;
+        let code = resp.status().as_u16();
+        let warnings: Vec<String> = resp
+            .headers()
+            .get_all("warning")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_owned))
+            .collect();
+        if req.verb == Verb::Watch && code == 200 {
+            let mut body = resp.into_body().into_data_stream();
+            let stream = async_stream_lines(move |tx| async move {
+                let mut buf = Vec::new();
+                while let Some(Ok(chunk)) = body.next().await {
+                    buf.extend_from_slice(&chunk);
+                    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = buf.drain(..=pos).collect();
+                        if let Ok(v) = serde_json::from_slice::<Value>(&line)
+                            && tx.send(v).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            });
+            return Ok(ApiResponse::Watch(stream));
+        }
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the answer: {e}")))?
+            .to_bytes();
+        if code >= 400 {
+            return Err(status_error(code, &bytes));
+        }
+        let body: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::internal(format!("the answer is not JSON: {e}")))?;
+        Ok(ApiResponse::Object {
+            code,
+            body,
+            warnings,
+        })
+    }
+}
+
+/// A stream fed by a task through a channel; the task ends when the stream is dropped.
+fn async_stream_lines<F, Fut>(f: F) -> WatchStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Value>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    let task = tokio::spawn(f(tx));
+    struct Abort(tokio::task::JoinHandle<()>);
+    impl Drop for Abort {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let guard = Abort(task);
+    Box::pin(
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(move |v| {
+            let _ = &guard;
+            WatchEvent::Value(v)
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{find_resource, from_http};
+
+    #[test]
+    fn urls_round_trip_through_the_parser() {
+        let res = find_resource("apps", "v1", "deployments").expect("served");
+        let mut req = ApiRequest::new(Verb::List, res);
+        req.namespace = Some("team-a".into());
+        req.params.label_selector = Some("app in (web,api),tier!=db".parse().expect("sel"));
+        req.params.limit = 10;
+        req.params.field_manager = Some("my tool".into());
+        let url = url_of(&req);
+        let (path, query) = url.split_once('?').expect("query");
+        let back = from_http("GET", path, query, None, None, Bytes::new())
+            .expect("parses")
+            .expect("object path");
+        assert_eq!(back.namespace.as_deref(), Some("team-a"));
+        assert_eq!(back.params.limit, 10);
+        assert_eq!(
+            back.params.label_selector.map(|s| s.to_string()),
+            req.params.label_selector.map(|s| s.to_string())
+        );
+        assert_eq!(back.params.field_manager.as_deref(), Some("my tool"));
+    }
+}
