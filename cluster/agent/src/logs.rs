@@ -28,8 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tessera_apiserver::auth::Tokens;
-use tessera_apiserver::http::error_response;
+use tessera_client::auth::Tokens;
 use tessera_client::request::{LogOptions, parse_params};
 use tessera_client::status::ApiError;
 use tessera_core::time::now_secs;
@@ -550,6 +549,26 @@ async fn container_logs(
         Body::from_stream(body),
     )
         .into_response()
+}
+
+/// An error as the Kubernetes `Status` the API server relays (with `Retry-After` when the
+/// error has one).
+fn error_response(e: &ApiError) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut resp = (
+        axum::http::StatusCode::from_u16(e.code)
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR),
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        e.to_status().to_string(),
+    )
+        .into_response();
+    if let Some(s) = e.retry_after
+        && let Ok(v) = axum::http::HeaderValue::from_str(&s.to_string())
+    {
+        resp.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, v);
+    }
+    resp
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tessera_apiserver::auth::Tokens;
+use tessera_client::auth::Tokens;
 use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};

@@ -5,6 +5,7 @@
 //! trait with its HTTPS implementation. Controllers, the scheduler, node agents and the
 //! federation depend on this crate, not on the API server.
 
+pub mod auth;
 pub mod catalog;
 pub mod client;
 pub mod quota;

@@ -1,0 +1,379 @@
+//! Who is asking: the callers an API knows ([`User`]) and the bearer tokens that name them.
+//!
+//! Two kinds of bearer token: the admin token that `tessera up` generates (in the data
+//! directory's `pki/`, and in the kubeconfig), and tenant tokens,
+//! `tenant.<name>.<uid>.<generation>.<expires>.<HMAC-SHA256>`, minted by
+//! `tessera token create --tenant NAME --ttl 24h` with a key derived from `pki/token.key`.
+//! Tenant tokens need no state on the server: one expires by itself, and all of a tenant's
+//! are revoked by bumping its `spec.tokenGeneration` or re-creating it (its uid changes);
+//! replacing `token.key` revokes every tenant's. The admin token rotates on its own. Node
+//! credentials (the API server asking a node agent for one request) are keyed apart.
+//!
+//! Here beside the client because node agents check node credentials and tools mint tenant
+//! tokens; what a caller may do is the API server's `auth::Authorizer`.
+
+use ring::hmac;
+use serde_json::Value;
+
+/// Default of `Tenant.spec.maxInflightRequests`.
+pub const DEFAULT_TENANT_INFLIGHT: usize = 64;
+/// Requests the admin may have in flight at once (Kubernetes' default max-requests-inflight
+/// plus its mutating share).
+pub const ADMIN_INFLIGHT: usize = 600;
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum User {
+    /// The admin token: everything.
+    Admin,
+    /// A tenant's token.
+    Tenant(String),
+    /// A control-plane component in the API server's process (scheduler, controllers, node
+    /// agents): the admin's rights, with seats of its own so that one component's burst
+    /// never takes another's (or the admin's) seats.
+    System(String),
+}
+
+impl User {
+    /// The name used in messages and as the default field manager.
+    pub fn name(&self) -> String {
+        match self {
+            User::Admin => "admin".into(),
+            User::Tenant(t) => format!("tenant:{t}"),
+            User::System(c) => format!("system:{c}"),
+        }
+    }
+
+    /// The default field manager of this user's writes.
+    pub fn manager(&self) -> String {
+        match self {
+            User::Admin => "tessera-admin".into(),
+            User::Tenant(t) => format!("tenant-{t}"),
+            User::System(c) => c.clone(),
+        }
+    }
+
+    /// The fairness key: requests of one key share its seats.
+    pub fn fairness_key(&self) -> String {
+        self.name()
+    }
+}
+
+/// The longest a node credential may live: the agent refuses one that claims more.
+pub const NODE_CREDENTIAL_MAX_SECONDS: i64 = 120;
+
+/// The longest a tenant token may live (`tessera token create --ttl`).
+pub const TENANT_TOKEN_MAX_SECONDS: i64 = 366 * 24 * 3600;
+
+/// What a tenant token says about its Tenant, checked against the Tenant object on every
+/// request ([`crate::api::Api::tenant_token_current`]): a re-created Tenant (another uid) or
+/// a bumped `spec.tokenGeneration` revokes every token minted before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantClaims {
+    /// The Tenant's name.
+    pub name: String,
+    /// Its `metadata.uid` when the token was minted.
+    pub uid: String,
+    /// Its `spec.tokenGeneration` then.
+    pub generation: i64,
+    /// Seconds since the epoch after which the token is refused.
+    pub expires: i64,
+}
+
+impl TenantClaims {
+    /// The claims of a token for Tenant object `tenant`, good until `expires`.
+    pub fn of(tenant: &Value, expires: i64) -> TenantClaims {
+        TenantClaims {
+            name: tenant["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            uid: tenant["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            generation: tenant["spec"]["tokenGeneration"].as_i64().unwrap_or(0),
+            expires,
+        }
+    }
+
+    /// Whether Tenant object `tenant` is still the one these claims were minted for (same
+    /// uid, same `spec.tokenGeneration`).
+    pub fn still_hold(&self, tenant: &Value) -> bool {
+        let now = TenantClaims::of(tenant, self.expires);
+        now.uid == self.uid && now.generation == self.generation && now.name == self.name
+    }
+}
+
+/// Checks bearer tokens. Three keys, each for one purpose: the admin token (a bearer
+/// credential, never a signing key), the tenant-token key (derived from the root key in
+/// `pki/token.key`, so rotating the admin token leaves tenant tokens valid) and the
+/// node-credential key (derived from the admin token, which every node agent holds).
+#[derive(Clone)]
+pub struct Tokens {
+    admin: String,
+    tenant_key: hmac::Key,
+    node_key: hmac::Key,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tokens(<redacted>)")
+    }
+}
+
+/// A key for one purpose, derived from `secret`: HMAC-SHA256(secret, purpose).
+fn derive(secret: &[u8], purpose: &str) -> hmac::Key {
+    let tag = hmac::sign(
+        &hmac::Key::new(hmac::HMAC_SHA256, secret),
+        purpose.as_bytes(),
+    );
+    hmac::Key::new(hmac::HMAC_SHA256, tag.as_ref())
+}
+
+impl Tokens {
+    /// Tokens for a server whose tenant tokens are keyed by the admin token itself (node
+    /// agents, which check node credentials only; tests).
+    pub fn new(admin_token: &str) -> Tokens {
+        Tokens::with_root(admin_token, admin_token.as_bytes())
+    }
+
+    /// Tokens with tenant tokens keyed from `root` (the API server's `pki/token.key`).
+    pub fn with_root(admin_token: &str, root: &[u8]) -> Tokens {
+        Tokens {
+            admin: admin_token.to_owned(),
+            tenant_key: derive(root, "tessera/tenant-tokens/v1"),
+            node_key: derive(admin_token.as_bytes(), "tessera/node-credentials/v1"),
+        }
+    }
+
+    fn tenant_message(c: &TenantClaims) -> String {
+        format!("tenant/{}/{}/{}/{}", c.name, c.uid, c.generation, c.expires)
+    }
+
+    /// A token for the Tenant `claims` describe:
+    /// `tenant.<name>.<uid>.<generation>.<expires>.<HMAC-SHA256>`.
+    pub fn mint(&self, claims: &TenantClaims) -> String {
+        let tag = hmac::sign(&self.tenant_key, Self::tenant_message(claims).as_bytes());
+        format!(
+            "tenant.{}.{}.{}.{}.{}",
+            claims.name,
+            claims.uid,
+            claims.generation,
+            claims.expires,
+            hex(tag.as_ref())
+        )
+    }
+
+    fn node_message(node: &str, expires: i64, method: &str, path: &str) -> String {
+        format!("node/{node}/{expires}/{method} {path}")
+    }
+
+    /// A credential the API server presents to node `node`'s agent for one request
+    /// (`method` and `path` with its query: the pod and container it asks for), good until
+    /// `expires` (seconds since the epoch, at most [`NODE_CREDENTIAL_MAX_SECONDS`] ahead):
+    /// `node.<node>.<expires>.<HMAC-SHA256>`. One seen on the wire opens no other request,
+    /// node or API call ([`Tokens::authenticate`] refuses it).
+    pub fn node_token(&self, node: &str, expires: i64, method: &str, path: &str) -> String {
+        let tag = hmac::sign(
+            &self.node_key,
+            Self::node_message(node, expires, method, path).as_bytes(),
+        );
+        format!("node.{node}.{expires}.{}", hex(tag.as_ref()))
+    }
+
+    /// Whether `token` is a [`Tokens::node_token`] for this very request to `node` that has
+    /// not lapsed at `now` and claims no longer life than the cap.
+    pub fn check_node_token(
+        &self,
+        token: &str,
+        node: &str,
+        now: i64,
+        method: &str,
+        path: &str,
+    ) -> bool {
+        let Some(rest) = token.strip_prefix("node.") else {
+            return false;
+        };
+        let Some((signed, hex)) = rest.rsplit_once('.') else {
+            return false;
+        };
+        let Some((name, expires)) = signed.rsplit_once('.') else {
+            return false;
+        };
+        let Ok(expires) = expires.parse::<i64>() else {
+            return false;
+        };
+        let Some(tag) = unhex(hex) else {
+            return false;
+        };
+        name == node
+            && expires >= now
+            && expires - now <= NODE_CREDENTIAL_MAX_SECONDS
+            && hmac::verify(
+                &self.node_key,
+                Self::node_message(name, expires, method, path).as_bytes(),
+                &tag,
+            )
+            .is_ok()
+    }
+
+    /// Who a bearer token belongs to at `now`: the admin, or a tenant (with what its token
+    /// claims, for the caller to check against the Tenant). A tenant token past its expiry,
+    /// or signed with another key, is nobody's.
+    pub fn authenticate(&self, token: &str, now: i64) -> Option<(User, Option<TenantClaims>)> {
+        if constant_time_eq(token.as_bytes(), self.admin.as_bytes()) {
+            return Some((User::Admin, None));
+        }
+        let rest = token.strip_prefix("tenant.")?;
+        // Names may hold dots; the other fields may not: read from the right.
+        let (rest, hex) = rest.rsplit_once('.')?;
+        let (rest, expires) = rest.rsplit_once('.')?;
+        let (rest, generation) = rest.rsplit_once('.')?;
+        let (name, uid) = rest.rsplit_once('.')?;
+        let claims = TenantClaims {
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            generation: generation.parse().ok()?,
+            expires: expires.parse().ok()?,
+        };
+        let tag = unhex(hex)?;
+        hmac::verify(
+            &self.tenant_key,
+            Self::tenant_message(&claims).as_bytes(),
+            &tag,
+        )
+        .ok()?;
+        if claims.expires < now {
+            return None;
+        }
+        Some((User::Tenant(claims.name.clone()), Some(claims)))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A 32-byte HMAC tag from its 64 hex digits.
+fn unhex(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() != 64 {
+        return None;
+    }
+    (0..32)
+        .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims(name: &str, expires: i64) -> TenantClaims {
+        TenantClaims {
+            name: name.into(),
+            uid: "5d1c-9f".into(),
+            generation: 0,
+            expires,
+        }
+    }
+
+    #[test]
+    fn tenant_tokens_are_bound_to_their_claims_and_key() {
+        let t = Tokens::with_root("secret-admin", b"root-key");
+        let c = claims("acme.example", 2_000);
+        let token = t.mint(&c);
+        assert_eq!(
+            t.authenticate(&token, 1_000),
+            Some((User::Tenant("acme.example".into()), Some(c.clone())))
+        );
+        assert_eq!(t.authenticate("secret-admin", 0), Some((User::Admin, None)));
+        // Expired; another name, uid, generation or expiry under the same signature; a
+        // flipped bit; another root key: refused.
+        assert_eq!(t.authenticate(&token, 2_001), None);
+        for forged in [
+            token.replace("tenant.acme.example.", "tenant.other."),
+            token.replace(".5d1c-9f.", ".0000-00."),
+            token.replace(".0.2000.", ".1.2000."),
+            token.replace(".2000.", ".9999."),
+        ] {
+            assert_ne!(forged, token);
+            assert_eq!(t.authenticate(&forged, 1_000), None, "{forged}");
+        }
+        let mut flipped = token.clone().into_bytes();
+        let last = flipped.len() - 1;
+        flipped[last] = if flipped[last] == b'0' { b'1' } else { b'0' };
+        assert_eq!(
+            t.authenticate(&String::from_utf8(flipped).expect("ascii"), 1_000),
+            None
+        );
+        assert_eq!(
+            Tokens::with_root("secret-admin", b"other-root").authenticate(&token, 1_000),
+            None
+        );
+        // A new admin token leaves tenant tokens valid (they hang on the root key).
+        assert!(
+            Tokens::with_root("rotated-admin", b"root-key")
+                .authenticate(&token, 1_000)
+                .is_some()
+        );
+        for junk in [
+            "",
+            "tenant.",
+            "tenant.a.zz",
+            "tenant.a.b.c.d.",
+            "secret-admi",
+        ] {
+            assert_eq!(t.authenticate(junk, 0), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn node_tokens_name_one_request_and_lapse() {
+        let t = Tokens::with_root("secret-admin", b"root-key");
+        let path = "/containerLogs/ns/p/c?podUID=u";
+        let token = t.node_token("proc-0", 1_000, "GET", path);
+        let ok = |tok: &str, node: &str, now: i64, method: &str, p: &str| {
+            t.check_node_token(tok, node, now, method, p)
+        };
+        assert!(ok(&token, "proc-0", 999, "GET", path));
+        assert!(ok(&token, "proc-0", 1_000, "GET", path));
+        // Lapsed, another node, request, pod or server, a longer life claimed: refused.
+        assert!(!ok(&token, "proc-0", 1_001, "GET", path));
+        assert!(!ok(&token, "proc-1", 999, "GET", path));
+        assert!(!ok(&token, "proc-0", 999, "POST", path));
+        assert!(!ok(
+            &token,
+            "proc-0",
+            999,
+            "GET",
+            "/containerLogs/ns/q/c?podUID=u"
+        ));
+        assert!(!Tokens::new("another-admin").check_node_token(&token, "proc-0", 999, "GET", path));
+        let extended = token.replace(".1000.", ".9000.");
+        assert!(!ok(&extended, "proc-0", 999, "GET", path));
+        // Validly signed but claiming more than the cap (a long-lived forgery by a server
+        // that holds the key is still refused).
+        let long = t.node_token(
+            "proc-0",
+            1_000 + NODE_CREDENTIAL_MAX_SECONDS + 1,
+            "GET",
+            path,
+        );
+        assert!(!ok(&long, "proc-0", 1_000, "GET", path));
+        // Not an API credential, and no API credential opens a node.
+        assert_eq!(t.authenticate(&token, 0), None);
+        assert!(!ok("secret-admin", "proc-0", 0, "GET", path));
+        assert!(!ok(&t.mint(&claims("proc-0", 5)), "proc-0", 0, "GET", path));
+        // The tenant and node keys differ: the same message signs differently.
+        let n = Tokens::new("k");
+        assert_ne!(
+            n.mint(&claims("x", 1)).rsplit('.').next(),
+            n.node_token("x", 1, "GET", "/").rsplit('.').next()
+        );
+    }
+}
