@@ -45,6 +45,39 @@ pub trait Client: Send + Sync {
         object(self.call(req).await?)
     }
 
+    /// Lists a collection page by page (`req.params.limit` items each), calling `each` on
+    /// every item: the first page as `req` asks (at its resourceVersion, if any), the next
+    /// ones by their continue token. Returns the list's resourceVersion.
+    async fn list_each(
+        &self,
+        req: ApiRequest,
+        each: &mut (dyn FnMut(Value) + Send),
+    ) -> Result<String, ApiError> {
+        let mut page_req = req.clone();
+        loop {
+            let mut page = self.list(page_req).await?;
+            if let Some(items) = page["items"].as_array_mut() {
+                for item in items.drain(..) {
+                    each(item);
+                }
+            }
+            match page["metadata"]["continue"].as_str() {
+                Some(c) if !c.is_empty() => {
+                    page_req = req.clone();
+                    page_req.params.continue_token = Some(c.to_owned());
+                    page_req.params.resource_version = None;
+                    page_req.params.resource_version_match = None;
+                }
+                _ => {
+                    return Ok(page["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned());
+                }
+            }
+        }
+    }
+
     /// Creates an object.
     async fn create(
         &self,

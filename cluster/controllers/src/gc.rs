@@ -159,53 +159,26 @@ impl Gc {
         ns: Option<&str>,
         uid: &str,
     ) -> Result<Vec<(usize, Arc<PartialObject>)>, ReconcileError> {
-        #[derive(serde::Deserialize)]
-        struct Page {
-            #[serde(default)]
-            metadata: PageMeta,
-            #[serde(default)]
-            items: Vec<PartialObject>,
-        }
-        #[derive(serde::Deserialize, Default)]
-        struct PageMeta {
-            #[serde(default, rename = "continue")]
-            continue_token: Option<String>,
-        }
         let mut out = Vec::new();
         for (j, (res, _)) in self.kinds.iter().enumerate() {
             if ns.is_some() && !res.namespaced {
                 continue;
             }
-            let mut token: Option<String> = None;
-            loop {
-                let mut req = ApiRequest::new(Verb::List, res);
-                req.namespace = ns.map(str::to_string);
-                req.params.limit = 500;
-                req.params.continue_token = token.take();
-                let page: Page = match self.ctx.client.list(req).await {
-                    Ok(v) => serde_json::from_value(v).map_err(|e| {
-                        ReconcileError::from(tessera_client::status::ApiError::internal(format!(
-                            "decoding a list of {}: {e}",
-                            res.plural
-                        )))
-                    })?,
-                    Err(e) if e.code == 404 => break,
-                    Err(e) => return Err(e.into()),
-                };
-                for d in page.items {
-                    if d.metadata
-                        .owner_references
-                        .iter()
-                        .flatten()
-                        .any(|r| r.uid == uid)
-                    {
-                        out.push((j, Arc::new(d)));
-                    }
+            let mut req = ApiRequest::new(Verb::List, res);
+            req.namespace = ns.map(str::to_string);
+            req.params.limit = 500;
+            let mut each = |item: serde_json::Value| {
+                let owned = item["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid));
+                if owned && let Ok(d) = serde_json::from_value::<PartialObject>(item) {
+                    out.push((j, Arc::new(d)));
                 }
-                match page.metadata.continue_token.filter(|t| !t.is_empty()) {
-                    Some(t) => token = Some(t),
-                    None => break,
-                }
+            };
+            match self.ctx.client.list_each(req, &mut each).await {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(out)

@@ -94,31 +94,23 @@ impl Quotas {
             .iter()
             .filter(|r| r.namespaced && tracked(r, hard))
         {
-            let mut cont: Option<String> = None;
-            loop {
-                let mut req = ApiRequest::new(Verb::List, r);
-                req.namespace = Some(ns.to_owned());
-                req.params.limit = PAGE;
-                match cont.take() {
-                    Some(c) => req.params.continue_token = Some(c),
-                    None => {
-                        req.params.resource_version = Some(rv.to_owned());
-                        req.params.resource_version_match = Some("Exact".into());
-                    }
+            let mut req = ApiRequest::new(Verb::List, r);
+            req.namespace = Some(ns.to_owned());
+            req.params.limit = PAGE;
+            req.params.resource_version = Some(rv.to_owned());
+            req.params.resource_version_match = Some("Exact".into());
+            let mut each = |obj: Value| {
+                if in_scope(spec, r, &obj) {
+                    add_tracked(&mut used, usage_of(r, &obj));
                 }
-                let page = self.ctx.client.list(req).await.map_err(|e| {
+            };
+            self.ctx
+                .client
+                .list_each(req, &mut each)
+                .await
+                .map_err(|e| {
                     ReconcileError::new(format!("listing {} in {ns}: {}", r.plural, e.message))
                 })?;
-                for obj in page["items"].as_array().into_iter().flatten() {
-                    if in_scope(spec, r, obj) {
-                        add_tracked(&mut used, usage_of(r, obj));
-                    }
-                }
-                match page["metadata"]["continue"].as_str() {
-                    Some(c) if !c.is_empty() => cont = Some(c.to_owned()),
-                    _ => break,
-                }
-            }
         }
         Ok(used)
     }

@@ -289,11 +289,6 @@ impl Api {
         let sub = req.subresource.clone();
         let mut seat = seat;
         let result = self.handle_inner(user, req, &mut seat).await;
-        if verb.is_write() && resource.plural == "tenants" && resource.group == "tessera.io" {
-            // Tenant quotas are looked up from a short-lived list: a Tenant written here is
-            // seen at once by this server (other API servers within a second).
-            *self.tenants.lock() = None;
-        }
         if let Some(m) = &self.metrics {
             let code = match &result {
                 Ok(ApiResponse::Object { code, .. }) => *code,

@@ -68,6 +68,24 @@ impl Api {
         }
     }
 
+    /// `f` of every Tenant, from a list read at most `TENANTS_TTL` ago (tenants are few;
+    /// pods are many), in place under the lock when it is fresh — nothing is cloned for the
+    /// lookups made on every create and update — else from the store, kept for the next.
+    async fn with_tenants<R>(&self, f: impl Fn(&[Value]) -> R) -> Result<R, ApiError> {
+        {
+            let cached = self.tenants.lock();
+            if let Some((at, list)) = cached.as_ref()
+                && at.elapsed() < TENANTS_TTL
+            {
+                return Ok(f(list));
+            }
+        }
+        let list = self.tenants().await?;
+        let out = f(&list);
+        *self.tenants.lock() = Some((Instant::now(), list));
+        Ok(out)
+    }
+
     /// Whether a tenant token's claims still hold: its Tenant exists with the same uid and
     /// `spec.tokenGeneration` (read through the same short-lived cache as admission; a write
     /// to a Tenant through this server clears it at once).
@@ -77,21 +95,8 @@ impl Api {
                 .find(|t| name_of(t) == claims.name)
                 .is_some_and(|t| claims.still_hold(t))
         };
-        let cached = {
-            let c = self.tenants.lock();
-            c.as_ref()
-                .filter(|(at, _)| at.elapsed() < TENANTS_TTL)
-                .map(|(_, list)| found(list))
-        };
-        if let Some(ok) = cached {
-            return ok;
-        }
-        match self.tenants().await {
-            Ok(list) => {
-                let ok = found(&list);
-                *self.tenants.lock() = Some((Instant::now(), list));
-                ok
-            }
+        match self.with_tenants(found).await {
+            Ok(ok) => ok,
             Err(e) => {
                 tracing::warn!(error = %e.message, "reading Tenants to check a token");
                 false
@@ -99,25 +104,10 @@ impl Api {
         }
     }
 
-    /// The Tenant that owns `ns`, if any (from a list read at most `TENANTS_TTL` ago:
-    /// tenants are few; pods are many).
+    /// The Tenant that owns `ns`, if any.
     pub(super) async fn tenant_of(&self, ns: &str) -> Result<Option<Value>, ApiError> {
-        let fresh = {
-            let cached = self.tenants.lock();
-            cached
-                .as_ref()
-                .filter(|(at, _)| at.elapsed() < TENANTS_TTL)
-                .map(|(_, list)| list.clone())
-        };
-        let list = match fresh {
-            Some(l) => l,
-            None => {
-                let list = self.tenants().await?;
-                *self.tenants.lock() = Some((Instant::now(), list.clone()));
-                list
-            }
-        };
-        Ok(list.into_iter().find(|t| owns(t, ns)))
+        self.with_tenants(|list| list.iter().find(|t| owns(t, ns)).cloned())
+            .await
     }
 
     /// The Tenant that owns `ns` and has a quota, if any (as cached).
@@ -132,17 +122,12 @@ impl Api {
     /// Whether the quota of the tenant owning `ns` limits stored bytes (as cached): a caller
     /// measures an object's encoded size only then.
     pub(super) async fn tenant_counts_bytes(&self, ns: &str) -> Result<bool, ApiError> {
-        let counts = |t: &Value| t["spec"]["quota"].get(crate::quota::STORED_BYTES).is_some();
-        // On every update: answered from the cached list in place when it is fresh.
-        {
-            let cached = self.tenants.lock();
-            if let Some((at, list)) = cached.as_ref()
-                && at.elapsed() < TENANTS_TTL
-            {
-                return Ok(list.iter().find(|t| owns(t, ns)).is_some_and(counts));
-            }
-        }
-        Ok(self.tenant_of(ns).await?.is_some_and(|t| counts(&t)))
+        self.with_tenants(|list| {
+            list.iter()
+                .find(|t| owns(t, ns))
+                .is_some_and(|t| t["spec"]["quota"].get(crate::quota::STORED_BYTES).is_some())
+        })
+        .await
     }
 
     /// Charges (or with `charge == false` refunds) object `obj` of `res` to the quota of the
