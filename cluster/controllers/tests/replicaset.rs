@@ -120,6 +120,13 @@ async fn replicas_are_created_scaled_replaced_and_counted() {
         active == 5 && stray_adopted_or_gone
     })
     .await;
+    // The set's status follows its pods on the next reconcile: wait for it to count them.
+    wait_until("the status counts 5", || async {
+        c.get(res("apps", "replicasets"), Some("default"), "web")
+            .await
+            .is_ok_and(|rs| rs["status"]["replicas"] == 5)
+    })
+    .await;
     let status = c
         .get(res("apps", "replicasets"), Some("default"), "web")
         .await
