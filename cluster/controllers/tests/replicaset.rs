@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use support::{list, shard, wait_until};
+use support::{list, shard, wait_until, wait_until_else};
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::PatchType;
 use tessera_controllers::context::res;
@@ -89,14 +89,35 @@ async fn replicas_are_created_scaled_replaced_and_counted() {
     c.delete(res("", "pods"), Some("default"), &victim, None)
         .await
         .expect("delete");
-    wait_until("replaced", || async {
-        let pods = list(c, "", "pods").await;
-        pods.len() == 5
-            && !pods
-                .iter()
-                .any(|p| p["metadata"]["name"] == victim.as_str())
-            && running(c, "web").await == 5
-    })
+    wait_until_else(
+        "replaced",
+        || async {
+            let pods = list(c, "", "pods").await;
+            pods.len() == 5
+                && !pods
+                    .iter()
+                    .any(|p| p["metadata"]["name"] == victim.as_str())
+                && running(c, "web").await == 5
+        },
+        || async {
+            let mut out = String::new();
+            for p in list(c, "", "pods").await {
+                out += &format!(
+                    "pod {} node={} phase={} deletionTimestamp={} rv={}\n",
+                    p["metadata"]["name"],
+                    p["spec"]["nodeName"],
+                    p["status"]["phase"],
+                    p["metadata"]["deletionTimestamp"],
+                    p["metadata"]["resourceVersion"]
+                );
+            }
+            let rs = c
+                .get(res("apps", "replicasets"), Some("default"), "web")
+                .await;
+            out += &format!("replicaset status: {:?}", rs.map(|r| r["status"].clone()));
+            out
+        },
+    )
     .await;
     // An orphan with matching labels is adopted, and the set shrinks back to 5.
     c.create(

@@ -132,6 +132,25 @@ pub async fn wait_until<F: std::future::Future<Output = bool>>(
     panic!("timed out waiting for {what}");
 }
 
+/// [`wait_until`], and on a timeout the panic carries what `dump` says about the state then
+/// (for failures seen only on a loaded CI machine).
+pub async fn wait_until_else<F, D>(what: &str, mut f: impl FnMut() -> F, dump: impl FnOnce() -> D)
+where
+    F: std::future::Future<Output = bool>,
+    D: std::future::Future<Output = String>,
+{
+    for _ in 0..1_000 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "timed out waiting for {what}; state then:\n{}",
+        dump().await
+    );
+}
+
 /// Every event of one resource's watch in a namespace, recorded as it arrives (from the
 /// objects there when it starts): for asserting on what happened, not on what a poll
 /// happened to see.
