@@ -1,0 +1,561 @@
+//! A shard's capacity, as its federation agent reports it: totals per resource and a
+//! histogram of free **slots** (nodes grouped by what they have free), so that "how many
+//! replicas of this size fit here" is answered without a node list.
+//!
+//! Amounts are integers in base units: `cpu` in millicores, `memory` and storage in bytes,
+//! `pods` and extended resources (`nvidia.com/gpu`) in units. A slot's amounts are **lower
+//! bounds** of what each of its nodes has free: exact while the node shapes fit in
+//! [`MAX_SLOTS`], rounded down to fewer significant bits when they do not, so a fit computed
+//! from slots never exceeds what the shard really has.
+
+use std::collections::BTreeMap;
+
+/// Significant bits kept of each slot amount at the first level of rounding: a node's free
+/// amount is then under-counted by less than 1/64 (1.6 %).
+pub const SIGNIFICANT_BITS: u32 = 6;
+
+/// Most slots a summary carries: past this, amounts are rounded more coarsely until the
+/// slots fit (a 5,000-node shard of one node shape has a few dozen).
+pub const MAX_SLOTS: usize = 512;
+
+/// The resources every summary carries first, in this order.
+pub const BASE_RESOURCES: [&str; 3] = ["cpu", "memory", "pods"];
+
+/// Nodes with the same free amounts (after rounding down).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Slot {
+    /// What each of these nodes has free at least, per resource of the summary.
+    pub free: Vec<u64>,
+    /// How many nodes.
+    pub count: u64,
+}
+
+/// A shard's capacity at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// The resources, [`BASE_RESOURCES`] first, then extended ones by name.
+    pub resources: Vec<String>,
+    /// Allocatable totals per resource (schedulable nodes only).
+    pub allocatable: Vec<u64>,
+    /// Free totals per resource (exact).
+    pub free: Vec<u64>,
+    /// Free slots, sorted; counts add up to the schedulable nodes.
+    pub slots: Vec<Slot>,
+    /// Ready, schedulable nodes.
+    pub nodes: u64,
+    /// Bumped by the shard at every new summary: a stale or repeated one is recognised.
+    pub version: u64,
+}
+
+/// Rounds `v` down for coarseness `level`: 0 keeps it exact (a shard of a few dozen node
+/// shapes loses nothing: a 4-cpu pod still fits a node with exactly 4 cpu free), level `k ≥ 1`
+/// keeps `SIGNIFICANT_BITS + 1 - k` significant bits (at least one).
+pub fn round_down(v: u64, level: u32) -> u64 {
+    if level == 0 {
+        return v;
+    }
+    let keep = (SIGNIFICANT_BITS + 1).saturating_sub(level).max(1);
+    let bits = 64 - v.leading_zeros();
+    if bits <= keep {
+        return v;
+    }
+    let drop = bits - keep;
+    (v >> drop) << drop
+}
+
+/// The coarsest level [`round_down`] goes to.
+const MAX_LEVEL: u32 = SIGNIFICANT_BITS + 1;
+
+/// Groups `nodes` (free amounts each) into at most [`MAX_SLOTS`] slots, exact if they fit,
+/// rounded down level by level until they do.
+fn group<'a>(nodes: impl Iterator<Item = (&'a [u64], u64)> + Clone) -> Vec<Slot> {
+    let mut level = 0;
+    loop {
+        let mut by: BTreeMap<Vec<u64>, u64> = BTreeMap::new();
+        for (free, count) in nodes.clone() {
+            let key: Vec<u64> = free.iter().map(|v| round_down(*v, level)).collect();
+            *by.entry(key).or_default() += count;
+        }
+        if by.len() <= MAX_SLOTS || level >= MAX_LEVEL {
+            return by
+                .into_iter()
+                .map(|(free, count)| Slot { free, count })
+                .collect();
+        }
+        level += 1;
+    }
+}
+
+/// Builds a summary from nodes, each as (allocatable, free) per resource in `resources`.
+#[derive(Debug)]
+pub struct SummaryBuilder {
+    resources: Vec<String>,
+    allocatable: Vec<u64>,
+    free: Vec<u64>,
+    nodes: Vec<Vec<u64>>,
+}
+
+impl SummaryBuilder {
+    /// A builder for `extended` resources besides the base ones.
+    pub fn new(extended: &[&str]) -> Self {
+        let resources: Vec<String> = BASE_RESOURCES
+            .iter()
+            .chain(extended)
+            .map(|s| (*s).to_owned())
+            .collect();
+        let n = resources.len();
+        SummaryBuilder {
+            resources,
+            allocatable: vec![0; n],
+            free: vec![0; n],
+            nodes: Vec::new(),
+        }
+    }
+
+    /// The index of resource `name`.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.resources.iter().position(|r| r == name)
+    }
+
+    /// Adds one schedulable node: its allocatable and free amounts per resource (free is
+    /// clamped to 0 when requests exceed allocatable).
+    pub fn node(&mut self, allocatable: &[u64], free: &[u64]) {
+        for i in 0..self.resources.len() {
+            self.allocatable[i] += allocatable.get(i).copied().unwrap_or(0);
+            self.free[i] += free.get(i).copied().unwrap_or(0);
+        }
+        let mut f = free.to_vec();
+        f.resize(self.resources.len(), 0);
+        self.nodes.push(f);
+    }
+
+    /// The summary, as version `version`.
+    pub fn build(self, version: u64) -> Summary {
+        let nodes = self.nodes.len() as u64;
+        let slots = group(self.nodes.iter().map(|n| (n.as_slice(), 1)));
+        Summary {
+            resources: self.resources,
+            allocatable: self.allocatable,
+            free: self.free,
+            slots,
+            nodes,
+            version,
+        }
+    }
+}
+
+/// What one replica asks for: (resource, amount) pairs; `pods: 1` is implied.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Request {
+    /// Amounts by resource name, in base units.
+    pub amounts: Vec<(String, u64)>,
+}
+
+impl Request {
+    /// A request of `cpu_milli` millicores and `memory` bytes.
+    pub fn cpu_memory(cpu_milli: u64, memory: u64) -> Self {
+        Request {
+            amounts: vec![("cpu".into(), cpu_milli), ("memory".into(), memory)],
+        }
+    }
+
+    /// This request as a vector over `summary`'s resources (with `pods: 1`), or the name of
+    /// a resource the summary does not have at all.
+    pub fn vector_for<'a>(&'a self, summary: &Summary) -> Result<Vec<u64>, &'a str> {
+        let mut v = vec![0; summary.resources.len()];
+        if let Some(p) = summary.resources.iter().position(|r| r == "pods") {
+            v[p] = 1;
+        }
+        for (name, amount) in &self.amounts {
+            if *amount == 0 {
+                continue;
+            }
+            match summary.resources.iter().position(|r| r == name) {
+                Some(i) => v[i] = v[i].max(*amount),
+                None => return Err(name),
+            }
+        }
+        Ok(v)
+    }
+
+    /// What one pod of `spec` (a PodSpec as JSON) requests, as the scheduler counts it: the
+    /// sum over its containers, or the largest init container's if more (its `overhead`
+    /// added). Quantities that do not parse count as nothing (the API refused them already).
+    pub fn of_pod_spec(spec: &serde_json::Value) -> Request {
+        fn add(into: &mut Vec<(String, u64)>, name: &str, v: u64, max: bool) {
+            match into.iter_mut().find(|(k, _)| k == name) {
+                Some((_, x)) if max => *x = (*x).max(v),
+                Some((_, x)) => *x += v,
+                None => into.push((name.to_owned(), v)),
+            }
+        }
+        fn amounts(c: &serde_json::Value) -> Vec<(String, u64)> {
+            let mut out = Vec::new();
+            for (k, v) in c.as_object().into_iter().flatten() {
+                let Some(q) = v
+                    .as_str()
+                    .and_then(|s| s.parse::<tessera_core::Quantity>().ok())
+                else {
+                    continue;
+                };
+                let n = if k == "cpu" {
+                    q.milli_ceil()
+                } else {
+                    q.units_ceil()
+                };
+                if k == "pods" || n <= 0 {
+                    continue;
+                }
+                out.push((k.clone(), n as u64));
+            }
+            out
+        }
+        let mut sum = Vec::new();
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            for (k, v) in amounts(&c["resources"]["requests"]) {
+                add(&mut sum, &k, v, false);
+            }
+        }
+        for c in spec["initContainers"].as_array().into_iter().flatten() {
+            for (k, v) in amounts(&c["resources"]["requests"]) {
+                add(&mut sum, &k, v, true);
+            }
+        }
+        for (k, v) in amounts(&spec["overhead"]) {
+            add(&mut sum, &k, v, false);
+        }
+        sum.sort();
+        Request { amounts: sum }
+    }
+
+    /// A short human form: `cpu 500m, memory 1Gi`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for (name, amount) in &self.amounts {
+            if *amount == 0 {
+                continue;
+            }
+            parts.push(format!("{name} {}", human(name, *amount)));
+        }
+        if parts.is_empty() {
+            "nothing".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// An amount of `resource` as Kubernetes would write it.
+pub fn human(resource: &str, v: u64) -> String {
+    match resource {
+        "cpu" if v % 1000 == 0 => format!("{}", v / 1000),
+        "cpu" => format!("{v}m"),
+        "memory" | "ephemeral-storage" => {
+            const UNITS: [(&str, u64); 4] = [
+                ("Ti", 1 << 40),
+                ("Gi", 1 << 30),
+                ("Mi", 1 << 20),
+                ("Ki", 1 << 10),
+            ];
+            for (u, f) in UNITS {
+                if v >= f && v % f == 0 {
+                    return format!("{}{u}", v / f);
+                }
+            }
+            v.to_string()
+        }
+        _ => v.to_string(),
+    }
+}
+
+fn per_node(free: &[u64], req: &[u64]) -> u64 {
+    let mut n = u64::MAX;
+    for (f, r) in free.iter().zip(req) {
+        if *r > 0 {
+            n = n.min(f / r);
+        }
+    }
+    if n == u64::MAX { 0 } else { n }
+}
+
+impl Summary {
+    /// How many replicas of `req` (a vector over this summary's resources) fit, counting
+    /// slots only (a lower bound of the truth).
+    pub fn fits(&self, req: &[u64]) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| s.count.saturating_mul(per_node(&s.free, req)))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// The slot with the most room for `req`'s largest amount — for saying what is missing.
+    pub fn largest_free(&self, resource: usize) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| s.free.get(resource).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Takes `n` replicas of `req` out of the slots, best fit first (the nodes with the least
+    /// room that still hold one), as the shard's scheduler will use them; returns how many
+    /// were taken (fewer than `n` when they do not all fit). Totals follow.
+    pub fn reserve(&mut self, req: &[u64], n: u64) -> u64 {
+        let mut order: Vec<(u64, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let k = per_node(&s.free, req);
+                (k > 0 && s.count > 0).then_some((k, i))
+            })
+            .collect();
+        order.sort();
+        let mut left = n;
+        let mut added: Vec<Slot> = Vec::new();
+        for (k, i) in order {
+            if left == 0 {
+                break;
+            }
+            let slot = &mut self.slots[i];
+            let full_nodes = (left / k).min(slot.count);
+            let mut used = full_nodes;
+            if full_nodes > 0 {
+                added.push(Slot {
+                    free: minus(&slot.free, req, k),
+                    count: full_nodes,
+                });
+                left -= full_nodes * k;
+            }
+            if left > 0 && left < k && used < slot.count {
+                added.push(Slot {
+                    free: minus(&slot.free, req, left),
+                    count: 1,
+                });
+                used += 1;
+                left = 0;
+            }
+            slot.count -= used;
+        }
+        let taken = n - left;
+        for (f, r) in self.free.iter_mut().zip(req) {
+            *f = f.saturating_sub(r.saturating_mul(taken));
+        }
+        self.slots.retain(|s| s.count > 0);
+        for a in added {
+            match self.slots.iter_mut().find(|s| s.free == a.free) {
+                Some(s) => s.count += a.count,
+                None => self.slots.push(a),
+            }
+        }
+        if self.slots.len() > MAX_SLOTS {
+            self.slots = group(self.slots.iter().map(|s| (s.free.as_slice(), s.count)));
+        }
+        self.slots.sort();
+        taken
+    }
+
+    /// Checks the summary is well formed: what a shard sends is not trusted.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.resources.len();
+        if n < BASE_RESOURCES.len()
+            || self.resources[..BASE_RESOURCES.len()]
+                .iter()
+                .zip(BASE_RESOURCES)
+                .any(|(a, b)| a != b)
+        {
+            return Err(format!(
+                "resources must start with {}",
+                BASE_RESOURCES.join(", ")
+            ));
+        }
+        for (i, r) in self.resources.iter().enumerate() {
+            if r.is_empty() || self.resources[..i].contains(r) {
+                return Err(format!("resource {r:?} is empty or listed twice"));
+            }
+        }
+        if self.allocatable.len() != n || self.free.len() != n {
+            return Err(format!(
+                "allocatable and free must have one amount per resource ({n})"
+            ));
+        }
+        if let Some(i) = (0..n).find(|i| self.free[*i] > self.allocatable[*i]) {
+            return Err(format!(
+                "free {} exceeds allocatable {} for {}",
+                self.free[i], self.allocatable[i], self.resources[i]
+            ));
+        }
+        let mut count = 0u64;
+        for s in &self.slots {
+            if s.free.len() != n {
+                return Err(format!("a slot must have one amount per resource ({n})"));
+            }
+            count = count.saturating_add(s.count);
+        }
+        if count != self.nodes {
+            return Err(format!(
+                "slots hold {count} nodes, the summary says {}",
+                self.nodes
+            ));
+        }
+        if self.slots.len() > MAX_SLOTS {
+            return Err(format!("{} slots, at most {MAX_SLOTS}", self.slots.len()));
+        }
+        for i in 0..n {
+            let in_slots = self
+                .slots
+                .iter()
+                .map(|s| s.free[i].saturating_mul(s.count))
+                .fold(0u64, u64::saturating_add);
+            if in_slots > self.free[i] {
+                return Err(format!(
+                    "slots hold {in_slots} free {}, more than the total {}",
+                    self.resources[i], self.free[i]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn minus(free: &[u64], req: &[u64], times: u64) -> Vec<u64> {
+    free.iter()
+        .zip(req)
+        .map(|(f, r)| f.saturating_sub(r.saturating_mul(times)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const GI: u64 = 1 << 30;
+
+    fn shard(nodes: &[(u64, u64, u64)]) -> Summary {
+        let mut b = SummaryBuilder::new(&[]);
+        for (cpu, mem, pods) in nodes {
+            b.node(&[16_000, 64 * GI, 110], &[*cpu, *mem, *pods]);
+        }
+        b.build(1)
+    }
+
+    #[test]
+    fn fits_counts_per_node_not_totals() {
+        // 2 cpu free on each of two nodes: 4 cpu in total, but no 3-cpu replica fits.
+        let s = shard(&[(2000, 8 * GI, 10), (2000, 8 * GI, 10)]);
+        assert_eq!(s.free[0], 4000);
+        let three = Request::cpu_memory(3000, GI).vector_for(&s).expect("known");
+        assert_eq!(s.fits(&three), 0);
+        let one = Request::cpu_memory(1000, GI).vector_for(&s).expect("known");
+        assert_eq!(s.fits(&one), 4);
+        // The pods dimension limits too.
+        let tiny = Request::cpu_memory(1, 1).vector_for(&s).expect("known");
+        assert_eq!(s.fits(&tiny), 20);
+        s.validate().expect("valid");
+    }
+
+    #[test]
+    fn a_pod_spec_requests_its_containers_sum_or_its_largest_init_container() {
+        let spec = serde_json::json!({
+            "containers": [
+                {"resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}},
+                {"resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "2"}}},
+                {"resources": {}},
+            ],
+            "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "bad"}}}],
+        });
+        let r = Request::of_pod_spec(&spec);
+        assert_eq!(
+            r.amounts,
+            vec![
+                ("cpu".into(), 2000),
+                ("memory".into(), GI),
+                ("nvidia.com/gpu".into(), 2)
+            ]
+        );
+        assert!(
+            Request::of_pod_spec(&serde_json::json!({}))
+                .amounts
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_unknown_extended_resource_fits_nowhere() {
+        let s = shard(&[(2000, 8 * GI, 10)]);
+        let gpu = Request {
+            amounts: vec![("nvidia.com/gpu".into(), 1)],
+        };
+        assert_eq!(gpu.vector_for(&s), Err("nvidia.com/gpu"));
+        let mut b = SummaryBuilder::new(&["nvidia.com/gpu"]);
+        b.node(&[8000, GI, 110, 4], &[8000, GI, 110, 3]);
+        let s = b.build(1);
+        let v = gpu.vector_for(&s).expect("known");
+        assert_eq!(s.fits(&v), 3);
+    }
+
+    #[test]
+    fn malformed_summaries_are_refused_with_the_reason() {
+        let mut s = shard(&[(2000, GI, 10)]);
+        s.nodes = 7;
+        assert!(s.validate().unwrap_err().contains("slots hold 1 nodes"));
+        let mut s = shard(&[(2000, GI, 10)]);
+        s.free[0] = 17_000;
+        assert!(s.validate().unwrap_err().contains("exceeds allocatable"));
+        let mut s = shard(&[(2000, GI, 10)]);
+        s.resources.swap(0, 1);
+        assert!(s.validate().unwrap_err().contains("must start with"));
+        let mut s = shard(&[(2000, GI, 10)]);
+        s.slots[0].free[0] = 7000;
+        assert!(s.validate().unwrap_err().contains("more than the total"));
+    }
+
+    #[test]
+    fn many_node_shapes_are_coarsened_to_the_slot_limit() {
+        let mut b = SummaryBuilder::new(&[]);
+        for i in 0..5_000u64 {
+            b.node(
+                &[64_000, 256 * GI, 110],
+                &[i * 7 + 1, i * 51 * (1 << 20) + 1, i % 110],
+            );
+        }
+        let s = b.build(1);
+        assert!(s.slots.len() <= MAX_SLOTS, "{} slots", s.slots.len());
+        assert_eq!(s.slots.iter().map(|s| s.count).sum::<u64>(), 5_000);
+        s.validate().expect("valid");
+    }
+
+    fn nodes() -> impl Strategy<Value = Vec<(u64, u64, u64)>> {
+        prop::collection::vec((0u64..16_000, 0u64..64 * GI, 0u64..110), 1..60)
+    }
+
+    proptest! {
+        /// What the slots say fits really fits, node by node, and loses less than one node's
+        /// rounding per node.
+        #[test]
+        fn fits_is_a_lower_bound_of_the_truth(ns in nodes(), cpu in 1u64..8_000, mem in 1u64..16 * GI) {
+            let s = shard(&ns);
+            let req = Request::cpu_memory(cpu, mem).vector_for(&s).expect("known");
+            let truth: u64 = ns.iter().map(|(c, m, p)| (c / cpu).min(m / mem).min(*p)).sum();
+            let est = s.fits(&req);
+            prop_assert!(est <= truth, "estimated {} > true {}", est, truth);
+            s.validate().expect("valid");
+        }
+
+        /// Reserving takes what fits, never more, and what is left fits exactly that much less
+        /// (or less, after rounding).
+        #[test]
+        fn reserve_never_overcommits(ns in nodes(), cpu in 1u64..8_000, mem in 1u64..16 * GI, n in 0u64..200) {
+            let mut s = shard(&ns);
+            let req = Request::cpu_memory(cpu, mem).vector_for(&s).expect("known");
+            let before = s.fits(&req);
+            let taken = s.reserve(&req, n);
+            prop_assert_eq!(taken, n.min(before));
+            prop_assert!(s.fits(&req) <= before - taken);
+            prop_assert_eq!(s.slots.iter().map(|x| x.count).sum::<u64>(), ns.len() as u64);
+            s.validate().expect("still valid");
+        }
+    }
+}
