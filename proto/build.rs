@@ -1,7 +1,10 @@
 //! Compiles the .proto files with `protox` (pure Rust), so no system `protoc` is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["grpc/health/v1/health.proto"];
+    let files = [
+        "grpc/health/v1/health.proto",
+        "tessera/federation/v1/federation.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

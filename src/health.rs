@@ -87,6 +87,11 @@ impl Health for StoreHealth {
     }
 }
 
+/// The health service of a process whose health is its store's, to serve beside others.
+pub fn service(store: Arc<dyn Store>) -> HealthServer<StoreHealth> {
+    HealthServer::new(StoreHealth { store })
+}
+
 /// Serves the health service on `addr` until the process ends; returns the bound address.
 pub async fn serve(addr: SocketAddr, store: Arc<dyn Store>) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;

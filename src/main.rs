@@ -5,6 +5,7 @@ mod bench;
 mod components;
 mod data_dir;
 mod debug;
+mod federation;
 mod health;
 mod metrics_server;
 mod store_config;
@@ -31,9 +32,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run Tessera on this machine: a shard's store, its Kubernetes API, controllers,
-    /// scheduler and simulated nodes.
+    /// Run Tessera on this machine: a federation and N shards (each its store, Kubernetes
+    /// API, controllers, scheduler and simulated nodes), or one shard with `--shards 0`.
     Up(up::UpAllArgs),
+    /// Run the federation control plane alone: its store, its Kubernetes API, the gRPC
+    /// endpoint shards' agents join, and the propagation controller.
+    Federation(federation::FederationArgs),
+    /// Run a shard's federation agent: join the shard (by its kubeconfig) to a federation.
+    Join(federation::JoinArgs),
     /// Run a shard's API server alone (against its store).
     Apiserver(up::UpArgs),
     /// Run the controllers against an API server (active/standby through a Lease).
@@ -95,6 +101,8 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Up(args) => up::run(args).await,
             Command::Apiserver(args) => up::run_apiserver(args).await,
+            Command::Federation(args) => federation::run(args).await,
+            Command::Join(args) => federation::join(args).await,
             Command::ControllerManager(args) => components::controller_manager(args).await,
             Command::Scheduler(args) => components::scheduler(args).await,
             Command::Agent(args) => components::agent(args).await,

@@ -81,6 +81,28 @@ pub struct UpAllArgs {
     pub base: UpArgs,
     #[command(flatten)]
     pub workers: WorkerArgs,
+    /// Shards under a federation in this process (each its own embedded store, API,
+    /// controllers, scheduler and `--nodes-per-shard` simulated nodes); 0 for one shard alone.
+    #[arg(long, default_value_t = 3)]
+    pub shards: usize,
+    #[command(flatten)]
+    pub lease: crate::federation::LeaseArgs,
+    /// Join this one shard to the federation at this gRPC URL instead of running one
+    /// (with `--federation-ca`, `--join-token-file`, `--shard-name`).
+    #[arg(long)]
+    pub federation: Option<String>,
+    /// With `--federation`: the federation's CA (its `pki/ca.crt`).
+    #[arg(long, requires = "federation")]
+    pub federation_ca: Option<PathBuf>,
+    /// With `--federation`: a file holding its join token (its `pki/join.token`).
+    #[arg(long, requires = "federation")]
+    pub join_token_file: Option<PathBuf>,
+    /// This shard's name in the federation.
+    #[arg(long, default_value = "shard")]
+    pub shard_name: String,
+    /// Labels of the shards, `region=eu,zone=a`.
+    #[arg(long, default_value = "")]
+    pub shard_labels: String,
 }
 
 /// What a running shard serves.
@@ -199,6 +221,7 @@ pub async fn start_workers(
     shard: &Shard,
     workers: &WorkerArgs,
     data_dir: &std::path::Path,
+    node_prefix: &str,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     use crate::components;
     let mut tasks = Vec::new();
@@ -235,7 +258,7 @@ pub async fn start_workers(
     if workers.nodes_per_shard > 0 {
         let agent = tessera_agent::sim::SimAgent::new(
             shard.component_client("node-agent"),
-            workers.sim.config("sim-node", workers.nodes_per_shard),
+            workers.sim.config(node_prefix, workers.nodes_per_shard),
             Some(tessera_agent::metrics::AgentMetrics::register(
                 &shard.registry,
             )?),
@@ -267,12 +290,154 @@ pub async fn start_workers(
     Ok(tasks)
 }
 
+/// `addr` with its port moved up by `k` (port 0 stays 0: any free port).
+fn offset(addr: SocketAddr, k: usize) -> SocketAddr {
+    let mut a = addr;
+    if a.port() != 0 {
+        a.set_port(a.port() + k as u16);
+    }
+    a
+}
+
 /// `tessera up`: serves until Ctrl-C.
 pub async fn run(all: UpAllArgs) -> anyhow::Result<()> {
+    if all.shards == 0 || all.federation.is_some() {
+        return run_single(all).await;
+    }
+    run_federated(all).await
+}
+
+/// `tessera up --shards N`: a federation on the base flags' addresses and data dir, shard
+/// `i` in `DATA/shards/shard-i` with its API on the API port + 1 + i and its metrics on the
+/// metrics port + 2 + i; one kubeconfig with a context each.
+async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    let args = &all.base;
+    let labels = crate::federation::parse_labels(&all.shard_labels)?;
+    let bar = ProgressBar::new(all.shards as u64 + 1).with_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} {elapsed}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message("federation");
+    let fed = crate::federation::start(args, &all.lease).await?;
+    bar.inc(1);
+    let mut contexts = vec![(
+        "federation".to_owned(),
+        format!("https://{}", fed.api.api_addr),
+        fed.api.ca_pem.clone(),
+        std::fs::read_to_string(args.data_dir.join("pki/admin.token"))?
+            .trim()
+            .to_owned(),
+    )];
+    let mut shards = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..all.shards {
+        let name = format!("shard-{i}");
+        bar.set_message(name.clone());
+        let data_dir = args.data_dir.join("shards").join(&name);
+        let shard_args = UpArgs {
+            data_dir: data_dir.clone(),
+            metrics_addr: offset(args.metrics_addr, 2 + i),
+            grpc_addr: offset(args.grpc_addr, 0),
+            api_addr: offset(args.api_addr, 1 + i),
+            watch_cache: args.watch_cache,
+            store: crate::store_config::StoreArgs {
+                store: crate::store_config::Backend::Embedded,
+                ..args.store.clone()
+            },
+        };
+        let shard = start(&shard_args).await?;
+        tasks
+            .extend(start_workers(&shard, &all.workers, &data_dir, &format!("{name}-node")).await?);
+        tasks.push(crate::federation::start_agent(
+            &shard,
+            &name,
+            &fed.grpc_url,
+            &fed.api.ca_pem,
+            &fed.join_token,
+            labels.clone(),
+        )?);
+        contexts.push((
+            name.clone(),
+            format!("https://{}", shard.api_addr),
+            shard.ca_pem.clone(),
+            std::fs::read_to_string(data_dir.join("pki/admin.token"))?
+                .trim()
+                .to_owned(),
+        ));
+        shards.push((name, shard));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let kubeconfig = args.data_dir.join("kubeconfig");
+    tessera_apiserver::pki::write_private(&kubeconfig, &crate::federation::kubeconfig(&contexts))?;
+    println!("Tessera is up: a federation and {} shards.", all.shards);
+    println!(
+        "  federation: https://{} (Kubernetes 1.32 API; store {} in {})",
+        fed.api.api_addr,
+        fed.api.store.backend(),
+        args.data_dir.join("store").display()
+    );
+    println!(
+        "              grpc {} (shards' agents), metrics http://{}/metrics",
+        fed.grpc_url, fed.api.metrics_addr
+    );
+    let w = &all.workers;
+    for (name, s) in &shards {
+        println!(
+            "  {name}:    https://{} with {} simulated nodes ({} cpu, {} memory each), metrics http://{}/metrics",
+            s.api_addr, w.nodes_per_shard, w.sim.node_cpu, w.sim.node_memory, s.metrics_addr
+        );
+    }
+    println!();
+    println!("  export KUBECONFIG={}", kubeconfig.display());
+    println!(
+        "  kubectl get shards                                   # the shards, their nodes and free capacity"
+    );
+    println!(
+        "  kubectl create namespace demo && kubectl create deployment web -n demo --image=nginx --replicas=20"
+    );
+    println!(
+        "  kubectl rollout status deployment/web -n demo        # placed on the tenant's home shard"
+    );
+    println!("  kubectl get shardmap default -o yaml                 # the tenant -> shard map");
+    println!("  kubectl --context shard-0 get pods -A                # one shard's own view");
+    println!(
+        "  tessera token create --tenant NAME --data-dir {}      # a tenant's token at the federation",
+        args.data_dir.display()
+    );
+    println!();
+    println!("Press Ctrl-C to stop.");
+    let _keep = (fed, shards, tasks);
+    tokio::signal::ctrl_c().await?;
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// `tessera up --shards 0` (or `--federation URL`): one shard in this process.
+async fn run_single(all: UpAllArgs) -> anyhow::Result<()> {
     let args = &all.base;
     let shard = start(args).await?;
     let grpc = crate::health::serve(args.grpc_addr, shard.store.clone()).await?;
-    let _tasks = start_workers(&shard, &all.workers, &args.data_dir).await?;
+    let mut _tasks = start_workers(&shard, &all.workers, &args.data_dir, "sim-node").await?;
+    if let Some(url) = &all.federation {
+        let (Some(ca), Some(token)) = (&all.federation_ca, &all.join_token_file) else {
+            anyhow::bail!("--federation needs --federation-ca and --join-token-file");
+        };
+        let ca = std::fs::read_to_string(ca)
+            .map_err(|e| anyhow::anyhow!("reading --federation-ca {}: {e}", ca.display()))?;
+        let token = std::fs::read_to_string(token)
+            .map_err(|e| anyhow::anyhow!("reading --join-token-file {}: {e}", token.display()))?;
+        _tasks.push(crate::federation::start_agent(
+            &shard,
+            &all.shard_name,
+            url,
+            &ca,
+            token.trim(),
+            crate::federation::parse_labels(&all.shard_labels)?,
+        )?);
+    }
     banner(&shard, args, "").await?;
     println!("  grpc:     {grpc} (grpc.health.v1)");
     let w = &all.workers;

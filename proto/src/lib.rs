@@ -9,6 +9,15 @@ pub mod health {
     }
 }
 
+/// The shard ↔ federation channel (`tessera.federation.v1`).
+pub mod federation {
+    /// Version 1.
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("tessera.federation.v1");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message;

@@ -30,9 +30,16 @@ pub fn free_addr() -> String {
 /// `tessera up` with its three listeners on the given addresses and its data in `dir`.
 pub fn up_command(metrics: &str, grpc: &str, dir: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.args(["up", "--metrics-addr", metrics, "--grpc-addr", grpc])
-        .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
-        .arg(dir);
+    cmd.args([
+        "up",
+        "--shards=0",
+        "--metrics-addr",
+        metrics,
+        "--grpc-addr",
+        grpc,
+    ])
+    .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
+    .arg(dir);
     cmd
 }
 
@@ -77,8 +84,13 @@ impl Cluster {
             .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
             .arg(dir)
             .args(extra);
-        if command == "up" {
+        let has = |flag: &str| extra.iter().any(|e| e.starts_with(flag));
+        if (command == "up" || command == "federation") && !has("--grpc-addr") {
             cmd.args(["--grpc-addr", "127.0.0.1:0"]);
+        }
+        // The shard tests run one shard alone; the federation's say how many.
+        if command == "up" && !has("--shards") {
+            cmd.arg("--shards=0");
         }
         let mut child = cmd
             .env("TESSERA_LOG", "warn")

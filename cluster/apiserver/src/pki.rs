@@ -148,7 +148,8 @@ fn read(path: &Path) -> Result<String, PkiError> {
     })
 }
 
-fn write_private(path: &Path, contents: &str) -> Result<(), PkiError> {
+/// Writes `contents` to `path`, readable by the owner only.
+pub fn write_private(path: &Path, contents: &str) -> Result<(), PkiError> {
     let err = |source| PkiError::File {
         path: path.to_owned(),
         source,

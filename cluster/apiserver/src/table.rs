@@ -152,6 +152,29 @@ fn columns(res: &Resource) -> Vec<Column> {
             c("Phase", "string", 0),
             AGE,
         ],
+        ("tessera.io", "shards") => vec![
+            NAME,
+            c("Ready", "string", 0),
+            c("Region", "string", 0),
+            c("Nodes", "integer", 0),
+            c("CPU", "string", 0),
+            c("Memory", "string", 0),
+            c("Pods", "string", 0),
+            AGE,
+            c("Labels", "string", 1),
+        ],
+        ("tessera.io", "shardmaps") => vec![
+            NAME,
+            c("Version", "integer", 0),
+            c("Shards", "integer", 0),
+            AGE,
+        ],
+        ("tessera.io", "placements") => vec![
+            NAME,
+            c("Scheduling", "string", 0),
+            c("Selects", "string", 0),
+            AGE,
+        ],
         _ => vec![NAME, AGE],
     }
 }
@@ -631,8 +654,106 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
             json!(status["phase"].as_str().unwrap_or("Pending")),
             age_v,
         ],
+        ("tessera.io", "shards") => shard_row(o, name, age_v),
+        ("tessera.io", "shardmaps") => vec![
+            name,
+            int(&spec["version"]),
+            json!(spec["shards"].as_array().map_or(0, Vec::len)),
+            age_v,
+        ],
+        ("tessera.io", "placements") => vec![
+            name,
+            json!(
+                spec["replicas"]["scheduling"]
+                    .as_str()
+                    .unwrap_or("Home")
+                    .to_owned()
+                    + spec["replicas"]["division"]
+                        .as_str()
+                        .map(|d| format!("/{d}"))
+                        .as_deref()
+                        .unwrap_or("")
+            ),
+            json!(
+                spec["resourceSelectors"]
+                    .as_array()
+                    .map(|a| a
+                        .iter()
+                        .map(|r| format!(
+                            "{}/{}",
+                            r["kind"].as_str().unwrap_or("*"),
+                            r["name"].as_str().unwrap_or("*")
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(","))
+                    .unwrap_or_default()
+            ),
+            age_v,
+        ],
         _ => vec![name, age_v],
     }
+}
+
+/// A Shard's row: READY from its `Ready` condition, REGION from its label, CPU and MEMORY as
+/// free/allocatable, PODS as running/pending.
+fn shard_row(o: &Value, name: Value, age_v: Value) -> Vec<Value> {
+    let status = &o["status"];
+    let ready = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .map_or("Unknown", |c| {
+            if c["status"] == "True" {
+                "True"
+            } else {
+                "False"
+            }
+        });
+    let cordoned = o["spec"]["unschedulable"] == true;
+    let labels = &o["metadata"]["labels"];
+    let pair = |r: &str| {
+        let (f, a) = (&status["free"][r], &status["allocatable"][r]);
+        if a.is_null() {
+            "<none>".to_owned()
+        } else {
+            format!("{}/{}", s(f), s(a))
+        }
+    };
+    vec![
+        name,
+        json!(if cordoned {
+            format!("{ready},SchedulingDisabled")
+        } else {
+            ready.to_owned()
+        }),
+        json!(
+            labels["topology.kubernetes.io/region"]
+                .as_str()
+                .or(labels["region"].as_str())
+                .unwrap_or("<none>")
+        ),
+        json!(status["nodes"].as_i64().unwrap_or(0)),
+        json!(pair("cpu")),
+        json!(pair("memory")),
+        json!(format!(
+            "{}/{}",
+            status["podsRunning"].as_i64().unwrap_or(0),
+            status["podsPending"].as_i64().unwrap_or(0)
+        )),
+        age_v,
+        json!(
+            labels
+                .as_object()
+                .map(|m| m
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(","))
+                .filter(|l| !l.is_empty())
+                .unwrap_or_else(|| "<none>".into())
+        ),
+    ]
 }
 
 fn row_object(obj: &Value, include: Option<&str>) -> Value {

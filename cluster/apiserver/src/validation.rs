@@ -165,6 +165,30 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                 );
             }
         }
+        ("tessera.io", "Shard") => {
+            if let Some(w) = spec["weight"].as_i64()
+                && !(1..=10_240).contains(&w)
+            {
+                e.invalid(
+                    "spec.weight",
+                    &spec["weight"],
+                    "must be between 1 and 10240",
+                );
+            }
+            for (i, t) in spec["taints"].as_array().into_iter().flatten().enumerate() {
+                if !matches!(
+                    t["effect"].as_str(),
+                    Some("NoSchedule" | "NoExecute" | "PreferNoSchedule")
+                ) {
+                    e.invalid(
+                        &format!("spec.taints[{i}].effect"),
+                        &t["effect"],
+                        "must be NoSchedule, NoExecute or PreferNoSchedule",
+                    );
+                }
+            }
+        }
+        ("tessera.io", "Placement") => placement(spec, &mut e),
         ("tessera.io", "PodGroup") => {
             if spec.is_null() {
                 e.required("spec");
@@ -179,6 +203,118 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
         _ => {}
     }
     e
+}
+
+/// A Placement's spec: modes and divisions by name, weights that can place something, shard
+/// names and labels that can match a shard (whether such a shard exists is the federation's
+/// to say: shards come and go).
+fn placement(spec: &Value, e: &mut Errors) {
+    if spec.is_null() {
+        e.required("spec");
+        return;
+    }
+    if spec["resourceSelectors"]
+        .as_array()
+        .is_none_or(Vec::is_empty)
+    {
+        e.required("spec.resourceSelectors");
+    }
+    for (i, sel) in spec["resourceSelectors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(kind) = sel["kind"].as_str()
+            && !matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet" | "Job")
+        {
+            e.invalid(
+                &format!("spec.resourceSelectors[{i}].kind"),
+                &sel["kind"],
+                "the federation places Deployment, StatefulSet, ReplicaSet and Job",
+            );
+        }
+    }
+    for (i, n) in spec["shardAffinity"]["shardNames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(why) = n.as_str().and_then(names::dns1123_label) {
+            e.invalid(&format!("spec.shardAffinity.shardNames[{i}]"), n, why);
+        }
+    }
+    let r = &spec["replicas"];
+    let scheduling = r["scheduling"].as_str().unwrap_or("Home");
+    if !matches!(scheduling, "Home" | "Duplicated" | "Divided" | "Whole") {
+        e.invalid(
+            "spec.replicas.scheduling",
+            &r["scheduling"],
+            "must be Home, Duplicated, Divided or Whole",
+        );
+    }
+    let division = r["division"].as_str();
+    if let Some(d) = division {
+        if !matches!(d, "Weighted" | "Capacity") {
+            e.invalid(
+                "spec.replicas.division",
+                &r["division"],
+                "must be Weighted or Capacity",
+            );
+        } else if scheduling != "Divided" {
+            e.invalid(
+                "spec.replicas.division",
+                &r["division"],
+                "applies only with scheduling: Divided",
+            );
+        }
+    }
+    let weights = r["weights"].as_array().map_or(&[][..], Vec::as_slice);
+    if division == Some("Weighted") {
+        if weights
+            .iter()
+            .all(|w| w["weight"].as_i64().unwrap_or(0) <= 0)
+        {
+            e.invalid(
+                "spec.replicas.weights",
+                &r["weights"],
+                "a Weighted division needs at least one shard of positive weight",
+            );
+        }
+    } else if !weights.is_empty() {
+        e.invalid(
+            "spec.replicas.weights",
+            &r["weights"],
+            "applies only with division: Weighted",
+        );
+    }
+    for (i, w) in weights.iter().enumerate() {
+        if w["weight"].as_i64().is_none_or(|v| v < 0) {
+            e.invalid(
+                &format!("spec.replicas.weights[{i}].weight"),
+                &w["weight"],
+                "must be a whole number, 0 or more",
+            );
+        }
+        if let Some(why) = w["shard"]
+            .as_str()
+            .map_or(Some("is required".to_owned()), names::dns1123_label)
+        {
+            e.invalid(
+                &format!("spec.replicas.weights[{i}].shard"),
+                &w["shard"],
+                why,
+            );
+        }
+        if weights[..i].iter().any(|o| o["shard"] == w["shard"]) {
+            e.invalid(
+                &format!("spec.replicas.weights[{i}].shard"),
+                &w["shard"],
+                "is listed twice",
+            );
+        }
+    }
 }
 
 fn metadata(res: &Resource, meta: &Value, e: &mut Errors) {

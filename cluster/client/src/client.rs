@@ -165,6 +165,11 @@ pub struct HttpClient {
 }
 
 impl HttpClient {
+    /// The API server it sends to (`https://127.0.0.1:6443`).
+    pub fn server(&self) -> &str {
+        &self.base
+    }
+
     /// The bearer token it sends (a node agent roots its log endpoint's credentials in it).
     pub fn token(&self) -> &str {
         &self.token

@@ -157,3 +157,302 @@ pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 pub const PROCESS_TAINT_KEY: &str = "tessera.io/runtime";
 /// Its value.
 pub const PROCESS_TAINT_VALUE: &str = "process";
+
+/// The `k8s_openapi` resource and metadata traits of one of Tessera's kinds, so the
+/// runtime's informers and caches hold it like a built-in kind.
+macro_rules! tessera_kind {
+    ($ty:ident, $kind:literal, $plural:literal, $scope:ty) => {
+        impl k8s_openapi::Resource for $ty {
+            const API_VERSION: &'static str = "tessera.io/v1alpha1";
+            const GROUP: &'static str = "tessera.io";
+            const KIND: &'static str = $kind;
+            const VERSION: &'static str = "v1alpha1";
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = $scope;
+        }
+
+        impl k8s_openapi::Metadata for $ty {
+            type Ty = ObjectMeta;
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+tessera_kind!(
+    Tenant,
+    "Tenant",
+    "tenants",
+    k8s_openapi::ClusterResourceScope
+);
+
+/// A member cluster of the federation: a whole control plane with its own store, joined by
+/// its federation agent. Created by the federation when the shard first registers; an admin
+/// cordons it (`spec.unschedulable`) or taints it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.Shard")]
+pub struct Shard {
+    /// APIVersion: `tessera.io/v1alpha1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Kind: `Shard`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Standard object metadata; its labels are the shard's (region, zone, ...).
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// What the admin decides about the shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<ShardSpec>,
+    /// What its agent reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ShardStatus>,
+}
+
+/// What an admin decides about a shard.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardSpec")]
+pub struct ShardSpec {
+    /// Cordoned: no new work is placed here (what runs stays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable: Option<bool>,
+    /// Taints: workloads whose Placement does not tolerate them are not placed here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    /// Virtual nodes on the shard map, overriding the weight its capacity gives (1..10240).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<i32>,
+}
+
+/// What a shard's agent reports, as the federation last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardStatus")]
+pub struct ShardStatus {
+    /// `Ready`: the shard's lease is held (its agent is connected and renewing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+    /// Ready, schedulable nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i64>,
+    /// Allocatable totals (cpu, memory, pods, extended resources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocatable: Option<BTreeMap<String, Quantity>>,
+    /// Free totals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free: Option<BTreeMap<String, Quantity>>,
+    /// Pods running in the shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_running: Option<i64>,
+    /// Pods waiting for a node in the shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_pending: Option<i64>,
+    /// Free-slot histogram entries in its last summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<i64>,
+    /// The last summary's version and when it came (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_version: Option<i64>,
+    /// When the last summary came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_time: Option<String>,
+    /// The shard's lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<ShardLease>,
+    /// The shard's Kubernetes API, as its agent reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+    /// Its virtual nodes on the current shard map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<i64>,
+}
+
+/// A shard's lease from the federation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardLease")]
+pub struct ShardLease {
+    /// The agent's session (a new one at each connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Seconds the lease runs from each renewal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration_seconds: Option<i64>,
+    /// The last renewal (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<String>,
+}
+
+tessera_kind!(Shard, "Shard", "shards", k8s_openapi::ClusterResourceScope);
+
+/// The tenant → shard map the federation routes by, as it last changed: written by the
+/// federation (one object, `default`), for operators to read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardMap")]
+pub struct ShardMapObject {
+    /// APIVersion: `tessera.io/v1alpha1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Kind: `ShardMap`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Standard object metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<ShardMapSpec>,
+}
+
+/// A version of the shard map.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardMapSpec")]
+pub struct ShardMapSpec {
+    /// Bumped at every change of the shards or their weights.
+    pub version: i64,
+    /// The shards on the ring and their virtual nodes.
+    #[serde(default)]
+    pub shards: Vec<ShardMapEntry>,
+}
+
+/// One shard on the map.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardMapEntry")]
+pub struct ShardMapEntry {
+    /// The shard.
+    pub name: String,
+    /// Its virtual nodes.
+    pub weight: i64,
+}
+
+tessera_kind!(
+    ShardMapObject,
+    "ShardMap",
+    "shardmaps",
+    k8s_openapi::ClusterResourceScope
+);
+
+/// Where the federation places the workloads it selects in its namespace (the default for
+/// a workload no Placement selects: its tenant's home shard, spilling over down the tenant's
+/// preference list).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.Placement")]
+pub struct Placement {
+    /// APIVersion: `tessera.io/v1alpha1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Kind: `Placement`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Standard object metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<PlacementSpec>,
+}
+
+/// A placement policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.PlacementSpec")]
+pub struct PlacementSpec {
+    /// The workloads it applies to (any one matching selects a workload).
+    #[serde(default)]
+    pub resource_selectors: Vec<ResourceSelector>,
+    /// Only shards named here, or with these labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_affinity: Option<ShardAffinity>,
+    /// Shard taints the workloads tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<k8s_openapi::api::core::v1::Toleration>>,
+    /// How replicas are spread over the shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaPlacement>,
+}
+
+/// Selects workloads by kind, name and labels.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ResourceSelector")]
+pub struct ResourceSelector {
+    /// `apps/v1`, `batch/v1` (empty: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `Deployment`, `StatefulSet`, `Job` (empty: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// One workload by name (empty: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Workloads with these labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+/// Which shards a workload may go to.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardAffinity")]
+pub struct ShardAffinity {
+    /// Only these shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_names: Option<Vec<String>>,
+    /// Only shards with all these labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_labels: Option<BTreeMap<String, String>>,
+}
+
+/// How a workload's replicas are spread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ReplicaPlacement")]
+pub struct ReplicaPlacement {
+    /// `Home` (default: the tenant's home shard, spilling over), `Duplicated` (every
+    /// eligible shard runs all replicas), `Divided` (split over the shards) or `Whole` (all
+    /// in one shard: a gang, a multi-role workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<String>,
+    /// For `Divided`: `Weighted` (by `weights`) or `Capacity` (in proportion to each shard's
+    /// room for the workload; the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub division: Option<String>,
+    /// For `Divided` by `Weighted`: static weights per shard (shards not listed get none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<Vec<ShardWeightEntry>>,
+}
+
+/// A shard's static weight in a `Divided` placement.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardWeightEntry")]
+pub struct ShardWeightEntry {
+    /// The shard.
+    pub shard: String,
+    /// Its weight (≥ 0).
+    pub weight: i64,
+}
+
+tessera_kind!(
+    Placement,
+    "Placement",
+    "placements",
+    k8s_openapi::NamespaceResourceScope
+);
+
+/// The label the federation puts on every object it applies in a shard.
+pub const FEDERATED_LABEL: &str = "tessera.io/federated";
+/// The label the federation puts on objects it lists from a shard: which shard holds them.
+pub const SHARD_LABEL: &str = "tessera.io/shard";
+/// The field manager the federation applies with.
+pub const FEDERATION_MANAGER: &str = "tessera-federation";

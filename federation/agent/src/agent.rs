@@ -1,0 +1,633 @@
+//! The shard's federation agent: one bidirectional gRPC stream to the federation (opened by
+//! the shard, so a shard behind NAT can join). It registers, renews its lease, pushes
+//! capacity summaries when they change (at most every `summary_interval`, and every
+//! `summary_period` regardless), applies the objects it is assigned with server-side apply
+//! (field manager `tessera-federation`), deletes what is unassigned, removes leftovers once
+//! the federation says it has sent everything, reverts changes made behind the federation's
+//! back, and reports the status of every federated object it runs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use parking_lot::Mutex;
+use serde_json::Value;
+use tessera_client::client::Client;
+use tessera_client::request::{ApiRequest, PatchType, Verb, find_resource};
+use tessera_client::types::{FEDERATED_LABEL, FEDERATION_MANAGER, Tenant};
+use tessera_core::LabelSelector;
+use tessera_placement::Request;
+use tessera_proto::federation::v1 as pb;
+use tessera_proto::federation::v1::federation_client::FederationClient;
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::informer::{Cache, Informer, Scope, Tasks, key_of};
+use tessera_runtime::metrics::RuntimeMetrics;
+use tokio::sync::{Notify, mpsc};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::summary;
+
+/// The annotation on a copy: the federation generation it was made from.
+const GENERATION_ANNOTATION: &str = "tessera.io/federation-generation";
+
+/// How the agent reaches the federation and names its shard.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The federation's gRPC endpoint (`https://127.0.0.1:9465`).
+    pub federation: String,
+    /// The CA (PEM) that signs the federation's certificate.
+    pub ca_pem: String,
+    /// The join token.
+    pub token: String,
+    /// The shard's name.
+    pub name: String,
+    /// The shard's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The shard's API, as the federation should show it.
+    pub api_url: String,
+    /// Least time between two summaries.
+    pub summary_interval: Duration,
+    /// Most time between two summaries.
+    pub summary_period: Duration,
+}
+
+impl AgentConfig {
+    /// Summaries at most every 250 ms and at least every 10 s.
+    pub fn new(federation: &str, ca_pem: &str, token: &str, name: &str) -> AgentConfig {
+        AgentConfig {
+            federation: federation.into(),
+            ca_pem: ca_pem.into(),
+            token: token.into(),
+            name: name.into(),
+            labels: BTreeMap::new(),
+            api_url: String::new(),
+            summary_interval: Duration::from_millis(250),
+            summary_period: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the agent stopped trying: a refusal that retrying cannot fix.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The federation refused the shard (bad token, invalid name or labels).
+    #[error("the federation refused shard {name:?}: {message}")]
+    Refused {
+        /// The shard.
+        name: String,
+        /// The federation's reason.
+        message: String,
+    },
+    /// The federation's address is not a URL.
+    #[error("--federation {0:?} is not a URL: {1}")]
+    Url(String, String),
+}
+
+/// What this shard holds for the federation: key → (generation, replicas, the shard's
+/// generation of the copy after our last apply, the manifest).
+#[derive(Clone, Debug)]
+struct Held {
+    generation: i64,
+    replicas: i64,
+    applied_generation: i64,
+    object: Arc<Value>,
+    request: Request,
+}
+
+/// The agent's shared state.
+struct State {
+    client: Arc<dyn Client>,
+    config: AgentConfig,
+    held: Mutex<BTreeMap<(String, String, String), Held>>,
+    deployments: Arc<Cache<Deployment>>,
+    tenants: Arc<Cache<Tenant>>,
+    nodes: Arc<Cache<Node>>,
+    pods: Arc<Cache<Pod>>,
+    changed: Notify,
+    recorder: Recorder,
+    outbox: Mutex<Option<mpsc::UnboundedSender<pb::ShardMessage>>>,
+}
+
+fn send(state: &State, m: pb::shard_message::Message) {
+    if let Some(tx) = state.outbox.lock().as_ref() {
+        let _ = tx.send(pb::ShardMessage { message: Some(m) });
+    }
+}
+
+fn deployments() -> &'static tessera_client::catalog::Resource {
+    find_resource("apps", "v1", "deployments").expect("served")
+}
+
+fn tenants_res() -> &'static tessera_client::catalog::Resource {
+    find_resource("tessera.io", "v1alpha1", "tenants").expect("served")
+}
+
+fn status_of(d: &Deployment) -> pb::ObjectStatus {
+    let meta = &d.metadata;
+    let fed_gen = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GENERATION_ANNOTATION))
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(0);
+    let observed = d
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_generation)
+        .unwrap_or(0)
+        >= meta.generation.unwrap_or(0);
+    pb::ObjectStatus {
+        key: Some(pb::ObjectKey {
+            group: "apps".into(),
+            version: "v1".into(),
+            resource: "deployments".into(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }),
+        present: true,
+        federation_generation: fed_gen,
+        observed,
+        status_json: d
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_vec(s).ok())
+            .unwrap_or_default(),
+        replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as i64,
+    }
+}
+
+/// Runs the agent against the shard's API (`client`) until a refusal that retrying cannot
+/// fix; reconnects with backoff after any other failure.
+pub async fn run(
+    config: AgentConfig,
+    client: Arc<dyn Client>,
+    metrics: Option<RuntimeMetrics>,
+) -> Result<(), AgentError> {
+    let endpoint = Endpoint::from_shared(config.federation.clone())
+        .map_err(|e| AgentError::Url(config.federation.clone(), e.to_string()))?;
+    let endpoint = if config.federation.starts_with("https://") {
+        endpoint
+            .tls_config(
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&config.ca_pem)),
+            )
+            .map_err(|e| AgentError::Url(config.federation.clone(), e.to_string()))?
+    } else {
+        endpoint
+    }
+    .connect_timeout(Duration::from_secs(5))
+    .http2_keep_alive_interval(Duration::from_secs(10))
+    .keep_alive_timeout(Duration::from_secs(20))
+    .keep_alive_while_idle(true);
+    let federated = Scope {
+        label_selector: Some(
+            format!("{FEDERATED_LABEL}=true")
+                .parse::<LabelSelector>()
+                .expect("a valid selector"),
+        ),
+        ..Default::default()
+    };
+    let dep_inf = Informer::<Deployment>::new(
+        client.clone(),
+        deployments(),
+        federated.clone(),
+        metrics.clone(),
+    );
+    let ten_inf =
+        Informer::<Tenant>::new(client.clone(), tenants_res(), federated, metrics.clone());
+    let node_inf = Informer::<Node>::new(
+        client.clone(),
+        find_resource("", "v1", "nodes").expect("served"),
+        Scope::default(),
+        metrics.clone(),
+    );
+    let pod_inf = Informer::<Pod>::new(
+        client.clone(),
+        find_resource("", "v1", "pods").expect("served"),
+        Scope::default(),
+        metrics.clone(),
+    );
+    let state = Arc::new(State {
+        client: client.clone(),
+        config: config.clone(),
+        held: Mutex::new(BTreeMap::new()),
+        deployments: dep_inf.cache().clone(),
+        tenants: ten_inf.cache().clone(),
+        nodes: node_inf.cache().clone(),
+        pods: pod_inf.cache().clone(),
+        changed: Notify::new(),
+        recorder: Recorder::new(client.clone(), "tessera-federation-agent", metrics.clone()),
+        outbox: Mutex::new(None),
+    });
+    {
+        let s = Arc::downgrade(&state);
+        node_inf.on_change(move |_| {
+            if let Some(s) = s.upgrade() {
+                s.changed.notify_one();
+            }
+        });
+        let s = Arc::downgrade(&state);
+        pod_inf.on_change(move |_| {
+            if let Some(s) = s.upgrade() {
+                s.changed.notify_one();
+            }
+        });
+        let s = Arc::downgrade(&state);
+        dep_inf.on_change(move |c| {
+            let Some(s) = s.upgrade() else { return };
+            let d = c.object();
+            if matches!(c, tessera_runtime::informer::Change::Deleted(_)) {
+                let mut st = status_of(d);
+                st.present = false;
+                st.status_json.clear();
+                send(&s, pb::shard_message::Message::Status(st));
+            } else {
+                send(&s, pb::shard_message::Message::Status(status_of(d)));
+                drift(&s, d);
+            }
+            s.changed.notify_one();
+        });
+    }
+    let _tasks = Tasks(vec![
+        tokio::spawn(dep_inf.clone().run()),
+        tokio::spawn(ten_inf.clone().run()),
+        tokio::spawn(node_inf.clone().run()),
+        tokio::spawn(pod_inf.clone().run()),
+    ]);
+    dep_inf.synced().await;
+    ten_inf.synced().await;
+    node_inf.synced().await;
+    pod_inf.synced().await;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match session(&state, &endpoint).await {
+            Ok(()) => backoff = Duration::from_millis(200),
+            Err(status) => {
+                let refused = matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::InvalidArgument
+                );
+                if refused {
+                    return Err(AgentError::Refused {
+                        name: config.name.clone(),
+                        message: status.message().to_owned(),
+                    });
+                }
+                tracing::warn!(shard = %config.name, code = ?status.code(), error = %status.message(), "federation stream ended; reconnecting");
+            }
+        }
+        *state.outbox.lock() = None;
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection: register, then serve the stream until it ends.
+async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::Status> {
+    let channel: Channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connecting to the federation: {e}")))?;
+    let mut grpc = FederationClient::new(channel).max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::unbounded_channel::<pb::ShardMessage>();
+    let cfg = &state.config;
+    let _ = tx.send(pb::ShardMessage {
+        message: Some(pb::shard_message::Message::Register(pb::Register {
+            name: cfg.name.clone(),
+            token: cfg.token.clone(),
+            labels: cfg.labels.clone().into_iter().collect(),
+            api_url: cfg.api_url.clone(),
+        })),
+    });
+    let response = grpc
+        .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await?;
+    let mut inbound = response.into_inner();
+    let Some(first) = inbound.message().await? else {
+        return Err(tonic::Status::unavailable(
+            "the federation closed the stream",
+        ));
+    };
+    let Some(pb::federation_message::Message::Registered(reg)) = first.message else {
+        return Err(tonic::Status::internal(
+            "the federation did not answer Registered",
+        ));
+    };
+    tracing::info!(shard = %cfg.name, lease = reg.lease_seconds, "registered with the federation");
+    *state.outbox.lock() = Some(tx.clone());
+    // What was assigned since this stream began (for the leftovers check at Synced).
+    let mut assigned: std::collections::BTreeSet<(String, String, String)> = Default::default();
+    for d in state.deployments.list() {
+        send(state, pb::shard_message::Message::Status(status_of(&d)));
+    }
+    let renew = Duration::from_secs(u64::from(reg.renew_seconds.max(1)));
+    let renewer = {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut seq = 0;
+            let mut tick = tokio::time::interval(renew);
+            loop {
+                tick.tick().await;
+                seq += 1;
+                if tx
+                    .send(pb::ShardMessage {
+                        message: Some(pb::shard_message::Message::Renew(pb::Renew { seq })),
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+    };
+    let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let summarizer = tokio::spawn(summaries(state.clone(), seen.clone()));
+    let result = loop {
+        let msg = match inbound.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        match msg.message {
+            Some(pb::federation_message::Message::Assignment(a)) => {
+                if let Some(k) = &a.key {
+                    assigned.insert((k.resource.clone(), k.namespace.clone(), k.name.clone()));
+                }
+                assignment(state, &a).await;
+                seen.store(a.seq, std::sync::atomic::Ordering::Release);
+                state.changed.notify_one();
+            }
+            Some(pb::federation_message::Message::Synced(s)) => {
+                leftovers(state, &assigned).await;
+                seen.store(s.seq, std::sync::atomic::Ordering::Release);
+            }
+            Some(pb::federation_message::Message::Registered(_)) | None => {}
+        }
+    };
+    renewer.abort();
+    summarizer.abort();
+    result
+}
+
+/// Sends a summary when nodes or pods change (at most every `summary_interval`) and every
+/// `summary_period`.
+async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
+    let mut version = 0u64;
+    loop {
+        version += 1;
+        // Taken before building: what the summary accounts for.
+        let seen_now = seen.load(std::sync::atomic::Ordering::Acquire);
+        let promised: Vec<(Request, u64)> = {
+            let held = state.held.lock();
+            held.iter()
+                .filter(|((res, _, _), _)| res == "deployments")
+                .filter_map(|((_, ns, name), h)| {
+                    let have = state
+                        .deployments
+                        .get(&format!("{ns}/{name}"))
+                        .and_then(|d| d.status.as_ref().and_then(|s| s.replicas))
+                        .unwrap_or(0) as i64;
+                    let missing = (h.replicas - have).max(0) as u64;
+                    (missing > 0).then(|| (h.request.clone(), missing))
+                })
+                .collect()
+        };
+        let (s, running, pending) =
+            summary::build(&state.nodes.list(), &state.pods.list(), &promised, version);
+        send(
+            &state,
+            pb::shard_message::Message::Summary(pb::CapacitySummary {
+                version,
+                resources: s.resources.clone(),
+                allocatable: s.allocatable.clone(),
+                free: s.free.clone(),
+                slots: s
+                    .slots
+                    .iter()
+                    .map(|x| pb::Slot {
+                        free: x.free.clone(),
+                        count: x.count,
+                    })
+                    .collect(),
+                nodes: s.nodes,
+                assignments_seen: seen_now,
+                pods_running: running,
+                pods_pending: pending,
+            }),
+        );
+        tokio::time::sleep(state.config.summary_interval).await;
+        let _ = tokio::time::timeout(state.config.summary_period, state.changed.notified()).await;
+    }
+}
+
+/// Applies (or deletes) one assignment.
+async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
+    let Some(k) = &a.key else { return };
+    let Ok(res) = find_resource(&k.group, &k.version, &k.resource) else {
+        tracing::warn!(resource = %k.resource, "assigned a kind this shard does not serve");
+        return;
+    };
+    let id = (k.resource.clone(), k.namespace.clone(), k.name.clone());
+    let ns = (!k.namespace.is_empty()).then_some(k.namespace.as_str());
+    if a.op == pb::assignment::Op::Delete as i32 {
+        state.held.lock().remove(&id);
+        match state.client.delete(res, ns, &k.name, None).await {
+            Ok(_) => {
+                tracing::info!(object = %k.name, namespace = %k.namespace, "removed a federated object")
+            }
+            Err(e) if e.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(object = %k.name, error = %e.message, "removing a federated object")
+            }
+        }
+        return;
+    }
+    let Ok(object) = serde_json::from_slice::<Value>(&a.object_json) else {
+        tracing::warn!(object = %k.name, "an assignment whose object is not JSON");
+        return;
+    };
+    for dep in &a.dependencies_json {
+        let Ok(d) = serde_json::from_slice::<Value>(dep) else {
+            continue;
+        };
+        ensure(state, &d).await;
+    }
+    let request = Request::of_pod_spec(&object["spec"]["template"]["spec"]);
+    let applied = apply(state, res, ns, &k.name, &object).await;
+    state.held.lock().insert(
+        id,
+        Held {
+            generation: a.generation,
+            replicas: a.replicas,
+            applied_generation: applied.unwrap_or(0),
+            object: Arc::new(object),
+            request,
+        },
+    );
+}
+
+/// Creates a dependency (a namespace, ...) if it is missing; an existing one is the shard's.
+async fn ensure(state: &State, obj: &Value) {
+    let (group, version) = match obj["apiVersion"].as_str().unwrap_or("v1").split_once('/') {
+        Some((g, v)) => (g.to_owned(), v.to_owned()),
+        None => (
+            String::new(),
+            obj["apiVersion"].as_str().unwrap_or("v1").to_owned(),
+        ),
+    };
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let Some(res) = tessera_client::catalog::RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.kind == kind)
+    else {
+        return;
+    };
+    let ns = obj["metadata"]["namespace"].as_str();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    if state.client.get(res, ns, name).await.is_ok() {
+        return;
+    }
+    match state.client.create(res, ns, obj).await {
+        Ok(_) | Err(tessera_client::status::ApiError { code: 409, .. }) => {}
+        Err(e) => tracing::warn!(kind, name, error = %e.message, "creating a dependency"),
+    }
+}
+
+/// Server-side applies `obj`; returns the copy's generation after it.
+async fn apply(
+    state: &State,
+    res: &'static tessera_client::catalog::Resource,
+    ns: Option<&str>,
+    name: &str,
+    obj: &Value,
+) -> Option<i64> {
+    let mut req = ApiRequest::new(Verb::Patch(PatchType::Apply), res);
+    req.namespace = ns.map(str::to_owned);
+    req.name = Some(name.to_owned());
+    req.params.field_manager = Some(FEDERATION_MANAGER.into());
+    req.params.force = true;
+    req.body = bytes::Bytes::from(obj.to_string());
+    match state.client.call(req).await {
+        Ok(resp) => resp.into_value()?["metadata"]["generation"].as_i64(),
+        Err(e) => {
+            tracing::warn!(object = name, error = %e.message, "applying a federated object");
+            None
+        }
+    }
+}
+
+/// A copy changed behind the federation's back (its spec moved past our last apply, or its
+/// replicas differ from the share): apply the federation's version again and say so.
+fn drift(state: &Arc<State>, d: &Deployment) {
+    let ns = d.metadata.namespace.clone().unwrap_or_default();
+    let name = d.metadata.name.clone().unwrap_or_default();
+    let id = ("deployments".to_owned(), ns.clone(), name.clone());
+    let Some(h) = state.held.lock().get(&id).cloned() else {
+        return;
+    };
+    let generation = d.metadata.generation.unwrap_or(0);
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as i64;
+    let fed_gen: i64 = d
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GENERATION_ANNOTATION))
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(0);
+    let changed = fed_gen == h.generation
+        && h.applied_generation > 0
+        && (generation > h.applied_generation || replicas != h.replicas);
+    if !changed {
+        return;
+    }
+    let state = state.clone();
+    let obj_ref = ObjectRef::new("apps/v1", "Deployment", &d.metadata);
+    tokio::spawn(async move {
+        let applied = apply(&state, deployments(), Some(&ns), &name, &h.object).await;
+        if let Some(g) = applied
+            && let Some(held) = state.held.lock().get_mut(&id)
+        {
+            held.applied_generation = g;
+        }
+        tracing::info!(namespace = %ns, name = %name, "reverted a change made behind the federation's back");
+        state.recorder.event(
+            &obj_ref,
+            EventType::Warning,
+            "FederationReverted",
+            "this Deployment is managed by the federation: a change made in the shard was reverted; change it at the federation",
+        );
+    });
+}
+
+/// After `Synced`: federated objects the federation no longer assigns are removed.
+async fn leftovers(
+    state: &Arc<State>,
+    assigned: &std::collections::BTreeSet<(String, String, String)>,
+) {
+    let mut gone = Vec::new();
+    for d in state.deployments.list() {
+        let id = (
+            "deployments".to_owned(),
+            d.metadata.namespace.clone().unwrap_or_default(),
+            d.metadata.name.clone().unwrap_or_default(),
+        );
+        if !assigned.contains(&id) {
+            gone.push((deployments(), id));
+        }
+    }
+    for t in state.tenants.list() {
+        let id = ("tenants".to_owned(), String::new(), key_of(&t.metadata));
+        if !assigned.contains(&id) {
+            gone.push((tenants_res(), id));
+        }
+    }
+    for (res, (_, ns, name)) in gone {
+        let ns = (!ns.is_empty()).then_some(ns);
+        tracing::info!(resource = res.plural, name = %name, "removing a federated object the federation no longer assigns");
+        match state.client.delete(res, ns.as_deref(), &name, None).await {
+            Ok(_) => {}
+            Err(e) if e.code == 404 => {}
+            Err(e) => tracing::warn!(name = %name, error = %e.message, "removing a leftover"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    #[test]
+    fn a_copys_status_names_its_federation_generation_and_whether_it_is_observed() {
+        let mut d = Deployment {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("t1".into()),
+                generation: Some(4),
+                annotations: Some([(GENERATION_ANNOTATION.into(), "7".into())].into()),
+                ..Default::default()
+            },
+            status: Some(DeploymentStatus {
+                observed_generation: Some(3),
+                replicas: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let s = status_of(&d);
+        assert_eq!(s.federation_generation, 7);
+        assert!(
+            !s.observed,
+            "the shard's controller has not seen generation 4"
+        );
+        d.status.as_mut().expect("status").observed_generation = Some(4);
+        let s = status_of(&d);
+        assert!(s.observed);
+        let st: Value = serde_json::from_slice(&s.status_json).expect("json");
+        assert_eq!(st["replicas"], 2);
+        assert_eq!(s.key.expect("key").namespace, "t1");
+    }
+}

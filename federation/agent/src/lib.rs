@@ -1,0 +1,6 @@
+//! A shard's federation agent: the shard's end of the one gRPC stream to the federation.
+
+pub mod agent;
+pub mod summary;
+
+pub use agent::{AgentConfig, AgentError, run};

@@ -1,0 +1,618 @@
+//! The propagation controller: every workload applied at the federation is placed (which
+//! shards, how many replicas each), its decision recorded on it, and each chosen shard told
+//! to hold its share; statuses coming back are aggregated onto the federation's object.
+//! Tenants are held by every shard (their namespaces' security and quotas hold there too).
+//!
+//! Deletion is fenced by a finalizer: the federation's object goes only once every
+//! connected shard has removed its copy (a disconnected shard removes its copy when it
+//! comes back, because it is no longer assigned it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tessera_client::catalog::Resource;
+use tessera_client::client::Client;
+use tessera_client::request::{PatchType, find_resource};
+use tessera_client::types::{FEDERATED_LABEL, Placement, Tenant};
+use tessera_core::time::{now_secs, rfc3339};
+use tessera_placement::{Decision, Request, Workload};
+use tessera_registry::{Held, ObjectKey, Registry, RegistryEvent};
+use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::informer::{Cache, Informer, Scope, Tasks, key_of};
+use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
+use tessera_runtime::{EventClass, QueueConfig, WorkQueue};
+
+use crate::policy;
+use crate::status::{self, Placed};
+
+/// The controller's name.
+pub const NAME: &str = "federation-propagation";
+/// The finalizer that holds a federated object until its shards' copies are gone.
+pub const FINALIZER: &str = "tessera.io/federation";
+/// The annotation recording a workload's placement decision.
+pub const PLACEMENT_ANNOTATION: &str = "tessera.io/placement";
+/// The annotation on a shard's copy: the federation generation it was made from.
+pub const GENERATION_ANNOTATION: &str = "tessera.io/federation-generation";
+
+/// Namespaces whose objects are the federation's own, never propagated.
+const SYSTEM_NAMESPACES: [&str; 4] = ["kube-system", "kube-public", "kube-node-lease", "default"];
+
+/// What a decision annotation holds.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Recorded {
+    /// The generation decided for.
+    pub generation: i64,
+    /// The Placement it was decided under (`name@resourceVersion`, empty for the default).
+    #[serde(default)]
+    pub policy: String,
+    /// Replicas per shard.
+    pub shares: BTreeMap<String, u64>,
+    /// Replicas that fit nowhere.
+    #[serde(default)]
+    pub unplaced: u64,
+    /// Why they wait.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
+    /// What one replica requests, as decided on: replicas already running count as room in
+    /// their shard only while it stays the same.
+    #[serde(default)]
+    pub request: String,
+}
+
+/// The kinds this controller propagates and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Placed by policy, replicas divided, status aggregated.
+    Deployment,
+    /// Held by every shard.
+    Tenant,
+}
+
+impl Kind {
+    fn resource(self) -> &'static Resource {
+        match self {
+            Kind::Deployment => find_resource("apps", "v1", "deployments"),
+            Kind::Tenant => find_resource("tessera.io", "v1alpha1", "tenants"),
+        }
+        .expect("served")
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Deployment => "deployments",
+            Kind::Tenant => "tenants",
+        }
+    }
+
+    fn parse(key: &str) -> Option<(Kind, &str)> {
+        let (p, rest) = key.split_once(':')?;
+        let k = match p {
+            "deployments" => Kind::Deployment,
+            "tenants" => Kind::Tenant,
+            _ => return None,
+        };
+        Some((k, rest))
+    }
+
+    fn object_key(self, key: &str) -> ObjectKey {
+        let r = self.resource();
+        let (ns, name) = key.split_once('/').unwrap_or(("", key));
+        ObjectKey {
+            group: r.group.into(),
+            version: r.version.into(),
+            resource: r.plural.into(),
+            namespace: ns.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// The controller.
+pub struct Propagation {
+    client: Arc<dyn Client>,
+    registry: Arc<Registry>,
+    deployments: Arc<Cache<Deployment>>,
+    tenants: Arc<Cache<Tenant>>,
+    placements: Arc<Cache<Placement>>,
+    namespaces: Arc<Cache<Namespace>>,
+    recorder: Recorder,
+    /// Workloads with replicas waiting for room: placed again when a shard changes.
+    pending: Mutex<BTreeSet<String>>,
+}
+
+/// What the controller runs with.
+pub struct Options {
+    /// The federation's API, acting as the federation.
+    pub client: Arc<dyn Client>,
+    /// The registry of shards.
+    pub registry: Arc<Registry>,
+    /// Workers.
+    pub workers: usize,
+    /// Queue metrics.
+    pub queue_metrics: Option<QueueMetrics>,
+    /// Informer and reconcile metrics.
+    pub runtime_metrics: Option<RuntimeMetrics>,
+}
+
+/// Runs the controller until dropped.
+pub async fn run(o: Options) {
+    let inf = |r: &'static Resource| (r, o.client.clone(), o.runtime_metrics.clone());
+    let (r, c, m) = inf(Kind::Deployment.resource());
+    let deployments = Informer::<Deployment>::new(c, r, Scope::default(), m);
+    let (r, c, m) = inf(Kind::Tenant.resource());
+    let tenants = Informer::<Tenant>::new(c, r, Scope::default(), m);
+    let (r, c, m) = inf(find_resource("tessera.io", "v1alpha1", "placements").expect("served"));
+    let placements = Informer::<Placement>::new(c, r, Scope::default(), m);
+    let (r, c, m) = inf(find_resource("", "v1", "namespaces").expect("served"));
+    let namespaces = Informer::<Namespace>::new(c, r, Scope::default(), m);
+    let queue: WorkQueue<String> =
+        WorkQueue::new(QueueConfig::new(NAME), None, o.queue_metrics.clone());
+    {
+        let q = queue.clone();
+        deployments.on_change(move |c| {
+            q.add(
+                format!("deployments:{}", key_of(&c.object().metadata)),
+                c.class(),
+            )
+        });
+        let q = queue.clone();
+        tenants.on_change(move |c| {
+            q.add(
+                format!("tenants:{}", key_of(&c.object().metadata)),
+                c.class(),
+            )
+        });
+        // A Placement's change re-places every workload of its namespace.
+        let q = queue.clone();
+        let dcache = deployments.cache().clone();
+        placements.on_change(move |c| {
+            let ns = c.object().metadata.namespace.clone().unwrap_or_default();
+            for d in dcache.in_namespace(&ns) {
+                q.add(
+                    format!("deployments:{}", key_of(&d.metadata)),
+                    EventClass::Update,
+                );
+            }
+        });
+    }
+    let p = Arc::new(Propagation {
+        client: o.client.clone(),
+        registry: o.registry.clone(),
+        deployments: deployments.cache().clone(),
+        tenants: tenants.cache().clone(),
+        placements: placements.cache().clone(),
+        namespaces: namespaces.cache().clone(),
+        recorder: Recorder::new(o.client.clone(), NAME, o.runtime_metrics.clone()),
+        pending: Mutex::new(BTreeSet::new()),
+    });
+    {
+        let q = queue.clone();
+        let weak = Arc::downgrade(&p);
+        o.registry.on_event(move |e| {
+            let Some(p) = weak.upgrade() else { return };
+            match e {
+                RegistryEvent::Status(k) => {
+                    let kind = if k.resource == "tenants" {
+                        Kind::Tenant
+                    } else {
+                        Kind::Deployment
+                    };
+                    q.add(
+                        format!("{}:{}", kind.prefix(), k.object_key()),
+                        EventClass::Update,
+                    );
+                }
+                RegistryEvent::Shard(_) => {
+                    for key in p.pending.lock().iter() {
+                        q.add(key.clone(), EventClass::Update);
+                    }
+                    // A shard that joins holds every Tenant.
+                    for t in p.tenants.list() {
+                        q.add(
+                            format!("tenants:{}", key_of(&t.metadata)),
+                            EventClass::Resync,
+                        );
+                    }
+                }
+            }
+        });
+    }
+    let _tasks = Tasks(vec![
+        tokio::spawn(deployments.clone().run()),
+        tokio::spawn(tenants.clone().run()),
+        tokio::spawn(placements.clone().run()),
+        tokio::spawn(namespaces.clone().run()),
+    ]);
+    deployments.synced().await;
+    tenants.synced().await;
+    placements.synced().await;
+    namespaces.synced().await;
+    // Every object is assigned once before agents are told they hold all they should: an
+    // agent removes what it was not assigned since it connected.
+    for t in p.tenants.list() {
+        let _ = p
+            .reconcile(&format!("tenants:{}", key_of(&t.metadata)))
+            .await;
+    }
+    for d in p.deployments.list() {
+        let _ = p
+            .reconcile(&format!("deployments:{}", key_of(&d.metadata)))
+            .await;
+    }
+    o.registry.mark_synced();
+    tracing::info!("federation propagation synced");
+    controller::run(p, queue, o.workers, o.runtime_metrics).await;
+}
+
+/// The object as a shard should hold it: its identity, labels, annotations and spec — not
+/// the federation's bookkeeping (uid, resourceVersion, finalizers, status, decisions).
+pub fn manifest(obj: &Value, generation: i64, replicas: Option<u64>) -> Value {
+    let meta = &obj["metadata"];
+    let mut labels = meta["labels"].as_object().cloned().unwrap_or_default();
+    labels.insert(FEDERATED_LABEL.into(), json!("true"));
+    let mut annotations = meta["annotations"].as_object().cloned().unwrap_or_default();
+    annotations.remove(PLACEMENT_ANNOTATION);
+    annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    annotations.insert(GENERATION_ANNOTATION.into(), json!(generation.to_string()));
+    let mut m = json!({
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "metadata": {
+            "name": meta["name"],
+            "labels": labels,
+            "annotations": annotations,
+        },
+    });
+    if let Some(ns) = meta["namespace"].as_str() {
+        m["metadata"]["namespace"] = json!(ns);
+    }
+    if !obj["spec"].is_null() {
+        m["spec"] = obj["spec"].clone();
+    }
+    if let Some(n) = replicas {
+        m["spec"]["replicas"] = json!(n);
+    }
+    m
+}
+
+impl Propagation {
+    fn namespace_manifest(&self, ns: &str) -> Value {
+        let labels = self
+            .namespaces
+            .get(ns)
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default();
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}})
+    }
+
+    /// Removes the copies of a federated object being deleted, then its finalizer.
+    async fn finish_delete(
+        &self,
+        kind: Kind,
+        key: &str,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Result<Action, ReconcileError> {
+        let okey = kind.object_key(key);
+        self.pending
+            .lock()
+            .remove(&format!("{}:{key}", kind.prefix()));
+        let reports = self.registry.reports(&okey);
+        let mut waiting = Vec::new();
+        for (shard, r) in &reports {
+            self.registry.unassign(shard, &okey);
+            if r.is_some() && self.registry.is_ready(shard) {
+                waiting.push(shard.clone());
+            }
+        }
+        if !waiting.is_empty() {
+            tracing::debug!(key, ?waiting, "waiting for shards to remove their copies");
+            return Ok(Action::RequeueAfter(Duration::from_secs(5)));
+        }
+        let finalizers = meta.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(Action::Done);
+        }
+        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+        let patch =
+            json!({"metadata": {"finalizers": rest, "resourceVersion": meta.resource_version}});
+        let (ns, name) = key
+            .split_once('/')
+            .map_or((None, key), |(n, m)| (Some(n), m));
+        match self
+            .client
+            .patch(kind.resource(), ns, name, None, PatchType::Merge, &patch)
+            .await
+        {
+            Ok(_) => Ok(Action::Done),
+            Err(e) if e.code == 404 => Ok(Action::Done),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Adds the finalizer; true if it had to (the write's event brings the key back).
+    async fn ensure_finalizer(
+        &self,
+        kind: Kind,
+        key: &str,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Result<bool, ReconcileError> {
+        let mut finalizers = meta.finalizers.clone().unwrap_or_default();
+        if finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(false);
+        }
+        finalizers.push(FINALIZER.into());
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": meta.resource_version}});
+        let (ns, name) = key
+            .split_once('/')
+            .map_or((None, key), |(n, m)| (Some(n), m));
+        self.client
+            .patch(kind.resource(), ns, name, None, PatchType::Merge, &patch)
+            .await?;
+        Ok(true)
+    }
+
+    async fn tenant(&self, key: &str) -> Result<Action, ReconcileError> {
+        let Some(t) = self.tenants.get(key) else {
+            return Ok(Action::Done);
+        };
+        if t.metadata.deletion_timestamp.is_some() {
+            return self.finish_delete(Kind::Tenant, key, &t.metadata).await;
+        }
+        if self
+            .ensure_finalizer(Kind::Tenant, key, &t.metadata)
+            .await?
+        {
+            return Ok(Action::Done);
+        }
+        let obj =
+            serde_json::to_value(t.as_ref()).map_err(|e| ReconcileError::new(e.to_string()))?;
+        let mut m = manifest(&obj, t.metadata.generation.unwrap_or(1), None);
+        m["apiVersion"] = json!("tessera.io/v1alpha1");
+        m["kind"] = json!("Tenant");
+        let held = Held {
+            object: Arc::from(m.to_string().into_bytes()),
+            generation: t.metadata.generation.unwrap_or(1),
+            replicas: 0,
+            dependencies: Vec::new(),
+        };
+        let okey = Kind::Tenant.object_key(key);
+        for shard in self.registry.shard_names() {
+            self.registry.assign(&shard, &okey, held.clone());
+        }
+        Ok(Action::Done)
+    }
+
+    async fn deployment(&self, key: &str) -> Result<Action, ReconcileError> {
+        let Some(d) = self.deployments.get(key) else {
+            self.pending.lock().remove(&format!("deployments:{key}"));
+            return Ok(Action::Done);
+        };
+        let ns = d.metadata.namespace.clone().unwrap_or_default();
+        if SYSTEM_NAMESPACES.contains(&ns.as_str()) {
+            return Ok(Action::Done);
+        }
+        if d.metadata.deletion_timestamp.is_some() {
+            return self.finish_delete(Kind::Deployment, key, &d.metadata).await;
+        }
+        if self
+            .ensure_finalizer(Kind::Deployment, key, &d.metadata)
+            .await?
+        {
+            return Ok(Action::Done);
+        }
+        let generation = d.metadata.generation.unwrap_or(1);
+        let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u64;
+        let recorded: Recorded = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PLACEMENT_ANNOTATION))
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default();
+        let placements = self.placements.in_namespace(&ns);
+        let chosen = policy::choose(&placements, "apps/v1", "Deployment", &d.metadata);
+        let policy_id = chosen.map_or(String::new(), |p| {
+            format!(
+                "{}@{}",
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.metadata.resource_version.as_deref().unwrap_or_default()
+            )
+        });
+        let pol = policy::policy_of(chosen);
+        let template = serde_json::to_value(d.spec.as_ref().map(|s| &s.template.spec))
+            .map_err(|e| ReconcileError::new(e.to_string()))?;
+        let request = Request::of_pod_spec(&template);
+        let tenants = self.tenants.list();
+        let tenant = policy::tenant_of(&tenants, &ns).to_owned();
+        let same_request = recorded.request == request.describe();
+        let credit = if same_request {
+            recorded.shares.clone()
+        } else {
+            BTreeMap::new()
+        };
+        let still_good = recorded.generation == generation
+            && recorded.policy == policy_id
+            && recorded.unplaced == 0
+            && recorded.shares.keys().all(|s| self.registry.is_ready(s));
+        let decision = if still_good {
+            Decision {
+                shares: recorded.shares.clone(),
+                ..Default::default()
+            }
+        } else {
+            let started = Instant::now();
+            let w = Workload {
+                tenant: &tenant,
+                replicas,
+                request: &request,
+                current: &credit,
+            };
+            let (dec, total) = self.registry.place(&w, &pol);
+            if let Some(m) = self.registry.metrics() {
+                let mode = policy::mode_name(&pol.mode);
+                m.decision
+                    .with_label_values(&[mode])
+                    .observe(started.elapsed().as_secs_f64());
+                let outcome = if dec.unplaced == 0 {
+                    "placed"
+                } else if dec.shares.is_empty() {
+                    "pending"
+                } else {
+                    "partial"
+                };
+                m.placements.with_label_values(&[mode, outcome]).inc();
+                m.spilled_replicas.inc_by(dec.spilled);
+            }
+            tracing::info!(
+                tenant = %tenant, key, mode = policy::mode_name(&pol.mode),
+                shares = ?dec.shares, unplaced = dec.unplaced, spilled = dec.spilled,
+                "placed"
+            );
+            if dec.unplaced > 0 {
+                self.recorder.event(
+                    &ObjectRef::new("apps/v1", "Deployment", &d.metadata),
+                    EventType::Warning,
+                    "FailedPlacement",
+                    &dec.why_pending(total, &request),
+                );
+            }
+            dec
+        };
+        let why = if decision.unplaced > 0 {
+            decision.why_pending(self.registry.shard_names().len(), &request)
+        } else {
+            String::new()
+        };
+        {
+            let mut pending = self.pending.lock();
+            if decision.unplaced > 0 {
+                pending.insert(format!("deployments:{key}"));
+            } else {
+                pending.remove(&format!("deployments:{key}"));
+            }
+        }
+        // Tell the shards.
+        let obj =
+            serde_json::to_value(d.as_ref()).map_err(|e| ReconcileError::new(e.to_string()))?;
+        let mut obj = obj;
+        obj["apiVersion"] = json!("apps/v1");
+        obj["kind"] = json!("Deployment");
+        let okey = Kind::Deployment.object_key(key);
+        let ns_dep: Arc<[u8]> = Arc::from(self.namespace_manifest(&ns).to_string().into_bytes());
+        for (shard, n) in &decision.shares {
+            let m = manifest(&obj, generation, Some(*n));
+            self.registry.assign(
+                shard,
+                &okey,
+                Held {
+                    object: Arc::from(m.to_string().into_bytes()),
+                    generation,
+                    replicas: *n as i64,
+                    dependencies: vec![ns_dep.clone()],
+                },
+            );
+        }
+        let reports = self.registry.reports(&okey);
+        for shard in reports.keys() {
+            if !decision.shares.contains_key(shard) {
+                self.registry.unassign(shard, &okey);
+            }
+        }
+        // Record the decision.
+        let now_recorded = Recorded {
+            generation,
+            policy: policy_id,
+            shares: decision.shares.clone(),
+            unplaced: decision.unplaced,
+            why: why.clone(),
+            request: request.describe(),
+        };
+        let (ns_s, name) = key.split_once('/').unwrap_or(("", key));
+        if now_recorded != recorded {
+            let text = serde_json::to_string(&now_recorded)
+                .map_err(|e| ReconcileError::new(e.to_string()))?;
+            let patch = json!({"metadata": {"annotations": {PLACEMENT_ANNOTATION: text}}});
+            self.client
+                .patch(
+                    Kind::Deployment.resource(),
+                    Some(ns_s),
+                    name,
+                    None,
+                    PatchType::Merge,
+                    &patch,
+                )
+                .await?;
+        }
+        // Aggregate the shards' statuses.
+        let placed = Placed {
+            generation,
+            shares: decision
+                .shares
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            unplaced: decision.unplaced,
+            why,
+        };
+        let reports: Vec<(String, Option<tessera_registry::Reported>)> =
+            self.registry.reports(&okey).into_iter().collect();
+        let previous = obj["status"].clone();
+        let status = status::aggregate(&placed, &reports, &previous, &rfc3339(now_secs()));
+        if !same_status(&status, &previous) {
+            let patch = json!({"status": status});
+            match self
+                .client
+                .patch(
+                    Kind::Deployment.resource(),
+                    Some(ns_s),
+                    name,
+                    Some("status"),
+                    PatchType::Merge,
+                    &patch,
+                )
+                .await
+            {
+                Ok(_) | Err(tessera_client::status::ApiError { code: 404, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Action::Done)
+    }
+}
+
+/// Statuses equal but for the times conditions were written.
+fn same_status(a: &Value, b: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        for c in v["conditions"].as_array_mut().into_iter().flatten() {
+            c["lastUpdateTime"] = Value::Null;
+            c["lastTransitionTime"] = Value::Null;
+        }
+        v
+    };
+    strip(a) == strip(b)
+}
+
+#[async_trait]
+impl Reconciler for Propagation {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
+        let Some((kind, rest)) = Kind::parse(key) else {
+            return Ok(Action::Done);
+        };
+        match kind {
+            Kind::Deployment => self.deployment(rest).await,
+            Kind::Tenant => self.tenant(rest).await,
+        }
+    }
+}

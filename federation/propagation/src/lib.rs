@@ -1,0 +1,8 @@
+//! The federation's controllers on the runtime: placement of each workload applied at the
+//! federation, its propagation to the chosen shards, and its status aggregated back.
+
+pub mod controller;
+pub mod policy;
+pub mod status;
+
+pub use controller::{Options, run};

@@ -1,0 +1,255 @@
+//! From the federation's objects to placement's inputs: a namespace's tenant, the Placement
+//! that selects a workload, and that Placement as a [`Policy`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tessera_client::types::{Placement, Tenant};
+use tessera_placement::{Mode, Policy, Toleration};
+
+/// The tenant a namespace routes as: the Tenant that owns it, or — for a namespace no
+/// Tenant owns — a tenant of its own, named after it.
+pub fn tenant_of<'a>(tenants: &'a [std::sync::Arc<Tenant>], namespace: &'a str) -> &'a str {
+    for t in tenants {
+        let owns = t
+            .spec
+            .as_ref()
+            .and_then(|s| s.namespaces.as_ref())
+            .is_some_and(|ns| ns.iter().any(|n| n == namespace));
+        if owns && let Some(name) = t.metadata.name.as_deref() {
+            return name;
+        }
+    }
+    namespace
+}
+
+/// Whether `p` selects the workload of `kind` with `meta`.
+pub fn selects(p: &Placement, api_version: &str, kind: &str, meta: &ObjectMeta) -> bool {
+    let Some(spec) = &p.spec else { return false };
+    spec.resource_selectors.iter().any(|s| {
+        if s.api_version.as_deref().is_some_and(|v| v != api_version) {
+            return false;
+        }
+        if s.kind.as_deref().is_some_and(|k| k != kind) {
+            return false;
+        }
+        if s.name
+            .as_deref()
+            .is_some_and(|n| Some(n) != meta.name.as_deref())
+        {
+            return false;
+        }
+        if let Some(sel) = &s.label_selector {
+            let empty = BTreeMap::new();
+            let labels = meta.labels.as_ref().unwrap_or(&empty);
+            if let Some(ml) = &sel.match_labels
+                && ml.iter().any(|(k, v)| labels.get(k) != Some(v))
+            {
+                return false;
+            }
+            for e in sel.match_expressions.iter().flatten() {
+                let have = labels.get(&e.key);
+                let values = e.values.as_deref().unwrap_or(&[]);
+                let ok = match e.operator.as_str() {
+                    "In" => have.is_some_and(|v| values.contains(v)),
+                    "NotIn" => have.is_none_or(|v| !values.contains(v)),
+                    "Exists" => have.is_some(),
+                    "DoesNotExist" => have.is_none(),
+                    _ => false,
+                };
+                if !ok {
+                    return false;
+                }
+            }
+        }
+        true
+    })
+}
+
+/// The Placement of `placements` (one namespace's) that selects the workload: the one
+/// naming it, else the oldest that selects it, ties by name — so the choice is stable.
+pub fn choose<'a>(
+    placements: &'a [std::sync::Arc<Placement>],
+    api_version: &str,
+    kind: &str,
+    meta: &ObjectMeta,
+) -> Option<&'a Placement> {
+    let mut matching: Vec<&Placement> = placements
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| selects(p, api_version, kind, meta))
+        .collect();
+    matching.sort_by(|a, b| {
+        let by_name = |p: &Placement| {
+            p.spec.as_ref().is_some_and(|s| {
+                s.resource_selectors
+                    .iter()
+                    .any(|r| r.name.is_some() && r.name.as_deref() == meta.name.as_deref())
+            })
+        };
+        by_name(b)
+            .cmp(&by_name(a))
+            .then(
+                a.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+            )
+            .then(a.metadata.name.cmp(&b.metadata.name))
+    });
+    matching.into_iter().next()
+}
+
+/// A Placement as placement's [`Policy`] (none: the default, home with spill-over).
+pub fn policy_of(p: Option<&Placement>) -> Policy {
+    let Some(spec) = p.and_then(|p| p.spec.as_ref()) else {
+        return Policy::default();
+    };
+    let affinity = spec.shard_affinity.clone().unwrap_or_default();
+    let r = spec.replicas.clone().unwrap_or_default();
+    let mode = match (r.scheduling.as_deref(), r.division.as_deref()) {
+        (Some("Duplicated"), _) => Mode::Duplicated,
+        (Some("Whole"), _) => Mode::Whole,
+        (Some("Divided"), Some("Weighted")) => Mode::Weighted(
+            r.weights
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| (w.shard, w.weight.max(0) as u64))
+                .collect(),
+        ),
+        (Some("Divided"), _) => Mode::ByCapacity,
+        _ => Mode::Home,
+    };
+    Policy {
+        shard_names: affinity.shard_names.unwrap_or_default(),
+        shard_labels: affinity.match_labels.unwrap_or_default(),
+        tolerations: spec
+            .tolerations
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| Toleration {
+                key: t.key.unwrap_or_default(),
+                operator: t.operator.unwrap_or_else(|| "Equal".into()),
+                value: t.value.unwrap_or_default(),
+                effect: t.effect.unwrap_or_default(),
+            })
+            .collect(),
+        mode,
+    }
+}
+
+/// The name of a mode, for metrics and messages.
+pub fn mode_name(m: &Mode) -> &'static str {
+    match m {
+        Mode::Home => "home",
+        Mode::Duplicated => "duplicated",
+        Mode::Weighted(_) => "weighted",
+        Mode::ByCapacity => "capacity",
+        Mode::Whole => "whole",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tessera_client::types::{
+        PlacementSpec, ReplicaPlacement, ResourceSelector, ShardWeightEntry, TenantSpec,
+    };
+
+    use super::*;
+
+    fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn placement(name: &str, sel: ResourceSelector, r: ReplicaPlacement) -> Arc<Placement> {
+        Arc::new(Placement {
+            metadata: meta(name, &[]),
+            spec: Some(PlacementSpec {
+                resource_selectors: vec![sel],
+                replicas: Some(r),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_namespace_routes_as_its_tenant_or_as_itself() {
+        let t = Arc::new(Tenant {
+            metadata: meta("acme", &[]),
+            spec: Some(TenantSpec {
+                namespaces: Some(vec!["a1".into(), "a2".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let ts = vec![t];
+        assert_eq!(tenant_of(&ts, "a2"), "acme");
+        assert_eq!(tenant_of(&ts, "lonely"), "lonely");
+    }
+
+    #[test]
+    fn the_placement_naming_a_workload_wins_over_a_label_match() {
+        let by_label = placement(
+            "a-labels",
+            ResourceSelector {
+                label_selector: Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                        match_labels: Some([("app".into(), "web".into())].into()),
+                        ..Default::default()
+                    },
+                ),
+                ..Default::default()
+            },
+            ReplicaPlacement {
+                scheduling: Some("Duplicated".into()),
+                ..Default::default()
+            },
+        );
+        let by_name = placement(
+            "z-name",
+            ResourceSelector {
+                kind: Some("Deployment".into()),
+                name: Some("web".into()),
+                ..Default::default()
+            },
+            ReplicaPlacement {
+                scheduling: Some("Divided".into()),
+                division: Some("Weighted".into()),
+                weights: Some(vec![ShardWeightEntry {
+                    shard: "s1".into(),
+                    weight: 2,
+                }]),
+            },
+        );
+        let all = vec![by_label.clone(), by_name];
+        let m = meta("web", &[("app", "web")]);
+        let chosen = choose(&all, "apps/v1", "Deployment", &m).expect("one");
+        assert_eq!(chosen.metadata.name.as_deref(), Some("z-name"));
+        assert_eq!(
+            policy_of(Some(chosen)).mode,
+            Mode::Weighted([("s1".into(), 2)].into())
+        );
+        // Another Deployment with the label gets the label's placement; a StatefulSet of
+        // the same name is not selected by the kind-specific one.
+        let other = meta("api", &[("app", "web")]);
+        let chosen = choose(&all, "apps/v1", "Deployment", &other).expect("one");
+        assert_eq!(policy_of(Some(chosen)).mode, Mode::Duplicated);
+        let sts = meta("web", &[]);
+        assert!(choose(&all, "apps/v1", "StatefulSet", &sts).is_none());
+        assert_eq!(policy_of(None).mode, Mode::Home);
+    }
+}

@@ -1,0 +1,14 @@
+//! The federation's registry of shards: the gRPC endpoint their agents connect to (one
+//! stream per shard), each shard's lease, capacity summary and assignments, and the `Shard`
+//! and `ShardMap` objects that show it all through the federation's Kubernetes API.
+
+pub mod metrics;
+pub mod objects;
+pub mod registry;
+pub mod service;
+
+pub use metrics::FederationMetrics;
+pub use registry::{
+    Held, ObjectKey, RegisterError, Registry, RegistryConfig, RegistryEvent, Reported,
+};
+pub use service::FederationService;

@@ -1,0 +1,122 @@
+//! The federation's metrics (`tessera_federation_*`): shards by state, placements and
+//! spill-overs, map changes, summary age, propagation latency.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+/// Every federation metric of a process.
+#[derive(Clone)]
+pub struct FederationMetrics {
+    /// Shards by state (`ready`, `not_ready`).
+    pub shards: IntGaugeVec,
+    /// Placement decisions by mode and outcome (`placed`, `partial`, `pending`).
+    pub placements: IntCounterVec,
+    /// Replicas placed beyond a workload's first-choice shard.
+    pub spilled_replicas: IntCounter,
+    /// Changes of the shard map.
+    pub map_changes: IntCounter,
+    /// Tenants whose home shard changed with the map.
+    pub tenants_moved: IntCounter,
+    /// Age of each shard's last capacity summary.
+    pub summary_age: IntGaugeVec,
+    /// Summaries and other messages refused from shards, by reason.
+    pub refused: IntCounterVec,
+    /// Time from an assignment sent to a shard to the shard reporting the object applied.
+    pub propagation: Histogram,
+    /// Time to decide one placement.
+    pub decision: HistogramVec,
+    /// Assignments sent, by operation.
+    pub assignments: IntCounterVec,
+}
+
+impl FederationMetrics {
+    /// Creates and registers the metrics in `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<FederationMetrics> {
+        let m = FederationMetrics::unregistered()?;
+        registry.register(Box::new(m.shards.clone()))?;
+        registry.register(Box::new(m.placements.clone()))?;
+        registry.register(Box::new(m.spilled_replicas.clone()))?;
+        registry.register(Box::new(m.map_changes.clone()))?;
+        registry.register(Box::new(m.tenants_moved.clone()))?;
+        registry.register(Box::new(m.summary_age.clone()))?;
+        registry.register(Box::new(m.refused.clone()))?;
+        registry.register(Box::new(m.propagation.clone()))?;
+        registry.register(Box::new(m.decision.clone()))?;
+        registry.register(Box::new(m.assignments.clone()))?;
+        Ok(m)
+    }
+
+    /// Metrics no registry reads (tests, benchmarks).
+    pub fn unregistered() -> prometheus::Result<FederationMetrics> {
+        let fast = vec![
+            0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1,
+        ];
+        Ok(FederationMetrics {
+            shards: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_federation_shards",
+                    "Shards known to the federation, by state.",
+                ),
+                &["state"],
+            )?,
+            placements: IntCounterVec::new(
+                Opts::new(
+                    "tessera_federation_placements_total",
+                    "Placement decisions, by mode and outcome (placed, partial, pending).",
+                ),
+                &["mode", "outcome"],
+            )?,
+            spilled_replicas: IntCounter::new(
+                "tessera_federation_spilled_replicas_total",
+                "Replicas placed on a shard other than the workload's first choice.",
+            )?,
+            map_changes: IntCounter::new(
+                "tessera_federation_map_changes_total",
+                "New versions of the tenant to shard map.",
+            )?,
+            tenants_moved: IntCounter::new(
+                "tessera_federation_tenants_moved_total",
+                "Tenants with workloads whose home shard changed with a new map.",
+            )?,
+            summary_age: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_federation_summary_age_seconds",
+                    "Seconds since each shard's last capacity summary.",
+                ),
+                &["shard"],
+            )?,
+            refused: IntCounterVec::new(
+                Opts::new(
+                    "tessera_federation_refused_total",
+                    "Registrations and messages refused from shards' agents, by reason.",
+                ),
+                &["reason"],
+            )?,
+            propagation: Histogram::with_opts(
+                HistogramOpts::new(
+                    "tessera_federation_propagation_seconds",
+                    "From an assignment sent to a shard to the shard reporting the object applied.",
+                )
+                .buckets(vec![
+                    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+                ]),
+            )?,
+            decision: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_federation_decision_duration_seconds",
+                    "Time to decide one workload's placement, by mode.",
+                )
+                .buckets(fast),
+                &["mode"],
+            )?,
+            assignments: IntCounterVec::new(
+                Opts::new(
+                    "tessera_federation_assignments_total",
+                    "Assignments sent to shards, by operation.",
+                ),
+                &["op"],
+            )?,
+        })
+    }
+}

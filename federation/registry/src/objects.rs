@@ -1,0 +1,230 @@
+//! The registry as the federation's API shows it: a `Shard` object per shard (created when
+//! it first registers; its status written from the registry, its spec — cordon, taints,
+//! weight — read back into it) and the `ShardMap` object `default` with the map's version.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::{Value, json};
+use tessera_client::client::Client;
+use tessera_client::request::{PatchType, find_resource};
+use tessera_client::types::Shard;
+use tessera_core::time::{now_secs, rfc3339};
+use tessera_placement::Taint;
+use tessera_runtime::informer::{Informer, Scope};
+
+use crate::registry::{Registry, ShardView};
+
+/// How often Shard objects are brought up to date (only the changed ones are written).
+const PERIOD: Duration = Duration::from_secs(1);
+
+/// A status field's amount as a Kubernetes quantity.
+fn quantity(resource: &str, v: u64) -> Quantity {
+    Quantity(match resource {
+        "cpu" if v % 1000 == 0 => format!("{}", v / 1000),
+        "cpu" => format!("{v}m"),
+        "memory" | "ephemeral-storage" if v % (1 << 30) == 0 && v > 0 => {
+            format!("{}Gi", v >> 30)
+        }
+        "memory" | "ephemeral-storage" if v % (1 << 20) == 0 && v > 0 => {
+            format!("{}Mi", v >> 20)
+        }
+        "memory" | "ephemeral-storage" if v % (1 << 10) == 0 && v > 0 => {
+            format!("{}Ki", v >> 10)
+        }
+        _ => v.to_string(),
+    })
+}
+
+/// The status a Shard object shows for `v` (the lease's renew time is rounded to the
+/// lease's renew period by the caller, so that an idle shard is not rewritten every second).
+pub fn status_of(v: &ShardView, lease_seconds: u64, renewed: i64) -> Value {
+    let mut allocatable = BTreeMap::new();
+    let mut free = BTreeMap::new();
+    if let Some(s) = &v.summary {
+        for (i, r) in s.resources.iter().enumerate() {
+            allocatable.insert(r.clone(), quantity(r, s.allocatable[i]));
+            free.insert(r.clone(), quantity(r, s.free[i]));
+        }
+    }
+    let (reason, message) = if v.ready {
+        (
+            "LeaseHeld",
+            "the shard's agent is connected and renewing its lease".to_owned(),
+        )
+    } else if v.session.is_some() {
+        (
+            "LeaseExpired",
+            "the shard's agent stopped renewing its lease".to_owned(),
+        )
+    } else {
+        (
+            "Disconnected",
+            "the shard's agent is not connected; its lease runs out on its own".to_owned(),
+        )
+    };
+    json!({
+        "conditions": [{
+            "type": "Ready",
+            "status": if v.ready { "True" } else { "False" },
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": rfc3339(now_secs()),
+        }],
+        "nodes": v.summary.as_ref().map_or(0, |s| s.nodes),
+        "allocatable": allocatable,
+        "free": free,
+        "podsRunning": v.pods.0,
+        "podsPending": v.pods.1,
+        "slots": v.summary.as_ref().map_or(0, |s| s.slots.len()),
+        "summaryVersion": v.summary.as_ref().map_or(0, |s| s.version),
+        "lease": {
+            "holder": v.session.map(|s| format!("session-{s}")),
+            "leaseDurationSeconds": lease_seconds,
+            "renewTime": rfc3339(renewed),
+        },
+        "apiUrl": v.api_url,
+        "weight": v.weight,
+    })
+}
+
+/// Keeps Shard objects and the ShardMap in the federation's API in step with `registry`,
+/// and the registry in step with what admins write in Shard specs. Runs until dropped.
+pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
+    let shards = find_resource("tessera.io", "v1alpha1", "shards").expect("served");
+    let maps = find_resource("tessera.io", "v1alpha1", "shardmaps").expect("served");
+    let informer = Informer::<Shard>::new(client.clone(), shards, Scope::default(), None);
+    {
+        let registry = registry.clone();
+        informer.on_change(move |c| {
+            let s = c.object();
+            let Some(name) = s.metadata.name.as_deref() else {
+                return;
+            };
+            let spec = s.spec.clone().unwrap_or_default();
+            let taints = spec
+                .taints
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| Taint {
+                    key: t.key,
+                    value: t.value.unwrap_or_default(),
+                    effect: t.effect,
+                })
+                .collect();
+            registry.set_spec(
+                name,
+                spec.unschedulable.unwrap_or(false),
+                taints,
+                spec.weight.map(|w| w.clamp(1, 10_240) as u64),
+            );
+        });
+    }
+    let cache = informer.cache().clone();
+    let _watch = tessera_runtime::informer::Tasks(vec![tokio::spawn(informer.clone().run())]);
+    informer.synced().await;
+    // What was last written, per shard, to write only changes.
+    let mut written: BTreeMap<String, Value> = BTreeMap::new();
+    let mut map_written = 0u64;
+    let mut renewed: BTreeMap<String, (Option<u64>, i64)> = BTreeMap::new();
+    let lease = registry.config().lease.as_secs();
+    let renew = registry.config().renew.as_secs().max(1) as i64;
+    let mut tick = tokio::time::interval(PERIOD);
+    loop {
+        tick.tick().await;
+        registry.tick();
+        for v in registry.views() {
+            if cache.get(&v.name).is_none() && !written.contains_key(&v.name) {
+                let obj = json!({
+                    "apiVersion": "tessera.io/v1alpha1",
+                    "kind": "Shard",
+                    "metadata": {"name": v.name, "labels": v.labels},
+                    "spec": {},
+                });
+                match client.create(shards, None, &obj).await {
+                    Ok(_) => tracing::info!(shard = %v.name, "Shard object created"),
+                    Err(e) if e.code == 409 => {}
+                    Err(e) => {
+                        tracing::warn!(shard = %v.name, error = %e.message, "creating the Shard object");
+                        continue;
+                    }
+                }
+            } else if let Some(obj) = cache.get(&v.name) {
+                // Labels the agent registers with are laid over the object's (an admin's
+                // own labels stay).
+                let have = obj.metadata.labels.clone().unwrap_or_default();
+                if v.labels.iter().any(|(k, val)| have.get(k) != Some(val)) {
+                    let patch = json!({"metadata": {"labels": v.labels}});
+                    if let Err(e) = client
+                        .patch(shards, None, &v.name, None, PatchType::Merge, &patch)
+                        .await
+                    {
+                        tracing::warn!(shard = %v.name, error = %e.message, "labelling the Shard object");
+                    }
+                }
+            }
+            // The renew time shown moves in steps of the renew period while the lease is
+            // held by one session.
+            let now = now_secs();
+            let entry = renewed.entry(v.name.clone()).or_insert((None, now));
+            if v.ready && (entry.0 != v.session || now - entry.1 >= renew * 6) {
+                *entry = (v.session, now);
+            }
+            let status = status_of(&v, lease, entry.1);
+            let mut comparable = status.clone();
+            comparable["conditions"][0]["lastTransitionTime"] = Value::Null;
+            if written.get(&v.name) == Some(&comparable) {
+                continue;
+            }
+            let patch = json!({"status": status});
+            match client
+                .patch(
+                    shards,
+                    None,
+                    &v.name,
+                    Some("status"),
+                    PatchType::Merge,
+                    &patch,
+                )
+                .await
+            {
+                Ok(_) => {
+                    written.insert(v.name.clone(), comparable);
+                }
+                Err(e) => {
+                    tracing::debug!(shard = %v.name, error = %e.message, "writing the Shard status")
+                }
+            }
+        }
+        let (version, weights) = registry.map();
+        if version != map_written {
+            let body = json!({
+                "apiVersion": "tessera.io/v1alpha1",
+                "kind": "ShardMap",
+                "metadata": {"name": "default"},
+                "spec": {
+                    "version": version,
+                    "shards": weights.iter().map(|w| json!({"name": w.name, "weight": w.weight})).collect::<Vec<_>>(),
+                },
+            });
+            let mut req = tessera_client::request::ApiRequest::new(
+                tessera_client::request::Verb::Patch(PatchType::Apply),
+                maps,
+            );
+            req.name = Some("default".into());
+            req.params.field_manager = Some(tessera_client::types::FEDERATION_MANAGER.into());
+            req.params.force = true;
+            req.body = bytes_of(&body);
+            match client.call(req).await {
+                Ok(_) => map_written = version,
+                Err(e) => tracing::warn!(error = %e.message, "writing the ShardMap"),
+            }
+        }
+    }
+}
+
+fn bytes_of(v: &Value) -> bytes::Bytes {
+    bytes::Bytes::from(v.to_string())
+}

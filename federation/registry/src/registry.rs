@@ -1,0 +1,852 @@
+//! The shards the federation knows, in memory: each one's session and lease, its last
+//! capacity summary (with the federation's own reservations laid over it until the shard
+//! reports them), the assignments it holds and the status of what it runs. Placement reads
+//! one [`Snapshot`] of all of it, kept up to date in place rather than rebuilt per decision.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tessera_placement::{Decision, Policy, ShardMap, ShardState, ShardWeight, Snapshot, Workload};
+use tessera_placement::{Request, Summary};
+use tessera_proto::federation::v1 as pb;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::metrics::FederationMetrics;
+
+/// How the registry times leases and summaries.
+#[derive(Clone, Debug)]
+pub struct RegistryConfig {
+    /// How long a shard's lease runs from each renewal.
+    pub lease: Duration,
+    /// How often agents renew (a third of the lease by default).
+    pub renew: Duration,
+    /// A summary older than this is discounted: its shard gets no new work.
+    pub summary_stale: Duration,
+    /// The token shards' agents present to join.
+    pub join_token: String,
+}
+
+impl RegistryConfig {
+    /// A 15 s lease renewed every 5 s; summaries stale after 60 s.
+    pub fn new(join_token: impl Into<String>) -> Self {
+        RegistryConfig {
+            lease: Duration::from_secs(15),
+            renew: Duration::from_secs(5),
+            summary_stale: Duration::from_secs(60),
+            join_token: join_token.into(),
+        }
+    }
+}
+
+/// Names a federated object: group, version, resource (plural), namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// API group.
+    pub group: String,
+    /// Version.
+    pub version: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// Namespace ("" for cluster-scoped).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// The key of the wire form.
+    pub fn from_pb(k: &pb::ObjectKey) -> ObjectKey {
+        ObjectKey {
+            group: k.group.clone(),
+            version: k.version.clone(),
+            resource: k.resource.clone(),
+            namespace: k.namespace.clone(),
+            name: k.name.clone(),
+        }
+    }
+
+    /// The wire form.
+    pub fn to_pb(&self) -> pb::ObjectKey {
+        pb::ObjectKey {
+            group: self.group.clone(),
+            version: self.version.clone(),
+            resource: self.resource.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// `namespace/name` (or `name`), as controllers' work queues key objects.
+    pub fn object_key(&self) -> String {
+        if self.namespace.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}/{}", self.resource, self.group, self.object_key())
+    }
+}
+
+/// One object a shard should hold, as the federation last decided it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held {
+    /// The object to apply (JSON), scaled to the shard's share.
+    pub object: Arc<[u8]>,
+    /// The federation object's generation it was made from.
+    pub generation: i64,
+    /// The shard's share of the replicas.
+    pub replicas: i64,
+    /// Objects to apply first (namespace, ...).
+    pub dependencies: Vec<Arc<[u8]>>,
+}
+
+/// What a shard reports of one federated object it runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reported {
+    /// It exists in the shard.
+    pub present: bool,
+    /// The federation generation its copy was applied from.
+    pub federation_generation: i64,
+    /// The shard's controller has observed the copy's latest spec.
+    pub observed: bool,
+    /// Its status.
+    pub status: serde_json::Value,
+    /// Its `spec.replicas`.
+    pub replicas: i64,
+}
+
+/// Something that happened in the registry, for the controllers that act on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistryEvent {
+    /// A shard joined, left, became (not) ready, or reported new capacity.
+    Shard(String),
+    /// A shard reported the status of a federated object.
+    Status(ObjectKey),
+}
+
+struct Session {
+    id: u64,
+    tx: mpsc::UnboundedSender<pb::FederationMessage>,
+}
+
+/// Everything but the placement view of one shard.
+struct Entry {
+    labels: BTreeMap<String, String>,
+    api_url: String,
+    session: Option<Session>,
+    lease_until: Option<Instant>,
+    /// The summary as the shard sent it, and when.
+    reported: Option<(Summary, Instant)>,
+    pods: (u64, u64),
+    seq: u64,
+    /// Reservations made since the shard's summary: (the seq they ride on, request, count).
+    reservations: Vec<(u64, Vec<(String, u64)>, u64)>,
+    held: BTreeMap<ObjectKey, Held>,
+    statuses: BTreeMap<ObjectKey, Reported>,
+    /// When each (object, generation) was sent, for the propagation latency.
+    sent: HashMap<(ObjectKey, i64), Instant>,
+    spec_weight: Option<u64>,
+}
+
+impl Entry {
+    fn new() -> Entry {
+        Entry {
+            labels: BTreeMap::new(),
+            api_url: String::new(),
+            session: None,
+            lease_until: None,
+            reported: None,
+            pods: (0, 0),
+            seq: 0,
+            reservations: Vec::new(),
+            held: BTreeMap::new(),
+            statuses: BTreeMap::new(),
+            sent: HashMap::new(),
+            spec_weight: None,
+        }
+    }
+}
+
+/// A shard as the Shard object's status shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShardView {
+    /// The shard's name.
+    pub name: String,
+    /// Lease held.
+    pub ready: bool,
+    /// Its labels as registered.
+    pub labels: BTreeMap<String, String>,
+    /// Its API.
+    pub api_url: String,
+    /// The session holding the lease.
+    pub session: Option<u64>,
+    /// Its last summary as reported (without reservations).
+    pub summary: Option<Summary>,
+    /// Seconds since that summary.
+    pub summary_age: Option<Duration>,
+    /// Pods running and pending.
+    pub pods: (u64, u64),
+    /// Its virtual nodes on the map.
+    pub weight: u64,
+    /// Seconds of lease left.
+    pub lease_left: Option<Duration>,
+}
+
+struct Inner {
+    entries: BTreeMap<String, Entry>,
+    snapshot: Snapshot,
+    next_session: u64,
+    synced: bool,
+}
+
+/// Why a registration is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegisterError {
+    /// The token is not the federation's.
+    #[error(
+        "the join token is not this federation's: ask its admin for the token in its data directory (pki/join.token)"
+    )]
+    BadToken,
+    /// The name is not a DNS label.
+    #[error("shard name {name:?} is invalid: {why}")]
+    BadName {
+        /// The name.
+        name: String,
+        /// Why.
+        why: String,
+    },
+    /// A label is invalid.
+    #[error("label {key:?}: {why}")]
+    BadLabel {
+        /// The label key.
+        key: String,
+        /// Why.
+        why: String,
+    },
+    /// Another agent holds this name's lease.
+    #[error(
+        "shard {0:?} is already connected (its lease is held by another agent): give each shard its own name, or stop the other agent and wait for its lease to lapse"
+    )]
+    Duplicate(String),
+}
+
+/// The registry of shards.
+pub struct Registry {
+    config: RegistryConfig,
+    inner: Mutex<Inner>,
+    listeners: Mutex<Vec<Box<dyn Fn(&RegistryEvent) + Send + Sync>>>,
+    metrics: Option<FederationMetrics>,
+}
+
+/// The virtual nodes a shard of `cpu_milli` allocatable cpu gets: a quarter of the standard
+/// weight per 64 cores (at least one quarter), so a shard's weight moves only when its
+/// capacity changes by tens of cores, not with every node.
+pub fn weight_for_capacity(cpu_milli: u64) -> u64 {
+    let quarters = (cpu_milli / 64_000).max(1);
+    (quarters * tessera_placement::map::VNODES / 4).min(tessera_placement::map::MAX_VNODES)
+}
+
+/// A constant-time comparison of two tokens (a wrong guess learns nothing from the time).
+fn same_token(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(config: RegistryConfig, metrics: Option<FederationMetrics>) -> Arc<Registry> {
+        let map = ShardMap::new(0, &[]).expect("an empty map is valid");
+        Arc::new(Registry {
+            config,
+            inner: Mutex::new(Inner {
+                entries: BTreeMap::new(),
+                snapshot: Snapshot {
+                    map,
+                    shards: BTreeMap::new(),
+                },
+                next_session: 1,
+                synced: false,
+            }),
+            listeners: Mutex::new(Vec::new()),
+            metrics,
+        })
+    }
+
+    /// Its timings.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    /// Its metrics.
+    pub fn metrics(&self) -> Option<&FederationMetrics> {
+        self.metrics.as_ref()
+    }
+
+    /// Calls `f` on every event (from the task that caused it: `f` must be quick).
+    pub fn on_event(&self, f: impl Fn(&RegistryEvent) + Send + Sync + 'static) {
+        self.listeners.lock().push(Box::new(f));
+    }
+
+    fn emit(&self, e: RegistryEvent) {
+        for f in self.listeners.lock().iter() {
+            f(&e);
+        }
+    }
+
+    /// Registers shard `name`'s agent: a new session that holds the shard's lease, and the
+    /// channel its assignments go out on. Refused if the token is wrong, the name or a label
+    /// invalid, or another agent holds the name's lease.
+    pub fn register(
+        &self,
+        reg: &pb::Register,
+    ) -> Result<(u64, mpsc::UnboundedReceiver<pb::FederationMessage>), RegisterError> {
+        if !same_token(&reg.token, &self.config.join_token) {
+            return Err(RegisterError::BadToken);
+        }
+        if let Some(why) = tessera_core::names::dns1123_label(&reg.name) {
+            return Err(RegisterError::BadName {
+                name: reg.name.clone(),
+                why,
+            });
+        }
+        for (k, v) in &reg.labels {
+            if let Some(why) = tessera_core::names::qualified_name(k)
+                .or_else(|| tessera_core::names::label_value(v))
+            {
+                return Err(RegisterError::BadLabel {
+                    key: k.clone(),
+                    why,
+                });
+            }
+        }
+        let now = Instant::now();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = {
+            let mut inner = self.inner.lock();
+            let id = inner.next_session;
+            let entry = inner
+                .entries
+                .entry(reg.name.clone())
+                .or_insert_with(Entry::new);
+            let held_by_other = entry.session.as_ref().is_some_and(|s| !s.tx.is_closed())
+                && entry.lease_until.is_some_and(|t| t > now);
+            if held_by_other {
+                return Err(RegisterError::Duplicate(reg.name.clone()));
+            }
+            entry.labels = reg.labels.clone().into_iter().collect();
+            entry.api_url = reg.api_url.clone();
+            entry.session = Some(Session { id, tx: tx.clone() });
+            entry.lease_until = Some(now + self.config.lease);
+            // The agent re-applies from scratch: every held object goes out again.
+            let _ = tx.send(pb::FederationMessage {
+                message: Some(pb::federation_message::Message::Registered(
+                    pb::Registered {
+                        lease_seconds: self.config.lease.as_secs() as u32,
+                        renew_seconds: self.config.renew.as_secs().max(1) as u32,
+                    },
+                )),
+            });
+            let synced = inner.synced;
+            let entry = inner.entries.get_mut(&reg.name).expect("inserted above");
+            let held: Vec<(ObjectKey, Held)> = entry
+                .held
+                .iter()
+                .map(|(k, h)| (k.clone(), h.clone()))
+                .collect();
+            for (k, h) in held {
+                entry.seq += 1;
+                let msg = apply_message(entry.seq, &k, &h);
+                entry.sent.insert((k.clone(), h.generation), now);
+                let _ = tx.send(msg);
+            }
+            if synced {
+                entry.seq += 1;
+                let _ = tx.send(synced_message(entry.seq));
+            }
+            inner.next_session += 1;
+            self.refresh(&mut inner, &reg.name, now);
+            self.rebuild_map(&mut inner);
+            id
+        };
+        tracing::info!(shard = %reg.name, session = id, "shard registered");
+        self.count_states();
+        self.emit(RegistryEvent::Shard(reg.name.clone()));
+        Ok((id, rx))
+    }
+
+    /// Renews `name`'s lease if `session` still holds it.
+    pub fn renew(&self, name: &str, session: u64) -> bool {
+        let now = Instant::now();
+        let became_ready = {
+            let mut inner = self.inner.lock();
+            let Some(e) = inner.entries.get_mut(name) else {
+                return false;
+            };
+            if e.session.as_ref().map(|s| s.id) != Some(session) {
+                return false;
+            }
+            let was = e.lease_until.is_some_and(|t| t > now);
+            e.lease_until = Some(now + self.config.lease);
+            if !was {
+                self.refresh(&mut inner, name, now);
+            }
+            !was
+        };
+        if became_ready {
+            self.count_states();
+            self.emit(RegistryEvent::Shard(name.to_owned()));
+        }
+        true
+    }
+
+    /// Ends `session` of `name` (its stream closed): the shard takes no new work until its
+    /// agent connects again. Its lease runs out on its own.
+    pub fn disconnect(&self, name: &str, session: u64) {
+        let now = Instant::now();
+        {
+            let mut inner = self.inner.lock();
+            let Some(e) = inner.entries.get_mut(name) else {
+                return;
+            };
+            if e.session.as_ref().map(|s| s.id) != Some(session) {
+                return;
+            }
+            e.session = None;
+            self.refresh(&mut inner, name, now);
+        }
+        tracing::warn!(shard = %name, session, "shard disconnected");
+        self.count_states();
+        self.emit(RegistryEvent::Shard(name.to_owned()));
+    }
+
+    /// Takes a capacity summary from `session` of `name`, or says why it is refused (the
+    /// session is then ended by the caller).
+    pub fn summary(&self, name: &str, session: u64, s: &pb::CapacitySummary) -> Result<(), String> {
+        let summary = Summary {
+            resources: s.resources.clone(),
+            allocatable: s.allocatable.clone(),
+            free: s.free.clone(),
+            slots: s
+                .slots
+                .iter()
+                .map(|x| tessera_placement::Slot {
+                    free: x.free.clone(),
+                    count: x.count,
+                })
+                .collect(),
+            nodes: s.nodes,
+            version: s.version,
+        };
+        summary.validate()?;
+        let now = Instant::now();
+        {
+            let mut inner = self.inner.lock();
+            let Some(e) = inner.entries.get_mut(name) else {
+                return Err("not registered".into());
+            };
+            if e.session.as_ref().map(|x| x.id) != Some(session) {
+                return Ok(());
+            }
+            if let Some((old, _)) = &e.reported
+                && old.version >= summary.version
+                && old.version != 0
+            {
+                // Repeated or out of order: the newer one stands.
+                return Ok(());
+            }
+            e.reservations
+                .retain(|(seq, _, _)| *seq > s.assignments_seen);
+            e.reported = Some((summary, now));
+            e.pods = (s.pods_running, s.pods_pending);
+            self.refresh(&mut inner, name, now);
+            self.rebuild_map(&mut inner);
+        }
+        self.emit(RegistryEvent::Shard(name.to_owned()));
+        Ok(())
+    }
+
+    /// Takes a federated object's status from `name`.
+    pub fn status(&self, name: &str, session: u64, st: &pb::ObjectStatus) -> Result<(), String> {
+        let Some(k) = st.key.as_ref() else {
+            return Err("an object status without a key".into());
+        };
+        let key = ObjectKey::from_pb(k);
+        let status: serde_json::Value = if st.status_json.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&st.status_json)
+                .map_err(|e| format!("the status of {key} is not JSON: {e}"))?
+        };
+        {
+            let mut inner = self.inner.lock();
+            let Some(e) = inner.entries.get_mut(name) else {
+                return Err("not registered".into());
+            };
+            if e.session.as_ref().map(|x| x.id) != Some(session) {
+                return Ok(());
+            }
+            if st.present
+                && let Some(at) = e.sent.remove(&(key.clone(), st.federation_generation))
+                && let Some(m) = &self.metrics
+            {
+                m.propagation.observe(at.elapsed().as_secs_f64());
+            }
+            let r = Reported {
+                present: st.present,
+                federation_generation: st.federation_generation,
+                observed: st.observed,
+                status,
+                replicas: st.replicas,
+            };
+            if st.present {
+                e.statuses.insert(key.clone(), r);
+            } else {
+                e.statuses.remove(&key);
+            }
+        }
+        self.emit(RegistryEvent::Status(key));
+        Ok(())
+    }
+
+    /// Marks that every federated object has been assigned once since the federation
+    /// started: from now on agents are told `Synced` and may remove leftovers.
+    pub fn mark_synced(&self) {
+        let mut inner = self.inner.lock();
+        if inner.synced {
+            return;
+        }
+        inner.synced = true;
+        for e in inner.entries.values_mut() {
+            if let Some(s) = &e.session {
+                e.seq += 1;
+                let _ = s.tx.send(synced_message(e.seq));
+            }
+        }
+    }
+
+    /// Makes `shard` hold `key` as `held`; sends it if it changed and the shard is connected.
+    pub fn assign(&self, shard: &str, key: &ObjectKey, held: Held) {
+        let mut inner = self.inner.lock();
+        let e = inner
+            .entries
+            .entry(shard.to_owned())
+            .or_insert_with(Entry::new);
+        if e.held.get(key) == Some(&held) {
+            return;
+        }
+        e.seq += 1;
+        if let Some(s) = &e.session {
+            let _ = s.tx.send(apply_message(e.seq, key, &held));
+            e.sent
+                .insert((key.clone(), held.generation), Instant::now());
+            if let Some(m) = &self.metrics {
+                m.assignments.with_label_values(&["apply"]).inc();
+            }
+        }
+        e.held.insert(key.clone(), held);
+    }
+
+    /// Makes `shard` drop `key`.
+    pub fn unassign(&self, shard: &str, key: &ObjectKey) {
+        let mut inner = self.inner.lock();
+        let Some(e) = inner.entries.get_mut(shard) else {
+            return;
+        };
+        let had = e.held.remove(key).is_some();
+        let reported = e.statuses.contains_key(key);
+        if !had && !reported {
+            return;
+        }
+        e.seq += 1;
+        if let Some(s) = &e.session {
+            let _ = s.tx.send(pb::FederationMessage {
+                message: Some(pb::federation_message::Message::Assignment(
+                    pb::Assignment {
+                        seq: e.seq,
+                        op: pb::assignment::Op::Delete as i32,
+                        key: Some(key.to_pb()),
+                        ..Default::default()
+                    },
+                )),
+            });
+            if let Some(m) = &self.metrics {
+                m.assignments.with_label_values(&["delete"]).inc();
+            }
+        }
+    }
+
+    /// Where `key` is held, and what each of those shards (and any other that still runs a
+    /// copy) reports of it.
+    pub fn reports(&self, key: &ObjectKey) -> BTreeMap<String, Option<Reported>> {
+        let inner = self.inner.lock();
+        let mut out = BTreeMap::new();
+        for (name, e) in &inner.entries {
+            let status = e.statuses.get(key).cloned();
+            if e.held.contains_key(key) || status.is_some() {
+                out.insert(name.clone(), status);
+            }
+        }
+        out
+    }
+
+    /// Decides where `w` goes under `policy` on the current snapshot and reserves what it
+    /// takes, so the next decision does not count the same room twice.
+    pub fn place(&self, w: &Workload<'_>, policy: &Policy) -> (Decision, usize) {
+        let mut inner = self.inner.lock();
+        let d = inner.snapshot.place(w, policy);
+        inner.snapshot.commit(w, &d);
+        for (name, n) in &d.shares {
+            let extra = n.saturating_sub(w.current.get(name).copied().unwrap_or(0));
+            if extra == 0 {
+                continue;
+            }
+            if let Some(e) = inner.entries.get_mut(name) {
+                // The reservation rides on the next assignment to this shard.
+                e.reservations
+                    .push((e.seq + 1, w.request.amounts.clone(), extra));
+            }
+        }
+        let total = inner.snapshot.shards.len();
+        (d, total)
+    }
+
+    /// The shards in `tenant`'s order of preference.
+    pub fn preference(&self, tenant: &str) -> Vec<String> {
+        let inner = self.inner.lock();
+        inner
+            .snapshot
+            .map
+            .preference(tenant)
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The names of the shards known.
+    pub fn shard_names(&self) -> Vec<String> {
+        self.inner.lock().entries.keys().cloned().collect()
+    }
+
+    /// Whether `name` is known and ready.
+    pub fn is_ready(&self, name: &str) -> bool {
+        self.inner
+            .lock()
+            .snapshot
+            .shards
+            .get(name)
+            .is_some_and(|s| s.ready)
+    }
+
+    /// Every shard as its Shard object shows it.
+    pub fn views(&self) -> Vec<ShardView> {
+        let inner = self.inner.lock();
+        let now = Instant::now();
+        inner
+            .entries
+            .iter()
+            .map(|(name, e)| ShardView {
+                name: name.clone(),
+                ready: inner.snapshot.shards.get(name).is_some_and(|s| s.ready),
+                labels: e.labels.clone(),
+                api_url: e.api_url.clone(),
+                session: e.session.as_ref().map(|s| s.id),
+                summary: e.reported.as_ref().map(|(s, _)| s.clone()),
+                summary_age: e
+                    .reported
+                    .as_ref()
+                    .map(|(_, at)| now.saturating_duration_since(*at)),
+                pods: e.pods,
+                weight: inner
+                    .snapshot
+                    .map
+                    .shards()
+                    .iter()
+                    .find(|w| &w.name == name)
+                    .map_or(0, |w| w.weight),
+                lease_left: e.lease_until.map(|t| t.saturating_duration_since(now)),
+            })
+            .collect()
+    }
+
+    /// The current map's version and its shards' weights.
+    pub fn map(&self) -> (u64, Vec<ShardWeight>) {
+        let inner = self.inner.lock();
+        (
+            inner.snapshot.map.version(),
+            inner.snapshot.map.shards().to_vec(),
+        )
+    }
+
+    /// Sets what the Shard object's spec says: cordon, taints, weight.
+    pub fn set_spec(
+        &self,
+        name: &str,
+        unschedulable: bool,
+        taints: Vec<tessera_placement::Taint>,
+        weight: Option<u64>,
+    ) {
+        let changed = {
+            let mut inner = self.inner.lock();
+            let Some(e) = inner.entries.get_mut(name) else {
+                return;
+            };
+            e.spec_weight = weight;
+            let state = inner.snapshot.shards.entry(name.to_owned()).or_default();
+            let changed = state.unschedulable != unschedulable || state.taints != taints;
+            state.unschedulable = unschedulable;
+            state.taints = taints;
+            self.rebuild_map(&mut inner);
+            changed
+        };
+        if changed {
+            self.emit(RegistryEvent::Shard(name.to_owned()));
+        }
+    }
+
+    /// Looks at every lease and summary age: shards whose lease lapsed or whose summary went
+    /// stale stop taking new work. Run every second or so.
+    pub fn tick(&self) {
+        let now = Instant::now();
+        let mut changed = Vec::new();
+        {
+            let mut inner = self.inner.lock();
+            let names: Vec<String> = inner.entries.keys().cloned().collect();
+            for name in names {
+                let before = inner.snapshot.shards.get(&name).map(|s| (s.ready, s.stale));
+                self.refresh(&mut inner, &name, now);
+                let after = inner.snapshot.shards.get(&name).map(|s| (s.ready, s.stale));
+                if before != after {
+                    changed.push(name.clone());
+                }
+                if let Some(m) = &self.metrics
+                    && let Some((_, at)) = &inner.entries[&name].reported
+                {
+                    m.summary_age
+                        .with_label_values(&[&name])
+                        .set(now.saturating_duration_since(*at).as_secs() as i64);
+                }
+            }
+        }
+        if !changed.is_empty() {
+            self.count_states();
+        }
+        for name in changed {
+            tracing::info!(shard = %name, ready = self.is_ready(&name), "shard state changed");
+            self.emit(RegistryEvent::Shard(name));
+        }
+    }
+
+    fn count_states(&self) {
+        let Some(m) = &self.metrics else { return };
+        let inner = self.inner.lock();
+        let ready = inner.snapshot.shards.values().filter(|s| s.ready).count();
+        m.shards.with_label_values(&["ready"]).set(ready as i64);
+        m.shards
+            .with_label_values(&["not_ready"])
+            .set((inner.snapshot.shards.len() - ready) as i64);
+    }
+
+    /// Brings the placement view of `name` up to date with its entry.
+    fn refresh(&self, inner: &mut Inner, name: &str, now: Instant) {
+        let Some(e) = inner.entries.get(name) else {
+            return;
+        };
+        let ready = e.session.is_some() && e.lease_until.is_some_and(|t| t > now);
+        let stale = e
+            .reported
+            .as_ref()
+            .is_none_or(|(_, at)| now.saturating_duration_since(*at) > self.config.summary_stale);
+        let mut summary = e.reported.as_ref().map(|(s, _)| s.clone());
+        if let Some(s) = summary.as_mut() {
+            for (_, amounts, n) in &e.reservations {
+                let req = Request {
+                    amounts: amounts.clone(),
+                };
+                if let Ok(v) = req.vector_for(s) {
+                    s.reserve(&v, *n);
+                }
+            }
+        }
+        let labels = e.labels.clone();
+        let state = inner
+            .snapshot
+            .shards
+            .entry(name.to_owned())
+            .or_insert_with(ShardState::default);
+        state.ready = ready;
+        state.stale = stale;
+        state.labels = labels;
+        // A summary's reservations are laid over it only when it is new: between summaries
+        // the snapshot's own commits keep it current.
+        if summary.as_ref().map(|s| s.version) != state.summary.as_ref().map(|s| s.version)
+            || state.summary.is_none()
+        {
+            state.summary = summary;
+        }
+    }
+
+    /// Rebuilds the map if the shards or their weights changed; counts tenants... moved.
+    fn rebuild_map(&self, inner: &mut Inner) {
+        let weights: Vec<ShardWeight> = inner
+            .entries
+            .iter()
+            .map(|(name, e)| {
+                let cpu = e
+                    .reported
+                    .as_ref()
+                    .map_or(0, |(s, _)| s.allocatable.first().copied().unwrap_or(0));
+                ShardWeight::new(
+                    name.clone(),
+                    e.spec_weight.unwrap_or_else(|| weight_for_capacity(cpu)),
+                )
+            })
+            .collect();
+        if weights.as_slice() == inner.snapshot.map.shards() {
+            return;
+        }
+        let version = inner.snapshot.map.version() + 1;
+        match ShardMap::new(version, &weights) {
+            Ok(map) => {
+                tracing::info!(version, shards = weights.len(), "new shard map");
+                inner.snapshot.map = map;
+                if let Some(m) = &self.metrics {
+                    m.map_changes.inc();
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "the shard map cannot be built"),
+        }
+    }
+}
+
+fn apply_message(seq: u64, key: &ObjectKey, h: &Held) -> pb::FederationMessage {
+    pb::FederationMessage {
+        message: Some(pb::federation_message::Message::Assignment(
+            pb::Assignment {
+                seq,
+                op: pb::assignment::Op::Apply as i32,
+                key: Some(key.to_pb()),
+                object_json: h.object.to_vec(),
+                generation: h.generation,
+                replicas: h.replicas,
+                dependencies_json: h.dependencies.iter().map(|d| d.to_vec()).collect(),
+            },
+        )),
+    }
+}
+
+fn synced_message(seq: u64) -> pb::FederationMessage {
+    pb::FederationMessage {
+        message: Some(pb::federation_message::Message::Synced(pb::Synced { seq })),
+    }
+}

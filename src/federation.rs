@@ -1,0 +1,283 @@
+//! The federation as processes: `tessera federation` (its own store and Kubernetes API, the
+//! gRPC endpoint shards' agents connect to, the propagation controller, `/metrics`),
+//! `tessera join` (a shard's federation agent against the shard's API), and the federation
+//! with N shards in one process that `tessera up --shards N` runs.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tessera_apiserver::client::{Client, HttpClient};
+use tessera_federation_agent::AgentConfig;
+use tessera_registry::{FederationMetrics, FederationService, Registry, RegistryConfig};
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+use crate::up::{Shard, UpArgs};
+
+/// Flags of the federation's lease.
+#[derive(Args, Debug, Clone)]
+pub struct LeaseArgs {
+    /// Seconds a shard's lease runs from each renewal by its agent.
+    #[arg(long, default_value_t = 15)]
+    pub shard_lease_seconds: u64,
+}
+
+/// A running federation control plane.
+pub struct Federation {
+    /// Its API server, store and metrics (the same parts a shard's API runs on).
+    pub api: Shard,
+    /// Where shards' agents connect (`https://…`).
+    pub grpc_url: String,
+    /// The token they present.
+    pub join_token: String,
+}
+
+/// The join token of the federation in `data_dir` (made once, kept in `pki/join.token`).
+pub fn join_token(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join("pki/join.token");
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        return Ok(t.trim().to_owned());
+    }
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::create_dir_all(data_dir.join("pki"))?;
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(token.as_bytes())?;
+    }
+    Ok(token)
+}
+
+/// Starts the federation: its API on `args` (store, TLS, kubeconfig in its data dir), the
+/// gRPC endpoint on `args.grpc_addr` (TLS with the API's certificate), the Shard objects'
+/// writer and the propagation controller.
+pub async fn start(args: &UpArgs, lease: &LeaseArgs) -> anyhow::Result<Federation> {
+    let api = crate::up::start(args).await?;
+    let metrics = FederationMetrics::register(&api.registry)?;
+    let token = join_token(&args.data_dir)?;
+    let mut config = RegistryConfig::new(token.clone());
+    if lease.shard_lease_seconds < 3 {
+        anyhow::bail!("--shard-lease-seconds must be at least 3");
+    }
+    config.lease = Duration::from_secs(lease.shard_lease_seconds);
+    config.renew = Duration::from_secs((lease.shard_lease_seconds / 3).max(1));
+    let registry = Registry::new(config, Some(metrics));
+    let credentials =
+        tessera_apiserver::pki::Credentials::load_or_create(&args.data_dir.join("pki"))?;
+    let listener = tokio::net::TcpListener::bind(args.grpc_addr)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "binding the federation's gRPC endpoint {}: {e}",
+                args.grpc_addr
+            )
+        })?;
+    let grpc_addr = listener.local_addr()?;
+    let health = crate::health::service(api.store.clone());
+    let server = Server::builder()
+        .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(
+            &credentials.cert_pem,
+            &credentials.key_pem,
+        )))?
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(FederationService::server(registry.clone()))
+        .add_service(health)
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "the federation's gRPC endpoint stopped");
+        }
+    });
+    let client = api.component_client("federation");
+    tokio::spawn(tessera_registry::objects::run(
+        registry.clone(),
+        client.clone(),
+    ));
+    let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&api.registry)?;
+    let queues = tessera_runtime::metrics::QueueMetrics::register(&api.registry)?;
+    tokio::spawn(tessera_propagation::run(tessera_propagation::Options {
+        client,
+        registry,
+        workers: 4,
+        queue_metrics: Some(queues),
+        runtime_metrics: Some(runtime),
+    }));
+    Ok(Federation {
+        api,
+        grpc_url: format!("https://{grpc_addr}"),
+        join_token: token,
+    })
+}
+
+/// Flags of `tessera federation`.
+#[derive(Args, Debug)]
+pub struct FederationArgs {
+    #[command(flatten)]
+    pub base: UpArgs,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+}
+
+/// `tessera federation`: the federation control plane alone, until Ctrl-C.
+pub async fn run(args: FederationArgs) -> anyhow::Result<()> {
+    let f = start(&args.base, &args.lease).await?;
+    println!("Tessera federation is up.");
+    println!(
+        "  api:      https://{} (kubectl: {})",
+        f.api.api_addr,
+        f.api.kubeconfig.display()
+    );
+    println!("  grpc:     {} (shards' agents join here)", f.grpc_url);
+    println!("  metrics:  http://{}/metrics", f.api.metrics_addr);
+    println!(
+        "  join:     tessera join --federation {} --federation-ca {} --token-file {} --name NAME --kubeconfig SHARD_KUBECONFIG",
+        f.grpc_url,
+        args.base.data_dir.join("pki/ca.crt").display(),
+        args.base.data_dir.join("pki/join.token").display()
+    );
+    println!("Press Ctrl-C to stop.");
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
+
+/// Flags of `tessera join`.
+#[derive(Args, Debug)]
+pub struct JoinArgs {
+    /// The federation's gRPC endpoint (`https://127.0.0.1:9465`).
+    #[arg(long)]
+    pub federation: String,
+    /// The federation's join token.
+    #[arg(
+        long,
+        env = "TESSERA_JOIN_TOKEN",
+        required_unless_present = "token_file"
+    )]
+    pub token: Option<String>,
+    /// A file holding the join token (the federation's `pki/join.token`).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// The CA (PEM) that signs the federation's certificate (the federation's `pki/ca.crt`).
+    #[arg(long)]
+    pub federation_ca: PathBuf,
+    /// This shard's name in the federation (a DNS label).
+    #[arg(long)]
+    pub name: String,
+    /// This shard's labels: `region=eu,zone=a`.
+    #[arg(long, default_value = "")]
+    pub labels: String,
+    /// The shard's kubeconfig (what the agent applies with).
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// Address of this process's `/metrics`.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// `key=value,key=value` as a map.
+pub fn parse_labels(s: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = part.split_once('=') else {
+            anyhow::bail!("--labels: {part:?} is not key=value");
+        };
+        if let Some(why) = tessera_core::names::qualified_name(k) {
+            anyhow::bail!("--labels: key {k:?}: {why}");
+        }
+        if let Some(why) = tessera_core::names::label_value(v) {
+            anyhow::bail!("--labels: value {v:?} of {k}: {why}");
+        }
+        out.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(out)
+}
+
+/// `tessera join`: the shard's federation agent, until Ctrl-C or a refusal.
+pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .map_err(|e| anyhow::anyhow!("reading --token-file {}: {e}", f.display()))?
+            .trim()
+            .to_owned(),
+        (None, None) => anyhow::bail!("--token or --token-file is required"),
+    };
+    let ca = std::fs::read_to_string(&args.federation_ca).map_err(|e| {
+        anyhow::anyhow!(
+            "reading --federation-ca {}: {e}",
+            args.federation_ca.display()
+        )
+    })?;
+    let http = HttpClient::from_kubeconfig(&args.kubeconfig)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let api_url = http.server().to_owned();
+    let client: Arc<dyn Client> = tessera_runtime::client::Retrying::wrap(Arc::new(http));
+    let registry = prometheus::Registry::new();
+    let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&registry)?;
+    let addr = crate::metrics_server::serve(args.metrics_addr, registry).await?;
+    tracing::info!(metrics = %addr, "serving metrics");
+    let mut config = AgentConfig::new(&args.federation, &ca, &token, &args.name);
+    config.labels = parse_labels(&args.labels)?;
+    config.api_url = api_url;
+    tokio::select! {
+        r = tessera_federation_agent::run(config, client, Some(runtime)) => r.map_err(|e| anyhow::anyhow!("{e}")),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
+/// Starts shard `shard`'s federation agent in this process, against its in-process API.
+pub fn start_agent(
+    shard: &Shard,
+    name: &str,
+    federation_url: &str,
+    federation_ca: &str,
+    token: &str,
+    labels: BTreeMap<String, String>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let client = shard.component_client("federation-agent");
+    let mut config = AgentConfig::new(federation_url, federation_ca, token, name);
+    config.labels = labels;
+    config.api_url = format!("https://{}", shard.api_addr);
+    let runtime = tessera_runtime::metrics::RuntimeMetrics::unregistered()?;
+    let name = name.to_owned();
+    Ok(tokio::spawn(async move {
+        if let Err(e) = tessera_federation_agent::run(config, client, Some(runtime)).await {
+            tracing::error!(shard = %name, error = %e, "the shard's federation agent stopped");
+        }
+    }))
+}
+
+/// A kubeconfig with a context per control plane (`federation`, `shard-0`, …), the first
+/// current.
+pub fn kubeconfig(contexts: &[(String, String, String, String)]) -> String {
+    use base64::Engine;
+    let mut clusters = String::new();
+    let mut ctxs = String::new();
+    let mut users = String::new();
+    for (name, server, ca, token) in contexts {
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+        clusters.push_str(&format!(
+            "- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n"
+        ));
+        ctxs.push_str(&format!(
+            "- name: {name}\n  context:\n    cluster: {name}\n    user: {name}-admin\n"
+        ));
+        users.push_str(&format!(
+            "- name: {name}-admin\n  user:\n    token: {token}\n"
+        ));
+    }
+    let current = contexts.first().map_or("", |c| c.0.as_str());
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n{clusters}contexts:\n{ctxs}current-context: {current}\nusers:\n{users}"
+    )
+}

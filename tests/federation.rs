@@ -1,0 +1,415 @@
+//! The federation end to end with the real kubectl: `tessera up --shards 3` (a federation
+//! and three shards in one process, each shard with its own store, API, controllers,
+//! scheduler and simulated nodes), and the federation and a shard as separate processes
+//! joined by `tessera join`.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+mod support;
+
+use support::{Cluster, Running, free_addr, wait_for};
+
+const SHARDS: [&str; 3] = ["shard-0", "shard-1", "shard-2"];
+
+/// `spec.replicas` of `ns/name` in shard `ctx` (none if it is not there).
+fn replicas_in(c: &Cluster, ctx: &str, ns: &str, name: &str) -> Option<u64> {
+    let out = c.kubectl(&[
+        "--context",
+        ctx,
+        "get",
+        "deploy",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ]);
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+fn spread(c: &Cluster, ns: &str, name: &str) -> Vec<Option<u64>> {
+    SHARDS.iter().map(|s| replicas_in(c, s, ns, name)).collect()
+}
+
+fn wait_spread(c: &Cluster, ns: &str, name: &str, want: &[Option<u64>]) {
+    let got = wait_for(Duration::from_secs(60), || {
+        let s = spread(c, ns, name);
+        (s == want).then_some(s)
+    });
+    assert!(
+        got.is_some(),
+        "{ns}/{name}: want {want:?} over the shards, have {:?}",
+        spread(c, ns, name)
+    );
+}
+
+fn start() -> (Cluster, String) {
+    let grpc = free_addr();
+    let c = Cluster::start_with(
+        "up",
+        &[
+            "--shards=3",
+            "--nodes-per-shard=10",
+            "--node-cpu=8",
+            &format!("--grpc-addr={grpc}"),
+        ],
+    );
+    let ready = wait_for(Duration::from_secs(60), || {
+        let out = c.ok(&["get", "shards", "--no-headers"]);
+        let rows: Vec<&str> = out.lines().filter(|l| l.contains(" True ")).collect();
+        (rows.len() == 3 && rows.iter().all(|r| r.contains(" 10 "))).then_some(out)
+    });
+    assert!(
+        ready.is_some(),
+        "three shards with 10 nodes each should be Ready: {}",
+        c.ok(&["get", "shards"])
+    );
+    (c, format!("https://{grpc}"))
+}
+
+#[test]
+fn a_federation_of_three_shards_places_scales_reverts_and_deletes() {
+    let (c, grpc) = start();
+    let table = c.ok(&["get", "shards"]);
+    for col in ["READY", "REGION", "NODES", "CPU", "MEMORY", "PODS", "AGE"] {
+        assert!(table.contains(col), "no {col} column: {table}");
+    }
+    assert!(
+        table.contains("80/80"),
+        "10 nodes of 8 cpu, all free: {table}"
+    );
+    let map = c.ok(&[
+        "get",
+        "shardmap",
+        "default",
+        "-o",
+        "jsonpath={.spec.shards[*].name}",
+    ]);
+    assert_eq!(map.split_whitespace().collect::<Vec<_>>(), SHARDS);
+
+    // A Deployment divided 1:2:1 by weight.
+    c.ok(&["create", "namespace", "demo"]);
+    let placement = c.file(
+        "split.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: split, namespace: demo}\nspec:\n  resourceSelectors: [{kind: Deployment, name: api}]\n  replicas:\n    scheduling: Divided\n    division: Weighted\n    weights: [{shard: shard-0, weight: 1}, {shard: shard-1, weight: 2}, {shard: shard-2, weight: 1}]\n",
+    );
+    c.ok(&["apply", "-f", &placement]);
+    c.ok(&[
+        "create",
+        "deployment",
+        "api",
+        "-n",
+        "demo",
+        "--image=nginx",
+        "--replicas=100",
+    ]);
+    wait_spread(&c, "demo", "api", &[Some(25), Some(50), Some(25)]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/api",
+        "-n",
+        "demo",
+        "--timeout=90s",
+    ]);
+    let ready = c.ok(&[
+        "get",
+        "deploy",
+        "api",
+        "-n",
+        "demo",
+        "-o",
+        "jsonpath={.status.availableReplicas}",
+    ]);
+    assert_eq!(ready, "100", "the federation's status sums the shards'");
+
+    // Scale at the federation: every share follows.
+    c.ok(&["scale", "deployment/api", "-n", "demo", "--replicas=40"]);
+    wait_spread(&c, "demo", "api", &[Some(10), Some(20), Some(10)]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/api",
+        "-n",
+        "demo",
+        "--timeout=90s",
+    ]);
+
+    // A change behind the federation's back is reverted, with an Event in the shard.
+    c.ok(&[
+        "--context",
+        "shard-0",
+        "scale",
+        "deployment/api",
+        "-n",
+        "demo",
+        "--replicas=3",
+    ]);
+    wait_spread(&c, "demo", "api", &[Some(10), Some(20), Some(10)]);
+    let events = wait_for(Duration::from_secs(30), || {
+        let e = c.ok(&["--context", "shard-0", "get", "events", "-n", "demo"]);
+        e.contains("FederationReverted").then_some(e)
+    });
+    assert!(events.is_some(), "no FederationReverted event in shard-0");
+
+    // Delete at the federation: gone from every shard, then from the federation.
+    c.ok(&["delete", "deployment", "api", "-n", "demo", "--timeout=60s"]);
+    wait_spread(&c, "demo", "api", &[None, None, None]);
+    let gone = c.kubectl(&["get", "deploy", "api", "-n", "demo"]);
+    assert!(
+        !gone.status.success(),
+        "the federation's object is gone too"
+    );
+
+    // An invalid Placement is refused with what to fix.
+    let bad = c.file(
+        "bad.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: bad, namespace: demo}\nspec:\n  resourceSelectors: [{kind: Pod}]\n  replicas: {scheduling: Divided, division: Weighted, weights: [{shard: shard-0, weight: 0}]}\n",
+    );
+    let err = c.fails(&["apply", "-f", &bad]);
+    assert!(err.contains("the federation places Deployment"), "{err}");
+    assert!(
+        err.contains("at least one shard of positive weight"),
+        "{err}"
+    );
+
+    // A shard agent with a wrong token is refused and says why; the federation keeps going.
+    let shard0 = c.dir.path().join("shards/shard-0/kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "join",
+            "--federation",
+            &grpc,
+            "--token",
+            "not-the-token",
+            "--name",
+            "intruder",
+        ])
+        .arg("--federation-ca")
+        .arg(c.dir.path().join("pki/ca.crt"))
+        .arg("--kubeconfig")
+        .arg(&shard0)
+        .env("TESSERA_LOG", "error")
+        .output()
+        .expect("tessera join");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("join token is not this federation's"), "{err}");
+    let shards = c.ok(&["get", "shards", "--no-headers"]);
+    assert_eq!(shards.lines().count(), 3, "{shards}");
+    assert!(!shards.contains("intruder"));
+}
+
+#[test]
+fn a_tenant_stays_home_spills_over_when_full_and_waits_with_a_reason() {
+    let (c, _) = start();
+    c.ok(&["create", "namespace", "spill"]);
+    // 10 nodes × 8 cpu per shard: 20 replicas of 4 cpu fill one shard.
+    c.ok(&[
+        "create",
+        "deployment",
+        "small",
+        "-n",
+        "spill",
+        "--image=nginx",
+        "--replicas=4",
+    ]);
+    c.ok(&[
+        "set",
+        "resources",
+        "deployment/small",
+        "-n",
+        "spill",
+        "--requests=cpu=4",
+    ]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/small",
+        "-n",
+        "spill",
+        "--timeout=90s",
+    ]);
+    let home: Vec<usize> = spread(&c, "spill", "small")
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.map(|_| i))
+        .collect();
+    assert_eq!(
+        home.len(),
+        1,
+        "a small workload stays on its tenant's home shard"
+    );
+    let home = home[0];
+    c.ok(&["scale", "deployment/small", "-n", "spill", "--replicas=30"]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/small",
+        "-n",
+        "spill",
+        "--timeout=90s",
+    ]);
+    let s = spread(&c, "spill", "small");
+    assert_eq!(s[home], Some(20), "home keeps what fits: {s:?}");
+    assert_eq!(
+        s.iter().flatten().sum::<u64>(),
+        30,
+        "the rest spilled to the next shard: {s:?}"
+    );
+    assert_eq!(
+        s.iter().flatten().count(),
+        2,
+        "on one more shard only: {s:?}"
+    );
+
+    // Fill the fleet; a new workload waits, with a condition and an Event saying why.
+    c.ok(&["scale", "deployment/small", "-n", "spill", "--replicas=60"]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/small",
+        "-n",
+        "spill",
+        "--timeout=90s",
+    ]);
+    c.ok(&[
+        "create",
+        "deployment",
+        "late",
+        "-n",
+        "spill",
+        "--image=nginx",
+        "--replicas=2",
+    ]);
+    c.ok(&[
+        "set",
+        "resources",
+        "deployment/late",
+        "-n",
+        "spill",
+        "--requests=cpu=4",
+    ]);
+    let why = wait_for(Duration::from_secs(30), || {
+        let m = c.ok(&[
+            "get",
+            "deploy",
+            "late",
+            "-n",
+            "spill",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Placed\")].message}",
+        ]);
+        m.contains("0/3 shards fit").then_some(m)
+    });
+    assert!(
+        why.as_deref()
+            .is_some_and(|m| m.contains("lack room for a replica of cpu 4")),
+        "{why:?}"
+    );
+    let events = c.ok(&["get", "events", "-n", "spill"]);
+    assert!(events.contains("FailedPlacement"), "{events}");
+    // Room frees: it is placed at once, without a fixed hold.
+    c.ok(&["scale", "deployment/small", "-n", "spill", "--replicas=50"]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/late",
+        "-n",
+        "spill",
+        "--timeout=90s",
+    ]);
+
+    // Tenants are held by every shard; a tenant's token sees only its own at the federation.
+    let tenant = c.file(
+        "tenant.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n",
+    );
+    c.ok(&["apply", "-f", &tenant]);
+    for s in SHARDS {
+        let t = wait_for(Duration::from_secs(30), || {
+            c.kubectl(&["--context", s, "get", "tenant", "acme"])
+                .status
+                .success()
+                .then_some(())
+        });
+        assert!(t.is_some(), "Tenant acme not in {s}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["token", "create", "--tenant", "acme", "--data-dir"])
+        .arg(c.dir.path())
+        .output()
+        .expect("token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let denied = c.fails(&["--token", &token, "get", "deploy", "-n", "spill"]);
+    assert!(
+        denied.contains("Forbidden") || denied.contains("forbidden"),
+        "{denied}"
+    );
+}
+
+#[test]
+fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
+    let fed_grpc = free_addr();
+    let fed = Cluster::start_with("federation", &[&format!("--grpc-addr={fed_grpc}")]);
+    let shard = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=5"]);
+    let _agent = Running(
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "join",
+                "--federation",
+                &format!("https://{fed_grpc}"),
+                "--name",
+                "east",
+            ])
+            .args(["--labels", "region=east"])
+            .arg("--token-file")
+            .arg(fed.dir.path().join("pki/join.token"))
+            .arg("--federation-ca")
+            .arg(fed.dir.path().join("pki/ca.crt"))
+            .arg("--kubeconfig")
+            .arg(&shard.kubeconfig)
+            .env("TESSERA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("tessera join"),
+    );
+    let ready = wait_for(Duration::from_secs(60), || {
+        let out = fed.ok(&["get", "shards", "--no-headers"]);
+        (out.contains("east") && out.contains(" True ") && out.contains(" east ")).then_some(out)
+    });
+    assert!(ready.is_some(), "{}", fed.ok(&["get", "shards"]));
+    fed.ok(&["create", "namespace", "web"]);
+    fed.ok(&[
+        "create",
+        "deployment",
+        "site",
+        "-n",
+        "web",
+        "--image=nginx",
+        "--replicas=3",
+    ]);
+    fed.ok(&[
+        "rollout",
+        "status",
+        "deployment/site",
+        "-n",
+        "web",
+        "--timeout=90s",
+    ]);
+    let pods = shard.ok(&["get", "pods", "-n", "web", "--no-headers"]);
+    assert_eq!(
+        pods.lines().filter(|l| l.contains("Running")).count(),
+        3,
+        "{pods}"
+    );
+}
