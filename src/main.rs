@@ -34,7 +34,7 @@ struct Cli {
 enum Command {
     /// Run Tessera on this machine: a federation and N shards (each its store, Kubernetes
     /// API, controllers, scheduler and simulated nodes), or one shard with `--shards 0`.
-    Up(up::UpAllArgs),
+    Up(Box<up::UpAllArgs>),
     /// Run the federation control plane alone: its store, its Kubernetes API, the gRPC
     /// endpoint shards' agents join, and the propagation controller.
     Federation(federation::FederationArgs),
@@ -99,7 +99,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         match cli.command {
-            Command::Up(args) => up::run(args).await,
+            Command::Up(args) => up::run(*args).await,
             Command::Apiserver(args) => up::run_apiserver(args).await,
             Command::Federation(args) => federation::run(args).await,
             Command::Join(args) => federation::join(args).await,

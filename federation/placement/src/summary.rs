@@ -248,7 +248,7 @@ impl Request {
 /// An amount of `resource` as Kubernetes would write it.
 pub fn human(resource: &str, v: u64) -> String {
     match resource {
-        "cpu" if v % 1000 == 0 => format!("{}", v / 1000),
+        "cpu" if v.is_multiple_of(1000) => format!("{}", v / 1000),
         "cpu" => format!("{v}m"),
         "memory" | "ephemeral-storage" => {
             const UNITS: [(&str, u64); 4] = [
@@ -258,7 +258,7 @@ pub fn human(resource: &str, v: u64) -> String {
                 ("Ki", 1 << 10),
             ];
             for (u, f) in UNITS {
-                if v >= f && v % f == 0 {
+                if v >= f && v.is_multiple_of(f) {
                     return format!("{}{u}", v / f);
                 }
             }
@@ -500,16 +500,32 @@ mod tests {
     fn malformed_summaries_are_refused_with_the_reason() {
         let mut s = shard(&[(2000, GI, 10)]);
         s.nodes = 7;
-        assert!(s.validate().unwrap_err().contains("slots hold 1 nodes"));
+        assert!(
+            s.validate()
+                .expect_err("invalid")
+                .contains("slots hold 1 nodes")
+        );
         let mut s = shard(&[(2000, GI, 10)]);
         s.free[0] = 17_000;
-        assert!(s.validate().unwrap_err().contains("exceeds allocatable"));
+        assert!(
+            s.validate()
+                .expect_err("invalid")
+                .contains("exceeds allocatable")
+        );
         let mut s = shard(&[(2000, GI, 10)]);
         s.resources.swap(0, 1);
-        assert!(s.validate().unwrap_err().contains("must start with"));
+        assert!(
+            s.validate()
+                .expect_err("invalid")
+                .contains("must start with")
+        );
         let mut s = shard(&[(2000, GI, 10)]);
         s.slots[0].free[0] = 7000;
-        assert!(s.validate().unwrap_err().contains("more than the total"));
+        assert!(
+            s.validate()
+                .expect_err("invalid")
+                .contains("more than the total")
+        );
     }
 
     #[test]

@@ -22,20 +22,7 @@ const PERIOD: Duration = Duration::from_secs(1);
 
 /// A status field's amount as a Kubernetes quantity.
 fn quantity(resource: &str, v: u64) -> Quantity {
-    Quantity(match resource {
-        "cpu" if v % 1000 == 0 => format!("{}", v / 1000),
-        "cpu" => format!("{v}m"),
-        "memory" | "ephemeral-storage" if v % (1 << 30) == 0 && v > 0 => {
-            format!("{}Gi", v >> 30)
-        }
-        "memory" | "ephemeral-storage" if v % (1 << 20) == 0 && v > 0 => {
-            format!("{}Mi", v >> 20)
-        }
-        "memory" | "ephemeral-storage" if v % (1 << 10) == 0 && v > 0 => {
-            format!("{}Ki", v >> 10)
-        }
-        _ => v.to_string(),
-    })
+    Quantity(tessera_placement::summary::human(resource, v))
 }
 
 /// The status a Shard object shows for `v` (the lease's renew time is rounded to the

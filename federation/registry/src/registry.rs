@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tessera_placement::{Decision, Policy, ShardMap, ShardState, ShardWeight, Snapshot, Workload};
+use tessera_placement::{Decision, Policy, ShardMap, ShardWeight, Snapshot, Workload};
 use tessera_placement::{Request, Summary};
 use tessera_proto::federation::v1 as pb;
 use tokio::sync::mpsc;
@@ -137,6 +137,13 @@ struct Session {
     tx: mpsc::UnboundedSender<pb::FederationMessage>,
 }
 
+/// Room taken for a decision since the shard's summary: the seq of the assignment it rides
+/// on, the per-replica request, and the replicas.
+type Reservation = (u64, Vec<(String, u64)>, u64);
+
+/// A function called on every registry event.
+type Listener = Box<dyn Fn(&RegistryEvent) + Send + Sync>;
+
 /// Everything but the placement view of one shard.
 struct Entry {
     labels: BTreeMap<String, String>,
@@ -148,7 +155,7 @@ struct Entry {
     pods: (u64, u64),
     seq: u64,
     /// Reservations made since the shard's summary: (the seq they ride on, request, count).
-    reservations: Vec<(u64, Vec<(String, u64)>, u64)>,
+    reservations: Vec<Reservation>,
     held: BTreeMap<ObjectKey, Held>,
     statuses: BTreeMap<ObjectKey, Reported>,
     /// When each (object, generation) was sent, for the propagation latency.
@@ -242,7 +249,7 @@ pub enum RegisterError {
 pub struct Registry {
     config: RegistryConfig,
     inner: Mutex<Inner>,
-    listeners: Mutex<Vec<Box<dyn Fn(&RegistryEvent) + Send + Sync>>>,
+    listeners: Mutex<Vec<Listener>>,
     metrics: Option<FederationMetrics>,
 }
 
@@ -779,11 +786,7 @@ impl Registry {
             }
         }
         let labels = e.labels.clone();
-        let state = inner
-            .snapshot
-            .shards
-            .entry(name.to_owned())
-            .or_insert_with(ShardState::default);
+        let state = inner.snapshot.shards.entry(name.to_owned()).or_default();
         state.ready = ready;
         state.stale = stale;
         state.labels = labels;
