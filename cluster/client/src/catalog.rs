@@ -398,6 +398,14 @@ pub fn groups() -> Vec<(&'static str, &'static str)> {
     out
 }
 
+/// The resource of `kind` in `api_version` (`apps/v1`, `v1`), as an object names itself.
+pub fn find_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    RESOURCES
+        .iter()
+        .find(|r| r.kind == kind && r.group == group && r.version == version)
+}
+
 /// The resources of one group-version.
 pub fn resources_of(group: &str, version: &str) -> impl Iterator<Item = &'static Resource> {
     let (group, version) = (group.to_owned(), version.to_owned());
@@ -430,5 +438,14 @@ mod tests {
         }
         assert_eq!(groups()[0], ("", "v1"), "core comes first");
         assert_eq!(resources_of("apps", "v1").count(), 5);
+        assert_eq!(
+            find_kind("apps/v1", "Deployment").map(|r| r.plural),
+            Some("deployments")
+        );
+        assert_eq!(
+            find_kind("v1", "Namespace").map(|r| r.plural),
+            Some("namespaces")
+        );
+        assert!(find_kind("apps/v2", "Deployment").is_none());
     }
 }

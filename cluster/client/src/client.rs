@@ -123,6 +123,25 @@ pub trait Client: Send + Sync {
         object(self.call(req).await?)
     }
 
+    /// Server-side applies `obj` as field manager `manager`, taking over fields other
+    /// managers own (`force`), as a controller that is the object's source of truth does.
+    async fn apply(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        name: &str,
+        manager: &str,
+        obj: &Value,
+    ) -> Result<Value, ApiError> {
+        let mut req = ApiRequest::new(Verb::Patch(PatchType::Apply), res);
+        req.namespace = ns.map(str::to_owned);
+        req.name = Some(name.to_owned());
+        req.params.field_manager = Some(manager.to_owned());
+        req.params.force = true;
+        req.body = Bytes::from(obj.to_string());
+        object(self.call(req).await?)
+    }
+
     /// Deletes an object.
     async fn delete(
         &self,

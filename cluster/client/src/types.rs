@@ -129,25 +129,6 @@ pub struct PodGroupStatus {
     pub running: Option<i32>,
 }
 
-impl k8s_openapi::Resource for PodGroup {
-    const API_VERSION: &'static str = "tessera.io/v1alpha1";
-    const GROUP: &'static str = "tessera.io";
-    const KIND: &'static str = "PodGroup";
-    const VERSION: &'static str = "v1alpha1";
-    const URL_PATH_SEGMENT: &'static str = "podgroups";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for PodGroup {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
 /// The label that makes a pod a member of the PodGroup it names (the coscheduling
 /// convention of Kubernetes' scheduler-plugins).
 pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
@@ -188,6 +169,12 @@ tessera_kind!(
     "Tenant",
     "tenants",
     k8s_openapi::ClusterResourceScope
+);
+tessera_kind!(
+    PodGroup,
+    "PodGroup",
+    "podgroups",
+    k8s_openapi::NamespaceResourceScope
 );
 
 /// A member cluster of the federation: a whole control plane with its own store, joined by

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use tessera_core::Quantity;
 
@@ -54,7 +54,9 @@ impl Resources {
         }
     }
 
-    fn from_list(list: Option<&BTreeMap<String, K8sQuantity>>) -> Resources {
+    /// The amounts of a resource list (a node's allocatable, a container's requests);
+    /// quantities that do not parse count as nothing.
+    pub fn from_list(list: Option<&BTreeMap<String, K8sQuantity>>) -> Resources {
         let mut r = Resources::default();
         for (k, q) in list.into_iter().flatten() {
             r.add_named(k, q);
@@ -102,6 +104,21 @@ impl Resources {
         }
     }
 
+    /// The amounts in base units by resource name (`cpu` in millicores, `memory` in bytes,
+    /// extended resources in units), zeros left out: what the federation's capacity
+    /// summaries count (`pods` is one per replica there; ephemeral storage is not counted).
+    pub fn amounts(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = [("cpu", self.milli_cpu), ("memory", self.memory)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .chain(self.extended.iter().cloned())
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, v)| (k, v as u64))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The amount of extended resource `name`.
     pub fn extended(&self, name: &str) -> i64 {
         self.extended
@@ -124,6 +141,39 @@ fn container_requests(c: &Container) -> Resources {
         req.memory = lim.memory;
     }
     req
+}
+
+/// What one pod of `spec` asks for to fit: the sum of its containers' requests, or the
+/// largest init container's if larger, plus the pod's overhead; `pods` is 1. `each` sees
+/// every regular container with its requests (the scheduler's scoring and ports).
+fn spec_requests(
+    spec: Option<&PodSpec>,
+    mut each: impl FnMut(&Container, &Resources),
+) -> Resources {
+    let mut requests = Resources::default();
+    for c in spec.map(|s| s.containers.as_slice()).unwrap_or_default() {
+        let r = container_requests(c);
+        each(c, &r);
+        requests.add(&r);
+    }
+    for c in spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        requests.max_with(&container_requests(c));
+    }
+    if let Some(overhead) = spec.and_then(|s| s.overhead.as_ref()) {
+        requests.add(&Resources::from_list(Some(overhead)));
+    }
+    requests.pods = 1;
+    requests
+}
+
+/// What one pod of `spec` asks for to fit, as the scheduler counts it (see
+/// [`PodInfo::requests`]).
+pub fn pod_spec_requests(spec: Option<&PodSpec>) -> Resources {
+    spec_requests(spec, |_, _| {})
 }
 
 /// A host port a pod uses: protocol, host IP (`0.0.0.0` for all), port.
@@ -168,48 +218,31 @@ impl PodInfo {
     /// Computes the pod's requests, ports and priority.
     pub fn new(pod: Arc<Pod>) -> PodInfo {
         let key = crate::key_of(&pod.metadata);
-        let mut requests = Resources::default();
         let mut non_zero = (0, 0);
         let mut host_ports = Vec::new();
-        let priority;
-        {
-            let spec = pod.spec.as_ref();
-            for c in spec.map(|s| s.containers.as_slice()).unwrap_or_default() {
-                let r = container_requests(c);
-                non_zero.0 += if r.milli_cpu == 0 {
-                    DEFAULT_MILLI_CPU_REQUEST
-                } else {
-                    r.milli_cpu
-                };
-                non_zero.1 += if r.memory == 0 {
-                    DEFAULT_MEMORY_REQUEST
-                } else {
-                    r.memory
-                };
-                requests.add(&r);
-                for p in c.ports.iter().flatten() {
-                    if let Some(hp) = p.host_port.filter(|p| *p > 0) {
-                        host_ports.push(HostPort {
-                            protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                            ip: p.host_ip.clone().unwrap_or_else(|| "0.0.0.0".into()),
-                            port: hp,
-                        });
-                    }
+        let spec = pod.spec.as_ref();
+        let requests = spec_requests(spec, |c, r| {
+            non_zero.0 += if r.milli_cpu == 0 {
+                DEFAULT_MILLI_CPU_REQUEST
+            } else {
+                r.milli_cpu
+            };
+            non_zero.1 += if r.memory == 0 {
+                DEFAULT_MEMORY_REQUEST
+            } else {
+                r.memory
+            };
+            for p in c.ports.iter().flatten() {
+                if let Some(hp) = p.host_port.filter(|p| *p > 0) {
+                    host_ports.push(HostPort {
+                        protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                        ip: p.host_ip.clone().unwrap_or_else(|| "0.0.0.0".into()),
+                        port: hp,
+                    });
                 }
             }
-            for c in spec
-                .and_then(|s| s.init_containers.as_ref())
-                .into_iter()
-                .flatten()
-            {
-                requests.max_with(&container_requests(c));
-            }
-            if let Some(overhead) = spec.and_then(|s| s.overhead.as_ref()) {
-                requests.add(&Resources::from_list(Some(overhead)));
-            }
-            priority = spec.and_then(|s| s.priority).unwrap_or(0);
-        }
-        requests.pods = 1;
+        });
+        let priority = spec.and_then(|s| s.priority).unwrap_or(0);
         PodInfo {
             pod,
             key,
@@ -315,6 +348,28 @@ mod tests {
 
     fn pod(v: serde_json::Value) -> PodInfo {
         PodInfo::new(Arc::new(serde_json::from_value(v).expect("pod")))
+    }
+
+    #[test]
+    fn a_pod_spec_requests_its_containers_sum_or_its_largest_init_container() {
+        let spec: PodSpec = serde_json::from_value(json!({
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "2"}}},
+                {"name": "c", "resources": {}},
+            ],
+            "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2", "memory": "bad"}}}],
+        }))
+        .expect("spec");
+        assert_eq!(
+            pod_spec_requests(Some(&spec)).amounts(),
+            vec![
+                ("cpu".into(), 2000),
+                ("memory".into(), 1 << 30),
+                ("nvidia.com/gpu".into(), 2)
+            ]
+        );
+        assert!(pod_spec_requests(None).amounts().is_empty());
     }
 
     #[test]

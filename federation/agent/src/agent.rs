@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::Mutex;
 use serde_json::Value;
 use tessera_client::client::Client;
-use tessera_client::request::{ApiRequest, PatchType, Verb, find_resource};
+use tessera_client::request::find_resource;
 use tessera_client::types::{FEDERATED_LABEL, FEDERATION_MANAGER, Tenant};
 use tessera_core::LabelSelector;
 use tessera_placement::Request;
@@ -453,7 +453,11 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
         };
         ensure(state, &d).await;
     }
-    let request = Request::of_pod_spec(&object["spec"]["template"]["spec"]);
+    let template: Option<k8s_openapi::api::core::v1::PodSpec> =
+        serde_json::from_value(object["spec"]["template"]["spec"].clone()).ok();
+    let request = Request {
+        amounts: tessera_scheduler::resources::pod_spec_requests(template.as_ref()).amounts(),
+    };
     let applied = apply(state, res, ns, &k.name, &object).await;
     state.held.lock().insert(
         id,
@@ -469,17 +473,9 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
 
 /// Creates a dependency (a namespace, ...) if it is missing; an existing one is the shard's.
 async fn ensure(state: &State, obj: &Value) {
-    let (group, version) = match obj["apiVersion"].as_str().unwrap_or("v1").split_once('/') {
-        Some((g, v)) => (g.to_owned(), v.to_owned()),
-        None => (
-            String::new(),
-            obj["apiVersion"].as_str().unwrap_or("v1").to_owned(),
-        ),
-    };
     let kind = obj["kind"].as_str().unwrap_or_default();
-    let Some(res) = tessera_client::catalog::RESOURCES
-        .iter()
-        .find(|r| r.group == group && r.version == version && r.kind == kind)
+    let Some(res) =
+        tessera_client::catalog::find_kind(obj["apiVersion"].as_str().unwrap_or("v1"), kind)
     else {
         return;
     };
@@ -502,14 +498,12 @@ async fn apply(
     name: &str,
     obj: &Value,
 ) -> Option<i64> {
-    let mut req = ApiRequest::new(Verb::Patch(PatchType::Apply), res);
-    req.namespace = ns.map(str::to_owned);
-    req.name = Some(name.to_owned());
-    req.params.field_manager = Some(FEDERATION_MANAGER.into());
-    req.params.force = true;
-    req.body = bytes::Bytes::from(obj.to_string());
-    match state.client.call(req).await {
-        Ok(resp) => resp.into_value()?["metadata"]["generation"].as_i64(),
+    match state
+        .client
+        .apply(res, ns, name, FEDERATION_MANAGER, obj)
+        .await
+    {
+        Ok(v) => v["metadata"]["generation"].as_i64(),
         Err(e) => {
             tracing::warn!(object = name, error = %e.message, "applying a federated object");
             None

@@ -3,21 +3,26 @@
 //! replicas the federation assigned that the shard has not created yet — taken out best-fit,
 //! so the federation does not send more work on the strength of room already promised.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tessera_placement::{Request, Summary, SummaryBuilder};
+use tessera_scheduler::resources::{Resources, pod_spec_requests};
 
-fn amount(name: &str, q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> u64 {
-    let Ok(v) = q.0.parse::<tessera_core::Quantity>() else {
-        return 0;
-    };
-    let n = if name == "cpu" {
-        v.milli_ceil()
-    } else {
-        v.units_ceil()
-    };
-    n.max(0) as u64
+/// `r` as amounts over a summary's `resources` (cpu, memory, pods, then extended ones).
+fn vector(r: &Resources, resources: &[String]) -> Vec<u64> {
+    resources
+        .iter()
+        .map(|name| {
+            let v = match name.as_str() {
+                "cpu" => r.milli_cpu,
+                "memory" => r.memory,
+                "pods" => r.pods,
+                other => r.extended(other),
+            };
+            v.max(0) as u64
+        })
+        .collect()
 }
 
 /// Whether new pods may go to `n`: Ready, not cordoned, no NoSchedule/NoExecute taint.
@@ -44,14 +49,6 @@ pub fn active(p: &Pod) -> bool {
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
-}
-
-/// What one pod requests.
-pub fn pod_request(p: &Pod) -> Request {
-    match p.spec.as_ref().and_then(|s| serde_json::to_value(s).ok()) {
-        Some(spec) => Request::of_pod_spec(&spec),
-        None => Request::default(),
-    }
 }
 
 /// Pods running and pending, and the summary of `nodes` and `pods`, with `promised`
@@ -85,51 +82,45 @@ pub fn build(
         .chain(extended.iter().cloned())
         .collect();
     // Requests per node, and pending demand.
-    let mut used: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut used: HashMap<&str, Resources> = HashMap::new();
     let mut pending: Vec<Request> = Vec::new();
     let (mut running, mut waiting) = (0u64, 0u64);
     for p in pods {
         if !active(p) || p.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let req = pod_request(p);
-        match p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        let spec = p.spec.as_ref();
+        let req = pod_spec_requests(spec);
+        match spec.and_then(|s| s.node_name.as_deref()) {
             Some(node) => {
                 running += 1;
-                let v = used.entry(node).or_insert_with(|| vec![0; resources.len()]);
-                v[2] += 1;
-                for (name, amount) in &req.amounts {
-                    if let Some(i) = resources.iter().position(|r| r == name) {
-                        v[i] += amount;
-                    }
-                }
+                used.entry(node).or_default().add(&req);
             }
             None => {
                 waiting += 1;
-                pending.push(req);
+                pending.push(Request {
+                    amounts: req.amounts(),
+                });
             }
         }
     }
+    let none = Resources::default();
     for n in nodes {
         if !schedulable(n) {
             continue;
         }
-        let alloc_map = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
-        let alloc: Vec<u64> = resources
-            .iter()
-            .map(|r| alloc_map.and_then(|m| m.get(r)).map_or(0, |q| amount(r, q)))
-            .collect();
-        let zero = vec![0; resources.len()];
+        let alloc = Resources::from_list(n.status.as_ref().and_then(|s| s.allocatable.as_ref()));
+        let alloc = vector(&alloc, &resources);
         let u = n
             .metadata
             .name
             .as_deref()
             .and_then(|name| used.get(name))
-            .unwrap_or(&zero);
+            .unwrap_or(&none);
         let free: Vec<u64> = alloc
             .iter()
-            .zip(u)
-            .map(|(a, x)| a.saturating_sub(*x))
+            .zip(vector(u, &resources))
+            .map(|(a, x)| a.saturating_sub(x))
             .collect();
         b.node(&alloc, &free);
     }

@@ -178,56 +178,6 @@ impl Request {
         Ok(v)
     }
 
-    /// What one pod of `spec` (a PodSpec as JSON) requests, as the scheduler counts it: the
-    /// sum over its containers, or the largest init container's if more (its `overhead`
-    /// added). Quantities that do not parse count as nothing (the API refused them already).
-    pub fn of_pod_spec(spec: &serde_json::Value) -> Request {
-        fn add(into: &mut Vec<(String, u64)>, name: &str, v: u64, max: bool) {
-            match into.iter_mut().find(|(k, _)| k == name) {
-                Some((_, x)) if max => *x = (*x).max(v),
-                Some((_, x)) => *x += v,
-                None => into.push((name.to_owned(), v)),
-            }
-        }
-        fn amounts(c: &serde_json::Value) -> Vec<(String, u64)> {
-            let mut out = Vec::new();
-            for (k, v) in c.as_object().into_iter().flatten() {
-                let Some(q) = v
-                    .as_str()
-                    .and_then(|s| s.parse::<tessera_core::Quantity>().ok())
-                else {
-                    continue;
-                };
-                let n = if k == "cpu" {
-                    q.milli_ceil()
-                } else {
-                    q.units_ceil()
-                };
-                if k == "pods" || n <= 0 {
-                    continue;
-                }
-                out.push((k.clone(), n as u64));
-            }
-            out
-        }
-        let mut sum = Vec::new();
-        for c in spec["containers"].as_array().into_iter().flatten() {
-            for (k, v) in amounts(&c["resources"]["requests"]) {
-                add(&mut sum, &k, v, false);
-            }
-        }
-        for c in spec["initContainers"].as_array().into_iter().flatten() {
-            for (k, v) in amounts(&c["resources"]["requests"]) {
-                add(&mut sum, &k, v, true);
-            }
-        }
-        for (k, v) in amounts(&spec["overhead"]) {
-            add(&mut sum, &k, v, false);
-        }
-        sum.sort();
-        Request { amounts: sum }
-    }
-
     /// A short human form: `cpu 500m, memory 1Gi`.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
@@ -454,32 +404,6 @@ mod tests {
         let tiny = Request::cpu_memory(1, 1).vector_for(&s).expect("known");
         assert_eq!(s.fits(&tiny), 20);
         s.validate().expect("valid");
-    }
-
-    #[test]
-    fn a_pod_spec_requests_its_containers_sum_or_its_largest_init_container() {
-        let spec = serde_json::json!({
-            "containers": [
-                {"resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}},
-                {"resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "2"}}},
-                {"resources": {}},
-            ],
-            "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "bad"}}}],
-        });
-        let r = Request::of_pod_spec(&spec);
-        assert_eq!(
-            r.amounts,
-            vec![
-                ("cpu".into(), 2000),
-                ("memory".into(), GI),
-                ("nvidia.com/gpu".into(), 2)
-            ]
-        );
-        assert!(
-            Request::of_pod_spec(&serde_json::json!({}))
-                .amounts
-                .is_empty()
-        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache, Informer, Scope, Tasks, key_of};
 use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use tessera_runtime::{EventClass, QueueConfig, WorkQueue};
+use tessera_scheduler::resources::pod_spec_requests;
 
 use crate::policy;
 use crate::status::{self, Placed};
@@ -319,18 +320,9 @@ impl Propagation {
         if !finalizers.iter().any(|f| f == FINALIZER) {
             return Ok(Action::Done);
         }
-        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
-        let patch =
-            json!({"metadata": {"finalizers": rest, "resourceVersion": meta.resource_version}});
-        let (ns, name) = key
-            .split_once('/')
-            .map_or((None, key), |(n, m)| (Some(n), m));
-        match self
-            .client
-            .patch(kind.resource(), ns, name, None, PatchType::Merge, &patch)
-            .await
-        {
-            Ok(_) => Ok(Action::Done),
+        let rest: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();
+        match self.set_finalizers(kind, key, meta, rest).await {
+            Ok(()) => Ok(Action::Done),
             Err(e) if e.code == 404 => Ok(Action::Done),
             Err(e) => Err(e.into()),
         }
@@ -348,14 +340,26 @@ impl Propagation {
             return Ok(false);
         }
         finalizers.push(FINALIZER.into());
+        self.set_finalizers(kind, key, meta, finalizers).await?;
+        Ok(true)
+    }
+
+    /// Writes the object's finalizers, if it is still the version `meta` read.
+    async fn set_finalizers(
+        &self,
+        kind: Kind,
+        key: &str,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        finalizers: Vec<String>,
+    ) -> Result<(), tessera_client::status::ApiError> {
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": meta.resource_version}});
         let (ns, name) = key
             .split_once('/')
             .map_or((None, key), |(n, m)| (Some(n), m));
         self.client
             .patch(kind.resource(), ns, name, None, PatchType::Merge, &patch)
-            .await?;
-        Ok(true)
+            .await
+            .map(|_| ())
     }
 
     async fn tenant(&self, key: &str) -> Result<Action, ReconcileError> {
@@ -426,9 +430,10 @@ impl Propagation {
             )
         });
         let pol = policy::policy_of(chosen);
-        let template = serde_json::to_value(d.spec.as_ref().map(|s| &s.template.spec))
-            .map_err(|e| ReconcileError::new(e.to_string()))?;
-        let request = Request::of_pod_spec(&template);
+        let request = Request {
+            amounts: pod_spec_requests(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()))
+                .amounts(),
+        };
         let tenants = self.tenants.list();
         let tenant = policy::tenant_of(&tenants, &ns).to_owned();
         let same_request = recorded.request == request.describe();
@@ -441,11 +446,12 @@ impl Propagation {
             && recorded.policy == policy_id
             && recorded.unplaced == 0
             && recorded.shares.keys().all(|s| self.registry.is_ready(s));
-        let decision = if still_good {
-            Decision {
+        let (decision, why) = if still_good {
+            let kept = Decision {
                 shares: recorded.shares.clone(),
                 ..Default::default()
-            }
+            };
+            (kept, String::new())
         } else {
             let started = Instant::now();
             let w = Workload {
@@ -475,20 +481,20 @@ impl Propagation {
                 shares = ?dec.shares, unplaced = dec.unplaced, spilled = dec.spilled,
                 "placed"
             );
+            let why = if dec.unplaced > 0 {
+                dec.why_pending(total, &request)
+            } else {
+                String::new()
+            };
             if dec.unplaced > 0 {
                 self.recorder.event(
                     &ObjectRef::new("apps/v1", "Deployment", &d.metadata),
                     EventType::Warning,
                     "FailedPlacement",
-                    &dec.why_pending(total, &request),
+                    &why,
                 );
             }
-            dec
-        };
-        let why = if decision.unplaced > 0 {
-            decision.why_pending(self.registry.shard_names().len(), &request)
-        } else {
-            String::new()
+            (dec, why)
         };
         {
             let mut pending = self.pending.lock();
@@ -499,9 +505,8 @@ impl Propagation {
             }
         }
         // Tell the shards.
-        let obj =
+        let mut obj =
             serde_json::to_value(d.as_ref()).map_err(|e| ReconcileError::new(e.to_string()))?;
-        let mut obj = obj;
         obj["apiVersion"] = json!("apps/v1");
         obj["kind"] = json!("Deployment");
         let okey = Kind::Deployment.object_key(key);

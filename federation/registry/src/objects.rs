@@ -196,22 +196,19 @@ pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
                     "shards": weights.iter().map(|w| json!({"name": w.name, "weight": w.weight})).collect::<Vec<_>>(),
                 },
             });
-            let mut req = tessera_client::request::ApiRequest::new(
-                tessera_client::request::Verb::Patch(PatchType::Apply),
-                maps,
-            );
-            req.name = Some("default".into());
-            req.params.field_manager = Some(tessera_client::types::FEDERATION_MANAGER.into());
-            req.params.force = true;
-            req.body = bytes_of(&body);
-            match client.call(req).await {
+            match client
+                .apply(
+                    maps,
+                    None,
+                    "default",
+                    tessera_client::types::FEDERATION_MANAGER,
+                    &body,
+                )
+                .await
+            {
                 Ok(_) => map_written = version,
                 Err(e) => tracing::warn!(error = %e.message, "writing the ShardMap"),
             }
         }
     }
-}
-
-fn bytes_of(v: &Value) -> bytes::Bytes {
-    bytes::Bytes::from(v.to_string())
 }

@@ -139,7 +139,7 @@ struct Session {
 
 /// Room taken for a decision since the shard's summary: the seq of the assignment it rides
 /// on, the per-replica request, and the replicas.
-type Reservation = (u64, Vec<(String, u64)>, u64);
+type Reservation = (u64, Request, u64);
 
 /// A function called on every registry event.
 type Listener = Box<dyn Fn(&RegistryEvent) + Send + Sync>;
@@ -382,6 +382,12 @@ impl Registry {
                 let _ = tx.send(synced_message(entry.seq));
             }
             inner.next_session += 1;
+            inner
+                .snapshot
+                .shards
+                .entry(reg.name.clone())
+                .or_default()
+                .labels = reg.labels.clone().into_iter().collect();
             self.refresh(&mut inner, &reg.name, now);
             self.rebuild_map(&mut inner);
             id
@@ -620,8 +626,7 @@ impl Registry {
             }
             if let Some(e) = inner.entries.get_mut(name) {
                 // The reservation rides on the next assignment to this shard.
-                e.reservations
-                    .push((e.seq + 1, w.request.amounts.clone(), extra));
+                e.reservations.push((e.seq + 1, w.request.clone(), extra));
             }
         }
         let total = inner.snapshot.shards.len();
@@ -769,33 +774,27 @@ impl Registry {
         let Some(e) = inner.entries.get(name) else {
             return;
         };
-        let ready = e.session.is_some() && e.lease_until.is_some_and(|t| t > now);
-        let stale = e
+        let state = inner.snapshot.shards.entry(name.to_owned()).or_default();
+        state.ready = e.session.is_some() && e.lease_until.is_some_and(|t| t > now);
+        state.stale = e
             .reported
             .as_ref()
             .is_none_or(|(_, at)| now.saturating_duration_since(*at) > self.config.summary_stale);
-        let mut summary = e.reported.as_ref().map(|(s, _)| s.clone());
-        if let Some(s) = summary.as_mut() {
-            for (_, amounts, n) in &e.reservations {
-                let req = Request {
-                    amounts: amounts.clone(),
-                };
-                if let Ok(v) = req.vector_for(s) {
-                    s.reserve(&v, *n);
-                }
-            }
-        }
-        let labels = e.labels.clone();
-        let state = inner.snapshot.shards.entry(name.to_owned()).or_default();
-        state.ready = ready;
-        state.stale = stale;
-        state.labels = labels;
-        // A summary's reservations are laid over it only when it is new: between summaries
-        // the snapshot's own commits keep it current.
-        if summary.as_ref().map(|s| s.version) != state.summary.as_ref().map(|s| s.version)
-            || state.summary.is_none()
+        // A new summary gets the reservations it does not count yet laid over it; between
+        // summaries the snapshot's own commits keep it current.
+        let reported = e.reported.as_ref().map(|(s, _)| s);
+        if state.summary.is_none()
+            || state.summary.as_ref().map(|s| s.version) != reported.map(|s| s.version)
         {
-            state.summary = summary;
+            state.summary = reported.map(|s| {
+                let mut s = s.clone();
+                for (_, req, n) in &e.reservations {
+                    if let Ok(v) = req.vector_for(&s) {
+                        s.reserve(&v, *n);
+                    }
+                }
+                s
+            });
         }
     }
 
