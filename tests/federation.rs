@@ -412,4 +412,52 @@ fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
         3,
         "{pods}"
     );
+
+    // The federation killed and started again: the shard's copy is kept, not removed and
+    // made anew, and the federation goes on managing it.
+    let uid = |c: &Cluster| {
+        c.ok(&[
+            "get",
+            "deploy",
+            "site",
+            "-n",
+            "web",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+    };
+    let before = uid(&shard);
+    let mut fed = fed;
+    fed.kill_and_restart();
+    let back = wait_for(Duration::from_secs(60), || {
+        let out = fed.ok(&["get", "shards", "--no-headers"]);
+        out.contains(" True ").then_some(out)
+    });
+    assert!(back.is_some(), "the shard joins the restarted federation");
+    fed.ok(&["scale", "deployment/site", "-n", "web", "--replicas=4"]);
+    fed.ok(&[
+        "rollout",
+        "status",
+        "deployment/site",
+        "-n",
+        "web",
+        "--timeout=90s",
+    ]);
+    assert_eq!(
+        shard.ok(&[
+            "get",
+            "deploy",
+            "site",
+            "-n",
+            "web",
+            "-o",
+            "jsonpath={.spec.replicas}"
+        ]),
+        "4"
+    );
+    assert_eq!(
+        uid(&shard),
+        before,
+        "the copy survived the federation's restart"
+    );
 }

@@ -360,6 +360,11 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
             }
             Some(pb::federation_message::Message::Synced(s)) => {
                 leftovers(state, &assigned).await;
+                // The federation now knows all it assigned here: report every copy again
+                // (a restarted federation ignores reports of what it has not assigned yet).
+                for d in state.deployments.list() {
+                    send(state, pb::shard_message::Message::Status(status_of(&d)));
+                }
                 seen.store(s.seq, std::sync::atomic::Ordering::Release);
             }
             Some(pb::federation_message::Message::Registered(_)) | None => {}

@@ -235,6 +235,7 @@ pub async fn run(o: Options) {
     tenants.synced().await;
     placements.synced().await;
     namespaces.synced().await;
+    wait_for_known_shards(&o.client, &o.registry).await;
     // Every object is assigned once before agents are told they hold all they should: an
     // agent removes what it was not assigned since it connected.
     for t in p.tenants.list() {
@@ -250,6 +251,36 @@ pub async fn run(o: Options) {
     o.registry.mark_synced();
     tracing::info!("federation propagation synced");
     controller::run(p, queue, o.workers, o.runtime_metrics).await;
+}
+
+/// Waits (at most one lease) for the shards the federation knows — its Shard objects — to
+/// connect again, so that the first pass decides on a fleet, not on an empty registry after
+/// a restart of the federation.
+async fn wait_for_known_shards(client: &Arc<dyn Client>, registry: &Registry) {
+    let shards = find_resource("tessera.io", "v1alpha1", "shards").expect("served");
+    let mut names = Vec::new();
+    let req = tessera_client::request::ApiRequest::new(tessera_client::request::Verb::List, shards);
+    if let Err(e) = client
+        .list_each(req, &mut |s| {
+            if let Some(n) = s["metadata"]["name"].as_str() {
+                names.push(n.to_owned());
+            }
+        })
+        .await
+    {
+        tracing::warn!(error = %e.message, "listing the known shards");
+    }
+    let deadline = tokio::time::Instant::now() + registry.config().lease;
+    while !names.iter().all(|n| registry.is_ready(n)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let missing: Vec<&String> = names.iter().filter(|n| !registry.is_ready(n)).collect();
+    if !missing.is_empty() {
+        tracing::warn!(
+            ?missing,
+            "starting without these shards: their assignments stand"
+        );
+    }
 }
 
 /// The object as a shard should hold it: its identity, labels, annotations and spec — not
@@ -442,10 +473,13 @@ impl Propagation {
         } else {
             BTreeMap::new()
         };
+        // A decision stands while the workload, its policy and its request stand. A shard that
+        // is not ready keeps its share: moving work off a lost shard is failover's, fenced by
+        // the shard's lease — and after a restart of the federation, shards are not back yet.
         let still_good = recorded.generation == generation
             && recorded.policy == policy_id
             && recorded.unplaced == 0
-            && recorded.shares.keys().all(|s| self.registry.is_ready(s));
+            && same_request;
         let (decision, why) = if still_good {
             let kept = Decision {
                 shares: recorded.shares.clone(),

@@ -152,14 +152,30 @@ pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
                     }
                 }
             }
-            // The renew time shown moves in steps of the renew period while the lease is
-            // held by one session.
+            // The renew time shown moves every six renew periods while the lease is held by
+            // one session (not at every renewal: an idle fleet is not rewritten each second).
             let now = now_secs();
             let entry = renewed.entry(v.name.clone()).or_insert((None, now));
             if v.ready && (entry.0 != v.session || now - entry.1 >= renew * 6) {
                 *entry = (v.session, now);
             }
-            let status = status_of(&v, lease, entry.1);
+            let mut status = status_of(&v, lease, entry.1);
+            // Ready keeps its transition time while it does not change.
+            let old_ready = cache.get(&v.name).and_then(|o| {
+                o.status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .find(|c| c.type_ == "Ready")
+                    .cloned()
+            });
+            if let Some(old) = old_ready
+                && status["conditions"][0]["status"] == old.status.as_str()
+                && let Ok(t) = serde_json::to_value(&old.last_transition_time)
+            {
+                status["conditions"][0]["lastTransitionTime"] = t;
+            }
             let mut comparable = status.clone();
             comparable["conditions"][0]["lastTransitionTime"] = Value::Null;
             if written.get(&v.name) == Some(&comparable) {

@@ -509,6 +509,12 @@ impl Registry {
             if e.session.as_ref().map(|x| x.id) != Some(session) {
                 return Ok(());
             }
+            // A shard reports only what it was given: a report of anything else is not
+            // stored (it could neither swell the federation's memory nor hold up a deletion).
+            if st.present && !e.held.contains_key(&key) && !e.statuses.contains_key(&key) {
+                tracing::debug!(shard = %name, object = %key, "a status of an object not assigned here");
+                return Ok(());
+            }
             if st.present
                 && let Some(at) = e.sent.remove(&(key.clone(), st.federation_generation))
                 && let Some(m) = &self.metrics
@@ -850,5 +856,224 @@ fn apply_message(seq: u64, key: &ObjectKey, h: &Held) -> pb::FederationMessage {
 fn synced_message(seq: u64) -> pb::FederationMessage {
     pb::FederationMessage {
         message: Some(pb::federation_message::Message::Synced(pb::Synced { seq })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tessera_placement::{Mode, SummaryBuilder};
+
+    use super::*;
+
+    fn registry() -> Arc<Registry> {
+        Registry::new(RegistryConfig::new("sekret"), None)
+    }
+
+    fn reg(name: &str, token: &str) -> pb::Register {
+        pb::Register {
+            name: name.into(),
+            token: token.into(),
+            ..Default::default()
+        }
+    }
+
+    /// `nodes` nodes of 4 cpu, all free, as version `version`, having seen `seen`.
+    fn summary(nodes: u64, version: u64, seen: u64) -> pb::CapacitySummary {
+        let mut b = SummaryBuilder::new(&[]);
+        for _ in 0..nodes {
+            b.node(&[4000, 16 << 30, 110], &[4000, 16 << 30, 110]);
+        }
+        let s = b.build(version);
+        pb::CapacitySummary {
+            version,
+            resources: s.resources,
+            allocatable: s.allocatable,
+            free: s.free,
+            slots: s
+                .slots
+                .into_iter()
+                .map(|x| pb::Slot {
+                    free: x.free,
+                    count: x.count,
+                })
+                .collect(),
+            nodes: s.nodes,
+            assignments_seen: seen,
+            ..Default::default()
+        }
+    }
+
+    fn kinds(rx: &mut mpsc::UnboundedReceiver<pb::FederationMessage>) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            out.push(match m.message {
+                Some(pb::federation_message::Message::Registered(_)) => "registered",
+                Some(pb::federation_message::Message::Assignment(a)) if a.op == 0 => "apply",
+                Some(pb::federation_message::Message::Assignment(_)) => "delete",
+                Some(pb::federation_message::Message::Synced(_)) => "synced",
+                None => "empty",
+            });
+        }
+        out
+    }
+
+    fn key() -> ObjectKey {
+        ObjectKey {
+            group: "apps".into(),
+            version: "v1".into(),
+            resource: "deployments".into(),
+            namespace: "t".into(),
+            name: "web".into(),
+        }
+    }
+
+    fn held() -> Held {
+        Held {
+            object: Arc::from(&b"{}"[..]),
+            generation: 1,
+            replicas: 2,
+            dependencies: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn registrations_are_refused_with_the_reason_and_a_held_name_once() {
+        let r = registry();
+        assert_eq!(
+            r.register(&reg("a", "guess")).err(),
+            Some(RegisterError::BadToken)
+        );
+        assert!(matches!(
+            r.register(&reg("Not_A_Label", "sekret")).err(),
+            Some(RegisterError::BadName { .. })
+        ));
+        let mut bad = reg("a", "sekret");
+        bad.labels
+            .insert("region".into(), "no spaces allowed".into());
+        assert!(matches!(
+            r.register(&bad).err(),
+            Some(RegisterError::BadLabel { .. })
+        ));
+        assert!(r.shard_names().is_empty(), "refusals register nothing");
+
+        let (first, _rx) = r.register(&reg("a", "sekret")).expect("first");
+        assert!(r.is_ready("a"));
+        assert_eq!(
+            r.register(&reg("a", "sekret")).err(),
+            Some(RegisterError::Duplicate("a".into()))
+        );
+        r.disconnect("a", first);
+        assert!(!r.is_ready("a"), "a disconnected shard takes no new work");
+        let (second, _rx) = r
+            .register(&reg("a", "sekret"))
+            .expect("after the first left");
+        assert_ne!(first, second);
+        assert!(
+            !r.renew("a", first),
+            "the old session no longer renews the lease"
+        );
+        assert!(r.renew("a", second));
+    }
+
+    #[test]
+    fn a_shard_that_comes_back_gets_what_it_holds_and_synced_only_after_the_first_pass() {
+        let r = registry();
+        let (s1, mut rx) = r.register(&reg("a", "sekret")).expect("register");
+        assert_eq!(kinds(&mut rx), ["registered"]);
+        r.assign("a", &key(), held());
+        r.assign("a", &key(), held());
+        assert_eq!(
+            kinds(&mut rx),
+            ["apply"],
+            "an unchanged assignment is not sent again"
+        );
+        r.disconnect("a", s1);
+        let (_, mut rx) = r.register(&reg("a", "sekret")).expect("again");
+        assert_eq!(
+            kinds(&mut rx),
+            ["registered", "apply"],
+            "no Synced before the first pass"
+        );
+        r.mark_synced();
+        assert_eq!(kinds(&mut rx), ["synced"]);
+        r.unassign("a", &key());
+        assert_eq!(kinds(&mut rx), ["delete"]);
+    }
+
+    #[test]
+    fn reservations_hold_until_a_summary_has_seen_them() {
+        let r = registry();
+        let (s, _rx) = r.register(&reg("a", "sekret")).expect("register");
+        r.summary("a", s, &summary(2, 1, 0)).expect("valid");
+        let req = Request::cpu_memory(1000, 0);
+        let none = BTreeMap::new();
+        let w = Workload {
+            tenant: "t",
+            replicas: 6,
+            request: &req,
+            current: &none,
+        };
+        let policy = Policy {
+            mode: Mode::Home,
+            ..Default::default()
+        };
+        let (d, _) = r.place(&w, &policy);
+        assert_eq!(d.shares.get("a"), Some(&6));
+        r.assign("a", &key(), held()); // the assignment the reservation rides on: seq 1
+        let (d, _) = r.place(&w, &policy);
+        assert_eq!(d.shares.get("a"), Some(&2), "8 cpu, 6 taken");
+        // A newer summary that has not seen the assignment still counts it as taken...
+        r.summary("a", s, &summary(2, 2, 0)).expect("valid");
+        let (d, _) = r.place(
+            &Workload {
+                replicas: 8,
+                ..w.clone()
+            },
+            &policy,
+        );
+        assert_eq!(d.unplaced, 8, "6 + 2 reserved: {d:?}");
+        // ...one that has seen it reports the room itself.
+        r.summary("a", s, &summary(2, 3, 1)).expect("valid");
+        let (d, _) = r.place(&Workload { replicas: 8, ..w }, &policy);
+        assert_eq!(
+            d.shares.get("a"),
+            Some(&6),
+            "the second decision's 2 still ride on seq 2"
+        );
+    }
+
+    #[test]
+    fn malformed_summaries_and_reports_of_what_was_not_assigned_are_refused() {
+        let r = registry();
+        let (s, _rx) = r.register(&reg("a", "sekret")).expect("register");
+        let mut bad = summary(1, 1, 0);
+        bad.free[0] = 999_999;
+        let why = r.summary("a", s, &bad).expect_err("refused");
+        assert!(why.contains("exceeds allocatable"), "{why}");
+        assert!(
+            r.views()[0].summary.is_none(),
+            "nothing taken from a refused summary"
+        );
+        let status = pb::ObjectStatus {
+            key: Some(key().to_pb()),
+            present: true,
+            ..Default::default()
+        };
+        r.status("a", s, &status).expect("ignored, not an error");
+        assert!(r.reports(&key()).is_empty(), "not stored");
+        r.assign("a", &key(), held());
+        r.status("a", s, &status).expect("stored");
+        assert_eq!(r.reports(&key()).len(), 1);
+        let junk = pb::ObjectStatus {
+            status_json: b"not json".to_vec(),
+            ..status
+        };
+        assert!(
+            r.status("a", s, &junk)
+                .expect_err("refused")
+                .contains("not JSON")
+        );
     }
 }
