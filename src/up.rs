@@ -290,13 +290,18 @@ pub async fn start_workers(
     Ok(tasks)
 }
 
-/// `addr` with its port moved up by `k` (port 0 stays 0: any free port).
-fn offset(addr: SocketAddr, k: usize) -> SocketAddr {
+/// `addr` with its port moved up by `k` (port 0 stays 0: any free port), or why it cannot.
+fn offset(addr: SocketAddr, k: usize) -> anyhow::Result<SocketAddr> {
     let mut a = addr;
     if a.port() != 0 {
-        a.set_port(a.port() + k as u16);
+        let port = u16::try_from(a.port() as usize + k).map_err(|_| {
+            anyhow::anyhow!(
+                "{addr} leaves no room for {k} more ports: shard ports follow the federation's; pick a lower port or fewer --shards"
+            )
+        })?;
+        a.set_port(port);
     }
-    a
+    Ok(a)
 }
 
 /// `tessera up`: serves until Ctrl-C.
@@ -314,6 +319,9 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
     let args = &all.base;
     let labels = crate::federation::parse_labels(&all.shard_labels)?;
+    // Every shard's ports are checked before anything starts.
+    offset(args.api_addr, all.shards)?;
+    offset(args.metrics_addr, all.shards + 1)?;
     let bar = ProgressBar::new(all.shards as u64 + 1).with_style(
         ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} {elapsed}")
             .expect("a valid template")
@@ -338,9 +346,9 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
         let data_dir = args.data_dir.join("shards").join(&name);
         let shard_args = UpArgs {
             data_dir: data_dir.clone(),
-            metrics_addr: offset(args.metrics_addr, 2 + i),
-            grpc_addr: offset(args.grpc_addr, 0),
-            api_addr: offset(args.api_addr, 1 + i),
+            metrics_addr: offset(args.metrics_addr, 2 + i)?,
+            grpc_addr: offset(args.grpc_addr, 0)?,
+            api_addr: offset(args.api_addr, 1 + i)?,
             watch_cache: args.watch_cache,
             store: crate::store_config::StoreArgs {
                 store: crate::store_config::Backend::Embedded,

@@ -235,6 +235,47 @@ fn placement(spec: &Value, e: &mut Errors) {
             );
         }
     }
+    for (i, sel) in spec["resourceSelectors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for (j, x) in sel["labelSelector"]["matchExpressions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if !matches!(
+                x["operator"].as_str(),
+                Some("In" | "NotIn" | "Exists" | "DoesNotExist")
+            ) {
+                e.invalid(
+                    &format!(
+                        "spec.resourceSelectors[{i}].labelSelector.matchExpressions[{j}].operator"
+                    ),
+                    &x["operator"],
+                    "must be In, NotIn, Exists or DoesNotExist",
+                );
+            }
+        }
+    }
+    for (k, v) in spec["shardAffinity"]["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let field = format!("spec.shardAffinity.matchLabels[{k}]");
+        if let Some(why) = names::qualified_name(k) {
+            e.invalid(&field, &Value::String(k.clone()), why);
+        } else if let Some(why) = v
+            .as_str()
+            .map_or(Some("must be a string".to_owned()), names::label_value)
+        {
+            e.invalid(&field, v, why);
+        }
+    }
     for (i, n) in spec["shardAffinity"]["shardNames"]
         .as_array()
         .into_iter()
@@ -645,6 +686,60 @@ mod tests {
             .into_iter()
             .map(|c| format!("{}: {}", c.field, c.message))
             .collect()
+    }
+
+    fn check_tessera(plural: &str, obj: Value) -> Vec<String> {
+        let res = find_resource("tessera.io", "v1alpha1", plural).expect("served");
+        validate(res, &obj)
+            .0
+            .into_iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect()
+    }
+
+    #[test]
+    fn placements_and_shards_report_each_field() {
+        let good = json!({"metadata": {"name": "p", "namespace": "t"}, "spec": {
+            "resourceSelectors": [{"kind": "Deployment", "labelSelector": {"matchExpressions":
+                [{"key": "app", "operator": "In", "values": ["web"]}]}}],
+            "shardAffinity": {"shardNames": ["shard-0"], "matchLabels": {"region": "eu"}},
+            "replicas": {"scheduling": "Divided", "division": "Weighted",
+                "weights": [{"shard": "shard-0", "weight": 1}]}}});
+        assert_eq!(check_tessera("placements", good), Vec::<String>::new());
+        let bad = json!({"metadata": {"name": "p", "namespace": "t"}, "spec": {
+            "resourceSelectors": [{"kind": "Pod", "labelSelector": {"matchExpressions":
+                [{"key": "app", "operator": "Near"}]}}],
+            "shardAffinity": {"shardNames": ["Shard_0"], "matchLabels": {"region": "not ok"}},
+            "replicas": {"scheduling": "Home", "division": "Weighted",
+                "weights": [{"shard": "a", "weight": -1}, {"shard": "a", "weight": 1}]}}});
+        let got = check_tessera("placements", bad);
+        for want in [
+            "spec.resourceSelectors[0].kind: Invalid value: \"Pod\"",
+            "spec.resourceSelectors[0].labelSelector.matchExpressions[0].operator: Invalid value: \"Near\"",
+            "spec.shardAffinity.shardNames[0]: Invalid value: \"Shard_0\"",
+            "spec.shardAffinity.matchLabels[region]: Invalid value: \"not ok\"",
+            "spec.replicas.division: Invalid value: \"Weighted\": applies only with scheduling: Divided",
+            "spec.replicas.weights[0].weight: Invalid value: -1",
+            "spec.replicas.weights[1].shard: Invalid value: \"a\": is listed twice",
+        ] {
+            assert!(
+                got.iter().any(|g| g.starts_with(want)),
+                "missing {want:?} in {got:#?}"
+            );
+        }
+        let shard = json!({"metadata": {"name": "s"}, "spec": {"weight": 0,
+            "taints": [{"key": "k", "effect": "Sometimes"}]}});
+        let got = check_tessera("shards", shard);
+        assert!(
+            got.iter()
+                .any(|g| g.starts_with("spec.weight: Invalid value: 0")),
+            "{got:#?}"
+        );
+        assert!(
+            got.iter()
+                .any(|g| g.starts_with("spec.taints[0].effect: Invalid value: \"Sometimes\"")),
+            "{got:#?}"
+        );
     }
 
     #[test]

@@ -89,12 +89,18 @@ pub enum AgentError {
 /// generation of the copy after our last apply, the manifest).
 #[derive(Clone, Debug)]
 struct Held {
+    resource: &'static tessera_client::catalog::Resource,
     generation: i64,
     replicas: i64,
+    /// 0 until an apply succeeded: retried until it does.
     applied_generation: i64,
     object: Arc<Value>,
+    dependencies: Arc<[Value]>,
     request: Request,
 }
+
+/// How often what failed to apply is tried again, and leftovers looked for.
+const RETRY: Duration = Duration::from_secs(2);
 
 /// The agent's shared state.
 struct State {
@@ -343,6 +349,8 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     };
     let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let summarizer = tokio::spawn(summaries(state.clone(), seen.clone()));
+    let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let retrier = tokio::spawn(retries(state.clone(), synced.clone()));
     let result = loop {
         let msg = match inbound.message().await {
             Ok(Some(m)) => m,
@@ -359,7 +367,10 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 state.changed.notify_one();
             }
             Some(pb::federation_message::Message::Synced(s)) => {
+                // What was held before this stream and not assigned again is no longer ours.
+                state.held.lock().retain(|k, _| assigned.contains(k));
                 leftovers(state, &assigned).await;
+                synced.store(true, std::sync::atomic::Ordering::Release);
                 // The federation now knows all it assigned here: report every copy again
                 // (a restarted federation ignores reports of what it has not assigned yet).
                 for d in state.deployments.list() {
@@ -372,6 +383,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     };
     renewer.abort();
     summarizer.abort();
+    retrier.abort();
     result
 }
 
@@ -452,28 +464,69 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
         tracing::warn!(object = %k.name, "an assignment whose object is not JSON");
         return;
     };
-    for dep in &a.dependencies_json {
-        let Ok(d) = serde_json::from_slice::<Value>(dep) else {
-            continue;
-        };
-        ensure(state, &d).await;
-    }
+    let dependencies: Arc<[Value]> = a
+        .dependencies_json
+        .iter()
+        .filter_map(|d| serde_json::from_slice::<Value>(d).ok())
+        .collect();
     let template: Option<k8s_openapi::api::core::v1::PodSpec> =
         serde_json::from_value(object["spec"]["template"]["spec"].clone()).ok();
     let request = Request {
         amounts: tessera_scheduler::resources::pod_spec_requests(template.as_ref()).amounts(),
     };
-    let applied = apply(state, res, ns, &k.name, &object).await;
-    state.held.lock().insert(
-        id,
-        Held {
-            generation: a.generation,
-            replicas: a.replicas,
-            applied_generation: applied.unwrap_or(0),
-            object: Arc::new(object),
-            request,
-        },
-    );
+    // Held before it is applied: the copy is never a leftover, even while the apply runs.
+    let h = Held {
+        resource: res,
+        generation: a.generation,
+        replicas: a.replicas,
+        applied_generation: 0,
+        object: Arc::new(object),
+        dependencies,
+        request,
+    };
+    state.held.lock().insert(id.clone(), h.clone());
+    apply_held(state, &id, &h).await;
+}
+
+/// Applies a held object (its dependencies first) and notes the copy's generation, unless
+/// the federation assigned something newer meanwhile.
+async fn apply_held(state: &Arc<State>, id: &(String, String, String), h: &Held) {
+    for d in h.dependencies.iter() {
+        ensure(state, d).await;
+    }
+    let ns = (!id.1.is_empty()).then_some(id.1.as_str());
+    if let Some(g) = apply(state, h.resource, ns, &id.2, &h.object).await
+        && let Some(now) = state.held.lock().get_mut(id)
+        && now.generation == h.generation
+        && now.replicas == h.replicas
+    {
+        now.applied_generation = g;
+    }
+}
+
+/// While a stream is up: applies again what failed to apply, and — once the federation has
+/// said `Synced` — removes federated copies it no longer assigns (a delete that failed).
+async fn retries(state: Arc<State>, synced: Arc<std::sync::atomic::AtomicBool>) {
+    let mut tick = tokio::time::interval(RETRY);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let failed: Vec<((String, String, String), Held)> = state
+            .held
+            .lock()
+            .iter()
+            .filter(|(_, h)| h.applied_generation == 0)
+            .map(|(k, h)| (k.clone(), h.clone()))
+            .collect();
+        for (id, h) in failed {
+            apply_held(&state, &id, &h).await;
+        }
+        if synced.load(std::sync::atomic::Ordering::Acquire) {
+            let held: std::collections::BTreeSet<(String, String, String)> =
+                state.held.lock().keys().cloned().collect();
+            leftovers(&state, &held).await;
+        }
+    }
 }
 
 /// Creates a dependency (a namespace, ...) if it is missing; an existing one is the shard's.
@@ -543,12 +596,7 @@ fn drift(state: &Arc<State>, d: &Deployment) {
     let state = state.clone();
     let obj_ref = ObjectRef::new("apps/v1", "Deployment", &d.metadata);
     tokio::spawn(async move {
-        let applied = apply(&state, deployments(), Some(&ns), &name, &h.object).await;
-        if let Some(g) = applied
-            && let Some(held) = state.held.lock().get_mut(&id)
-        {
-            held.applied_generation = g;
-        }
+        apply_held(&state, &id, &h).await;
         tracing::info!(namespace = %ns, name = %name, "reverted a change made behind the federation's back");
         state.recorder.event(
             &obj_ref,
@@ -559,7 +607,8 @@ fn drift(state: &Arc<State>, d: &Deployment) {
     });
 }
 
-/// After `Synced`: federated objects the federation no longer assigns are removed.
+/// Federated copies not in `assigned` are removed (after `Synced`, and on every retry pass
+/// after it).
 async fn leftovers(
     state: &Arc<State>,
     assigned: &std::collections::BTreeSet<(String, String, String)>,
