@@ -25,7 +25,7 @@ use tessera_placement::{Decision, Request, Workload};
 use tessera_registry::{Held, ObjectKey, Registry, RegistryEvent};
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, Informer, Scope, Tasks, key_of};
+use tessera_runtime::informer::{Cache, Change, Informer, Scope, Tasks, key_of};
 use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use tessera_runtime::{EventClass, QueueConfig, WorkQueue};
 use tessera_scheduler::resources::pod_spec_requests;
@@ -126,6 +126,8 @@ pub struct Propagation {
     recorder: Recorder,
     /// Workloads with replicas waiting for room: placed again when a shard changes.
     pending: Mutex<BTreeSet<String>>,
+    /// Namespace → owning Tenant.
+    tenant_index: Arc<Mutex<policy::TenantIndex>>,
 }
 
 /// What the controller runs with.
@@ -153,6 +155,7 @@ pub async fn run(o: Options) {
     let placements = Informer::<Placement>::new(c, r, Scope::default(), m);
     let (r, c, m) = inf(find_resource("", "v1", "namespaces").expect("served"));
     let namespaces = Informer::<Namespace>::new(c, r, Scope::default(), m);
+    let tenant_index = Arc::new(Mutex::new(policy::TenantIndex::default()));
     let queue: WorkQueue<String> =
         WorkQueue::new(QueueConfig::new(NAME), None, o.queue_metrics.clone());
     {
@@ -162,6 +165,15 @@ pub async fn run(o: Options) {
                 format!("deployments:{}", key_of(&c.object().metadata)),
                 c.class(),
             )
+        });
+        let index = tenant_index.clone();
+        tenants.on_change(move |c| {
+            let (old, new) = match c {
+                Change::Added(t) => (None, Some(t.as_ref())),
+                Change::Updated { old, new } => (Some(old.as_ref()), Some(new.as_ref())),
+                Change::Deleted(t) => (Some(t.as_ref()), None),
+            };
+            index.lock().update(old, new);
         });
         let q = queue.clone();
         tenants.on_change(move |c| {
@@ -192,6 +204,7 @@ pub async fn run(o: Options) {
         namespaces: namespaces.cache().clone(),
         recorder: Recorder::new(o.client.clone(), NAME, o.runtime_metrics.clone()),
         pending: Mutex::new(BTreeSet::new()),
+        tenant_index,
     });
     {
         let q = queue.clone();
@@ -211,6 +224,11 @@ pub async fn run(o: Options) {
                     );
                 }
                 RegistryEvent::Shard(_) => {
+                    for key in p.pending.lock().iter() {
+                        q.add(key.clone(), EventClass::Update);
+                    }
+                }
+                RegistryEvent::Joined(_) => {
                     for key in p.pending.lock().iter() {
                         q.add(key.clone(), EventClass::Update);
                     }
@@ -465,8 +483,7 @@ impl Propagation {
             amounts: pod_spec_requests(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()))
                 .amounts(),
         };
-        let tenants = self.tenants.list();
-        let tenant = policy::tenant_of(&tenants, &ns).to_owned();
+        let tenant = self.tenant_index.lock().tenant_of(&ns).to_owned();
         let same_request = recorded.request == request.describe();
         let credit = if same_request {
             recorded.shares.clone()

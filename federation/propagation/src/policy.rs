@@ -1,26 +1,49 @@
 //! From the federation's objects to placement's inputs: a namespace's tenant, the Placement
 //! that selects a workload, and that Placement as a [`Policy`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_client::types::{Placement, Tenant};
 use tessera_placement::{Mode, Policy, Toleration};
 
-/// The tenant a namespace routes as: the Tenant that owns it, or — for a namespace no
-/// Tenant owns — a tenant of its own, named after it.
-pub fn tenant_of<'a>(tenants: &'a [std::sync::Arc<Tenant>], namespace: &'a str) -> &'a str {
-    for t in tenants {
-        let owns = t
-            .spec
-            .as_ref()
-            .and_then(|s| s.namespaces.as_ref())
-            .is_some_and(|ns| ns.iter().any(|n| n == namespace));
-        if owns && let Some(name) = t.metadata.name.as_deref() {
-            return name;
+/// Which Tenant owns each namespace, kept from the Tenant informer's changes, so routing a
+/// workload to its tenant is one lookup, not a scan of every Tenant.
+#[derive(Debug, Default)]
+pub struct TenantIndex {
+    owner: HashMap<String, String>,
+}
+
+impl TenantIndex {
+    /// Takes a Tenant's change: `old` as it was (none if new), `new` as it is (none if gone).
+    pub fn update(&mut self, old: Option<&Tenant>, new: Option<&Tenant>) {
+        let namespaces = |t: &Tenant| -> Vec<String> {
+            t.spec
+                .as_ref()
+                .and_then(|s| s.namespaces.clone())
+                .unwrap_or_default()
+        };
+        if let Some(t) = old {
+            for ns in namespaces(t) {
+                if self.owner.get(&ns) == t.metadata.name.as_ref() {
+                    self.owner.remove(&ns);
+                }
+            }
+        }
+        if let Some(t) = new
+            && let Some(name) = t.metadata.name.as_deref()
+        {
+            for ns in namespaces(t) {
+                self.owner.insert(ns, name.to_owned());
+            }
         }
     }
-    namespace
+
+    /// The tenant a namespace routes as: the Tenant that owns it, or — for a namespace no
+    /// Tenant owns — a tenant of its own, named after it.
+    pub fn tenant_of<'a>(&'a self, namespace: &'a str) -> &'a str {
+        self.owner.get(namespace).map_or(namespace, String::as_str)
+    }
 }
 
 /// Whether `p` selects the workload of `kind` with `meta`.
@@ -196,9 +219,18 @@ mod tests {
             }),
             ..Default::default()
         });
-        let ts = vec![t];
-        assert_eq!(tenant_of(&ts, "a2"), "acme");
-        assert_eq!(tenant_of(&ts, "lonely"), "lonely");
+        let mut index = TenantIndex::default();
+        index.update(None, Some(&t));
+        assert_eq!(index.tenant_of("a2"), "acme");
+        assert_eq!(index.tenant_of("lonely"), "lonely");
+        // The tenant gives up a1, then goes.
+        let mut fewer = (*t).clone();
+        fewer.spec.as_mut().expect("spec").namespaces = Some(vec!["a2".into()]);
+        index.update(Some(&t), Some(&fewer));
+        assert_eq!(index.tenant_of("a1"), "a1");
+        assert_eq!(index.tenant_of("a2"), "acme");
+        index.update(Some(&fewer), None);
+        assert_eq!(index.tenant_of("a2"), "a2");
     }
 
     #[test]

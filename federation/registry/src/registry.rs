@@ -126,7 +126,9 @@ pub struct Reported {
 /// Something that happened in the registry, for the controllers that act on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegistryEvent {
-    /// A shard joined, left, became (not) ready, or reported new capacity.
+    /// A shard (re)connected: it is to hold everything held everywhere.
+    Joined(String),
+    /// A shard left, became (not) ready, or reported new capacity.
     Shard(String),
     /// A shard reported the status of a federated object.
     Status(ObjectKey),
@@ -394,7 +396,7 @@ impl Registry {
         };
         tracing::info!(shard = %reg.name, session = id, "shard registered");
         self.count_states();
-        self.emit(RegistryEvent::Shard(reg.name.clone()));
+        self.emit(RegistryEvent::Joined(reg.name.clone()));
         Ok((id, rx))
     }
 
