@@ -118,6 +118,12 @@ fn minimal(kind: &str) -> Option<Value> {
         }
         "Tenant" => json!({"metadata": meta, "spec": {"namespaces": ["x-ns"]}}),
         "PodGroup" => json!({"metadata": meta, "spec": {"minMember": 2}}),
+        "Shard" => json!({"metadata": meta, "spec": {"unschedulable": false}}),
+        "ShardMap" => json!({"metadata": meta, "spec": {"version": 1,
+            "shards": [{"name": "shard-0", "weight": 160}]}}),
+        "Placement" => json!({"metadata": meta, "spec": {
+            "resourceSelectors": [{"kind": "Deployment"}],
+            "replicas": {"scheduling": "Divided", "division": "Capacity"}}}),
         _ => return None,
     })
 }
