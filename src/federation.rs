@@ -62,8 +62,7 @@ pub fn join_token(data_dir: &Path) -> anyhow::Result<String> {
 /// gRPC endpoint on `args.grpc_addr` (TLS with the API's certificate), the Shard objects'
 /// writer and the propagation controller.
 pub async fn start(args: &UpArgs, lease: &LeaseArgs) -> anyhow::Result<Federation> {
-    let api = crate::up::start(args).await?;
-    let metrics = FederationMetrics::register(&api.registry)?;
+    let metrics = FederationMetrics::unregistered()?;
     let token = join_token(&args.data_dir)?;
     let mut config = RegistryConfig::new(token.clone());
     if lease.shard_lease_seconds < 3 {
@@ -71,7 +70,11 @@ pub async fn start(args: &UpArgs, lease: &LeaseArgs) -> anyhow::Result<Federatio
     }
     config.lease = Duration::from_secs(lease.shard_lease_seconds);
     config.renew = Duration::from_secs((lease.shard_lease_seconds / 3).max(1));
-    let registry = Registry::new(config, Some(metrics));
+    let registry = Registry::new(config, Some(metrics.clone()));
+    // Pods, nodes and events are read across the shards, over their agents' streams.
+    let shards = Arc::new(tessera_registry::RegistryShards(registry.clone()));
+    let api = crate::up::start_with(args, Some(shards)).await?;
+    metrics.register_into(&api.registry)?;
     let credentials =
         tessera_apiserver::pki::Credentials::load_or_create(&args.data_dir.join("pki"))?;
     let listener = tokio::net::TcpListener::bind(args.grpc_addr)

@@ -141,6 +141,14 @@ const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "
 
 /// Opens the store and serves the API and metrics.
 pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
+    start_with(args, None).await
+}
+
+/// [`start`], the API reading pods, nodes and events across `shards` (the federation's).
+pub async fn start_with(
+    args: &UpArgs,
+    shards: Option<Arc<dyn tessera_apiserver::client::ShardSet>>,
+) -> anyhow::Result<Shard> {
     let registry = Registry::new();
     let metrics = StoreMetrics::register(&registry)?;
     let api_metrics = ApiMetrics::register(&registry)?;
@@ -159,6 +167,9 @@ pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
         .with_metrics_registry(registry.clone());
     if !args.watch_cache {
         api = api.without_watch_cache();
+    }
+    if let Some(shards) = shards {
+        api = api.with_shards(shards);
     }
     let client: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
     let namespaces = tessera_apiserver::request::find_resource("", "v1", "namespaces")

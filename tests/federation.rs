@@ -47,6 +47,21 @@ fn wait_spread(c: &Cluster, ns: &str, name: &str, want: &[Option<u64>]) {
     );
 }
 
+/// A token of tenant `name` made with `tessera token create` at the federation.
+fn tenant_token(c: &Cluster, name: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["token", "create", "--tenant", name, "--data-dir"])
+        .arg(c.dir.path())
+        .output()
+        .expect("token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 fn start() -> (Cluster, String) {
     let grpc = free_addr();
     let c = Cluster::start_with(
@@ -339,17 +354,7 @@ fn a_tenant_stays_home_spills_over_when_full_and_waits_with_a_reason() {
         });
         assert!(t.is_some(), "Tenant acme not in {s}");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["token", "create", "--tenant", "acme", "--data-dir"])
-        .arg(c.dir.path())
-        .output()
-        .expect("token create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let token = tenant_token(&c, "acme");
     let denied = c.fails(&["--token", &token, "get", "deploy", "-n", "spill"]);
     assert!(
         denied.contains("Forbidden") || denied.contains("forbidden"),
@@ -460,4 +465,339 @@ fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
         before,
         "the copy survived the federation's restart"
     );
+
+    // A process pod's log in the shard, read through the federation (over the shard's own
+    // stream: the federation never connects to the shard).
+    let _procs = shard.component(&[
+        "agent",
+        "--sim-nodes=0",
+        "--process-nodes=1",
+        "--prefix=east",
+        "--log-dir",
+        &shard.dir.path().join("east-logs").display().to_string(),
+        "--state-dir",
+        &shard.dir.path().join("east-pods").display().to_string(),
+    ]);
+    let registered = wait_for(Duration::from_secs(60), || {
+        fed.ok(&["get", "nodes", "--no-headers"])
+            .lines()
+            .any(|l| l.starts_with("east-proc-0 ") && l.contains(" Ready ") && l.ends_with("east"))
+            .then_some(())
+    });
+    assert!(registered.is_some(), "{}", fed.ok(&["get", "nodes"]));
+    shard.ok(&[
+        "run",
+        "hello",
+        "-n",
+        "web",
+        "--image=busybox",
+        "--restart=Never",
+        "--overrides={\"spec\":{\"nodeName\":\"east-proc-0\"}}",
+        "--command",
+        "--",
+        "sh",
+        "-c",
+        "echo hello through the federation; echo second line",
+    ]);
+    let done = wait_for(Duration::from_secs(60), || {
+        (fed.ok(&[
+            "get",
+            "pod",
+            "hello",
+            "-n",
+            "web",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]) == "Succeeded")
+            .then_some(())
+    });
+    assert!(
+        done.is_some(),
+        "{}",
+        fed.ok(&["get", "pod", "hello", "-n", "web", "-o", "yaml"])
+    );
+    assert_eq!(
+        fed.ok(&["logs", "hello", "-n", "web"]),
+        "hello through the federation\nsecond line\n"
+    );
+    assert_eq!(
+        fed.ok(&["logs", "hello", "-n", "web", "--tail=1"]),
+        "second line\n"
+    );
+    let missing = fed.fails(&["logs", "nosuchpod", "-n", "web"]);
+    assert!(
+        missing.contains("NotFound") || missing.contains("not found"),
+        "{missing}"
+    );
+}
+
+/// Lines a long-running kubectl (a watch) has printed so far; it is killed when dropped.
+struct Watching {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Watching {
+    fn start(c: &Cluster, args: &[&str]) -> Watching {
+        use std::io::BufRead;
+        let mut child = c
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl watch");
+        let stdout = child.stdout.take().expect("piped");
+        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = out.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut s = sink.lock().expect("not poisoned");
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Watching { child, out }
+    }
+
+    fn seen(&self) -> String {
+        self.out.lock().expect("not poisoned").clone()
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The values of the last column (SHARD) of a table without headers.
+fn last_column(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .filter_map(|l| l.split_whitespace().last().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn pods_nodes_and_events_are_read_across_shards() {
+    let (c, _) = start();
+    // Every shard's nodes, each with its shard.
+    let nodes = c.ok(&["get", "nodes", "--no-headers"]);
+    let shards = last_column(&nodes);
+    assert_eq!(shards.len(), 30, "{nodes}");
+    for s in SHARDS {
+        assert_eq!(shards.iter().filter(|x| *x == s).count(), 10, "{nodes}");
+    }
+    assert!(
+        c.ok(&["get", "nodes"])
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains("SHARD"))
+    );
+    // Paged across shards (7 per page: pages end inside and at the end of shards): the same
+    // 30 nodes, each once.
+    let mut paged: Vec<String> = c
+        .ok(&["get", "nodes", "-o", "name", "--chunk-size=7"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    paged.sort();
+    let before = paged.len();
+    paged.dedup();
+    assert_eq!((before, paged.len()), (30, 30), "{paged:?}");
+
+    // A workload divided over the three shards: its pods are listed with their shards.
+    c.ok(&["create", "namespace", "reads"]);
+    let placement = c.file(
+        "thirds.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: thirds, namespace: reads}\nspec:\n  resourceSelectors: [{kind: Deployment, name: web}]\n  replicas:\n    scheduling: Divided\n    division: Weighted\n    weights: [{shard: shard-0, weight: 1}, {shard: shard-1, weight: 1}, {shard: shard-2, weight: 1}]\n",
+    );
+    c.ok(&["apply", "-f", &placement]);
+    c.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "-n",
+        "reads",
+        "--image=nginx",
+        "--replicas=6",
+    ]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "reads",
+        "--timeout=90s",
+    ]);
+    let all = c.ok(&["get", "pods", "-A", "--no-headers"]);
+    let ours: Vec<&str> = all.lines().filter(|l| l.starts_with("reads ")).collect();
+    assert_eq!(ours.len(), 6, "{all}");
+    for s in SHARDS {
+        assert_eq!(
+            ours.iter().filter(|l| l.ends_with(s)).count(),
+            2,
+            "two pods in {s}: {all}"
+        );
+    }
+    // A selector on the shard label picks the shard; the rest of it goes to the shards.
+    let one = c.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "reads",
+        "-l",
+        "tessera.io/shard=shard-1,app=web",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(one.lines().count(), 2, "{one}");
+    let none = c.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "reads",
+        "-l",
+        "app=other",
+        "-o",
+        "name",
+    ]);
+    assert!(none.trim().is_empty(), "{none}");
+    // Field selectors apply in every shard.
+    let running = c.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "reads",
+        "--field-selector=status.phase=Running",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(running.lines().count(), 6, "{running}");
+    // Pods paged one at a time: the same six.
+    let mut a: Vec<String> = c
+        .ok(&["get", "pods", "-n", "reads", "-o", "name", "--chunk-size=1"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut b: Vec<String> = c
+        .ok(&["get", "pods", "-n", "reads", "-o", "name"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    // One pod by name, from whichever shard holds it.
+    let name = b[0].trim_start_matches("pod/").to_owned();
+    let shard = c.ok(&[
+        "get",
+        "pod",
+        &name,
+        "-n",
+        "reads",
+        "-o",
+        "jsonpath={.metadata.labels.tessera\\.io/shard}",
+    ]);
+    assert!(SHARDS.contains(&shard.as_str()), "{shard:?}");
+    assert!(
+        c.ok(&[
+            "--context",
+            &shard,
+            "get",
+            "pod",
+            &name,
+            "-n",
+            "reads",
+            "-o",
+            "name"
+        ])
+        .contains(&name)
+    );
+    assert!(
+        c.fails(&["get", "pod", "no-such-pod", "-n", "reads"])
+            .contains("NotFound")
+    );
+
+    // A watch at the federation sees a change made in any shard.
+    let watch = Watching::start(
+        &c,
+        &["get", "pods", "-n", "reads", "-w", "--output-watch-events"],
+    );
+    let listed = wait_for(Duration::from_secs(30), || {
+        (watch.seen().lines().filter(|l| l.contains("web-")).count() >= 6).then_some(())
+    });
+    assert!(listed.is_some(), "{}", watch.seen());
+    c.ok(&[
+        "--context",
+        "shard-2",
+        "run",
+        "direct",
+        "-n",
+        "reads",
+        "--image=nginx",
+    ]);
+    let seen = wait_for(Duration::from_secs(30), || {
+        let s = watch.seen();
+        s.lines()
+            .any(|l| l.contains("direct") && l.contains("Running") && l.ends_with("shard-2"))
+            .then_some(s)
+    });
+    assert!(seen.is_some(), "{}", watch.seen());
+    // Events come from the shards (the scheduler's) and the federation (its own).
+    let events = c.ok(&["get", "events", "-n", "reads"]);
+    assert!(
+        events.lines().next().is_some_and(|h| h.contains("SHARD")),
+        "{events}"
+    );
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("Scheduled") && l.contains("pod/direct") && l.ends_with("shard-2")),
+        "{events}"
+    );
+
+    // Pods are written in their shard, not at the federation.
+    let refused = c.fails(&["delete", "pod", "direct", "-n", "reads"]);
+    assert!(refused.contains("live in the shards"), "{refused}");
+
+    // A tenant reads only its own namespaces, at the federation as on a shard.
+    let tenant = c.file(
+        "tenant.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: other}\nspec: {namespaces: [other-dev]}\n",
+    );
+    c.ok(&["apply", "-f", &tenant]);
+    c.ok(&["create", "namespace", "other-dev"]);
+    let token = tenant_token(&c, "other");
+    for args in [
+        &["get", "pods", "-A"][..],
+        &["get", "pods", "-n", "reads"],
+        &["get", "pod", &name, "-n", "reads"],
+        &["get", "events", "-n", "reads"],
+        &["get", "pods", "-n", "reads", "-w", "--request-timeout=5s"],
+        &["logs", &name, "-n", "reads"],
+    ] {
+        let mut with_token = vec!["--token", &token];
+        with_token.extend_from_slice(args);
+        let denied = c.fails(&with_token);
+        assert!(
+            denied.to_lowercase().contains("forbidden"),
+            "{args:?}: {denied}"
+        );
+    }
+    let own = c.ok(&[
+        "--token",
+        &token,
+        "get",
+        "pods",
+        "-n",
+        "other-dev",
+        "-o",
+        "name",
+    ]);
+    assert!(own.trim().is_empty(), "{own}");
 }

@@ -167,6 +167,14 @@ pub trait Client: Send + Sync {
     }
 }
 
+/// The shards of a federation as clients of their Kubernetes APIs: what the federation's API
+/// reads pods, nodes and events from (`kubectl get pods -A` at the federation).
+pub trait ShardSet: Send + Sync {
+    /// The shards that can be read now, in name order, each with a client for reads (get,
+    /// list, watch, pod logs) in its API.
+    fn shards(&self) -> Vec<(String, Arc<dyn Client>)>;
+}
+
 fn object(resp: ApiResponse) -> Result<Value, ApiError> {
     resp.into_value()
         .ok_or_else(|| ApiError::internal("a request answered a watch, or text that is not JSON"))
@@ -304,6 +312,33 @@ pub fn url_of(req: &ApiRequest) -> String {
     }
     if let Some(g) = p.grace_period_seconds {
         q.push(("gracePeriodSeconds".into(), g.to_string()));
+    }
+    if req.subresource.as_deref() == Some("log") {
+        let l = &p.log;
+        if let Some(c) = &l.container {
+            q.push(("container".into(), c.clone()));
+        }
+        for (k, on) in [
+            ("follow", l.follow),
+            ("previous", l.previous),
+            ("timestamps", l.timestamps),
+        ] {
+            if on {
+                q.push((k.into(), "true".into()));
+            }
+        }
+        for (k, n) in [
+            ("tailLines", l.tail_lines),
+            ("sinceSeconds", l.since_seconds),
+            ("limitBytes", l.limit_bytes),
+        ] {
+            if let Some(n) = n {
+                q.push((k.into(), n.to_string()));
+            }
+        }
+        if let Some(t) = &l.since_time {
+            q.push(("sinceTime".into(), t.clone()));
+        }
     }
     if !q.is_empty() {
         let enc: Vec<String> = q
@@ -473,6 +508,17 @@ impl Client for HttpClient {
             });
             return Ok(ApiResponse::Watch(stream));
         }
+        if req.subresource.as_deref() == Some("log") && code == 200 {
+            // A log is text as it comes (and, with `follow`, for as long as the container runs).
+            let body = resp
+                .into_body()
+                .into_data_stream()
+                .map(|r| r.map_err(std::io::Error::other));
+            return Ok(ApiResponse::Stream {
+                content_type: "text/plain",
+                body: Box::pin(body),
+            });
+        }
         let bytes = resp
             .into_body()
             .collect()
@@ -540,5 +586,31 @@ mod tests {
             req.params.label_selector.map(|s| s.to_string())
         );
         assert_eq!(back.params.field_manager.as_deref(), Some("my tool"));
+    }
+
+    #[test]
+    fn log_options_round_trip_through_the_parser() {
+        let res = find_resource("", "v1", "pods").expect("served");
+        let mut req = ApiRequest::new(Verb::Get, res);
+        req.namespace = Some("t1".into());
+        req.name = Some("web-1".into());
+        req.subresource = Some("log".into());
+        req.params.log = crate::request::LogOptions {
+            container: Some("main".into()),
+            follow: true,
+            previous: false,
+            tail_lines: Some(20),
+            since_seconds: None,
+            since_time: Some("2026-12-01T10:00:00+01:00".into()),
+            timestamps: true,
+            limit_bytes: Some(4096),
+        };
+        let url = url_of(&req);
+        let (path, query) = url.split_once('?').expect("query");
+        let back = from_http("GET", path, query, None, None, Bytes::new())
+            .expect("parses")
+            .expect("object path");
+        assert_eq!(back.subresource.as_deref(), Some("log"));
+        assert_eq!(back.params.log, req.params.log);
     }
 }

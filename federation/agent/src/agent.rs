@@ -351,6 +351,8 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     let summarizer = tokio::spawn(summaries(state.clone(), seen.clone()));
     let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let retrier = tokio::spawn(retries(state.clone(), synced.clone()));
+    // Reads the federation makes here; they stop with the stream.
+    let calls = crate::reads::Calls::default();
     let result = loop {
         let msg = match inbound.message().await {
             Ok(Some(m)) => m,
@@ -378,9 +380,14 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 }
                 seen.store(s.seq, std::sync::atomic::Ordering::Release);
             }
+            Some(pb::federation_message::Message::Call(c)) => {
+                calls.start(state.client.clone(), c, tx.clone());
+            }
+            Some(pb::federation_message::Message::Cancel(c)) => calls.cancel(c.id),
             Some(pb::federation_message::Message::Registered(_)) | None => {}
         }
     };
+    drop(calls);
     renewer.abort();
     summarizer.abort();
     retrier.abort();

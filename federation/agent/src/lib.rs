@@ -1,6 +1,7 @@
 //! A shard's federation agent: the shard's end of the one gRPC stream to the federation.
 
 pub mod agent;
+pub mod reads;
 pub mod summary;
 
 pub use agent::{AgentConfig, AgentError, run};

@@ -4,10 +4,12 @@
 
 pub mod metrics;
 pub mod objects;
+pub mod reads;
 pub mod registry;
 pub mod service;
 
 pub use metrics::FederationMetrics;
+pub use reads::{RegistryShards, ShardClient};
 pub use registry::{
     Held, ObjectKey, RegisterError, Registry, RegistryConfig, RegistryEvent, Reported,
 };

@@ -28,12 +28,21 @@ pub struct FederationMetrics {
     pub decision: HistogramVec,
     /// Assignments sent, by operation.
     pub assignments: IntCounterVec,
+    /// Reads sent to shards through their agents' streams.
+    pub shard_reads: IntCounter,
 }
 
 impl FederationMetrics {
     /// Creates and registers the metrics in `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<FederationMetrics> {
         let m = FederationMetrics::unregistered()?;
+        m.register_into(registry)?;
+        Ok(m)
+    }
+
+    /// Registers metrics made with [`FederationMetrics::unregistered`] in `registry`.
+    pub fn register_into(&self, registry: &Registry) -> prometheus::Result<()> {
+        let m = self;
         registry.register(Box::new(m.shards.clone()))?;
         registry.register(Box::new(m.placements.clone()))?;
         registry.register(Box::new(m.spilled_replicas.clone()))?;
@@ -44,7 +53,8 @@ impl FederationMetrics {
         registry.register(Box::new(m.propagation.clone()))?;
         registry.register(Box::new(m.decision.clone()))?;
         registry.register(Box::new(m.assignments.clone()))?;
-        Ok(m)
+        registry.register(Box::new(m.shard_reads.clone()))?;
+        Ok(())
     }
 
     /// Metrics no registry reads (tests, benchmarks).
@@ -116,6 +126,10 @@ impl FederationMetrics {
                     "Assignments sent to shards, by operation.",
                 ),
                 &["op"],
+            )?,
+            shard_reads: IntCounter::new(
+                "tessera_federation_shard_reads_total",
+                "Reads (get, list, watch, pod log) sent to shards over their agents' streams.",
             )?,
         })
     }

@@ -253,6 +253,7 @@ pub struct Registry {
     inner: Mutex<Inner>,
     listeners: Mutex<Vec<Listener>>,
     metrics: Option<FederationMetrics>,
+    pub(crate) calls: Mutex<crate::reads::Calls>,
 }
 
 /// The virtual nodes a shard of `cpu_milli` allocatable cpu gets: a quarter of the standard
@@ -289,6 +290,7 @@ impl Registry {
             }),
             listeners: Mutex::new(Vec::new()),
             metrics,
+            calls: Mutex::new(crate::reads::Calls::default()),
         })
     }
 
@@ -440,6 +442,7 @@ impl Registry {
             e.session = None;
             self.refresh(&mut inner, name, now);
         }
+        self.calls.lock().drop_session(name, session);
         tracing::warn!(shard = %name, session, "shard disconnected");
         self.count_states();
         self.emit(RegistryEvent::Shard(name.to_owned()));
@@ -650,6 +653,27 @@ impl Registry {
             .preference(tenant)
             .into_iter()
             .map(str::to_owned)
+            .collect()
+    }
+
+    /// The session of shard `name`'s agent and the channel to it, while it is connected.
+    pub(crate) fn session_sender(
+        &self,
+        name: &str,
+    ) -> Option<(u64, mpsc::UnboundedSender<pb::FederationMessage>)> {
+        let inner = self.inner.lock();
+        let s = inner.entries.get(name)?.session.as_ref()?;
+        (!s.tx.is_closed()).then(|| (s.id, s.tx.clone()))
+    }
+
+    /// The shards whose agents are connected now, in name order.
+    pub fn connected_shards(&self) -> Vec<String> {
+        let inner = self.inner.lock();
+        inner
+            .entries
+            .iter()
+            .filter(|(_, e)| e.session.as_ref().is_some_and(|s| !s.tx.is_closed()))
+            .map(|(n, _)| n.clone())
             .collect()
     }
 
@@ -915,6 +939,8 @@ mod tests {
                 Some(pb::federation_message::Message::Assignment(a)) if a.op == 0 => "apply",
                 Some(pb::federation_message::Message::Assignment(_)) => "delete",
                 Some(pb::federation_message::Message::Synced(_)) => "synced",
+                Some(pb::federation_message::Message::Call(_)) => "call",
+                Some(pb::federation_message::Message::Cancel(_)) => "cancel",
                 None => "empty",
             });
         }

@@ -111,6 +111,7 @@ impl Federation for FederationService {
                             Err("this session no longer holds the shard's lease".into())
                         }
                     }
+                    Some(pb::shard_message::Message::Reply(r)) => registry.reply(&name, session, r),
                     Some(pb::shard_message::Message::Register(_)) => {
                         Err("Register may be sent only once per stream".into())
                     }

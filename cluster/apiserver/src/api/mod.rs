@@ -6,6 +6,7 @@
 //! kind's real type (`k8s-openapi`), so that what is kept is exactly what clients expect;
 //! fields the type does not have are dropped, warned about or refused (`fieldValidation`).
 
+mod across;
 pub mod admission;
 mod agents;
 mod allocator;
@@ -83,6 +84,8 @@ pub struct Api {
     node_proxy: Option<NodeProxy>,
     /// The process's metrics, served whole to the admin at `/metrics` on the API port.
     metrics_registry: Option<prometheus::Registry>,
+    /// At the federation: the shards that pods, nodes and events are read across.
+    shards: Option<Arc<dyn tessera_client::client::ShardSet>>,
 }
 
 fn uid() -> String {
@@ -215,6 +218,7 @@ impl Api {
             tenants: Arc::default(),
             node_proxy: None,
             metrics_registry: None,
+            shards: None,
         }
     }
 
@@ -327,7 +331,13 @@ impl Api {
         if seat.is_none() && req.verb != Verb::Watch {
             *seat = Some(self.fairness.admit(user, scope.max_inflight)?);
         }
+        let across = self.across(req.resource);
+        let read_across = match across {
+            Some(a) => self.across_shards(&req, a, &scope.namespaces).await,
+            None => None,
+        };
         let mut resp = match (req.verb, req.subresource.as_deref()) {
+            _ if read_across.is_some() => read_across.expect("just checked"),
             (Verb::Get, None) => self.get(&req).await,
             (Verb::Get, Some("status")) => self.get(&req).await,
             (Verb::Get, Some("scale")) => self.get(&req).await,
@@ -373,7 +383,15 @@ impl Api {
             && let ApiResponse::Object { body, .. } = &mut resp
             && req.subresource.is_none()
         {
-            *body = table::to_table(req.resource, body, req.params.include_object.as_deref());
+            let mut t = table::to_table(req.resource, body, req.params.include_object.as_deref());
+            if across.is_some() {
+                let objects: Vec<&Value> = match body["items"].as_array() {
+                    Some(items) => items.iter().collect(),
+                    None => vec![&*body],
+                };
+                across::add_shard_column(&mut t, &objects);
+            }
+            *body = t;
         }
         if let Some(slot) = watch_slot
             && let ApiResponse::Watch(stream) = resp
@@ -392,7 +410,11 @@ impl Api {
             resp = ApiResponse::Watch(Box::pin(stream.map(move |ev| {
                 let mut ev = ev.into_value();
                 if ev["type"] != "ERROR" && ev["type"] != "BOOKMARK" {
-                    ev["object"] = table::to_table(res, &ev["object"], include.as_deref());
+                    let mut t = table::to_table(res, &ev["object"], include.as_deref());
+                    if across.is_some() {
+                        across::add_shard_column(&mut t, &[&ev["object"]]);
+                    }
+                    ev["object"] = t;
                 }
                 WatchEvent::Value(ev)
             })));
