@@ -323,10 +323,27 @@ pub async fn run(all: UpAllArgs) -> anyhow::Result<()> {
     run_federated(all).await
 }
 
-/// `tessera up --shards N`: a federation on the base flags' addresses and data dir, shard
-/// `i` in `DATA/shards/shard-i` with its API on the API port + 1 + i and its metrics on the
-/// metrics port + 2 + i; one kubeconfig with a context each.
-async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
+/// A federation and its shards running in this process.
+pub struct Fleet {
+    /// The federation.
+    pub federation: crate::federation::Federation,
+    /// The shards, by name.
+    pub shards: Vec<(String, Shard)>,
+    /// Their controllers, schedulers, nodes and agents (aborted when the fleet is dropped).
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts the federation and `all.shards` shards (see [`run_federated`]) and writes the
+/// kubeconfig with a context for each.
+pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
     use indicatif::{ProgressBar, ProgressStyle};
     let args = &all.base;
     let labels = crate::federation::parse_labels(&all.shard_labels)?;
@@ -391,6 +408,21 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let kubeconfig = args.data_dir.join("kubeconfig");
     tessera_apiserver::pki::write_private(&kubeconfig, &crate::federation::kubeconfig(&contexts))?;
+    Ok(Fleet {
+        federation: fed,
+        shards,
+        tasks,
+    })
+}
+
+/// `tessera up --shards N`: a federation on the base flags' addresses and data dir, shard
+/// `i` in `DATA/shards/shard-i` with its API on the API port + 1 + i and its metrics on the
+/// metrics port + 2 + i; one kubeconfig with a context each.
+async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
+    let args = &all.base;
+    let fleet = start_federated(&all).await?;
+    let (fed, shards) = (&fleet.federation, &fleet.shards);
+    let kubeconfig = args.data_dir.join("kubeconfig");
     println!("Tessera is up: a federation and {} shards.", all.shards);
     println!(
         "  federation: https://{} (Kubernetes 1.32 API; store {} in {})",
@@ -403,7 +435,7 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
         fed.grpc_url, fed.api.metrics_addr
     );
     let w = &all.workers;
-    for (name, s) in &shards {
+    for (name, s) in shards {
         println!(
             "  {name}:    https://{} with {} simulated nodes ({} cpu, {} memory each), metrics http://{}/metrics",
             s.api_addr, w.nodes_per_shard, w.sim.node_cpu, w.sim.node_memory, s.metrics_addr
@@ -428,7 +460,7 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
     );
     println!();
     println!("Press Ctrl-C to stop.");
-    let _keep = (fed, shards, tasks);
+    let _keep = fleet;
     tokio::signal::ctrl_c().await?;
     tracing::info!("shutting down");
     Ok(())

@@ -617,6 +617,18 @@ fn pods_nodes_and_events_are_read_across_shards() {
         "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: thirds, namespace: reads}\nspec:\n  resourceSelectors: [{kind: Deployment, name: web}]\n  replicas:\n    scheduling: Divided\n    division: Weighted\n    weights: [{shard: shard-0, weight: 1}, {shard: shard-1, weight: 1}, {shard: shard-2, weight: 1}]\n",
     );
     c.ok(&["apply", "-f", &placement]);
+    // A policy no shard can satisfy is refused, with the shards there are.
+    let nowhere = c.file(
+        "nowhere.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: nowhere, namespace: reads}\nspec:\n  resourceSelectors: [{kind: Deployment, name: x}]\n  shardAffinity: {shardNames: [shard-9], matchLabels: {region: mars}}\n",
+    );
+    let refused = c.fails(&["apply", "-f", &nowhere]);
+    assert!(
+        refused.contains("spec.shardAffinity.shardNames[0]")
+            && refused.contains("shard-0, shard-1, shard-2")
+            && refused.contains("region=mars"),
+        "{refused}"
+    );
     c.ok(&[
         "create",
         "deployment",
@@ -800,4 +812,123 @@ fn pods_nodes_and_events_are_read_across_shards() {
         "name",
     ]);
     assert!(own.trim().is_empty(), "{own}");
+}
+
+#[test]
+fn a_workload_takes_what_it_references_along_to_its_shards() {
+    let (c, _) = start();
+    c.ok(&["create", "namespace", "deps"]);
+    c.ok(&[
+        "create",
+        "configmap",
+        "settings",
+        "-n",
+        "deps",
+        "--from-literal=level=1",
+    ]);
+    c.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "password",
+        "-n",
+        "deps",
+        "--from-literal=p=s3cret",
+    ]);
+    c.ok(&[
+        "create",
+        "configmap",
+        "unrelated",
+        "-n",
+        "deps",
+        "--from-literal=x=1",
+    ]);
+    c.ok(&["create", "serviceaccount", "builder", "-n", "deps"]);
+    c.ok(&[
+        "create",
+        "service",
+        "clusterip",
+        "web",
+        "-n",
+        "deps",
+        "--tcp=80:8080",
+    ]);
+    let deploy = c.file(
+        "web.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: deps}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      serviceAccountName: builder\n      containers:\n      - name: c\n        image: nginx\n        envFrom: [{configMapRef: {name: settings}}]\n        env: [{name: P, valueFrom: {secretKeyRef: {name: password, key: p}}}]\n",
+    );
+    c.ok(&["apply", "-f", &deploy]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "deps",
+        "--timeout=90s",
+    ]);
+    let homes: Vec<&str> = SHARDS
+        .iter()
+        .zip(spread(&c, "deps", "web"))
+        .filter_map(|(s, r)| r.map(|_| *s))
+        .collect();
+    assert_eq!(homes.len(), 1, "one home shard: {homes:?}");
+    let home = homes[0];
+    let get = |what: &[&str]| {
+        let mut args = vec!["--context", home, "get", "-n", "deps"];
+        args.extend_from_slice(what);
+        c.kubectl(&args)
+    };
+    let value = |what: &[&str]| String::from_utf8_lossy(&get(what).stdout).into_owned();
+    assert_eq!(
+        value(&["configmap", "settings", "-o", "jsonpath={.data.level}"]),
+        "1"
+    );
+    assert_eq!(
+        value(&["secret", "password", "-o", "jsonpath={.data.p}"]),
+        "czNjcmV0",
+        "the secret's data, base64 as stored"
+    );
+    assert!(get(&["serviceaccount", "builder"]).status.success());
+    let ip = value(&["service", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    assert!(
+        !ip.is_empty(),
+        "the shard gives the Service its own address"
+    );
+    assert!(
+        !get(&["configmap", "unrelated"]).status.success(),
+        "what the workload does not reference stays at the federation"
+    );
+    for other in SHARDS.iter().filter(|s| **s != home) {
+        let out = c.kubectl(&[
+            "--context",
+            other,
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "deps",
+        ]);
+        assert!(
+            !out.status.success(),
+            "{other} runs none of it and holds none of it"
+        );
+    }
+    // A change at the federation reaches the shard.
+    c.ok(&[
+        "patch",
+        "configmap",
+        "settings",
+        "-n",
+        "deps",
+        "--type=merge",
+        "-p",
+        "{\"data\":{\"level\":\"2\"}}",
+    ]);
+    let followed = wait_for(Duration::from_secs(30), || {
+        (value(&["configmap", "settings", "-o", "jsonpath={.data.level}"]) == "2").then_some(())
+    });
+    assert!(
+        followed.is_some(),
+        "the shard's copy follows the federation's"
+    );
 }

@@ -1,6 +1,8 @@
 //! `tessera bench`: measurements with progress bars, printed as a table or as JSON.
 
 mod api;
+mod federation;
+mod fill;
 mod latency;
 mod reopen;
 mod shard;
@@ -35,6 +37,9 @@ pub enum BenchCommand {
     Watch(watch::WatchBenchArgs),
     /// A whole shard: pods from ReplicaSets scheduled onto simulated nodes and started.
     Shard(shard::ShardBenchArgs),
+    /// A federation of whole shards: routing, utilization against one global pool, and the
+    /// same work on one shard and through the federation.
+    Federation(federation::FederationBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -45,5 +50,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Reopen(args) => reopen::run(args).await,
         BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Shard(args) => shard::run(args).await,
+        BenchCommand::Federation(args) => federation::run(args).await,
     }
 }

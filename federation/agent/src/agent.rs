@@ -499,7 +499,10 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
 /// the federation assigned something newer meanwhile.
 async fn apply_held(state: &Arc<State>, id: &(String, String, String), h: &Held) {
     for d in h.dependencies.iter() {
-        ensure(state, d).await;
+        if !ensure(state, d).await {
+            // Tried again with the object on the next retry pass.
+            return;
+        }
     }
     let ns = (!id.1.is_empty()).then_some(id.1.as_str());
     if let Some(g) = apply(state, h.resource, ns, &id.2, &h.object).await
@@ -536,22 +539,39 @@ async fn retries(state: Arc<State>, synced: Arc<std::sync::atomic::AtomicBool>) 
     }
 }
 
-/// Creates a dependency (a namespace, ...) if it is missing; an existing one is the shard's.
-async fn ensure(state: &State, obj: &Value) {
+/// Puts a dependency in place: a namespace is created if missing (an existing one is the
+/// shard's); what a workload takes along (ConfigMaps, Secrets, ServiceAccounts, Services) is
+/// server-side applied as the federation, so changes made at the federation follow.
+async fn ensure(state: &State, obj: &Value) -> bool {
     let kind = obj["kind"].as_str().unwrap_or_default();
     let Some(res) =
         tessera_client::catalog::find_kind(obj["apiVersion"].as_str().unwrap_or("v1"), kind)
     else {
-        return;
+        tracing::warn!(kind, "a dependency of a kind this shard does not serve");
+        return true;
     };
     let ns = obj["metadata"]["namespace"].as_str();
     let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    if kind != "Namespace" {
+        if let Err(e) = state
+            .client
+            .apply(res, ns, name, FEDERATION_MANAGER, obj)
+            .await
+        {
+            tracing::warn!(kind, name, error = %e.message, "applying what a workload takes along");
+            return false;
+        }
+        return true;
+    }
     if state.client.get(res, ns, name).await.is_ok() {
-        return;
+        return true;
     }
     match state.client.create(res, ns, obj).await {
-        Ok(_) | Err(tessera_client::status::ApiError { code: 409, .. }) => {}
-        Err(e) => tracing::warn!(kind, name, error = %e.message, "creating a dependency"),
+        Ok(_) | Err(tessera_client::status::ApiError { code: 409, .. }) => true,
+        Err(e) => {
+            tracing::warn!(kind, name, error = %e.message, "creating a dependency");
+            false
+        }
     }
 }
 

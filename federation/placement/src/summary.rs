@@ -92,7 +92,9 @@ pub struct SummaryBuilder {
     resources: Vec<String>,
     allocatable: Vec<u64>,
     free: Vec<u64>,
-    nodes: Vec<Vec<u64>>,
+    /// Free amounts of nodes alike, and how many.
+    nodes: Vec<(Vec<u64>, u64)>,
+    count: u64,
 }
 
 impl SummaryBuilder {
@@ -109,6 +111,7 @@ impl SummaryBuilder {
             allocatable: vec![0; n],
             free: vec![0; n],
             nodes: Vec::new(),
+            count: 0,
         }
     }
 
@@ -120,19 +123,28 @@ impl SummaryBuilder {
     /// Adds one schedulable node: its allocatable and free amounts per resource (free is
     /// clamped to 0 when requests exceed allocatable).
     pub fn node(&mut self, allocatable: &[u64], free: &[u64]) {
+        self.nodes_alike(allocatable, free, 1);
+    }
+
+    /// Adds `count` schedulable nodes with the same allocatable and free amounts.
+    pub fn nodes_alike(&mut self, allocatable: &[u64], free: &[u64], count: u64) {
+        if count == 0 {
+            return;
+        }
         for i in 0..self.resources.len() {
-            self.allocatable[i] += allocatable.get(i).copied().unwrap_or(0);
-            self.free[i] += free.get(i).copied().unwrap_or(0);
+            self.allocatable[i] += allocatable.get(i).copied().unwrap_or(0) * count;
+            self.free[i] += free.get(i).copied().unwrap_or(0) * count;
         }
         let mut f = free.to_vec();
         f.resize(self.resources.len(), 0);
-        self.nodes.push(f);
+        self.nodes.push((f, count));
+        self.count += count;
     }
 
     /// The summary, as version `version`.
     pub fn build(self, version: u64) -> Summary {
-        let nodes = self.nodes.len() as u64;
-        let slots = group(self.nodes.iter().map(|n| (n.as_slice(), 1)));
+        let nodes = self.count;
+        let slots = group(self.nodes.iter().map(|(n, c)| (n.as_slice(), *c)));
         Summary {
             resources: self.resources,
             allocatable: self.allocatable,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tessera_client::catalog::Resource;
@@ -30,6 +30,7 @@ use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use tessera_runtime::{EventClass, QueueConfig, WorkQueue};
 use tessera_scheduler::resources::pod_spec_requests;
 
+use crate::dependencies;
 use crate::policy;
 use crate::status::{self, Placed};
 
@@ -123,6 +124,11 @@ pub struct Propagation {
     tenants: Arc<Cache<Tenant>>,
     placements: Arc<Cache<Placement>>,
     namespaces: Arc<Cache<Namespace>>,
+    /// What workloads take along to their shards.
+    config_maps: Arc<Cache<ConfigMap>>,
+    secrets: Arc<Cache<Secret>>,
+    service_accounts: Arc<Cache<ServiceAccount>>,
+    services: Arc<Cache<Service>>,
     recorder: Recorder,
     /// Workloads with replicas waiting for room: placed again when a shard changes.
     pending: Mutex<BTreeSet<String>>,
@@ -155,6 +161,14 @@ pub async fn run(o: Options) {
     let placements = Informer::<Placement>::new(c, r, Scope::default(), m);
     let (r, c, m) = inf(find_resource("", "v1", "namespaces").expect("served"));
     let namespaces = Informer::<Namespace>::new(c, r, Scope::default(), m);
+    let (r, c, m) = inf(find_resource("", "v1", "configmaps").expect("served"));
+    let config_maps = Informer::<ConfigMap>::new(c, r, Scope::default(), m);
+    let (r, c, m) = inf(find_resource("", "v1", "secrets").expect("served"));
+    let secrets = Informer::<Secret>::new(c, r, Scope::default(), m);
+    let (r, c, m) = inf(find_resource("", "v1", "serviceaccounts").expect("served"));
+    let service_accounts = Informer::<ServiceAccount>::new(c, r, Scope::default(), m);
+    let (r, c, m) = inf(find_resource("", "v1", "services").expect("served"));
+    let services = Informer::<Service>::new(c, r, Scope::default(), m);
     let tenant_index = Arc::new(Mutex::new(policy::TenantIndex::default()));
     let queue: WorkQueue<String> =
         WorkQueue::new(QueueConfig::new(NAME), None, o.queue_metrics.clone());
@@ -185,15 +199,17 @@ pub async fn run(o: Options) {
         // A Placement's change re-places every workload of its namespace.
         let q = queue.clone();
         let dcache = deployments.cache().clone();
-        placements.on_change(move |c| {
-            let ns = c.object().metadata.namespace.clone().unwrap_or_default();
-            for d in dcache.in_namespace(&ns) {
-                q.add(
-                    format!("deployments:{}", key_of(&d.metadata)),
-                    EventClass::Update,
-                );
-            }
-        });
+        placements.on_change(move |c| requeue_namespace(&q, &dcache, &c.object().metadata));
+        // So does a change of what workloads take along (a ConfigMap, a Secret, ...): their
+        // copies in the shards follow.
+        let (q, dc) = (queue.clone(), deployments.cache().clone());
+        config_maps.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
+        let (q, dc) = (queue.clone(), deployments.cache().clone());
+        secrets.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
+        let (q, dc) = (queue.clone(), deployments.cache().clone());
+        service_accounts.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
+        let (q, dc) = (queue.clone(), deployments.cache().clone());
+        services.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
     }
     let p = Arc::new(Propagation {
         client: o.client.clone(),
@@ -202,6 +218,10 @@ pub async fn run(o: Options) {
         tenants: tenants.cache().clone(),
         placements: placements.cache().clone(),
         namespaces: namespaces.cache().clone(),
+        config_maps: config_maps.cache().clone(),
+        secrets: secrets.cache().clone(),
+        service_accounts: service_accounts.cache().clone(),
+        services: services.cache().clone(),
         recorder: Recorder::new(o.client.clone(), NAME, o.runtime_metrics.clone()),
         pending: Mutex::new(BTreeSet::new()),
         tenant_index,
@@ -248,11 +268,19 @@ pub async fn run(o: Options) {
         tokio::spawn(tenants.clone().run()),
         tokio::spawn(placements.clone().run()),
         tokio::spawn(namespaces.clone().run()),
+        tokio::spawn(config_maps.clone().run()),
+        tokio::spawn(secrets.clone().run()),
+        tokio::spawn(service_accounts.clone().run()),
+        tokio::spawn(services.clone().run()),
     ]);
     deployments.synced().await;
     tenants.synced().await;
     placements.synced().await;
     namespaces.synced().await;
+    config_maps.synced().await;
+    secrets.synced().await;
+    service_accounts.synced().await;
+    services.synced().await;
     wait_for_known_shards(&o.client, &o.registry).await;
     // Every object is assigned once before agents are told they hold all they should: an
     // agent removes what it was not assigned since it connected.
@@ -269,6 +297,21 @@ pub async fn run(o: Options) {
     o.registry.mark_synced();
     tracing::info!("federation propagation synced");
     controller::run(p, queue, o.workers, o.runtime_metrics).await;
+}
+
+/// Queues every Deployment in the namespace of `meta`.
+fn requeue_namespace(
+    q: &WorkQueue<String>,
+    deployments: &Cache<Deployment>,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) {
+    let ns = meta.namespace.as_deref().unwrap_or_default();
+    for d in deployments.in_namespace(ns) {
+        q.add(
+            format!("deployments:{}", key_of(&d.metadata)),
+            EventClass::Update,
+        );
+    }
 }
 
 /// Waits (at most one lease) for the shards the federation knows — its Shard objects — to
@@ -333,6 +376,70 @@ pub fn manifest(obj: &Value, generation: i64, replicas: Option<u64>) -> Value {
 }
 
 impl Propagation {
+    /// What `d` takes along to its shards, after its namespace: the ConfigMaps, Secrets and
+    /// ServiceAccount its pods name that exist here, and the Services that select its pods.
+    fn dependencies_of(&self, d: &Deployment) -> Vec<Arc<[u8]>> {
+        let ns = d.metadata.namespace.as_deref().unwrap_or_default();
+        let mut out = vec![Arc::from(
+            self.namespace_manifest(ns).to_string().into_bytes(),
+        )];
+        let Some(template) = d.spec.as_ref().map(|s| &s.template) else {
+            return out;
+        };
+        let mut push = |obj: Value, kind: &str| {
+            let mut obj = obj;
+            obj["apiVersion"] = json!("v1");
+            obj["kind"] = json!(kind);
+            let m = if kind == "Service" {
+                dependencies::service_manifest(&obj)
+            } else {
+                dependencies::carry(&obj, dependencies::fields_of(kind))
+            };
+            out.push(Arc::from(m.to_string().into_bytes()));
+        };
+        if let Some(spec) = &template.spec {
+            let refs = dependencies::referenced(spec);
+            for n in &refs.config_maps {
+                if let Some(o) = self.config_maps.get(&format!("{ns}/{n}")) {
+                    push(
+                        serde_json::to_value(o.as_ref()).unwrap_or_default(),
+                        "ConfigMap",
+                    );
+                }
+            }
+            for n in &refs.secrets {
+                if let Some(o) = self.secrets.get(&format!("{ns}/{n}")) {
+                    push(
+                        serde_json::to_value(o.as_ref()).unwrap_or_default(),
+                        "Secret",
+                    );
+                }
+            }
+            if let Some(n) = &refs.service_account
+                && let Some(o) = self.service_accounts.get(&format!("{ns}/{n}"))
+            {
+                push(
+                    serde_json::to_value(o.as_ref()).unwrap_or_default(),
+                    "ServiceAccount",
+                );
+            }
+        }
+        let labels = template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        for svc in self.services.in_namespace(ns) {
+            if dependencies::selects(&svc, &labels) {
+                push(
+                    serde_json::to_value(svc.as_ref()).unwrap_or_default(),
+                    "Service",
+                );
+            }
+        }
+        out
+    }
+
     fn namespace_manifest(&self, ns: &str) -> Value {
         let labels = self
             .namespaces
@@ -561,7 +668,7 @@ impl Propagation {
         obj["apiVersion"] = json!("apps/v1");
         obj["kind"] = json!("Deployment");
         let okey = Kind::Deployment.object_key(key);
-        let ns_dep: Arc<[u8]> = Arc::from(self.namespace_manifest(&ns).to_string().into_bytes());
+        let deps = self.dependencies_of(&d);
         for (shard, n) in &decision.shares {
             let m = manifest(&obj, generation, Some(*n));
             self.registry.assign(
@@ -571,7 +678,7 @@ impl Propagation {
                     object: Arc::from(m.to_string().into_bytes()),
                     generation,
                     replicas: *n as i64,
-                    dependencies: vec![ns_dep.clone()],
+                    dependencies: deps.clone(),
                 },
             );
         }

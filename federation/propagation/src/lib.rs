@@ -2,6 +2,7 @@
 //! federation, its propagation to the chosen shards, and its status aggregated back.
 
 pub mod controller;
+pub mod dependencies;
 pub mod policy;
 pub mod status;
 

@@ -211,6 +211,8 @@ pub struct ShardView {
 
 struct Inner {
     entries: BTreeMap<String, Entry>,
+    /// Tenants the federation has placed workloads of (for `tenants_moved` on map changes).
+    tenants: std::collections::HashSet<String>,
     snapshot: Snapshot,
     next_session: u64,
     synced: bool,
@@ -281,6 +283,7 @@ impl Registry {
             config,
             inner: Mutex::new(Inner {
                 entries: BTreeMap::new(),
+                tenants: Default::default(),
                 snapshot: Snapshot {
                     map,
                     shards: BTreeMap::new(),
@@ -628,6 +631,9 @@ impl Registry {
     /// takes, so the next decision does not count the same room twice.
     pub fn place(&self, w: &Workload<'_>, policy: &Policy) -> (Decision, usize) {
         let mut inner = self.inner.lock();
+        if !inner.tenants.contains(w.tenant) {
+            inner.tenants.insert(w.tenant.to_owned());
+        }
         let d = inner.snapshot.place(w, policy);
         inner.snapshot.commit(w, &d);
         for (name, n) in &d.shares {
@@ -852,10 +858,24 @@ impl Registry {
         let version = inner.snapshot.map.version() + 1;
         match ShardMap::new(version, &weights) {
             Ok(map) => {
-                tracing::info!(version, shards = weights.len(), "new shard map");
+                // Tenants whose home shard the new map changes (one ring lookup each; maps
+                // change only when shards join, leave or are re-weighted).
+                let old = &inner.snapshot.map;
+                let moved = inner
+                    .tenants
+                    .iter()
+                    .filter(|t| old.home(t).is_some_and(|h| map.home(t) != Some(h)))
+                    .count();
+                tracing::info!(
+                    version,
+                    shards = weights.len(),
+                    tenants_moved = moved,
+                    "new shard map"
+                );
                 inner.snapshot.map = map;
                 if let Some(m) = &self.metrics {
                     m.map_changes.inc();
+                    m.tenants_moved.inc_by(moved as u64);
                 }
             }
             Err(e) => tracing::error!(error = %e, "the shard map cannot be built"),
@@ -1028,6 +1048,50 @@ mod tests {
         assert_eq!(kinds(&mut rx), ["synced"]);
         r.unassign("a", &key());
         assert_eq!(kinds(&mut rx), ["delete"]);
+    }
+
+    #[test]
+    fn a_join_moves_about_a_third_of_the_tenants_placed_and_counts_them() {
+        let metrics = FederationMetrics::unregistered().expect("metrics");
+        let r = Registry::new(RegistryConfig::new("sekret"), Some(metrics.clone()));
+        let mut keep = Vec::new();
+        for name in ["a", "b"] {
+            let (s, rx) = r.register(&reg(name, "sekret")).expect("register");
+            r.summary(name, s, &summary(100, 1, 0)).expect("valid");
+            keep.push(rx);
+        }
+        let req = Request::cpu_memory(1, 0);
+        let none = BTreeMap::new();
+        let tenants: Vec<String> = (0..600).map(|i| format!("tenant-{i}")).collect();
+        for t in &tenants {
+            let w = Workload {
+                tenant: t,
+                replicas: 1,
+                request: &req,
+                current: &none,
+            };
+            r.place(&w, &Policy::default());
+        }
+        let homes = |r: &Registry| -> Vec<String> {
+            tenants.iter().map(|t| r.preference(t)[0].clone()).collect()
+        };
+        let before = homes(&r);
+        assert_eq!(metrics.tenants_moved.get(), 0);
+        let (s, _rx) = r.register(&reg("c", "sekret")).expect("register");
+        r.summary("c", s, &summary(100, 1, 0)).expect("valid");
+        let after = homes(&r);
+        let moved = before.iter().zip(&after).filter(|(x, y)| x != y).count() as u64;
+        assert_eq!(
+            metrics.tenants_moved.get(),
+            moved,
+            "the metric counts what moved"
+        );
+        assert!(
+            after.iter().zip(&before).all(|(a, b)| a == b || a == "c"),
+            "only to the new shard"
+        );
+        // About a third moves to the new shard (1/N), never most of them.
+        assert!((120..=300).contains(&moved), "{moved} of 600 moved");
     }
 
     #[test]

@@ -496,6 +496,100 @@ impl Api {
     }
 }
 
+impl Api {
+    /// At the federation, a Placement may name only shards that have joined and labels some
+    /// joined shard has: a policy no shard can satisfy is refused, with the shards there are.
+    pub(super) async fn check_placement_shards(
+        &self,
+        res: &Resource,
+        obj: &Value,
+    ) -> Result<(), ApiError> {
+        if self.shards.is_none() || (res.group, res.kind) != ("tessera.io", "Placement") {
+            return Ok(());
+        }
+        let shards_res = crate::request::find_resource("tessera.io", "v1alpha1", "shards")?;
+        let kvs = self
+            .store
+            .list(ListRequest {
+                prefix: prefix(shards_res, None).into(),
+                ..Default::default()
+            })
+            .await
+            .map_err(store_error)?
+            .kvs;
+        let known: BTreeMap<String, Value> = kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+            .map(|s| (name_of(&s).to_owned(), s["metadata"]["labels"].clone()))
+            .collect();
+        let list = if known.is_empty() {
+            "none has joined yet".to_owned()
+        } else {
+            format!(
+                "the shards are {}",
+                known.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        };
+        let spec = &obj["spec"];
+        let mut causes = Vec::new();
+        let mut unknown = |field: String, name: &str| {
+            if !known.contains_key(name) {
+                causes.push(Cause {
+                    reason: "FieldValueNotFound",
+                    field,
+                    message: format!("Not found: {name:?}: no shard of that name has joined the federation ({list})"),
+                });
+            }
+        };
+        for (i, n) in spec["shardAffinity"]["shardNames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            unknown(
+                format!("spec.shardAffinity.shardNames[{i}]"),
+                n.as_str().unwrap_or_default(),
+            );
+        }
+        for (i, w) in spec["replicas"]["weights"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            unknown(
+                format!("spec.replicas.weights[{i}].shard"),
+                w["shard"].as_str().unwrap_or_default(),
+            );
+        }
+        if let Some(want) = spec["shardAffinity"]["matchLabels"].as_object()
+            && !want.is_empty()
+            && !known
+                .values()
+                .any(|labels| want.iter().all(|(k, v)| &labels[k] == v))
+        {
+            let wanted: Vec<String> = want
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect();
+            causes.push(Cause {
+                reason: "FieldValueNotFound",
+                field: "spec.shardAffinity.matchLabels".into(),
+                message: format!(
+                    "Not found: no shard has the labels {}: no shard could ever take these workloads (kubectl get shards --show-labels)",
+                    wanted.join(",")
+                ),
+            });
+        }
+        if causes.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(res.group, res.kind, name_of(obj), causes))
+        }
+    }
+}
+
 /// A Table of objects read across shards gets a SHARD column: each row's shard label.
 pub(super) fn add_shard_column(table: &mut Value, objects: &[&Value]) {
     if let Some(cols) = table["columnDefinitions"].as_array_mut() {

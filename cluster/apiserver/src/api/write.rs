@@ -225,6 +225,7 @@ impl Api {
             return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
         }
         self.check_tenant_namespaces(res, &obj).await?;
+        self.check_placement_shards(res, &obj).await?;
         Ok(obj)
     }
 
@@ -608,6 +609,7 @@ impl Api {
                 return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
             }
             self.check_tenant_namespaces(res, &next).await?;
+            self.check_placement_shards(res, &next).await?;
             self.check_namespace_labels(res, user, &next).await?;
             if req.subresource.is_none()
                 && next.get("spec") != current.get("spec")

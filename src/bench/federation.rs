@@ -1,0 +1,501 @@
+//! `tessera bench federation`: scale past one cluster, in one process.
+//!
+//! 1. Routing alone: the federation's placement over S shards' summaries (`placements_per_sec`).
+//! 2. Utilization against one ideal global pool (see [`super::fill`]).
+//! 3. The same work on one shard of all S × N nodes: T tenants (namespaces), one Deployment
+//!    each, P pods in all, created in the shard's API; pods/s from the first create to the
+//!    last pod Running (`single_shard_pods_per_sec`).
+//! 4. The federation and S full shards (each its own embedded store, API, controllers,
+//!    scheduler and N simulated nodes — what `tessera up --shards S` runs): the same
+//!    namespaces and Deployments created at the federation, placed, propagated over the
+//!    gRPC streams and run in the shards (`pods_per_sec`); `per_pod_cost_ratio` = single ÷
+//!    sharded. Then, idle: the propagation latency of one Deployment at a time (federation
+//!    write → object in its shard, p50/p99), and the process's idle cpu.
+//!
+//! Everything shares the machine's cores: the numbers are for the whole fleet.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::json;
+use tessera_apiserver::client::Client;
+use tessera_apiserver::request::find_resource;
+use tessera_runtime::informer::{Change, Informer, Scope};
+
+use super::fill;
+use super::latency::Latencies;
+use crate::up::{Shard, UpAllArgs};
+
+/// Flags of `bench federation`.
+#[derive(Args, Debug)]
+pub struct FederationBenchArgs {
+    /// Shards under the federation.
+    #[arg(long, default_value_t = 3)]
+    pub shards: usize,
+    /// Simulated nodes per shard.
+    #[arg(long, default_value_t = 300)]
+    pub nodes_per_shard: usize,
+    /// Pods in all (one Deployment per tenant).
+    #[arg(long, default_value_t = 3_000)]
+    pub pods: usize,
+    /// Tenants (a namespace and a Deployment each).
+    #[arg(long, default_value_t = 1_000)]
+    pub tenants: usize,
+    /// Placement decisions for the routing measurement.
+    #[arg(long, default_value_t = 200_000)]
+    pub decisions: usize,
+    /// Deployments created one at a time, idle, for the propagation latency.
+    #[arg(long, default_value_t = 50)]
+    pub propagation_samples: usize,
+    /// Leave out the single-shard run (and the ratio).
+    #[arg(long)]
+    pub skip_single: bool,
+    /// Leave out the runs with shards (routing and utilization only).
+    #[arg(long)]
+    pub model_only: bool,
+    /// Give up on a run after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Default)]
+struct Report {
+    shards: usize,
+    nodes: usize,
+    pods: usize,
+    tenants: usize,
+    pods_per_sec: Option<f64>,
+    single_shard_pods_per_sec: Option<f64>,
+    per_pod_cost_ratio: Option<f64>,
+    placements_per_sec: f64,
+    utilization_vs_global: f64,
+    utilization_memory_vs_global: f64,
+    global_cpu_utilization: f64,
+    propagation_p50_ms: Option<f64>,
+    propagation_p99_ms: Option<f64>,
+    idle_cpu_cores: Option<f64>,
+    peak_rss_bytes: u64,
+}
+
+/// `clap` parses the same flags `tessera up` takes, so the shards here are what it runs.
+#[derive(Parser)]
+struct Up {
+    #[command(flatten)]
+    all: UpAllArgs,
+}
+
+fn up_args(dir: &std::path::Path, shards: usize, nodes: usize) -> anyhow::Result<UpAllArgs> {
+    let args = [
+        "up".to_owned(),
+        format!("--data-dir={}", dir.display()),
+        "--api-addr=127.0.0.1:0".into(),
+        "--metrics-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--shards={shards}"),
+        format!("--nodes-per-shard={nodes}"),
+        "--startup-delay-ms=0".into(),
+    ];
+    Ok(Up::try_parse_from(args)?.all)
+}
+
+/// The peak resident memory of this process (VmHWM).
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// cpu seconds this process has used (user + system).
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat; here 11 and 12 (0-based after state).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Counts pods Running in a shard (each pod once) and when the last one started.
+struct Running {
+    seen: Mutex<HashSet<String>>,
+    count: AtomicUsize,
+    last: Mutex<Option<Instant>>,
+}
+
+fn watch_running(
+    client: Arc<dyn Client>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+    running: Arc<Running>,
+) -> anyhow::Result<Arc<Informer<Pod>>> {
+    let pods = find_resource("", "v1", "pods").map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let informer = Informer::<Pod>::new(client, pods, Scope::default(), None);
+    informer.on_change(move |c| {
+        let p = match c {
+            Change::Added(p) | Change::Updated { new: p, .. } => p,
+            Change::Deleted(_) => return,
+        };
+        if p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") {
+            return;
+        }
+        let uid = p.metadata.uid.clone().unwrap_or_default();
+        if running.seen.lock().insert(uid) {
+            running.count.fetch_add(1, Ordering::Relaxed);
+            *running.last.lock() = Some(Instant::now());
+        }
+    });
+    tasks.push(tokio::spawn(informer.clone().run()));
+    Ok(informer)
+}
+
+/// Creates T namespaces and one Deployment each (P pods in all) through `client`; returns
+/// when the creates were sent.
+async fn create_work(client: &Arc<dyn Client>, tenants: usize, pods: usize) -> anyhow::Result<()> {
+    let res =
+        |g: &str, p: &str| find_resource(g, "v1", p).map_err(|e| anyhow::anyhow!("{}", e.message));
+    let (ns_res, deploy_res) = (res("", "namespaces")?, res("apps", "deployments")?);
+    let bar = super::progress_bar(tenants as u64 * 2, "namespaces, deployments".into());
+    let creates = (0..tenants).map(|i| {
+        let client = client.clone();
+        let bar = bar.clone();
+        async move {
+            client
+                .create(
+                    ns_res,
+                    None,
+                    &json!({"metadata": {"name": format!("t-{i}")}}),
+                )
+                .await?;
+            bar.inc(1);
+            Ok::<_, tessera_apiserver::status::ApiError>(())
+        }
+    });
+    for r in futures::future::join_all(creates).await {
+        r.map_err(|e| anyhow::anyhow!("creating a namespace: {}", e.message))?;
+    }
+    let creates = (0..tenants).map(|i| {
+        // P pods over T Deployments: the first P mod T get one more.
+        let replicas = pods / tenants + usize::from(i < pods % tenants);
+        let d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "app", "namespace": format!("t-{i}")},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "app"}},
+                "template": {"metadata": {"labels": {"app": "app"}},
+                    "spec": {"containers": [{"name": "c", "image": "pause",
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}}});
+        let client = client.clone();
+        let bar = bar.clone();
+        async move {
+            let ns = format!("t-{i}");
+            client.create(deploy_res, Some(&ns), &d).await?;
+            bar.inc(1);
+            Ok::<_, tessera_apiserver::status::ApiError>(())
+        }
+    });
+    for r in futures::future::join_all(creates).await {
+        r.map_err(|e| anyhow::anyhow!("creating a Deployment: {}", e.message))?;
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Waits for `pods` Running over `counters`; seconds from `started` to the last one.
+async fn wait_running(
+    counters: &[Arc<Running>],
+    pods: usize,
+    started: Instant,
+    timeout: u64,
+) -> anyhow::Result<f64> {
+    let bar = super::progress_bar(pods as u64, "pods running".into());
+    let deadline = started + Duration::from_secs(timeout);
+    loop {
+        let n: usize = counters
+            .iter()
+            .map(|c| c.count.load(Ordering::Relaxed))
+            .sum();
+        bar.set_position(n as u64);
+        if n >= pods {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("only {n} of {pods} pods Running after {timeout} s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bar.finish_and_clear();
+    let last = counters
+        .iter()
+        .filter_map(|c| *c.last.lock())
+        .max()
+        .unwrap_or(started);
+    Ok((last - started).as_secs_f64())
+}
+
+fn admin(shard: &Shard) -> Arc<dyn Client> {
+    shard.component_client("bench")
+}
+
+/// The same work on one shard of every node.
+/// Returns pods/s and the shard's directory, which must outlive the process's use of it
+/// (its API server and compactor run on until the process ends).
+async fn single(args: &FederationBenchArgs) -> anyhow::Result<(f64, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let all = up_args(dir.path(), 0, args.shards * args.nodes_per_shard)?;
+    let shard = crate::up::start(&all.base).await?;
+    let mut tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
+    let running = Arc::new(Running {
+        seen: Mutex::default(),
+        count: AtomicUsize::new(0),
+        last: Mutex::new(None),
+    });
+    let informer = watch_running(admin(&shard), &mut tasks, running.clone())?;
+    informer.synced().await;
+    let started = Instant::now();
+    create_work(&admin(&shard), args.tenants, args.pods).await?;
+    let secs = wait_running(&[running], args.pods, started, args.timeout).await;
+    for t in tasks {
+        t.abort();
+    }
+    Ok((args.pods as f64 / secs?.max(1e-9), dir))
+}
+
+/// Propagation latency, idle: Deployments created at the federation one at a time, each
+/// timed until it is in a shard.
+async fn propagation(
+    fed: &Arc<dyn Client>,
+    shards: &[Arc<dyn Client>],
+    samples: usize,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Latencies> {
+    let res =
+        |g: &str, p: &str| find_resource(g, "v1", p).map_err(|e| anyhow::anyhow!("{}", e.message));
+    let deploys = res("apps", "deployments")?;
+    let arrived: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    for c in shards {
+        let informer = Informer::<Deployment>::new(c.clone(), deploys, Scope::default(), None);
+        let arrived = arrived.clone();
+        informer.on_change(move |ch| {
+            if let Change::Added(d) = ch {
+                let name = d.metadata.name.clone().unwrap_or_default();
+                arrived.lock().entry(name).or_insert_with(Instant::now);
+            }
+        });
+        tasks.push(tokio::spawn(informer.clone().run()));
+        informer.synced().await;
+    }
+    fed.create(
+        res("", "namespaces")?,
+        None,
+        &json!({"metadata": {"name": "propagation"}}),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let mut lat = Latencies::with_capacity(samples);
+    let bar = super::progress_bar(samples as u64, "propagation samples".into());
+    for i in 0..samples {
+        let name = format!("p-{i}");
+        let d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "propagation"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"p": name}},
+                "template": {"metadata": {"labels": {"p": name}},
+                    "spec": {"containers": [{"name": "c", "image": "pause"}]}}}});
+        let sent = Instant::now();
+        fed.create(deploys, Some("propagation"), &d)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        let deadline = sent + Duration::from_secs(30);
+        loop {
+            if let Some(at) = arrived.lock().get(&name) {
+                lat.record(at.saturating_duration_since(sent));
+                break;
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("Deployment {name} reached no shard in 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        bar.inc(1);
+        // Idle between samples: the next one does not queue behind this one's work.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bar.finish_and_clear();
+    Ok(lat)
+}
+
+/// The federation and its shards.
+/// Returns the fleet's directory, to outlive its servers' use of it.
+async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    let all = up_args(dir.path(), args.shards, args.nodes_per_shard)?;
+    let fleet = crate::up::start_federated(&all).await?;
+    let fed = fleet.federation.api.component_client("bench");
+    // Every shard connected and summarized before work arrives.
+    let shards_res = find_resource("tessera.io", "v1alpha1", "shards")
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let list = fed
+            .list(tessera_apiserver::request::ApiRequest::new(
+                tessera_apiserver::request::Verb::List,
+                shards_res,
+            ))
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        let ready = list["items"].as_array().map_or(0, |items| {
+            items
+                .iter()
+                .filter(|s| {
+                    s["status"]["nodes"].as_u64() == Some(args.nodes_per_shard as u64)
+                        && s["status"]["conditions"].as_array().is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        })
+                })
+                .count()
+        });
+        if ready == args.shards {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "only {ready} of {} shards Ready with their nodes after 120 s",
+                args.shards
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut counters = Vec::new();
+    let mut tasks = Vec::new();
+    let shard_clients: Vec<Arc<dyn Client>> = fleet.shards.iter().map(|(_, s)| admin(s)).collect();
+    for c in &shard_clients {
+        let running = Arc::new(Running {
+            seen: Mutex::default(),
+            count: AtomicUsize::new(0),
+            last: Mutex::new(None),
+        });
+        let informer = watch_running(c.clone(), &mut tasks, running.clone())?;
+        informer.synced().await;
+        counters.push(running);
+    }
+    let started = Instant::now();
+    create_work(&fed, args.tenants, args.pods).await?;
+    let secs = wait_running(&counters, args.pods, started, args.timeout).await?;
+    r.pods_per_sec = Some(args.pods as f64 / secs.max(1e-9));
+    // Idle once the work is in: what the fleet costs doing nothing, then propagation.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = cpu_seconds();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    r.idle_cpu_cores = Some((cpu_seconds() - before) / 10.0);
+    let mut lat = propagation(&fed, &shard_clients, args.propagation_samples, &mut tasks).await?;
+    r.propagation_p50_ms = Some(lat.percentile_ms(50.0));
+    r.propagation_p99_ms = Some(lat.percentile_ms(99.0));
+    for t in tasks {
+        t.abort();
+    }
+    // The fleet's controllers, schedulers and nodes stop as it drops.
+    drop(fleet);
+    Ok(dir)
+}
+
+/// Runs the benchmark.
+pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.shards > 0, "--shards must be at least 1");
+    anyhow::ensure!(args.tenants > 0, "--tenants must be at least 1");
+    let nodes = args.shards * args.nodes_per_shard;
+    let mut r = Report {
+        shards: args.shards,
+        nodes,
+        pods: args.pods,
+        tenants: args.tenants,
+        ..Report::default()
+    };
+    r.placements_per_sec = fill::placements_per_sec(
+        args.shards,
+        args.nodes_per_shard as u64,
+        args.tenants,
+        args.decisions,
+    );
+    let items = fill::mix(args.tenants, nodes as u64, 1.3, 42);
+    let f = fill::utilization(args.shards, args.nodes_per_shard as u64, &items);
+    r.utilization_vs_global = f.sharded_cpu as f64 / f.global_cpu.max(1) as f64;
+    r.utilization_memory_vs_global = f.sharded_memory as f64 / f.global_memory.max(1) as f64;
+    r.global_cpu_utilization = f.global_cpu as f64 / f.capacity_cpu.max(1) as f64;
+    if !args.model_only {
+        let mut _single_dir = None;
+        let mut _fleet_dir = None;
+        if !args.skip_single {
+            let (pps, dir) = single(&args).await?;
+            r.single_shard_pods_per_sec = Some(pps);
+            _single_dir = Some(dir);
+        }
+        _fleet_dir = Some(sharded(&args, &mut r).await?);
+        if let (Some(single), Some(fed)) = (r.single_shard_pods_per_sec, r.pods_per_sec) {
+            r.per_pod_cost_ratio = Some(single / fed.max(1e-9));
+        }
+    }
+    r.peak_rss_bytes = peak_rss();
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_owned(), |v| format!("{v:.1}{unit}"));
+    println!(
+        "federation bench: {} shards × {} nodes = {} nodes, {} pods from {} tenants",
+        r.shards, args.nodes_per_shard, r.nodes, r.pods, r.tenants
+    );
+    println!(
+        "  pods/s through the federation   {}",
+        opt(r.pods_per_sec, "")
+    );
+    println!(
+        "  pods/s on one shard (same work) {}",
+        opt(r.single_shard_pods_per_sec, "")
+    );
+    println!(
+        "  per-pod cost ratio              {}",
+        opt(r.per_pod_cost_ratio, "")
+    );
+    println!(
+        "  placements/s (routing alone)    {:.0}",
+        r.placements_per_sec
+    );
+    println!(
+        "  utilization vs global pool      cpu {:.4}, memory {:.4} (global pool filled to {:.1}% cpu; {} workloads)",
+        r.utilization_vs_global,
+        r.utilization_memory_vs_global,
+        r.global_cpu_utilization * 100.0,
+        f.workloads
+    );
+    println!(
+        "  propagation, idle               p50 {} p99 {}",
+        opt(r.propagation_p50_ms, " ms"),
+        opt(r.propagation_p99_ms, " ms")
+    );
+    println!(
+        "  idle cpu                        {} cores",
+        r.idle_cpu_cores
+            .map_or("-".to_owned(), |v| format!("{v:.3}"))
+    );
+    println!(
+        "  peak rss                        {:.1} MiB",
+        r.peak_rss_bytes as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
