@@ -932,3 +932,51 @@ fn a_workload_takes_what_it_references_along_to_its_shards() {
         "the shard's copy follows the federation's"
     );
 }
+
+/// `tessera bench federation` runs end to end on a tiny fleet and reports every figure.
+#[test]
+fn the_federation_benchmark_reports_every_figure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "bench",
+            "federation",
+            "--shards=2",
+            "--nodes-per-shard=5",
+            "--pods=40",
+            "--tenants=8",
+            "--decisions=2000",
+            "--propagation-samples=3",
+            "--json",
+        ])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("tessera bench federation");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let r: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+    assert_eq!(r["nodes"], 10);
+    assert_eq!(r["pods"], 40);
+    for f in [
+        "pods_per_sec",
+        "single_shard_pods_per_sec",
+        "per_pod_cost_ratio",
+        "placements_per_sec",
+        "propagation_p99_ms",
+    ] {
+        assert!(r[f].as_f64().is_some_and(|v| v > 0.0), "{f}: {r}");
+    }
+    let u = r["utilization_vs_global"].as_f64().expect("utilization");
+    assert!(u > 0.5 && u <= 1.2, "{r}");
+    assert!(
+        r["peak_rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20),
+        "{r}"
+    );
+    assert!(
+        r["idle_cpu_cores"].as_f64().is_some_and(|c| c >= 0.0),
+        "{r}"
+    );
+}

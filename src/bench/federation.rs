@@ -60,6 +60,9 @@ pub struct FederationBenchArgs {
     /// Leave out the runs with shards (routing and utilization only).
     #[arg(long)]
     pub model_only: bool,
+    /// Leave out the utilization measurement.
+    #[arg(long)]
+    pub skip_utilization: bool,
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
@@ -432,8 +435,12 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
         args.tenants,
         args.decisions,
     );
-    let items = fill::mix(args.tenants, nodes as u64, 1.3, 42);
-    let f = fill::utilization(args.shards, args.nodes_per_shard as u64, &items);
+    let f = if args.skip_utilization {
+        fill::Fill::default()
+    } else {
+        let items = fill::mix(args.tenants, nodes as u64, 1.3, 42);
+        fill::utilization(args.shards, args.nodes_per_shard as u64, &items)
+    };
     r.utilization_vs_global = f.sharded_cpu as f64 / f.global_cpu.max(1) as f64;
     r.utilization_memory_vs_global = f.sharded_memory as f64 / f.global_memory.max(1) as f64;
     r.global_cpu_utilization = f.global_cpu as f64 / f.capacity_cpu.max(1) as f64;

@@ -460,11 +460,16 @@ pub async fn apply(api: &Api, req: &ApiRequest, user: &User) -> Result<ApiRespon
                 api_version: version.clone(),
                 subresource: None,
                 time: json!(rfc3339(now_secs())),
-                fields: config_fields,
+                fields: config_fields.clone(),
             }],
         );
         let managed = owned["metadata"]["managedFields"].take();
-        return Box::pin(api.create_applied(&create, user, obj, managed)).await;
+        match Box::pin(api.create_applied(&create, user, obj, managed)).await {
+            // Another request created it since it was looked for: apply to what is there,
+            // as Kubernetes' apply does, rather than fail a concurrent apply.
+            Err(e) if e.code == 409 && e.reason == "AlreadyExists" => {}
+            other => return other,
+        }
     }
     let conflicts = std::sync::Mutex::new(Vec::<Cause>::new());
     let result = api

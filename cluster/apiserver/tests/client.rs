@@ -920,3 +920,49 @@ async fn evictions_respect_disruption_budgets() {
         "refused evictions delete nothing"
     );
 }
+
+/// Server-side applies of one new object racing each other all succeed (the ones that lose
+/// the create apply to what the winner made), as Kubernetes' apply does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_applies_of_a_new_object_all_succeed() {
+    let s = setup().await;
+    let cms = res("", "configmaps");
+    s.clients[0]
+        .1
+        .create(
+            res("", "namespaces"),
+            None,
+            &json!({"metadata": {"name": "default"}}),
+        )
+        .await
+        .expect("namespace");
+    for (label, client) in &s.clients {
+        for round in 0..5 {
+            let name = format!("raced-{label}-{round}");
+            let applies = (0..8).map(|i| {
+                let client = client.clone();
+                let name = name.clone();
+                async move {
+                    let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": name, "namespace": "default"},
+                        "data": {format!("k{i}"): "v"}});
+                    client
+                        .apply(cms, Some("default"), &name, &format!("m{i}"), &obj)
+                        .await
+                }
+            });
+            for r in futures::future::join_all(applies).await {
+                let v = r.unwrap_or_else(|e| {
+                    panic!("{label}: an apply failed: {} {}", e.code, e.message)
+                });
+                assert_eq!(v["metadata"]["name"], json!(name));
+            }
+            let got = client
+                .get(cms, Some("default"), &name)
+                .await
+                .expect("created");
+            let keys = got["data"].as_object().map_or(0, |d| d.len());
+            assert_eq!(keys, 8, "{label}: every manager's field is there: {got}");
+        }
+    }
+}

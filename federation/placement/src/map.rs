@@ -133,6 +133,23 @@ impl ShardMap {
         }
     }
 
+    /// [`ShardMap::preference`] as it is walked: each shard is found only when asked for,
+    /// so a decision that settles on the first shards does not hash through the whole ring.
+    pub fn candidates<'a>(&'a self, tenant: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let key = Self::key(tenant);
+        self.ring
+            .as_ref()
+            .into_iter()
+            .flat_map(move |r| r.calc_candidates(&key).map(|n| n.key.as_str()))
+    }
+
+    /// Whether shard `name` is on the map.
+    pub fn contains(&self, name: &str) -> bool {
+        self.shards
+            .binary_search_by(|w| w.name.as_str().cmp(name))
+            .is_ok()
+    }
+
     /// The tenant's home shard (none in an empty map).
     pub fn home(&self, tenant: &str) -> Option<&str> {
         let key = Self::key(tenant);

@@ -217,6 +217,14 @@ pub struct Snapshot {
 impl Snapshot {
     /// Places `w` under `policy`. Pure: the snapshot is not changed (see [`Snapshot::commit`]).
     pub fn place(&self, w: &Workload<'_>, policy: &Policy) -> Decision {
+        if matches!(policy.mode, Mode::Home | Mode::Whole) {
+            return self.place_in_order(w, policy);
+        }
+        self.place_looking_at_all(w, policy)
+    }
+
+    /// Every mode, with every shard's room looked at first.
+    fn place_looking_at_all(&self, w: &Workload<'_>, policy: &Policy) -> Decision {
         let mut d = Decision::default();
         // Candidates in the tenant's order of preference (the map's shards), then any shard
         // not yet in the map (it joined since), by name.
@@ -341,6 +349,85 @@ impl Snapshot {
             }
         }
         d
+    }
+
+    /// The shards in `tenant`'s order, walked lazily: the map's shards, then any shard not
+    /// yet on it (it joined since), by name.
+    fn order<'a>(&'a self, tenant: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let on_map = self
+            .map
+            .candidates(tenant)
+            .filter(|n| self.shards.contains_key(*n));
+        let joined = self
+            .shards
+            .keys()
+            .filter(|n| !self.map.contains(n))
+            .map(String::as_str);
+        on_map.chain(joined)
+    }
+
+    /// `Home` and `Whole`: the tenant's shards in order until the replicas are placed, so a
+    /// decision costs what it looks at (the home shard, mostly), not every shard's room. The
+    /// shards after the one that settled it are not looked at (their reasons are needed only
+    /// when something stays unplaced, and then every shard is).
+    fn place_in_order(&self, w: &Workload<'_>, policy: &Policy) -> Decision {
+        let mut d = Decision::default();
+        let want = w.replicas;
+        let whole = policy.mode == Mode::Whole;
+        let mut left = want;
+        let mut eligible = 0usize;
+        for name in self.order(w.tenant) {
+            if !whole && left == 0 {
+                break;
+            }
+            let s = &self.shards[name];
+            let room = match self.room(name, s, w, policy) {
+                Ok(room) => room,
+                Err(skip) => {
+                    d.skipped.push((name.to_owned(), skip));
+                    continue;
+                }
+            };
+            let first = eligible == 0;
+            eligible += 1;
+            if whole {
+                if room >= want {
+                    if want > 0 {
+                        d.shares.insert(name.to_owned(), want);
+                    }
+                    if !first {
+                        d.spilled = want;
+                    }
+                    return d;
+                }
+                self.full(&mut d, name, room, w.request);
+                continue;
+            }
+            let n = left.min(room);
+            if n > 0 {
+                d.shares.insert(name.to_owned(), n);
+                if !first {
+                    d.spilled += n;
+                }
+                left -= n;
+            }
+            if n < want && left > 0 {
+                self.full(&mut d, name, room, w.request);
+            }
+        }
+        d.unplaced = if whole { want } else { left };
+        d
+    }
+
+    /// Notes that shard `name` has room for only `room` replicas.
+    fn full(&self, d: &mut Decision, name: &str, room: u64, request: &Request) {
+        let largest = self.shards[name]
+            .summary
+            .as_ref()
+            .map(|sum| scarcest(sum, request))
+            .unwrap_or_default();
+        d.skipped
+            .push((name.to_owned(), Skip::Full { room, largest }));
     }
 
     /// Takes what `d` placed out of the summaries, so that the next decision on this snapshot
@@ -743,6 +830,57 @@ mod tests {
                 prop_assert_eq!(d.unplaced, replicas.saturating_sub(all));
             }
             prop_assert_eq!(snap.place(&w, &policy), d);
+        }
+
+        /// Home and Whole walk the tenant's shards only until they settle: the same shares,
+        /// spill-over and unplaced replicas as looking at every shard first, and the same
+        /// reasons whenever something waits. Tenants and shards vary, some not ready and
+        /// one not yet on the map.
+        #[test]
+        fn walking_the_list_decides_as_looking_at_every_shard(
+            shards in arb_snapshot(), replicas in 0u64..200, cpu in 1u64..4_000,
+            whole in any::<bool>(), tenant in "[a-z]{1,8}", not_ready in 0usize..8,
+        ) {
+            let names: Vec<String> = (0..shards.len()).map(|i| format!("s{i}")).collect();
+            let spec: Vec<(&str, u64, u64)> = names
+                .iter()
+                .zip(&shards)
+                .map(|(n, (nodes, free))| (n.as_str(), *nodes, *free))
+                .collect();
+            let mut snap = snapshot(&spec);
+            if let Some(s) = names.get(not_ready).and_then(|n| snap.shards.get_mut(n)) {
+                s.ready = false;
+            }
+            // A shard that joined after the map was made: last on every list.
+            let mut late = snap.shards.values().next().cloned().expect("a shard");
+            late.ready = true;
+            snap.shards.insert("zz-late".into(), late);
+            let req = Request::cpu_memory(cpu, GI);
+            let none = BTreeMap::new();
+            let w = Workload { tenant: &tenant, replicas, request: &req, current: &none };
+            let policy = Policy {
+                mode: if whole { Mode::Whole } else { Mode::Home },
+                ..Default::default()
+            };
+            let walked = snap.place(&w, &policy);
+            let all = snap.place_looking_at_all(&w, &policy);
+            prop_assert_eq!(&walked.shares, &all.shares);
+            prop_assert_eq!(walked.unplaced, all.unplaced);
+            prop_assert_eq!(walked.spilled, all.spilled);
+            if walked.unplaced > 0 {
+                // The same reasons (their order is not part of the decision: the message
+                // counts them), so the same message.
+                let sorted = |d: &Decision| {
+                    let mut v: Vec<String> = d.skipped.iter().map(|(n, s)| format!("{n}:{s:?}")).collect();
+                    v.sort();
+                    v
+                };
+                prop_assert_eq!(sorted(&walked), sorted(&all));
+                prop_assert_eq!(
+                    walked.why_pending(snap.shards.len(), &req),
+                    all.why_pending(snap.shards.len(), &req)
+                );
+            }
         }
 
         /// With room everywhere, weighted shares are within one replica of the exact
