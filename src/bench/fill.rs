@@ -278,11 +278,37 @@ pub fn utilization(shards: usize, nodes: u64, items: &[Item]) -> Fill {
     fill
 }
 
+/// How many decisions commit into one snapshot before the shards' next summaries replace it.
+const SUMMARY_EVERY: usize = 10_000;
+
 /// Routing alone: `decisions` placements of workloads from `tenants` tenants on a snapshot
 /// of `shards` shards of `nodes` nodes, each decision committed (its room reserved in the
-/// snapshot, as the federation does until the shard reports it). Decisions per second.
+/// snapshot, as the federation does until the shard reports it), the summaries renewed every
+/// 10,000 decisions (as shards report; without it a long run fills the fleet and measures
+/// only "fits nowhere"). Decisions per second.
 pub fn placements_per_sec(shards: usize, nodes: u64, tenants: usize, decisions: usize) -> f64 {
-    let (mut snap, _) = snapshot(shards, nodes);
+    let (mut fresh, names) = snapshot(shards, nodes);
+    // Shards half full of the mix, so that summaries carry the slot histograms of busy
+    // shards (one slot for empty, identical nodes would flatter the figure).
+    for (i, name) in names.iter().enumerate() {
+        let mut pool = Pool::new(nodes);
+        let mut used = 0;
+        for it in mix(tenants, nodes, 0.5, 100 + i as u64) {
+            used += pool.place([it.cpu, it.memory, 1], it.replicas) * it.cpu;
+            if used * 2 >= nodes * NODE[0] {
+                break;
+            }
+        }
+        if let Some(s) = fresh.shards.get_mut(name) {
+            s.summary = Some(pool.summary(1));
+        }
+    }
+    let fresh_summaries: Vec<(String, ShardState)> = fresh
+        .shards
+        .iter()
+        .map(|(n, s)| (n.clone(), s.clone()))
+        .collect();
+    let mut snap = fresh;
     let mut rng = Rng::new(11);
     let requests: Vec<(String, Request, u64, bool)> = (0..decisions.min(10_000))
         .map(|_| {
@@ -306,6 +332,11 @@ pub fn placements_per_sec(shards: usize, nodes: u64, tenants: usize, decisions: 
             mode: if *gang { Mode::Whole } else { Mode::Home },
             ..Policy::default()
         };
+        if i > 0 && i % SUMMARY_EVERY == 0 {
+            for (n, s) in &fresh_summaries {
+                snap.shards.insert(n.clone(), s.clone());
+            }
+        }
         let d = snap.place(&w, &p);
         snap.commit(&w, &d);
         placed += d.shares.values().sum::<u64>();
