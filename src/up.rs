@@ -100,7 +100,8 @@ pub struct UpAllArgs {
     /// This shard's name in the federation.
     #[arg(long, default_value = "shard")]
     pub shard_name: String,
-    /// Labels of the shards, `region=eu,zone=a`.
+    /// Labels of the shards, `region=eu,zone=a` for all, or one set per shard separated by
+    /// `;` (`region=eu;region=eu;region=us`).
     #[arg(long, default_value = "")]
     pub shard_labels: String,
 }
@@ -323,6 +324,28 @@ pub async fn run(all: UpAllArgs) -> anyhow::Result<()> {
     run_federated(all).await
 }
 
+/// `--shard-labels` for N shards: one set for all (`region=eu`), or one per shard separated
+/// by `;` (`region=eu;region=eu;region=us`).
+fn shard_label_sets(
+    s: &str,
+    shards: usize,
+) -> anyhow::Result<Vec<std::collections::BTreeMap<String, String>>> {
+    let sets: Vec<&str> = s.split(';').collect();
+    if sets.len() == 1 {
+        let one = crate::federation::parse_labels(s)?;
+        return Ok(vec![one; shards]);
+    }
+    if sets.len() != shards {
+        anyhow::bail!(
+            "--shard-labels has {} sets separated by ';' for {shards} shards: give one set for all, or one per shard",
+            sets.len()
+        );
+    }
+    sets.iter()
+        .map(|set| crate::federation::parse_labels(set))
+        .collect()
+}
+
 /// A federation and its shards running in this process.
 pub struct Fleet {
     /// The federation.
@@ -346,7 +369,7 @@ impl Drop for Fleet {
 pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
     use indicatif::{ProgressBar, ProgressStyle};
     let args = &all.base;
-    let labels = crate::federation::parse_labels(&all.shard_labels)?;
+    let labels = shard_label_sets(&all.shard_labels, all.shards)?;
     // Every shard's ports are checked before anything starts.
     offset(args.api_addr, all.shards)?;
     offset(args.metrics_addr, all.shards + 1)?;
@@ -368,7 +391,7 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
     )];
     let mut shards = Vec::new();
     let mut tasks = Vec::new();
-    for i in 0..all.shards {
+    for (i, shard_labels) in labels.iter().enumerate() {
         let name = format!("shard-{i}");
         bar.set_message(name.clone());
         let data_dir = args.data_dir.join("shards").join(&name);
@@ -392,7 +415,7 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
             &fed.grpc_url,
             &fed.api.ca_pem,
             &fed.join_token,
-            labels.clone(),
+            shard_labels.clone(),
         )?);
         contexts.push((
             name.clone(),

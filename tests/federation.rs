@@ -63,16 +63,22 @@ fn tenant_token(c: &Cluster, name: &str) -> String {
 }
 
 fn start() -> (Cluster, String) {
+    start_with(&[])
+}
+
+/// `tessera up --shards=3` with 10 nodes of 8 cpu per shard and `extra` flags, once every
+/// shard is Ready with its nodes.
+fn start_with(extra: &[&str]) -> (Cluster, String) {
     let grpc = free_addr();
-    let c = Cluster::start_with(
-        "up",
-        &[
-            "--shards=3",
-            "--nodes-per-shard=10",
-            "--node-cpu=8",
-            &format!("--grpc-addr={grpc}"),
-        ],
-    );
+    let grpc_flag = format!("--grpc-addr={grpc}");
+    let mut flags = vec![
+        "--shards=3",
+        "--nodes-per-shard=10",
+        "--node-cpu=8",
+        &grpc_flag,
+    ];
+    flags.extend_from_slice(extra);
+    let c = Cluster::start_with("up", &flags);
     let ready = wait_for(Duration::from_secs(60), || {
         let out = c.ok(&["get", "shards", "--no-headers"]);
         let rows: Vec<&str> = out.lines().filter(|l| l.contains(" True ")).collect();
@@ -979,4 +985,114 @@ fn the_federation_benchmark_reports_every_figure() {
         r["idle_cpu_cores"].as_f64().is_some_and(|c| c >= 0.0),
         "{r}"
     );
+}
+
+#[test]
+fn replicas_spread_over_regions_within_min_and_max_groups() {
+    let (c, _) = start_with(&["--shard-labels=region=eu;region=eu;region=us"]);
+    let regions = c.ok(&["get", "shards", "--no-headers"]);
+    assert_eq!(
+        regions.lines().filter(|l| l.contains(" eu ")).count(),
+        2,
+        "{regions}"
+    );
+    assert_eq!(
+        regions.lines().filter(|l| l.contains(" us ")).count(),
+        1,
+        "{regions}"
+    );
+    c.ok(&["create", "namespace", "geo"]);
+    let placement = |name: &str, workload: &str, spread: &str| {
+        c.file(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {{name: {name}, namespace: geo}}\nspec:\n  resourceSelectors: [{{kind: Deployment, name: {workload}}}]\n  replicas: {{scheduling: Divided, division: Capacity}}\n  spreadConstraints: [{spread}]\n"
+            ),
+        )
+    };
+    // At least two regions: both get replicas.
+    c.ok(&[
+        "apply",
+        "-f",
+        &placement("both", "both", "{spreadByLabel: region, minGroups: 2}"),
+    ]);
+    c.ok(&[
+        "create",
+        "deployment",
+        "both",
+        "-n",
+        "geo",
+        "--image=nginx",
+        "--replicas=6",
+    ]);
+    // (The Placement may reach the controller just after the Deployment: it is placed again
+    // then, so the spread is waited for.)
+    let both = wait_for(Duration::from_secs(60), || {
+        let s = spread(&c, "geo", "both");
+        let (eu, us) = (s[0].unwrap_or(0) + s[1].unwrap_or(0), s[2].unwrap_or(0));
+        (eu > 0 && us > 0 && eu + us == 6).then_some(s)
+    });
+    assert!(
+        both.is_some(),
+        "both regions: {:?}",
+        spread(&c, "geo", "both")
+    );
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/both",
+        "-n",
+        "geo",
+        "--timeout=90s",
+    ]);
+    // At most one region: all in one.
+    c.ok(&[
+        "apply",
+        "-f",
+        &placement("one", "one", "{spreadByLabel: region, maxGroups: 1}"),
+    ]);
+    c.ok(&[
+        "create",
+        "deployment",
+        "one",
+        "-n",
+        "geo",
+        "--image=nginx",
+        "--replicas=6",
+    ]);
+    let one = wait_for(Duration::from_secs(60), || {
+        let s = spread(&c, "geo", "one");
+        let (eu, us) = (s[0].unwrap_or(0) + s[1].unwrap_or(0), s[2].unwrap_or(0));
+        (eu == 6 && us == 0 || eu == 0 && us == 6).then_some(s)
+    });
+    assert!(
+        one.is_some(),
+        "one region only: {:?}",
+        spread(&c, "geo", "one")
+    );
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/one",
+        "-n",
+        "geo",
+        "--timeout=90s",
+    ]);
+    // Three regions cannot be had: refused, naming the regions there are.
+    let refused = c.fails(&[
+        "apply",
+        "-f",
+        &placement("three", "x", "{spreadByLabel: region, minGroups: 3}"),
+    ]);
+    assert!(
+        refused.contains("spec.spreadConstraints[0].minGroups") && refused.contains("(eu, us)"),
+        "{refused}"
+    );
+    // A spread with Home is refused: it spreads nothing.
+    let home = c.file(
+        "home.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: home, namespace: geo}\nspec:\n  resourceSelectors: [{kind: Deployment, name: other}]\n  spreadConstraints: [{spreadByLabel: region, minGroups: 2}]\n",
+    );
+    let refused = c.fails(&["apply", "-f", &home]);
+    assert!(refused.contains("Duplicated or Divided"), "{refused}");
 }

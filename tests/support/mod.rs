@@ -79,6 +79,16 @@ impl Cluster {
     }
 
     fn spawn(command: &str, extra: &[&str], dir: &Path, metrics_addr: &str) -> Running {
+        // A federation's shards take the metrics ports after the federation's (port + 2 + i):
+        // a port picked here could collide with another test's, so they take any free ones.
+        let federated = extra
+            .iter()
+            .any(|e| e.starts_with("--shards=") && *e != "--shards=0");
+        let metrics_addr = if federated {
+            "127.0.0.1:0"
+        } else {
+            metrics_addr
+        };
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
         cmd.args([command, "--metrics-addr", metrics_addr])
             .args(["--api-addr", "127.0.0.1:0", "--data-dir"])

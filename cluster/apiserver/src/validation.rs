@@ -356,6 +356,52 @@ fn placement(spec: &Value, e: &mut Errors) {
             );
         }
     }
+    let spread = spec["spreadConstraints"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    if !spread.is_empty() && !matches!(scheduling, "Duplicated" | "Divided") {
+        e.invalid(
+            "spec.spreadConstraints",
+            &spec["spreadConstraints"],
+            "spreads replicas over groups of shards: use it with scheduling Duplicated or Divided",
+        );
+    }
+    for (i, c) in spread.iter().enumerate() {
+        let field = |f: &str| format!("spec.spreadConstraints[{i}].{f}");
+        if let Some(why) = c["spreadByLabel"]
+            .as_str()
+            .map_or(Some("is required".to_owned()), names::qualified_name)
+        {
+            e.invalid(&field("spreadByLabel"), &c["spreadByLabel"], why);
+        }
+        if spread[..i]
+            .iter()
+            .any(|o| o["spreadByLabel"] == c["spreadByLabel"])
+        {
+            e.invalid(
+                &field("spreadByLabel"),
+                &c["spreadByLabel"],
+                "is listed twice",
+            );
+        }
+        let min = c["minGroups"].as_i64();
+        let max = c["maxGroups"].as_i64();
+        if !c["minGroups"].is_null() && min.is_none_or(|m| m < 1) {
+            e.invalid(&field("minGroups"), &c["minGroups"], "must be 1 or more");
+        }
+        if !c["maxGroups"].is_null() && max.is_none_or(|m| m < 1) {
+            e.invalid(&field("maxGroups"), &c["maxGroups"], "must be 1 or more");
+        }
+        if let (Some(lo), Some(hi)) = (min, max)
+            && lo > hi
+        {
+            e.invalid(
+                &field("maxGroups"),
+                &c["maxGroups"],
+                format!("must be at least minGroups ({lo})"),
+            );
+        }
+    }
 }
 
 fn metadata(res: &Resource, meta: &Value, e: &mut Errors) {
@@ -704,14 +750,17 @@ mod tests {
                 [{"key": "app", "operator": "In", "values": ["web"]}]}}],
             "shardAffinity": {"shardNames": ["shard-0"], "matchLabels": {"region": "eu"}},
             "replicas": {"scheduling": "Divided", "division": "Weighted",
-                "weights": [{"shard": "shard-0", "weight": 1}]}}});
+                "weights": [{"shard": "shard-0", "weight": 1}]},
+            "spreadConstraints": [{"spreadByLabel": "region", "minGroups": 2, "maxGroups": 3}]}});
         assert_eq!(check_tessera("placements", good), Vec::<String>::new());
         let bad = json!({"metadata": {"name": "p", "namespace": "t"}, "spec": {
             "resourceSelectors": [{"kind": "Pod", "labelSelector": {"matchExpressions":
                 [{"key": "app", "operator": "Near"}]}}],
             "shardAffinity": {"shardNames": ["Shard_0"], "matchLabels": {"region": "not ok"}},
             "replicas": {"scheduling": "Home", "division": "Weighted",
-                "weights": [{"shard": "a", "weight": -1}, {"shard": "a", "weight": 1}]}}});
+                "weights": [{"shard": "a", "weight": -1}, {"shard": "a", "weight": 1}]},
+            "spreadConstraints": [{"spreadByLabel": "zone", "minGroups": 3, "maxGroups": 2},
+                {"spreadByLabel": "zone", "minGroups": 0}, {"spreadByLabel": "bad key!"}]}});
         let got = check_tessera("placements", bad);
         for want in [
             "spec.resourceSelectors[0].kind: Invalid value: \"Pod\"",
@@ -721,6 +770,11 @@ mod tests {
             "spec.replicas.division: Invalid value: \"Weighted\": applies only with scheduling: Divided",
             "spec.replicas.weights[0].weight: Invalid value: -1",
             "spec.replicas.weights[1].shard: Invalid value: \"a\": is listed twice",
+            "spec.spreadConstraints: Invalid value:",
+            "spec.spreadConstraints[0].maxGroups: Invalid value: 2: must be at least minGroups (3)",
+            "spec.spreadConstraints[1].spreadByLabel: Invalid value: \"zone\": is listed twice",
+            "spec.spreadConstraints[1].minGroups: Invalid value: 0: must be 1 or more",
+            "spec.spreadConstraints[2].spreadByLabel: Invalid value: \"bad key!\"",
         ] {
             assert!(
                 got.iter().any(|g| g.starts_with(want)),

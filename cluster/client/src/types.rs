@@ -366,6 +366,25 @@ pub struct PlacementSpec {
     /// How replicas are spread over the shards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaPlacement>,
+    /// Spread over groups of shards (regions, zones) by a shard label: at least `minGroups`
+    /// and at most `maxGroups` of them (with `Duplicated` or `Divided`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread_constraints: Option<Vec<SpreadConstraint>>,
+}
+
+/// Spread over the groups of shards that share a label's value.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.SpreadConstraint")]
+pub struct SpreadConstraint {
+    /// The shard label whose values make the groups (`region`, `zone`).
+    pub spread_by_label: String,
+    /// Replicas go to at least this many groups (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_groups: Option<i64>,
+    /// And to at most this many, the tenant's nearest first (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_groups: Option<i64>,
 }
 
 /// Selects workloads by kind, name and labels.

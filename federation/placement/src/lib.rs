@@ -8,5 +8,7 @@ pub mod place;
 pub mod summary;
 
 pub use map::{MapError, ShardMap, ShardWeight};
-pub use place::{Decision, Mode, Policy, ShardState, Skip, Snapshot, Taint, Toleration, Workload};
+pub use place::{
+    Decision, Mode, Policy, ShardState, Skip, Snapshot, Spread, Taint, Toleration, Workload,
+};
 pub use summary::{Request, Slot, Summary, SummaryBuilder};

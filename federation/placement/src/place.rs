@@ -103,6 +103,21 @@ pub struct Policy {
     pub tolerations: Vec<Toleration>,
     /// How replicas are spread.
     pub mode: Mode,
+    /// Spread over groups of shards by label (each constraint on its own label).
+    pub spread: Vec<Spread>,
+}
+
+/// Spread over the groups of shards sharing a label's value: groups are taken in the
+/// tenant's order (a group's place is its first shard's), at most `max_groups` of them, and
+/// the replicas must land in at least `min_groups` (or in as many as there are replicas).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Spread {
+    /// The shard label.
+    pub label: String,
+    /// Least groups used.
+    pub min_groups: u64,
+    /// Most groups used (none: no limit).
+    pub max_groups: Option<u64>,
 }
 
 /// One workload to place.
@@ -145,6 +160,8 @@ pub enum Skip {
     },
     /// Weighted placement gave it weight 0.
     NoWeight,
+    /// A spread constraint leaves it out, or is not met.
+    Spread(String),
 }
 
 impl std::fmt::Display for Skip {
@@ -161,6 +178,7 @@ impl std::fmt::Display for Skip {
                 write!(f, "has room for {room} (largest free slot: {largest})")
             }
             Skip::NoWeight => f.write_str("has no weight in the placement"),
+            Skip::Spread(why) => write!(f, "is held back by the spread: {why}"),
         }
     }
 }
@@ -217,10 +235,11 @@ pub struct Snapshot {
 impl Snapshot {
     /// Places `w` under `policy`. Pure: the snapshot is not changed (see [`Snapshot::commit`]).
     pub fn place(&self, w: &Workload<'_>, policy: &Policy) -> Decision {
-        if matches!(policy.mode, Mode::Home | Mode::Whole) {
+        if matches!(policy.mode, Mode::Home | Mode::Whole) && policy.spread.is_empty() {
             return self.place_in_order(w, policy);
         }
-        self.place_looking_at_all(w, policy)
+        let d = self.place_looking_at_all(w, policy);
+        spread_check(d, w, policy, &self.shards)
     }
 
     /// Every mode, with every shard's room looked at first.
@@ -243,6 +262,29 @@ impl Snapshot {
                 Ok(room) => eligible.push((name, room)),
                 Err(skip) => d.skipped.push((name.to_owned(), skip)),
             }
+        }
+        for sp in &policy.spread {
+            // Groups in the tenant's order; shards of groups past the limit are left out.
+            let mut groups: Vec<&str> = Vec::new();
+            eligible.retain(|(name, _)| {
+                let Some(v) = self.shards[*name].labels.get(&sp.label) else {
+                    d.skipped
+                        .push(((*name).to_owned(), Skip::LabelMismatch(sp.label.clone())));
+                    return false;
+                };
+                if groups.contains(&v.as_str()) {
+                    return true;
+                }
+                if sp.max_groups.is_some_and(|m| groups.len() as u64 >= m) {
+                    d.skipped.push((
+                        (*name).to_owned(),
+                        Skip::Spread(format!("beyond maxGroups of {}", sp.label)),
+                    ));
+                    return false;
+                }
+                groups.push(v);
+                true
+            });
         }
         let want = w.replicas;
         let full = |d: &mut Decision, name: &str, room: u64| {
@@ -487,6 +529,42 @@ impl Snapshot {
     }
 }
 
+/// A decision that uses fewer groups of a spread label than its constraint asks for places
+/// nothing: it waits, saying so.
+fn spread_check(
+    mut d: Decision,
+    w: &Workload<'_>,
+    policy: &Policy,
+    shards: &BTreeMap<String, ShardState>,
+) -> Decision {
+    for sp in &policy.spread {
+        let mut used: Vec<&str> = d
+            .shares
+            .keys()
+            .filter_map(|n| shards.get(n).and_then(|s| s.labels.get(&sp.label)))
+            .map(String::as_str)
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let need = sp.min_groups.min(w.replicas);
+        if (used.len() as u64) < need {
+            let why = format!(
+                "{} of {} group(s) of {} have room (minGroups {})",
+                used.len(),
+                need,
+                sp.label,
+                sp.min_groups
+            );
+            for name in std::mem::take(&mut d.shares).into_keys() {
+                d.skipped.push((name, Skip::Spread(why.clone())));
+            }
+            d.unplaced = w.replicas;
+            d.spilled = 0;
+        }
+    }
+    d
+}
+
 /// What the largest free slot holds of the requested resource it is shortest of.
 fn scarcest(sum: &Summary, req: &Request) -> String {
     let mut worst: Option<(f64, String)> = None;
@@ -603,6 +681,132 @@ mod tests {
 
     fn one_cpu() -> Request {
         Request::cpu_memory(1000, GI)
+    }
+
+    fn regions(snap: &mut Snapshot, of: &[(&str, Option<&str>)]) {
+        for (name, region) in of {
+            let s = snap.shards.get_mut(*name).expect("a shard");
+            s.labels.clear();
+            if let Some(r) = region {
+                s.labels.insert("region".into(), (*r).into());
+            }
+        }
+    }
+
+    fn groups_used(snap: &Snapshot, d: &Decision) -> Vec<String> {
+        let mut g: Vec<String> = d
+            .shares
+            .keys()
+            .map(|n| snap.shards[n].labels["region"].clone())
+            .collect();
+        g.sort();
+        g.dedup();
+        g
+    }
+
+    #[test]
+    fn spread_uses_groups_in_the_tenants_order_within_min_and_max() {
+        let mut snap = snapshot(&[
+            ("a", 4, 8000),
+            ("b", 4, 8000),
+            ("c", 4, 8000),
+            ("d", 4, 8000),
+            ("e", 4, 8000),
+        ]);
+        regions(
+            &mut snap,
+            &[
+                ("a", Some("eu")),
+                ("b", Some("eu")),
+                ("c", Some("us")),
+                ("d", Some("ap")),
+                ("e", None),
+            ],
+        );
+        let req = one_cpu();
+        let none = BTreeMap::new();
+        let w = Workload {
+            tenant: "t",
+            replicas: 12,
+            request: &req,
+            current: &none,
+        };
+        let spread = |min, max| Policy {
+            mode: Mode::ByCapacity,
+            spread: vec![Spread {
+                label: "region".into(),
+                min_groups: min,
+                max_groups: max,
+            }],
+            ..Default::default()
+        };
+        // No limit: every region, and the shard without the label is left out, saying why.
+        let d = snap.place(&w, &spread(2, None));
+        assert_eq!(d.unplaced, 0, "{d:?}");
+        assert_eq!(groups_used(&snap, &d), ["ap", "eu", "us"]);
+        assert!(
+            d.skipped
+                .contains(&("e".into(), Skip::LabelMismatch("region".into())))
+        );
+        // At most one region: the tenant's nearest, every replica in it.
+        let d = snap.place(&w, &spread(1, Some(1)));
+        assert_eq!(d.unplaced, 0);
+        let first = snap
+            .map
+            .preference("t")
+            .into_iter()
+            .find_map(|n| snap.shards[n].labels.get("region").cloned())
+            .expect("a labelled shard");
+        assert_eq!(groups_used(&snap, &d), [first]);
+        // Two regions at most and at least two: exactly two.
+        let d = snap.place(&w, &spread(2, Some(2)));
+        assert_eq!(groups_used(&snap, &d).len(), 2, "{d:?}");
+        // One replica cannot be in two regions: as many groups as replicas is enough.
+        let one = Workload {
+            replicas: 1,
+            ..w.clone()
+        };
+        assert_eq!(snap.place(&one, &spread(2, None)).unplaced, 0);
+    }
+
+    #[test]
+    fn a_spread_that_cannot_be_met_waits_and_says_why() {
+        let mut snap = snapshot(&[("a", 4, 8000), ("b", 4, 0), ("c", 4, 0)]);
+        regions(
+            &mut snap,
+            &[("a", Some("eu")), ("b", Some("us")), ("c", Some("ap"))],
+        );
+        let req = one_cpu();
+        let none = BTreeMap::new();
+        let w = Workload {
+            tenant: "t",
+            replicas: 4,
+            request: &req,
+            current: &none,
+        };
+        let policy = Policy {
+            mode: Mode::Duplicated,
+            spread: vec![Spread {
+                label: "region".into(),
+                min_groups: 2,
+                max_groups: None,
+            }],
+            ..Default::default()
+        };
+        let d = snap.place(&w, &policy);
+        assert!(d.shares.is_empty(), "only eu has room: nothing goes: {d:?}");
+        assert_eq!(d.unplaced, 4);
+        let why = d.why_pending(3, &req);
+        assert!(
+            why.contains("1 of 2 group(s) of region have room (minGroups 2)"),
+            "{why}"
+        );
+        // Home with a spread honours it too (the API asks for Duplicated or Divided).
+        let home = Policy {
+            mode: Mode::Home,
+            ..policy.clone()
+        };
+        assert_eq!(snap.place(&w, &home).unplaced, 4);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_client::types::{Placement, Tenant};
-use tessera_placement::{Mode, Policy, Toleration};
+use tessera_placement::{Mode, Policy, Spread, Toleration};
 
 /// Which Tenant owns each namespace, kept from the Tenant informer's changes, so routing a
 /// workload to its tenant is one lookup, not a scan of every Tenant.
@@ -160,6 +160,16 @@ pub fn policy_of(p: Option<&Placement>) -> Policy {
             })
             .collect(),
         mode,
+        spread: spec
+            .spread_constraints
+            .iter()
+            .flatten()
+            .map(|c| Spread {
+                label: c.spread_by_label.clone(),
+                min_groups: c.min_groups.unwrap_or(1).max(0) as u64,
+                max_groups: c.max_groups.map(|m| m.max(0) as u64),
+            })
+            .collect(),
     }
 }
 

@@ -582,6 +582,36 @@ impl Api {
                 ),
             });
         }
+        for (i, c) in spec["spreadConstraints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let label = c["spreadByLabel"].as_str().unwrap_or_default();
+            let min = c["minGroups"].as_u64().unwrap_or(1);
+            let mut values: Vec<&str> = known
+                .values()
+                .filter_map(|labels| labels[label].as_str())
+                .collect();
+            values.sort_unstable();
+            values.dedup();
+            if (values.len() as u64) < min {
+                causes.push(Cause {
+                    reason: "FieldValueInvalid",
+                    field: format!("spec.spreadConstraints[{i}].minGroups"),
+                    message: format!(
+                        "Invalid value: {min}: the shards have {} value(s) of {label}{}: no placement could ever spread over {min}",
+                        values.len(),
+                        if values.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", values.join(", "))
+                        }
+                    ),
+                });
+            }
+        }
         if causes.is_empty() {
             Ok(())
         } else {
