@@ -144,6 +144,16 @@ struct Running {
     last: Mutex<Option<Instant>>,
 }
 
+impl Running {
+    fn new() -> Arc<Running> {
+        Arc::new(Running {
+            seen: Mutex::default(),
+            count: AtomicUsize::new(0),
+            last: Mutex::new(None),
+        })
+    }
+}
+
 fn watch_running(
     client: Arc<dyn Client>,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
@@ -263,11 +273,7 @@ async fn single(args: &FederationBenchArgs) -> anyhow::Result<(f64, tempfile::Te
     let all = up_args(dir.path(), 0, args.shards * args.nodes_per_shard)?;
     let shard = crate::up::start(&all.base).await?;
     let mut tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
-    let running = Arc::new(Running {
-        seen: Mutex::default(),
-        count: AtomicUsize::new(0),
-        last: Mutex::new(None),
-    });
+    let running = Running::new();
     let informer = watch_running(admin(&shard), &mut tasks, running.clone())?;
     informer.synced().await;
     let started = Instant::now();
@@ -388,11 +394,7 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
     let mut tasks = Vec::new();
     let shard_clients: Vec<Arc<dyn Client>> = fleet.shards.iter().map(|(_, s)| admin(s)).collect();
     for c in &shard_clients {
-        let running = Arc::new(Running {
-            seen: Mutex::default(),
-            count: AtomicUsize::new(0),
-            last: Mutex::new(None),
-        });
+        let running = Running::new();
         let informer = watch_running(c.clone(), &mut tasks, running.clone())?;
         informer.synced().await;
         counters.push(running);

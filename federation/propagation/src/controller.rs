@@ -157,18 +157,12 @@ pub async fn run(o: Options) {
     let deployments = Informer::<Deployment>::new(c, r, Scope::default(), m);
     let (r, c, m) = inf(Kind::Tenant.resource());
     let tenants = Informer::<Tenant>::new(c, r, Scope::default(), m);
-    let (r, c, m) = inf(find_resource("tessera.io", "v1alpha1", "placements").expect("served"));
-    let placements = Informer::<Placement>::new(c, r, Scope::default(), m);
-    let (r, c, m) = inf(find_resource("", "v1", "namespaces").expect("served"));
-    let namespaces = Informer::<Namespace>::new(c, r, Scope::default(), m);
-    let (r, c, m) = inf(find_resource("", "v1", "configmaps").expect("served"));
-    let config_maps = Informer::<ConfigMap>::new(c, r, Scope::default(), m);
-    let (r, c, m) = inf(find_resource("", "v1", "secrets").expect("served"));
-    let secrets = Informer::<Secret>::new(c, r, Scope::default(), m);
-    let (r, c, m) = inf(find_resource("", "v1", "serviceaccounts").expect("served"));
-    let service_accounts = Informer::<ServiceAccount>::new(c, r, Scope::default(), m);
-    let (r, c, m) = inf(find_resource("", "v1", "services").expect("served"));
-    let services = Informer::<Service>::new(c, r, Scope::default(), m);
+    let placements = informer::<Placement>(&o, "tessera.io", "v1alpha1", "placements");
+    let namespaces = informer::<Namespace>(&o, "", "v1", "namespaces");
+    let config_maps = informer::<ConfigMap>(&o, "", "v1", "configmaps");
+    let secrets = informer::<Secret>(&o, "", "v1", "secrets");
+    let service_accounts = informer::<ServiceAccount>(&o, "", "v1", "serviceaccounts");
+    let services = informer::<Service>(&o, "", "v1", "services");
     let tenant_index = Arc::new(Mutex::new(policy::TenantIndex::default()));
     let queue: WorkQueue<String> =
         WorkQueue::new(QueueConfig::new(NAME), None, o.queue_metrics.clone());
@@ -197,19 +191,13 @@ pub async fn run(o: Options) {
             )
         });
         // A Placement's change re-places every workload of its namespace.
-        let q = queue.clone();
-        let dcache = deployments.cache().clone();
-        placements.on_change(move |c| requeue_namespace(&q, &dcache, &c.object().metadata));
+        requeue_namespace_on(&placements, &queue, deployments.cache());
         // So does a change of what workloads take along (a ConfigMap, a Secret, ...): their
         // copies in the shards follow.
-        let (q, dc) = (queue.clone(), deployments.cache().clone());
-        config_maps.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
-        let (q, dc) = (queue.clone(), deployments.cache().clone());
-        secrets.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
-        let (q, dc) = (queue.clone(), deployments.cache().clone());
-        service_accounts.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
-        let (q, dc) = (queue.clone(), deployments.cache().clone());
-        services.on_change(move |c| requeue_namespace(&q, &dc, &c.object().metadata));
+        requeue_namespace_on(&config_maps, &queue, deployments.cache());
+        requeue_namespace_on(&secrets, &queue, deployments.cache());
+        requeue_namespace_on(&service_accounts, &queue, deployments.cache());
+        requeue_namespace_on(&services, &queue, deployments.cache());
     }
     let p = Arc::new(Propagation {
         client: o.client.clone(),
@@ -297,6 +285,32 @@ pub async fn run(o: Options) {
     o.registry.mark_synced();
     tracing::info!("federation propagation synced");
     controller::run(p, queue, o.workers, o.runtime_metrics).await;
+}
+
+/// An informer of `group/version/plural` on the controller's client, across namespaces.
+fn informer<T: tessera_runtime::informer::Object>(
+    o: &Options,
+    group: &str,
+    version: &str,
+    plural: &str,
+) -> Arc<Informer<T>> {
+    let r = find_resource(group, version, plural).expect("served");
+    Informer::<T>::new(
+        o.client.clone(),
+        r,
+        Scope::default(),
+        o.runtime_metrics.clone(),
+    )
+}
+
+/// Every change seen by `inf` queues the Deployments of the changed object's namespace.
+fn requeue_namespace_on<T: tessera_runtime::informer::Object>(
+    inf: &Informer<T>,
+    queue: &WorkQueue<String>,
+    deployments: &Arc<Cache<Deployment>>,
+) {
+    let (q, dc) = (queue.clone(), deployments.clone());
+    inf.on_change(move |c| requeue_namespace(&q, &dc, c.object().metadata()));
 }
 
 /// Queues every Deployment in the namespace of `meta`.
