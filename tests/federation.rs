@@ -1096,3 +1096,148 @@ fn replicas_spread_over_regions_within_min_and_max_groups() {
     let refused = c.fails(&["apply", "-f", &home]);
     assert!(refused.contains("Duplicated or Divided"), "{refused}");
 }
+
+/// In which shards `kind ns/name` has a copy.
+fn copies_of(c: &Cluster, kind: &str, ns: &str, name: &str) -> Vec<&'static str> {
+    SHARDS
+        .into_iter()
+        .filter(|s| {
+            c.kubectl(&["--context", s, "get", kind, name, "-n", ns])
+                .status
+                .success()
+        })
+        .collect()
+}
+
+#[test]
+fn statefulsets_jobs_and_cronjobs_run_whole_in_one_shard() {
+    let (c, _) = start();
+    c.ok(&["create", "namespace", "batch"]);
+    // A StatefulSet of 3: all its ordinals in one shard, rolled out as seen at the federation.
+    let sts = c.file(
+        "sts.yaml",
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db, namespace: batch}\nspec:\n  replicas: 3\n  serviceName: db\n  selector: {matchLabels: {app: db}}\n  template:\n    metadata: {labels: {app: db}}\n    spec: {containers: [{name: c, image: postgres}]}\n",
+    );
+    c.ok(&["apply", "-f", &sts]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "statefulset/db",
+        "-n",
+        "batch",
+        "--timeout=90s",
+    ]);
+    let holders = copies_of(&c, "statefulset", "batch", "db");
+    assert_eq!(
+        holders.len(),
+        1,
+        "one shard runs every ordinal: {holders:?}"
+    );
+    let ready = c.ok(&[
+        "get",
+        "sts",
+        "db",
+        "-n",
+        "batch",
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    ]);
+    assert_eq!(ready, "3", "the federation's status is the shard's");
+    let pods = c.ok(&["get", "pods", "-n", "batch", "-l", "app=db", "--no-headers"]);
+    for ordinal in ["db-0", "db-1", "db-2"] {
+        assert!(pods.contains(ordinal), "{ordinal} missing: {pods}");
+    }
+    assert!(pods.lines().all(|l| l.contains(holders[0])), "{pods}");
+
+    // A Job of 4 completions, 2 at a time: in one shard, Complete at the federation.
+    let job = c.file(
+        "job.yaml",
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: etl, namespace: batch}\nspec:\n  completions: 4\n  parallelism: 2\n  template:\n    metadata:\n      annotations: {tessera.io/sim-run-seconds: \"1\"}\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox}]\n",
+    );
+    c.ok(&["apply", "-f", &job]);
+    c.ok(&[
+        "wait",
+        "--for=condition=Complete",
+        "job/etl",
+        "-n",
+        "batch",
+        "--timeout=90s",
+    ]);
+    assert_eq!(copies_of(&c, "job", "batch", "etl").len(), 1);
+    let succeeded = c.ok(&[
+        "get",
+        "job",
+        "etl",
+        "-n",
+        "batch",
+        "-o",
+        "jsonpath={.status.succeeded}",
+    ]);
+    assert_eq!(succeeded, "4");
+
+    // A CronJob lands whole in one shard.
+    let cron = c.file(
+        "cron.yaml",
+        "apiVersion: batch/v1\nkind: CronJob\nmetadata: {name: tick, namespace: batch}\nspec:\n  schedule: \"0 3 * * *\"\n  jobTemplate:\n    spec:\n      template:\n        spec:\n          restartPolicy: Never\n          containers: [{name: c, image: busybox}]\n",
+    );
+    c.ok(&["apply", "-f", &cron]);
+    let placed = wait_for(Duration::from_secs(30), || {
+        let h = copies_of(&c, "cronjob", "batch", "tick");
+        (h.len() == 1).then_some(h)
+    });
+    assert!(placed.is_some(), "the CronJob is in exactly one shard");
+
+    // Dividing a kind that runs whole is refused where it is named, and a Placement that
+    // divides every kind leaves a new Job waiting with the reason (nothing runs).
+    let bad = c.file(
+        "divide-job.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: bad, namespace: batch}\nspec:\n  resourceSelectors: [{kind: Job}]\n  replicas: {scheduling: Divided, division: Capacity}\n",
+    );
+    let err = c.fails(&["apply", "-f", &bad]);
+    assert!(err.contains("a Job runs whole"), "{err}");
+    let divide_all = c.file(
+        "divide-all.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: split, namespace: batch}\nspec:\n  resourceSelectors: [{labelSelector: {matchLabels: {split: \"yes\"}}}]\n  replicas: {scheduling: Divided, division: Capacity}\n",
+    );
+    c.ok(&["apply", "-f", &divide_all]);
+    let job2 = c.file(
+        "job2.yaml",
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: split-job, namespace: batch, labels: {split: \"yes\"}}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox}]\n",
+    );
+    c.ok(&["apply", "-f", &job2]);
+    let reason = wait_for(Duration::from_secs(30), || {
+        let r = c.ok(&[
+            "get",
+            "job",
+            "split-job",
+            "-n",
+            "batch",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Placed\")].reason}",
+        ]);
+        (r == "PolicyNotApplicable").then_some(r)
+    });
+    assert!(
+        reason.is_some(),
+        "{}",
+        c.ok(&["get", "job", "split-job", "-n", "batch", "-o", "yaml"])
+    );
+    assert!(copies_of(&c, "job", "batch", "split-job").is_empty());
+
+    // Delete propagates for each kind.
+    c.ok(&[
+        "delete",
+        "sts/db",
+        "job/etl",
+        "cronjob/tick",
+        "-n",
+        "batch",
+        "--timeout=60s",
+    ]);
+    for (kind, name) in [("statefulset", "db"), ("job", "etl"), ("cronjob", "tick")] {
+        let gone = wait_for(Duration::from_secs(30), || {
+            copies_of(&c, kind, "batch", name).is_empty().then_some(())
+        });
+        assert!(gone.is_some(), "{kind}/{name} still in a shard");
+    }
+}

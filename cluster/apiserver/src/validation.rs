@@ -225,14 +225,23 @@ fn placement(spec: &Value, e: &mut Errors) {
         .flatten()
         .enumerate()
     {
-        if let Some(kind) = sel["kind"].as_str()
-            && !matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet" | "Job")
-        {
-            e.invalid(
+        let Some(kind) = sel["kind"].as_str() else {
+            continue;
+        };
+        match tessera_client::workloads::WorkloadKind::from_kind(kind) {
+            None => e.invalid(
                 &format!("spec.resourceSelectors[{i}].kind"),
                 &sel["kind"],
-                "the federation places Deployment, StatefulSet, ReplicaSet and Job",
-            );
+                "the federation places Deployment, ReplicaSet, StatefulSet, Job and CronJob",
+            ),
+            Some(k) if !k.divisible() && spec["replicas"]["scheduling"] == "Divided" => e.invalid(
+                "spec.replicas.scheduling",
+                &spec["replicas"]["scheduling"],
+                format!(
+                    "a {k} runs whole in each shard it is placed in and cannot be divided: use Home, Whole or Duplicated (resourceSelectors[{i}] selects {k})"
+                ),
+            ),
+            Some(_) => {}
         }
     }
     for (i, sel) in spec["resourceSelectors"]
@@ -781,6 +790,23 @@ mod tests {
                 "missing {want:?} in {got:#?}"
             );
         }
+        let job_divided = json!({"metadata": {"name": "p", "namespace": "t"}, "spec": {
+            "resourceSelectors": [{"kind": "Deployment"}, {"kind": "Job", "name": "etl"}],
+            "replicas": {"scheduling": "Divided", "division": "Capacity"}}});
+        let got = check_tessera("placements", job_divided);
+        assert!(
+            got.iter().any(|g| g.starts_with(
+                "spec.replicas.scheduling: Invalid value: \"Divided\": a Job runs whole"
+            ) && g.contains("resourceSelectors[1]")),
+            "{got:#?}"
+        );
+        let cron_whole = json!({"metadata": {"name": "p", "namespace": "t"}, "spec": {
+            "resourceSelectors": [{"kind": "CronJob"}, {"kind": "StatefulSet"}],
+            "replicas": {"scheduling": "Whole"}}});
+        assert_eq!(
+            check_tessera("placements", cron_whole),
+            Vec::<String>::new()
+        );
         let shard = json!({"metadata": {"name": "s"}, "spec": {"weight": 0,
             "taints": [{"key": "k", "effect": "Sometimes"}]}});
         let got = check_tessera("shards", shard);

@@ -13,4 +13,5 @@ pub mod request;
 pub mod response;
 pub mod status;
 pub mod types;
+pub mod workloads;
 pub mod yaml;

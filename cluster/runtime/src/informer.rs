@@ -677,6 +677,31 @@ pub fn controller_of(
         .find(|r| r.controller == Some(true))
 }
 
+/// Implements what an informer needs for a type that stands for objects of any kind (read
+/// by the resource an informer is given, not by constants of the type).
+macro_rules! any_kind {
+    ($name:ident) => {
+        impl k8s_openapi::Resource for $name {
+            const API_VERSION: &'static str = "";
+            const GROUP: &'static str = "";
+            const KIND: &'static str = "";
+            const VERSION: &'static str = "";
+            const URL_PATH_SEGMENT: &'static str = "";
+            type Scope = k8s_openapi::SubResourceScope;
+        }
+
+        impl Metadata for $name {
+            type Ty = ObjectMeta;
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 /// Any object, with only its metadata decoded (what the garbage collector and the namespace
 /// controller need of every kind).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -686,21 +711,22 @@ pub struct PartialObject {
     pub metadata: ObjectMeta,
 }
 
-impl k8s_openapi::Resource for PartialObject {
-    const API_VERSION: &'static str = "";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "";
-    const VERSION: &'static str = "";
-    const URL_PATH_SEGMENT: &'static str = "";
-    type Scope = k8s_openapi::SubResourceScope;
+any_kind!(PartialObject);
+
+/// Any object of a kind that has a spec and a status, with its metadata decoded and the rest
+/// kept as JSON: what the federation's controller and agent need of the several workload
+/// kinds they handle alike.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+pub struct SpecObject {
+    /// The object's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Its spec.
+    #[serde(default)]
+    pub spec: serde_json::Value,
+    /// Its status.
+    #[serde(default)]
+    pub status: serde_json::Value,
 }
 
-impl Metadata for PartialObject {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+any_kind!(SpecObject);

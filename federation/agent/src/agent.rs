@@ -10,19 +10,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::Mutex;
 use serde_json::Value;
 use tessera_client::client::Client;
 use tessera_client::request::find_resource;
 use tessera_client::types::{FEDERATED_LABEL, FEDERATION_MANAGER, Tenant};
+use tessera_client::workloads::WorkloadKind;
 use tessera_core::LabelSelector;
 use tessera_placement::Request;
 use tessera_proto::federation::v1 as pb;
 use tessera_proto::federation::v1::federation_client::FederationClient;
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, Informer, Scope, Tasks, key_of};
+use tessera_runtime::informer::{Cache, Informer, Scope, SpecObject, Tasks, key_of};
 use tessera_runtime::metrics::RuntimeMetrics;
 use tokio::sync::{Notify, mpsc};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -107,7 +107,8 @@ struct State {
     client: Arc<dyn Client>,
     config: AgentConfig,
     held: Mutex<BTreeMap<(String, String, String), Held>>,
-    deployments: Arc<Cache<Deployment>>,
+    /// The federated copies of each placed kind.
+    workloads: Vec<(WorkloadKind, Arc<Cache<SpecObject>>)>,
     tenants: Arc<Cache<Tenant>>,
     nodes: Arc<Cache<Node>>,
     pods: Arc<Cache<Pod>>,
@@ -122,45 +123,53 @@ fn send(state: &State, m: pb::shard_message::Message) {
     }
 }
 
-fn deployments() -> &'static tessera_client::catalog::Resource {
-    find_resource("apps", "v1", "deployments").expect("served")
-}
-
 fn tenants_res() -> &'static tessera_client::catalog::Resource {
     find_resource("tessera.io", "v1alpha1", "tenants").expect("served")
 }
 
-fn status_of(d: &Deployment) -> pb::ObjectStatus {
-    let meta = &d.metadata;
+fn status_of(kind: WorkloadKind, w: &SpecObject) -> pb::ObjectStatus {
+    let meta = &w.metadata;
     let fed_gen = meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(GENERATION_ANNOTATION))
         .and_then(|g| g.parse().ok())
         .unwrap_or(0);
-    let observed = d
-        .status
-        .as_ref()
-        .and_then(|s| s.observed_generation)
-        .unwrap_or(0)
-        >= meta.generation.unwrap_or(0);
+    // Jobs and CronJobs have no observed generation: their controllers act on the spec
+    // as it is.
+    let observed = match w.status["observedGeneration"].as_i64() {
+        Some(g) => g >= meta.generation.unwrap_or(0),
+        None => !kind.has_replicas(),
+    };
     pb::ObjectStatus {
         key: Some(pb::ObjectKey {
-            group: "apps".into(),
+            group: kind.group().into(),
             version: "v1".into(),
-            resource: "deployments".into(),
+            resource: kind.plural().into(),
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
         }),
         present: true,
         federation_generation: fed_gen,
         observed,
-        status_json: d
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_vec(s).ok())
-            .unwrap_or_default(),
-        replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as i64,
+        status_json: if w.status.is_null() {
+            Vec::new()
+        } else {
+            serde_json::to_vec(&w.status).unwrap_or_default()
+        },
+        replicas: kind.replicas(&w.spec) as i64,
+    }
+}
+
+/// Reports every federated copy this shard runs.
+fn report_all(state: &State) {
+    for (kind, cache) in &state.workloads {
+        for w in cache.list() {
+            send(
+                state,
+                pb::shard_message::Message::Status(status_of(*kind, &w)),
+            );
+        }
     }
 }
 
@@ -194,12 +203,18 @@ pub async fn run(
         ),
         ..Default::default()
     };
-    let dep_inf = Informer::<Deployment>::new(
-        client.clone(),
-        deployments(),
-        federated.clone(),
-        metrics.clone(),
-    );
+    let workload_infs: Vec<(WorkloadKind, Arc<Informer<SpecObject>>)> = WorkloadKind::ALL
+        .into_iter()
+        .map(|k| {
+            let inf = Informer::<SpecObject>::new(
+                client.clone(),
+                k.resource(),
+                federated.clone(),
+                metrics.clone(),
+            );
+            (k, inf)
+        })
+        .collect();
     let ten_inf =
         Informer::<Tenant>::new(client.clone(), tenants_res(), federated, metrics.clone());
     let node_inf = Informer::<Node>::new(
@@ -218,7 +233,10 @@ pub async fn run(
         client: client.clone(),
         config: config.clone(),
         held: Mutex::new(BTreeMap::new()),
-        deployments: dep_inf.cache().clone(),
+        workloads: workload_infs
+            .iter()
+            .map(|(k, i)| (*k, i.cache().clone()))
+            .collect(),
         tenants: ten_inf.cache().clone(),
         nodes: node_inf.cache().clone(),
         pods: pod_inf.cache().clone(),
@@ -239,29 +257,37 @@ pub async fn run(
                 s.changed.notify_one();
             }
         });
-        let s = Arc::downgrade(&state);
-        dep_inf.on_change(move |c| {
-            let Some(s) = s.upgrade() else { return };
-            let d = c.object();
-            if matches!(c, tessera_runtime::informer::Change::Deleted(_)) {
-                let mut st = status_of(d);
-                st.present = false;
-                st.status_json.clear();
-                send(&s, pb::shard_message::Message::Status(st));
-            } else {
-                send(&s, pb::shard_message::Message::Status(status_of(d)));
-                drift(&s, d);
-            }
-            s.changed.notify_one();
-        });
+        for (kind, inf) in &workload_infs {
+            let (s, kind) = (Arc::downgrade(&state), *kind);
+            inf.on_change(move |c| {
+                let Some(s) = s.upgrade() else { return };
+                let w = c.object();
+                if matches!(c, tessera_runtime::informer::Change::Deleted(_)) {
+                    let mut st = status_of(kind, w);
+                    st.present = false;
+                    st.status_json.clear();
+                    send(&s, pb::shard_message::Message::Status(st));
+                } else {
+                    send(&s, pb::shard_message::Message::Status(status_of(kind, w)));
+                    drift(&s, kind, w);
+                }
+                s.changed.notify_one();
+            });
+        }
     }
-    let _tasks = Tasks(vec![
-        tokio::spawn(dep_inf.clone().run()),
+    let mut tasks: Vec<_> = workload_infs
+        .iter()
+        .map(|(_, i)| tokio::spawn(i.clone().run()))
+        .collect();
+    tasks.extend([
         tokio::spawn(ten_inf.clone().run()),
         tokio::spawn(node_inf.clone().run()),
         tokio::spawn(pod_inf.clone().run()),
     ]);
-    dep_inf.synced().await;
+    let _tasks = Tasks(tasks);
+    for (_, i) in &workload_infs {
+        i.synced().await;
+    }
     ten_inf.synced().await;
     node_inf.synced().await;
     pod_inf.synced().await;
@@ -324,9 +350,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     *state.outbox.lock() = Some(tx.clone());
     // What was assigned since this stream began (for the leftovers check at Synced).
     let mut assigned: std::collections::BTreeSet<(String, String, String)> = Default::default();
-    for d in state.deployments.list() {
-        send(state, pb::shard_message::Message::Status(status_of(&d)));
-    }
+    report_all(state);
     let renew = Duration::from_secs(u64::from(reg.renew_seconds.max(1)));
     let renewer = {
         let tx = tx.clone();
@@ -375,9 +399,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 synced.store(true, std::sync::atomic::Ordering::Release);
                 // The federation now knows all it assigned here: report every copy again
                 // (a restarted federation ignores reports of what it has not assigned yet).
-                for d in state.deployments.list() {
-                    send(state, pb::shard_message::Message::Status(status_of(&d)));
-                }
+                report_all(state);
                 seen.store(s.seq, std::sync::atomic::Ordering::Release);
             }
             Some(pb::federation_message::Message::Call(c)) => {
@@ -405,14 +427,19 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
         let promised: Vec<(Request, u64)> = {
             let held = state.held.lock();
             held.iter()
-                .filter(|((res, _, _), _)| res == "deployments")
-                .filter_map(|((_, ns, name), h)| {
-                    let have = state
-                        .deployments
-                        .get(&format!("{ns}/{name}"))
-                        .and_then(|d| d.status.as_ref().and_then(|s| s.replicas))
-                        .unwrap_or(0) as i64;
-                    let missing = (h.replicas - have).max(0) as u64;
+                .filter_map(|((res, ns, name), h)| {
+                    let kind = WorkloadKind::from_plural(res)?;
+                    let copy = state
+                        .workloads
+                        .iter()
+                        .find(|(k, _)| *k == kind)?
+                        .1
+                        .get(&format!("{ns}/{name}"));
+                    let status = copy.as_ref().map_or(&Value::Null, |w| &w.status);
+                    if kind.needs_no_room(status) {
+                        return None;
+                    }
+                    let missing = (h.replicas.max(0) as u64).saturating_sub(kind.pods_now(status));
                     (missing > 0).then(|| (h.request.clone(), missing))
                 })
                 .collect()
@@ -477,7 +504,9 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
         .filter_map(|d| serde_json::from_slice::<Value>(d).ok())
         .collect();
     let template: Option<k8s_openapi::api::core::v1::PodSpec> =
-        serde_json::from_value(object["spec"]["template"]["spec"].clone()).ok();
+        WorkloadKind::from_plural(&k.resource).and_then(|kind| {
+            serde_json::from_value(kind.template(&object["spec"])["spec"].clone()).ok()
+        });
     let request = Request {
         amounts: tessera_scheduler::resources::pod_spec_requests(template.as_ref()).amounts(),
     };
@@ -598,38 +627,39 @@ async fn apply(
 
 /// A copy changed behind the federation's back (its spec moved past our last apply, or its
 /// replicas differ from the share): apply the federation's version again and say so.
-fn drift(state: &Arc<State>, d: &Deployment) {
-    let ns = d.metadata.namespace.clone().unwrap_or_default();
-    let name = d.metadata.name.clone().unwrap_or_default();
-    let id = ("deployments".to_owned(), ns.clone(), name.clone());
+fn drift(state: &Arc<State>, kind: WorkloadKind, w: &SpecObject) {
+    let ns = w.metadata.namespace.clone().unwrap_or_default();
+    let name = w.metadata.name.clone().unwrap_or_default();
+    let id = (kind.plural().to_owned(), ns.clone(), name.clone());
     let Some(h) = state.held.lock().get(&id).cloned() else {
         return;
     };
-    let generation = d.metadata.generation.unwrap_or(0);
-    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as i64;
-    let fed_gen: i64 = d
+    let generation = w.metadata.generation.unwrap_or(0);
+    let fed_gen: i64 = w
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(GENERATION_ANNOTATION))
         .and_then(|g| g.parse().ok())
         .unwrap_or(0);
+    let replicas_moved =
+        kind.has_replicas() && w.spec["replicas"].as_i64().unwrap_or(1) != h.replicas;
     let changed = fed_gen == h.generation
         && h.applied_generation > 0
-        && (generation > h.applied_generation || replicas != h.replicas);
+        && (generation > h.applied_generation || replicas_moved);
     if !changed {
         return;
     }
     let state = state.clone();
-    let obj_ref = ObjectRef::new("apps/v1", "Deployment", &d.metadata);
+    let obj_ref = ObjectRef::new(kind.api_version(), kind.kind(), &w.metadata);
     tokio::spawn(async move {
         apply_held(&state, &id, &h).await;
-        tracing::info!(namespace = %ns, name = %name, "reverted a change made behind the federation's back");
+        tracing::info!(kind = kind.kind(), namespace = %ns, name = %name, "reverted a change made behind the federation's back");
         state.recorder.event(
             &obj_ref,
             EventType::Warning,
             "FederationReverted",
-            "this Deployment is managed by the federation: a change made in the shard was reverted; change it at the federation",
+            &format!("this {kind} is managed by the federation: a change made in the shard was reverted; change it at the federation"),
         );
     });
 }
@@ -641,14 +671,16 @@ async fn leftovers(
     assigned: &std::collections::BTreeSet<(String, String, String)>,
 ) {
     let mut gone = Vec::new();
-    for d in state.deployments.list() {
-        let id = (
-            "deployments".to_owned(),
-            d.metadata.namespace.clone().unwrap_or_default(),
-            d.metadata.name.clone().unwrap_or_default(),
-        );
-        if !assigned.contains(&id) {
-            gone.push((deployments(), id));
+    for (kind, cache) in &state.workloads {
+        for w in cache.list() {
+            let id = (
+                kind.plural().to_owned(),
+                w.metadata.namespace.clone().unwrap_or_default(),
+                w.metadata.name.clone().unwrap_or_default(),
+            );
+            if !assigned.contains(&id) {
+                gone.push((kind.resource(), id));
+            }
         }
     }
     for t in state.tenants.list() {
@@ -670,39 +702,73 @@ async fn leftovers(
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::apps::v1::DeploymentStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use serde_json::json;
 
     use super::*;
 
-    #[test]
-    fn a_copys_status_names_its_federation_generation_and_whether_it_is_observed() {
-        let mut d = Deployment {
+    fn copy(generation: i64, status: Value, spec: Value) -> SpecObject {
+        SpecObject {
             metadata: ObjectMeta {
                 name: Some("web".into()),
                 namespace: Some("t1".into()),
-                generation: Some(4),
+                generation: Some(generation),
                 annotations: Some([(GENERATION_ANNOTATION.into(), "7".into())].into()),
                 ..Default::default()
             },
-            status: Some(DeploymentStatus {
-                observed_generation: Some(3),
-                replicas: Some(2),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let s = status_of(&d);
+            spec,
+            status,
+        }
+    }
+
+    #[test]
+    fn a_copys_status_names_its_federation_generation_and_whether_it_is_observed() {
+        let d = copy(
+            4,
+            json!({"observedGeneration": 3, "replicas": 2}),
+            json!({"replicas": 2}),
+        );
+        let s = status_of(WorkloadKind::Deployment, &d);
         assert_eq!(s.federation_generation, 7);
         assert!(
             !s.observed,
             "the shard's controller has not seen generation 4"
         );
-        d.status.as_mut().expect("status").observed_generation = Some(4);
-        let s = status_of(&d);
+        let d = copy(
+            4,
+            json!({"observedGeneration": 4, "replicas": 2}),
+            json!({"replicas": 2}),
+        );
+        let s = status_of(WorkloadKind::Deployment, &d);
         assert!(s.observed);
         let st: Value = serde_json::from_slice(&s.status_json).expect("json");
         assert_eq!(st["replicas"], 2);
-        assert_eq!(s.key.expect("key").namespace, "t1");
+        let key = s.key.expect("key");
+        assert_eq!(
+            (key.namespace.as_str(), key.resource.as_str()),
+            ("t1", "deployments")
+        );
+    }
+
+    #[test]
+    fn a_jobs_status_is_reported_under_its_kind_with_its_parallelism() {
+        let j = copy(
+            1,
+            json!({"active": 3}),
+            json!({"parallelism": 3, "completions": 6}),
+        );
+        let s = status_of(WorkloadKind::Job, &j);
+        let key = s.key.clone().expect("key");
+        assert_eq!(
+            (key.group.as_str(), key.resource.as_str()),
+            ("batch", "jobs")
+        );
+        assert!(s.observed, "a Job has no observed generation to wait for");
+        assert_eq!(s.replicas, 3);
+        // A StatefulSet without an observed generation has not been seen by its controller.
+        let sts = copy(1, Value::Null, json!({"replicas": 2}));
+        let s = status_of(WorkloadKind::StatefulSet, &sts);
+        assert!(!s.observed);
+        assert!(s.status_json.is_empty());
     }
 }

@@ -12,20 +12,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PodSpec, PodTemplateSpec, Secret, Service, ServiceAccount,
+};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::types::{FEDERATED_LABEL, Placement, Tenant};
+use tessera_client::workloads::WorkloadKind;
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_placement::{Decision, Request, Workload};
 use tessera_registry::{Held, ObjectKey, Registry, RegistryEvent};
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, Change, Informer, Scope, Tasks, key_of};
+use tessera_runtime::informer::{Cache, Change, Informer, Scope, SpecObject, Tasks, key_of};
 use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use tessera_runtime::{EventClass, QueueConfig, WorkQueue};
 use tessera_scheduler::resources::pod_spec_requests;
@@ -68,39 +70,42 @@ pub struct Recorded {
     pub request: String,
 }
 
-/// The kinds this controller propagates and how.
+/// What a queue key names: a workload (placed by policy, status aggregated) or a Tenant
+/// (held by every shard).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    /// Placed by policy, replicas divided, status aggregated.
-    Deployment,
-    /// Held by every shard.
+    /// A workload of one of the placed kinds.
+    Workload(WorkloadKind),
+    /// A Tenant.
     Tenant,
 }
 
 impl Kind {
     fn resource(self) -> &'static Resource {
         match self {
-            Kind::Deployment => find_resource("apps", "v1", "deployments"),
-            Kind::Tenant => find_resource("tessera.io", "v1alpha1", "tenants"),
+            Kind::Workload(k) => k.resource(),
+            Kind::Tenant => find_resource("tessera.io", "v1alpha1", "tenants").expect("served"),
         }
-        .expect("served")
     }
 
     fn prefix(self) -> &'static str {
         match self {
-            Kind::Deployment => "deployments",
+            Kind::Workload(k) => k.plural(),
             Kind::Tenant => "tenants",
         }
     }
 
+    /// The kind of a registry key's resource.
+    fn of_resource(plural: &str) -> Option<Kind> {
+        if plural == "tenants" {
+            return Some(Kind::Tenant);
+        }
+        WorkloadKind::from_plural(plural).map(Kind::Workload)
+    }
+
     fn parse(key: &str) -> Option<(Kind, &str)> {
         let (p, rest) = key.split_once(':')?;
-        let k = match p {
-            "deployments" => Kind::Deployment,
-            "tenants" => Kind::Tenant,
-            _ => return None,
-        };
-        Some((k, rest))
+        Some((Kind::of_resource(p)?, rest))
     }
 
     fn object_key(self, key: &str) -> ObjectKey {
@@ -116,11 +121,50 @@ impl Kind {
     }
 }
 
+/// The caches of the placed kinds, one per kind.
+#[derive(Clone, Default)]
+struct Workloads(Vec<(WorkloadKind, Arc<Cache<SpecObject>>)>);
+
+impl Workloads {
+    fn cache(&self, kind: WorkloadKind) -> &Arc<Cache<SpecObject>> {
+        &self
+            .0
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .expect("a cache per placed kind")
+            .1
+    }
+
+    /// The queue key of every workload in `ns`.
+    fn keys_in(&self, ns: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .flat_map(|(k, c)| {
+                c.in_namespace(ns)
+                    .into_iter()
+                    .map(move |o| format!("{}:{}", k.plural(), key_of(&o.metadata)))
+            })
+            .collect()
+    }
+
+    /// The queue key of every workload.
+    fn all_keys(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .flat_map(|(k, c)| {
+                c.list()
+                    .into_iter()
+                    .map(move |o| format!("{}:{}", k.plural(), key_of(&o.metadata)))
+            })
+            .collect()
+    }
+}
+
 /// The controller.
 pub struct Propagation {
     client: Arc<dyn Client>,
     registry: Arc<Registry>,
-    deployments: Arc<Cache<Deployment>>,
+    workloads: Workloads,
     tenants: Arc<Cache<Tenant>>,
     placements: Arc<Cache<Placement>>,
     namespaces: Arc<Cache<Namespace>>,
@@ -152,11 +196,25 @@ pub struct Options {
 
 /// Runs the controller until dropped.
 pub async fn run(o: Options) {
-    let inf = |r: &'static Resource| (r, o.client.clone(), o.runtime_metrics.clone());
-    let (r, c, m) = inf(Kind::Deployment.resource());
-    let deployments = Informer::<Deployment>::new(c, r, Scope::default(), m);
-    let (r, c, m) = inf(Kind::Tenant.resource());
-    let tenants = Informer::<Tenant>::new(c, r, Scope::default(), m);
+    let workload_informers: Vec<(WorkloadKind, Arc<Informer<SpecObject>>)> = WorkloadKind::ALL
+        .into_iter()
+        .map(|k| {
+            let inf = Informer::<SpecObject>::new(
+                o.client.clone(),
+                k.resource(),
+                Scope::default(),
+                o.runtime_metrics.clone(),
+            );
+            (k, inf)
+        })
+        .collect();
+    let workloads = Workloads(
+        workload_informers
+            .iter()
+            .map(|(k, i)| (*k, i.cache().clone()))
+            .collect(),
+    );
+    let tenants = informer::<Tenant>(&o, "tessera.io", "v1alpha1", "tenants");
     let placements = informer::<Placement>(&o, "tessera.io", "v1alpha1", "placements");
     let namespaces = informer::<Namespace>(&o, "", "v1", "namespaces");
     let config_maps = informer::<ConfigMap>(&o, "", "v1", "configmaps");
@@ -167,13 +225,15 @@ pub async fn run(o: Options) {
     let queue: WorkQueue<String> =
         WorkQueue::new(QueueConfig::new(NAME), None, o.queue_metrics.clone());
     {
-        let q = queue.clone();
-        deployments.on_change(move |c| {
-            q.add(
-                format!("deployments:{}", key_of(&c.object().metadata)),
-                c.class(),
-            )
-        });
+        for (k, inf) in &workload_informers {
+            let (q, prefix) = (queue.clone(), k.plural());
+            inf.on_change(move |c| {
+                q.add(
+                    format!("{prefix}:{}", key_of(&c.object().metadata)),
+                    c.class(),
+                )
+            });
+        }
         let index = tenant_index.clone();
         tenants.on_change(move |c| {
             let (old, new) = match c {
@@ -191,18 +251,18 @@ pub async fn run(o: Options) {
             )
         });
         // A Placement's change re-places every workload of its namespace.
-        requeue_namespace_on(&placements, &queue, deployments.cache());
+        requeue_namespace_on(&placements, &queue, &workloads);
         // So does a change of what workloads take along (a ConfigMap, a Secret, ...): their
         // copies in the shards follow.
-        requeue_namespace_on(&config_maps, &queue, deployments.cache());
-        requeue_namespace_on(&secrets, &queue, deployments.cache());
-        requeue_namespace_on(&service_accounts, &queue, deployments.cache());
-        requeue_namespace_on(&services, &queue, deployments.cache());
+        requeue_namespace_on(&config_maps, &queue, &workloads);
+        requeue_namespace_on(&secrets, &queue, &workloads);
+        requeue_namespace_on(&service_accounts, &queue, &workloads);
+        requeue_namespace_on(&services, &queue, &workloads);
     }
     let p = Arc::new(Propagation {
         client: o.client.clone(),
         registry: o.registry.clone(),
-        deployments: deployments.cache().clone(),
+        workloads: workloads.clone(),
         tenants: tenants.cache().clone(),
         placements: placements.cache().clone(),
         namespaces: namespaces.cache().clone(),
@@ -221,15 +281,12 @@ pub async fn run(o: Options) {
             let Some(p) = weak.upgrade() else { return };
             match e {
                 RegistryEvent::Status(k) => {
-                    let kind = if k.resource == "tenants" {
-                        Kind::Tenant
-                    } else {
-                        Kind::Deployment
-                    };
-                    q.add(
-                        format!("{}:{}", kind.prefix(), k.object_key()),
-                        EventClass::Update,
-                    );
+                    if let Some(kind) = Kind::of_resource(&k.resource) {
+                        q.add(
+                            format!("{}:{}", kind.prefix(), k.object_key()),
+                            EventClass::Update,
+                        );
+                    }
                 }
                 RegistryEvent::Shard(_) => {
                     for key in p.pending.lock().iter() {
@@ -251,8 +308,11 @@ pub async fn run(o: Options) {
             }
         });
     }
-    let _tasks = Tasks(vec![
-        tokio::spawn(deployments.clone().run()),
+    let mut tasks: Vec<_> = workload_informers
+        .iter()
+        .map(|(_, i)| tokio::spawn(i.clone().run()))
+        .collect();
+    tasks.extend([
         tokio::spawn(tenants.clone().run()),
         tokio::spawn(placements.clone().run()),
         tokio::spawn(namespaces.clone().run()),
@@ -261,7 +321,10 @@ pub async fn run(o: Options) {
         tokio::spawn(service_accounts.clone().run()),
         tokio::spawn(services.clone().run()),
     ]);
-    deployments.synced().await;
+    let _tasks = Tasks(tasks);
+    for (_, i) in &workload_informers {
+        i.synced().await;
+    }
     tenants.synced().await;
     placements.synced().await;
     namespaces.synced().await;
@@ -277,10 +340,8 @@ pub async fn run(o: Options) {
             .reconcile(&format!("tenants:{}", key_of(&t.metadata)))
             .await;
     }
-    for d in p.deployments.list() {
-        let _ = p
-            .reconcile(&format!("deployments:{}", key_of(&d.metadata)))
-            .await;
+    for key in p.workloads.all_keys() {
+        let _ = p.reconcile(&key).await;
     }
     o.registry.mark_synced();
     tracing::info!("federation propagation synced");
@@ -303,29 +364,24 @@ fn informer<T: tessera_runtime::informer::Object>(
     )
 }
 
-/// Every change seen by `inf` queues the Deployments of the changed object's namespace.
+/// Every change seen by `inf` queues the workloads of the changed object's namespace.
 fn requeue_namespace_on<T: tessera_runtime::informer::Object>(
     inf: &Informer<T>,
     queue: &WorkQueue<String>,
-    deployments: &Arc<Cache<Deployment>>,
+    workloads: &Workloads,
 ) {
-    let (q, dc) = (queue.clone(), deployments.clone());
-    inf.on_change(move |c| requeue_namespace(&q, &dc, c.object().metadata()));
-}
-
-/// Queues every Deployment in the namespace of `meta`.
-fn requeue_namespace(
-    q: &WorkQueue<String>,
-    deployments: &Cache<Deployment>,
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) {
-    let ns = meta.namespace.as_deref().unwrap_or_default();
-    for d in deployments.in_namespace(ns) {
-        q.add(
-            format!("deployments:{}", key_of(&d.metadata)),
-            EventClass::Update,
-        );
-    }
+    let (q, w) = (queue.clone(), workloads.clone());
+    inf.on_change(move |c| {
+        let ns = c
+            .object()
+            .metadata()
+            .namespace
+            .as_deref()
+            .unwrap_or_default();
+        for key in w.keys_in(ns) {
+            q.add(key, EventClass::Update);
+        }
+    });
 }
 
 /// Waits (at most one lease) for the shards the federation knows — its Shard objects — to
@@ -390,14 +446,14 @@ pub fn manifest(obj: &Value, generation: i64, replicas: Option<u64>) -> Value {
 }
 
 impl Propagation {
-    /// What `d` takes along to its shards, after its namespace: the ConfigMaps, Secrets and
-    /// ServiceAccount its pods name that exist here, and the Services that select its pods.
-    fn dependencies_of(&self, d: &Deployment) -> Vec<Arc<[u8]>> {
-        let ns = d.metadata.namespace.as_deref().unwrap_or_default();
+    /// What a workload of namespace `ns` with pod `template` takes along to its shards,
+    /// after its namespace: the ConfigMaps, Secrets and ServiceAccount its pods name that
+    /// exist here, and the Services that select its pods.
+    fn dependencies_of(&self, ns: &str, template: &Value) -> Vec<Arc<[u8]>> {
         let mut out = vec![Arc::from(
             self.namespace_manifest(ns).to_string().into_bytes(),
         )];
-        let Some(template) = d.spec.as_ref().map(|s| &s.template) else {
+        let Ok(template) = serde_json::from_value::<PodTemplateSpec>(template.clone()) else {
             return out;
         };
         let mut push = |obj: Value, kind: &str| {
@@ -563,27 +619,27 @@ impl Propagation {
         Ok(Action::Done)
     }
 
-    async fn deployment(&self, key: &str) -> Result<Action, ReconcileError> {
-        let Some(d) = self.deployments.get(key) else {
-            self.pending.lock().remove(&format!("deployments:{key}"));
+    async fn workload(&self, kind: WorkloadKind, key: &str) -> Result<Action, ReconcileError> {
+        let queue_key = format!("{}:{key}", kind.plural());
+        let Some(w) = self.workloads.cache(kind).get(key) else {
+            self.pending.lock().remove(&queue_key);
             return Ok(Action::Done);
         };
-        let ns = d.metadata.namespace.clone().unwrap_or_default();
+        let ns = w.metadata.namespace.clone().unwrap_or_default();
         if SYSTEM_NAMESPACES.contains(&ns.as_str()) {
             return Ok(Action::Done);
         }
-        if d.metadata.deletion_timestamp.is_some() {
-            return self.finish_delete(Kind::Deployment, key, &d.metadata).await;
+        let k = Kind::Workload(kind);
+        if w.metadata.deletion_timestamp.is_some() {
+            return self.finish_delete(k, key, &w.metadata).await;
         }
-        if self
-            .ensure_finalizer(Kind::Deployment, key, &d.metadata)
-            .await?
-        {
+        if self.ensure_finalizer(k, key, &w.metadata).await? {
             return Ok(Action::Done);
         }
-        let generation = d.metadata.generation.unwrap_or(1);
-        let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as u64;
-        let recorded: Recorded = d
+        let generation = w.metadata.generation.unwrap_or(1);
+        let replicas = kind.replicas(&w.spec);
+        let template = kind.template(&w.spec);
+        let recorded: Recorded = w
             .metadata
             .annotations
             .as_ref()
@@ -591,7 +647,7 @@ impl Propagation {
             .and_then(|s| serde_json::from_str(s).ok())
             .unwrap_or_default();
         let placements = self.placements.in_namespace(&ns);
-        let chosen = policy::choose(&placements, "apps/v1", "Deployment", &d.metadata);
+        let chosen = policy::choose(&placements, kind.api_version(), kind.kind(), &w.metadata);
         let policy_id = chosen.map_or(String::new(), |p| {
             format!(
                 "{}@{}",
@@ -599,10 +655,10 @@ impl Propagation {
                 p.metadata.resource_version.as_deref().unwrap_or_default()
             )
         });
-        let pol = policy::policy_of(chosen);
+        let pol = policy::for_kind(policy::policy_of(chosen), kind, chosen);
+        let pod_spec: Option<PodSpec> = serde_json::from_value(template["spec"].clone()).ok();
         let request = Request {
-            amounts: pod_spec_requests(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()))
-                .amounts(),
+            amounts: pod_spec_requests(pod_spec.as_ref()).amounts(),
         };
         let tenant = self.tenant_index.lock().tenant_of(&ns).to_owned();
         let same_request = recorded.request == request.describe();
@@ -617,74 +673,97 @@ impl Propagation {
         let still_good = recorded.generation == generation
             && recorded.policy == policy_id
             && recorded.unplaced == 0
+            && recorded.why.is_empty()
             && same_request;
-        let (decision, why) = if still_good {
-            let kept = Decision {
-                shares: recorded.shares.clone(),
-                ..Default::default()
-            };
-            (kept, String::new())
-        } else {
-            let started = Instant::now();
-            let w = Workload {
-                tenant: &tenant,
-                replicas,
-                request: &request,
-                current: &credit,
-            };
-            let (dec, total) = self.registry.place(&w, &pol);
-            if let Some(m) = self.registry.metrics() {
-                let mode = policy::mode_name(&pol.mode);
-                m.decision
-                    .with_label_values(&[mode])
-                    .observe(started.elapsed().as_secs_f64());
-                let outcome = if dec.unplaced == 0 {
-                    "placed"
-                } else if dec.shares.is_empty() {
-                    "pending"
-                } else {
-                    "partial"
+        let obj_ref = ObjectRef::new(kind.api_version(), kind.kind(), &w.metadata);
+        let policy_ok = pol.is_ok();
+        let (decision, why) = match pol {
+            _ if still_good => {
+                let kept = Decision {
+                    shares: recorded.shares.clone(),
+                    ..Default::default()
                 };
-                m.placements.with_label_values(&[mode, outcome]).inc();
-                m.spilled_replicas.inc_by(dec.spilled);
+                (kept, String::new())
             }
-            tracing::info!(
-                tenant = %tenant, key, mode = policy::mode_name(&pol.mode),
-                shares = ?dec.shares, unplaced = dec.unplaced, spilled = dec.spilled,
-                "placed"
-            );
-            let why = if dec.unplaced > 0 {
-                dec.why_pending(total, &request)
-            } else {
-                String::new()
-            };
-            if dec.unplaced > 0 {
-                self.recorder.event(
-                    &ObjectRef::new("apps/v1", "Deployment", &d.metadata),
-                    EventType::Warning,
-                    "FailedPlacement",
-                    &why,
+            // A policy this kind cannot follow keeps what runs (a mistaken Placement must not
+            // delete a running Job) and says what to change.
+            Err(why) => {
+                let unplaced = if recorded.shares.is_empty() {
+                    replicas
+                } else {
+                    0
+                };
+                let kept = Decision {
+                    shares: recorded.shares.clone(),
+                    unplaced,
+                    ..Default::default()
+                };
+                if recorded.why != why {
+                    self.recorder
+                        .event(&obj_ref, EventType::Warning, "FailedPlacement", &why);
+                }
+                (kept, why)
+            }
+            Ok(pol) => {
+                let started = Instant::now();
+                let wl = Workload {
+                    tenant: &tenant,
+                    replicas,
+                    request: &request,
+                    current: &credit,
+                };
+                let (dec, total) = self.registry.place(&wl, &pol);
+                let mode = policy::mode_name(&pol.mode);
+                if let Some(m) = self.registry.metrics() {
+                    m.decision
+                        .with_label_values(&[mode])
+                        .observe(started.elapsed().as_secs_f64());
+                    let outcome = if dec.unplaced == 0 {
+                        "placed"
+                    } else if dec.shares.is_empty() {
+                        "pending"
+                    } else {
+                        "partial"
+                    };
+                    m.placements.with_label_values(&[mode, outcome]).inc();
+                    m.spilled_replicas.inc_by(dec.spilled);
+                }
+                tracing::info!(
+                    tenant = %tenant, kind = kind.kind(), key, mode,
+                    shares = ?dec.shares, unplaced = dec.unplaced, spilled = dec.spilled,
+                    "placed"
                 );
+                let why = if dec.unplaced > 0 {
+                    dec.why_pending(total, &request)
+                } else {
+                    String::new()
+                };
+                if dec.unplaced > 0 {
+                    self.recorder
+                        .event(&obj_ref, EventType::Warning, "FailedPlacement", &why);
+                }
+                (dec, why)
             }
-            (dec, why)
         };
         {
+            // Only room can help a workload that waits for room; a policy it cannot follow
+            // waits for the policy to change.
             let mut pending = self.pending.lock();
-            if decision.unplaced > 0 {
-                pending.insert(format!("deployments:{key}"));
+            if decision.unplaced > 0 && policy_ok {
+                pending.insert(queue_key.clone());
             } else {
-                pending.remove(&format!("deployments:{key}"));
+                pending.remove(&queue_key);
             }
         }
         // Tell the shards.
         let mut obj =
-            serde_json::to_value(d.as_ref()).map_err(|e| ReconcileError::new(e.to_string()))?;
-        obj["apiVersion"] = json!("apps/v1");
-        obj["kind"] = json!("Deployment");
-        let okey = Kind::Deployment.object_key(key);
-        let deps = self.dependencies_of(&d);
+            serde_json::to_value(w.as_ref()).map_err(|e| ReconcileError::new(e.to_string()))?;
+        obj["apiVersion"] = json!(kind.api_version());
+        obj["kind"] = json!(kind.kind());
+        let okey = k.object_key(key);
+        let deps = self.dependencies_of(&ns, template);
         for (shard, n) in &decision.shares {
-            let m = manifest(&obj, generation, Some(*n));
+            let m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
             self.registry.assign(
                 shard,
                 &okey,
@@ -718,7 +797,7 @@ impl Propagation {
             let patch = json!({"metadata": {"annotations": {PLACEMENT_ANNOTATION: text}}});
             self.client
                 .patch(
-                    Kind::Deployment.resource(),
+                    kind.resource(),
                     Some(ns_s),
                     name,
                     None,
@@ -737,17 +816,18 @@ impl Propagation {
                 .collect(),
             unplaced: decision.unplaced,
             why,
+            policy_refused: !policy_ok,
         };
         let reports: Vec<(String, Option<tessera_registry::Reported>)> =
             self.registry.reports(&okey).into_iter().collect();
-        let previous = obj["status"].clone();
-        let status = status::aggregate(&placed, &reports, &previous, &rfc3339(now_secs()));
-        if !same_status(&status, &previous) {
+        let previous = &w.status;
+        let status = status::aggregate(kind, &placed, &reports, previous, &rfc3339(now_secs()));
+        if !same_status(&status, previous) {
             let patch = json!({"status": status});
             match self
                 .client
                 .patch(
-                    Kind::Deployment.resource(),
+                    kind.resource(),
                     Some(ns_s),
                     name,
                     Some("status"),
@@ -788,7 +868,7 @@ impl Reconciler for Propagation {
             return Ok(Action::Done);
         };
         match kind {
-            Kind::Deployment => self.deployment(rest).await,
+            Kind::Workload(k) => self.workload(k, rest).await,
             Kind::Tenant => self.tenant(rest).await,
         }
     }

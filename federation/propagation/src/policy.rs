@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_client::types::{Placement, Tenant};
+use tessera_client::workloads::WorkloadKind;
 use tessera_placement::{Mode, Policy, Spread, Toleration};
 
 /// Which Tenant owns each namespace, kept from the Tenant informer's changes, so routing a
@@ -173,6 +174,37 @@ pub fn policy_of(p: Option<&Placement>) -> Policy {
     }
 }
 
+/// `policy` as a workload of `kind` follows it: a kind that runs whole (a StatefulSet, a
+/// Job, a CronJob) goes to the first shard on its list with room for all of it instead of
+/// spilling a part over; dividing one is refused with what to change (`chosen` names the
+/// Placement that asked for it).
+pub fn for_kind(
+    policy: Policy,
+    kind: WorkloadKind,
+    chosen: Option<&Placement>,
+) -> Result<Policy, String> {
+    if kind.divisible() {
+        return Ok(policy);
+    }
+    match policy.mode {
+        Mode::Home => Ok(Policy {
+            mode: Mode::Whole,
+            ..policy
+        }),
+        Mode::Whole | Mode::Duplicated => Ok(policy),
+        Mode::Weighted(_) | Mode::ByCapacity => Err(format!(
+            "Placement {:?} divides replicas over shards, but a {kind} runs whole in each shard it is placed in ({}): select it with a Placement whose scheduling is Home, Whole or Duplicated",
+            chosen
+                .and_then(|p| p.metadata.name.as_deref())
+                .unwrap_or_default(),
+            match kind {
+                WorkloadKind::StatefulSet => "its pods' ordinals and volumes are identities",
+                _ => "its completions count once",
+            }
+        )),
+    }
+}
+
 /// The name of a mode, for metrics and messages.
 pub fn mode_name(m: &Mode) -> &'static str {
     match m {
@@ -293,5 +325,46 @@ mod tests {
         let sts = meta("web", &[]);
         assert!(choose(&all, "apps/v1", "StatefulSet", &sts).is_none());
         assert_eq!(policy_of(None).mode, Mode::Home);
+    }
+
+    #[test]
+    fn kinds_that_run_whole_are_kept_whole_and_never_divided() {
+        let home = policy_of(None);
+        assert_eq!(
+            for_kind(home.clone(), WorkloadKind::Deployment, None).map(|p| p.mode),
+            Ok(Mode::Home)
+        );
+        for kind in [
+            WorkloadKind::StatefulSet,
+            WorkloadKind::Job,
+            WorkloadKind::CronJob,
+        ] {
+            assert_eq!(
+                for_kind(home.clone(), kind, None).map(|p| p.mode),
+                Ok(Mode::Whole),
+                "{kind} spills over as a whole"
+            );
+            let dup = Policy {
+                mode: Mode::Duplicated,
+                ..Default::default()
+            };
+            assert_eq!(
+                for_kind(dup, kind, None).map(|p| p.mode),
+                Ok(Mode::Duplicated)
+            );
+            let split = placement(
+                "split",
+                ResourceSelector::default(),
+                ReplicaPlacement {
+                    scheduling: Some("Divided".into()),
+                    ..Default::default()
+                },
+            );
+            let err = for_kind(policy_of(Some(&split)), kind, Some(&split)).expect_err("refused");
+            assert!(
+                err.contains("\"split\"") && err.contains(kind.kind()),
+                "{err}"
+            );
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! so `kubectl rollout status` and `kubectl get deploy` at the federation tell the truth.
 
 use serde_json::{Value, json};
+use tessera_client::workloads::WorkloadKind;
 use tessera_registry::Reported;
 
 /// The counters of a Deployment's (and StatefulSet's, ReplicaSet's) status that add up.
@@ -26,6 +27,9 @@ pub struct Placed {
     pub unplaced: u64,
     /// Why, if some wait.
     pub why: String,
+    /// Whether they wait because the chosen policy is one the kind cannot follow (not for
+    /// room): `why` says what to change.
+    pub policy_refused: bool,
 }
 
 fn condition(type_: &str, status: bool, reason: &str, message: &str, now: &str) -> Value {
@@ -46,10 +50,29 @@ fn cond<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
         .find(|c| c["type"] == type_)
 }
 
-/// The status of a federated Deployment of `placed`, from `reports` (shard → its copy's
-/// report, none while it has reported nothing), keeping what `previous` had where nothing
-/// changed (transition times, the observed generation until every shard catches up).
+/// The status of a federated workload of `kind` placed as `placed`, from `reports` (shard →
+/// its copy's report, none while it has reported nothing), keeping what `previous` had where
+/// nothing changed (transition times, the observed generation until every shard catches up).
 pub fn aggregate(
+    kind: WorkloadKind,
+    placed: &Placed,
+    reports: &[(String, Option<Reported>)],
+    previous: &Value,
+    now: &str,
+) -> Value {
+    match kind {
+        WorkloadKind::Deployment => deployment(placed, reports, previous, now),
+        WorkloadKind::ReplicaSet | WorkloadKind::StatefulSet => {
+            counted(kind, placed, reports, previous, now)
+        }
+        WorkloadKind::Job => job(placed, reports, previous, now),
+        WorkloadKind::CronJob => cron_job(reports),
+    }
+}
+
+/// A Deployment's status: counts summed, Available and Progressing merged so that `kubectl
+/// rollout status` at the federation waits for every shard's rollout.
+fn deployment(
     placed: &Placed,
     reports: &[(String, Option<Reported>)],
     previous: &Value,
@@ -154,30 +177,229 @@ pub fn aggregate(
             ),
         },
     ];
-    conditions.push(if placed.unplaced == 0 {
+    conditions.push(placed_condition(placed, now));
+    status["conditions"] = Value::Array(keep_transitions(conditions, previous));
+    status
+}
+
+/// The `Placed` condition: every replica placed, or why some wait.
+fn placed_condition(placed: &Placed, now: &str) -> Value {
+    if placed.policy_refused {
+        condition("Placed", false, "PolicyNotApplicable", &placed.why, now)
+    } else if placed.unplaced == 0 {
         condition(
             "Placed",
             true,
             "Placed",
-            &format!("all replicas placed: {}", shards.join(", ")),
+            &format!("all replicas placed: {}", shard_list(placed).join(", ")),
             now,
         )
     } else {
         condition("Placed", false, "NoShardFits", &placed.why, now)
-    });
-    // A condition whose status and reason did not change keeps its transition time.
+    }
+}
+
+fn shard_list(placed: &Placed) -> Vec<String> {
+    placed
+        .shares
+        .iter()
+        .map(|(s, n)| format!("{s}={n}"))
+        .collect()
+}
+
+/// A condition whose status and reason did not change keeps its transition time (and its
+/// update time while its message stays).
+fn keep_transitions(mut conditions: Vec<Value>, previous: &Value) -> Vec<Value> {
     for c in &mut conditions {
         if let Some(old) = cond(previous, c["type"].as_str().unwrap_or_default())
             && old["status"] == c["status"]
             && old["reason"] == c["reason"]
         {
             c["lastTransitionTime"] = old["lastTransitionTime"].clone();
-            if old["message"] == c["message"] {
+            if old.get("lastUpdateTime").is_some() && old["message"] == c["message"] {
                 c["lastUpdateTime"] = old["lastUpdateTime"].clone();
             }
         }
     }
-    status["conditions"] = Value::Array(conditions);
+    conditions
+}
+
+/// Adds a report's `fields` (integers) to `counts`.
+fn add_counts(counts: &mut [i64], fields: &[&str], status: &Value) {
+    for (c, f) in counts.iter_mut().zip(fields) {
+        *c += status[*f].as_i64().unwrap_or(0);
+    }
+}
+
+/// Writes `counts` into `status` under their `fields`.
+fn set_counts(status: &mut Value, fields: &[&str], counts: &[i64]) {
+    for (f, c) in fields.iter().zip(counts) {
+        status[*f] = json!(c);
+    }
+}
+
+/// The reports of the shards `placed` puts a share on, in its order (none for a shard that
+/// has reported nothing yet).
+fn placed_reports<'a>(
+    placed: &'a Placed,
+    reports: &'a [(String, Option<Reported>)],
+) -> impl Iterator<Item = (&'a str, Option<&'a Reported>)> {
+    placed.shares.iter().map(move |(shard, _)| {
+        let r = reports
+            .iter()
+            .find(|(s, _)| s == shard)
+            .and_then(|(_, r)| r.as_ref());
+        (shard.as_str(), r)
+    })
+}
+
+/// A ReplicaSet's or StatefulSet's status: counts summed, the generation observed once every
+/// shard observed it, a StatefulSet's revisions equal only once every shard's rollout is
+/// done (what `kubectl rollout status statefulset` waits for).
+fn counted(
+    kind: WorkloadKind,
+    placed: &Placed,
+    reports: &[(String, Option<Reported>)],
+    previous: &Value,
+    now: &str,
+) -> Value {
+    let fields: &[&str] = match kind {
+        WorkloadKind::StatefulSet => &[
+            "replicas",
+            "readyReplicas",
+            "currentReplicas",
+            "updatedReplicas",
+            "availableReplicas",
+        ],
+        _ => &[
+            "replicas",
+            "fullyLabeledReplicas",
+            "readyReplicas",
+            "availableReplicas",
+        ],
+    };
+    let mut counts = vec![0i64; fields.len()];
+    let mut all_observed = true;
+    let mut update_revision: Option<&Value> = None;
+    let mut lagging: Option<&Value> = None;
+    for (_, r) in placed_reports(placed, reports) {
+        let Some(r) = r else {
+            all_observed = false;
+            continue;
+        };
+        add_counts(&mut counts, fields, &r.status);
+        if r.federation_generation != placed.generation || !r.observed {
+            all_observed = false;
+        }
+        if !r.status["updateRevision"].is_null() {
+            update_revision.get_or_insert(&r.status["updateRevision"]);
+            if r.status["currentRevision"] != r.status["updateRevision"] {
+                lagging.get_or_insert(&r.status["currentRevision"]);
+            }
+        }
+    }
+    let observed = if all_observed {
+        placed.generation
+    } else {
+        previous["observedGeneration"].as_i64().unwrap_or(0)
+    };
+    let mut status = json!({"observedGeneration": observed});
+    set_counts(&mut status, fields, &counts);
+    if let Some(u) = update_revision {
+        status["updateRevision"] = u.clone();
+        status["currentRevision"] = lagging.unwrap_or(u).clone();
+    }
+    let conditions = vec![placed_condition(placed, now)];
+    status["conditions"] = Value::Array(keep_transitions(conditions, previous));
+    status
+}
+
+/// A Job's status: pods counted over its shards, started when the first started, Complete
+/// once every shard's copy completed, Failed as soon as one failed (saying which).
+fn job(
+    placed: &Placed,
+    reports: &[(String, Option<Reported>)],
+    previous: &Value,
+    now: &str,
+) -> Value {
+    let mut counts = [0i64; 4];
+    const FIELDS: [&str; 4] = ["active", "ready", "succeeded", "failed"];
+    let mut start: Option<&str> = None;
+    let mut completion: Option<&str> = None;
+    let mut complete = placed.unplaced == 0 && !placed.shares.is_empty();
+    let mut failed: Option<Value> = None;
+    let mut complete_condition: Option<&Value> = None;
+    for (shard, r) in placed_reports(placed, reports) {
+        let Some(r) = r else {
+            complete = false;
+            continue;
+        };
+        add_counts(&mut counts, &FIELDS, &r.status);
+        if let Some(t) = r.status["startTime"].as_str() {
+            start = Some(start.map_or(t, |s| s.min(t)));
+        }
+        if let Some(t) = r.status["completionTime"].as_str() {
+            completion = Some(completion.map_or(t, |s| s.max(t)));
+        }
+        match cond(&r.status, "Complete") {
+            Some(c) if c["status"] == "True" => {
+                complete_condition = Some(c);
+            }
+            _ => complete = false,
+        }
+        if failed.is_none()
+            && let Some(c) = cond(&r.status, "Failed").filter(|c| c["status"] == "True")
+        {
+            let mut c = c.clone();
+            c["message"] = json!(format!(
+                "shard {shard}: {}",
+                c["message"].as_str().unwrap_or("the Job failed")
+            ));
+            failed = Some(c);
+        }
+    }
+    let mut status = json!({});
+    set_counts(&mut status, &FIELDS, &counts);
+    if let Some(t) = start {
+        status["startTime"] = json!(t);
+    }
+    let mut conditions = Vec::new();
+    if let Some(c) = failed {
+        conditions.push(c);
+    } else if complete && let Some(c) = complete_condition {
+        conditions.push(c.clone());
+        if let Some(t) = completion {
+            status["completionTime"] = json!(t);
+        }
+    }
+    conditions.push(placed_condition(placed, now));
+    status["conditions"] = Value::Array(keep_transitions(conditions, previous));
+    status
+}
+
+/// A CronJob's status: the Jobs its copies run now, and the latest schedule and success of
+/// any shard. (A CronJob's status has no conditions: why one waits is in its placement
+/// annotation and its Events.)
+fn cron_job(reports: &[(String, Option<Reported>)]) -> Value {
+    let mut active = Vec::new();
+    let mut last_schedule: Option<&str> = None;
+    let mut last_success: Option<&str> = None;
+    for r in reports.iter().filter_map(|(_, r)| r.as_ref()) {
+        active.extend(r.status["active"].as_array().into_iter().flatten().cloned());
+        if let Some(t) = r.status["lastScheduleTime"].as_str() {
+            last_schedule = Some(last_schedule.map_or(t, |s| s.max(t)));
+        }
+        if let Some(t) = r.status["lastSuccessfulTime"].as_str() {
+            last_success = Some(last_success.map_or(t, |s| s.max(t)));
+        }
+    }
+    let mut status = json!({"active": active});
+    if let Some(t) = last_schedule {
+        status["lastScheduleTime"] = json!(t);
+    }
+    if let Some(t) = last_success {
+        status["lastSuccessfulTime"] = json!(t);
+    }
     status
 }
 
@@ -215,6 +437,7 @@ mod tests {
             shares: vec![("a".into(), 1), ("b".into(), 2)],
             unplaced: 0,
             why: String::new(),
+            policy_refused: false,
         }
     }
 
@@ -225,7 +448,7 @@ mod tests {
             ("b".to_owned(), Some(report(2, true, 2, 2, true))),
         ];
         let prev = json!({"observedGeneration": 2});
-        let s = aggregate(&placed(), &reports, &prev, "t");
+        let s = deployment(&placed(), &reports, &prev, "t");
         assert_eq!(s["replicas"], 3);
         assert_eq!(s["availableReplicas"], 3);
         assert_eq!(
@@ -236,7 +459,7 @@ mod tests {
             ("a".to_owned(), Some(report(3, true, 1, 1, true))),
             ("b".to_owned(), Some(report(3, true, 2, 2, true))),
         ];
-        let s = aggregate(&placed(), &reports, &prev, "t");
+        let s = deployment(&placed(), &reports, &prev, "t");
         assert_eq!(s["observedGeneration"], 3);
         let progressing = cond(&s, "Progressing").expect("progressing");
         assert_eq!(progressing["reason"], "NewReplicaSetAvailable");
@@ -249,7 +472,7 @@ mod tests {
             ("a".to_owned(), Some(report(3, true, 1, 1, true))),
             ("b".to_owned(), None),
         ];
-        let s = aggregate(&placed(), &reports, &json!({}), "t");
+        let s = deployment(&placed(), &reports, &json!({}), "t");
         assert_eq!(s["observedGeneration"], 0);
         assert_eq!(cond(&s, "Available").expect("c")["status"], "False");
         assert_eq!(
@@ -267,7 +490,7 @@ mod tests {
             ("a".to_owned(), Some(report(3, true, 1, 1, true))),
             ("b".to_owned(), Some(report(3, true, 2, 2, true))),
         ];
-        let s1 = aggregate(&p, &reports, &json!({}), "t1");
+        let s1 = deployment(&p, &reports, &json!({}), "t1");
         let placed_c = cond(&s1, "Placed").expect("placed");
         assert_eq!(placed_c["status"], "False");
         assert!(
@@ -276,7 +499,142 @@ mod tests {
                 .expect("m")
                 .contains("0/3 shards fit")
         );
-        let s2 = aggregate(&p, &reports, &s1, "t2");
+        let s2 = deployment(&p, &reports, &s1, "t2");
         assert_eq!(cond(&s2, "Placed").expect("p")["lastTransitionTime"], "t1");
+    }
+
+    fn raw(status: Value) -> Reported {
+        Reported {
+            present: true,
+            federation_generation: 3,
+            observed: true,
+            replicas: 1,
+            status,
+        }
+    }
+
+    #[test]
+    fn a_job_completes_once_every_shard_completed_and_fails_when_one_failed() {
+        let complete =
+            json!({"type": "Complete", "status": "True", "reason": "CompletionsReached"});
+        let p = placed();
+        let reports = vec![
+            (
+                "a".to_owned(),
+                Some(raw(
+                    json!({"succeeded": 1, "startTime": "2026-01-01T00:00:02Z",
+                    "completionTime": "2026-01-01T00:00:09Z", "conditions": [complete]}),
+                )),
+            ),
+            (
+                "b".to_owned(),
+                Some(raw(
+                    json!({"active": 2, "startTime": "2026-01-01T00:00:01Z"}),
+                )),
+            ),
+        ];
+        let s = aggregate(WorkloadKind::Job, &p, &reports, &json!({}), "t");
+        assert_eq!(
+            (s["active"].clone(), s["succeeded"].clone()),
+            (json!(2), json!(1))
+        );
+        assert_eq!(s["startTime"], "2026-01-01T00:00:01Z", "the earliest start");
+        assert!(cond(&s, "Complete").is_none(), "b still runs");
+        assert!(s["completionTime"].is_null());
+        let reports = vec![
+            reports[0].clone(),
+            (
+                "b".to_owned(),
+                Some(raw(
+                    json!({"succeeded": 2, "completionTime": "2026-01-01T00:00:20Z",
+                    "conditions": [complete]}),
+                )),
+            ),
+        ];
+        let s = aggregate(WorkloadKind::Job, &p, &reports, &json!({}), "t");
+        assert_eq!(cond(&s, "Complete").expect("complete")["status"], "True");
+        assert_eq!(
+            s["completionTime"], "2026-01-01T00:00:20Z",
+            "the latest completion"
+        );
+        let failed = json!({"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+            "message": "Job has reached the specified backoff limit"});
+        let reports = vec![
+            reports[0].clone(),
+            (
+                "b".to_owned(),
+                Some(raw(json!({"failed": 7, "conditions": [failed]}))),
+            ),
+        ];
+        let s = aggregate(WorkloadKind::Job, &p, &reports, &json!({}), "t");
+        let f = cond(&s, "Failed").expect("failed");
+        assert_eq!(f["reason"], "BackoffLimitExceeded");
+        assert!(f["message"].as_str().expect("m").starts_with("shard b: "));
+        assert!(cond(&s, "Complete").is_none());
+    }
+
+    #[test]
+    fn a_statefulsets_revisions_agree_only_when_every_shard_rolled_out() {
+        let sts = |current: &str, update: &str| {
+            Some(raw(
+                json!({"replicas": 2, "readyReplicas": 2, "currentRevision": current,
+                "updateRevision": update, "observedGeneration": 1}),
+            ))
+        };
+        let p = placed();
+        let reports = vec![
+            ("a".to_owned(), sts("web-2", "web-2")),
+            ("b".to_owned(), sts("web-1", "web-2")),
+        ];
+        let s = aggregate(WorkloadKind::StatefulSet, &p, &reports, &json!({}), "t");
+        assert_eq!(s["readyReplicas"], 4);
+        assert_eq!(s["observedGeneration"], 3);
+        assert_eq!(s["updateRevision"], "web-2");
+        assert_eq!(s["currentRevision"], "web-1", "b is still rolling");
+        let reports = vec![
+            ("a".to_owned(), sts("web-2", "web-2")),
+            ("b".to_owned(), sts("web-2", "web-2")),
+        ];
+        let s = aggregate(WorkloadKind::StatefulSet, &p, &reports, &json!({}), "t");
+        assert_eq!(s["currentRevision"], "web-2");
+        assert_eq!(cond(&s, "Placed").expect("placed")["status"], "True");
+    }
+
+    #[test]
+    fn a_policy_the_kind_cannot_follow_is_not_placed_and_says_why() {
+        let mut p = placed();
+        p.why = "Placement \"split\" divides replicas".into();
+        p.policy_refused = true;
+        let s = aggregate(WorkloadKind::Job, &p, &[], &json!({}), "t");
+        let c = cond(&s, "Placed").expect("placed");
+        assert_eq!(
+            (c["status"].clone(), c["reason"].clone()),
+            (json!("False"), json!("PolicyNotApplicable"))
+        );
+    }
+
+    #[test]
+    fn a_cronjobs_active_jobs_come_from_every_shard() {
+        let reports = vec![
+            (
+                "a".to_owned(),
+                Some(raw(json!({"active": [{"name": "c-1"}],
+                "lastScheduleTime": "2026-01-01T00:01:00Z"}))),
+            ),
+            (
+                "b".to_owned(),
+                Some(raw(json!({"active": [{"name": "c-2"}],
+                "lastScheduleTime": "2026-01-01T00:02:00Z"}))),
+            ),
+        ];
+        let s = aggregate(WorkloadKind::CronJob, &placed(), &reports, &json!({}), "t");
+        assert_eq!(s["active"].as_array().map(Vec::len), Some(2));
+        assert_eq!(s["lastScheduleTime"], "2026-01-01T00:02:00Z");
+        let s = aggregate(WorkloadKind::CronJob, &placed(), &[], &json!({}), "t");
+        assert_eq!(
+            s["active"],
+            json!([]),
+            "no Job runs: the list is emptied, not kept"
+        );
     }
 }
