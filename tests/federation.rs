@@ -47,6 +47,12 @@ fn wait_spread(c: &Cluster, ns: &str, name: &str, want: &[Option<u64>]) {
     );
 }
 
+/// A field (`reason`, `message`) of the `Placed` condition of `kind ns/name` at the federation.
+fn placed_field(c: &Cluster, kind: &str, ns: &str, name: &str, field: &str) -> String {
+    let path = format!("jsonpath={{.status.conditions[?(@.type==\"Placed\")].{field}}}");
+    c.ok(&["get", kind, name, "-n", ns, "-o", &path])
+}
+
 /// A token of tenant `name` made with `tessera token create` at the federation.
 fn tenant_token(c: &Cluster, name: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
@@ -316,15 +322,7 @@ fn a_tenant_stays_home_spills_over_when_full_and_waits_with_a_reason() {
         "--requests=cpu=4",
     ]);
     let why = wait_for(Duration::from_secs(30), || {
-        let m = c.ok(&[
-            "get",
-            "deploy",
-            "late",
-            "-n",
-            "spill",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Placed\")].message}",
-        ]);
+        let m = placed_field(&c, "deploy", "spill", "late", "message");
         m.contains("0/3 shards fit").then_some(m)
     });
     assert!(
@@ -1206,15 +1204,7 @@ fn statefulsets_jobs_and_cronjobs_run_whole_in_one_shard() {
     );
     c.ok(&["apply", "-f", &job2]);
     let reason = wait_for(Duration::from_secs(30), || {
-        let r = c.ok(&[
-            "get",
-            "job",
-            "split-job",
-            "-n",
-            "batch",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Placed\")].reason}",
-        ]);
+        let r = placed_field(&c, "job", "batch", "split-job", "reason");
         (r == "PolicyNotApplicable").then_some(r)
     });
     assert!(
@@ -1240,4 +1230,91 @@ fn statefulsets_jobs_and_cronjobs_run_whole_in_one_shard() {
         });
         assert!(gone.is_some(), "{kind}/{name} still in a shard");
     }
+}
+
+#[test]
+fn a_tenants_quota_holds_over_the_whole_fleet() {
+    let (c, _) = start();
+    let tenant = c.file(
+        "acme.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec:\n  namespaces: [acme-a]\n  quota: {cpu: \"12\"}\n",
+    );
+    c.ok(&["apply", "-f", &tenant]);
+    c.ok(&["create", "namespace", "acme-a"]);
+    // Two Deployments pinned to two different shards, 4 cpu a replica: each shard alone
+    // would let either run (12 cpu is the tenant's quota in each shard too), the fleet not.
+    let deploy = |name: &str, shard: &str, replicas: u32| {
+        let yaml = format!(
+            "apiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {{name: {name}, namespace: acme-a}}\nspec:\n  resourceSelectors: [{{kind: Deployment, name: {name}}}]\n  shardAffinity: {{shardNames: [{shard}]}}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: acme-a}}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec: {{containers: [{{name: c, image: nginx, resources: {{requests: {{cpu: \"4\"}}}}}}]}}\n"
+        );
+        let f = c.file(&format!("{name}.yaml"), &yaml);
+        c.ok(&["apply", "-f", &f]);
+    };
+    deploy("first", "shard-0", 2);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/first",
+        "-n",
+        "acme-a",
+        "--timeout=90s",
+    ]);
+    deploy("second", "shard-1", 3);
+    let why = wait_for(Duration::from_secs(30), || {
+        let m = placed_field(&c, "deploy", "acme-a", "second", "message");
+        m.contains("quota").then_some(m)
+    });
+    let why = why.unwrap_or_default();
+    assert!(
+        why.contains("tenant \"acme\" quota: 2 more replica(s) of cpu 4 would exceed cpu (placed 8 of 12 fleet-wide)"),
+        "{why}"
+    );
+    // The shard runs the one replica that fits, not three.
+    assert_eq!(replicas_in(&c, "shard-1", "acme-a", "second"), Some(1));
+    let used = wait_for(Duration::from_secs(30), || {
+        let u = c.ok(&["get", "tenant", "acme", "-o", "jsonpath={.status.used.cpu}"]);
+        (u == "12").then_some(u)
+    });
+    assert!(
+        used.is_some(),
+        "the federation's Tenant shows the fleet's usage: {}",
+        c.ok(&["get", "tenant", "acme", "-o", "yaml"])
+    );
+    let events = c.ok(&["get", "events", "-n", "acme-a"]);
+    assert!(events.contains("FailedPlacement"), "{events}");
+
+    // Room in the quota frees: the held replicas are placed without any other change.
+    c.ok(&["scale", "deployment/first", "-n", "acme-a", "--replicas=0"]);
+    let placed = wait_for(Duration::from_secs(60), || {
+        (replicas_in(&c, "shard-1", "acme-a", "second") == Some(3)).then_some(())
+    });
+    assert!(placed.is_some(), "second should get all 3 replicas");
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/second",
+        "-n",
+        "acme-a",
+        "--timeout=90s",
+    ]);
+    // A raised quota lets more in: scaled past it, then raised.
+    c.ok(&["scale", "deployment/second", "-n", "acme-a", "--replicas=4"]);
+    let held = wait_for(Duration::from_secs(30), || {
+        let m = placed_field(&c, "deploy", "acme-a", "second", "reason");
+        (m == "QuotaExceeded").then_some(m)
+    });
+    assert!(held.is_some(), "the fourth replica is held by the quota");
+    assert_eq!(replicas_in(&c, "shard-1", "acme-a", "second"), Some(3));
+    c.ok(&[
+        "patch",
+        "tenant",
+        "acme",
+        "--type=merge",
+        "-p",
+        "{\"spec\":{\"quota\":{\"cpu\":\"16\"}}}",
+    ]);
+    let placed = wait_for(Duration::from_secs(60), || {
+        (replicas_in(&c, "shard-1", "acme-a", "second") == Some(4)).then_some(())
+    });
+    assert!(placed.is_some(), "a raised quota places the held replica");
 }

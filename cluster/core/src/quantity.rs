@@ -121,6 +121,26 @@ impl Quantity {
         }
     }
 
+    /// How many whole `each` fit in this quantity (`None` when `each` is zero or less: any
+    /// number does).
+    pub fn count_within(self, each: Quantity) -> Option<u64> {
+        if each.nanos <= 0 {
+            return None;
+        }
+        Some((self.nanos.max(0) / each.nanos).min(u64::MAX as i128) as u64)
+    }
+
+    /// This quantity `n` times, saturating.
+    pub fn times(self, n: u64) -> Quantity {
+        Quantity {
+            nanos: self
+                .nanos
+                .saturating_mul(n.min(i64::MAX as u64) as i128)
+                .clamp(-MAX_NANOS, MAX_NANOS),
+            format: self.format,
+        }
+    }
+
     /// The difference of two quantities, never below zero, in the format of the first.
     pub fn saturating_sub(self, other: Quantity) -> Quantity {
         Quantity {
@@ -296,6 +316,17 @@ mod tests {
 
     fn q(s: &str) -> Quantity {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn counts_and_multiples() {
+        assert_eq!(q("10").count_within(q("4")), Some(2));
+        assert_eq!(q("1").count_within(q("250m")), Some(4));
+        assert_eq!(q("1Gi").count_within(q("300Mi")), Some(3));
+        assert_eq!(q("0").count_within(q("1")), Some(0));
+        assert_eq!(q("5").count_within(q("0")), None);
+        assert_eq!(q("250m").times(4), q("1"));
+        assert_eq!(q("1Gi").times(2).to_string(), "2Gi");
     }
 
     #[test]

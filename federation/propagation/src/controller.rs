@@ -22,6 +22,7 @@ use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::types::{FEDERATED_LABEL, Placement, Tenant};
 use tessera_client::workloads::WorkloadKind;
+use tessera_core::quantity::Quantity;
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_placement::{Decision, Request, Workload};
 use tessera_registry::{Held, ObjectKey, Registry, RegistryEvent};
@@ -34,6 +35,7 @@ use tessera_scheduler::resources::pod_spec_requests;
 
 use crate::dependencies;
 use crate::policy;
+use crate::quota;
 use crate::status::{self, Placed};
 
 /// The controller's name.
@@ -178,6 +180,10 @@ pub struct Propagation {
     pending: Mutex<BTreeSet<String>>,
     /// Namespace → owning Tenant.
     tenant_index: Arc<Mutex<policy::TenantIndex>>,
+    /// What each tenant's placed workloads hold, against its fleet-wide quota.
+    ledger: Mutex<quota::Ledger>,
+    /// The queue, to wake workloads a freed quota lets in.
+    queue: WorkQueue<String>,
 }
 
 /// What the controller runs with.
@@ -273,6 +279,8 @@ pub async fn run(o: Options) {
         recorder: Recorder::new(o.client.clone(), NAME, o.runtime_metrics.clone()),
         pending: Mutex::new(BTreeSet::new()),
         tenant_index,
+        ledger: Mutex::new(quota::Ledger::default()),
+        queue: queue.clone(),
     });
     {
         let q = queue.clone();
@@ -333,6 +341,9 @@ pub async fn run(o: Options) {
     service_accounts.synced().await;
     services.synced().await;
     wait_for_known_shards(&o.client, &o.registry).await;
+    // What every workload placed before holds is counted before anything new is admitted
+    // against a tenant's quota.
+    p.seed_ledger();
     // Every object is assigned once before agents are told they hold all they should: an
     // agent removes what it was not assigned since it connected.
     for t in p.tenants.list() {
@@ -616,13 +627,182 @@ impl Propagation {
         for shard in self.registry.shard_names() {
             self.registry.assign(&shard, &okey, held.clone());
         }
+        // A quota raised (or any change) lets its waiting workloads try again.
+        self.wake_waiting(key);
+        self.write_fleet_usage(&t).await;
         Ok(Action::Done)
+    }
+
+    /// Charges every workload what its recorded decision placed (after a restart, before
+    /// the first pass admits anything new).
+    fn seed_ledger(&self) {
+        let mut ledger = self.ledger.lock();
+        for (kind, cache) in &self.workloads.0 {
+            for w in cache.list() {
+                let Some(recorded) = w
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(PLACEMENT_ANNOTATION))
+                    .and_then(|s| serde_json::from_str::<Recorded>(s).ok())
+                else {
+                    continue;
+                };
+                let ns = w.metadata.namespace.as_deref().unwrap_or_default();
+                let tenant = self.tenant_index.lock().tenant_of(ns).to_owned();
+                let finished = *kind == WorkloadKind::Job && kind.needs_no_room(&w.status);
+                let placed = if finished {
+                    0
+                } else {
+                    recorded.shares.values().sum()
+                };
+                let key = format!("{}:{}", kind.plural(), key_of(&w.metadata));
+                let per_pod = quota::pod_charge(kind.template(&w.spec));
+                ledger.set(&tenant, &key, per_pod, placed);
+            }
+        }
+    }
+
+    /// Queues the workloads `tenant`'s quota held back.
+    fn wake_waiting(&self, tenant: &str) {
+        for k in self.ledger.lock().waiting(tenant) {
+            self.queue.add(k, EventClass::Update);
+        }
+    }
+
+    /// The tenant's fleet-wide quota for pods, if its Tenant has one.
+    fn pod_quota_of(&self, tenant: &str) -> Option<quota::Usage> {
+        let t = self.tenants.get(tenant)?;
+        let q: quota::Usage = t
+            .spec
+            .as_ref()?
+            .quota
+            .as_ref()?
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.0.parse().ok()?)))
+            .collect();
+        let q = quota::pod_quota(&q);
+        (!q.is_empty()).then_some(q)
+    }
+
+    /// Writes what the federation placed for `t` over every shard into the quota names of
+    /// its `status.used` that pods are charged against (the rest the API server counts).
+    async fn write_fleet_usage(&self, t: &Tenant) {
+        let name = t.metadata.name.as_deref().unwrap_or_default();
+        let Some(q) = self.pod_quota_of(name) else {
+            return;
+        };
+        let used = self.ledger.lock().used(name);
+        let have = t.status.as_ref().and_then(|s| s.used.as_ref());
+        let mut want = serde_json::Map::new();
+        let mut same = true;
+        for k in q.keys() {
+            let v = used.get(k).copied().unwrap_or(Quantity::ZERO);
+            let h = have
+                .and_then(|h| h.get(k))
+                .and_then(|h| h.0.parse::<Quantity>().ok());
+            same &= h == Some(v);
+            want.insert(k.clone(), json!(v.to_string()));
+        }
+        if same {
+            return;
+        }
+        let patch = json!({"status": {"used": want}});
+        if let Err(e) = self
+            .client
+            .patch(
+                Kind::Tenant.resource(),
+                None,
+                name,
+                Some("status"),
+                PatchType::Merge,
+                &patch,
+            )
+            .await
+        {
+            tracing::warn!(tenant = name, error = %e.message, "writing the tenant's fleet-wide usage");
+        }
+    }
+
+    /// Records what workload `queue_key` of `tenant` holds now.
+    fn charge(&self, tenant: &str, queue_key: &str, per_pod: quota::Usage, placed: u64) {
+        let fell = self.ledger.lock().set(tenant, queue_key, per_pod, placed);
+        self.after_charge(tenant, fell);
+    }
+
+    /// After a tenant's usage changed: wakes what its quota held back if the usage fell,
+    /// and has its fleet-wide usage written.
+    fn after_charge(&self, tenant: &str, fell: bool) {
+        if fell {
+            self.wake_waiting(tenant);
+        }
+        if self.pod_quota_of(tenant).is_some() {
+            self.queue
+                .add(format!("tenants:{tenant}"), EventClass::Update);
+        }
+    }
+
+    /// How many of `replicas` the tenant's fleet-wide quota lets `queue_key` place under
+    /// `pol` (all of them without a quota), reserved in the ledger until settled, and why
+    /// the rest are held back. A Duplicated workload is charged once per copy: how many
+    /// copies it makes is previewed first, and each copy gets what fits of the quota shared
+    /// evenly between them.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &self,
+        tenant: &str,
+        queue_key: &str,
+        per_pod: &quota::Usage,
+        replicas: u64,
+        pol: &tessera_placement::Policy,
+        request: &Request,
+        credit: &BTreeMap<String, u64>,
+    ) -> (u64, Option<quota::Held>) {
+        let Some(limit) = self.pod_quota_of(tenant) else {
+            return (replicas, None);
+        };
+        if !matches!(pol.mode, tessera_placement::Mode::Duplicated) {
+            return self
+                .ledger
+                .lock()
+                .admit(tenant, queue_key, per_pod, replicas, &limit);
+        }
+        let copies = self
+            .registry
+            .preview(
+                &Workload {
+                    tenant,
+                    replicas,
+                    request,
+                    current: credit,
+                },
+                pol,
+            )
+            .shares
+            .len()
+            .max(1) as u64;
+        let (all, held) =
+            self.ledger
+                .lock()
+                .admit(tenant, queue_key, per_pod, replicas * copies, &limit);
+        let each = all / copies;
+        (
+            each,
+            held.map(|h| quota::Held {
+                replicas: replicas - each,
+                ..h
+            }),
+        )
     }
 
     async fn workload(&self, kind: WorkloadKind, key: &str) -> Result<Action, ReconcileError> {
         let queue_key = format!("{}:{key}", kind.plural());
         let Some(w) = self.workloads.cache(kind).get(key) else {
             self.pending.lock().remove(&queue_key);
+            let freed = self.ledger.lock().remove(&queue_key);
+            if let Some(tenant) = freed {
+                self.after_charge(&tenant, true);
+            }
             return Ok(Action::Done);
         };
         let ns = w.metadata.namespace.clone().unwrap_or_default();
@@ -677,8 +857,21 @@ impl Propagation {
             && same_request;
         let obj_ref = ObjectRef::new(kind.api_version(), kind.kind(), &w.metadata);
         let policy_ok = pol.is_ok();
+        // What one pod is charged against the tenant's fleet-wide quota; a finished Job's
+        // pods hold nothing.
+        let per_pod = quota::pod_charge(template);
+        let finished = kind == WorkloadKind::Job && kind.needs_no_room(&w.status);
+        let holds = |shares: &BTreeMap<String, u64>| {
+            if finished {
+                0
+            } else {
+                shares.values().sum::<u64>()
+            }
+        };
+        let mut quota_exceeded = false;
         let (decision, why) = match pol {
             _ if still_good => {
+                self.charge(&tenant, &queue_key, per_pod, holds(&recorded.shares));
                 let kept = Decision {
                     shares: recorded.shares.clone(),
                     ..Default::default()
@@ -693,6 +886,7 @@ impl Propagation {
                 } else {
                     0
                 };
+                self.charge(&tenant, &queue_key, per_pod, holds(&recorded.shares));
                 let kept = Decision {
                     shares: recorded.shares.clone(),
                     unplaced,
@@ -706,13 +900,18 @@ impl Propagation {
             }
             Ok(pol) => {
                 let started = Instant::now();
+                let (allowed, held) = self.admit(
+                    &tenant, &queue_key, &per_pod, replicas, &pol, &request, &credit,
+                );
                 let wl = Workload {
                     tenant: &tenant,
-                    replicas,
+                    replicas: allowed,
                     request: &request,
                     current: &credit,
                 };
-                let (dec, total) = self.registry.place(&wl, &pol);
+                let (mut dec, total) = self.registry.place(&wl, &pol);
+                let fell = self.ledger.lock().settle(&queue_key, holds(&dec.shares));
+                self.after_charge(&tenant, fell);
                 let mode = policy::mode_name(&pol.mode);
                 if let Some(m) = self.registry.metrics() {
                     m.decision
@@ -733,11 +932,23 @@ impl Propagation {
                     shares = ?dec.shares, unplaced = dec.unplaced, spilled = dec.spilled,
                     "placed"
                 );
-                let why = if dec.unplaced > 0 {
+                let mut why = if dec.unplaced > 0 {
                     dec.why_pending(total, &request)
                 } else {
                     String::new()
                 };
+                quota_exceeded = held.is_some();
+                if let Some(h) = held {
+                    if let Some(m) = self.registry.metrics() {
+                        m.quota_held_replicas.inc_by(h.replicas);
+                    }
+                    dec.unplaced += replicas.saturating_sub(allowed);
+                    why = if why.is_empty() {
+                        h.why
+                    } else {
+                        format!("{}; {why}", h.why)
+                    };
+                }
                 if dec.unplaced > 0 {
                     self.recorder
                         .event(&obj_ref, EventType::Warning, "FailedPlacement", &why);
@@ -817,6 +1028,7 @@ impl Propagation {
             unplaced: decision.unplaced,
             why,
             policy_refused: !policy_ok,
+            quota_exceeded,
         };
         let reports: Vec<(String, Option<tessera_registry::Reported>)> =
             self.registry.reports(&okey).into_iter().collect();

@@ -4,6 +4,7 @@
 pub mod controller;
 pub mod dependencies;
 pub mod policy;
+pub mod quota;
 pub mod status;
 
 pub use controller::{Options, run};

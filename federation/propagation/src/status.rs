@@ -30,6 +30,8 @@ pub struct Placed {
     /// Whether they wait because the chosen policy is one the kind cannot follow (not for
     /// room): `why` says what to change.
     pub policy_refused: bool,
+    /// Whether some wait because the tenant's fleet-wide quota is used up.
+    pub quota_exceeded: bool,
 }
 
 fn condition(type_: &str, status: bool, reason: &str, message: &str, now: &str) -> Value {
@@ -194,6 +196,8 @@ fn placed_condition(placed: &Placed, now: &str) -> Value {
             &format!("all replicas placed: {}", shard_list(placed).join(", ")),
             now,
         )
+    } else if placed.quota_exceeded {
+        condition("Placed", false, "QuotaExceeded", &placed.why, now)
     } else {
         condition("Placed", false, "NoShardFits", &placed.why, now)
     }
@@ -438,6 +442,7 @@ mod tests {
             unplaced: 0,
             why: String::new(),
             policy_refused: false,
+            quota_exceeded: false,
         }
     }
 
@@ -611,6 +616,21 @@ mod tests {
             (c["status"].clone(), c["reason"].clone()),
             (json!("False"), json!("PolicyNotApplicable"))
         );
+    }
+
+    #[test]
+    fn replicas_held_by_the_quota_say_so() {
+        let mut p = placed();
+        p.unplaced = 2;
+        p.why = "tenant \"t\" quota: 2 more replica(s)".into();
+        p.quota_exceeded = true;
+        let s = aggregate(WorkloadKind::Deployment, &p, &[], &json!({}), "t");
+        let c = cond(&s, "Placed").expect("placed");
+        assert_eq!(c["reason"], "QuotaExceeded");
+        assert_eq!(c["message"], p.why.as_str());
+        p.quota_exceeded = false;
+        let s = aggregate(WorkloadKind::Deployment, &p, &[], &json!({}), "t");
+        assert_eq!(cond(&s, "Placed").expect("placed")["reason"], "NoShardFits");
     }
 
     #[test]

@@ -14,6 +14,9 @@ pub struct FederationMetrics {
     pub placements: IntCounterVec,
     /// Replicas placed beyond a workload's first-choice shard.
     pub spilled_replicas: IntCounter,
+    /// Replicas a placement held back because the tenant's fleet-wide quota was used up
+    /// (counted at each decision that holds them).
+    pub quota_held_replicas: IntCounter,
     /// Changes of the shard map.
     pub map_changes: IntCounter,
     /// Tenants whose home shard changed with the map.
@@ -46,6 +49,7 @@ impl FederationMetrics {
         registry.register(Box::new(m.shards.clone()))?;
         registry.register(Box::new(m.placements.clone()))?;
         registry.register(Box::new(m.spilled_replicas.clone()))?;
+        registry.register(Box::new(m.quota_held_replicas.clone()))?;
         registry.register(Box::new(m.map_changes.clone()))?;
         registry.register(Box::new(m.tenants_moved.clone()))?;
         registry.register(Box::new(m.summary_age.clone()))?;
@@ -80,6 +84,10 @@ impl FederationMetrics {
             spilled_replicas: IntCounter::new(
                 "tessera_federation_spilled_replicas_total",
                 "Replicas placed on a shard other than the workload's first choice.",
+            )?,
+            quota_held_replicas: IntCounter::new(
+                "tessera_federation_quota_held_replicas_total",
+                "Replicas held back at a placement decision by the tenant's fleet-wide quota.",
             )?,
             map_changes: IntCounter::new(
                 "tessera_federation_map_changes_total",

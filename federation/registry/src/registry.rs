@@ -627,8 +627,16 @@ impl Registry {
         out
     }
 
-    /// Decides where `w` goes under `policy` on the current snapshot and reserves what it
-    /// takes, so the next decision does not count the same room twice.
+    /// What placing `w` under `policy` on the current snapshot would decide, committing
+    /// nothing (to learn how many copies a Duplicated placement makes before its quota is
+    /// checked).
+    pub fn preview(&self, w: &Workload<'_>, policy: &Policy) -> Decision {
+        self.inner.lock().snapshot.place(w, policy)
+    }
+
+    /// Places `w` under `policy` on the current snapshot, commits the decision into it and
+    /// reserves the new replicas on each chosen shard; returns it with the number of shards
+    /// considered.
     pub fn place(&self, w: &Workload<'_>, policy: &Policy) -> (Decision, usize) {
         let mut inner = self.inner.lock();
         if !inner.tenants.contains(w.tenant) {
