@@ -179,6 +179,14 @@ pub struct JoinArgs {
     /// This shard's labels: `region=eu,zone=a`.
     #[arg(long, default_value = "")]
     pub labels: String,
+    /// The node label keys the shard's capacity summaries group nodes by, comma separated
+    /// (at most 4; empty for none): a workload whose pods must run on nodes with one of
+    /// these labels is placed by the room of those nodes alone.
+    #[arg(
+        long,
+        default_value = "topology.kubernetes.io/zone,node.kubernetes.io/instance-type"
+    )]
+    pub summary_label_keys: String,
     /// The shard's kubeconfig (what the agent applies with).
     #[arg(long)]
     pub kubeconfig: PathBuf,
@@ -203,6 +211,31 @@ pub fn parse_labels(s: &str) -> anyhow::Result<BTreeMap<String, String>> {
         out.insert(k.to_owned(), v.to_owned());
     }
     Ok(out)
+}
+
+/// Most label keys a summary groups nodes by (the groups are their values' combinations).
+const MAX_GROUP_KEYS: usize = 4;
+
+/// `a,b` as label keys, each a qualified name.
+pub fn parse_label_keys(s: &str) -> anyhow::Result<Vec<String>> {
+    let keys: Vec<String> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for k in &keys {
+        if let Some(why) = tessera_core::names::qualified_name(k) {
+            anyhow::bail!("--summary-label-keys: {k:?}: {why}");
+        }
+    }
+    if keys.len() > MAX_GROUP_KEYS {
+        anyhow::bail!(
+            "--summary-label-keys: {} keys, at most {MAX_GROUP_KEYS}",
+            keys.len()
+        );
+    }
+    Ok(keys)
 }
 
 /// `tessera join`: the shard's federation agent, until Ctrl-C or a refusal.
@@ -231,6 +264,7 @@ pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
     tracing::info!(metrics = %addr, "serving metrics");
     let mut config = AgentConfig::new(&args.federation, &ca, &token, &args.name);
     config.labels = parse_labels(&args.labels)?;
+    config.group_keys = parse_label_keys(&args.summary_label_keys)?;
     config.api_url = api_url;
     tokio::select! {
         r = tessera_federation_agent::run(config, client, Some(runtime)) => r.map_err(|e| anyhow::anyhow!("{e}")),
@@ -283,4 +317,21 @@ pub fn kubeconfig(contexts: &[(String, String, String, String)]) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n{clusters}contexts:\n{ctxs}current-context: {current}\nusers:\n{users}"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_label_keys_are_checked() {
+        assert_eq!(
+            parse_label_keys(" topology.kubernetes.io/zone , pool ").expect("valid"),
+            ["topology.kubernetes.io/zone", "pool"]
+        );
+        assert!(parse_label_keys("").expect("none").is_empty());
+        let bad = parse_label_keys("not a key").expect_err("refused");
+        assert!(bad.to_string().contains("\"not a key\""), "{bad}");
+        assert!(parse_label_keys("a,b,c,d,e").is_err());
+    }
 }

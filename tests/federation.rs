@@ -1318,3 +1318,87 @@ fn a_tenants_quota_holds_over_the_whole_fleet() {
     });
     assert!(placed.is_some(), "a raised quota places the held replica");
 }
+
+#[test]
+fn a_replica_pinned_to_a_zone_is_placed_by_that_zones_room() {
+    let (c, _) = start();
+    // Zones in the shards: shard-0 and shard-1 have 3 nodes each in zone a, the rest in b;
+    // shard-2 has no zone a. Summaries group nodes by topology.kubernetes.io/zone.
+    for (shard, zoned) in [("shard-0", 3), ("shard-1", 3), ("shard-2", 0)] {
+        let names = c.ok(&["--context", shard, "get", "nodes", "-o", "name"]);
+        for (i, node) in names.lines().enumerate() {
+            let zone = if i < zoned { "a" } else { "b" };
+            c.ok(&[
+                "--context",
+                shard,
+                "label",
+                node,
+                &format!("topology.kubernetes.io/zone={zone}"),
+            ]);
+        }
+    }
+    c.ok(&["create", "namespace", "zoned"]);
+    // 8 replicas of 4 cpu in zone a: 6 fit in the zone-a nodes of two shards (3 × 8 cpu
+    // = 6 replicas each), so the home shard takes 6 and the next one 2 — never shard-2,
+    // and never more than a shard's zone holds, though each shard has room for 20.
+    let yaml = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: pinned, namespace: zoned}\nspec:\n  replicas: 8\n  selector: {matchLabels: {app: pinned}}\n  template:\n    metadata: {labels: {app: pinned}}\n    spec:\n      nodeSelector: {topology.kubernetes.io/zone: a}\n      containers: [{name: c, image: nginx, resources: {requests: {cpu: \"4\"}}}]\n";
+    let f = c.file("pinned.yaml", yaml);
+    // Wait for summaries that carry the zones (labels are seen within a summary period).
+    let grouped = wait_for(Duration::from_secs(30), || {
+        let d = c.ok(&["describe", "shard", "shard-2"]);
+        d.contains("topology.kubernetes.io/zone").then_some(d)
+    });
+    assert!(grouped.is_some(), "summaries should group nodes by zone");
+    c.ok(&["apply", "-f", &f]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/pinned",
+        "-n",
+        "zoned",
+        "--timeout=90s",
+    ]);
+    let s = spread(&c, "zoned", "pinned");
+    assert_eq!(s[2], None, "shard-2 has no zone a: {s:?}");
+    let mut shares: Vec<u64> = s.iter().flatten().copied().collect();
+    shares.sort();
+    assert_eq!(shares, [2, 6], "the home shard's zone a holds 6: {s:?}");
+    // Scaled past every zone a: the rest waits at the federation, not Pending in a shard.
+    c.ok(&["scale", "deployment/pinned", "-n", "zoned", "--replicas=14"]);
+    let why = wait_for(Duration::from_secs(30), || {
+        let m = placed_field(&c, "deploy", "zoned", "pinned", "message");
+        m.contains("2/3 shards fit 2 more").then_some(m)
+    });
+    assert!(
+        why.as_deref()
+            .is_some_and(|m| m.contains("on topology.kubernetes.io/zone=a")),
+        "{why:?}"
+    );
+    let s = spread(&c, "zoned", "pinned");
+    assert_eq!(s.iter().flatten().sum::<u64>(), 12, "{s:?}");
+    let available = wait_for(Duration::from_secs(60), || {
+        let a = c.ok(&[
+            "get",
+            "deploy",
+            "pinned",
+            "-n",
+            "zoned",
+            "-o",
+            "jsonpath={.status.availableReplicas}",
+        ]);
+        (a == "12").then_some(a)
+    });
+    assert!(available.is_some(), "the 12 placed replicas run");
+    let pending = c.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "zoned",
+        "--field-selector=status.phase=Pending",
+        "--no-headers",
+    ]);
+    assert!(
+        pending.trim().is_empty(),
+        "no pod waits in a shard: {pending}"
+    );
+}

@@ -258,6 +258,26 @@ pub struct ShardStatus {
     /// Its virtual nodes on the current shard map.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i64>,
+    /// Its schedulable nodes grouped by the label keys its summaries group by (zone,
+    /// instance type): per group the labels, nodes and free amounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_groups: Option<Vec<ShardNodeGroup>>,
+}
+
+/// Nodes of a shard with the same values of its summary's group keys.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardNodeGroup")]
+pub struct ShardNodeGroup {
+    /// The group's label values (a key absent from the map: nodes without that label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Schedulable nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i64>,
+    /// Free amounts per resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free: Option<BTreeMap<String, Quantity>>,
 }
 
 /// A shard's lease from the federation.

@@ -51,7 +51,16 @@ pub struct AgentConfig {
     pub summary_interval: Duration,
     /// Most time between two summaries.
     pub summary_period: Duration,
+    /// The node label keys summaries group nodes by (see [`DEFAULT_GROUP_KEYS`]).
+    pub group_keys: Vec<String>,
 }
+
+/// The node labels a summary groups nodes by unless told otherwise: zones and instance types,
+/// what workloads most often pin their pods to.
+pub const DEFAULT_GROUP_KEYS: [&str; 2] = [
+    "topology.kubernetes.io/zone",
+    "node.kubernetes.io/instance-type",
+];
 
 impl AgentConfig {
     /// Summaries at most every 250 ms and at least every 10 s.
@@ -65,6 +74,7 @@ impl AgentConfig {
             api_url: String::new(),
             summary_interval: Duration::from_millis(250),
             summary_period: Duration::from_secs(10),
+            group_keys: DEFAULT_GROUP_KEYS.iter().map(|k| (*k).to_owned()).collect(),
         }
     }
 }
@@ -444,27 +454,20 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
                 })
                 .collect()
         };
-        let (s, running, pending) =
-            summary::build(&state.nodes.list(), &state.pods.list(), &promised, version);
+        let (s, running, pending) = summary::build(
+            &state.nodes.list(),
+            &state.pods.list(),
+            &promised,
+            &state.config.group_keys,
+            version,
+        );
         send(
             &state,
             pb::shard_message::Message::Summary(pb::CapacitySummary {
-                version,
-                resources: s.resources.clone(),
-                allocatable: s.allocatable.clone(),
-                free: s.free.clone(),
-                slots: s
-                    .slots
-                    .iter()
-                    .map(|x| pb::Slot {
-                        free: x.free.clone(),
-                        count: x.count,
-                    })
-                    .collect(),
-                nodes: s.nodes,
                 assignments_seen: seen_now,
                 pods_running: running,
                 pods_pending: pending,
+                ..summary::to_pb(&s)
             }),
         );
         tokio::time::sleep(state.config.summary_interval).await;
@@ -509,6 +512,7 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
         });
     let request = Request {
         amounts: tessera_scheduler::resources::pod_spec_requests(template.as_ref()).amounts(),
+        on: tessera_scheduler::plugins::affinity::required_node_labels(template.as_ref()),
     };
     // Held before it is applied: the copy is never a leftover, even while the apply runs.
     let h = Held {

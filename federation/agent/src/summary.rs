@@ -7,6 +7,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tessera_placement::{Request, Summary, SummaryBuilder};
+use tessera_proto::federation::v1 as pb;
+use tessera_scheduler::plugins::affinity::required_node_labels;
 use tessera_scheduler::resources::{Resources, pod_spec_requests};
 
 /// `r` as amounts over a summary's `resources` (cpu, memory, pods, then extended ones).
@@ -57,6 +59,7 @@ pub fn build(
     nodes: &[std::sync::Arc<Node>],
     pods: &[std::sync::Arc<Pod>],
     promised: &[(Request, u64)],
+    group_keys: &[String],
     version: u64,
 ) -> (Summary, u64, u64) {
     let mut extended: BTreeSet<String> = BTreeSet::new();
@@ -75,7 +78,7 @@ pub fn build(
         }
     }
     let ext: Vec<&str> = extended.iter().map(String::as_str).collect();
-    let mut b = SummaryBuilder::new(&ext);
+    let mut b = SummaryBuilder::new(&ext).group_by(group_keys);
     let resources: Vec<String> = tessera_placement::summary::BASE_RESOURCES
         .iter()
         .map(|s| (*s).to_owned())
@@ -100,6 +103,7 @@ pub fn build(
                 waiting += 1;
                 pending.push(Request {
                     amounts: req.amounts(),
+                    on: required_node_labels(spec),
                 });
             }
         }
@@ -122,20 +126,59 @@ pub fn build(
             .zip(vector(u, &resources))
             .map(|(a, x)| a.saturating_sub(x))
             .collect();
-        b.node(&alloc, &free);
+        let labels = n.metadata.labels.as_ref();
+        let values: Vec<String> = group_keys
+            .iter()
+            .map(|k| labels.and_then(|l| l.get(k)).cloned().unwrap_or_default())
+            .collect();
+        b.node_in(&values, &alloc, &free);
     }
     let mut s = b.build(version);
     for r in &pending {
         if let Ok(v) = r.vector_for(&s) {
-            s.reserve(&v, 1);
+            s.reserve_on(&v, 1, &r.on);
         }
     }
     for (r, n) in promised {
         if let Ok(v) = r.vector_for(&s) {
-            s.reserve(&v, *n);
+            s.reserve_on(&v, *n, &r.on);
         }
     }
     (s, running, waiting)
+}
+
+/// `s` as the stream carries it (the counters of pods and assignments left to the caller).
+pub fn to_pb(s: &Summary) -> pb::CapacitySummary {
+    let slots = |slots: &[tessera_placement::Slot]| {
+        slots
+            .iter()
+            .map(|x| pb::Slot {
+                free: x.free.clone(),
+                count: x.count,
+            })
+            .collect()
+    };
+    pb::CapacitySummary {
+        version: s.version,
+        resources: s.resources.clone(),
+        allocatable: s.allocatable.clone(),
+        free: s.free.clone(),
+        slots: slots(&s.slots),
+        nodes: s.nodes,
+        group_keys: s.group_keys.clone(),
+        groups: s
+            .groups
+            .iter()
+            .map(|g| pb::NodeGroup {
+                values: g.values.clone(),
+                allocatable: g.summary.allocatable.clone(),
+                free: g.summary.free.clone(),
+                slots: slots(&g.summary.slots),
+                nodes: g.summary.nodes,
+            })
+            .collect(),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
@@ -213,7 +256,7 @@ mod tests {
             node("tainted", "4", true, true),
         ];
         let pods = vec![pod(Some("a"), "3"), pod(None, "1")];
-        let (s, running, waiting) = build(&nodes, &pods, &[], 1);
+        let (s, running, waiting) = build(&nodes, &pods, &[], &[], 1);
         assert_eq!((running, waiting), (1, 1));
         assert_eq!(s.nodes, 2, "only ready, untainted nodes count");
         assert_eq!(s.allocatable[0], 8000);
@@ -222,7 +265,7 @@ mod tests {
         let one = Request::cpu_memory(1000, 0).vector_for(&s).expect("known");
         assert_eq!(s.fits(&one), 4);
         let promised = vec![(Request::cpu_memory(2000, 0), 1)];
-        let (s, _, _) = build(&nodes, &pods, &promised, 2);
+        let (s, _, _) = build(&nodes, &pods, &promised, &[], 2);
         assert_eq!(s.fits(&one), 2);
         s.validate().expect("valid");
     }

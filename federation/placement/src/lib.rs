@@ -11,4 +11,4 @@ pub use map::{MapError, ShardMap, ShardWeight};
 pub use place::{
     Decision, Mode, Policy, ShardState, Skip, Snapshot, Spread, Taint, Toleration, Workload,
 };
-pub use summary::{Request, Slot, Summary, SummaryBuilder};
+pub use summary::{Group, Request, Slot, Summary, SummaryBuilder};

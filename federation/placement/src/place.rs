@@ -484,7 +484,7 @@ impl Snapshot {
             if let Some(sum) = self.shards.get_mut(name).and_then(|s| s.summary.as_mut())
                 && let Ok(v) = w.request.vector_for(sum)
             {
-                sum.reserve(&v, extra);
+                sum.reserve_on(&v, extra, &w.request.on);
             }
         }
     }
@@ -525,7 +525,7 @@ impl Snapshot {
             .request
             .vector_for(sum)
             .map_err(|r| Skip::NoResource(r.to_owned()))?;
-        Ok(sum.fits(&v).saturating_add(current))
+        Ok(sum.fits_on(&v, &w.request.on).saturating_add(current))
     }
 }
 

@@ -18,6 +18,10 @@ pub const SIGNIFICANT_BITS: u32 = 6;
 /// slots fit (a 5,000-node shard of one node shape has a few dozen).
 pub const MAX_SLOTS: usize = 512;
 
+/// Most groups (distinct values of the summary's node label keys) a summary carries: past
+/// this, it carries none, and requests naming those labels are judged by the whole shard.
+pub const MAX_GROUPS: usize = 64;
+
 /// The resources every summary carries first, in this order.
 pub const BASE_RESOURCES: [&str; 3] = ["cpu", "memory", "pods"];
 
@@ -45,6 +49,22 @@ pub struct Summary {
     pub nodes: u64,
     /// Bumped by the shard at every new summary: a stale or repeated one is recognised.
     pub version: u64,
+    /// The node label keys the shard groups its nodes by (`topology.kubernetes.io/zone`),
+    /// so that a replica that must run on some of them (a `nodeSelector`, a required node
+    /// affinity) is judged by the room of those nodes alone. Empty: no groups.
+    pub group_keys: Vec<String>,
+    /// One group per distinct tuple of values of `group_keys` among the schedulable nodes
+    /// (`""` for a node without the label); their nodes add up to `nodes`.
+    pub groups: Vec<Group>,
+}
+
+/// The schedulable nodes of a shard with the same values of the summary's group keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// One value per group key (`""`: the node lacks that label).
+    pub values: Vec<String>,
+    /// Their capacity, over the same resources as the shard's (no groups of its own).
+    pub summary: Summary,
 }
 
 /// Rounds `v` down for coarseness `level`: 0 keeps it exact (a shard of a few dozen node
@@ -95,6 +115,9 @@ pub struct SummaryBuilder {
     /// Free amounts of nodes alike, and how many.
     nodes: Vec<(Vec<u64>, u64)>,
     count: u64,
+    /// The label keys nodes are grouped by, and a builder per tuple of their values.
+    group_keys: Vec<String>,
+    groups: BTreeMap<Vec<String>, SummaryBuilder>,
 }
 
 impl SummaryBuilder {
@@ -112,7 +135,37 @@ impl SummaryBuilder {
             free: vec![0; n],
             nodes: Vec::new(),
             count: 0,
+            group_keys: Vec::new(),
+            groups: BTreeMap::new(),
         }
+    }
+
+    /// Groups the nodes added with [`SummaryBuilder::node_in`] by these label keys.
+    pub fn group_by(mut self, keys: &[String]) -> Self {
+        self.group_keys = keys.to_vec();
+        self
+    }
+
+    /// The keys nodes are grouped by.
+    pub fn group_keys(&self) -> &[String] {
+        &self.group_keys
+    }
+
+    /// Adds one schedulable node whose group-key labels have `values` (one per key, `""`
+    /// for a missing label).
+    pub fn node_in(&mut self, values: &[String], allocatable: &[u64], free: &[u64]) {
+        self.nodes_alike(allocatable, free, 1);
+        if self.group_keys.is_empty() {
+            return;
+        }
+        let ext: Vec<&str> = self.resources[BASE_RESOURCES.len()..]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        self.groups
+            .entry(values.to_vec())
+            .or_insert_with(|| SummaryBuilder::new(&ext))
+            .nodes_alike(allocatable, free, 1);
     }
 
     /// The index of resource `name`.
@@ -145,6 +198,19 @@ impl SummaryBuilder {
     pub fn build(self, version: u64) -> Summary {
         let nodes = self.count;
         let slots = group(self.nodes.iter().map(|(n, c)| (n.as_slice(), *c)));
+        let (group_keys, groups) = if self.group_keys.is_empty() || self.groups.len() > MAX_GROUPS {
+            (Vec::new(), Vec::new())
+        } else {
+            let groups = self
+                .groups
+                .into_iter()
+                .map(|(values, b)| Group {
+                    values,
+                    summary: b.build(version),
+                })
+                .collect();
+            (self.group_keys, groups)
+        };
         Summary {
             resources: self.resources,
             allocatable: self.allocatable,
@@ -152,6 +218,8 @@ impl SummaryBuilder {
             slots,
             nodes,
             version,
+            group_keys,
+            groups,
         }
     }
 }
@@ -161,6 +229,11 @@ impl SummaryBuilder {
 pub struct Request {
     /// Amounts by resource name, in base units.
     pub amounts: Vec<(String, u64)>,
+    /// Node labels a replica's node must have: each `(key, values)` asks for one of the
+    /// values (a `nodeSelector` entry, a required node affinity `In`). A shard whose summary
+    /// groups its nodes by a key is judged by the matching groups alone; keys it does not
+    /// group by are left to its scheduler.
+    pub on: Vec<(String, Vec<String>)>,
 }
 
 impl Request {
@@ -168,6 +241,7 @@ impl Request {
     pub fn cpu_memory(cpu_milli: u64, memory: u64) -> Self {
         Request {
             amounts: vec![("cpu".into(), cpu_milli), ("memory".into(), memory)],
+            on: Vec::new(),
         }
     }
 
@@ -199,11 +273,15 @@ impl Request {
             }
             parts.push(format!("{name} {}", human(name, *amount)));
         }
-        if parts.is_empty() {
-            "nothing".into()
+        let mut out = if parts.is_empty() {
+            "nothing".to_owned()
         } else {
             parts.join(", ")
+        };
+        for (k, vs) in &self.on {
+            out.push_str(&format!(" on {k}={}", vs.join("|")));
         }
+        out
     }
 }
 
@@ -241,6 +319,63 @@ fn per_node(free: &[u64], req: &[u64]) -> u64 {
 }
 
 impl Summary {
+    /// The groups whose nodes satisfy every constraint of `on` on a key this summary
+    /// groups by — `None` when `on` names none of them (the whole shard then counts).
+    pub fn matching(&self, on: &[(String, Vec<String>)]) -> Option<Vec<usize>> {
+        let used: Vec<(usize, &Vec<String>)> = on
+            .iter()
+            .filter_map(|(k, vs)| Some((self.group_keys.iter().position(|g| g == k)?, vs)))
+            .collect();
+        if used.is_empty() {
+            return None;
+        }
+        Some(
+            self.groups
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| {
+                    used.iter()
+                        .all(|(i, vs)| g.values.get(*i).is_some_and(|v| vs.contains(v)))
+                })
+                .map(|(i, _)| i)
+                .collect(),
+        )
+    }
+
+    /// How many replicas of `req` (a vector over this summary's resources) that must run
+    /// on nodes labelled as `on` says fit (a lower bound, as [`Summary::fits`]).
+    pub fn fits_on(&self, req: &[u64], on: &[(String, Vec<String>)]) -> u64 {
+        match self.matching(on) {
+            None => self.fits(req),
+            Some(groups) => groups
+                .iter()
+                .map(|i| self.groups[*i].summary.fits(req))
+                .fold(0u64, u64::saturating_add)
+                .min(self.fits(req)),
+        }
+    }
+
+    /// Takes `n` replicas of `req` to run on nodes labelled as `on` says out of the shard
+    /// and out of its groups (the matching ones, or — for a replica that may run anywhere —
+    /// every group, fullest first, as best fit would), so the groups stay lower bounds;
+    /// returns how many were taken.
+    pub fn reserve_on(&mut self, req: &[u64], n: u64, on: &[(String, Vec<String>)]) -> u64 {
+        let mut groups = self
+            .matching(on)
+            .unwrap_or_else(|| (0..self.groups.len()).collect());
+        let n = n.min(self.fits_on(req, on));
+        let taken = self.reserve(req, n);
+        groups.sort_by_key(|i| self.groups[*i].summary.fits(req));
+        let mut left = taken;
+        for i in groups {
+            if left == 0 {
+                break;
+            }
+            left -= self.groups[i].summary.reserve(req, left);
+        }
+        taken
+    }
+
     /// How many replicas of `req` (a vector over this summary's resources) fit, counting
     /// slots only (a lower bound of the truth).
     pub fn fits(&self, req: &[u64]) -> u64 {
@@ -363,6 +498,44 @@ impl Summary {
         if self.slots.len() > MAX_SLOTS {
             return Err(format!("{} slots, at most {MAX_SLOTS}", self.slots.len()));
         }
+        if self.groups.len() > MAX_GROUPS {
+            return Err(format!(
+                "{} groups, at most {MAX_GROUPS}",
+                self.groups.len()
+            ));
+        }
+        if self.group_keys.is_empty() != self.groups.is_empty() && self.nodes > 0 {
+            return Err("groups need group keys, and group keys groups".into());
+        }
+        let mut in_groups = 0u64;
+        for (i, g) in self.groups.iter().enumerate() {
+            if g.values.len() != self.group_keys.len() {
+                return Err(format!(
+                    "group {i} has {} values for {} keys",
+                    g.values.len(),
+                    self.group_keys.len()
+                ));
+            }
+            if self.groups[..i].iter().any(|o| o.values == g.values) {
+                return Err(format!("group {:?} is listed twice", g.values));
+            }
+            if g.summary.resources != self.resources || !g.summary.groups.is_empty() {
+                return Err(format!(
+                    "group {:?} must have the shard's resources and no groups",
+                    g.values
+                ));
+            }
+            g.summary
+                .validate()
+                .map_err(|e| format!("group {:?}: {e}", g.values))?;
+            in_groups = in_groups.saturating_add(g.summary.nodes);
+        }
+        if !self.groups.is_empty() && in_groups != self.nodes {
+            return Err(format!(
+                "groups hold {in_groups} nodes, the summary says {}",
+                self.nodes
+            ));
+        }
         for i in 0..n {
             let in_slots = self
                 .slots
@@ -418,11 +591,111 @@ mod tests {
         s.validate().expect("valid");
     }
 
+    fn zoned(nodes: &[(&str, u64)]) -> Summary {
+        let mut b = SummaryBuilder::new(&[]).group_by(&["zone".to_owned()]);
+        for (zone, cpu) in nodes {
+            b.node_in(&[(*zone).to_owned()], &[*cpu, GI, 10], &[*cpu, GI, 10]);
+        }
+        b.build(1)
+    }
+
+    fn on(zones: &[&str]) -> Vec<(String, Vec<String>)> {
+        vec![(
+            "zone".to_owned(),
+            zones.iter().map(|z| (*z).to_owned()).collect(),
+        )]
+    }
+
+    #[test]
+    fn a_replica_pinned_to_a_zone_counts_that_zones_nodes_only() {
+        let mut s = zoned(&[("a", 4000), ("a", 4000), ("b", 8000), ("", 8000)]);
+        s.validate().expect("valid");
+        assert_eq!(s.groups.len(), 3, "a, b and nodes without the label");
+        let four = Request::cpu_memory(4000, 0).vector_for(&s).expect("known");
+        assert_eq!(s.fits(&four), 6);
+        assert_eq!(s.fits_on(&four, &on(&["a"])), 2);
+        assert_eq!(s.fits_on(&four, &on(&["a", "b"])), 4);
+        assert_eq!(s.fits_on(&four, &on(&["c"])), 0);
+        // A key the shard does not group by is left to its scheduler.
+        let other = vec![("pool".to_owned(), vec!["x".to_owned()])];
+        assert_eq!(s.fits_on(&four, &other), 6);
+        // Reserving in a zone takes from it and from the shard.
+        assert_eq!(s.reserve_on(&four, 5, &on(&["a"])), 2, "only 2 fit in a");
+        assert_eq!(s.fits_on(&four, &on(&["a"])), 0);
+        assert_eq!(s.fits(&four), 4);
+        // A replica that may go anywhere is taken out of some group too.
+        assert_eq!(s.reserve_on(&four, 3, &[]), 3);
+        let in_groups: u64 = s.groups.iter().map(|g| g.summary.fits(&four)).sum();
+        assert_eq!((s.fits(&four), in_groups), (1, 1));
+        s.validate().expect("still valid");
+    }
+
+    #[test]
+    fn too_many_groups_are_left_out_and_malformed_groups_refused() {
+        let many: Vec<(String, u64)> = (0..=MAX_GROUPS).map(|i| (format!("z{i}"), 1000)).collect();
+        let refs: Vec<(&str, u64)> = many.iter().map(|(z, c)| (z.as_str(), *c)).collect();
+        let s = zoned(&refs);
+        assert!(s.groups.is_empty() && s.group_keys.is_empty());
+        s.validate().expect("valid without groups");
+        let mut bad = zoned(&[("a", 1000), ("b", 1000)]);
+        bad.groups[1].summary.nodes = 7;
+        assert!(bad.validate().is_err());
+        let mut bad = zoned(&[("a", 1000), ("b", 1000)]);
+        bad.groups[1].values.push("extra".into());
+        assert!(bad.validate().expect_err("refused").contains("values"));
+        let mut bad = zoned(&[("a", 1000), ("b", 1000)]);
+        bad.groups[1].values = bad.groups[0].values.clone();
+        assert!(bad.validate().expect_err("refused").contains("twice"));
+    }
+
+    proptest! {
+        /// However pinned and free replicas are reserved, what the shard and its groups are
+        /// said to fit never exceeds what the nodes truly hold: per zone while only pinned
+        /// replicas were taken (where a free one lands is the scheduler's choice), and over
+        /// the shard always; the groups never claim more than the shard.
+        #[test]
+        fn a_zones_room_stays_a_lower_bound(
+            nodes in proptest::collection::vec((0usize..3, 1u64..9), 1..30),
+            ops in proptest::collection::vec((0usize..4, 1u64..6), 0..20),
+        ) {
+            let zones = ["a", "b", "c"];
+            let shape: Vec<(&str, u64)> = nodes.iter().map(|(z, c)| (zones[*z], *c * 1000)).collect();
+            let mut s = zoned(&shape);
+            let one = Request::cpu_memory(1000, 0).vector_for(&s).expect("known");
+            let mut truth: Vec<u64> = zones.iter().map(|z| {
+                shape.iter().filter(|(zz, _)| zz == z).map(|(_, c)| c / 1000).sum()
+            }).collect();
+            let mut total: u64 = truth.iter().sum();
+            let mut only_pinned = true;
+            for (z, n) in ops {
+                let pin = if z < 3 { on(&[zones[z]]) } else { Vec::new() };
+                let taken = s.reserve_on(&one, n, &pin);
+                total -= taken;
+                if z < 3 {
+                    prop_assert!(taken <= truth[z]);
+                    truth[z] -= taken;
+                } else {
+                    only_pinned = false;
+                }
+                if only_pinned {
+                    for (i, zone) in zones.iter().enumerate() {
+                        prop_assert!(s.fits_on(&one, &on(&[zone])) <= truth[i]);
+                    }
+                }
+                let in_groups: u64 = s.groups.iter().map(|g| g.summary.fits(&one)).sum();
+                prop_assert!(in_groups <= s.fits(&one));
+                prop_assert!(s.fits(&one) <= total);
+                s.validate().map_err(TestCaseError::fail)?;
+            }
+        }
+    }
+
     #[test]
     fn an_unknown_extended_resource_fits_nowhere() {
         let s = shard(&[(2000, 8 * GI, 10)]);
         let gpu = Request {
             amounts: vec![("nvidia.com/gpu".into(), 1)],
+            on: Vec::new(),
         };
         assert_eq!(gpu.vector_for(&s), Err("nvidia.com/gpu"));
         let mut b = SummaryBuilder::new(&["nvidia.com/gpu"]);

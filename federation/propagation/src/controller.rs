@@ -839,6 +839,7 @@ impl Propagation {
         let pod_spec: Option<PodSpec> = serde_json::from_value(template["spec"].clone()).ok();
         let request = Request {
             amounts: pod_spec_requests(pod_spec.as_ref()).amounts(),
+            on: tessera_scheduler::plugins::affinity::required_node_labels(pod_spec.as_ref()),
         };
         let tenant = self.tenant_index.lock().tenant_of(&ns).to_owned();
         let same_request = recorded.request == request.describe();

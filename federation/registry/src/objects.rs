@@ -74,6 +74,27 @@ pub fn status_of(v: &ShardView, lease_seconds: u64, renewed: i64) -> Value {
         },
         "apiUrl": v.api_url,
         "weight": v.weight,
+        "nodeGroups": v.summary.as_ref().map(|s| {
+            s.groups
+                .iter()
+                .map(|g| {
+                    let labels: BTreeMap<&str, &str> = s
+                        .group_keys
+                        .iter()
+                        .zip(&g.values)
+                        .filter(|(_, v)| !v.is_empty())
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    let free: BTreeMap<&str, Quantity> = s
+                        .resources
+                        .iter()
+                        .zip(&g.summary.free)
+                        .map(|(r, f)| (r.as_str(), quantity(r, *f)))
+                        .collect();
+                    json!({"labels": labels, "nodes": g.summary.nodes, "free": free})
+                })
+                .collect::<Vec<_>>()
+        }).filter(|g| !g.is_empty()),
     })
 }
 

@@ -454,21 +454,7 @@ impl Registry {
     /// Takes a capacity summary from `session` of `name`, or says why it is refused (the
     /// session is then ended by the caller).
     pub fn summary(&self, name: &str, session: u64, s: &pb::CapacitySummary) -> Result<(), String> {
-        let summary = Summary {
-            resources: s.resources.clone(),
-            allocatable: s.allocatable.clone(),
-            free: s.free.clone(),
-            slots: s
-                .slots
-                .iter()
-                .map(|x| tessera_placement::Slot {
-                    free: x.free.clone(),
-                    count: x.count,
-                })
-                .collect(),
-            nodes: s.nodes,
-            version: s.version,
-        };
+        let summary = summary_of(s);
         summary.validate()?;
         let now = Instant::now();
         {
@@ -836,7 +822,7 @@ impl Registry {
                 let mut s = s.clone();
                 for (_, req, n) in &e.reservations {
                     if let Ok(v) = req.vector_for(&s) {
-                        s.reserve(&v, *n);
+                        s.reserve_on(&v, *n, &req.on);
                     }
                 }
                 s
@@ -910,6 +896,45 @@ fn apply_message(seq: u64, key: &ObjectKey, h: &Held) -> pb::FederationMessage {
 fn synced_message(seq: u64) -> pb::FederationMessage {
     pb::FederationMessage {
         message: Some(pb::federation_message::Message::Synced(pb::Synced { seq })),
+    }
+}
+
+/// A shard's summary as the stream carries it, read into the placement's form (validated
+/// by the caller: a shard is not trusted).
+pub fn summary_of(s: &pb::CapacitySummary) -> Summary {
+    let slots = |slots: &[pb::Slot]| {
+        slots
+            .iter()
+            .map(|x| tessera_placement::Slot {
+                free: x.free.clone(),
+                count: x.count,
+            })
+            .collect()
+    };
+    Summary {
+        resources: s.resources.clone(),
+        allocatable: s.allocatable.clone(),
+        free: s.free.clone(),
+        slots: slots(&s.slots),
+        nodes: s.nodes,
+        version: s.version,
+        group_keys: s.group_keys.clone(),
+        groups: s
+            .groups
+            .iter()
+            .map(|g| tessera_placement::Group {
+                values: g.values.clone(),
+                summary: Summary {
+                    resources: s.resources.clone(),
+                    allocatable: g.allocatable.clone(),
+                    free: g.free.clone(),
+                    slots: slots(&g.slots),
+                    nodes: g.nodes,
+                    version: s.version,
+                    ..Default::default()
+                },
+            })
+            .collect(),
     }
 }
 

@@ -17,6 +17,50 @@ pub const NAME: &str = "NodeAffinity";
 
 pub use tessera_runtime::affinity::term_matches;
 
+/// The node labels a pod's node must have, as `(key, values)` pairs each asking for one of
+/// the values: every `nodeSelector` entry, and the `In` expressions of a required node
+/// affinity of a single term (several terms are ORed and say no one label for certain).
+/// Two constraints on one key keep the values both allow. Sorted by key. What the
+/// federation needs to judge a shard by the nodes a replica may use.
+pub fn required_node_labels(
+    spec: Option<&k8s_openapi::api::core::v1::PodSpec>,
+) -> Vec<(String, Vec<String>)> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut add = |k: &str, vs: Vec<String>| match out.get_mut(k) {
+        Some(have) => have.retain(|v| vs.contains(v)),
+        None => {
+            let mut vs = vs;
+            vs.sort();
+            vs.dedup();
+            out.insert(k.to_owned(), vs);
+        }
+    };
+    let Some(spec) = spec else {
+        return Vec::new();
+    };
+    for (k, v) in spec.node_selector.iter().flatten() {
+        add(k, vec![v.clone()]);
+    }
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    if let [term] = terms {
+        for e in term.match_expressions.iter().flatten() {
+            if e.operator == "In" {
+                add(&e.key, e.values.clone().unwrap_or_default());
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 fn preferred(pod: &PodInfo) -> &[PreferredSchedulingTerm] {
     pod.pod
         .spec
@@ -124,5 +168,44 @@ impl ScorePlugin for NodeAffinity {
             }
         }
         Status::success()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PodSpec;
+    use serde_json::json;
+
+    use super::required_node_labels;
+
+    fn spec(v: serde_json::Value) -> PodSpec {
+        serde_json::from_value(v).expect("a pod spec")
+    }
+
+    #[test]
+    fn the_labels_a_pods_node_must_have() {
+        let s = spec(json!({"containers": [],
+            "nodeSelector": {"topology.kubernetes.io/zone": "a", "pool": "x"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]},
+                    {"key": "gpu", "operator": "Exists"},
+                    {"key": "type", "operator": "In", "values": ["m5", "c5", "m5"]}]}]}}}}));
+        assert_eq!(
+            required_node_labels(Some(&s)),
+            vec![
+                ("pool".to_owned(), vec!["x".to_owned()]),
+                ("topology.kubernetes.io/zone".to_owned(), vec!["a".to_owned()]),
+                ("type".to_owned(), vec!["c5".to_owned(), "m5".to_owned()]),
+            ]
+        );
+        // Terms are ORed: two of them say nothing for certain.
+        let two = spec(json!({"containers": [],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "z", "operator": "In", "values": ["a"]}]},
+                    {"matchExpressions": [{"key": "z", "operator": "In", "values": ["b"]}]}]}}}}));
+        assert!(required_node_labels(Some(&two)).is_empty());
+        assert!(required_node_labels(None).is_empty());
     }
 }
