@@ -436,6 +436,19 @@ fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
         ])
     };
     let before = uid(&shard);
+    let map_version = |c: &Cluster| -> u64 {
+        c.ok(&[
+            "get",
+            "shardmap",
+            "default",
+            "-o",
+            "jsonpath={.spec.version}",
+        ])
+        .parse()
+        .unwrap_or(0)
+    };
+    let version_before = map_version(&fed);
+    assert!(version_before >= 1);
     let mut fed = fed;
     fed.kill_and_restart();
     let back = wait_for(Duration::from_secs(60), || {
@@ -443,6 +456,15 @@ fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
         out.contains(" True ").then_some(out)
     });
     assert!(back.is_some(), "the shard joins the restarted federation");
+    // The map the restarted federation builds is numbered after the stored one.
+    let renumbered = wait_for(Duration::from_secs(30), || {
+        (map_version(&fed) > version_before).then_some(())
+    });
+    assert!(
+        renumbered.is_some(),
+        "map version {} after the restart, {version_before} before",
+        map_version(&fed)
+    );
     fed.ok(&["scale", "deployment/site", "-n", "web", "--replicas=4"]);
     fed.ok(&[
         "rollout",

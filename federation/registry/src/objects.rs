@@ -133,6 +133,23 @@ pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
     let cache = informer.cache().clone();
     let _watch = tessera_runtime::informer::Tasks(vec![tokio::spawn(informer.clone().run())]);
     informer.synced().await;
+    // Map versions go on from the stored map's (a restarted federation does not start at 1
+    // again: a version seen once names one map only).
+    loop {
+        match client.get(maps, None, "default").await {
+            Ok(m) => {
+                if let Some(v) = m["spec"]["version"].as_u64() {
+                    registry.resume_map_version(v);
+                }
+                break;
+            }
+            Err(e) if e.code == 404 => break,
+            Err(e) => {
+                tracing::warn!(error = %e.message, "reading the stored ShardMap; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
     // What was last written, per shard, to write only changes.
     let mut written: BTreeMap<String, Value> = BTreeMap::new();
     let mut map_written = 0u64;

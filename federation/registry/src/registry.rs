@@ -216,6 +216,9 @@ struct Inner {
     snapshot: Snapshot,
     next_session: u64,
     synced: bool,
+    /// The version of the map stored before this process started: maps built here are
+    /// numbered after it, so versions only grow across restarts.
+    map_floor: u64,
 }
 
 /// Why a registration is refused.
@@ -290,6 +293,7 @@ impl Registry {
                 },
                 next_session: 1,
                 synced: false,
+                map_floor: 0,
             }),
             listeners: Mutex::new(Vec::new()),
             metrics,
@@ -723,6 +727,23 @@ impl Registry {
             .collect()
     }
 
+    /// Continues the map versions after `stored`, the version of the map the federation's
+    /// store holds from before this process: a map built here already is renumbered after it
+    /// (the same shards and weights), and the next ones follow.
+    pub fn resume_map_version(&self, stored: u64) {
+        let mut inner = self.inner.lock();
+        inner.map_floor = inner.map_floor.max(stored);
+        let current = inner.snapshot.map.version();
+        if current == 0 || current > stored {
+            return;
+        }
+        let weights = inner.snapshot.map.shards().to_vec();
+        match ShardMap::new(stored + 1, &weights) {
+            Ok(map) => inner.snapshot.map = map,
+            Err(e) => tracing::error!(error = %e, "renumbering the shard map"),
+        }
+    }
+
     /// The current map's version and its shards' weights.
     pub fn map(&self) -> (u64, Vec<ShardWeight>) {
         let inner = self.inner.lock();
@@ -849,7 +870,7 @@ impl Registry {
         if weights.as_slice() == inner.snapshot.map.shards() {
             return;
         }
-        let version = inner.snapshot.map.version() + 1;
+        let version = inner.snapshot.map.version().max(inner.map_floor) + 1;
         match ShardMap::new(version, &weights) {
             Ok(map) => {
                 // Tenants whose home shard the new map changes (one ring lookup each; maps
@@ -1125,6 +1146,30 @@ mod tests {
         );
         // About a third moves to the new shard (1/N), never most of them.
         assert!((120..=300).contains(&moved), "{moved} of 600 moved");
+    }
+
+    #[test]
+    fn map_versions_go_on_after_the_stored_one() {
+        // Stored 7 read before any shard joined: the first map here is 8.
+        let r = registry();
+        r.resume_map_version(7);
+        let (s, _rx) = r.register(&reg("a", "sekret")).expect("register");
+        r.summary("a", s, &summary(2, 1, 0)).expect("valid");
+        assert_eq!(r.map().0, 8);
+        // A map built before the stored version was read is renumbered after it.
+        let r = registry();
+        let (s, _rx) = r.register(&reg("a", "sekret")).expect("register");
+        r.summary("a", s, &summary(2, 1, 0)).expect("valid");
+        let (v, weights) = r.map();
+        assert!(v >= 1);
+        r.resume_map_version(12);
+        assert_eq!(r.map(), (13, weights));
+        let (s, _rx) = r.register(&reg("b", "sekret")).expect("register");
+        r.summary("b", s, &summary(2, 1, 0)).expect("valid");
+        assert_eq!(r.map().0, 14);
+        // An older stored version changes nothing.
+        r.resume_map_version(3);
+        assert_eq!(r.map().0, 14);
     }
 
     #[test]

@@ -195,7 +195,10 @@ mod tests {
             required_node_labels(Some(&s)),
             vec![
                 ("pool".to_owned(), vec!["x".to_owned()]),
-                ("topology.kubernetes.io/zone".to_owned(), vec!["a".to_owned()]),
+                (
+                    "topology.kubernetes.io/zone".to_owned(),
+                    vec!["a".to_owned()]
+                ),
                 ("type".to_owned(), vec!["c5".to_owned(), "m5".to_owned()]),
             ]
         );
