@@ -360,10 +360,19 @@ impl Summary {
     /// every group, fullest first, as best fit would), so the groups stay lower bounds;
     /// returns how many were taken.
     pub fn reserve_on(&mut self, req: &[u64], n: u64, on: &[(String, Vec<String>)]) -> u64 {
-        let mut groups = self
-            .matching(on)
-            .unwrap_or_else(|| (0..self.groups.len()).collect());
-        let n = n.min(self.fits_on(req, on));
+        if self.groups.is_empty() {
+            return self.reserve(req, n);
+        }
+        let (mut groups, n) = match self.matching(on) {
+            None => ((0..self.groups.len()).collect::<Vec<_>>(), n),
+            Some(g) => {
+                let room = g
+                    .iter()
+                    .map(|i| self.groups[*i].summary.fits(req))
+                    .fold(0u64, u64::saturating_add);
+                (g, n.min(room))
+            }
+        };
         let taken = self.reserve(req, n);
         groups.sort_by_key(|i| self.groups[*i].summary.fits(req));
         let mut left = taken;
