@@ -725,8 +725,15 @@ impl Propagation {
     }
 
     /// Records what workload `queue_key` of `tenant` holds now.
+    /// Nothing happens when it holds that already (a decision kept, most reconciles).
     fn charge(&self, tenant: &str, queue_key: &str, per_pod: quota::Usage, placed: u64) {
-        let fell = self.ledger.lock().set(tenant, queue_key, per_pod, placed);
+        let fell = {
+            let mut ledger = self.ledger.lock();
+            if ledger.holds(tenant, queue_key, &per_pod, placed) {
+                return;
+            }
+            ledger.set(tenant, queue_key, per_pod, placed)
+        };
         self.after_charge(tenant, fell);
     }
 

@@ -91,6 +91,13 @@ impl Ledger {
         }
     }
 
+    /// Whether `key` of `tenant` holds exactly `replicas` pods of `per_pod` already.
+    pub fn holds(&self, tenant: &str, key: &str, per_pod: &Usage, replicas: u64) -> bool {
+        self.charges
+            .get(key)
+            .is_some_and(|c| c.tenant == tenant && c.replicas == replicas && &c.per_pod == per_pod)
+    }
+
     /// Forgets `key` (deleted). Returns the tenant whose usage fell, if any.
     pub fn remove(&mut self, key: &str) -> Option<String> {
         let c = self.charges.remove(key)?;
@@ -260,6 +267,8 @@ mod tests {
         assert_eq!(l.remove("a").as_deref(), Some("t"));
         assert_eq!(l.admit("t", "b", &pod, 2, &limit), (2, None));
         assert!(l.waiting("t").is_empty());
+        assert!(l.holds("t", "b", &pod, 2));
+        assert!(!l.holds("t", "b", &pod, 3) && !l.holds("u", "b", &pod, 2));
     }
 
     #[test]
