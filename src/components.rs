@@ -16,6 +16,7 @@ use tessera_agent::sim::{SimAgent, SimConfig};
 use tessera_apiserver::auth::Tokens;
 use tessera_apiserver::client::{Client, HttpClient};
 use tessera_controllers::Context;
+use tessera_runtime::Informers;
 use tessera_runtime::leader::{LeaderConfig, LeaderElector, default_identity};
 use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use tessera_scheduler::config::{self, SchedulerConfig};
@@ -163,10 +164,12 @@ pub fn controller_context(
     registry: &Registry,
     workers: usize,
 ) -> anyhow::Result<Context> {
+    let runtime = RuntimeMetrics::register(registry)?;
     Ok(Context {
+        informers: Informers::new(client.clone(), Some(runtime.clone())),
         client,
         queue_metrics: Some(QueueMetrics::register(registry)?),
-        runtime_metrics: Some(RuntimeMetrics::register(registry)?),
+        runtime_metrics: Some(runtime),
         workers: workers.max(1),
         clock: Arc::new(tessera_controllers::clock::SystemClock),
     })
@@ -229,6 +232,7 @@ pub fn build_scheduler(
     config: SchedulerConfig,
     registry: &Registry,
     runtime: Option<RuntimeMetrics>,
+    informers: Option<Arc<Informers>>,
 ) -> anyhow::Result<Scheduler> {
     Scheduler::new(
         client,
@@ -236,6 +240,7 @@ pub fn build_scheduler(
             config,
             metrics: Some(SchedulerMetrics::register(registry)?),
             runtime_metrics: runtime,
+            informers,
         },
     )
     .map_err(|e| anyhow::anyhow!("the scheduler configuration is not valid: {e}"))
@@ -247,7 +252,13 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
     let registry = Registry::new();
     let client = connect(&args.remote, &registry).await?;
     let runtime = RuntimeMetrics::register(&registry)?;
-    let s = build_scheduler(client.clone(), config, &registry, Some(runtime.clone()))?;
+    let s = build_scheduler(
+        client.clone(),
+        config,
+        &registry,
+        Some(runtime.clone()),
+        None,
+    )?;
     elected(
         client,
         &args.election,

@@ -107,7 +107,7 @@ pub async fn start(args: &UpArgs, lease: &LeaseArgs) -> anyhow::Result<Federatio
         registry.clone(),
         client.clone(),
     ));
-    let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&api.registry)?;
+    let runtime = api.runtime.clone();
     let queues = tessera_runtime::metrics::QueueMetrics::register(&api.registry)?;
     tokio::spawn(tessera_propagation::run(tessera_propagation::Options {
         client,
@@ -285,10 +285,13 @@ pub fn start_agent(
     let mut config = AgentConfig::new(federation_url, federation_ca, token, name);
     config.labels = labels;
     config.api_url = format!("https://{}", shard.api_addr);
-    let runtime = tessera_runtime::metrics::RuntimeMetrics::unregistered()?;
+    let runtime = shard.runtime.clone();
+    let informers = shard.informers.clone();
     let name = name.to_owned();
     Ok(tokio::spawn(async move {
-        if let Err(e) = tessera_federation_agent::run(config, client, Some(runtime)).await {
+        if let Err(e) =
+            tessera_federation_agent::run_with(config, client, Some(runtime), informers).await
+        {
             tracing::error!(shard = %name, error = %e, "the shard's federation agent stopped");
         }
     }))

@@ -15,6 +15,8 @@ use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::metrics::ApiMetrics;
 use tessera_apiserver::pki::Credentials;
 use tessera_apiserver::{http, serve};
+use tessera_runtime::Informers;
+use tessera_runtime::metrics::RuntimeMetrics;
 use tessera_store::{Store, StoreMetrics, compactor};
 
 use crate::store_config::{self, StoreArgs};
@@ -124,6 +126,11 @@ pub struct Shard {
     pub tokens: Tokens,
     /// The CA (PEM) that signs the API server's certificate.
     pub ca_pem: String,
+    /// Informer, reconcile and event metrics of the in-process components.
+    pub runtime: RuntimeMetrics,
+    /// The informers the shard's in-process controllers, scheduler and agents share: each
+    /// change is decoded once for all of them.
+    pub informers: Arc<Informers>,
 }
 
 impl Shard {
@@ -187,7 +194,17 @@ pub async fn start_with(
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;
     let kubeconfig = args.data_dir.join("kubeconfig");
     credentials.write_kubeconfig(&kubeconfig, &format!("https://{api_addr}"))?;
+    let runtime = RuntimeMetrics::register(&registry)?;
+    let informers = Informers::new(
+        tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
+            api.clone(),
+            User::System("informers".into()),
+        ))),
+        Some(runtime.clone()),
+    );
     Ok(Shard {
+        runtime,
+        informers,
         store,
         api_addr,
         metrics_addr,
@@ -237,7 +254,7 @@ pub async fn start_workers(
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     use crate::components;
     let mut tasks = Vec::new();
-    let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&shard.registry)?;
+    let runtime = shard.runtime.clone();
     if workers.scheduler {
         let config = components::scheduler_config(workers.scheduler_config.as_ref())?;
         let s = components::build_scheduler(
@@ -245,6 +262,7 @@ pub async fn start_workers(
             config,
             &shard.registry,
             Some(runtime.clone()),
+            Some(shard.informers.clone()),
         )?;
         tasks.push(tokio::spawn(s.run()));
     }
@@ -257,6 +275,7 @@ pub async fn start_workers(
             runtime_metrics: Some(runtime.clone()),
             workers: 4,
             clock: Arc::new(tessera_controllers::clock::SystemClock),
+            informers: shard.informers.clone(),
         };
         let mut settings = crate::components::controller_settings(
             workers.node_monitor_grace_period,
@@ -277,7 +296,7 @@ pub async fn start_workers(
             Some(runtime),
         );
         components::register_sim(&agent).await?;
-        tasks.push(tokio::spawn(agent.run()));
+        tasks.push(tokio::spawn(agent.run_with(Some(shard.informers.clone()))));
     }
     for i in 0..workers.process_nodes {
         let agent = tessera_agent::process::ProcessAgent::new(

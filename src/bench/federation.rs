@@ -161,20 +161,22 @@ fn watch_running(
 ) -> anyhow::Result<Arc<Informer<Pod>>> {
     let pods = find_resource("", "v1", "pods").map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let informer = Informer::<Pod>::new(client, pods, Scope::default(), None);
-    informer.on_change(move |c| {
-        let p = match c {
-            Change::Added(p) | Change::Updated { new: p, .. } => p,
-            Change::Deleted(_) => return,
-        };
-        if p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") {
-            return;
-        }
-        let uid = p.metadata.uid.clone().unwrap_or_default();
-        if running.seen.lock().insert(uid) {
-            running.count.fetch_add(1, Ordering::Relaxed);
-            *running.last.lock() = Some(Instant::now());
-        }
-    });
+    informer
+        .on_change(move |c| {
+            let p = match c {
+                Change::Added(p) | Change::Updated { new: p, .. } => p,
+                Change::Deleted(_) => return,
+            };
+            if p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") {
+                return;
+            }
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            if running.seen.lock().insert(uid) {
+                running.count.fetch_add(1, Ordering::Relaxed);
+                *running.last.lock() = Some(Instant::now());
+            }
+        })
+        .detach();
     tasks.push(tokio::spawn(informer.clone().run()));
     Ok(informer)
 }
@@ -300,12 +302,14 @@ async fn propagation(
     for c in shards {
         let informer = Informer::<Deployment>::new(c.clone(), deploys, Scope::default(), None);
         let arrived = arrived.clone();
-        informer.on_change(move |ch| {
-            if let Change::Added(d) = ch {
-                let name = d.metadata.name.clone().unwrap_or_default();
-                arrived.lock().entry(name).or_insert_with(Instant::now);
-            }
-        });
+        informer
+            .on_change(move |ch| {
+                if let Change::Added(d) = ch {
+                    let name = d.metadata.name.clone().unwrap_or_default();
+                    arrived.lock().entry(name).or_insert_with(Instant::now);
+                }
+            })
+            .detach();
         tasks.push(tokio::spawn(informer.clone().run()));
         informer.synced().await;
     }

@@ -21,6 +21,7 @@ use tessera_apiserver::api::Api;
 use tessera_apiserver::auth::User;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::find_resource;
+use tessera_runtime::Informers;
 use tessera_runtime::informer::{Change, Informer, Scope};
 use tessera_scheduler::config::SchedulerConfig;
 use tessera_scheduler::{Scheduler, SchedulerOptions};
@@ -126,42 +127,48 @@ pub async fn run(args: ShardBenchArgs) -> anyhow::Result<()> {
     {
         let seen = seen.clone();
         let bar = bound_bar.clone();
-        informer.on_change(move |c| {
-            let p = match c {
-                Change::Added(p) | Change::Updated { new: p, .. } => p,
-                Change::Deleted(_) => return,
-            };
-            let now = Instant::now();
-            let uid = p.metadata.uid.clone().unwrap_or_default();
-            let mut s = seen.lock();
-            let e = s.entry(uid).or_default();
-            e.added.get_or_insert(now);
-            let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
-            if bound && e.bound.is_none() {
-                e.bound = Some(now);
-                bar.inc(1);
-            }
-            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            if running {
-                e.running.get_or_insert(now);
-            }
-        });
+        informer
+            .on_change(move |c| {
+                let p = match c {
+                    Change::Added(p) | Change::Updated { new: p, .. } => p,
+                    Change::Deleted(_) => return,
+                };
+                let now = Instant::now();
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                let mut s = seen.lock();
+                let e = s.entry(uid).or_default();
+                e.added.get_or_insert(now);
+                let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                if bound && e.bound.is_none() {
+                    e.bound = Some(now);
+                    bar.inc(1);
+                }
+                let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                if running {
+                    e.running.get_or_insert(now);
+                }
+            })
+            .detach();
     }
     let mut tasks = vec![tokio::spawn(informer.clone().run())];
     informer.synced().await;
-    tasks.push(tokio::spawn(agent.run()));
+    // The shard's components share their informers, as in `tessera up`.
+    let informers = Informers::new(component("informers"), None);
+    tasks.push(tokio::spawn(agent.run_with(Some(informers.clone()))));
     let scheduler = Scheduler::new(
         component("scheduler"),
         SchedulerOptions {
             config: SchedulerConfig::default(),
             metrics: None,
             runtime_metrics: None,
+            informers: Some(informers.clone()),
         },
     )
     .map_err(|e| anyhow::anyhow!(e))?;
     tasks.push(tokio::spawn(scheduler.run()));
     let ctx = tessera_controllers::Context {
         workers: args.workers,
+        informers,
         ..tessera_controllers::Context::new(component("controller-manager"))
     };
     tasks.push(tokio::spawn(tessera_controllers::replicaset::run(ctx)));

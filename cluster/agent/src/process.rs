@@ -438,7 +438,7 @@ impl ProcessAgent {
         };
         let informer = Informer::<Pod>::new(self.client.clone(), res("", "pods"), scope, None);
         let node = self.config.node.clone();
-        informer.on_change(move |c| {
+        let _subscription = informer.on_change(move |c| {
             let (p, gone) = match c {
                 Change::Added(p) | Change::Updated { new: p, .. } => (p, false),
                 Change::Deleted(p) => (p, true),

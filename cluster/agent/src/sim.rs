@@ -19,7 +19,8 @@ use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::status::ApiError;
 use tessera_core::time::{now_secs, rfc3339, rfc3339_micro_now};
-use tessera_runtime::informer::{Change, Informer, Scope};
+use tessera_runtime::Informers;
+use tessera_runtime::informer::Change;
 use tessera_runtime::metrics::RuntimeMetrics;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -286,16 +287,19 @@ impl SimAgent {
 
     /// Renews Leases (spread evenly over the renew interval) and runs pods, until dropped.
     pub async fn run(self: Arc<Self>) {
+        self.run_with(None).await;
+    }
+
+    /// [`SimAgent::run`], reading pods from the process's shared informers when given (the
+    /// agent beside a shard's controllers and scheduler in `tessera up`).
+    pub async fn run_with(self: Arc<Self>, informers: Option<Arc<Informers>>) {
         let renewer = tokio::spawn(self.clone().renew_loop());
         let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<Pod>, bool)>();
-        let informer = Informer::<Pod>::new(
-            self.client.clone(),
-            res("", "pods"),
-            Scope::default(),
-            self.runtime_metrics.clone(),
-        );
+        let informers = informers
+            .unwrap_or_else(|| Informers::new(self.client.clone(), self.runtime_metrics.clone()));
+        let informer = informers.get::<Pod>(res("", "pods"));
         let mine: HashSet<String> = self.names.iter().cloned().collect();
-        informer.on_change(move |c| {
+        let _subscription = informer.on_change(move |c| {
             let (pod, gone) = match c {
                 Change::Added(p) | Change::Updated { new: p, .. } => (p, false),
                 Change::Deleted(p) => (p, true),
@@ -309,12 +313,10 @@ impl SimAgent {
                 let _ = tx.send((pod.clone(), gone));
             }
         });
-        let watcher = tokio::spawn(informer.run());
         while let Some((pod, gone)) = rx.recv().await {
             self.handle(pod, gone);
         }
         renewer.abort();
-        watcher.abort();
     }
 
     async fn renew_loop(self: Arc<Self>) {

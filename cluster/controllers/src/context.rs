@@ -1,5 +1,5 @@
-//! What every controller is built with, and the plumbing they share: informers whose tasks
-//! end with the controller, a queue per controller, and its workers.
+//! What every controller is built with, and the plumbing they share: the process's shared
+//! informers, a queue per controller, and its workers.
 
 use std::sync::Arc;
 
@@ -8,11 +8,11 @@ use k8s_openapi::api::core::v1::Namespace;
 use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
 use tessera_client::request::find_resource;
-use tessera_runtime::controller::{self, Reconciler};
+use tessera_runtime::controller::{Controller, Reconciler};
 use tessera_runtime::events::Recorder;
-use tessera_runtime::informer::{Cache, Change, Informer, Object, Scope, key_of};
+use tessera_runtime::informer::{Cache, Change, Informer, Object, key_of};
 use tessera_runtime::metrics::{QueueMetrics, RuntimeMetrics};
-use tessera_runtime::{QueueConfig, WorkQueue};
+use tessera_runtime::{Informers, QueueConfig, WorkQueue};
 
 use crate::clock::{Clock, SystemClock};
 
@@ -29,12 +29,16 @@ pub struct Context {
     pub workers: usize,
     /// The wall clock (schedules read it).
     pub clock: Arc<dyn Clock>,
+    /// The informers every controller of the process reads (and the scheduler and node
+    /// agents too, where they run in the same process on the same API).
+    pub informers: Arc<Informers>,
 }
 
 impl Context {
-    /// A context with 4 workers per controller and no metrics.
+    /// A context with 4 workers per controller, no metrics and informers of its own.
     pub fn new(client: Arc<dyn Client>) -> Context {
         Context {
+            informers: Informers::new(client.clone(), None),
             client,
             queue_metrics: None,
             runtime_metrics: None,
@@ -43,14 +47,14 @@ impl Context {
         }
     }
 
-    /// An informer of `resource` in all namespaces.
+    /// The shared informer of `resource` in all namespaces.
     pub fn informer<T: Object>(&self, resource: &'static Resource) -> Arc<Informer<T>> {
-        Informer::new(
-            self.client.clone(),
-            resource,
-            Scope::default(),
-            self.runtime_metrics.clone(),
-        )
+        self.informers.get(resource)
+    }
+
+    /// A controller named `name`, with its queue and this context's workers.
+    pub fn controller(&self, name: &str) -> Controller {
+        Controller::new(self.queue(name), self.workers, self.runtime_metrics.clone())
     }
 
     /// A work queue named after the controller.
@@ -73,8 +77,6 @@ pub fn res(group: &str, plural: &str) -> &'static Resource {
     find_resource(group, version, plural).expect("the catalog serves every controller's kinds")
 }
 
-pub use tessera_runtime::informer::Tasks;
-
 /// Runs a controller that keeps one object (`name`, of kind `T`) in every namespace: a change
 /// of a namespace, or of that object in a namespace, queues the namespace's name. `make`
 /// builds the reconciler from the two caches.
@@ -90,32 +92,21 @@ pub(crate) async fn run_per_namespace<T, R>(
 {
     let namespaces = ctx.informer::<Namespace>(res("", "namespaces"));
     let objects = ctx.informer::<T>(resource);
-    let queue = ctx.queue(controller);
-    {
-        let q = queue.clone();
-        namespaces.on_change(move |c| {
+    let r = Arc::new(make(namespaces.cache().clone(), objects.cache().clone()));
+    ctx.controller(controller)
+        .watches_with(&namespaces, |c, q| {
             if !matches!(c, Change::Deleted(_)) {
                 q.add(key_of(c.object().metadata()), c.class());
             }
-        });
-    }
-    {
-        let q = queue.clone();
-        objects.on_change(move |c| {
+        })
+        .watches_with(&objects, move |c, q| {
             let meta = c.object().metadata();
             if let (Some(ns), Some(n)) = (&meta.namespace, meta.name.as_deref())
                 && n == name
             {
                 q.add(ns.clone(), c.class());
             }
-        });
-    }
-    let r = Arc::new(make(namespaces.cache().clone(), objects.cache().clone()));
-    let _tasks = Tasks(vec![
-        tokio::spawn(namespaces.clone().run()),
-        tokio::spawn(objects.clone().run()),
-    ]);
-    namespaces.synced().await;
-    objects.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+        })
+        .run(r)
+        .await;
 }

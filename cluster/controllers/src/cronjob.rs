@@ -13,12 +13,11 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use serde_json::json;
 use tessera_client::request::{PatchType, Propagation};
 use tessera_core::time::rfc3339;
-use tessera_runtime::EventClass;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, controller_of, key_of, owner_key};
+use tessera_runtime::informer::{Cache, controller_of};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::cron::Schedule;
 use crate::pods;
 
@@ -38,35 +37,17 @@ struct CronJobs {
 pub async fn run(ctx: Context) {
     let cronjobs = ctx.informer::<CronJob>(res("batch", "cronjobs"));
     let jobs = ctx.informer::<Job>(res("batch", "jobs"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        cronjobs.on_change(move |c| {
-            q.add(key_of(&c.object().metadata), c.class());
-        });
-    }
-    {
-        let q = queue.clone();
-        jobs.on_change(move |c| {
-            let j = c.object();
-            if let Some(key) = owner_key(&j.metadata, "CronJob") {
-                q.add(key, EventClass::Update);
-            }
-        });
-    }
     let r = Arc::new(CronJobs {
         recorder: ctx.recorder(NAME),
         cronjobs: cronjobs.cache().clone(),
         jobs: jobs.cache().clone(),
         ctx: ctx.clone(),
     });
-    let _tasks = Tasks(vec![
-        tokio::spawn(cronjobs.clone().run()),
-        tokio::spawn(jobs.clone().run()),
-    ]);
-    cronjobs.synced().await;
-    jobs.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    ctx.controller(NAME)
+        .watches(&cronjobs)
+        .owns(&jobs, "CronJob")
+        .run(r)
+        .await;
 }
 
 fn job_finished(j: &Job) -> Option<(&'static str, i64)> {

@@ -17,13 +17,13 @@ use serde_json::{Value, json};
 use tessera_client::request::PatchType;
 use tessera_core::time::now_secs;
 use tessera_runtime::EventClass;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::expectations::Expectations;
 use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
 use tessera_runtime::taints::tolerates;
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::deployment::template_hash;
 use crate::history::{History, Owner};
 use crate::pods;
@@ -49,58 +49,42 @@ pub async fn run(ctx: Context) {
     let nodes = ctx.informer::<Node>(res("", "nodes"));
     let pod_inf = ctx.informer::<Pod>(res("", "pods"));
     let revisions = ctx.informer::<ControllerRevision>(res("apps", "controllerrevisions"));
-    let queue = ctx.queue(NAME);
     let expectations = Arc::new(Expectations::new());
-    {
-        let q = queue.clone();
-        sets.on_change(move |c| q.add(key_of(&c.object().metadata), EventClass::Update));
-    }
-    {
-        // A node joining, leaving or changing may change every set's placement.
-        let q = queue.clone();
-        let set_cache = sets.cache().clone();
-        nodes.on_change(move |c| {
-            let class = c.class();
-            for ds in set_cache.list() {
-                q.add(key_of(&ds.metadata), class);
-            }
-        });
-    }
-    {
-        let q = queue.clone();
-        let exp = expectations.clone();
-        pod_inf.on_change(move |c| {
-            let p = c.object();
-            if let Some(key) = owner_key(&p.metadata, "DaemonSet") {
-                match c {
-                    Change::Added(_) => exp.observed_add(&key),
-                    Change::Deleted(_) => exp.observed_delete(&key),
-                    _ => {}
-                }
-                q.add(key, EventClass::Update);
-            }
-        });
-    }
     let r = Arc::new(DaemonSets {
         history: History::new(ctx.clone(), revisions.cache().clone()),
         recorder: ctx.recorder(NAME),
         sets: sets.cache().clone(),
         nodes: nodes.cache().clone(),
         pods: pod_inf.cache().clone(),
-        expectations,
+        expectations: expectations.clone(),
         ctx: ctx.clone(),
     });
-    let _tasks = Tasks(vec![
-        tokio::spawn(revisions.clone().run()),
-        tokio::spawn(sets.clone().run()),
-        tokio::spawn(nodes.clone().run()),
-        tokio::spawn(pod_inf.clone().run()),
-    ]);
-    sets.synced().await;
-    revisions.synced().await;
-    nodes.synced().await;
-    pod_inf.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    let set_cache = sets.cache().clone();
+    ctx.controller(NAME)
+        .watches_with(&sets, |c, q| {
+            q.add(key_of(&c.object().metadata), EventClass::Update)
+        })
+        // A node joining, leaving or changing may change every set's placement.
+        .watches_with(&nodes, move |c, q| {
+            let class = c.class();
+            for ds in set_cache.list() {
+                q.add(key_of(&ds.metadata), class);
+            }
+        })
+        .watches_with(&pod_inf, move |c, q| {
+            let p = c.object();
+            if let Some(key) = owner_key(&p.metadata, "DaemonSet") {
+                match c {
+                    Change::Added(_) => expectations.observed_add(&key),
+                    Change::Deleted(_) => expectations.observed_delete(&key),
+                    _ => {}
+                }
+                q.add(key, EventClass::Update);
+            }
+        })
+        .reads(&revisions)
+        .run(r)
+        .await;
 }
 
 /// The tolerations Kubernetes gives every daemon pod, so it runs on nodes being drained,

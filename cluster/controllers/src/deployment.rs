@@ -16,13 +16,13 @@ use serde_json::{Value, json};
 use tessera_client::request::PatchType;
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::WorkQueue;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
+use tessera_runtime::informer::{Cache, Change, controller_of, owner_key};
 use tessera_runtime::mutation::MutationCache;
 use tessera_runtime::selector::from_metav1;
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::pods;
 
 /// The controller's name.
@@ -54,30 +54,6 @@ pub async fn run(ctx: Context) {
     let deployments = ctx.informer::<Deployment>(res("apps", "deployments"));
     let sets = ctx.informer::<ReplicaSet>(res("apps", "replicasets"));
     let pods = ctx.informer::<Pod>(res("", "pods"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        deployments.on_change(move |c| {
-            q.add(key_of(&c.object().metadata), c.class());
-        });
-    }
-    {
-        let q = queue.clone();
-        sets.on_change(move |c| enqueue_owner(&q, &c.object().metadata, "Deployment", c));
-    }
-    {
-        // Pods matter only for Recreate (old pods must be gone before new ones start).
-        let q = queue.clone();
-        let set_cache = sets.cache().clone();
-        pods.on_change(move |c| {
-            if let Change::Deleted(p) = c
-                && let Some(rs) =
-                    owner_key(&p.metadata, "ReplicaSet").and_then(|k| set_cache.get(&k))
-            {
-                enqueue_owner(&q, &rs.metadata, "Deployment", c);
-            }
-        });
-    }
     let r = Arc::new(Deployments {
         recorder: ctx.recorder(NAME),
         deployments: deployments.cache().clone(),
@@ -86,15 +62,23 @@ pub async fn run(ctx: Context) {
         pods: pods.cache().clone(),
         ctx: ctx.clone(),
     });
-    let _tasks = Tasks(vec![
-        tokio::spawn(deployments.clone().run()),
-        tokio::spawn(sets.clone().run()),
-        tokio::spawn(pods.clone().run()),
-    ]);
-    deployments.synced().await;
-    sets.synced().await;
-    pods.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    let set_cache = sets.cache().clone();
+    ctx.controller(NAME)
+        .watches(&deployments)
+        .watches_with(&sets, |c, q| {
+            enqueue_owner(q, &c.object().metadata, "Deployment", c)
+        })
+        // Pods matter only for Recreate (old pods must be gone before new ones start).
+        .watches_with(&pods, move |c, q| {
+            if let Change::Deleted(p) = c
+                && let Some(rs) =
+                    owner_key(&p.metadata, "ReplicaSet").and_then(|k| set_cache.get(&k))
+            {
+                enqueue_owner(q, &rs.metadata, "Deployment", c);
+            }
+        })
+        .run(r)
+        .await;
 }
 
 fn enqueue_owner<T>(
@@ -509,10 +493,9 @@ impl Deployments {
                         )
                         .await?;
                 }
-                Err(ReconcileError {
-                    message: format!("ReplicaSet {name}-{hash} already exists; retrying"),
-                    conflict: true,
-                })
+                Err(ReconcileError::raced(format!(
+                    "ReplicaSet {name}-{hash} already exists; retrying"
+                )))
             }
             Err(e) => Err(e.into()),
         }

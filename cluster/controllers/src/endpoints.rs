@@ -10,11 +10,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 use tessera_core::LabelSelector;
 use tessera_core::selector::label::{Operator, Requirement};
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Cache, Change, key_of};
 use tessera_runtime::{EventClass, WorkQueue};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::pods;
 
 /// The controller's name.
@@ -46,35 +46,22 @@ fn selector_of(s: &Service) -> Option<LabelSelector> {
 pub async fn run(ctx: Context) {
     let services = ctx.informer::<Service>(res("", "services"));
     let pod_inf = ctx.informer::<Pod>(res("", "pods"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        services.on_change(move |c| {
-            q.add(key_of(&c.object().metadata), c.class());
-        });
-    }
-    {
-        let q = queue.clone();
-        let svc = services.cache().clone();
-        pod_inf.on_change(move |c| {
-            if let Change::Updated { old, .. } = c {
-                queue_services(old, &svc, &q);
-            }
-            queue_services(c.object(), &svc, &q);
-        });
-    }
     let r = Arc::new(Endpoints {
         ctx: ctx.clone(),
         services: services.cache().clone(),
         pods: pod_inf.cache().clone(),
     });
-    let _tasks = Tasks(vec![
-        tokio::spawn(services.clone().run()),
-        tokio::spawn(pod_inf.clone().run()),
-    ]);
-    services.synced().await;
-    pod_inf.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    let svc = services.cache().clone();
+    ctx.controller(NAME)
+        .watches(&services)
+        .watches_with(&pod_inf, move |c, q| {
+            if let Change::Updated { old, .. } = c {
+                queue_services(old, &svc, q);
+            }
+            queue_services(c.object(), &svc, q);
+        })
+        .run(r)
+        .await;
 }
 
 fn queue_services(p: &Pod, services: &Cache<Service>, q: &WorkQueue<String>) {
@@ -185,10 +172,9 @@ impl Reconciler for Endpoints {
                 match self.ctx.client.create(eps, Some(ns), &obj).await {
                     Ok(_) => {}
                     Err(e) if e.code == 409 => {
-                        return Err(ReconcileError {
-                            message: "Endpoints appeared meanwhile; retrying".into(),
-                            conflict: true,
-                        });
+                        return Err(ReconcileError::raced(
+                            "Endpoints appeared meanwhile; retrying",
+                        ));
                     }
                     Err(e) => return Err(e.into()),
                 }

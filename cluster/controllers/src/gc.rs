@@ -13,11 +13,11 @@ use async_trait::async_trait;
 use serde_json::json;
 use tessera_client::catalog::{RESOURCES, Resource};
 use tessera_client::request::{ApiRequest, PatchType, Propagation, Verb};
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Change, Informer, PartialObject, key_of};
 use tessera_runtime::{EventClass, WorkQueue};
 
-use crate::context::{Context, Tasks};
+use crate::context::Context;
 
 /// The controller's name.
 pub const NAME: &str = "garbage-collector";
@@ -52,56 +52,48 @@ fn qkey(i: usize, key: &str) -> String {
 
 /// Runs the collector until dropped.
 pub async fn run(ctx: Context) {
-    let queue = ctx.queue(NAME);
-    let mut kinds = Vec::new();
-    for (i, r) in watched().enumerate() {
-        let inf = ctx.informer::<PartialObject>(r);
-        let q = queue.clone();
-        inf.on_change(move |c| on_change(i, c, &q));
-        kinds.push((r, inf));
-    }
+    let kinds: Vec<_> = watched()
+        .map(|r| (r, ctx.informer::<PartialObject>(r)))
+        .collect();
     let gc = Arc::new(Gc {
         ctx: ctx.clone(),
         kinds,
     });
-    // A deletion queues the deleted object's dependents, wherever they are, and its owners
-    // (one waiting in a foreground deletion looks again).
-    for (_, inf) in &gc.kinds {
-        let q = queue.clone();
+    let mut controller = ctx.controller(NAME);
+    for (i, (_, inf)) in gc.kinds.iter().enumerate() {
+        // A deletion queues the deleted object's dependents, wherever they are, and its
+        // owners (one waiting in a foreground deletion looks again).
         let weak = Arc::downgrade(&gc);
-        inf.on_change(move |c| {
+        controller = controller.watches_with(inf, move |c, q| {
+            on_change(i, c, q);
             if let Change::Deleted(o) = c
                 && let Some(gc) = weak.upgrade()
             {
-                let uid = o.metadata.uid.as_deref().unwrap_or("");
-                for (j, (_, other)) in gc.kinds.iter().enumerate() {
-                    for d in other.cache().owned_by(uid) {
-                        q.add(qkey(j, &key_of(&d.metadata)), EventClass::Delete);
-                    }
-                }
-                for r in o.metadata.owner_references.iter().flatten() {
-                    if let Some(j) = gc.resource_of(&r.api_version, &r.kind) {
-                        let key = match (gc.kinds[j].0.namespaced, o.metadata.namespace.as_deref())
-                        {
-                            (true, Some(ns)) => format!("{ns}/{}", r.name),
-                            _ => r.name.clone(),
-                        };
-                        q.add(qkey(j, &key), EventClass::Update);
-                    }
-                }
+                gc.queue_related(o, q);
             }
         });
     }
-    let _tasks = Tasks(
-        gc.kinds
-            .iter()
-            .map(|(_, inf)| tokio::spawn(inf.clone().run()))
-            .collect(),
-    );
-    for (_, inf) in &gc.kinds {
-        inf.synced().await;
+    controller.run(gc).await;
+}
+
+impl Gc {
+    fn queue_related(&self, o: &PartialObject, q: &WorkQueue<String>) {
+        let uid = o.metadata.uid.as_deref().unwrap_or("");
+        for (j, (_, other)) in self.kinds.iter().enumerate() {
+            for d in other.cache().owned_by(uid) {
+                q.add(qkey(j, &key_of(&d.metadata)), EventClass::Delete);
+            }
+        }
+        for r in o.metadata.owner_references.iter().flatten() {
+            if let Some(j) = self.resource_of(&r.api_version, &r.kind) {
+                let key = match (self.kinds[j].0.namespaced, o.metadata.namespace.as_deref()) {
+                    (true, Some(ns)) => format!("{ns}/{}", r.name),
+                    _ => r.name.clone(),
+                };
+                q.add(qkey(j, &key), EventClass::Update);
+            }
+        }
     }
-    controller::run(gc, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
 }
 
 fn on_change(i: usize, c: &Change<PartialObject>, q: &WorkQueue<String>) {

@@ -13,13 +13,13 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use tessera_client::request::{PatchType, Propagation};
 use tessera_core::time::{now_secs, rfc3339};
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::expectations::Expectations;
 use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
 use tessera_runtime::{EventClass, WorkQueue};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::pods::{self, BURST};
 
 /// The controller's name.
@@ -37,43 +37,26 @@ struct Jobs {
 pub async fn run(ctx: Context) {
     let jobs = ctx.informer::<Job>(res("batch", "jobs"));
     let pod_inf = ctx.informer::<Pod>(res("", "pods"));
-    let queue = ctx.queue(NAME);
     let expectations = Arc::new(Expectations::new());
-    {
-        let q = queue.clone();
-        let exp = expectations.clone();
-        jobs.on_change(move |c| {
-            let key = key_of(&c.object().metadata);
-            let class = match c {
-                Change::Added(_) => EventClass::Add,
-                Change::Updated { .. } => EventClass::Update,
-                Change::Deleted(_) => {
-                    exp.forget(&key);
-                    EventClass::Delete
-                }
-            };
-            q.add(key, class);
-        });
-    }
-    {
-        let q = queue.clone();
-        let exp = expectations.clone();
-        pod_inf.on_change(move |c| on_pod(c, &q, &exp));
-    }
     let r = Arc::new(Jobs {
         recorder: ctx.recorder(NAME),
         jobs: jobs.cache().clone(),
         pods: pod_inf.cache().clone(),
-        expectations,
+        expectations: expectations.clone(),
         ctx: ctx.clone(),
     });
-    let _tasks = Tasks(vec![
-        tokio::spawn(jobs.clone().run()),
-        tokio::spawn(pod_inf.clone().run()),
-    ]);
-    jobs.synced().await;
-    pod_inf.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    let exp = expectations.clone();
+    ctx.controller(NAME)
+        .watches_with(&jobs, move |c, q| {
+            let key = key_of(&c.object().metadata);
+            if let Change::Deleted(_) = c {
+                expectations.forget(&key);
+            }
+            q.add(key, c.class());
+        })
+        .watches_with(&pod_inf, move |c, q| on_pod(c, q, &exp))
+        .run(r)
+        .await;
 }
 
 fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations) {

@@ -10,10 +10,10 @@ use serde_json::json;
 use tessera_client::catalog::RESOURCES;
 use tessera_client::request::{ApiRequest, PatchType, Verb};
 use tessera_runtime::EventClass;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Cache, key_of};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 
 /// The controller's name.
 pub const NAME: &str = "namespace-controller";
@@ -26,22 +26,18 @@ struct Ns {
 /// Runs the controller until dropped.
 pub async fn run(ctx: Context) {
     let inf = ctx.informer::<Namespace>(res("", "namespaces"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        inf.on_change(move |c| {
-            if c.object().metadata.deletion_timestamp.is_some() {
-                q.add(key_of(&c.object().metadata), EventClass::Update);
-            }
-        });
-    }
     let r = Arc::new(Ns {
         ctx: ctx.clone(),
         namespaces: inf.cache().clone(),
     });
-    let _tasks = Tasks(vec![tokio::spawn(inf.clone().run())]);
-    inf.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    ctx.controller(NAME)
+        .watches_with(&inf, |c, q| {
+            if c.object().metadata.deletion_timestamp.is_some() {
+                q.add(key_of(&c.object().metadata), EventClass::Update);
+            }
+        })
+        .run(r)
+        .await;
 }
 
 #[async_trait]

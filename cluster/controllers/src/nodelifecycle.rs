@@ -9,17 +9,20 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tessera_client::request::PatchType;
+use tessera_client::status::ApiError;
 use tessera_core::time::{now_secs, rfc3339};
-use tessera_runtime::events::{EventType, ObjectRef};
-use tessera_runtime::informer::{Change, key_of};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::informer::{Cache, Change, key_of};
 use tokio::time::Instant;
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 
 /// The controller's name.
 pub const NAME: &str = "node-lifecycle-controller";
@@ -61,16 +64,48 @@ fn has_taint(n: &Node, effect: &str) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == UNREACHABLE && t.effect == effect))
 }
 
-/// Runs the controller until dropped.
+/// When each node's Lease was last seen renewed (its renewTime, and when on this clock).
+type Renewals = Arc<Mutex<HashMap<String, (String, Instant)>>>;
+
+struct Lifecycle {
+    ctx: Context,
+    config: NodeLifecycleConfig,
+    nodes: Arc<Cache<Node>>,
+    pods: Arc<Cache<Pod>>,
+    seen: Renewals,
+    /// Pods by node, kept from the pod watch.
+    by_node: Arc<Mutex<HashMap<String, HashSet<String>>>>,
+    started: Instant,
+    recorder: Recorder,
+}
+
+/// Runs the controller until dropped: each node is a key that requeues itself for the moment
+/// its Lease would lapse (or, while it is tainted unreachable, every period for evictions),
+/// so a quiet fleet costs one look per node per grace period, not a scan of every node.
 pub async fn run(ctx: Context, config: NodeLifecycleConfig) {
     let nodes = ctx.informer::<Node>(res("", "nodes"));
     let leases = ctx.informer::<Lease>(res("coordination.k8s.io", "leases"));
     let pods = ctx.informer::<Pod>(res("", "pods"));
-    // When each node's Lease was last seen renewed, on this clock.
-    let seen: Arc<Mutex<HashMap<String, (String, Instant)>>> = Arc::new(Mutex::new(HashMap::new()));
-    {
-        let seen = seen.clone();
-        leases.on_change(move |c| {
+    let seen: Renewals = Arc::new(Mutex::new(HashMap::new()));
+    let by_node: Arc<Mutex<HashMap<String, HashSet<String>>>> =
+        Arc::new(Mutex::new(HashMap::new()));
+    let r = Arc::new(Lifecycle {
+        ctx: ctx.clone(),
+        config,
+        nodes: nodes.cache().clone(),
+        pods: pods.cache().clone(),
+        seen: seen.clone(),
+        by_node: by_node.clone(),
+        started: Instant::now(),
+        recorder: ctx.recorder(NAME),
+    });
+    ctx.controller(NAME)
+        .watches_with(&nodes, |c, q| {
+            if !matches!(c, Change::Deleted(_)) {
+                q.add(key_of(&c.object().metadata), c.class());
+            }
+        })
+        .watches_with(&leases, move |c, _| {
             let l = c.object();
             if l.metadata.namespace.as_deref() != Some("kube-node-lease") {
                 return;
@@ -93,14 +128,8 @@ pub async fn run(ctx: Context, config: NodeLifecycleConfig) {
                     }
                 }
             }
-        });
-    }
-    // Pods by node, kept from the pod watch.
-    let by_node: Arc<Mutex<HashMap<String, HashSet<String>>>> =
-        Arc::new(Mutex::new(HashMap::new()));
-    {
-        let by_node = by_node.clone();
-        pods.on_change(move |c| {
+        })
+        .watches_with(&pods, move |c, _| {
             let p = c.object();
             let key = key_of(&p.metadata);
             let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -120,84 +149,99 @@ pub async fn run(ctx: Context, config: NodeLifecycleConfig) {
                     m.entry(n).or_default().insert(key);
                 }
             }
-        });
+        })
+        .run(r)
+        .await;
+}
+
+#[async_trait]
+impl Reconciler for Lifecycle {
+    fn name(&self) -> &'static str {
+        NAME
     }
-    let _tasks = Tasks(vec![
-        tokio::spawn(nodes.clone().run()),
-        tokio::spawn(leases.clone().run()),
-        tokio::spawn(pods.clone().run()),
-    ]);
-    nodes.synced().await;
-    leases.synced().await;
-    pods.synced().await;
-    let recorder = ctx.recorder(NAME);
-    let started = Instant::now();
-    let mut tick = tokio::time::interval(config.period);
-    loop {
-        tick.tick().await;
-        for node in nodes.cache().list() {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let last = seen.lock().get(&name).map(|(_, at)| *at);
-            // Grace counts from this controller's start for nodes it has not seen renew.
-            let stale = last.unwrap_or(started).elapsed() > config.grace;
-            let r = ObjectRef::new("v1", "Node", &node.metadata);
-            if stale && ready_status(&node) != Some("Unknown") {
-                if let Err(e) = mark_unknown(&ctx, &node).await {
-                    tracing::warn!(node = %name, error = %e, "could not mark the node unreachable");
-                    continue;
-                }
-                recorder.event(&r, EventType::Warning, "NodeNotReady",
-                    &format!("Node {name} status is now: NodeNotReady (its Lease was not renewed for {:?})", config.grace));
-            } else if stale && !(has_taint(&node, "NoExecute") && has_taint(&node, "NoSchedule")) {
-                // The next look sees the node as written above (its resourceVersion moved).
-                if let Err(e) = set_taints(&ctx, &node, true).await {
-                    tracing::debug!(node = %name, error = %e, "tainting the node failed; retrying");
-                }
-            } else if !stale
-                && ready_status(&node) == Some("True")
-                && (has_taint(&node, "NoExecute") || has_taint(&node, "NoSchedule"))
-            {
-                if let Err(e) = set_taints(&ctx, &node, false).await {
-                    tracing::warn!(node = %name, error = %e, "could not remove the unreachable taints");
-                }
-                recorder.event(
-                    &r,
-                    EventType::Normal,
-                    "NodeReady",
-                    &format!("Node {name} status is now: NodeReady"),
-                );
+
+    async fn reconcile(&self, name: &str) -> Result<Action, ReconcileError> {
+        let Some(node) = self.nodes.get(name) else {
+            return Ok(Action::Done);
+        };
+        let grace = self.config.grace;
+        // Grace counts from this controller's start for nodes it has not seen renew.
+        let since = self
+            .seen
+            .lock()
+            .get(name)
+            .map_or(self.started, |(_, at)| *at);
+        let stale = since.elapsed() > grace;
+        let r = ObjectRef::new("v1", "Node", &node.metadata);
+        if stale && ready_status(&node) != Some("Unknown") {
+            mark_unknown(&self.ctx, &node).await?;
+            self.recorder.event(&r, EventType::Warning, "NodeNotReady",
+                &format!("Node {name} status is now: NodeNotReady (its Lease was not renewed for {grace:?})"));
+        } else if stale && !(has_taint(&node, "NoExecute") && has_taint(&node, "NoSchedule")) {
+            // The next look sees the node as written here (its resourceVersion moved).
+            set_taints(&self.ctx, &node, true).await?;
+        } else if !stale
+            && ready_status(&node) == Some("True")
+            && (has_taint(&node, "NoExecute") || has_taint(&node, "NoSchedule"))
+        {
+            set_taints(&self.ctx, &node, false).await?;
+            self.recorder.event(
+                &r,
+                EventType::Normal,
+                "NodeReady",
+                &format!("Node {name} status is now: NodeReady"),
+            );
+        }
+        if has_taint(&node, "NoExecute") {
+            self.evict_due(&node, name).await;
+        }
+        // Look again when the Lease would lapse without a renewal — a renewal meanwhile moves
+        // that moment, which the look then finds — or every period while the node is
+        // unreachable or tainted (it may come back; evictions fall due).
+        let next = if stale || has_taint(&node, "NoExecute") || has_taint(&node, "NoSchedule") {
+            self.config.period
+        } else {
+            (since + grace)
+                .saturating_duration_since(Instant::now())
+                .max(self.config.period / 4)
+                + Duration::from_millis(10)
+        };
+        Ok(Action::RequeueAfter(next))
+    }
+}
+
+impl Lifecycle {
+    /// Evicts the pods of a NoExecute-tainted node whose toleration of it has run out.
+    async fn evict_due(&self, node: &Node, name: &str) {
+        let keys: Vec<String> = self
+            .by_node
+            .lock()
+            .get(name)
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        let added = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .and_then(|t| {
+                t.iter()
+                    .find(|t| t.key == UNREACHABLE && t.effect == "NoExecute")
+            })
+            .and_then(|t| t.time_added.as_ref())
+            .map_or(now_secs(), |t| t.0.as_second());
+        for key in keys {
+            let Some(p) = self.pods.get(&key) else {
+                continue;
+            };
+            if p.metadata.deletion_timestamp.is_some() {
+                continue;
             }
-            if has_taint(&node, "NoExecute") {
-                let keys: Vec<String> = by_node
-                    .lock()
-                    .get(&name)
-                    .into_iter()
-                    .flatten()
-                    .cloned()
-                    .collect();
-                let added = node
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .and_then(|t| {
-                        t.iter()
-                            .find(|t| t.key == UNREACHABLE && t.effect == "NoExecute")
-                    })
-                    .and_then(|t| t.time_added.as_ref())
-                    .map_or(now_secs(), |t| t.0.as_second());
-                for key in keys {
-                    let Some(p) = pods.cache().get(&key) else {
-                        continue;
-                    };
-                    if p.metadata.deletion_timestamp.is_some() {
-                        continue;
-                    }
-                    if let Some(after) = eviction_delay(&p)
-                        && now_secs() >= added + after
-                    {
-                        evict(&ctx, &recorder, &p, &name).await;
-                    }
-                }
+            if let Some(after) = eviction_delay(&p)
+                && now_secs() >= added + after
+            {
+                evict(&self.ctx, &self.recorder, &p, name).await;
             }
         }
     }
@@ -232,7 +276,7 @@ fn eviction_delay(p: &Pod) -> Option<i64> {
         .map(|s| s.max(0))
 }
 
-async fn mark_unknown(ctx: &Context, node: &Node) -> Result<(), String> {
+async fn mark_unknown(ctx: &Context, node: &Node) -> Result<(), ApiError> {
     let now = rfc3339(now_secs());
     let mut conditions: Vec<Value> = node
         .status
@@ -261,10 +305,9 @@ async fn mark_unknown(ctx: &Context, node: &Node) -> Result<(), String> {
         )
         .await
         .map(|_| ())
-        .map_err(|e| e.message)
 }
 
-async fn set_taints(ctx: &Context, node: &Node, on: bool) -> Result<(), String> {
+async fn set_taints(ctx: &Context, node: &Node, on: bool) -> Result<(), ApiError> {
     let mut taints: Vec<Value> = node
         .spec
         .as_ref()
@@ -290,10 +333,9 @@ async fn set_taints(ctx: &Context, node: &Node, on: bool) -> Result<(), String> 
         )
         .await
         .map(|_| ())
-        .map_err(|e| e.message)
 }
 
-async fn evict(ctx: &Context, recorder: &tessera_runtime::events::Recorder, p: &Pod, node: &str) {
+async fn evict(ctx: &Context, recorder: &Recorder, p: &Pod, node: &str) {
     let r = ctx
         .client
         .delete(

@@ -14,10 +14,10 @@ use tessera_client::types::{POD_GROUP_LABEL, PodGroup};
 use tessera_core::LabelSelector;
 use tessera_core::selector::label::{Operator, Requirement};
 use tessera_runtime::EventClass;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Cache, key_of};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::pods;
 
 /// The controller's name.
@@ -33,14 +33,16 @@ struct Groups {
 pub async fn run(ctx: Context) {
     let groups = ctx.informer::<PodGroup>(res("tessera.io", "podgroups"));
     let pod_inf = ctx.informer::<Pod>(res("", "pods"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        groups.on_change(move |c| q.add(key_of(&c.object().metadata), EventClass::Update));
-    }
-    {
-        let q = queue.clone();
-        pod_inf.on_change(move |c| {
+    let r = Arc::new(Groups {
+        ctx: ctx.clone(),
+        groups: groups.cache().clone(),
+        pods: pod_inf.cache().clone(),
+    });
+    ctx.controller(NAME)
+        .watches_with(&groups, |c, q| {
+            q.add(key_of(&c.object().metadata), EventClass::Update)
+        })
+        .watches_with(&pod_inf, |c, q| {
             let p = c.object();
             if let Some(g) = p
                 .metadata
@@ -53,20 +55,9 @@ pub async fn run(ctx: Context) {
                     EventClass::Update,
                 );
             }
-        });
-    }
-    let r = Arc::new(Groups {
-        ctx: ctx.clone(),
-        groups: groups.cache().clone(),
-        pods: pod_inf.cache().clone(),
-    });
-    let _tasks = Tasks(vec![
-        tokio::spawn(groups.clone().run()),
-        tokio::spawn(pod_inf.clone().run()),
-    ]);
-    groups.synced().await;
-    pod_inf.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+        })
+        .run(r)
+        .await;
 }
 
 /// The phase of a gang of `min` with these member counts.

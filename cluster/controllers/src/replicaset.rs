@@ -12,14 +12,14 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use tessera_client::request::PatchType;
 use tessera_core::time::now_secs;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::expectations::Expectations;
 use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
 use tessera_runtime::selector::from_metav1;
 use tessera_runtime::{EventClass, WorkQueue};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::pods::{self, BURST};
 
 /// The controller's name (queue, metrics, events).
@@ -37,43 +37,27 @@ struct Rs {
 pub async fn run(ctx: Context) {
     let sets = ctx.informer::<ReplicaSet>(res("apps", "replicasets"));
     let pods = ctx.informer::<Pod>(res("", "pods"));
-    let queue = ctx.queue(NAME);
     let expectations = Arc::new(Expectations::new());
-    {
-        let q = queue.clone();
-        let exp = expectations.clone();
-        sets.on_change(move |c| {
-            let key = key_of(&c.object().metadata);
-            match c {
-                Change::Added(_) => q.add(key, EventClass::Add),
-                Change::Updated { .. } => q.add(key, EventClass::Update),
-                Change::Deleted(_) => {
-                    exp.forget(&key);
-                    q.add(key, EventClass::Delete);
-                }
-            }
-        });
-    }
-    {
-        let q = queue.clone();
-        let exp = expectations.clone();
-        let set_cache = sets.cache().clone();
-        pods.on_change(move |c| on_pod(c, &q, &exp, &set_cache));
-    }
     let r = Arc::new(Rs {
         recorder: ctx.recorder(NAME),
         sets: sets.cache().clone(),
         pods: pods.cache().clone(),
-        expectations,
+        expectations: expectations.clone(),
         ctx: ctx.clone(),
     });
-    let _tasks = Tasks(vec![
-        tokio::spawn(sets.clone().run()),
-        tokio::spawn(pods.clone().run()),
-    ]);
-    sets.synced().await;
-    pods.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    let exp = expectations.clone();
+    let set_cache = sets.cache().clone();
+    ctx.controller(NAME)
+        .watches_with(&sets, move |c, q| {
+            let key = key_of(&c.object().metadata);
+            if let Change::Deleted(_) = c {
+                expectations.forget(&key);
+            }
+            q.add(key, c.class());
+        })
+        .watches_with(&pods, move |c, q| on_pod(c, q, &exp, &set_cache))
+        .run(r)
+        .await;
 }
 
 /// Queues the ReplicaSet a pod belongs to (or, for an orphan, the ones that could adopt it).

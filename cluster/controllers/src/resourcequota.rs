@@ -27,10 +27,10 @@ use tessera_client::quota::{
 use tessera_client::request::{ApiRequest, Verb};
 use tessera_core::quantity::Quantity;
 use tessera_runtime::EventClass;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Change, key_of};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 
 /// The controller's name.
 pub const NAME: &str = "resourcequota-controller";
@@ -47,10 +47,12 @@ struct Quotas {
 /// Runs the controller until dropped, recounting every quota each `resync`.
 pub async fn run(ctx: Context, resync: Duration) {
     let quotas = ctx.informer::<ResourceQuota>(res("", "resourcequotas"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        quotas.on_change(move |c| {
+    let r = Arc::new(Quotas {
+        ctx: ctx.clone(),
+        resync,
+    });
+    ctx.controller(NAME)
+        .watches_with(&quotas, |c, q| {
             // Charges update quotas all the time; only a new quota or new limits need a
             // recount now (the rest waits for the period).
             let stale = match &c {
@@ -65,15 +67,9 @@ pub async fn run(ctx: Context, resync: Duration) {
             if stale {
                 q.add(key_of(&c.object().metadata), EventClass::Update);
             }
-        });
-    }
-    let r = Arc::new(Quotas {
-        ctx: ctx.clone(),
-        resync,
-    });
-    let _tasks = Tasks(vec![tokio::spawn(quotas.clone().run())]);
-    quotas.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+        })
+        .run(r)
+        .await;
 }
 
 impl Quotas {

@@ -12,11 +12,11 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tessera_client::request::PatchType;
 use tessera_runtime::EventClass;
-use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
+use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, controller_of, key_of, owner_key};
+use tessera_runtime::informer::{Cache, controller_of, key_of};
 
-use crate::context::{Context, Tasks, res};
+use crate::context::{Context, res};
 use crate::deployment::template_hash;
 use crate::history::{History, Owner};
 use crate::pods;
@@ -39,20 +39,6 @@ pub async fn run(ctx: Context) {
     let sets = ctx.informer::<StatefulSet>(res("apps", "statefulsets"));
     let pod_inf = ctx.informer::<Pod>(res("", "pods"));
     let revisions = ctx.informer::<ControllerRevision>(res("apps", "controllerrevisions"));
-    let queue = ctx.queue(NAME);
-    {
-        let q = queue.clone();
-        sets.on_change(move |c| q.add(key_of(&c.object().metadata), EventClass::Update));
-    }
-    {
-        let q = queue.clone();
-        pod_inf.on_change(move |c| {
-            let p = c.object();
-            if let Some(key) = owner_key(&p.metadata, "StatefulSet") {
-                q.add(key, EventClass::Update);
-            }
-        });
-    }
     let r = Arc::new(Sets {
         history: History::new(ctx.clone(), revisions.cache().clone()),
         recorder: ctx.recorder(NAME),
@@ -60,15 +46,14 @@ pub async fn run(ctx: Context) {
         pods: pod_inf.cache().clone(),
         ctx: ctx.clone(),
     });
-    let _tasks = Tasks(vec![
-        tokio::spawn(revisions.clone().run()),
-        tokio::spawn(sets.clone().run()),
-        tokio::spawn(pod_inf.clone().run()),
-    ]);
-    sets.synced().await;
-    revisions.synced().await;
-    pod_inf.synced().await;
-    controller::run(r, queue, ctx.workers, ctx.runtime_metrics.clone()).await;
+    ctx.controller(NAME)
+        .watches_with(&sets, |c, q| {
+            q.add(key_of(&c.object().metadata), EventClass::Update)
+        })
+        .owns(&pod_inf, "StatefulSet")
+        .reads(&revisions)
+        .run(r)
+        .await;
 }
 
 fn ordinal(set: &str, pod: &str) -> Option<usize> {

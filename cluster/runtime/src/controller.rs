@@ -1,13 +1,16 @@
-//! The reconcile runner: N workers take keys from a controller's [`WorkQueue`] and call its
-//! `reconcile(key)`, which says "done", "look again after d", or fails (the key comes back
-//! after its per-key backoff).
+//! Controllers: a [`Controller`] declares what it watches and how each change maps to keys of
+//! its [`WorkQueue`]; N workers take keys and call its `reconcile(key)`, which says "done",
+//! "look again after d", or fails (the key comes back after its per-key backoff).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use tokio::time::Instant;
+use tracing::Instrument;
 
+use crate::informer::{Change, Informer, Object, Subscription, key_of, owner_key};
 use crate::metrics::RuntimeMetrics;
 use crate::queue::{EventClass, WorkQueue};
 
@@ -24,20 +27,36 @@ pub enum Action {
 /// race (`409 Conflict`: the cache was behind), soon and without growing its backoff, since
 /// the next look will see the newer object.
 #[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ReconcileError {
-    /// What failed.
-    pub message: String,
-    /// A write lost a race with another writer.
-    pub conflict: bool,
+pub enum ReconcileError {
+    /// A request to the API failed; its `Status` is the cause.
+    #[error("{} ({})", .0.message, .0.reason)]
+    Api(#[source] tessera_client::status::ApiError),
+    /// A write lost a race with another writer that the API did not report as a conflict
+    /// (an object appeared meanwhile): look again soon.
+    #[error("{0}")]
+    Raced(String),
+    /// Anything else: an object that did not decode, a precondition not met yet.
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl ReconcileError {
     /// A failure retried after the key's backoff.
     pub fn new(message: impl Into<String>) -> Self {
-        ReconcileError {
-            message: message.into(),
-            conflict: false,
+        ReconcileError::Failed(message.into())
+    }
+
+    /// A lost race, retried soon without growing the key's backoff.
+    pub fn raced(message: impl Into<String>) -> Self {
+        ReconcileError::Raced(message.into())
+    }
+
+    /// True for a write that lost a race (`409`, or [`ReconcileError::Raced`]).
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            ReconcileError::Api(e) => e.code == 409,
+            ReconcileError::Raced(_) => true,
+            ReconcileError::Failed(_) => false,
         }
     }
 }
@@ -47,10 +66,7 @@ pub const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 
 impl From<tessera_client::status::ApiError> for ReconcileError {
     fn from(e: tessera_client::status::ApiError) -> Self {
-        ReconcileError {
-            message: format!("{} ({})", e.message, e.reason),
-            conflict: e.code == 409,
-        }
+        ReconcileError::Api(e)
     }
 }
 
@@ -79,7 +95,8 @@ pub async fn run<R: Reconciler + ?Sized>(
         tasks.push(tokio::spawn(async move {
             while let Some(item) = q.get().await {
                 let started = Instant::now();
-                let result = r.reconcile(&item.key).await;
+                let span = tracing::debug_span!("reconcile", controller = r.name(), key = %item.key);
+                let result = r.reconcile(&item.key).instrument(span).await;
                 let outcome = match &result {
                     Ok(Action::Done) => {
                         q.forget(&item.key);
@@ -90,13 +107,13 @@ pub async fn run<R: Reconciler + ?Sized>(
                         q.add_after(item.key.clone(), EventClass::Resync, *d);
                         "requeue"
                     }
-                    Err(e) if e.conflict => {
+                    Err(e) if e.is_conflict() => {
                         tracing::debug!(controller = r.name(), key = %item.key, error = %e, "a write lost a race; looking again");
                         q.add_after(item.key.clone(), item.class, CONFLICT_RETRY);
                         "conflict"
                     }
                     Err(e) => {
-                        tracing::debug!(controller = r.name(), key = %item.key, error = %e, "reconcile failed; retrying");
+                        tracing::warn!(controller = r.name(), key = %item.key, error = %e, "reconcile failed; retrying after backoff");
                         q.retry(item.key.clone(), item.class);
                         "error"
                     }
@@ -110,5 +127,95 @@ pub async fn run<R: Reconciler + ?Sized>(
     }
     for t in tasks {
         let _ = t.await;
+    }
+}
+
+/// A controller put together from what it watches (kube-rs' `Controller::new(..).owns(..)`):
+/// each watched informer maps its changes to keys of the controller's queue, and
+/// [`Controller::run`] waits for every informer's first list, then reconciles keys until the
+/// future is dropped — which also removes the controller's handlers from the (shared)
+/// informers.
+#[must_use = "a controller does nothing until it is run"]
+pub struct Controller {
+    queue: WorkQueue<String>,
+    workers: usize,
+    metrics: Option<RuntimeMetrics>,
+    subscriptions: Vec<Subscription>,
+    synced: Vec<BoxFuture<'static, ()>>,
+}
+
+impl Controller {
+    /// A controller working `queue` with `workers` workers.
+    pub fn new(queue: WorkQueue<String>, workers: usize, metrics: Option<RuntimeMetrics>) -> Self {
+        Controller {
+            queue,
+            workers,
+            metrics,
+            subscriptions: Vec::new(),
+            synced: Vec::new(),
+        }
+    }
+
+    /// Its queue (for reconcilers and handlers that queue keys themselves).
+    pub fn queue(&self) -> &WorkQueue<String> {
+        &self.queue
+    }
+
+    /// Queues the key of every object of `informer` that changes, with the change's class:
+    /// the kind the controller reconciles.
+    pub fn watches<T: Object>(self, informer: &Arc<Informer<T>>) -> Self {
+        self.watches_with(informer, |c, q| {
+            q.add(key_of(c.object().metadata()), c.class());
+        })
+    }
+
+    /// Queues the key of the controller owner of every object of `informer` that changes,
+    /// when that owner is a `kind` (a CronJob's Jobs, a Deployment's ReplicaSets), as an
+    /// update of the owner.
+    pub fn owns<T: Object>(self, informer: &Arc<Informer<T>>, kind: &'static str) -> Self {
+        self.watches_with(informer, move |c, q| {
+            if let Some(k) = owner_key(c.object().metadata(), kind) {
+                q.add(k, EventClass::Update);
+            }
+        })
+    }
+
+    /// Calls `map` with every change of `informer` and the queue: for mappings of its own
+    /// (expectations, orphans, every set a node may concern). `map` must be quick.
+    pub fn watches_with<T: Object>(
+        mut self,
+        informer: &Arc<Informer<T>>,
+        map: impl Fn(&Change<T>, &WorkQueue<String>) + Send + Sync + 'static,
+    ) -> Self {
+        let q = self.queue.clone();
+        self.subscriptions
+            .push(informer.on_change(move |c| map(c, &q)));
+        self.reads(informer)
+    }
+
+    /// Waits for `informer`'s first list before the first reconcile, without queueing
+    /// anything on its changes (a cache the reconcile only reads).
+    pub fn reads<T: Object>(mut self, informer: &Arc<Informer<T>>) -> Self {
+        let inf = informer.clone();
+        self.synced
+            .push(Box::pin(async move { inf.synced().await }));
+        self
+    }
+
+    /// Waits for every informer's first list, then runs `reconciler` until dropped.
+    pub async fn run<R: Reconciler + ?Sized>(self, reconciler: Arc<R>) {
+        let Controller {
+            queue,
+            workers,
+            metrics,
+            subscriptions,
+            synced,
+        } = self;
+        for s in synced {
+            s.await;
+        }
+        tracing::info!(controller = reconciler.name(), "caches synced; reconciling");
+        run(reconciler, queue, workers, metrics).await;
+        drop(subscriptions);
     }
 }

@@ -1,5 +1,5 @@
-//! List+watch into a local cache: one informer per resource (and optional selector) per
-//! controller. It lists in pages, watches from the list's revision, resumes the watch after
+//! List+watch into a local cache: one informer per resource (and optional selector), shared
+//! by every part of a process that reads it (see [`crate::shared`]). It lists in pages, watches from the list's revision, resumes the watch after
 //! errors and closed streams, and relists when the revision it resumes from is gone (`410`),
 //! turning the difference between what it had and what it found into changes, so its
 //! handlers see every object appear, change and go away exactly as if they had watched.
@@ -82,6 +82,45 @@ impl<T> Change<T> {
 }
 
 type Handler<T> = Box<dyn Fn(&Change<T>) + Send + Sync>;
+
+/// The handlers of an informer. Its lock is held from a change's write into the cache until
+/// every handler has seen it, so a handler added meanwhile sees each object exactly once:
+/// either in the replay of the cache or as the change itself.
+struct Handlers<T> {
+    next_id: u64,
+    list: Vec<(u64, Handler<T>)>,
+}
+
+/// A handler's registration: the handler is removed when this is dropped (a controller that
+/// stops leaves nothing behind in an informer it shared). [`Subscription::detach`] keeps it
+/// for the informer's life.
+#[must_use = "the handler is removed as soon as its Subscription is dropped"]
+pub struct Subscription {
+    remove: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Subscription {
+    /// Keeps the handler for as long as the informer runs.
+    pub fn detach(mut self) {
+        self.remove = None;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(remove) = self.remove.take() {
+            remove();
+        }
+    }
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("attached", &self.remove.is_some())
+            .finish()
+    }
+}
 
 struct Indexed<T> {
     objects: HashMap<String, Arc<T>>,
@@ -264,7 +303,7 @@ pub struct Informer<T> {
     resource: &'static Resource,
     scope: Scope,
     cache: Arc<Cache<T>>,
-    handlers: RwLock<Vec<Handler<T>>>,
+    handlers: Arc<parking_lot::Mutex<Handlers<T>>>,
     synced: watch::Sender<bool>,
     metrics: Option<RuntimeMetrics>,
     page: usize,
@@ -358,7 +397,10 @@ impl<T: Object> Informer<T> {
             resource,
             scope,
             cache: Arc::new(Cache::new()),
-            handlers: RwLock::new(Vec::new()),
+            handlers: Arc::new(parking_lot::Mutex::new(Handlers {
+                next_id: 0,
+                list: Vec::new(),
+            })),
             synced: watch::channel(false).0,
             metrics,
             page: 500,
@@ -375,10 +417,51 @@ impl<T: Object> Informer<T> {
         self.resource
     }
 
-    /// Calls `f` on every change, in order, from the watch task: `f` must be quick (queue a
-    /// key, send on a channel), never wait.
-    pub fn on_change(&self, f: impl Fn(&Change<T>) + Send + Sync + 'static) {
-        self.handlers.write().push(Box::new(f));
+    /// Calls `f` on every change, in order, from the watch task, until the returned
+    /// [`Subscription`] is dropped: `f` must be quick (queue a key, send on a channel), never
+    /// wait, and never add or drop a handler itself. Objects already cached reach `f` first,
+    /// as additions — so a handler added to a running, shared informer sees what one added
+    /// before its first list would have seen.
+    pub fn on_change(&self, f: impl Fn(&Change<T>) + Send + Sync + 'static) -> Subscription {
+        let mut handlers = self.handlers.lock();
+        for o in self.cache.list() {
+            f(&Change::Added(o));
+        }
+        let id = handlers.next_id;
+        handlers.next_id += 1;
+        handlers.list.push((id, Box::new(f)));
+        let count = handlers.list.len();
+        drop(handlers);
+        self.count_handlers(count);
+        let weak = Arc::downgrade(&self.handlers);
+        let metrics = self.metrics.clone();
+        let plural = self.resource.plural;
+        Subscription {
+            remove: Some(Box::new(move || {
+                if let Some(handlers) = weak.upgrade() {
+                    let mut h = handlers.lock();
+                    h.list.retain(|(i, _)| *i != id);
+                    if let Some(m) = &metrics {
+                        m.informer_handlers
+                            .with_label_values(&[plural])
+                            .set(h.list.len() as i64);
+                    }
+                }
+            })),
+        }
+    }
+
+    fn count_handlers(&self, n: usize) {
+        if let Some(m) = &self.metrics {
+            m.informer_handlers
+                .with_label_values(&[self.resource.plural])
+                .set(n as i64);
+        }
+    }
+
+    /// The number of handlers now registered.
+    pub fn handler_count(&self) -> usize {
+        self.handlers.lock().list.len()
     }
 
     /// Waits until the first list is in the cache.
@@ -400,9 +483,9 @@ impl<T: Object> Informer<T> {
         req
     }
 
-    fn emit(&self, change: Change<T>) {
-        for h in self.handlers.read().iter() {
-            h(&change);
+    fn emit(handlers: &Handlers<T>, change: &Change<T>) {
+        for (_, h) in &handlers.list {
+            h(change);
         }
     }
 
@@ -476,6 +559,7 @@ impl<T: Object> Informer<T> {
                 None => break list.metadata.resource_version,
             }
         };
+        let handlers = self.handlers.lock();
         let mut changes = Vec::new();
         {
             let mut s = self.cache.inner.write();
@@ -503,9 +587,10 @@ impl<T: Object> Informer<T> {
                 }
             }
         }
-        for c in changes {
-            self.emit(c);
+        for c in &changes {
+            Self::emit(&handlers, c);
         }
+        drop(handlers);
         self.synced.send_replace(true);
         Ok(rv)
     }
@@ -562,6 +647,7 @@ impl<T: Object> Informer<T> {
     fn apply(&self, kind: &str, o: T) {
         let key = key_of(o.metadata());
         let o = Arc::new(o);
+        let handlers = self.handlers.lock();
         let change = {
             let mut s = self.cache.inner.write();
             if kind == "DELETED" {
@@ -579,7 +665,7 @@ impl<T: Object> Informer<T> {
             _ => "deleted",
         });
         if let Some(c) = change {
-            self.emit(c);
+            Self::emit(&handlers, &c);
         }
     }
 }

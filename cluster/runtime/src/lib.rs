@@ -1,4 +1,5 @@
-//! The controller runtime every controller stands on: list+watch caches ([`informer`]), the
+//! The controller runtime every controller stands on: list+watch caches ([`informer`]) shared
+//! per process ([`shared`]), the
 //! priority work queue ([`queue`]), the reconcile runner ([`controller`]), leader election
 //! ([`leader`]), expectations and Events.
 
@@ -13,8 +14,10 @@ pub mod metrics;
 pub mod mutation;
 pub mod queue;
 pub mod selector;
+pub mod shared;
 pub mod taints;
 
 pub use controller::{Action, ReconcileError, Reconciler};
-pub use informer::{Cache, Change, Informer, Scope};
+pub use informer::{Cache, Change, Informer, Scope, Subscription};
 pub use queue::{EventClass, QueueConfig, WorkQueue};
+pub use shared::Informers;

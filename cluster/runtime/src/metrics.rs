@@ -79,6 +79,8 @@ impl QueueMetrics {
 #[derive(Clone)]
 pub struct RuntimeMetrics {
     pub(crate) informer_events: IntCounterVec,
+    pub(crate) informer_handlers: IntGaugeVec,
+    pub(crate) informers: IntGaugeVec,
     pub(crate) relists: IntCounterVec,
     pub(crate) reconciles: IntCounterVec,
     pub(crate) leader: IntGaugeVec,
@@ -90,6 +92,8 @@ impl RuntimeMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<RuntimeMetrics> {
         let m = RuntimeMetrics::unregistered()?;
         registry.register(Box::new(m.informer_events.clone()))?;
+        registry.register(Box::new(m.informer_handlers.clone()))?;
+        registry.register(Box::new(m.informers.clone()))?;
         registry.register(Box::new(m.relists.clone()))?;
         registry.register(Box::new(m.reconciles.clone()))?;
         registry.register(Box::new(m.leader.clone()))?;
@@ -106,6 +110,20 @@ impl RuntimeMetrics {
                     "Watch events an informer applied to its cache, by resource and type.",
                 ),
                 &["resource", "type"],
+            )?,
+            informer_handlers: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_informer_handlers",
+                    "Handlers registered with the informer of a resource (its readers in this process).",
+                ),
+                &["resource"],
+            )?,
+            informers: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_informers",
+                    "Shared informers running in this process, by resource (1 when shared as meant).",
+                ),
+                &["resource"],
             )?,
             relists: IntCounterVec::new(
                 Opts::new(

@@ -132,6 +132,9 @@ struct State<K> {
     /// Keys added while being worked on, at their most urgent class.
     dirty: HashMap<K, EventClass>,
     delayed: BTreeMap<(Instant, u64), (K, EventClass)>,
+    /// When each delayed key is due: a key is delayed once, at its earliest time (a reconcile
+    /// that requeues itself while events also queue it never multiplies its timers).
+    delayed_at: HashMap<K, (Instant, u64)>,
     failures: HashMap<K, u32>,
     seq: u64,
     shut: bool,
@@ -182,6 +185,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                     processing: HashSet::new(),
                     dirty: HashMap::new(),
                     delayed: BTreeMap::new(),
+                    delayed_at: HashMap::new(),
                     failures: HashMap::new(),
                     seq: 0,
                     shut: false,
@@ -260,10 +264,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         if s.shut {
             return;
         }
+        let at = Instant::now() + delay;
+        if let Some(&(due, seq)) = s.delayed_at.get(&key) {
+            if due <= at {
+                return;
+            }
+            s.delayed.remove(&(due, seq));
+        }
         s.seq += 1;
         let seq = s.seq;
-        s.delayed
-            .insert((Instant::now() + delay, seq), (key, class));
+        s.delayed_at.insert(key.clone(), (at, seq));
+        s.delayed.insert((at, seq), (key, class));
         drop(s);
         // A waiting worker recomputes when to wake up.
         self.inner.notify.notify_one();
@@ -326,6 +337,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                         break;
                     }
                     let (key, class) = entry.remove();
+                    s.delayed_at.remove(&key);
                     self.add_locked(&mut s, key, class);
                 }
                 while let Some(e) = s.heap.pop() {
@@ -446,6 +458,28 @@ mod tests {
         assert_eq!((first.key.as_str(), first.class), ("a", EventClass::Add));
         assert_eq!(take(&q).await.key, "b");
         assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delayed_key_waits_once_at_its_earliest_time() {
+        let q = queue();
+        let start = tokio::time::Instant::now();
+        // A reconcile asking to look again in 10 s while an event asks for 1 s: one look,
+        // at 1 s; a later request for 5 s does not add a second timer.
+        q.add_after("a".into(), EventClass::Resync, Duration::from_secs(10));
+        q.add_after("a".into(), EventClass::Resync, Duration::from_secs(1));
+        q.add_after("a".into(), EventClass::Resync, Duration::from_secs(5));
+        q.add_after("b".into(), EventClass::Resync, Duration::from_secs(3));
+        let first = take(&q).await;
+        assert_eq!(first.key, "a");
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(take(&q).await.key, "b");
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        let nothing = tokio::time::timeout(Duration::from_secs(60), q.get()).await;
+        assert!(nothing.is_err(), "no timer of a was left behind");
+        // Once due and handed out, the key may wait again.
+        q.add_after("a".into(), EventClass::Resync, Duration::from_secs(2));
+        assert_eq!(take(&q).await.key, "a");
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,7 +16,8 @@ use tessera_apiserver::catalog::Resource;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::find_resource;
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
-use tessera_runtime::{Change, Informer, QueueConfig, Scope, WorkQueue};
+use tessera_runtime::metrics::RuntimeMetrics;
+use tessera_runtime::{Change, Informer, Informers, QueueConfig, Scope, WorkQueue};
 use tessera_store::{EmbeddedOptions, EmbeddedStore, Store, StoreMetrics};
 
 struct Setup {
@@ -85,7 +86,7 @@ async fn informer_lists_in_pages_watches_and_indexes() {
     let informer = Informer::<Pod>::new(s.client.clone(), res("pods"), Scope::default(), None);
     let log = Arc::new(Mutex::new(Vec::<String>::new()));
     let l = log.clone();
-    informer.on_change(move |c| {
+    let _subscription = informer.on_change(move |c| {
         let name = c.object().metadata.name.clone().unwrap_or_default();
         l.lock().push(match c {
             Change::Added(_) => format!("add {name}"),
@@ -205,4 +206,117 @@ async fn failed_reconciles_come_back_after_backoff() {
     );
     q.shut_down();
     runner.await.expect("runner");
+}
+
+/// The handler's log of what it saw, by pod name.
+fn recorder(log: &Arc<Mutex<Vec<String>>>) -> impl Fn(&Change<Pod>) + Send + Sync + 'static {
+    let l = log.clone();
+    move |c| {
+        let name = c.object().metadata.name.clone().unwrap_or_default();
+        l.lock().push(match c {
+            Change::Added(_) => format!("add {name}"),
+            Change::Updated { .. } => format!("update {name}"),
+            Change::Deleted(_) => format!("delete {name}"),
+        });
+    }
+}
+
+#[tokio::test]
+async fn shared_informers_decode_each_change_once_for_every_reader() {
+    let s = setup().await;
+    let registry = prometheus::Registry::new();
+    let metrics = RuntimeMetrics::register(&registry).expect("metrics");
+    let informers = Informers::new(s.client.clone(), Some(metrics));
+    let first = informers.get::<Pod>(res("pods"));
+    let again = informers.get::<Pod>(res("pods"));
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "one informer per resource and type"
+    );
+    assert_eq!(informers.len(), 1);
+
+    let early = Arc::new(Mutex::new(Vec::new()));
+    let early_sub = first.on_change(recorder(&early));
+    for name in ["a", "b"] {
+        s.client
+            .create(res("pods"), Some("default"), &pod(name, "web"))
+            .await
+            .expect("create");
+    }
+    eventually("both pods cached", || first.cache().len() == 2).await;
+
+    // A reader that comes later sees what is cached as additions, once each, then changes.
+    let late = Arc::new(Mutex::new(Vec::new()));
+    let late_sub = again.on_change(recorder(&late));
+    {
+        let mut seen = late.lock().clone();
+        seen.sort();
+        assert_eq!(seen, ["add a", "add b"]);
+    }
+    s.client
+        .create(res("pods"), Some("default"), &pod("c", "web"))
+        .await
+        .expect("create");
+    eventually("c seen by both", || {
+        early.lock().contains(&"add c".to_owned()) && late.lock().contains(&"add c".to_owned())
+    })
+    .await;
+    assert_eq!(early.lock().as_slice(), ["add a", "add b", "add c"]);
+    assert_eq!(late.lock().len(), 3, "{:?}", late.lock());
+    // Decoded once: three watch events applied for two readers.
+    let added = counter(&registry, "tessera_informer_events_total", "added");
+    assert_eq!(added, 3.0);
+    assert_eq!(first.handler_count(), 2);
+
+    // A reader that goes leaves nothing behind in the shared informer.
+    drop(late_sub);
+    assert_eq!(first.handler_count(), 1);
+    s.client
+        .delete(res("pods"), Some("default"), "a", None)
+        .await
+        .expect("delete");
+    eventually("a's deletion seen", || {
+        early.lock().contains(&"delete a".to_owned())
+    })
+    .await;
+    assert!(
+        !late.lock().iter().any(|e| e == "delete a"),
+        "a dropped subscription gets nothing"
+    );
+    drop(early_sub);
+    assert_eq!(first.handler_count(), 0);
+    drop(informers);
+    assert_eq!(
+        gauge(&registry, "tessera_informers"),
+        0.0,
+        "stopped with the factory"
+    );
+}
+
+fn counter(registry: &prometheus::Registry, name: &str, ty: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "type" && l.value() == ty)
+                && m.get_label()
+                    .iter()
+                    .any(|l| l.name() == "resource" && l.value() == "pods")
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+fn gauge(registry: &prometheus::Registry, name: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter())
+        .map(|m| m.get_gauge().get_value())
+        .sum()
 }

@@ -12,8 +12,9 @@ use serde_json::json;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_core::time::{now_secs, rfc3339};
+use tessera_runtime::Informers;
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache as PodCache, Change, Informer, Scope, Tasks};
+use tessera_runtime::informer::{Cache as PodCache, Change};
 use tessera_runtime::metrics::RuntimeMetrics;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -70,6 +71,9 @@ pub struct SchedulerOptions {
     pub metrics: Option<SchedulerMetrics>,
     /// Runtime metrics (informers, events).
     pub runtime_metrics: Option<RuntimeMetrics>,
+    /// The process's shared informers, when the scheduler runs beside controllers or agents
+    /// on the same API (`tessera up`); `None` starts its own.
+    pub informers: Option<Arc<Informers>>,
 }
 
 /// A scheduler: build it with [`Scheduler::new`] (checks the configuration), then
@@ -89,6 +93,7 @@ pub struct Scheduler {
     outcome_tx: mpsc::UnboundedSender<BindOutcome>,
     outcome_rx: Option<mpsc::UnboundedReceiver<BindOutcome>>,
     pods: Option<Arc<PodCache<Pod>>>,
+    informers: Option<Arc<Informers>>,
     enqueued_at: HashMap<String, Instant>,
 }
 
@@ -146,6 +151,7 @@ impl Scheduler {
             outcome_rx: Some(outcome_rx),
             pods: None,
             enqueued_at: HashMap::new(),
+            informers: opts.informers,
         })
     }
 
@@ -157,36 +163,27 @@ impl Scheduler {
     /// Watches nodes and pods and schedules until the task is dropped.
     pub async fn run(mut self) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
-        let nodes = Informer::<Node>::new(
-            self.client.clone(),
-            res("nodes"),
-            Scope::default(),
-            self.runtime_metrics.clone(),
-        );
+        let informers = self
+            .informers
+            .take()
+            .unwrap_or_else(|| Informers::new(self.client.clone(), self.runtime_metrics.clone()));
+        let nodes = informers.get::<Node>(res("nodes"));
         let t = tx.clone();
-        nodes.on_change(move |c| {
+        let _nodes_sub = nodes.on_change(move |c| {
             let _ = t.send(match c {
                 Change::Added(n) | Change::Updated { new: n, .. } => Msg::Node(n.clone()),
                 Change::Deleted(n) => Msg::NodeGone(n.metadata.name.clone().unwrap_or_default()),
             });
         });
-        let pods = Informer::<Pod>::new(
-            self.client.clone(),
-            res("pods"),
-            Scope::default(),
-            self.runtime_metrics.clone(),
-        );
+        let pods = informers.get::<Pod>(res("pods"));
         let t = tx;
-        pods.on_change(move |c| {
+        let _pods_sub = pods.on_change(move |c| {
             let _ = t.send(match c {
                 Change::Added(p) | Change::Updated { new: p, .. } => Msg::Pod(p.clone()),
                 Change::Deleted(p) => Msg::PodGone(p.clone()),
             });
         });
         self.pods = Some(pods.cache().clone());
-        let node_task = tokio::spawn(nodes.clone().run());
-        let pod_task = tokio::spawn(pods.clone().run());
-        let _guard = Tasks(vec![node_task, pod_task]);
         // Every bound pod must be counted before anything is placed.
         nodes.synced().await;
         pods.synced().await;
@@ -837,6 +834,7 @@ mod tests {
                 config,
                 metrics: None,
                 runtime_metrics: None,
+                informers: None,
             },
         )
         .expect("scheduler");

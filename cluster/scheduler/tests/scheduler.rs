@@ -94,6 +94,7 @@ fn start(c: &Arc<dyn Client>, config: SchedulerConfig) -> tokio::task::JoinHandl
             config,
             metrics: None,
             runtime_metrics: None,
+            informers: None,
         },
     )
     .expect("scheduler");
@@ -326,6 +327,7 @@ fn invalid_configurations_are_refused_with_the_reason() {
                     config: cfg,
                     metrics: None,
                     runtime_metrics: None,
+                    informers: None,
                 },
             )
             .map(|_| ())

@@ -21,6 +21,7 @@ use tessera_core::LabelSelector;
 use tessera_placement::Request;
 use tessera_proto::federation::v1 as pb;
 use tessera_proto::federation::v1::federation_client::FederationClient;
+use tessera_runtime::Informers;
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache, Informer, Scope, SpecObject, Tasks, key_of};
 use tessera_runtime::metrics::RuntimeMetrics;
@@ -190,6 +191,18 @@ pub async fn run(
     client: Arc<dyn Client>,
     metrics: Option<RuntimeMetrics>,
 ) -> Result<(), AgentError> {
+    let informers = Informers::new(client.clone(), metrics.clone());
+    run_with(config, client, metrics, informers).await
+}
+
+/// [`run`], reading the shard's nodes and pods from `informers` (the shard's shared ones
+/// when the agent runs in the shard's process).
+pub async fn run_with(
+    config: AgentConfig,
+    client: Arc<dyn Client>,
+    metrics: Option<RuntimeMetrics>,
+    informers: Arc<Informers>,
+) -> Result<(), AgentError> {
     let endpoint = Endpoint::from_shared(config.federation.clone())
         .map_err(|e| AgentError::Url(config.federation.clone(), e.to_string()))?;
     let endpoint = if config.federation.starts_with("https://") {
@@ -227,18 +240,8 @@ pub async fn run(
         .collect();
     let ten_inf =
         Informer::<Tenant>::new(client.clone(), tenants_res(), federated, metrics.clone());
-    let node_inf = Informer::<Node>::new(
-        client.clone(),
-        find_resource("", "v1", "nodes").expect("served"),
-        Scope::default(),
-        metrics.clone(),
-    );
-    let pod_inf = Informer::<Pod>::new(
-        client.clone(),
-        find_resource("", "v1", "pods").expect("served"),
-        Scope::default(),
-        metrics.clone(),
-    );
+    let node_inf = informers.get::<Node>(find_resource("", "v1", "nodes").expect("served"));
+    let pod_inf = informers.get::<Pod>(find_resource("", "v1", "pods").expect("served"));
     let state = Arc::new(State {
         client: client.clone(),
         config: config.clone(),
@@ -254,22 +257,23 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), "tessera-federation-agent", metrics.clone()),
         outbox: Mutex::new(None),
     });
+    let mut subscriptions = Vec::new();
     {
         let s = Arc::downgrade(&state);
-        node_inf.on_change(move |_| {
+        subscriptions.push(node_inf.on_change(move |_| {
             if let Some(s) = s.upgrade() {
                 s.changed.notify_one();
             }
-        });
+        }));
         let s = Arc::downgrade(&state);
-        pod_inf.on_change(move |_| {
+        subscriptions.push(pod_inf.on_change(move |_| {
             if let Some(s) = s.upgrade() {
                 s.changed.notify_one();
             }
-        });
+        }));
         for (kind, inf) in &workload_infs {
             let (s, kind) = (Arc::downgrade(&state), *kind);
-            inf.on_change(move |c| {
+            subscriptions.push(inf.on_change(move |c| {
                 let Some(s) = s.upgrade() else { return };
                 let w = c.object();
                 if matches!(c, tessera_runtime::informer::Change::Deleted(_)) {
@@ -282,18 +286,14 @@ pub async fn run(
                     drift(&s, kind, w);
                 }
                 s.changed.notify_one();
-            });
+            }));
         }
     }
     let mut tasks: Vec<_> = workload_infs
         .iter()
         .map(|(_, i)| tokio::spawn(i.clone().run()))
         .collect();
-    tasks.extend([
-        tokio::spawn(ten_inf.clone().run()),
-        tokio::spawn(node_inf.clone().run()),
-        tokio::spawn(pod_inf.clone().run()),
-    ]);
+    tasks.push(tokio::spawn(ten_inf.clone().run()));
     let _tasks = Tasks(tasks);
     for (_, i) in &workload_infs {
         i.synced().await;

@@ -4,4 +4,4 @@ pub mod agent;
 pub mod reads;
 pub mod summary;
 
-pub use agent::{AgentConfig, AgentError, run};
+pub use agent::{AgentConfig, AgentError, run, run_with};

@@ -238,24 +238,29 @@ pub async fn run(o: Options) {
                     format!("{prefix}:{}", key_of(&c.object().metadata)),
                     c.class(),
                 )
-            });
+            })
+            .detach();
         }
         let index = tenant_index.clone();
-        tenants.on_change(move |c| {
-            let (old, new) = match c {
-                Change::Added(t) => (None, Some(t.as_ref())),
-                Change::Updated { old, new } => (Some(old.as_ref()), Some(new.as_ref())),
-                Change::Deleted(t) => (Some(t.as_ref()), None),
-            };
-            index.lock().update(old, new);
-        });
+        tenants
+            .on_change(move |c| {
+                let (old, new) = match c {
+                    Change::Added(t) => (None, Some(t.as_ref())),
+                    Change::Updated { old, new } => (Some(old.as_ref()), Some(new.as_ref())),
+                    Change::Deleted(t) => (Some(t.as_ref()), None),
+                };
+                index.lock().update(old, new);
+            })
+            .detach();
         let q = queue.clone();
-        tenants.on_change(move |c| {
-            q.add(
-                format!("tenants:{}", key_of(&c.object().metadata)),
-                c.class(),
-            )
-        });
+        tenants
+            .on_change(move |c| {
+                q.add(
+                    format!("tenants:{}", key_of(&c.object().metadata)),
+                    c.class(),
+                )
+            })
+            .detach();
         // A Placement's change re-places every workload of its namespace.
         requeue_namespace_on(&placements, &queue, &workloads);
         // So does a change of what workloads take along (a ConfigMap, a Secret, ...): their
@@ -392,7 +397,8 @@ fn requeue_namespace_on<T: tessera_runtime::informer::Object>(
         for key in w.keys_in(ns) {
             q.add(key, EventClass::Update);
         }
-    });
+    })
+    .detach();
 }
 
 /// Waits (at most one lease) for the shards the federation knows — its Shard objects — to

@@ -106,29 +106,31 @@ pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
     let informer = Informer::<Shard>::new(client.clone(), shards, Scope::default(), None);
     {
         let registry = registry.clone();
-        informer.on_change(move |c| {
-            let s = c.object();
-            let Some(name) = s.metadata.name.as_deref() else {
-                return;
-            };
-            let spec = s.spec.clone().unwrap_or_default();
-            let taints = spec
-                .taints
-                .unwrap_or_default()
-                .into_iter()
-                .map(|t| Taint {
-                    key: t.key,
-                    value: t.value.unwrap_or_default(),
-                    effect: t.effect,
-                })
-                .collect();
-            registry.set_spec(
-                name,
-                spec.unschedulable.unwrap_or(false),
-                taints,
-                spec.weight.map(|w| w.clamp(1, 10_240) as u64),
-            );
-        });
+        informer
+            .on_change(move |c| {
+                let s = c.object();
+                let Some(name) = s.metadata.name.as_deref() else {
+                    return;
+                };
+                let spec = s.spec.clone().unwrap_or_default();
+                let taints = spec
+                    .taints
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| Taint {
+                        key: t.key,
+                        value: t.value.unwrap_or_default(),
+                        effect: t.effect,
+                    })
+                    .collect();
+                registry.set_spec(
+                    name,
+                    spec.unschedulable.unwrap_or(false),
+                    taints,
+                    spec.weight.map(|w| w.clamp(1, 10_240) as u64),
+                );
+            })
+            .detach();
     }
     let cache = informer.cache().clone();
     let _watch = tessera_runtime::informer::Tasks(vec![tokio::spawn(informer.clone().run())]);

@@ -72,6 +72,7 @@ pub async fn shard(nodes: usize) -> Shard {
             config: SchedulerConfig::default(),
             metrics: None,
             runtime_metrics: None,
+            informers: None,
         },
     )
     .expect("scheduler");
