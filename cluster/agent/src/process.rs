@@ -27,7 +27,7 @@ use tessera_client::status::ApiError;
 use tessera_client::types::{PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Change, Informer, Scope};
+use tessera_runtime::informer::{Change, Informer, Scope, Tasks};
 use tokio::sync::{mpsc, watch};
 
 use crate::cgroups::{Cgroups, Limits};
@@ -447,7 +447,8 @@ impl ProcessAgent {
                 let _ = tx.send((p.clone(), gone));
             }
         });
-        let watcher = tokio::spawn(informer.run());
+        // The Lease renewals, usage reports and the watch stop with the agent.
+        let _tasks = Tasks(vec![reporter, renewer, tokio::spawn(informer.run())]);
         // The pods' tasks live as long as this one: when the agent stops, so do its
         // containers (their process groups are killed as the tasks are dropped).
         let mut pods = tokio::task::JoinSet::new();
@@ -455,9 +456,6 @@ impl ProcessAgent {
             self.handle(pod, gone, &mut pods);
             while pods.try_join_next().is_some() {}
         }
-        renewer.abort();
-        watcher.abort();
-        reporter.abort();
     }
 
     fn handle(self: &Arc<Self>, pod: Arc<Pod>, gone: bool, pods: &mut tokio::task::JoinSet<()>) {

@@ -20,7 +20,7 @@ use tessera_client::request::{PatchType, find_resource};
 use tessera_client::status::ApiError;
 use tessera_core::time::{now_secs, rfc3339, rfc3339_micro_now};
 use tessera_runtime::Informers;
-use tessera_runtime::informer::Change;
+use tessera_runtime::informer::{Change, Tasks};
 use tessera_runtime::metrics::RuntimeMetrics;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -293,7 +293,8 @@ impl SimAgent {
     /// [`SimAgent::run`], reading pods from the process's shared informers when given (the
     /// agent beside a shard's controllers and scheduler in `tessera up`).
     pub async fn run_with(self: Arc<Self>, informers: Option<Arc<Informers>>) {
-        let renewer = tokio::spawn(self.clone().renew_loop());
+        // Renewals stop with the agent (a dropped agent's nodes must lapse).
+        let _renewer = Tasks(vec![tokio::spawn(self.clone().renew_loop())]);
         let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<Pod>, bool)>();
         let informers = informers
             .unwrap_or_else(|| Informers::new(self.client.clone(), self.runtime_metrics.clone()));
@@ -316,7 +317,6 @@ impl SimAgent {
         while let Some((pod, gone)) = rx.recv().await {
             self.handle(pod, gone);
         }
-        renewer.abort();
     }
 
     async fn renew_loop(self: Arc<Self>) {

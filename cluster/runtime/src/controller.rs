@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::informer::{Change, Informer, Object, Subscription, key_of, owner_key};
+use crate::informer::{Change, Informer, Object, Subscription, Tasks, key_of, owner_key};
 use crate::metrics::RuntimeMetrics;
 use crate::queue::{EventClass, WorkQueue};
 
@@ -80,7 +80,9 @@ pub trait Reconciler: Send + Sync + 'static {
     async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError>;
 }
 
-/// Runs `workers` workers over `queue` until it is shut down.
+/// Runs `workers` workers over `queue` until it is shut down, or until this future is
+/// dropped: the workers stop with it (a worker left running would go on reconciling for a
+/// controller that was stopped — after a lost leadership, say).
 pub async fn run<R: Reconciler + ?Sized>(
     reconciler: Arc<R>,
     queue: WorkQueue<String>,
@@ -125,7 +127,8 @@ pub async fn run<R: Reconciler + ?Sized>(
             }
         }));
     }
-    for t in tasks {
+    let mut workers = Tasks(tasks);
+    for t in &mut workers.0 {
         let _ = t.await;
     }
 }

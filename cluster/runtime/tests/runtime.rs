@@ -320,3 +320,41 @@ fn gauge(registry: &prometheus::Registry, name: &str) -> f64 {
         .map(|m| m.get_gauge().get_value())
         .sum()
 }
+
+struct Ticking(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Reconciler for Ticking {
+    fn name(&self) -> &'static str {
+        "ticking"
+    }
+    async fn reconcile(&self, _key: &str) -> Result<Action, ReconcileError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(Action::RequeueAfter(Duration::from_millis(5)))
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_controller_stops_its_workers() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let queue: WorkQueue<String> = WorkQueue::new(QueueConfig::new("ticking"), None, None);
+    queue.add("k".into(), tessera_runtime::EventClass::Add);
+    let task = tokio::spawn(controller::run(
+        Arc::new(Ticking(calls.clone())),
+        queue.clone(),
+        2,
+        None,
+    ));
+    eventually("a few reconciles", || calls.load(Ordering::SeqCst) >= 3).await;
+    task.abort();
+    let _ = task.await;
+    // A worker in flight may finish its reconcile; nothing starts after that.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stopped_at = calls.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        stopped_at,
+        "workers went on reconciling after their controller was dropped"
+    );
+}
