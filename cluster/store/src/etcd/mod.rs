@@ -117,15 +117,21 @@ impl EtcdStore {
     }
 }
 
-/// True for failures of reachability (worth retrying), false for answers.
+/// True for failures of reachability (worth retrying), false for answers. A `Cancelled`
+/// that carries a transport error is the client's channel giving up a request whose
+/// connection closed under it (seen when etcd restarts mid-request), not etcd's answer.
 pub(crate) fn is_transient(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         etcd_client::Error::GRpcStatus(s) => {
-            matches!(
-                s.code(),
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
-            ) && !s.message().contains("mvcc")
+            let dropped =
+                s.code() == tonic::Code::Cancelled && std::error::Error::source(s).is_some();
+            (dropped
+                || matches!(
+                    s.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+                ))
+                && !s.message().contains("mvcc")
         }
         _ => false,
     }
