@@ -485,3 +485,25 @@ fn secrets_are_encrypted_at_rest() {
     c.kill_and_restart();
     assert_eq!(read(&c), encoded, "read back after a kill -9");
 }
+
+/// `tessera bench queue` runs and reports what events cost: none of the parked pods waits
+/// for the node-label changes it sends, so none is woken.
+#[test]
+fn the_queue_benchmark_reports_its_figures() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["bench", "queue", "--pending=2000", "--events=500", "--json"])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("tessera bench queue");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line");
+    assert_eq!(r["pending"], 2000);
+    assert_eq!(r["events"], 500);
+    assert_eq!(r["woken"], 0, "{r}");
+    assert!(r["events_per_sec"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+}

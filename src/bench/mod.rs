@@ -4,6 +4,7 @@ mod api;
 mod federation;
 mod fill;
 mod latency;
+mod queue;
 mod reopen;
 mod shard;
 mod store;
@@ -37,6 +38,8 @@ pub enum BenchCommand {
     Watch(watch::WatchBenchArgs),
     /// A whole shard: pods from ReplicaSets scheduled onto simulated nodes and started.
     Shard(shard::ShardBenchArgs),
+    /// The scheduling queue alone: what cluster events cost while many pods wait.
+    Queue(queue::QueueBenchArgs),
     /// A federation of whole shards: routing, utilization against one global pool, and the
     /// same work on one shard and through the federation.
     Federation(federation::FederationBenchArgs),
@@ -51,5 +54,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Shard(args) => shard::run(args).await,
         BenchCommand::Federation(args) => federation::run(args).await,
+        BenchCommand::Queue(args) => queue::run(args).await,
     }
 }

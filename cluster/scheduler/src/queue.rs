@@ -3,9 +3,13 @@
 //! doubling to 10 s by default), or *unschedulable* — parked until a cluster event that
 //! could undo the rejection happens (the plugins that rejected the pod say which events can),
 //! or at the latest after five minutes.
+//!
+//! Parked pods are indexed by the events that wake them, and by when they were parked, so an
+//! event touches only the pods it could help (Kubernetes' QueueingHints idea) and the
+//! five-minute flush only the pods that are due: no scan of every pending pod per event.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,6 +88,12 @@ pub struct SchedulingQueue {
     heap: BinaryHeap<Active>,
     pods: HashMap<String, Waiting>,
     backoff: BTreeMap<(Instant, u64), String>,
+    /// Unschedulable pods by each event that wakes them.
+    parked: HashMap<ClusterEvent, HashSet<String>>,
+    /// Unschedulable pods by when they were parked (entries of pods that moved on since are
+    /// skipped when reached).
+    parked_since: BTreeMap<(Instant, u64), String>,
+    sizes: Sizes,
     seq: u64,
     initial_backoff: Duration,
     max_backoff: Duration,
@@ -97,6 +107,9 @@ impl SchedulingQueue {
             heap: BinaryHeap::new(),
             pods: HashMap::new(),
             backoff: BTreeMap::new(),
+            parked: HashMap::new(),
+            parked_since: BTreeMap::new(),
+            sizes: Sizes::default(),
             seq: 0,
             initial_backoff,
             max_backoff,
@@ -108,15 +121,73 @@ impl SchedulingQueue {
         self.seq
     }
 
-    fn activate(&mut self, key: &str) {
-        let seq = self.next_seq();
+    fn count(&mut self, place: &Place, add: bool) {
+        let n = match place {
+            Place::Active(_) => &mut self.sizes.active,
+            Place::Backoff(_) => &mut self.sizes.backoff,
+            Place::Unschedulable { .. } => &mut self.sizes.unschedulable,
+            Place::InFlight => return,
+        };
+        if add {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Takes `key` out of the indexes of the place it leaves.
+    fn unindex(&mut self, key: &str, place: &Place) {
+        self.count(place, false);
+        if let Place::Unschedulable { events, .. } = place {
+            for e in events {
+                if let Some(set) = self.parked.get_mut(e) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        self.parked.remove(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Puts `key` into the indexes of the place it takes.
+    fn index(&mut self, key: &str, place: &Place) {
+        self.count(place, true);
+        if let Place::Unschedulable { events, since } = place {
+            for e in events {
+                self.parked.entry(*e).or_default().insert(key.to_owned());
+            }
+            let seq = self.next_seq();
+            self.parked_since.insert((*since, seq), key.to_owned());
+        }
+    }
+
+    /// Moves `key` to `place`, keeping the indexes and counts.
+    fn set_place(&mut self, key: &str, place: Place) {
         let Some(w) = self.pods.get_mut(key) else {
             return;
         };
-        w.place = Place::Active(seq);
+        let old = std::mem::replace(&mut w.place, place.clone());
+        self.unindex(key, &old);
+        self.index(key, &place);
+    }
+
+    /// Removes `key` from the queue and its indexes.
+    fn take(&mut self, key: &str) -> Option<Waiting> {
+        let w = self.pods.remove(key)?;
+        self.unindex(key, &w.place);
+        Some(w)
+    }
+
+    fn activate(&mut self, key: &str) {
+        let seq = self.next_seq();
+        let Some(pod) = self.pods.get(key).map(|w| w.pod.clone()) else {
+            return;
+        };
+        self.set_place(key, Place::Active(seq));
         self.heap.push(Active {
             seq,
-            pod: w.pod.clone(),
+            pod,
             sort: self.sort.clone(),
         });
     }
@@ -157,7 +228,7 @@ impl SchedulingQueue {
     /// A pod went away or was bound: it leaves the queue.
     pub fn remove(&mut self, key: &str) {
         // Its heap or backoff entry goes stale and is skipped when reached.
-        self.pods.remove(key);
+        self.take(key);
     }
 
     /// True if the queue holds `key` in any state.
@@ -186,8 +257,9 @@ impl SchedulingQueue {
             if w.place != Place::Active(a.seq) {
                 continue;
             }
-            w.place = Place::InFlight;
-            return Some(w.pod.clone());
+            let pod = w.pod.clone();
+            self.set_place(&a.pod.info.key, Place::InFlight);
+            return Some(pod);
         }
         None
     }
@@ -199,7 +271,7 @@ impl SchedulingQueue {
 
     /// The pod was scheduled (assumed onto a node): it leaves the queue.
     pub fn done(&mut self, key: &str) {
-        self.pods.remove(key);
+        self.take(key);
     }
 
     fn backoff_for(&self, attempts: u32) -> Duration {
@@ -222,8 +294,8 @@ impl SchedulingQueue {
 
     /// The attempt found no node; park the pod until one of `events` happens.
     pub fn unschedulable(&mut self, key: &str, events: Vec<ClusterEvent>, now: Instant) {
-        if let Some(w) = self.record_failure(key, now) {
-            w.place = Place::Unschedulable { events, since: now };
+        if self.record_failure(key, now).is_some() {
+            self.set_place(key, Place::Unschedulable { events, since: now });
         }
     }
 
@@ -238,6 +310,7 @@ impl SchedulingQueue {
     pub fn requeue_after_bind_failure(&mut self, info: Arc<PodInfo>, attempts: u32, now: Instant) {
         let key = info.key.clone();
         let seq = self.next_seq();
+        self.take(&key);
         self.pods.insert(
             key.clone(),
             Waiting {
@@ -260,7 +333,7 @@ impl SchedulingQueue {
         };
         match w.backoff_until.filter(|t| *t > now) {
             Some(until) => {
-                w.place = Place::Backoff(until);
+                self.set_place(key, Place::Backoff(until));
                 self.backoff.insert((until, seq), key.to_owned());
             }
             None => self.activate(key),
@@ -274,14 +347,9 @@ impl SchedulingQueue {
     /// A cluster event: pods parked by plugins that named it are tried again (after what is
     /// left of their backoff). Returns how many moved.
     pub fn on_event(&mut self, event: ClusterEvent, now: Instant) -> usize {
-        let keys: Vec<String> = self
-            .pods
-            .iter()
-            .filter(|(_, w)| {
-                matches!(&w.place, Place::Unschedulable { events, .. } if events.contains(&event))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let Some(keys) = self.parked.remove(&event) else {
+            return 0;
+        };
         for k in &keys {
             self.wake(k, now);
         }
@@ -290,22 +358,33 @@ impl SchedulingQueue {
 
     /// Tries again every pod parked longer than [`MAX_UNSCHEDULABLE`].
     pub fn flush_stale(&mut self, now: Instant) -> usize {
-        let keys: Vec<String> = self
-            .pods
-            .iter()
-            .filter(|(_, w)| {
-                matches!(&w.place, Place::Unschedulable { since, .. } if now.duration_since(*since) >= MAX_UNSCHEDULABLE)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in &keys {
-            self.wake(k, now);
+        let mut woken = 0;
+        while let Some(e) = self.parked_since.first_entry() {
+            let since = e.key().0;
+            if now.duration_since(since) < MAX_UNSCHEDULABLE {
+                break;
+            }
+            let key = e.remove();
+            let still_parked = matches!(
+                self.pods.get(&key).map(|w| &w.place),
+                Some(Place::Unschedulable { since: s, .. }) if *s == since
+            );
+            if still_parked {
+                self.wake(&key, now);
+                woken += 1;
+            }
         }
-        keys.len()
+        woken
     }
 
     /// How many pods are where.
     pub fn sizes(&self) -> Sizes {
+        self.sizes
+    }
+
+    /// The sizes counted from every pod (what [`sizes`](Self::sizes) keeps up to date).
+    #[cfg(test)]
+    fn recount(&self) -> Sizes {
         let mut s = Sizes::default();
         for w in self.pods.values() {
             match w.place {
@@ -403,5 +482,82 @@ mod tests {
         assert_eq!(p.info.key, "ns/kept");
         assert_eq!(p.info.priority, 5, "the newest version");
         assert!(q.pop(now).is_none(), "held once");
+    }
+
+    /// Every pod's place agrees with the counts and the event index.
+    fn check_indexes(q: &SchedulingQueue) {
+        assert_eq!(q.sizes(), q.recount());
+        let mut expected: HashMap<ClusterEvent, HashSet<String>> = HashMap::new();
+        for (k, w) in &q.pods {
+            if let Place::Unschedulable { events, .. } = &w.place {
+                for e in events {
+                    expected.entry(*e).or_default().insert(k.clone());
+                }
+            }
+        }
+        assert_eq!(q.parked, expected);
+    }
+
+    const EVENTS: [ClusterEvent; 3] = [
+        ClusterEvent::NodeAdd,
+        ClusterEvent::NodeTaint,
+        ClusterEvent::AssignedPodDelete,
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        /// Whatever happens to pods in whatever order, the kept counts and the index of parked
+        /// pods by event match the pods' places, and an event wakes exactly the pods parked
+        /// for it.
+        #[test]
+        fn counts_and_event_index_follow_every_move(
+            ops in proptest::collection::vec((0u8..9, 0usize..6, 0usize..3, 0u64..400), 1..120)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let mut q = queue();
+                let mut now = Instant::now();
+                for (op, p, e, secs) in ops {
+                    let key = format!("ns/p{p}");
+                    match op {
+                        0 | 1 => q.add_or_update(pod(&format!("p{p}"), p as i32)),
+                        2 => {
+                            let _ = q.pop(now);
+                        }
+                        3 => q.unschedulable(&key, vec![EVENTS[e], EVENTS[(e + 1) % 3]], now),
+                        4 => q.failed(&key, now),
+                        5 => q.remove(&key),
+                        6 => {
+                            let parked_for: HashSet<String> =
+                                q.parked.get(&EVENTS[e]).cloned().unwrap_or_default();
+                            let woken = q.on_event(EVENTS[e], now);
+                            assert_eq!(woken, parked_for.len());
+                            for k in &parked_for {
+                                let place = &q.pods[k].place;
+                                assert!(
+                                    !matches!(place, Place::Unschedulable { .. }),
+                                    "{k} still parked after its event"
+                                );
+                            }
+                        }
+                        7 => {
+                            now += Duration::from_secs(secs);
+                            q.flush_stale(now);
+                            for w in q.pods.values() {
+                                if let Place::Unschedulable { since, .. } = w.place {
+                                    assert!(now.duration_since(since) < MAX_UNSCHEDULABLE);
+                                }
+                            }
+                        }
+                        _ => q.done(&key),
+                    }
+                    check_indexes(&q);
+                }
+            });
+        }
     }
 }
