@@ -1,0 +1,296 @@
+//! The scheduling cycle: filter (from where the previous pod stopped, until enough nodes are
+//! feasible), score, pick, reserve — over the scheduler's cache, with no I/O; and what a
+//! rejection is retried on.
+
+use super::*;
+
+/// Fewest nodes to find feasible before scoring (kube-scheduler's minimum).
+pub(super) const MIN_FEASIBLE_NODES: usize = 100;
+
+/// How many feasible nodes to look for among `all` (kube-scheduler's rule: all below 100
+/// nodes; otherwise `percentage`% of them, adaptive when 0: 50% minus 1% per 125 nodes, at
+/// least 5%; never fewer than 100).
+pub fn feasible_nodes_to_find(all: usize, percentage: u32) -> usize {
+    if all < MIN_FEASIBLE_NODES || percentage >= 100 {
+        return all;
+    }
+    let pct = if percentage == 0 {
+        (50i64 - (all as i64) / 125).max(5) as usize
+    } else {
+        percentage as usize
+    };
+    (all * pct / 100).max(MIN_FEASIBLE_NODES)
+}
+
+impl Scheduler {
+    /// One scheduling cycle: the chosen node, the cycle's state and a Permit wait, if any.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn cycle(
+        &mut self,
+        pi: usize,
+        qp: &QueuedPod,
+    ) -> Result<
+        (
+            String,
+            CycleState,
+            Option<(oneshot::Receiver<Status>, Duration)>,
+        ),
+        Failure,
+    > {
+        let profile = &self.profiles[pi];
+        let pod = &qp.info;
+        let mut state = CycleState::new();
+        for (p, _) in profile.at(Point::PreFilter) {
+            let Some(pf) = p.pre_filter() else { continue };
+            let s = pf.pre_filter(&mut state, pod).by(p.name());
+            match s.code {
+                Code::Success => {}
+                Code::Skip => state.skip_filter(p.name()),
+                Code::Unschedulable | Code::UnschedulableAndUnresolvable => {
+                    let message = format!(
+                        "0/{} nodes are available: {}.",
+                        self.cache.node_count(),
+                        s.message()
+                    );
+                    let events = filter_events(profile, &[p.name()]);
+                    return Err(Failure::Unschedulable {
+                        message,
+                        events,
+                        status: s,
+                    });
+                }
+                _ => return Err(Failure::Error(s)),
+            }
+        }
+        // Filter, from where the previous pod stopped, until enough feasible nodes are found.
+        let nodes = self.cache.nodes();
+        let n = nodes.len();
+        let want = feasible_nodes_to_find(self.cache.node_count(), self.percentage);
+        let filters = profile.at(Point::Filter);
+        let mut feasible: Vec<usize> = Vec::with_capacity(want.min(n));
+        let mut reasons: HashMap<Cow<'static, str>, usize> = HashMap::new();
+        let mut rejecting: Vec<&'static str> = Vec::new();
+        let mut looked = 0;
+        for i in 0..n {
+            looked = i + 1;
+            let idx = (self.next_start + i) % n;
+            let node = &nodes[idx];
+            if node.node.is_none() {
+                continue;
+            }
+            let mut fits = true;
+            for (p, _) in filters {
+                if state.skips_filter(p.name()) {
+                    continue;
+                }
+                let Some(f) = p.filter() else { continue };
+                let s = f.filter(&state, pod, node);
+                if s.is_success() {
+                    continue;
+                }
+                if s.code == Code::Error {
+                    return Err(Failure::Error(s.by(p.name())));
+                }
+                fits = false;
+                for r in s.reasons {
+                    *reasons.entry(r).or_insert(0) += 1;
+                }
+                if !rejecting.contains(&p.name()) {
+                    rejecting.push(p.name());
+                }
+                break;
+            }
+            if fits {
+                feasible.push(idx);
+                if feasible.len() >= want {
+                    break;
+                }
+            }
+        }
+        if n > 0 {
+            self.next_start = (self.next_start + looked) % n;
+        }
+        if feasible.is_empty() {
+            let mut rs: Vec<(Cow<'static, str>, usize)> = reasons.into_iter().collect();
+            rs.sort_by(|a, b| a.0.cmp(&b.0));
+            let detail: Vec<String> = rs.iter().map(|(r, c)| format!("{c} {r}")).collect();
+            let mut message = format!("0/{} nodes are available", self.cache.node_count());
+            if !detail.is_empty() {
+                message.push_str(": ");
+                message.push_str(&detail.join(", "));
+            }
+            message.push('.');
+            // PostFilter (preemption) gets its chance.
+            for (p, _) in profile.at(Point::PostFilter) {
+                let Some(pf) = p.post_filter() else { continue };
+                let (nominated, s) = pf.post_filter(&state, pod, &HashMap::new());
+                if let Some(node) = nominated.filter(|_| s.is_success()) {
+                    message.push_str(&format!(" {} nominated node {node}.", p.name()));
+                    break;
+                }
+            }
+            let events = filter_events(profile, &rejecting);
+            return Err(Failure::Unschedulable {
+                message,
+                events,
+                status: Status::unschedulable("no node fits"),
+            });
+        }
+        let chosen = if feasible.len() == 1 {
+            feasible[0]
+        } else {
+            self.prioritize(pi, &mut state, pod, &feasible)?
+        };
+        let node_name = self.cache.nodes()[chosen].name.clone();
+        // Reserve: the cache first (so the next cycle sees the pod there), then plugins.
+        self.cache.assume(pod.clone(), &node_name);
+        let profile = &self.profiles[pi];
+        let reserve = profile.at(Point::Reserve);
+        for (i, (p, _)) in reserve.iter().enumerate() {
+            let Some(r) = p.reserve() else { continue };
+            let s = r.reserve(&mut state, pod, &node_name);
+            if !s.is_success() {
+                for (q, _) in reserve[..=i].iter().rev() {
+                    if let Some(r) = q.reserve() {
+                        r.unreserve(&state, pod, &node_name);
+                    }
+                }
+                self.cache.forget(&pod.key);
+                return Err(Failure::Error(s.by(p.name())));
+            }
+        }
+        // Permit.
+        let mut wait: Option<Duration> = None;
+        let permits: Vec<_> = profile
+            .at(Point::Permit)
+            .iter()
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in &permits {
+            let Some(pm) = p.permit() else { continue };
+            let (s, d) = pm.permit(&state, pod, &node_name);
+            match s.code {
+                Code::Success => {}
+                Code::Wait => wait = Some(wait.map_or(d, |w| w.max(d))),
+                _ => {
+                    self.unreserve(pi, &state, pod, &node_name);
+                    let s = s.by(p.name());
+                    return Err(if s.is_rejection() {
+                        Failure::Unschedulable {
+                            message: format!("rejected at permit by {}: {}", p.name(), s.message()),
+                            events: vec![ClusterEvent::NodeAdd, ClusterEvent::AssignedPodDelete],
+                            status: s,
+                        }
+                    } else {
+                        Failure::Error(s)
+                    });
+                }
+            }
+        }
+        let wait = wait.map(|d| (self.waiting.add(pod.uid()), d));
+        Ok((node_name, state, wait))
+    }
+
+    pub(super) fn prioritize(
+        &self,
+        pi: usize,
+        state: &mut CycleState,
+        pod: &PodInfo,
+        feasible: &[usize],
+    ) -> Result<usize, Failure> {
+        let profile = &self.profiles[pi];
+        let all = self.cache.nodes();
+        let nodes: Vec<&crate::resources::NodeInfo> = feasible.iter().map(|i| &all[*i]).collect();
+        for (p, _) in profile.at(Point::PreScore) {
+            let Some(ps) = p.pre_score() else { continue };
+            let s = ps.pre_score(state, pod, &nodes);
+            match s.code {
+                Code::Success => {}
+                Code::Skip => state.skip_score(p.name()),
+                _ => return Err(Failure::Error(s.by(p.name()))),
+            }
+        }
+        let mut total = vec![0i64; nodes.len()];
+        let mut scores = vec![0i64; nodes.len()];
+        for (p, weight) in profile.at(Point::Score) {
+            if state.skips_score(p.name()) {
+                continue;
+            }
+            let Some(sc) = p.score() else { continue };
+            for (j, node) in nodes.iter().enumerate() {
+                scores[j] = sc
+                    .score(state, pod, node)
+                    .map_err(|s| Failure::Error(s.by(p.name())))?;
+            }
+            let s = sc.normalize(state, pod, &mut scores);
+            if !s.is_success() {
+                return Err(Failure::Error(s.by(p.name())));
+            }
+            for (t, s) in total.iter_mut().zip(&scores) {
+                *t += s * weight;
+            }
+        }
+        // The best score; ties broken at random (reservoir sampling) so equal nodes share load.
+        let mut best = 0;
+        let mut ties = 0u32;
+        for (j, t) in total.iter().enumerate() {
+            if *t > total[best] {
+                best = j;
+                ties = 1;
+            } else if *t == total[best] {
+                ties += 1;
+                if rand::random_range(0..ties) == 0 {
+                    best = j;
+                }
+            }
+        }
+        Ok(feasible[best])
+    }
+
+    pub(super) fn unreserve(&mut self, pi: usize, state: &CycleState, pod: &PodInfo, node: &str) {
+        for (p, _) in self.profiles[pi].at(Point::Reserve).iter().rev() {
+            if let Some(r) = p.reserve() {
+                r.unreserve(state, pod, node);
+            }
+        }
+        self.cache.forget(&pod.key);
+    }
+}
+
+pub(super) enum Failure {
+    Unschedulable {
+        message: String,
+        events: Vec<ClusterEvent>,
+        status: Status,
+    },
+    Error(Status),
+}
+
+/// The events that can undo the rejections of `plugins`.
+pub(super) fn filter_events(profile: &Profile, plugins: &[&'static str]) -> Vec<ClusterEvent> {
+    let mut out = Vec::new();
+    for (p, _) in profile.at(Point::Filter) {
+        if !plugins.contains(&p.name()) {
+            continue;
+        }
+        if let Some(f) = p.filter() {
+            for e in f.events() {
+                if !out.contains(e) {
+                    out.push(*e);
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        // A PreFilter rejection (or a plugin without hints): any node or pod change.
+        out = vec![
+            ClusterEvent::NodeAdd,
+            ClusterEvent::NodeAllocatable,
+            ClusterEvent::NodeLabel,
+            ClusterEvent::NodeTaint,
+            ClusterEvent::NodeUnschedulable,
+            ClusterEvent::AssignedPodDelete,
+        ];
+    }
+    out
+}

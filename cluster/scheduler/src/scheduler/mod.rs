@@ -1,0 +1,474 @@
+//! The scheduling loop: one task owns the queue and the cache, applies informer events
+//! between cycles, and runs one scheduling cycle at a time ([`cycle`]: filter, score,
+//! reserve, permit); binding cycles ([`binding`]) run concurrently off the loop and report
+//! back.
+
+mod binding;
+mod cycle;
+
+use binding::{BindOutcome, MAX_BINDS_IN_FLIGHT};
+use cycle::Failure;
+pub use cycle::feasible_nodes_to_find;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+use tessera_client::client::Client;
+use tessera_client::request::{PatchType, find_resource};
+use tessera_core::time::{now_secs, rfc3339};
+use tessera_runtime::Informers;
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::informer::{Cache as PodCache, Change};
+use tessera_runtime::metrics::RuntimeMetrics;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::cache::Cache;
+use crate::config::{Point, Profile, SchedulerConfig};
+use crate::framework::{ClusterEvent, Code, CycleState, Handle, QueuedPod, Status, WaitingPods};
+use crate::metrics::SchedulerMetrics;
+use crate::queue::SchedulingQueue;
+use crate::resources::PodInfo;
+
+enum Msg {
+    Node(Arc<Node>),
+    NodeGone(String),
+    Pod(Arc<Pod>),
+    PodGone(Arc<Pod>),
+}
+
+/// What the scheduler needs to run.
+pub struct SchedulerOptions {
+    /// The configuration (profiles, plugins, percentage of nodes to score, backoffs).
+    pub config: SchedulerConfig,
+    /// Its metrics.
+    pub metrics: Option<SchedulerMetrics>,
+    /// Runtime metrics (informers, events).
+    pub runtime_metrics: Option<RuntimeMetrics>,
+    /// The process's shared informers, when the scheduler runs beside controllers or agents
+    /// on the same API (`tessera up`); `None` starts its own.
+    pub informers: Option<Arc<Informers>>,
+}
+
+/// A scheduler: build it with [`Scheduler::new`] (checks the configuration), then
+/// [`Scheduler::run`].
+pub struct Scheduler {
+    client: Arc<dyn Client>,
+    profiles: Vec<Profile>,
+    waiting: Arc<WaitingPods>,
+    queue: SchedulingQueue,
+    cache: Cache,
+    percentage: u32,
+    next_start: usize,
+    metrics: Option<SchedulerMetrics>,
+    runtime_metrics: Option<RuntimeMetrics>,
+    recorder: Recorder,
+    binds: Arc<Semaphore>,
+    outcome_tx: mpsc::UnboundedSender<BindOutcome>,
+    outcome_rx: Option<mpsc::UnboundedReceiver<BindOutcome>>,
+    pods: Option<Arc<PodCache<Pod>>>,
+    informers: Option<Arc<Informers>>,
+    enqueued_at: HashMap<String, Instant>,
+}
+
+fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+impl Scheduler {
+    /// A scheduler of the profiles in `opts.config`, writing through `client`.
+    pub fn new(client: Arc<dyn Client>, opts: SchedulerOptions) -> Result<Scheduler, String> {
+        let waiting = Arc::new(WaitingPods::default());
+        let handle = Handle {
+            waiting: waiting.clone(),
+            client: client.clone(),
+        };
+        let profiles = opts.config.build(&handle)?;
+        let sort = profiles[0].at(Point::QueueSort)[0].0.clone();
+        for p in &profiles[1..] {
+            if p.at(Point::QueueSort)[0].0.name() != sort.name() {
+                return Err(
+                    "every profile must use the same queueSort plugin (the queue is shared)".into(),
+                );
+            }
+        }
+        let initial = Duration::from_secs(opts.config.pod_initial_backoff_seconds.unwrap_or(1));
+        let max = Duration::from_secs(opts.config.pod_max_backoff_seconds.unwrap_or(10));
+        if initial > max {
+            return Err(format!(
+                "podInitialBackoffSeconds ({}) is larger than podMaxBackoffSeconds ({})",
+                initial.as_secs(),
+                max.as_secs()
+            ));
+        }
+        let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
+        Ok(Scheduler {
+            recorder: Recorder::new(
+                client.clone(),
+                "default-scheduler",
+                opts.runtime_metrics.clone(),
+            ),
+            client,
+            profiles,
+            waiting,
+            queue: SchedulingQueue::new(sort, initial, max),
+            cache: Cache::new(),
+            percentage: opts.config.percentage_of_nodes_to_score.unwrap_or(0),
+            next_start: 0,
+            metrics: opts.metrics,
+            runtime_metrics: opts.runtime_metrics,
+            binds: Arc::new(Semaphore::new(MAX_BINDS_IN_FLIGHT)),
+            outcome_tx,
+            outcome_rx: Some(outcome_rx),
+            pods: None,
+            enqueued_at: HashMap::new(),
+            informers: opts.informers,
+        })
+    }
+
+    /// Pods held at Permit (for Permit plugins that allow or reject them later).
+    pub fn waiting_pods(&self) -> Arc<WaitingPods> {
+        self.waiting.clone()
+    }
+
+    /// Watches nodes and pods and schedules until the task is dropped.
+    pub async fn run(mut self) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+        let informers = self
+            .informers
+            .take()
+            .unwrap_or_else(|| Informers::new(self.client.clone(), self.runtime_metrics.clone()));
+        let nodes = informers.get::<Node>(res("nodes"));
+        let t = tx.clone();
+        let _nodes_sub = nodes.on_change(move |c| {
+            let _ = t.send(match c {
+                Change::Added(n) | Change::Updated { new: n, .. } => Msg::Node(n.clone()),
+                Change::Deleted(n) => Msg::NodeGone(n.metadata.name.clone().unwrap_or_default()),
+            });
+        });
+        let pods = informers.get::<Pod>(res("pods"));
+        let t = tx;
+        let _pods_sub = pods.on_change(move |c| {
+            let _ = t.send(match c {
+                Change::Added(p) | Change::Updated { new: p, .. } => Msg::Pod(p.clone()),
+                Change::Deleted(p) => Msg::PodGone(p.clone()),
+            });
+        });
+        self.pods = Some(pods.cache().clone());
+        // Every bound pod must be counted before anything is placed.
+        nodes.synced().await;
+        pods.synced().await;
+        tracing::info!("scheduler caches synced; scheduling");
+        let mut outcomes = self.outcome_rx.take().expect("run is called once");
+        let mut last_tick = Instant::now();
+        loop {
+            loop {
+                match rx.try_recv() {
+                    Ok(m) => self.handle(m),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => return,
+                }
+            }
+            while let Ok(o) = outcomes.try_recv() {
+                self.finish_binding(o);
+            }
+            if last_tick.elapsed() >= Duration::from_secs(1) {
+                last_tick = Instant::now();
+                self.tick();
+            }
+            if let Some(qp) = self.queue.pop(Instant::now()) {
+                self.schedule_one(qp).await;
+                continue;
+            }
+            let wake = self
+                .queue
+                .next_backoff()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some(m) => self.handle(m),
+                    None => return,
+                },
+                Some(o) = outcomes.recv() => self.finish_binding(o),
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        self.queue.flush_stale(now);
+        if let Some(m) = &self.metrics {
+            let s = self.queue.sizes();
+            m.pending
+                .with_label_values(&["active"])
+                .set(s.active as i64);
+            m.pending
+                .with_label_values(&["backoff"])
+                .set(s.backoff as i64);
+            m.pending
+                .with_label_values(&["unschedulable"])
+                .set(s.unschedulable as i64);
+            m.cache_nodes.set(self.cache.node_count() as i64);
+            m.cache_pods.set(self.cache.pod_count() as i64);
+        }
+    }
+
+    fn profile_of(&self, pod: &Pod) -> Option<usize> {
+        let name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduler_name.as_deref())
+            .unwrap_or("default-scheduler");
+        self.profiles.iter().position(|p| p.scheduler_name == name)
+    }
+
+    fn event(&mut self, e: ClusterEvent) {
+        self.queue.on_event(e, Instant::now());
+    }
+
+    fn handle(&mut self, m: Msg) {
+        match m {
+            Msg::Node(n) => {
+                for e in self.cache.upsert_node(n) {
+                    self.event(e);
+                }
+            }
+            Msg::NodeGone(name) => self.cache.remove_node(&name),
+            Msg::PodGone(p) => {
+                let key = crate::key_of(&p.metadata);
+                self.queue.remove(&key);
+                self.enqueued_at.remove(&key);
+                if let Some(uid) = p.metadata.uid.as_deref() {
+                    self.waiting.reject(uid, "", "the pod was deleted");
+                }
+                if self.cache.remove_pod(&key) {
+                    self.event(ClusterEvent::AssignedPodDelete);
+                }
+            }
+            Msg::Pod(p) => {
+                let key = crate::key_of(&p.metadata);
+                let node = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .filter(|n| !n.is_empty());
+                let terminal = matches!(phase(&p), "Succeeded" | "Failed");
+                match node {
+                    Some(_) if terminal => {
+                        self.queue.remove(&key);
+                        if self.cache.remove_pod(&key) {
+                            self.event(ClusterEvent::AssignedPodDelete);
+                        }
+                    }
+                    Some(node) => {
+                        self.queue.remove(&key);
+                        self.enqueued_at.remove(&key);
+                        if !self.cache.confirm_existing(&key, &node) {
+                            self.cache.confirm_pod(Arc::new(PodInfo::new(p)), &node);
+                        }
+                    }
+                    None => {
+                        if p.metadata.deletion_timestamp.is_some() || terminal {
+                            self.queue.remove(&key);
+                        } else if self.profile_of(&p).is_some() && !self.cache.is_assumed(&key) {
+                            self.enqueued_at.entry(key).or_insert_with(Instant::now);
+                            self.queue.add_or_update(Arc::new(PodInfo::new(p)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn schedule_one(&mut self, qp: QueuedPod) {
+        let started = Instant::now();
+        let Some(pi) = self.profile_of(&qp.info.pod) else {
+            self.queue.done(&qp.info.key);
+            return;
+        };
+        let result = self.cycle(pi, &qp);
+        let outcome = match result {
+            Ok((node, state, wait)) => {
+                self.queue.done(&qp.info.key);
+                self.spawn_binding(pi, qp.clone(), node, state, wait).await;
+                "scheduled"
+            }
+            Err(Failure::Unschedulable {
+                message,
+                events,
+                status,
+            }) => {
+                tracing::debug!(pod = %qp.info.key, plugin = status.plugin, %message, "unschedulable");
+                self.queue
+                    .unschedulable(&qp.info.key, events, Instant::now());
+                self.report_unschedulable(&qp.info, &message);
+                "unschedulable"
+            }
+            Err(Failure::Error(status)) => {
+                tracing::warn!(pod = %qp.info.key, plugin = status.plugin, error = %status.message(), "scheduling failed");
+                self.queue.failed(&qp.info.key, Instant::now());
+                self.report_unschedulable(&qp.info, &status.message());
+                "error"
+            }
+        };
+        if let Some(m) = &self.metrics {
+            let name = &self.profiles[pi].scheduler_name;
+            m.attempts.with_label_values(&[outcome, name]).inc();
+            m.attempt_duration
+                .with_label_values(&[outcome])
+                .observe(started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+fn res(plural: &str) -> &'static tessera_client::catalog::Resource {
+    find_resource("", "v1", plural).expect("core resources are served")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tessera_client::request::ApiRequest;
+    use tessera_client::response::ApiResponse;
+    use tessera_client::status::ApiError;
+
+    use super::*;
+    use crate::config::SchedulerConfig;
+
+    /// The cycle is pure over the cache: nothing may reach the API.
+    struct NoApi;
+
+    #[async_trait::async_trait]
+    impl Client for NoApi {
+        async fn call(&self, _: ApiRequest) -> Result<ApiResponse, ApiError> {
+            panic!("a scheduling cycle called the API")
+        }
+    }
+
+    fn scheduler(percentage: Option<u32>, nodes: usize, cpu: &str) -> Scheduler {
+        let config = SchedulerConfig {
+            percentage_of_nodes_to_score: percentage,
+            ..SchedulerConfig::default()
+        };
+        let mut s = Scheduler::new(
+            Arc::new(NoApi),
+            SchedulerOptions {
+                config,
+                metrics: None,
+                runtime_metrics: None,
+                informers: None,
+            },
+        )
+        .expect("scheduler");
+        for i in 0..nodes {
+            s.handle(Msg::Node(node(&format!("n{i}"), cpu)));
+        }
+        s
+    }
+
+    fn node(name: &str, cpu: &str) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": cpu, "memory": "4Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}}))
+            .expect("node"),
+        )
+    }
+
+    fn queued(name: &str, cpu: &str) -> QueuedPod {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "t", "uid": format!("uid-{name}")},
+            "spec": {"containers": [{"name": "c", "image": "x",
+                "resources": {"requests": {"cpu": cpu}}}]}}))
+        .expect("pod");
+        QueuedPod {
+            info: Arc::new(PodInfo::new(Arc::new(pod))),
+            enqueued: 0,
+            attempts: 0,
+        }
+    }
+
+    /// kube-scheduler's numFeasibleNodesToFind, in its numbers.
+    #[test]
+    fn feasible_nodes_to_find_follows_kube_scheduler() {
+        for (all, pct, want) in [
+            (0, 0, 0),
+            (50, 0, 50),
+            (99, 10, 99),
+            (100, 0, 100),
+            (1_000, 0, 420),     // 50% - 1000/125 = 42%
+            (5_000, 0, 500),     // 50% - 40 = 10%
+            (6_000, 0, 300),     // 50% - 48 = 2%, raised to the 5% floor
+            (100_000, 0, 5_000), // 5% floor
+            (1_000, 5, 100),     // 50 nodes, raised to the 100 minimum
+            (5_000, 30, 1_500),
+            (5_000, 100, 5_000),
+            (5_000, 150, 5_000),
+        ] {
+            assert_eq!(
+                feasible_nodes_to_find(all, pct),
+                want,
+                "{all} nodes at {pct}%"
+            );
+        }
+    }
+
+    /// Each cycle assumes its pod into the cache, so the next one sees the node as used: no
+    /// node is ever given more than it has, and the pod that fits nowhere is told why.
+    #[tokio::test]
+    async fn cycles_see_each_others_reservations_and_explain_a_misfit() {
+        let mut s = scheduler(None, 3, "1");
+        let mut placed = HashMap::new();
+        for i in 0..3 {
+            let (node, _, wait) = s
+                .cycle(0, &queued(&format!("p{i}"), "600m"))
+                .ok()
+                .expect("fits");
+            assert!(wait.is_none());
+            *placed.entry(node).or_insert(0) += 1;
+        }
+        assert_eq!(placed.len(), 3, "one 600m pod per 1-cpu node: {placed:?}");
+        match s.cycle(0, &queued("big", "600m")) {
+            Err(Failure::Unschedulable { message, .. }) => {
+                assert_eq!(message, "0/3 nodes are available: 3 Insufficient cpu.")
+            }
+            _ => panic!("a fourth 600m pod fits nowhere"),
+        }
+        // A small one still fits in what is left.
+        assert!(s.cycle(0, &queued("small", "400m")).is_ok());
+    }
+
+    /// On a large shard a cycle stops once it found the nodes it samples, and the next cycle
+    /// starts where it stopped (kube-scheduler's round robin), so all nodes get looked at.
+    #[tokio::test]
+    async fn sampling_stops_at_the_wanted_count_and_rotates() {
+        let mut s = scheduler(Some(10), 1_000, "8");
+        assert_eq!(feasible_nodes_to_find(1_000, 10), 100);
+        s.cycle(0, &queued("a", "1")).ok().expect("fits");
+        assert_eq!(s.next_start, 100, "looked at exactly the 100 it wanted");
+        s.cycle(0, &queued("b", "1")).ok().expect("fits");
+        assert_eq!(s.next_start, 200, "and went on from there");
+        // Nodes that do not fit are passed over without counting towards the sample.
+        let mut small_first = scheduler(Some(10), 1_000, "8");
+        for i in 0..100 {
+            small_first.handle(Msg::Node(node(&format!("n{i}"), "500m")));
+        }
+        small_first
+            .cycle(0, &queued("late", "1"))
+            .ok()
+            .expect("fits");
+        assert_eq!(
+            small_first.next_start, 200,
+            "100 small nodes skipped, 100 feasible found"
+        );
+    }
+}
