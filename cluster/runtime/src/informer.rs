@@ -1,8 +1,9 @@
 //! List+watch into a local cache: one informer per resource (and optional selector), shared
-//! by every part of a process that reads it (see [`crate::shared`]). It lists in pages, watches from the list's revision, resumes the watch after
-//! errors and closed streams, and relists when the revision it resumes from is gone (`410`),
-//! turning the difference between what it had and what it found into changes, so its
-//! handlers see every object appear, change and go away exactly as if they had watched.
+//! by every part of a process that reads it (see [`crate::shared`]). It lists in pages,
+//! watches from the list's revision, resumes the watch after errors and closed streams, and
+//! relists when the revision it resumes from is gone (`410`), turning the difference between
+//! what it had and what it found into changes, so its handlers see every object appear,
+//! change and go away exactly as if they had watched.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! The controller runtime every controller stands on: list+watch caches ([`informer`]) shared
-//! per process ([`shared`]), the
-//! priority work queue ([`queue`]), the reconcile runner ([`controller`]), leader election
-//! ([`leader`]), expectations and Events.
+//! per process ([`shared`]), the priority work queue ([`queue`]), controllers and their
+//! reconcile runner ([`controller`]), leader election ([`leader`]), expectations and Events.
 
 pub mod affinity;
 pub mod client;
