@@ -6,6 +6,7 @@ mod fill;
 mod latency;
 mod queue;
 mod reopen;
+mod scheduler;
 mod shard;
 mod store;
 mod target;
@@ -38,6 +39,8 @@ pub enum BenchCommand {
     Watch(watch::WatchBenchArgs),
     /// A whole shard: pods from ReplicaSets scheduled onto simulated nodes and started.
     Shard(shard::ShardBenchArgs),
+    /// The scheduler against the real API, shaped like Kubernetes' scheduler_perf.
+    Scheduler(scheduler::SchedulerBenchArgs),
     /// The scheduling queue alone: what cluster events cost while many pods wait.
     Queue(queue::QueueBenchArgs),
     /// A federation of whole shards: routing, utilization against one global pool, and the
@@ -55,5 +58,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Shard(args) => shard::run(args).await,
         BenchCommand::Federation(args) => federation::run(args).await,
         BenchCommand::Queue(args) => queue::run(args).await,
+        BenchCommand::Scheduler(args) => scheduler::run(args).await,
     }
 }

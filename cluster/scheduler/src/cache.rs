@@ -8,6 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::framework::ClusterEvent;
+use crate::queue::Usage;
 use crate::resources::{NodeInfo, PodInfo};
 
 struct CachedPod {
@@ -23,6 +24,11 @@ pub struct Cache {
     index: HashMap<String, usize>,
     pods: HashMap<String, CachedPod>,
     live_nodes: usize,
+    /// The allocatable of every node with a Node (cpu, memory, pods).
+    capacity: Usage,
+    /// Pods that started (1) or stopped (-1) counting on a node since the last
+    /// [`take_charges`](Cache::take_charges): what their tenants use.
+    charges: Vec<(Arc<PodInfo>, i64)>,
 }
 
 impl Cache {
@@ -49,6 +55,21 @@ impl Cache {
     /// Pods counted on nodes (bound and assumed).
     pub fn pod_count(&self) -> usize {
         self.pods.len()
+    }
+
+    /// The allocatable of all nodes (cpu, memory, pods).
+    pub fn capacity(&self) -> Usage {
+        self.capacity
+    }
+
+    /// The pods that started (1) or stopped (-1) counting since the last call.
+    pub fn take_charges(&mut self) -> Vec<(Arc<PodInfo>, i64)> {
+        std::mem::take(&mut self.charges)
+    }
+
+    fn count_pod(&mut self, i: usize, pod: &Arc<PodInfo>) {
+        self.nodes[i].add_pod(pod);
+        self.charges.push((pod.clone(), 1));
     }
 
     /// Pods assumed and not yet confirmed by the API.
@@ -82,6 +103,7 @@ impl Cache {
         let i = self.slot(&name);
         let entry = &mut self.nodes[i];
         let mut events = Vec::new();
+        let before = Usage::of(&entry.allocatable);
         match entry.node.take() {
             None => {
                 self.live_nodes += 1;
@@ -106,6 +128,10 @@ impl Cache {
             }
         }
         entry.set_node(node);
+        if !events.contains(&ClusterEvent::NodeAdd) {
+            self.capacity.add(before, -1);
+        }
+        self.capacity.add(Usage::of(&entry.allocatable), 1);
         events
     }
 
@@ -116,6 +142,7 @@ impl Cache {
         };
         if self.nodes[i].node.take().is_some() {
             self.live_nodes -= 1;
+            self.capacity.add(Usage::of(&self.nodes[i].allocatable), -1);
         }
         self.drop_if_unused(i);
     }
@@ -138,7 +165,7 @@ impl Cache {
     pub fn assume(&mut self, pod: Arc<PodInfo>, node: &str) {
         self.remove_pod(&pod.key);
         let i = self.slot(node);
-        self.nodes[i].add_pod(&pod);
+        self.count_pod(i, &pod);
         self.pods.insert(
             pod.key.clone(),
             CachedPod {
@@ -178,7 +205,7 @@ impl Cache {
         }
         self.remove_pod(&pod.key);
         let i = self.slot(node);
-        self.nodes[i].add_pod(&pod);
+        self.count_pod(i, &pod);
         self.pods.insert(
             pod.key.clone(),
             CachedPod {
@@ -198,6 +225,7 @@ impl Cache {
             self.nodes[i].remove_pod(&p.info);
             self.drop_if_unused(i);
         }
+        self.charges.push((p.info, -1));
         true
     }
 }

@@ -1,7 +1,7 @@
 //! Scheduler metrics (`tessera_scheduler_*`), named after kube-scheduler's.
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// The scheduler's metrics.
@@ -12,6 +12,9 @@ pub struct SchedulerMetrics {
     pub(crate) pending: IntGaugeVec,
     pub(crate) binding_duration: HistogramVec,
     pub(crate) e2e: HistogramVec,
+    pub(crate) tenant_pending: IntGaugeVec,
+    pub(crate) tenant_share: GaugeVec,
+    pub(crate) tenant_wait: HistogramVec,
     pub(crate) cache_nodes: IntGauge,
     pub(crate) cache_pods: IntGauge,
 }
@@ -31,9 +34,19 @@ impl SchedulerMetrics {
         registry.register(Box::new(m.pending.clone()))?;
         registry.register(Box::new(m.binding_duration.clone()))?;
         registry.register(Box::new(m.e2e.clone()))?;
+        registry.register(Box::new(m.tenant_pending.clone()))?;
+        registry.register(Box::new(m.tenant_share.clone()))?;
+        registry.register(Box::new(m.tenant_wait.clone()))?;
         registry.register(Box::new(m.cache_nodes.clone()))?;
         registry.register(Box::new(m.cache_pods.clone()))?;
         Ok(m)
+    }
+
+    /// Bindings that failed so far (the API refused them, or a PreBind/Permit stopped them).
+    pub fn binding_failures(&self) -> u64 {
+        self.binding_duration
+            .with_label_values(&["error"])
+            .get_sample_count()
     }
 
     /// Metrics no registry reads.
@@ -76,6 +89,30 @@ impl SchedulerMetrics {
                 )
                 .buckets(buckets()),
                 &["attempts"],
+            )?,
+            tenant_pending: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_scheduler_tenant_pending_pods",
+                    "Pods waiting, by tenant (<none> for namespaces no Tenant owns) and queue.",
+                ),
+                &["tenant", "queue"],
+            )?,
+            tenant_share: GaugeVec::new(
+                Opts::new(
+                    "tessera_scheduler_tenant_dominant_share",
+                    "Each tenant's weighted dominant share of the shard (what its pods request \
+                     of cpu, memory or pod slots, the largest fraction, over its weight): the \
+                     lowest is served first.",
+                ),
+                &["tenant"],
+            )?,
+            tenant_wait: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_scheduler_tenant_queue_wait_seconds",
+                    "From a pod entering the queue to its binding, by tenant.",
+                )
+                .buckets(buckets()),
+                &["tenant"],
             )?,
             cache_nodes: IntGauge::new(
                 "tessera_scheduler_cache_nodes",

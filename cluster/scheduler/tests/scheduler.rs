@@ -338,3 +338,87 @@ fn invalid_configurations_are_refused_with_the_reason() {
         }
     }
 }
+
+/// Per-tenant queues through the real API: tenants of weight 1 and 3 each queue more pods
+/// than the shard holds, and a third tenant queues one pod after all of them; then the
+/// scheduler starts. The late tenant's pod is placed (a FIFO queue would fill the shard
+/// with the earlier pods first and leave it waiting), and the rest of the shard is split
+/// 1:3, each within 5% of its weight's part.
+#[tokio::test]
+async fn a_full_shard_is_split_between_tenants_by_weight() {
+    let dir = tempfile::tempdir().expect("dir");
+    let c = client(dir.path()).await;
+    for i in 0..10 {
+        node(&c, &format!("n{i}"), "4", json!({})).await;
+    }
+    let tenants = find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants");
+    for (name, weight) in [("light", 1), ("heavy", 3), ("late", 1)] {
+        c.create(
+            res("namespaces"),
+            None,
+            &json!({"metadata": {"name": name}}),
+        )
+        .await
+        .expect("ns");
+        c.create(
+            tenants,
+            None,
+            &json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
+                "metadata": {"name": name},
+                "spec": {"namespaces": [name], "weight": weight}}),
+        )
+        .await
+        .expect("tenant");
+    }
+    let create = |ns: &'static str, i: usize| {
+        let c = c.clone();
+        async move {
+            c.create(
+                res("pods"),
+                Some(ns),
+                &json!({"metadata": {"name": format!("p{i}"), "namespace": ns},
+                    "spec": {"containers": [{"name": "c", "image": "x",
+                        "resources": {"requests": {"cpu": "100m"}}}]}}),
+            )
+            .await
+            .expect("pod")
+        }
+    };
+    for i in 0..400 {
+        create("light", i).await;
+        create("heavy", i).await;
+    }
+    create("late", 0).await;
+    let _s = start(&c, SchedulerConfig::default());
+    // 10 nodes × 4 cpu / 100m = 400 pods fit.
+    let bound_in = |ns: &'static str| {
+        let c = c.clone();
+        async move {
+            let mut req = ApiRequest::new(Verb::List, res("pods"));
+            req.namespace = Some(ns.into());
+            c.list(req).await.expect("list")["items"]
+                .as_array()
+                .map_or(0, |items| {
+                    items
+                        .iter()
+                        .filter(|p| p["spec"]["nodeName"].is_string())
+                        .count()
+                })
+        }
+    };
+    wait_until("the shard to fill", || async {
+        bound_in("light").await + bound_in("heavy").await + bound_in("late").await == 400
+    })
+    .await;
+    assert_eq!(bound_in("late").await, 1, "the late tenant's pod is placed");
+    let (light, heavy) = (
+        bound_in("light").await as f64,
+        bound_in("heavy").await as f64,
+    );
+    for (got, want) in [(light, 399.0 / 4.0), (heavy, 399.0 * 3.0 / 4.0)] {
+        assert!(
+            (got - want).abs() <= 0.05 * want,
+            "light {light}, heavy {heavy}: {got} is not within 5% of {want}"
+        );
+    }
+}

@@ -10,7 +10,9 @@ use crate::framework::{
 use crate::plugins::taints::tolerates;
 use crate::resources::{NodeInfo, PodInfo};
 
-/// PrioritySort: higher `spec.priority` first, then the pod queued earliest.
+/// PrioritySort: higher `spec.priority` first; within a priority, pods not tried yet before
+/// retries (a new pod is not held up behind pods that already failed and were woken by an
+/// event or a backoff); then the pod queued earliest.
 pub struct PrioritySort;
 
 impl Plugin for PrioritySort {
@@ -24,8 +26,9 @@ impl Plugin for PrioritySort {
 
 impl QueueSortPlugin for PrioritySort {
     fn less(&self, a: &QueuedPod, b: &QueuedPod) -> bool {
-        (a.info.priority, std::cmp::Reverse(a.enqueued))
-            > (b.info.priority, std::cmp::Reverse(b.enqueued))
+        let fresh = |p: &QueuedPod| p.attempts == 0;
+        (a.info.priority, fresh(a), std::cmp::Reverse(a.enqueued))
+            > (b.info.priority, fresh(b), std::cmp::Reverse(b.enqueued))
     }
 }
 

@@ -107,9 +107,12 @@ impl Scheduler {
                 && let Some(m) = &self.metrics
             {
                 let attempts = (o.attempts + 1).min(16).to_string();
-                m.e2e
-                    .with_label_values(&[&attempts])
-                    .observe(at.elapsed().as_secs_f64());
+                let waited = at.elapsed().as_secs_f64();
+                m.e2e.with_label_values(&[&attempts]).observe(waited);
+                let ns = pod.pod.metadata.namespace.as_deref().unwrap_or("");
+                m.tenant_wait
+                    .with_label_values(&[self.queue.tenant_name(ns)])
+                    .observe(waited);
             }
             self.recorder.event(
                 &ObjectRef::new("v1", "Pod", &pod.pod.metadata),

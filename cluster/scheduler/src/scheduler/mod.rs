@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
+use tessera_client::types::Tenant;
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::Informers;
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
@@ -31,7 +32,7 @@ use crate::cache::Cache;
 use crate::config::{Point, Profile, SchedulerConfig};
 use crate::framework::{ClusterEvent, Code, CycleState, Handle, QueuedPod, Status, WaitingPods};
 use crate::metrics::SchedulerMetrics;
-use crate::queue::SchedulingQueue;
+use crate::queue::{SchedulingQueue, TenantSpec};
 use crate::resources::PodInfo;
 
 enum Msg {
@@ -39,6 +40,7 @@ enum Msg {
     NodeGone(String),
     Pod(Arc<Pod>),
     PodGone(Arc<Pod>),
+    Tenants,
 }
 
 /// What the scheduler needs to run.
@@ -71,6 +73,7 @@ pub struct Scheduler {
     outcome_tx: mpsc::UnboundedSender<BindOutcome>,
     outcome_rx: Option<mpsc::UnboundedReceiver<BindOutcome>>,
     pods: Option<Arc<PodCache<Pod>>>,
+    tenants: Option<Arc<PodCache<Tenant>>>,
     informers: Option<Arc<Informers>>,
     enqueued_at: HashMap<String, Instant>,
 }
@@ -128,6 +131,7 @@ impl Scheduler {
             outcome_tx,
             outcome_rx: Some(outcome_rx),
             pods: None,
+            tenants: None,
             enqueued_at: HashMap::new(),
             informers: opts.informers,
         })
@@ -153,6 +157,14 @@ impl Scheduler {
                 Change::Deleted(n) => Msg::NodeGone(n.metadata.name.clone().unwrap_or_default()),
             });
         });
+        let tenants = informers.get::<Tenant>(
+            find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants are served"),
+        );
+        let t = tx.clone();
+        let _tenants_sub = tenants.on_change(move |_| {
+            let _ = t.send(Msg::Tenants);
+        });
+        self.tenants = Some(tenants.cache().clone());
         let pods = informers.get::<Pod>(res("pods"));
         let t = tx;
         let _pods_sub = pods.on_change(move |c| {
@@ -165,6 +177,7 @@ impl Scheduler {
         // Every bound pod must be counted before anything is placed.
         nodes.synced().await;
         pods.synced().await;
+        tenants.synced().await;
         tracing::info!("scheduler caches synced; scheduling");
         let mut outcomes = self.outcome_rx.take().expect("run is called once");
         let mut last_tick = Instant::now();
@@ -183,6 +196,7 @@ impl Scheduler {
                 last_tick = Instant::now();
                 self.tick();
             }
+            self.sync_fair_share();
             if let Some(qp) = self.queue.pop(Instant::now()) {
                 self.schedule_one(qp).await;
                 continue;
@@ -202,6 +216,37 @@ impl Scheduler {
         }
     }
 
+    /// Hands the queue what changed in tenants' usage and the shard's allocatable since the
+    /// last pick, so the next pick sees every reservation made before it.
+    fn sync_fair_share(&mut self) {
+        for (pod, sign) in self.cache.take_charges() {
+            self.queue.charge(&pod, sign);
+        }
+        self.queue.set_capacity(self.cache.capacity());
+    }
+
+    fn tenants_changed(&mut self) {
+        let Some(cache) = &self.tenants else { return };
+        let specs: Vec<TenantSpec> = cache
+            .list()
+            .iter()
+            .filter_map(|t| {
+                let spec = t.spec.as_ref();
+                Some(TenantSpec {
+                    name: t.metadata.name.clone()?,
+                    weight: spec
+                        .and_then(|s| s.weight)
+                        .unwrap_or(1)
+                        .max(1)
+                        .try_into()
+                        .unwrap_or(1),
+                    namespaces: spec.and_then(|s| s.namespaces.clone()).unwrap_or_default(),
+                })
+            })
+            .collect();
+        self.queue.set_tenants(&specs);
+    }
+
     fn tick(&mut self) {
         let now = Instant::now();
         self.queue.flush_stale(now);
@@ -216,6 +261,18 @@ impl Scheduler {
             m.pending
                 .with_label_values(&["unschedulable"])
                 .set(s.unschedulable as i64);
+            for t in self.queue.standings() {
+                for (queue, n) in [
+                    ("active", t.sizes.active),
+                    ("backoff", t.sizes.backoff),
+                    ("unschedulable", t.sizes.unschedulable),
+                ] {
+                    m.tenant_pending
+                        .with_label_values(&[&t.name, queue])
+                        .set(n as i64);
+                }
+                m.tenant_share.with_label_values(&[&t.name]).set(t.share);
+            }
             m.cache_nodes.set(self.cache.node_count() as i64);
             m.cache_pods.set(self.cache.pod_count() as i64);
         }
@@ -242,6 +299,7 @@ impl Scheduler {
                 }
             }
             Msg::NodeGone(name) => self.cache.remove_node(&name),
+            Msg::Tenants => self.tenants_changed(),
             Msg::PodGone(p) => {
                 let key = crate::key_of(&p.metadata);
                 self.queue.remove(&key);

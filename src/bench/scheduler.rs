@@ -1,0 +1,703 @@
+//! `tessera bench scheduler`: the scheduler against the real API, shaped like Kubernetes'
+//! scheduler_perf. A shard's API on a fresh embedded store and its scheduler run in this
+//! process; nodes (4 cpu / 32 Gi / 110 pods) are registered through the API with no agent
+//! behind them, init pods are created and scheduled first, then the measured pods are
+//! created through the API and bound by the scheduler through the API. Measured from a watch
+//! of pods: pods/s from the first measured create to the last binding, and each pod's time
+//! from appearing to being bound.
+//!
+//! Workloads: `basic`, `node-affinity` (every pod requires the nodes' zone), `unschedulable`
+//! (init pods that fit nowhere stay queued while the measured pods are placed), and
+//! `tenants` (fair sharing; see [`run_tenants`]). The others the issue names
+//! (`anti-affinity`, `topology-spread`, `preemption`, `gang`) need scheduler features that
+//! are not built yet and say so.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tessera_agent::sim::{SimAgent, SimConfig};
+use tessera_apiserver::api::Api;
+use tessera_apiserver::auth::User;
+use tessera_apiserver::client::{Client, InProcess};
+use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
+use tessera_runtime::Informers;
+use tessera_runtime::informer::{Change, Informer, Scope};
+use tessera_scheduler::config::SchedulerConfig;
+use tessera_scheduler::metrics::SchedulerMetrics;
+use tessera_scheduler::{Scheduler, SchedulerOptions};
+use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
+
+use super::latency::Latencies;
+
+/// What the measured pods ask of the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// Plain pods (100m / 500 Mi).
+    Basic,
+    /// Pods that require the nodes' zone by node affinity.
+    NodeAffinity,
+    /// Pods with required anti-affinity to each other (not built yet).
+    AntiAffinity,
+    /// Pods spread over zones (not built yet).
+    TopologySpread,
+    /// High-priority pods preempting low ones (not built yet).
+    Preemption,
+    /// Init pods that fit nowhere stay queued while the measured pods are placed.
+    Unschedulable,
+    /// PodGroups placed all or nothing (not built yet).
+    Gang,
+    /// One tenant floods while the others submit at a steady rate; then the full shard is
+    /// refilled from every tenant's backlog and split by weight.
+    Tenants,
+}
+
+/// Flags of `tessera bench scheduler`.
+#[derive(Args, Debug)]
+pub struct SchedulerBenchArgs {
+    /// What the pods ask for.
+    #[arg(long, value_enum, default_value = "basic")]
+    pub workload: Workload,
+    /// Nodes (4 cpu, 32 Gi, 110 pods each).
+    #[arg(long, default_value_t = 5000)]
+    pub nodes: usize,
+    /// Measured pods (`tenants`: the flooding tenant's pods).
+    #[arg(long, default_value_t = 10_000)]
+    pub pods: usize,
+    /// Pods created and scheduled before the measurement (default: 1,000; for
+    /// `unschedulable`, 1,000 pods that fit nowhere).
+    #[arg(long)]
+    pub init_pods: Option<usize>,
+    /// Scheduling workers. The scheduler places one pod at a time today: parallel
+    /// optimistic placement is not built yet, so only 1 is accepted.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// `tenants`: how many tenants (tenant-0 floods; weights cycle 1, 2, 3, 4).
+    #[arg(long, default_value_t = 100)]
+    pub tenants: usize,
+    /// `tenants`: pods per second each other tenant submits during the flood.
+    #[arg(long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// `tenants`: seconds the other tenants submit for.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Default)]
+struct Report {
+    workload: String,
+    nodes: usize,
+    init_pods: usize,
+    pods: usize,
+    workers: usize,
+    seconds: f64,
+    pods_per_sec: f64,
+    schedule_p50_ms: f64,
+    schedule_p99_ms: f64,
+    /// Bindings the API refused (the pod changed or was bound meanwhile).
+    conflicts: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenants: Option<TenantsReport>,
+}
+
+#[derive(Serialize, Default)]
+struct TenantsReport {
+    tenants: usize,
+    /// Pods the other tenants submitted during the flood.
+    others_pods: usize,
+    others_wait_p50_ms: f64,
+    others_wait_p99_ms: f64,
+    /// Pods the shard holds (by cpu: 40 per node).
+    capacity: usize,
+    /// After refilling the full shard from every tenant's backlog: the largest difference
+    /// between a tenant's part of the shard and its weight's part, in % of the latter.
+    share_error_max_pct: f64,
+    share_error_mean_pct: f64,
+}
+
+#[derive(Default, Clone)]
+struct Seen {
+    ns: String,
+    added: Option<Instant>,
+    bound: Option<Instant>,
+    gone: bool,
+}
+
+type SeenMap = Arc<Mutex<HashMap<String, Seen>>>;
+
+struct Bench {
+    client: Arc<dyn Client>,
+    seen: SeenMap,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    metrics: SchedulerMetrics,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn err(e: tessera_apiserver::status::ApiError) -> anyhow::Error {
+    anyhow::anyhow!("{}", e.message)
+}
+
+fn pods_res() -> &'static tessera_apiserver::catalog::Resource {
+    find_resource("", "v1", "pods").expect("pods are served")
+}
+
+/// A pod of `ns` named `name`, labelled `phase`, asking `cpu`, shaped by `workload`.
+fn pod(ns: &str, name: &str, phase: &str, cpu: &str, workload: Workload) -> Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"phase": phase}},
+        "spec": {"containers": [{"name": "c", "image": "pause",
+            "resources": {"requests": {"cpu": cpu, "memory": "500Mi"}}}]}});
+    if workload == Workload::NodeAffinity {
+        p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone",
+                "operator": "In", "values": ["zone1", "zone2"]}]}]}}});
+    }
+    p
+}
+
+impl Bench {
+    async fn start(args: &SchedulerBenchArgs, dir: &std::path::Path) -> anyhow::Result<Bench> {
+        let store = Arc::new(
+            EmbeddedStore::open(
+                dir,
+                EmbeddedOptions::default(),
+                StoreMetrics::register(&prometheus::Registry::new())?,
+            )
+            .await?,
+        );
+        let api = Api::new(store, None);
+        let client: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
+        let mut labels = std::collections::BTreeMap::new();
+        labels.insert("topology.kubernetes.io/zone".to_owned(), "zone1".to_owned());
+        let agent = SimAgent::new(
+            client.clone(),
+            SimConfig {
+                prefix: "node".into(),
+                nodes: args.nodes,
+                cpu: "4".into(),
+                memory: "32Gi".into(),
+                pods: 110,
+                labels,
+                ..SimConfig::default()
+            },
+            None,
+            None,
+        );
+        let bar = super::progress_bar(args.nodes as u64, "registering nodes".into());
+        agent.register(|| bar.inc(1)).await.map_err(err)?;
+        bar.finish_and_clear();
+
+        let seen: SeenMap = Arc::new(Mutex::new(HashMap::new()));
+        let informer = Informer::<Pod>::new(client.clone(), pods_res(), Scope::default(), None);
+        {
+            let seen = seen.clone();
+            informer
+                .on_change(move |c| {
+                    let now = Instant::now();
+                    let (p, gone) = match c {
+                        Change::Added(p) | Change::Updated { new: p, .. } => (p, false),
+                        Change::Deleted(p) => (p, true),
+                    };
+                    let uid = p.metadata.uid.clone().unwrap_or_default();
+                    let mut s = seen.lock();
+                    let e = s.entry(uid).or_insert_with(|| Seen {
+                        ns: p.metadata.namespace.clone().unwrap_or_default(),
+                        ..Seen::default()
+                    });
+                    e.added.get_or_insert(now);
+                    let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                    if bound && e.bound.is_none() {
+                        e.bound = Some(now);
+                    }
+                    e.gone |= gone;
+                })
+                .detach();
+        }
+        let mut tasks = vec![tokio::spawn(informer.clone().run())];
+        informer.synced().await;
+        let component = |name: &str| -> Arc<dyn Client> {
+            tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
+                api.clone(),
+                User::System(name.into()),
+            )))
+        };
+        let metrics = SchedulerMetrics::unregistered()?;
+        let scheduler = Scheduler::new(
+            component("scheduler"),
+            SchedulerOptions {
+                config: SchedulerConfig::default(),
+                metrics: Some(metrics.clone()),
+                runtime_metrics: None,
+                informers: Some(Informers::new(component("informers"), None)),
+            },
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
+        tasks.push(tokio::spawn(scheduler.run()));
+        Ok(Bench {
+            client,
+            seen,
+            tasks,
+            metrics,
+        })
+    }
+
+    async fn namespace(&self, name: &str) -> anyhow::Result<()> {
+        let ns = find_resource("", "v1", "namespaces").map_err(err)?;
+        self.client
+            .create(ns, None, &json!({"metadata": {"name": name}}))
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    /// Creates `pods` through the API, 64 at a time, with a progress bar.
+    async fn create(&self, pods: Vec<Value>, label: &str) -> anyhow::Result<()> {
+        let bar = super::progress_bar(pods.len() as u64, label.into());
+        let res = pods_res();
+        let mut results = futures::stream::iter(pods)
+            .map(|p| {
+                let client = self.client.clone();
+                async move {
+                    let ns = p["metadata"]["namespace"].as_str().unwrap_or("").to_owned();
+                    client.create(res, Some(&ns), &p).await
+                }
+            })
+            .buffer_unordered(64);
+        while let Some(r) = results.next().await {
+            r.map_err(|e| anyhow::anyhow!("creating a pod: {}", e.message))?;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    fn bound_in(&self, pred: impl Fn(&str) -> bool) -> usize {
+        self.seen
+            .lock()
+            .values()
+            .filter(|e| !e.gone && e.bound.is_some() && pred(&e.ns))
+            .count()
+    }
+
+    /// Waits until `want` pods of namespaces `pred` picks are bound (and not deleted).
+    async fn wait_bound(
+        &self,
+        want: usize,
+        pred: impl Fn(&str) -> bool,
+        deadline: Instant,
+        label: &str,
+    ) -> anyhow::Result<()> {
+        let bar = super::progress_bar(want as u64, label.into());
+        loop {
+            let n = self.bound_in(&pred);
+            bar.set_position(n as u64);
+            if n >= want {
+                break;
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("only {n} of {want} pods bound ({label}) before the timeout");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// Waits until no pod has been bound for `quiet`.
+    async fn wait_quiet(&self, quiet: Duration, deadline: Instant) {
+        let mut last = self.bound_in(|_| true);
+        let mut since = Instant::now();
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let n = self.bound_in(|_| true);
+            if n != last {
+                last = n;
+                since = Instant::now();
+            } else if since.elapsed() >= quiet {
+                return;
+            }
+        }
+    }
+
+    fn conflicts(&self) -> u64 {
+        self.metrics.binding_failures()
+    }
+}
+
+/// Runs the benchmark.
+pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
+    match args.workload {
+        Workload::AntiAffinity | Workload::TopologySpread => anyhow::bail!(
+            "the {:?} workload needs InterPodAffinity and PodTopologySpread, which the scheduler does not have yet",
+            args.workload
+        ),
+        Workload::Preemption => {
+            anyhow::bail!("the preemption workload needs the preemption PostFilter, not built yet")
+        }
+        Workload::Gang => {
+            anyhow::bail!("the gang workload needs gang scheduling at Permit, not built yet")
+        }
+        _ => {}
+    }
+    if args.workers != 1 {
+        anyhow::bail!(
+            "--workers {}: the scheduler places one pod at a time; parallel optimistic placement is not built yet (use --workers 1)",
+            args.workers
+        );
+    }
+    let dir = tempfile::tempdir()?;
+    let bench = Bench::start(&args, dir.path()).await?;
+    let report = if args.workload == Workload::Tenants {
+        run_tenants(&bench, &args).await?
+    } else {
+        run_plain(&bench, &args).await?
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{} ({} nodes, {} init pods): {} pods in {:.2} s: {:.0} pods/s; created→bound p50 {:.1} ms p99 {:.1} ms; {} worker(s), {} conflicts",
+            report.workload,
+            report.nodes,
+            report.init_pods,
+            report.pods,
+            report.seconds,
+            report.pods_per_sec,
+            report.schedule_p50_ms,
+            report.schedule_p99_ms,
+            report.workers,
+            report.conflicts
+        );
+        if let Some(t) = &report.tenants {
+            println!(
+                "tenants: {} tenants; the others' {} pods during the flood waited p50 {:.1} ms p99 {:.1} ms; refilling a full shard of {} pods: parts within {:.2}% of weight (mean {:.2}%)",
+                t.tenants,
+                t.others_pods,
+                t.others_wait_p50_ms,
+                t.others_wait_p99_ms,
+                t.capacity,
+                t.share_error_max_pct,
+                t.share_error_mean_pct
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `basic`, `node-affinity`, `unschedulable`: init pods, then the measured pods.
+async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<Report> {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    bench.namespace("init").await?;
+    bench.namespace("measured").await?;
+    let init = args.init_pods.unwrap_or(1_000);
+    let (init_cpu, init_fit) = if args.workload == Workload::Unschedulable {
+        ("9", false)
+    } else {
+        ("100m", true)
+    };
+    let pods = (0..init)
+        .map(|i| {
+            pod(
+                "init",
+                &format!("init-{i}"),
+                "init",
+                init_cpu,
+                args.workload,
+            )
+        })
+        .collect();
+    bench.create(pods, "creating init pods").await?;
+    if init_fit {
+        bench
+            .wait_bound(init, |ns| ns == "init", deadline, "init pods bound")
+            .await?;
+    }
+    let conflicts_before = bench.conflicts();
+    let pods = (0..args.pods)
+        .map(|i| {
+            pod(
+                "measured",
+                &format!("p-{i}"),
+                "measured",
+                "100m",
+                args.workload,
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    let create = bench.create(pods, "creating measured pods");
+    let wait = bench.wait_bound(
+        args.pods,
+        |ns| ns == "measured",
+        deadline,
+        "measured pods bound",
+    );
+    let (c, w) = tokio::join!(create, wait);
+    c?;
+    w?;
+    let s = bench.seen.lock();
+    let measured = s.values().filter(|e| e.ns == "measured");
+    let last = measured
+        .clone()
+        .filter_map(|e| e.bound)
+        .max()
+        .unwrap_or(started);
+    let mut lat = Latencies::with_capacity(args.pods);
+    for e in measured {
+        if let (Some(a), Some(b)) = (e.added, e.bound) {
+            lat.record(b - a);
+        }
+    }
+    let seconds = (last - started).as_secs_f64();
+    Ok(Report {
+        workload: format!("{:?}", args.workload).to_lowercase(),
+        nodes: args.nodes,
+        init_pods: init,
+        pods: args.pods,
+        workers: args.workers,
+        seconds,
+        pods_per_sec: args.pods as f64 / seconds.max(1e-9),
+        schedule_p50_ms: lat.percentile_ms(50.0),
+        schedule_p99_ms: lat.percentile_ms(99.0),
+        conflicts: bench.conflicts() - conflicts_before,
+        tenants: None,
+    })
+}
+
+fn weight(i: usize) -> usize {
+    1 + i % 4
+}
+
+/// `tenants`, in two phases.
+///
+/// 1. *Flood*: tenant-0 creates `--pods` pods at once while every other tenant submits
+///    `--rate` pods per second for `--duration` seconds; measured: how long the others'
+///    pods wait (created → bound), and the flood's throughput.
+/// 2. *Saturation*: the shard is filled (topped up with tenant-0 pods if the flood did not
+///    fill it), every tenant queues twice its weight's part of the shard, and the phase-1
+///    pods complete (are deleted: the other tenants' first, the flood's last). The scheduler
+///    refills the shard from the backlogs; measured: each tenant's part of the full shard
+///    against its weight's part.
+async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<Report> {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let t = args.tenants.max(2);
+    let tenants_res = find_resource("tessera.io", "v1alpha1", "tenants").map_err(err)?;
+    for i in 0..t {
+        let ns = format!("tenant-{i}");
+        bench.namespace(&ns).await?;
+        bench
+            .client
+            .create(
+                tenants_res,
+                None,
+                &json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
+                    "metadata": {"name": ns}, "spec": {"namespaces": [ns], "weight": weight(i)}}),
+            )
+            .await
+            .map_err(err)?;
+    }
+    // The scheduler must know the tenants before the flood: wait for a pod of each to bind.
+    let pods = (0..t)
+        .map(|i| {
+            pod(
+                &format!("tenant-{i}"),
+                "probe",
+                "flood",
+                "100m",
+                Workload::Basic,
+            )
+        })
+        .collect();
+    bench.create(pods, "one pod per tenant").await?;
+    bench
+        .wait_bound(t, |_| true, deadline, "first pods bound")
+        .await?;
+    let conflicts_before = bench.conflicts();
+
+    // Phase 1: the flood and the steady others.
+    let flood: Vec<Value> = (0..args.pods)
+        .map(|i| {
+            pod(
+                "tenant-0",
+                &format!("f-{i}"),
+                "flood",
+                "100m",
+                Workload::Basic,
+            )
+        })
+        .collect();
+    let others_total = ((t - 1) as f64 * args.rate * args.duration as f64).round() as usize;
+    let started = Instant::now();
+    let steady = async {
+        let every = Duration::from_secs_f64(1.0 / (args.rate * (t - 1) as f64).max(1e-3));
+        let mut tick = tokio::time::interval(every);
+        let mut creates = futures::stream::FuturesUnordered::new();
+        for k in 0..others_total {
+            tick.tick().await;
+            let i = 1 + k % (t - 1);
+            let p = pod(
+                &format!("tenant-{i}"),
+                &format!("s-{k}"),
+                "flood",
+                "100m",
+                Workload::Basic,
+            );
+            let client = bench.client.clone();
+            creates.push(async move {
+                let ns = p["metadata"]["namespace"].as_str().unwrap_or("").to_owned();
+                client.create(pods_res(), Some(&ns), &p).await
+            });
+            while let Some(r) = futures::FutureExt::now_or_never(creates.next()).flatten() {
+                r.map_err(|e| anyhow::anyhow!("creating a pod: {}", e.message))?;
+            }
+        }
+        while let Some(r) = creates.next().await {
+            r.map_err(|e| anyhow::anyhow!("creating a pod: {}", e.message))?;
+        }
+        anyhow::Ok(())
+    };
+    let (f, s) = tokio::join!(bench.create(flood, "creating the flood"), steady);
+    f?;
+    s?;
+    let capacity = args.nodes * 40;
+    let others_ns = |ns: &str| ns != "tenant-0";
+    // Every other tenant's pod binds while the shard has room.
+    bench
+        .wait_bound(
+            others_total.min(capacity) + (t - 1),
+            others_ns,
+            deadline,
+            "the others' pods bound",
+        )
+        .await?;
+    let (seconds, flood_bound, others_bound, mut others_wait) = {
+        let s = bench.seen.lock();
+        let mut lat = Latencies::with_capacity(others_total);
+        let mut flood_bound = 0;
+        let mut others_bound = 0;
+        let mut last = started;
+        for e in s.values() {
+            let (Some(a), Some(b)) = (e.added, e.bound) else {
+                continue;
+            };
+            if a < started {
+                continue;
+            }
+            last = last.max(b);
+            if e.ns == "tenant-0" {
+                flood_bound += 1;
+            } else {
+                others_bound += 1;
+                lat.record(b - a);
+            }
+        }
+        (
+            (last - started).as_secs_f64(),
+            flood_bound,
+            others_bound,
+            lat,
+        )
+    };
+
+    // Phase 2: full shard, backlogs by weight, completions, refill.
+    let bound = bench.bound_in(|_| true);
+    if bound < capacity {
+        let more = (0..capacity - bound)
+            .map(|i| {
+                pod(
+                    "tenant-0",
+                    &format!("top-{i}"),
+                    "flood",
+                    "100m",
+                    Workload::Basic,
+                )
+            })
+            .collect();
+        bench.create(more, "filling the shard").await?;
+    }
+    bench
+        .wait_bound(capacity, |_| true, deadline, "shard full")
+        .await?;
+    let total_weight: usize = (0..t).map(weight).sum();
+    let mut backlog = Vec::new();
+    for i in 0..t {
+        let part = capacity * weight(i) / total_weight;
+        for j in 0..2 * part + 1 {
+            backlog.push(pod(
+                &format!("tenant-{i}"),
+                &format!("b-{j}"),
+                "backlog",
+                "100m",
+                Workload::Basic,
+            ));
+        }
+    }
+    bench.create(backlog, "queueing the backlogs").await?;
+    let bar = super::progress_bar(t as u64, "completing phase-1 pods".into());
+    for i in (1..t).chain([0]) {
+        let mut req = ApiRequest::new(Verb::DeleteCollection, pods_res());
+        req.namespace = Some(format!("tenant-{i}"));
+        req.params.label_selector = Some(
+            "phase=flood"
+                .parse()
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        );
+        req.params.grace_period_seconds = Some(0);
+        bench.client.call(req).await.map_err(err)?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    bench
+        .wait_bound(capacity, |_| true, deadline, "shard refilled")
+        .await?;
+    bench.wait_quiet(Duration::from_secs(2), deadline).await;
+    let mut errors = Vec::with_capacity(t);
+    for i in 0..t {
+        let ns = format!("tenant-{i}");
+        let got = bench.bound_in(|n| n == ns) as f64;
+        let want = capacity as f64 * weight(i) as f64 / total_weight as f64;
+        errors.push((got - want).abs() / want * 100.0);
+    }
+    let max = errors.iter().copied().fold(0.0, f64::max);
+    let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+    Ok(Report {
+        workload: "tenants".into(),
+        nodes: args.nodes,
+        init_pods: t,
+        pods: args.pods + others_total,
+        workers: args.workers,
+        seconds,
+        pods_per_sec: (flood_bound + others_bound) as f64 / seconds.max(1e-9),
+        schedule_p50_ms: others_wait.percentile_ms(50.0),
+        schedule_p99_ms: others_wait.percentile_ms(99.0),
+        conflicts: bench.conflicts() - conflicts_before,
+        tenants: Some(TenantsReport {
+            tenants: t,
+            others_pods: others_total,
+            others_wait_p50_ms: others_wait.percentile_ms(50.0),
+            others_wait_p99_ms: others_wait.percentile_ms(99.0),
+            capacity,
+            share_error_max_pct: max,
+            share_error_mean_pct: mean,
+        }),
+    })
+}
