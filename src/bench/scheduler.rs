@@ -53,7 +53,7 @@ pub enum Workload {
     Unschedulable,
     /// PodGroups placed all or nothing (not built yet).
     Gang,
-    /// One tenant floods while the others submit at a steady rate; then the full shard is
+    /// One tenant floods while the others submit at a steady rate; then a full shard is
     /// refilled from every tenant's backlog and split by weight.
     Tenants,
 }
@@ -87,6 +87,10 @@ pub struct SchedulerBenchArgs {
     /// `tenants`: seconds the other tenants submit for.
     #[arg(long, default_value_t = 10)]
     pub duration: u64,
+    /// `tenants`: nodes of the shard that is filled and refilled from every tenant's
+    /// backlog (phase 2; 40 pods each).
+    #[arg(long, default_value_t = 500)]
+    pub share_nodes: usize,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -119,7 +123,7 @@ struct TenantsReport {
     others_pods: usize,
     others_wait_p50_ms: f64,
     others_wait_p99_ms: f64,
-    /// Pods the shard holds (by cpu: 40 per node).
+    /// Pods the phase-2 shard holds (by cpu: 40 per node).
     capacity: usize,
     /// After refilling the full shard from every tenant's backlog: the largest difference
     /// between a tenant's part of the shard and its weight's part, in % of the latter.
@@ -175,7 +179,8 @@ fn pod(ns: &str, name: &str, phase: &str, cpu: &str, workload: Workload) -> Valu
 }
 
 impl Bench {
-    async fn start(args: &SchedulerBenchArgs, dir: &std::path::Path) -> anyhow::Result<Bench> {
+    async fn start(nodes: usize, dir: &std::path::Path) -> anyhow::Result<Bench> {
+        std::fs::create_dir_all(dir)?;
         let store = Arc::new(
             EmbeddedStore::open(
                 dir,
@@ -192,7 +197,7 @@ impl Bench {
             client.clone(),
             SimConfig {
                 prefix: "node".into(),
-                nodes: args.nodes,
+                nodes,
                 cpu: "4".into(),
                 memory: "32Gi".into(),
                 pods: 110,
@@ -202,7 +207,7 @@ impl Bench {
             None,
             None,
         );
-        let bar = super::progress_bar(args.nodes as u64, "registering nodes".into());
+        let bar = super::progress_bar(nodes as u64, "registering nodes".into());
         agent.register(|| bar.inc(1)).await.map_err(err)?;
         bar.finish_and_clear();
 
@@ -365,9 +370,9 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         );
     }
     let dir = tempfile::tempdir()?;
-    let bench = Bench::start(&args, dir.path()).await?;
+    let bench = Bench::start(args.nodes, &dir.path().join("shard")).await?;
     let report = if args.workload == Workload::Tenants {
-        run_tenants(&bench, &args).await?
+        run_tenants(&bench, &args, dir.path()).await?
     } else {
         run_plain(&bench, &args).await?
     };
@@ -469,7 +474,10 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
     }
     let seconds = (last - started).as_secs_f64();
     Ok(Report {
-        workload: format!("{:?}", args.workload).to_lowercase(),
+        workload: args
+            .workload
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned()),
         nodes: args.nodes,
         init_pods: init,
         pods: args.pods,
@@ -487,19 +495,9 @@ fn weight(i: usize) -> usize {
     1 + i % 4
 }
 
-/// `tenants`, in two phases.
-///
-/// 1. *Flood*: tenant-0 creates `--pods` pods at once while every other tenant submits
-///    `--rate` pods per second for `--duration` seconds; measured: how long the others'
-///    pods wait (created → bound), and the flood's throughput.
-/// 2. *Saturation*: the shard is filled (topped up with tenant-0 pods if the flood did not
-///    fill it), every tenant queues twice its weight's part of the shard, and the phase-1
-///    pods complete (are deleted: the other tenants' first, the flood's last). The scheduler
-///    refills the shard from the backlogs; measured: each tenant's part of the full shard
-///    against its weight's part.
-async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<Report> {
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    let t = args.tenants.max(2);
+/// Creates `t` tenants (`tenant-i` owning namespace `tenant-i`, weight 1 + i % 4) and waits
+/// until the scheduler has placed a pod of each (so it knows them all).
+async fn make_tenants(bench: &Bench, t: usize, deadline: Instant) -> anyhow::Result<()> {
     let tenants_res = find_resource("tessera.io", "v1alpha1", "tenants").map_err(err)?;
     for i in 0..t {
         let ns = format!("tenant-{i}");
@@ -515,13 +513,12 @@ async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result
             .await
             .map_err(err)?;
     }
-    // The scheduler must know the tenants before the flood: wait for a pod of each to bind.
     let pods = (0..t)
         .map(|i| {
             pod(
                 &format!("tenant-{i}"),
                 "probe",
-                "flood",
+                "probe",
                 "100m",
                 Workload::Basic,
             )
@@ -530,7 +527,27 @@ async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result
     bench.create(pods, "one pod per tenant").await?;
     bench
         .wait_bound(t, |_| true, deadline, "first pods bound")
-        .await?;
+        .await
+}
+
+/// `tenants`, in two phases.
+///
+/// 1. *Flood* (on `--nodes`): tenant-0 creates `--pods` pods at once while every other
+///    tenant submits `--rate` pods per second for `--duration` seconds; measured: how long
+///    the others' pods wait (created → bound) and the throughput. Size the flood to fit
+///    (`--nodes` × 40 pods): a full shard is phase 2's subject.
+/// 2. *Saturation* (on a fresh shard of `--share-nodes`): the shard is filled with pods of a
+///    namespace no tenant owns, every tenant queues twice its weight's part of the shard,
+///    then the filling pods complete (are deleted). The scheduler refills the shard from the
+///    backlogs; measured: each tenant's part of the full shard against its weight's part.
+async fn run_tenants(
+    bench: &Bench,
+    args: &SchedulerBenchArgs,
+    dir: &std::path::Path,
+) -> anyhow::Result<Report> {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let t = args.tenants.max(2);
+    make_tenants(bench, t, deadline).await?;
     let conflicts_before = bench.conflicts();
 
     // Phase 1: the flood and the steady others.
@@ -557,7 +574,7 @@ async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result
             let p = pod(
                 &format!("tenant-{i}"),
                 &format!("s-{k}"),
-                "flood",
+                "steady",
                 "100m",
                 Workload::Basic,
             );
@@ -578,22 +595,18 @@ async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result
     let (f, s) = tokio::join!(bench.create(flood, "creating the flood"), steady);
     f?;
     s?;
-    let capacity = args.nodes * 40;
-    let others_ns = |ns: &str| ns != "tenant-0";
-    // Every other tenant's pod binds while the shard has room.
     bench
         .wait_bound(
-            others_total.min(capacity) + (t - 1),
-            others_ns,
+            args.pods + others_total + t,
+            |_| true,
             deadline,
-            "the others' pods bound",
+            "flood and steady pods bound",
         )
         .await?;
-    let (seconds, flood_bound, others_bound, mut others_wait) = {
+    let (seconds, placed, mut others_wait) = {
         let s = bench.seen.lock();
         let mut lat = Latencies::with_capacity(others_total);
-        let mut flood_bound = 0;
-        let mut others_bound = 0;
+        let mut placed = 0;
         let mut last = started;
         for e in s.values() {
             let (Some(a), Some(b)) = (e.added, e.bound) else {
@@ -603,38 +616,33 @@ async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result
                 continue;
             }
             last = last.max(b);
-            if e.ns == "tenant-0" {
-                flood_bound += 1;
-            } else {
-                others_bound += 1;
+            placed += 1;
+            if e.ns != "tenant-0" {
                 lat.record(b - a);
             }
         }
-        (
-            (last - started).as_secs_f64(),
-            flood_bound,
-            others_bound,
-            lat,
-        )
+        ((last - started).as_secs_f64(), placed, lat)
     };
+    let conflicts = bench.conflicts() - conflicts_before;
 
-    // Phase 2: full shard, backlogs by weight, completions, refill.
-    let bound = bench.bound_in(|_| true);
-    if bound < capacity {
-        let more = (0..capacity - bound)
-            .map(|i| {
-                pod(
-                    "tenant-0",
-                    &format!("top-{i}"),
-                    "flood",
-                    "100m",
-                    Workload::Basic,
-                )
-            })
-            .collect();
-        bench.create(more, "filling the shard").await?;
-    }
-    bench
+    // Phase 2, on a fresh shard: full, backlogs by weight, completions, refill.
+    let share = Bench::start(args.share_nodes, &dir.join("share")).await?;
+    make_tenants(&share, t, deadline).await?;
+    let capacity = args.share_nodes * 40;
+    share.namespace("filler").await?;
+    let fill = (0..capacity - t)
+        .map(|i| {
+            pod(
+                "filler",
+                &format!("x-{i}"),
+                "filler",
+                "100m",
+                Workload::Basic,
+            )
+        })
+        .collect();
+    share.create(fill, "filling the shard").await?;
+    share
         .wait_bound(capacity, |_| true, deadline, "shard full")
         .await?;
     let total_weight: usize = (0..t).map(weight).sum();
@@ -651,30 +659,21 @@ async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result
             ));
         }
     }
-    bench.create(backlog, "queueing the backlogs").await?;
-    let bar = super::progress_bar(t as u64, "completing phase-1 pods".into());
-    for i in (1..t).chain([0]) {
-        let mut req = ApiRequest::new(Verb::DeleteCollection, pods_res());
-        req.namespace = Some(format!("tenant-{i}"));
-        req.params.label_selector = Some(
-            "phase=flood"
-                .parse()
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?,
-        );
-        req.params.grace_period_seconds = Some(0);
-        bench.client.call(req).await.map_err(err)?;
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    bench
-        .wait_bound(capacity, |_| true, deadline, "shard refilled")
+    share.create(backlog, "queueing the backlogs").await?;
+    let mut req = ApiRequest::new(Verb::DeleteCollection, pods_res());
+    req.namespace = Some("filler".into());
+    req.params.grace_period_seconds = Some(0);
+    share.client.call(req).await.map_err(err)?;
+    share
+        .wait_bound(capacity, |ns| ns != "filler", deadline, "shard refilled")
         .await?;
-    bench.wait_quiet(Duration::from_secs(2), deadline).await;
+    share.wait_quiet(Duration::from_secs(2), deadline).await;
     let mut errors = Vec::with_capacity(t);
     for i in 0..t {
         let ns = format!("tenant-{i}");
-        let got = bench.bound_in(|n| n == ns) as f64;
+        let got = share.bound_in(|n| n == ns) as f64;
         let want = capacity as f64 * weight(i) as f64 / total_weight as f64;
+        tracing::debug!(tenant = %ns, weight = weight(i), got, want, "part of the full shard");
         errors.push((got - want).abs() / want * 100.0);
     }
     let max = errors.iter().copied().fold(0.0, f64::max);
@@ -686,10 +685,10 @@ async fn run_tenants(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result
         pods: args.pods + others_total,
         workers: args.workers,
         seconds,
-        pods_per_sec: (flood_bound + others_bound) as f64 / seconds.max(1e-9),
+        pods_per_sec: placed as f64 / seconds.max(1e-9),
         schedule_p50_ms: others_wait.percentile_ms(50.0),
         schedule_p99_ms: others_wait.percentile_ms(99.0),
-        conflicts: bench.conflicts() - conflicts_before,
+        conflicts,
         tenants: Some(TenantsReport {
             tenants: t,
             others_pods: others_total,

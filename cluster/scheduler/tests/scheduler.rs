@@ -422,3 +422,92 @@ async fn a_full_shard_is_split_between_tenants_by_weight() {
         );
     }
 }
+
+/// The same split when the room comes from completions: a full shard, both tenants queue
+/// more than it holds, then the pods filling it (of a namespace no tenant owns) finish.
+#[tokio::test]
+async fn room_freed_by_completions_is_split_by_weight() {
+    let dir = tempfile::tempdir().expect("dir");
+    let c = client(dir.path()).await;
+    for i in 0..10 {
+        node(&c, &format!("n{i}"), "4", json!({})).await;
+    }
+    let tenants = find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants");
+    for (name, weight) in [("light", 1), ("heavy", 3)] {
+        c.create(
+            res("namespaces"),
+            None,
+            &json!({"metadata": {"name": name}}),
+        )
+        .await
+        .expect("ns");
+        c.create(
+            tenants,
+            None,
+            &json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
+                "metadata": {"name": name},
+                "spec": {"namespaces": [name], "weight": weight}}),
+        )
+        .await
+        .expect("tenant");
+    }
+    let create = |ns: &'static str, i: usize| {
+        let c = c.clone();
+        async move {
+            c.create(
+                res("pods"),
+                Some(ns),
+                &json!({"metadata": {"name": format!("p{i}"), "namespace": ns},
+                    "spec": {"containers": [{"name": "c", "image": "x",
+                        "resources": {"requests": {"cpu": "100m"}}}]}}),
+            )
+            .await
+            .expect("pod")
+        }
+    };
+    let _s = start(&c, SchedulerConfig::default());
+    let bound_in = |ns: &'static str| {
+        let c = c.clone();
+        async move {
+            let mut req = ApiRequest::new(Verb::List, res("pods"));
+            req.namespace = Some(ns.into());
+            c.list(req).await.expect("list")["items"]
+                .as_array()
+                .map_or(0, |items| {
+                    items
+                        .iter()
+                        .filter(|p| p["spec"]["nodeName"].is_string())
+                        .count()
+                })
+        }
+    };
+    for i in 0..400 {
+        create("default", i).await;
+    }
+    wait_until("the shard to fill", || async {
+        bound_in("default").await == 400
+    })
+    .await;
+    for i in 0..400 {
+        create("light", i).await;
+        create("heavy", i).await;
+    }
+    let mut req = ApiRequest::new(Verb::DeleteCollection, res("pods"));
+    req.namespace = Some("default".into());
+    req.params.grace_period_seconds = Some(0);
+    c.call(req).await.expect("delete the filling pods");
+    wait_until("the shard to refill", || async {
+        bound_in("light").await + bound_in("heavy").await == 400
+    })
+    .await;
+    let (light, heavy) = (
+        bound_in("light").await as f64,
+        bound_in("heavy").await as f64,
+    );
+    for (got, want) in [(light, 100.0), (heavy, 300.0)] {
+        assert!(
+            (got - want).abs() <= 0.05 * want,
+            "light {light}, heavy {heavy}: {got} is not within 5% of {want}"
+        );
+    }
+}

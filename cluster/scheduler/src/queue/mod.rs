@@ -45,6 +45,11 @@ struct Waiting {
     place: Place,
     /// When its current backoff ends.
     backoff_until: Option<Instant>,
+    /// Backing off after an event woke it from unschedulable (may be tried early in its
+    /// tenant's turn).
+    woken: bool,
+    /// Handed out early, ahead of its backoff, in its tenant's turn.
+    early: bool,
 }
 
 struct Active {
@@ -95,6 +100,11 @@ pub struct SchedulingQueue {
     sort: Arc<dyn Plugin>,
     /// Active pods, one heap per tenant (indexed like `fair`'s tenants).
     heaps: Vec<BinaryHeap<Active>>,
+    /// Per tenant: its woken pods still backing off, by when their backoff ends.
+    woken: Vec<BTreeMap<(Instant, u64), String>>,
+    /// Per tenant: whether its woken pods may be tried ahead of their backoff (until one
+    /// of them fails again; the next event that wakes its pods allows it again).
+    early: Vec<bool>,
     fair: fair::Fair,
     pods: HashMap<String, Waiting>,
     backoff: BTreeMap<(Instant, u64), String>,
@@ -115,6 +125,8 @@ impl SchedulingQueue {
         SchedulingQueue {
             sort,
             heaps: vec![BinaryHeap::new()],
+            woken: vec![BTreeMap::new()],
+            early: vec![true],
             fair: fair::Fair::new(),
             pods: HashMap::new(),
             backoff: BTreeMap::new(),
@@ -201,18 +213,33 @@ impl SchedulingQueue {
 
     fn activate(&mut self, key: &str) {
         let seq = self.next_seq();
-        let Some(pod) = self.pods.get(key).map(|w| w.pod.clone()) else {
+        let Some(w) = self.pods.get_mut(key) else {
             return;
         };
+        w.woken = false;
+        w.early = false;
+        let pod = w.pod.clone();
         self.set_place(key, Place::Active(seq));
         let t = self.tenant_of_key(key);
         self.push_active(t, seq, pod);
     }
 
-    fn push_active(&mut self, t: u32, seq: u64, pod: QueuedPod) {
-        if self.heaps.len() < self.fair.len() {
-            self.heaps.resize_with(self.fair.len(), BinaryHeap::new);
+    /// Makes room for every tenant in the per-tenant vectors.
+    fn tenant_slots(&mut self) {
+        let n = self.fair.len();
+        if self.heaps.len() < n {
+            self.heaps.resize_with(n, BinaryHeap::new);
         }
+        if self.woken.len() < n {
+            self.woken.resize_with(n, BTreeMap::new);
+        }
+        if self.early.len() < n {
+            self.early.resize(n, true);
+        }
+    }
+
+    fn push_active(&mut self, t: u32, seq: u64, pod: QueuedPod) {
+        self.tenant_slots();
         self.heaps[t as usize].push(Active {
             seq,
             pod,
@@ -239,6 +266,8 @@ impl SchedulingQueue {
                         },
                         place: Place::InFlight,
                         backoff_until: None,
+                        woken: false,
+                        early: false,
                     },
                 );
                 self.activate(&key);
@@ -273,8 +302,12 @@ impl SchedulingQueue {
             if e.key().0 > now {
                 break;
             }
-            let at = e.key().0;
+            let (at, seq) = *e.key();
             let key = e.remove();
+            let t = self.tenant_of_key(&key) as usize;
+            if let Some(w) = self.woken.get_mut(t) {
+                w.remove(&(at, seq));
+            }
             if self.pods.get(&key).map(|w| &w.place) == Some(&Place::Backoff(at)) {
                 self.activate(&key);
             }
@@ -283,7 +316,9 @@ impl SchedulingQueue {
         // QueueSort order. Stale entries (pods that moved on) are dropped on the way.
         while let Some(t) = self.fair.next() {
             let Some(a) = self.heaps[t as usize].pop() else {
-                self.fair.unready(t);
+                if !self.promote_early(t) {
+                    self.fair.unready(t);
+                }
                 continue;
             };
             let Some(w) = self.pods.get_mut(&a.pod.info.key) else {
@@ -294,13 +329,52 @@ impl SchedulingQueue {
             }
             let pod = w.pod.clone();
             self.set_place(&a.pod.info.key, Place::InFlight);
-            if self.heaps[t as usize].is_empty() {
+            let ti = t as usize;
+            let more_early = self.early[ti] && !self.woken[ti].is_empty();
+            if self.heaps[ti].is_empty() && !more_early {
                 self.fair.unready(t);
             }
             self.fair.served(t);
             return Some(pod);
         }
         None
+    }
+
+    /// Tenant `t` is the one to serve but has no active pod: if it may, its woken pod whose
+    /// backoff ends first becomes active now. Backoff after a wake exists so a storm of
+    /// events does not retry every parked pod at once; left alone it would also decide which
+    /// tenant gets room freed by a completion (whoever's backoff ended first). So each
+    /// tenant, in fair-share order, may try its woken pods early until one fails: at most
+    /// one failed early try per tenant per waking event.
+    fn promote_early(&mut self, t: u32) -> bool {
+        let ti = t as usize;
+        if !self.early.get(ti).copied().unwrap_or(false) {
+            return false;
+        }
+        while let Some(((at, seq), key)) = self.woken[ti].pop_first() {
+            if self.pods.get(&key).map(|w| &w.place) != Some(&Place::Backoff(at)) {
+                continue;
+            }
+            self.backoff.remove(&(at, seq));
+            self.activate(&key);
+            if let Some(w) = self.pods.get_mut(&key) {
+                w.early = true;
+            }
+            return true;
+        }
+        false
+    }
+
+    /// A pod handed out early failed: its tenant waits out backoffs until the next event.
+    fn early_failed(&mut self, key: &str) {
+        if let Some(w) = self.pods.get_mut(key)
+            && std::mem::take(&mut w.early)
+        {
+            let t = self.tenant_of_key(key) as usize;
+            if let Some(e) = self.early.get_mut(t) {
+                *e = false;
+            }
+        }
     }
 
     /// A pod started (`sign` 1) or stopped (-1) counting on a node: its tenant's usage.
@@ -321,7 +395,7 @@ impl SchedulingQueue {
             return;
         }
         let old = std::mem::take(&mut self.heaps);
-        for (t, _) in old.iter().enumerate() {
+        for t in 0..self.fair.len() {
             self.fair.unready(t as u32);
         }
         self.heaps = Vec::new();
@@ -334,6 +408,19 @@ impl SchedulingQueue {
                 let t = self.tenant_of_key(&a.pod.info.key);
                 self.push_active(t, a.seq, a.pod);
             }
+        }
+        let backoff: Vec<((Instant, u64), String)> = self
+            .backoff
+            .iter()
+            .filter(|(_, k)| self.pods.get(*k).is_some_and(|w| w.woken))
+            .map(|(at, k)| (*at, k.clone()))
+            .collect();
+        self.woken.iter_mut().for_each(BTreeMap::clear);
+        self.tenant_slots();
+        for (at, k) in backoff {
+            let t = self.tenant_of_key(&k);
+            self.woken[t as usize].insert(at, k);
+            self.fair.mark_ready(t);
         }
         self.fair.clear_sizes();
         let places: Vec<(String, Place)> = self
@@ -393,6 +480,7 @@ impl SchedulingQueue {
 
     /// The attempt found no node; park the pod until one of `events` happens.
     pub fn unschedulable(&mut self, key: &str, events: Vec<ClusterEvent>, now: Instant) {
+        self.early_failed(key);
         if self.record_failure(key, now).is_some() {
             self.set_place(key, Place::Unschedulable { events, since: now });
         }
@@ -400,6 +488,7 @@ impl SchedulingQueue {
 
     /// The attempt failed for another reason (an error, a lost binding): back off.
     pub fn failed(&mut self, key: &str, now: Instant) {
+        self.early_failed(key);
         if self.record_failure(key, now).is_some() {
             self.park_in_backoff(key, now);
         }
@@ -420,6 +509,8 @@ impl SchedulingQueue {
                 },
                 place: Place::InFlight,
                 backoff_until: None,
+                woken: false,
+                early: false,
             },
         );
         self.failed(&key, now);
@@ -439,8 +530,25 @@ impl SchedulingQueue {
         }
     }
 
+    /// An event (or the five-minute flush) woke a parked pod: active if its backoff is
+    /// over, else backing off — and then its tenant may try it early, in its turn.
     fn wake(&mut self, key: &str, now: Instant) {
-        self.park_in_backoff(key, now);
+        let seq = self.next_seq();
+        let Some(w) = self.pods.get_mut(key) else {
+            return;
+        };
+        let Some(until) = w.backoff_until.filter(|t| *t > now) else {
+            self.activate(key);
+            return;
+        };
+        w.woken = true;
+        self.set_place(key, Place::Backoff(until));
+        self.backoff.insert((until, seq), key.to_owned());
+        let t = self.tenant_of_key(key);
+        self.tenant_slots();
+        self.woken[t as usize].insert((until, seq), key.to_owned());
+        self.early[t as usize] = true;
+        self.fair.mark_ready(t);
     }
 
     /// A cluster event: pods parked by plugins that named it are tried again (after what is
@@ -547,14 +655,14 @@ mod tests {
         );
         assert!(q.pop(now).is_none());
         assert_eq!(q.on_event(ClusterEvent::NodeAdd, now), 1);
-        assert!(q.pop(now).is_none(), "still backing off (1 s)");
-        let later = now + Duration::from_secs(1);
-        let again = q.pop(later).expect("retried after its backoff");
+        // Nothing else waits, so it is its tenant's turn: tried at once rather than after
+        // its backoff (1 s).
+        let again = q.pop(now).expect("tried early");
         assert_eq!(again.attempts, 1);
-        // A second failure doubles the backoff.
-        q.failed(&again.info.key, later);
-        assert!(q.pop(later + Duration::from_millis(1_999)).is_none());
-        assert!(q.pop(later + Duration::from_secs(2)).is_some());
+        // A failed early try waits out its backoff, doubled by the second failure.
+        q.failed(&again.info.key, now);
+        assert!(q.pop(now + Duration::from_millis(1_999)).is_none());
+        assert!(q.pop(now + Duration::from_secs(2)).is_some());
     }
 
     #[tokio::test(start_paused = true)]
@@ -677,6 +785,60 @@ mod tests {
         assert_eq!(q.pop(now).expect("b first").info.key, "y/p");
         assert_eq!(q.pop(now).expect("then a").info.key, "x/p");
         assert!(q.pop(now).is_none());
+    }
+
+    /// Room freed by a completion goes by fair share, not by whose backoff ends first: a
+    /// tenant with the lower share gets its woken pod tried ahead of its backoff; once such
+    /// an early try fails, that tenant waits out its backoffs until the next event.
+    #[tokio::test(start_paused = true)]
+    async fn woken_pods_are_tried_in_fair_share_order_not_backoff_order() {
+        let mut q = queue();
+        q.set_capacity(SHARD);
+        q.set_tenants(&[tenant("big", 1, &["big"]), tenant("small", 1, &["small"])]);
+        q.charge(&pod_in("big", "running", 100_000, 1), 1);
+        let t0 = Instant::now();
+        // big's pod is parked first, small's 900 ms later: big's backoff ends first.
+        q.add_or_update(pod_in("big", "p", 100, 1));
+        let p = q.pop(t0).expect("big");
+        q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], t0);
+        let t1 = t0 + Duration::from_millis(900);
+        for i in 0..3 {
+            q.add_or_update(pod_in("small", &format!("p{i}"), 100, 1));
+            let p = q.pop(t1).expect("small");
+            q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], t1);
+        }
+        // A pod completes at 1 s: big's pod is active again, small's still back off.
+        let t2 = t0 + Duration::from_secs(1);
+        assert_eq!(q.on_event(ClusterEvent::AssignedPodDelete, t2), 4);
+        let first = q.pop(t2).expect("a pod");
+        assert_eq!(
+            first.info.key.split('/').next(),
+            Some("small"),
+            "lower share first"
+        );
+        q.done(&first.info.key);
+        q.charge(&first.info, 1);
+        // Still the lower share: its next woken pod, early too.
+        let second = q.pop(t2).expect("a pod");
+        assert_eq!(
+            second.info.key.split('/').next(),
+            Some("small"),
+            "and again"
+        );
+        // It does not fit: small waits out its backoff now; big goes on.
+        q.unschedulable(&second.info.key, vec![ClusterEvent::AssignedPodDelete], t2);
+        assert_eq!(q.pop(t2).expect("big").info.key, "big/p");
+        assert!(
+            q.pop(t2).is_none(),
+            "no second early try without a new event"
+        );
+        // The next event allows it again.
+        q.on_event(ClusterEvent::AssignedPodDelete, t2);
+        assert_eq!(
+            q.pop(t2).expect("small").info.key.split('/').next(),
+            Some("small")
+        );
+        check_indexes(&q);
     }
 
     /// Within a tenant and a priority, a pod not tried yet goes before a retry.

@@ -244,6 +244,7 @@ impl Scheduler {
                 })
             })
             .collect();
+        tracing::debug!(tenants = specs.len(), "tenants changed");
         self.queue.set_tenants(&specs);
     }
 
