@@ -339,6 +339,59 @@ fn invalid_configurations_are_refused_with_the_reason() {
     }
 }
 
+/// A Tenant `name` of `weight` owning the namespace `name` (created too).
+async fn tenant(c: &Arc<dyn Client>, name: &str, weight: i32) {
+    c.create(
+        res("namespaces"),
+        None,
+        &json!({"metadata": {"name": name}}),
+    )
+    .await
+    .expect("ns");
+    let tenants = find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants");
+    c.create(
+        tenants,
+        None,
+        &json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
+            "metadata": {"name": name},
+            "spec": {"namespaces": [name], "weight": weight}}),
+    )
+    .await
+    .expect("tenant");
+}
+
+/// Pod `p{i}` of 100m in namespace `ns`.
+async fn small_pod(c: &Arc<dyn Client>, ns: &str, i: usize) {
+    c.create(
+        res("pods"),
+        Some(ns),
+        &json!({"metadata": {"name": format!("p{i}"), "namespace": ns},
+            "spec": {"containers": [{"name": "c", "image": "x",
+                "resources": {"requests": {"cpu": "100m"}}}]}}),
+    )
+    .await
+    .expect("pod");
+}
+
+/// How many pods of namespace `ns` are bound.
+async fn bound_in(c: &Arc<dyn Client>, ns: &str) -> usize {
+    let mut req = ApiRequest::new(Verb::List, res("pods"));
+    req.namespace = Some(ns.into());
+    c.list(req).await.expect("list")["items"]
+        .as_array()
+        .map_or(0, |items| {
+            items
+                .iter()
+                .filter(|p| p["spec"]["nodeName"].is_string())
+                .count()
+        })
+}
+
+/// Whether `got` is within 5% of `want`.
+fn near(got: usize, want: f64) -> bool {
+    (got as f64 - want).abs() <= 0.05 * want
+}
+
 /// Per-tenant queues through the real API: tenants of weight 1 and 3 each queue more pods
 /// than the shard holds, and a third tenant queues one pod after all of them; then the
 /// scheduler starts. The late tenant's pod is placed (a FIFO queue would fill the shard
@@ -348,83 +401,39 @@ fn invalid_configurations_are_refused_with_the_reason() {
 async fn a_full_shard_is_split_between_tenants_by_weight() {
     let dir = tempfile::tempdir().expect("dir");
     let c = client(dir.path()).await;
+    // 10 nodes × 4 cpu / 100m = 400 pods fit.
     for i in 0..10 {
         node(&c, &format!("n{i}"), "4", json!({})).await;
     }
-    let tenants = find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants");
     for (name, weight) in [("light", 1), ("heavy", 3), ("late", 1)] {
-        c.create(
-            res("namespaces"),
-            None,
-            &json!({"metadata": {"name": name}}),
-        )
-        .await
-        .expect("ns");
-        c.create(
-            tenants,
-            None,
-            &json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
-                "metadata": {"name": name},
-                "spec": {"namespaces": [name], "weight": weight}}),
-        )
-        .await
-        .expect("tenant");
+        tenant(&c, name, weight).await;
     }
-    let create = |ns: &'static str, i: usize| {
-        let c = c.clone();
-        async move {
-            c.create(
-                res("pods"),
-                Some(ns),
-                &json!({"metadata": {"name": format!("p{i}"), "namespace": ns},
-                    "spec": {"containers": [{"name": "c", "image": "x",
-                        "resources": {"requests": {"cpu": "100m"}}}]}}),
-            )
-            .await
-            .expect("pod")
-        }
-    };
     for i in 0..400 {
-        create("light", i).await;
-        create("heavy", i).await;
+        small_pod(&c, "light", i).await;
+        small_pod(&c, "heavy", i).await;
     }
-    create("late", 0).await;
+    small_pod(&c, "late", 0).await;
     let _s = start(&c, SchedulerConfig::default());
-    // 10 nodes × 4 cpu / 100m = 400 pods fit.
-    let bound_in = |ns: &'static str| {
-        let c = c.clone();
-        async move {
-            let mut req = ApiRequest::new(Verb::List, res("pods"));
-            req.namespace = Some(ns.into());
-            c.list(req).await.expect("list")["items"]
-                .as_array()
-                .map_or(0, |items| {
-                    items
-                        .iter()
-                        .filter(|p| p["spec"]["nodeName"].is_string())
-                        .count()
-                })
-        }
-    };
     wait_until("the shard to fill", || async {
-        bound_in("light").await + bound_in("heavy").await + bound_in("late").await == 400
+        bound_in(&c, "light").await + bound_in(&c, "heavy").await + bound_in(&c, "late").await
+            == 400
     })
     .await;
-    assert_eq!(bound_in("late").await, 1, "the late tenant's pod is placed");
-    let (light, heavy) = (
-        bound_in("light").await as f64,
-        bound_in("heavy").await as f64,
+    assert_eq!(
+        bound_in(&c, "late").await,
+        1,
+        "the late tenant's pod is placed"
     );
-    for (got, want) in [(light, 399.0 / 4.0), (heavy, 399.0 * 3.0 / 4.0)] {
-        assert!(
-            (got - want).abs() <= 0.05 * want,
-            "light {light}, heavy {heavy}: {got} is not within 5% of {want}"
-        );
-    }
+    let (light, heavy) = (bound_in(&c, "light").await, bound_in(&c, "heavy").await);
+    assert!(
+        near(light, 399.0 / 4.0) && near(heavy, 399.0 * 3.0 / 4.0),
+        "light {light}, heavy {heavy}: not 1:3 within 5%"
+    );
 }
 
 /// The same split when the room comes from completions: a full shard, both tenants queue
 /// more than it holds, then the pods filling it (of a namespace no tenant owns) finish.
+/// The freed room goes by fair share, not by whose backoff ends first.
 #[tokio::test]
 async fn room_freed_by_completions_is_split_by_weight() {
     let dir = tempfile::tempdir().expect("dir");
@@ -432,82 +441,31 @@ async fn room_freed_by_completions_is_split_by_weight() {
     for i in 0..10 {
         node(&c, &format!("n{i}"), "4", json!({})).await;
     }
-    let tenants = find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants");
-    for (name, weight) in [("light", 1), ("heavy", 3)] {
-        c.create(
-            res("namespaces"),
-            None,
-            &json!({"metadata": {"name": name}}),
-        )
-        .await
-        .expect("ns");
-        c.create(
-            tenants,
-            None,
-            &json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
-                "metadata": {"name": name},
-                "spec": {"namespaces": [name], "weight": weight}}),
-        )
-        .await
-        .expect("tenant");
-    }
-    let create = |ns: &'static str, i: usize| {
-        let c = c.clone();
-        async move {
-            c.create(
-                res("pods"),
-                Some(ns),
-                &json!({"metadata": {"name": format!("p{i}"), "namespace": ns},
-                    "spec": {"containers": [{"name": "c", "image": "x",
-                        "resources": {"requests": {"cpu": "100m"}}}]}}),
-            )
-            .await
-            .expect("pod")
-        }
-    };
+    tenant(&c, "light", 1).await;
+    tenant(&c, "heavy", 3).await;
     let _s = start(&c, SchedulerConfig::default());
-    let bound_in = |ns: &'static str| {
-        let c = c.clone();
-        async move {
-            let mut req = ApiRequest::new(Verb::List, res("pods"));
-            req.namespace = Some(ns.into());
-            c.list(req).await.expect("list")["items"]
-                .as_array()
-                .map_or(0, |items| {
-                    items
-                        .iter()
-                        .filter(|p| p["spec"]["nodeName"].is_string())
-                        .count()
-                })
-        }
-    };
     for i in 0..400 {
-        create("default", i).await;
+        small_pod(&c, "default", i).await;
     }
     wait_until("the shard to fill", || async {
-        bound_in("default").await == 400
+        bound_in(&c, "default").await == 400
     })
     .await;
     for i in 0..400 {
-        create("light", i).await;
-        create("heavy", i).await;
+        small_pod(&c, "light", i).await;
+        small_pod(&c, "heavy", i).await;
     }
     let mut req = ApiRequest::new(Verb::DeleteCollection, res("pods"));
     req.namespace = Some("default".into());
     req.params.grace_period_seconds = Some(0);
     c.call(req).await.expect("delete the filling pods");
     wait_until("the shard to refill", || async {
-        bound_in("light").await + bound_in("heavy").await == 400
+        bound_in(&c, "light").await + bound_in(&c, "heavy").await == 400
     })
     .await;
-    let (light, heavy) = (
-        bound_in("light").await as f64,
-        bound_in("heavy").await as f64,
+    let (light, heavy) = (bound_in(&c, "light").await, bound_in(&c, "heavy").await);
+    assert!(
+        near(light, 100.0) && near(heavy, 300.0),
+        "light {light}, heavy {heavy}: not 1:3 within 5%"
     );
-    for (got, want) in [(light, 100.0), (heavy, 300.0)] {
-        assert!(
-            (got - want).abs() <= 0.05 * want,
-            "light {light}, heavy {heavy}: {got} is not within 5% of {want}"
-        );
-    }
 }
