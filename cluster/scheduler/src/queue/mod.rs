@@ -249,8 +249,9 @@ impl SchedulingQueue {
     }
 
     /// A pending pod appeared or changed. A new pod becomes active; a known one gets the new
-    /// version, and if it was parked as unschedulable it is tried again (its spec may have
-    /// changed what fits). A pod being scheduled right now is left alone.
+    /// version, and if it was parked as unschedulable and its spec, labels or annotations
+    /// changed, it is tried again after its backoff (the change may have changed what
+    /// fits). A pod being scheduled right now is left alone.
     pub fn add_or_update(&mut self, info: Arc<PodInfo>) {
         let key = info.key.clone();
         match self.pods.get_mut(&key) {
@@ -273,11 +274,21 @@ impl SchedulingQueue {
                 self.activate(&key);
             }
             Some(w) => {
+                // Only a change the pod's fit could depend on is worth a retry; a status-only
+                // update (the scheduler's own PodScheduled=False) is not (kube-scheduler
+                // skips those too).
+                let (old, new) = (&w.pod.info.pod, &info.pod);
+                let changed = old.spec != new.spec
+                    || old.metadata.labels != new.metadata.labels
+                    || old.metadata.annotations != new.metadata.annotations;
                 w.pod.info = info;
                 match w.place.clone() {
                     Place::Active(_) => self.activate(&key),
-                    Place::Unschedulable { .. } => self.wake(&key, Instant::now()),
-                    Place::Backoff(_) | Place::InFlight => {}
+                    // Back off as after any failure: no early try for the pod's own update.
+                    Place::Unschedulable { .. } if changed => {
+                        self.park_in_backoff(&key, Instant::now())
+                    }
+                    Place::Unschedulable { .. } | Place::Backoff(_) | Place::InFlight => {}
                 }
             }
         }
@@ -839,6 +850,38 @@ mod tests {
             Some("small")
         );
         check_indexes(&q);
+    }
+
+    /// A parked pod's own status update (the scheduler's PodScheduled=False) does not wake
+    /// it; a change of its spec does, after its backoff, with no early try.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_change_that_can_matter_wakes_a_parked_pod() {
+        let mut q = queue();
+        q.add_or_update(pod("p", 0));
+        let now = Instant::now();
+        let p = q.pop(now).expect("pod");
+        q.unschedulable(&p.info.key, vec![ClusterEvent::NodeAdd], now);
+        let mut status_only = (*p.info.pod).clone();
+        status_only.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Pending".into()),
+            ..Default::default()
+        });
+        q.add_or_update(Arc::new(PodInfo::new(Arc::new(status_only))));
+        assert_eq!(q.sizes().unschedulable, 1, "still parked");
+        q.add_or_update(pod("p", 7));
+        assert_eq!(
+            q.sizes().backoff,
+            1,
+            "woken by the spec change, backing off"
+        );
+        assert!(q.pop(now).is_none(), "no early try for its own update");
+        assert_eq!(
+            q.pop(now + Duration::from_secs(1))
+                .expect("after its backoff")
+                .info
+                .priority,
+            7
+        );
     }
 
     /// Within a tenant and a priority, a pod not tried yet goes before a retry.
