@@ -244,33 +244,36 @@ impl Fair {
     /// what each namespace uses. Returns true if any namespace changed owner.
     pub(super) fn set_tenants(&mut self, specs: &[TenantSpec]) -> bool {
         let mut owner = HashMap::new();
-        let mut listed = Vec::with_capacity(specs.len());
+        let mut listed = vec![false; self.tenants.len() + specs.len()];
         for s in specs {
             let i = self.slot(&s.name, s.weight.max(1));
-            listed.push(i);
+            listed[i as usize] = true;
             for ns in &s.namespaces {
                 owner.entry(ns.clone()).or_insert(i);
             }
         }
         // Tenants no longer listed keep their slot with weight 1 and no namespaces.
-        for i in 1..self.tenants.len() as u32 {
-            if !listed.contains(&i) {
-                self.tenants[i as usize].weight = 1;
+        for (t, listed) in self.tenants.iter_mut().zip(&listed).skip(1) {
+            if !listed {
+                t.weight = 1;
             }
         }
         let moved = owner != self.owner;
-        self.owner = owner;
-        for t in &mut self.tenants {
-            t.usage = Usage::default();
+        if moved {
+            self.owner = owner;
+            for t in &mut self.tenants {
+                t.usage = Usage::default();
+            }
+            let usages: Vec<(u32, Usage)> = self
+                .ns_usage
+                .iter()
+                .map(|(ns, u)| (self.tenant_of(ns), *u))
+                .collect();
+            for (i, u) in usages {
+                self.tenants[i as usize].usage.add(u, 1);
+            }
         }
-        let usages: Vec<(u32, Usage)> = self
-            .ns_usage
-            .iter()
-            .map(|(ns, u)| (self.tenant_of(ns), *u))
-            .collect();
-        for (i, u) in usages {
-            self.tenants[i as usize].usage.add(u, 1);
-        }
+        // Weights (and with moves, usage) changed: re-sort the ready tenants.
         let ready: Vec<u32> = self.ready.iter().map(|k| k.2).collect();
         for i in ready {
             self.rekey(i);

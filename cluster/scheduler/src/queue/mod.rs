@@ -286,7 +286,7 @@ impl SchedulingQueue {
                     Place::Active(_) => self.activate(&key),
                     // Back off as after any failure: no early try for the pod's own update.
                     Place::Unschedulable { .. } if changed => {
-                        self.park_in_backoff(&key, Instant::now())
+                        self.park_in_backoff(&key, Instant::now(), false)
                     }
                     Place::Unschedulable { .. } | Place::Backoff(_) | Place::InFlight => {}
                 }
@@ -501,7 +501,7 @@ impl SchedulingQueue {
     pub fn failed(&mut self, key: &str, now: Instant) {
         self.early_failed(key);
         if self.record_failure(key, now).is_some() {
-            self.park_in_backoff(key, now);
+            self.park_in_backoff(key, now, false);
         }
     }
 
@@ -527,23 +527,9 @@ impl SchedulingQueue {
         self.failed(&key, now);
     }
 
-    fn park_in_backoff(&mut self, key: &str, now: Instant) {
-        let seq = self.next_seq();
-        let Some(w) = self.pods.get_mut(key) else {
-            return;
-        };
-        match w.backoff_until.filter(|t| *t > now) {
-            Some(until) => {
-                self.set_place(key, Place::Backoff(until));
-                self.backoff.insert((until, seq), key.to_owned());
-            }
-            None => self.activate(key),
-        }
-    }
-
-    /// An event (or the five-minute flush) woke a parked pod: active if its backoff is
-    /// over, else backing off — and then its tenant may try it early, in its turn.
-    fn wake(&mut self, key: &str, now: Instant) {
+    /// Active if its backoff is over, else backing off. A pod an event `woken` from
+    /// unschedulable may then be tried early, in its tenant's turn ([`Self::promote_early`]).
+    fn park_in_backoff(&mut self, key: &str, now: Instant, woken: bool) {
         let seq = self.next_seq();
         let Some(w) = self.pods.get_mut(key) else {
             return;
@@ -552,14 +538,21 @@ impl SchedulingQueue {
             self.activate(key);
             return;
         };
-        w.woken = true;
+        w.woken = woken;
         self.set_place(key, Place::Backoff(until));
         self.backoff.insert((until, seq), key.to_owned());
-        let t = self.tenant_of_key(key);
-        self.tenant_slots();
-        self.woken[t as usize].insert((until, seq), key.to_owned());
-        self.early[t as usize] = true;
-        self.fair.mark_ready(t);
+        if woken {
+            let t = self.tenant_of_key(key);
+            self.tenant_slots();
+            self.woken[t as usize].insert((until, seq), key.to_owned());
+            self.early[t as usize] = true;
+            self.fair.mark_ready(t);
+        }
+    }
+
+    /// An event (or the five-minute flush) woke a parked pod.
+    fn wake(&mut self, key: &str, now: Instant) {
+        self.park_in_backoff(key, now, true);
     }
 
     /// A cluster event: pods parked by plugins that named it are tried again (after what is
@@ -909,11 +902,7 @@ mod tests {
         fn each_pod_goes_to_the_lowest_weighted_dominant_share(
             shapes in proptest::collection::vec((1u32..6, 50i64..2_000, 64i64..8_192), 2..7)
         ) {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .start_paused(true)
-                .build()
-                .expect("runtime");
+            let rt = paused_runtime();
             rt.block_on(async {
                 let mut q = queue();
                 q.set_capacity(SHARD);
@@ -1003,6 +992,15 @@ mod tests {
             );
         }
     }
+    /// A runtime with tokio's clock paused, for property tests that move time.
+    fn paused_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("runtime")
+    }
+
     /// Every pod's place agrees with the counts and the event index.
     fn check_indexes(q: &SchedulingQueue) {
         assert_eq!(q.sizes(), q.recount());
@@ -1032,11 +1030,7 @@ mod tests {
         fn counts_and_event_index_follow_every_move(
             ops in proptest::collection::vec((0u8..9, 0usize..6, 0usize..3, 0u64..400), 1..120)
         ) {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .start_paused(true)
-                .build()
-                .expect("runtime");
+            let rt = paused_runtime();
             rt.block_on(async {
                 let mut q = queue();
                 let mut now = Instant::now();

@@ -161,8 +161,21 @@ impl Scheduler {
             find_resource("tessera.io", "v1alpha1", "tenants").expect("tenants are served"),
         );
         let t = tx.clone();
-        let _tenants_sub = tenants.on_change(move |_| {
-            let _ = t.send(Msg::Tenants);
+        // Only what the queue uses (namespaces, weight) matters: a Tenant's status (its quota
+        // usage, written as its pods come and go) changes nothing here.
+        let _tenants_sub = tenants.on_change(move |c| {
+            let relevant = match c {
+                Change::Updated { old, new } => {
+                    fn view(t: &Tenant) -> Option<(&Option<Vec<String>>, Option<i32>)> {
+                        t.spec.as_ref().map(|s| (&s.namespaces, s.weight))
+                    }
+                    view(old) != view(new)
+                }
+                Change::Added(_) | Change::Deleted(_) => true,
+            };
+            if relevant {
+                let _ = t.send(Msg::Tenants);
+            }
         });
         self.tenants = Some(tenants.cache().clone());
         let pods = informers.get::<Pod>(res("pods"));
