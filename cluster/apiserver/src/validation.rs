@@ -694,6 +694,127 @@ fn pod_spec(spec: &Value, path: &str, always_restart: bool, e: &mut Errors) {
             e.not_supported(&format!("{path}.restartPolicy"), p, allowed);
         }
     }
+    spread_constraints(spec, path, e);
+    pod_affinity(spec, path, e);
+}
+
+/// `topologySpreadConstraints`, by Kubernetes' rules: a positive maxSkew, a topologyKey,
+/// one of the two whenUnsatisfiable actions, each (topologyKey, whenUnsatisfiable) pair once,
+/// minDomains only when the constraint is hard, the node inclusion policies, and
+/// matchLabelKeys that are not already in the selector.
+fn spread_constraints(spec: &Value, path: &str, e: &mut Errors) {
+    let mut pairs = std::collections::HashSet::new();
+    let list = spec["topologySpreadConstraints"].as_array();
+    for (i, c) in list.into_iter().flatten().enumerate() {
+        let at = format!("{path}.topologySpreadConstraints[{i}]");
+        if c["maxSkew"].as_i64().is_none_or(|s| s <= 0) {
+            e.invalid(
+                &format!("{at}.maxSkew"),
+                &c["maxSkew"],
+                "must be greater than zero",
+            );
+        }
+        let key = str_at(c, "topologyKey").unwrap_or_default();
+        if key.is_empty() {
+            e.required(&format!("{at}.topologyKey"));
+        } else if let Some(why) = names::qualified_name(key) {
+            e.invalid(&format!("{at}.topologyKey"), &c["topologyKey"], why);
+        }
+        let when = str_at(c, "whenUnsatisfiable").unwrap_or_default();
+        if !matches!(when, "DoNotSchedule" | "ScheduleAnyway") {
+            e.not_supported(
+                &format!("{at}.whenUnsatisfiable"),
+                &c["whenUnsatisfiable"],
+                &["DoNotSchedule", "ScheduleAnyway"],
+            );
+        } else if !key.is_empty() && !pairs.insert((key, when)) {
+            e.duplicate(
+                &format!("{at}.{{topologyKey, whenUnsatisfiable}}"),
+                &Value::String(format!("{{{key}, {when}}}")),
+            );
+        }
+        if let Some(m) = c.get("minDomains").filter(|m| !m.is_null()) {
+            if m.as_i64().is_none_or(|m| m <= 0) {
+                e.invalid(&format!("{at}.minDomains"), m, "must be greater than 0");
+            } else if when == "ScheduleAnyway" {
+                e.invalid(
+                    &format!("{at}.minDomains"),
+                    m,
+                    "can only use minDomains if whenUnsatisfiable=DoNotSchedule, not ScheduleAnyway",
+                );
+            }
+        }
+        for policy in ["nodeAffinityPolicy", "nodeTaintsPolicy"] {
+            if let Some(v) = c.get(policy).filter(|v| !v.is_null())
+                && !matches!(v.as_str(), Some("Honor" | "Ignore"))
+            {
+                e.not_supported(&format!("{at}.{policy}"), v, &["Honor", "Ignore"]);
+            }
+        }
+        let selector = &c["labelSelector"];
+        if selector.is_object() {
+            label_selector(selector, &format!("{at}.labelSelector"), e);
+        }
+        for (j, k) in c["matchLabelKeys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let kpath = format!("{at}.matchLabelKeys[{j}]");
+            let Some(k) = k.as_str() else { continue };
+            if !selector.is_object() {
+                e.invalid(&kpath, &Value::String(k.into()), "must not be specified when labelSelector is not set");
+            } else if selector["matchLabels"].get(k).is_some()
+                || selector["matchExpressions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|x| x["key"] == k)
+            {
+                e.invalid(&kpath, &Value::String(k.into()), "exists in both matchLabelKeys and labelSelector");
+            } else if let Some(why) = names::qualified_name(k) {
+                e.invalid(&kpath, &Value::String(k.into()), why);
+            }
+        }
+    }
+}
+
+/// Pod affinity and anti-affinity terms: each needs a topologyKey and valid selectors;
+/// preferred terms weigh 1 to 100.
+fn pod_affinity(spec: &Value, path: &str, e: &mut Errors) {
+    for kind in ["podAffinity", "podAntiAffinity"] {
+        let a = &spec["affinity"][kind];
+        let at = format!("{path}.affinity.{kind}");
+        let required = "requiredDuringSchedulingIgnoredDuringExecution";
+        for (i, t) in a[required].as_array().into_iter().flatten().enumerate() {
+            affinity_term(t, &format!("{at}.{required}[{i}]"), e);
+        }
+        let preferred = "preferredDuringSchedulingIgnoredDuringExecution";
+        for (i, w) in a[preferred].as_array().into_iter().flatten().enumerate() {
+            let wpath = format!("{at}.{preferred}[{i}]");
+            if w["weight"].as_i64().is_none_or(|w| !(1..=100).contains(&w)) {
+                e.invalid(&format!("{wpath}.weight"), &w["weight"], "must be in the range 1-100");
+            }
+            affinity_term(&w["podAffinityTerm"], &format!("{wpath}.podAffinityTerm"), e);
+        }
+    }
+}
+
+fn affinity_term(t: &Value, at: &str, e: &mut Errors) {
+    match str_at(t, "topologyKey").unwrap_or_default() {
+        "" => e.required(&format!("{at}.topologyKey")),
+        key => {
+            if let Some(why) = names::qualified_name(key) {
+                e.invalid(&format!("{at}.topologyKey"), &t["topologyKey"], why);
+            }
+        }
+    }
+    for sel in ["labelSelector", "namespaceSelector"] {
+        if t[sel].is_object() {
+            label_selector(&t[sel], &format!("{at}.{sel}"), e);
+        }
+    }
 }
 
 fn service_spec(spec: &Value, e: &mut Errors) {
@@ -820,6 +941,60 @@ mod tests {
                 .any(|g| g.starts_with("spec.taints[0].effect: Invalid value: \"Sometimes\"")),
             "{got:#?}"
         );
+    }
+
+    /// Spread constraints and pod (anti-)affinity terms, checked as Kubernetes checks them.
+    #[test]
+    fn spread_constraints_and_pod_affinity_report_each_field() {
+        let good = json!({"metadata": {"name": "p", "namespace": "t", "labels": {"app": "w"}},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+            "topologySpreadConstraints": [
+                {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                 "whenUnsatisfiable": "DoNotSchedule", "minDomains": 3,
+                 "labelSelector": {"matchLabels": {"app": "w"}}, "matchLabelKeys": ["pod-template-hash"],
+                 "nodeAffinityPolicy": "Ignore", "nodeTaintsPolicy": "Honor"},
+                {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone",
+                 "whenUnsatisfiable": "ScheduleAnyway"}],
+            "affinity": {"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"app": "w"}}}],
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100,
+                    "podAffinityTerm": {"topologyKey": "zone", "namespaceSelector": {}}}]}}}});
+        assert_eq!(check("", "pods", good), Vec::<String>::new());
+        let bad = json!({"metadata": {"name": "p", "namespace": "t"},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+            "topologySpreadConstraints": [
+                {"maxSkew": 0, "topologyKey": "", "whenUnsatisfiable": "Sometimes"},
+                {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway", "minDomains": 2,
+                 "nodeAffinityPolicy": "Maybe", "labelSelector": {"matchLabels": {"app": "w"}},
+                 "matchLabelKeys": ["app"]},
+                {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}],
+            "affinity": {"podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector":
+                    {"matchExpressions": [{"key": "app", "operator": "Near"}]}}],
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 101,
+                    "podAffinityTerm": {"topologyKey": "zone"}}]}}}});
+        let got = check("", "pods", bad);
+        let c = "spec.topologySpreadConstraints";
+        let a = "spec.affinity.podAffinity";
+        for want in [
+            format!("{c}[0].maxSkew: Invalid value: 0: must be greater than zero"),
+            format!("{c}[0].topologyKey: Required value"),
+            format!("{c}[0].whenUnsatisfiable: Unsupported value: \"Sometimes\""),
+            format!("{c}[1].minDomains: Invalid value: 2: can only use minDomains if whenUnsatisfiable=DoNotSchedule"),
+            format!("{c}[1].nodeAffinityPolicy: Unsupported value: \"Maybe\""),
+            format!("{c}[1].matchLabelKeys[0]: Invalid value: \"app\": exists in both matchLabelKeys and labelSelector"),
+            format!("{c}[2].{{topologyKey, whenUnsatisfiable}}: Duplicate value: \"{{zone, ScheduleAnyway}}\""),
+            format!("{a}.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey: Required value"),
+            format!("{a}.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator: Unsupported value: \"Near\""),
+            format!("{a}.preferredDuringSchedulingIgnoredDuringExecution[0].weight: Invalid value: 101: must be in the range 1-100"),
+        ] {
+            assert!(
+                got.iter().any(|g| g.starts_with(&want)),
+                "missing {want:?} in {got:#?}"
+            );
+        }
+        assert_eq!(got.len(), 10, "{got:#?}");
     }
 
     #[test]
