@@ -764,7 +764,11 @@ fn spread_constraints(spec: &Value, path: &str, e: &mut Errors) {
             let kpath = format!("{at}.matchLabelKeys[{j}]");
             let Some(k) = k.as_str() else { continue };
             if !selector.is_object() {
-                e.invalid(&kpath, &Value::String(k.into()), "must not be specified when labelSelector is not set");
+                e.invalid(
+                    &kpath,
+                    &Value::String(k.into()),
+                    "must not be specified when labelSelector is not set",
+                );
             } else if selector["matchLabels"].get(k).is_some()
                 || selector["matchExpressions"]
                     .as_array()
@@ -772,7 +776,11 @@ fn spread_constraints(spec: &Value, path: &str, e: &mut Errors) {
                     .flatten()
                     .any(|x| x["key"] == k)
             {
-                e.invalid(&kpath, &Value::String(k.into()), "exists in both matchLabelKeys and labelSelector");
+                e.invalid(
+                    &kpath,
+                    &Value::String(k.into()),
+                    "exists in both matchLabelKeys and labelSelector",
+                );
             } else if let Some(why) = names::qualified_name(k) {
                 e.invalid(&kpath, &Value::String(k.into()), why);
             }
@@ -794,9 +802,17 @@ fn pod_affinity(spec: &Value, path: &str, e: &mut Errors) {
         for (i, w) in a[preferred].as_array().into_iter().flatten().enumerate() {
             let wpath = format!("{at}.{preferred}[{i}]");
             if w["weight"].as_i64().is_none_or(|w| !(1..=100).contains(&w)) {
-                e.invalid(&format!("{wpath}.weight"), &w["weight"], "must be in the range 1-100");
+                e.invalid(
+                    &format!("{wpath}.weight"),
+                    &w["weight"],
+                    "must be in the range 1-100",
+                );
             }
-            affinity_term(&w["podAffinityTerm"], &format!("{wpath}.podAffinityTerm"), e);
+            affinity_term(
+                &w["podAffinityTerm"],
+                &format!("{wpath}.podAffinityTerm"),
+                e,
+            );
         }
     }
 }
@@ -981,13 +997,25 @@ mod tests {
             format!("{c}[0].maxSkew: Invalid value: 0: must be greater than zero"),
             format!("{c}[0].topologyKey: Required value"),
             format!("{c}[0].whenUnsatisfiable: Unsupported value: \"Sometimes\""),
-            format!("{c}[1].minDomains: Invalid value: 2: can only use minDomains if whenUnsatisfiable=DoNotSchedule"),
+            format!(
+                "{c}[1].minDomains: Invalid value: 2: can only use minDomains if whenUnsatisfiable=DoNotSchedule"
+            ),
             format!("{c}[1].nodeAffinityPolicy: Unsupported value: \"Maybe\""),
-            format!("{c}[1].matchLabelKeys[0]: Invalid value: \"app\": exists in both matchLabelKeys and labelSelector"),
-            format!("{c}[2].{{topologyKey, whenUnsatisfiable}}: Duplicate value: \"{{zone, ScheduleAnyway}}\""),
-            format!("{a}.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey: Required value"),
-            format!("{a}.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator: Unsupported value: \"Near\""),
-            format!("{a}.preferredDuringSchedulingIgnoredDuringExecution[0].weight: Invalid value: 101: must be in the range 1-100"),
+            format!(
+                "{c}[1].matchLabelKeys[0]: Invalid value: \"app\": exists in both matchLabelKeys and labelSelector"
+            ),
+            format!(
+                "{c}[2].{{topologyKey, whenUnsatisfiable}}: Duplicate value: \"{{zone, ScheduleAnyway}}\""
+            ),
+            format!(
+                "{a}.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey: Required value"
+            ),
+            format!(
+                "{a}.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator: Unsupported value: \"Near\""
+            ),
+            format!(
+                "{a}.preferredDuringSchedulingIgnoredDuringExecution[0].weight: Invalid value: 101: must be in the range 1-100"
+            ),
         ] {
             assert!(
                 got.iter().any(|g| g.starts_with(&want)),

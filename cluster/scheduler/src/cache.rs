@@ -6,10 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
+use parking_lot::RwLock;
 
 use crate::framework::ClusterEvent;
 use crate::queue::Usage;
 use crate::resources::{NodeInfo, PodInfo};
+use crate::topology::{Labels, Topology};
 
 struct CachedPod {
     node: String,
@@ -29,12 +31,67 @@ pub struct Cache {
     /// Pods that started (1) or stopped (-1) counting on a node since the last
     /// [`take_charges`](Cache::take_charges): what their tenants use.
     charges: Vec<(Arc<PodInfo>, i64)>,
+    /// Pods counted by selector and topology domain, kept as pods and nodes change here.
+    topology: Arc<RwLock<Topology>>,
 }
 
 impl Cache {
     /// An empty cache.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty cache keeping `topology` up to date (the one the plugins read).
+    pub fn with_topology(topology: Arc<RwLock<Topology>>) -> Self {
+        Cache {
+            topology,
+            ..Self::default()
+        }
+    }
+
+    /// The topology counters.
+    pub fn topology(&self) -> &Arc<RwLock<Topology>> {
+        &self.topology
+    }
+
+    /// Makes sure the counters `pod`'s spread constraints and affinity terms read exist
+    /// (created by one scan of the counted pods the first time), before its cycle.
+    pub fn prepare(&mut self, pod: &PodInfo) {
+        let Some(spec) = pod.pod.spec.as_ref() else {
+            return;
+        };
+        let spreads = spec
+            .topology_spread_constraints
+            .as_ref()
+            .is_some_and(|c| !c.is_empty());
+        if !spreads && spec.affinity.is_none() {
+            return;
+        }
+        let mut topo = self.topology.write();
+        for (what, key) in crate::plugins::topology_counters(&pod.pod, &topo) {
+            let pods = self.pods.values().map(|p| (&*p.info.pod, p.node.as_str()));
+            topo.ensure_counter(&what, Some(&key), pods);
+        }
+    }
+
+    /// Namespace labels or owners changed: counters and groups are rebuilt.
+    pub fn set_namespaces(
+        &mut self,
+        namespaces: HashMap<String, Labels>,
+        owners: HashMap<String, String>,
+    ) {
+        let pods = self
+            .pods
+            .iter()
+            .map(|(k, p)| (k.as_str(), &*p.info.pod, p.node.as_str()));
+        self.topology
+            .write()
+            .set_namespaces(namespaces, owners, pods);
+    }
+
+    /// The pod counted under `key`, if any.
+    pub fn pod(&self, key: &str) -> Option<&Arc<PodInfo>> {
+        self.pods.get(key).map(|p| &p.info)
     }
 
     /// Every node entry (including placeholders without a Node: skip those).
@@ -69,6 +126,9 @@ impl Cache {
 
     fn count_pod(&mut self, i: usize, pod: &Arc<PodInfo>) {
         self.nodes[i].add_pod(pod);
+        self.topology
+            .write()
+            .add_pod(&pod.key, &pod.pod, &self.nodes[i].name);
         self.charges.push((pod.clone(), 1));
     }
 
@@ -127,7 +187,8 @@ impl Cache {
                 }
             }
         }
-        entry.set_node(node);
+        entry.set_node(node.clone());
+        self.topology.write().set_node(&name, Some(node));
         if !events.contains(&ClusterEvent::NodeAdd) {
             self.capacity.add(before, -1);
         }
@@ -141,6 +202,7 @@ impl Cache {
             return;
         };
         if self.nodes[i].node.take().is_some() {
+            self.topology.write().set_node(name, None);
             self.live_nodes -= 1;
             self.capacity.add(Usage::of(&self.nodes[i].allocatable), -1);
         }
@@ -221,6 +283,7 @@ impl Cache {
         let Some(p) = self.pods.remove(key) else {
             return false;
         };
+        self.topology.write().remove_pod(key, &p.info.pod, &p.node);
         if let Some(&i) = self.index.get(&p.node) {
             self.nodes[i].remove_pod(&p.info);
             self.drop_if_unused(i);

@@ -176,6 +176,9 @@ pub enum ClusterEvent {
     NodeUnschedulable,
     /// A pod that was on a node went away (or finished), freeing what it took.
     AssignedPodDelete,
+    /// A pod started counting on a node (placed, or seen bound): what pod affinity and
+    /// spreading wait for.
+    AssignedPodAdd,
 }
 
 /// Pods held at Permit, waiting for a plugin to allow or reject them.
@@ -225,6 +228,8 @@ pub struct Handle {
     pub waiting: Arc<WaitingPods>,
     /// The API (for binders).
     pub client: Arc<dyn tessera_client::client::Client>,
+    /// Pods counted by selector and topology domain (for spreading and pod affinity).
+    pub topology: Arc<parking_lot::RwLock<crate::topology::Topology>>,
 }
 
 /// Orders the active queue.

@@ -11,6 +11,7 @@ pub mod plugins;
 pub mod queue;
 pub mod resources;
 pub mod scheduler;
+pub mod topology;
 
 pub use scheduler::{Scheduler, SchedulerOptions};
 

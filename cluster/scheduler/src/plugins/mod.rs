@@ -4,6 +4,8 @@ pub mod affinity;
 pub mod basic;
 pub mod binder;
 pub mod fit;
+pub mod interpod;
+pub mod spread;
 pub mod taints;
 
 use std::sync::Arc;
@@ -22,8 +24,28 @@ pub const NAMES: &[&str] = &[
     "NodePorts",
     "NodeResourcesFit",
     "NodeResourcesBalancedAllocation",
+    "InterPodAffinity",
+    "PodTopologySpread",
     "DefaultBinder",
 ];
+
+/// The topology counters a pod's spread constraints and affinity terms read, with the
+/// topology key each needs domain counts for.
+pub fn topology_counters(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    topo: &crate::topology::Topology,
+) -> Vec<(crate::topology::Match, String)> {
+    let mut out = spread::counters(pod);
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .is_some()
+    {
+        out.extend(interpod::counters(pod, topo));
+    }
+    out
+}
 
 /// Builds the plugin `name` with its `pluginConfig` args (null for none).
 pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin>, String> {
@@ -34,6 +56,8 @@ pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin
         "TaintToleration" => Arc::new(taints::TaintToleration),
         "NodeAffinity" => Arc::new(affinity::NodeAffinity),
         "NodeResourcesBalancedAllocation" => Arc::new(fit::Balanced),
+        "InterPodAffinity" => Arc::new(interpod::InterPodAffinity::new(handle.topology.clone())),
+        "PodTopologySpread" => Arc::new(spread::PodTopologySpread::new(handle.topology.clone())),
         "NodeResourcesFit" => {
             let args: fit::FitArgs = if args.is_null() {
                 fit::FitArgs::default()
@@ -55,3 +79,5 @@ pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod topology_tests;

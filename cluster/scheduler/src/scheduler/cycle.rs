@@ -290,6 +290,7 @@ pub(super) fn filter_events(profile: &Profile, plugins: &[&'static str]) -> Vec<
             ClusterEvent::NodeTaint,
             ClusterEvent::NodeUnschedulable,
             ClusterEvent::AssignedPodDelete,
+            ClusterEvent::AssignedPodAdd,
         ];
     }
     out

@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use parking_lot::RwLock;
 use serde_json::json;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
@@ -34,6 +35,7 @@ use crate::framework::{ClusterEvent, Code, CycleState, Handle, QueuedPod, Status
 use crate::metrics::SchedulerMetrics;
 use crate::queue::{SchedulingQueue, TenantSpec};
 use crate::resources::PodInfo;
+use crate::topology::Topology;
 
 enum Msg {
     Node(Arc<Node>),
@@ -41,6 +43,7 @@ enum Msg {
     Pod(Arc<Pod>),
     PodGone(Arc<Pod>),
     Tenants,
+    Namespaces,
 }
 
 /// What the scheduler needs to run.
@@ -74,6 +77,7 @@ pub struct Scheduler {
     outcome_rx: Option<mpsc::UnboundedReceiver<BindOutcome>>,
     pods: Option<Arc<PodCache<Pod>>>,
     tenants: Option<Arc<PodCache<Tenant>>>,
+    namespaces: Option<Arc<PodCache<Namespace>>>,
     informers: Option<Arc<Informers>>,
     enqueued_at: HashMap<String, Instant>,
 }
@@ -89,9 +93,11 @@ impl Scheduler {
     /// A scheduler of the profiles in `opts.config`, writing through `client`.
     pub fn new(client: Arc<dyn Client>, opts: SchedulerOptions) -> Result<Scheduler, String> {
         let waiting = Arc::new(WaitingPods::default());
+        let topology = Arc::new(RwLock::new(Topology::new()));
         let handle = Handle {
             waiting: waiting.clone(),
             client: client.clone(),
+            topology: topology.clone(),
         };
         let profiles = opts.config.build(&handle)?;
         let sort = profiles[0].at(Point::QueueSort)[0].0.clone();
@@ -122,7 +128,7 @@ impl Scheduler {
             profiles,
             waiting,
             queue: SchedulingQueue::new(sort, initial, max),
-            cache: Cache::new(),
+            cache: Cache::with_topology(topology),
             percentage: opts.config.percentage_of_nodes_to_score.unwrap_or(0),
             next_start: 0,
             metrics: opts.metrics,
@@ -132,6 +138,7 @@ impl Scheduler {
             outcome_rx: Some(outcome_rx),
             pods: None,
             tenants: None,
+            namespaces: None,
             enqueued_at: HashMap::new(),
             informers: opts.informers,
         })
@@ -178,6 +185,19 @@ impl Scheduler {
             }
         });
         self.tenants = Some(tenants.cache().clone());
+        // Namespace labels matter to pod affinity terms' namespaceSelector.
+        let namespaces = informers.get::<Namespace>(res("namespaces"));
+        let t = tx.clone();
+        let _namespaces_sub = namespaces.on_change(move |c| {
+            let relevant = match c {
+                Change::Updated { old, new } => old.metadata.labels != new.metadata.labels,
+                Change::Added(_) | Change::Deleted(_) => true,
+            };
+            if relevant {
+                let _ = t.send(Msg::Namespaces);
+            }
+        });
+        self.namespaces = Some(namespaces.cache().clone());
         let pods = informers.get::<Pod>(res("pods"));
         let t = tx;
         let _pods_sub = pods.on_change(move |c| {
@@ -191,6 +211,8 @@ impl Scheduler {
         nodes.synced().await;
         pods.synced().await;
         tenants.synced().await;
+        namespaces.synced().await;
+        self.rescope();
         tracing::info!("scheduler caches synced; scheduling");
         let mut outcomes = self.outcome_rx.take().expect("run is called once");
         let mut last_tick = Instant::now();
@@ -259,10 +281,38 @@ impl Scheduler {
             .collect();
         tracing::debug!(tenants = specs.len(), "tenants changed");
         self.queue.set_tenants(&specs);
+        self.rescope();
+    }
+
+    /// Hands the topology counters the namespaces' labels and owners (pod affinity terms
+    /// select only within the pod's tenant).
+    fn rescope(&mut self) {
+        let mut owners = HashMap::new();
+        for t in self.tenants.iter().flat_map(|c| c.list()) {
+            let Some(name) = t.metadata.name.clone() else {
+                continue;
+            };
+            for ns in t.spec.iter().flat_map(|s| s.namespaces.iter().flatten()) {
+                owners.insert(ns.clone(), name.clone());
+            }
+        }
+        let namespaces = self
+            .namespaces
+            .iter()
+            .flat_map(|c| c.list())
+            .filter_map(|n| {
+                Some((
+                    n.metadata.name.clone()?,
+                    n.metadata.labels.clone().unwrap_or_default(),
+                ))
+            })
+            .collect();
+        self.cache.set_namespaces(namespaces, owners);
     }
 
     fn tick(&mut self) {
         let now = Instant::now();
+        self.cache.topology().write().tick();
         self.queue.flush_stale(now);
         if let Some(m) = &self.metrics {
             let s = self.queue.sizes();
@@ -314,6 +364,7 @@ impl Scheduler {
             }
             Msg::NodeGone(name) => self.cache.remove_node(&name),
             Msg::Tenants => self.tenants_changed(),
+            Msg::Namespaces => self.rescope(),
             Msg::PodGone(p) => {
                 let key = crate::key_of(&p.metadata);
                 self.queue.remove(&key);
@@ -343,8 +394,19 @@ impl Scheduler {
                     Some(node) => {
                         self.queue.remove(&key);
                         self.enqueued_at.remove(&key);
-                        if !self.cache.confirm_existing(&key, &node) {
+                        let terminating = p.metadata.deletion_timestamp.is_some()
+                            && self
+                                .cache
+                                .pod(&key)
+                                .is_some_and(|c| c.pod.metadata.deletion_timestamp.is_none());
+                        if terminating {
+                            // Still holding its resources, but no longer spread or matched.
+                            self.cache.remove_pod(&key);
                             self.cache.confirm_pod(Arc::new(PodInfo::new(p)), &node);
+                            self.event(ClusterEvent::AssignedPodDelete);
+                        } else if !self.cache.confirm_existing(&key, &node) {
+                            self.cache.confirm_pod(Arc::new(PodInfo::new(p)), &node);
+                            self.event(ClusterEvent::AssignedPodAdd);
                         }
                     }
                     None => {
@@ -366,10 +428,12 @@ impl Scheduler {
             self.queue.done(&qp.info.key);
             return;
         };
+        self.cache.prepare(&qp.info);
         let result = self.cycle(pi, &qp);
         let outcome = match result {
             Ok((node, state, wait)) => {
                 self.queue.done(&qp.info.key);
+                self.event(ClusterEvent::AssignedPodAdd);
                 self.spawn_binding(pi, qp.clone(), node, state, wait).await;
                 "scheduled"
             }

@@ -1,0 +1,409 @@
+//! PodTopologySpread: `topologySpreadConstraints` with Kubernetes' semantics. A
+//! `DoNotSchedule` constraint filters: placing the pod on a node must not make its domain's
+//! count of matching pods exceed the smallest domain's by more than `maxSkew` (the smallest
+//! is 0 while fewer than `minDomains` domains exist); nodes without the topology key are out.
+//! `ScheduleAnyway` constraints score: fewer matching pods in a node's domain score higher,
+//! each constraint weighted by the log of its number of domains. Domains and counts come
+//! from nodes the pod's node affinity admits (`nodeAffinityPolicy: Honor`, the default) and,
+//! with `nodeTaintsPolicy: Honor`, whose taints it tolerates.
+//!
+//! Counts come from the topology's incremental counters ([`crate::topology`]); a cycle reads
+//! them without walking pods. When every node carries the key and no inclusion policy
+//! narrows the nodes, domain counts are read as kept; otherwise they are summed over the
+//! admitted nodes (what kube-scheduler does for every pod).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use parking_lot::RwLock;
+
+use crate::framework::{
+    ClusterEvent, CycleState, FilterPlugin, MAX_NODE_SCORE, Plugin, PreFilterPlugin,
+    PreScorePlugin, ScorePlugin, Status,
+};
+use crate::resources::{NodeInfo, PodInfo};
+use crate::topology::{Clause, Labels, Match, Topology, selector_of};
+
+/// Registered name.
+pub const NAME: &str = "PodTopologySpread";
+
+/// Why a node fails a hard constraint.
+pub const SKEW: &str = "node(s) didn't match pod topology spread constraints";
+/// Why a node without a constraint's topology key fails.
+pub const MISSING_LABEL: &str =
+    "node(s) didn't match pod topology spread constraints (missing required label)";
+
+const HOSTNAME: &str = "kubernetes.io/hostname";
+
+static NO_LABELS: Labels = Labels::new();
+
+/// One constraint, parsed.
+#[derive(Clone, Debug)]
+pub struct Constraint {
+    /// `maxSkew`.
+    pub max_skew: i64,
+    /// `topologyKey`.
+    pub key: String,
+    /// `DoNotSchedule` (a filter) rather than `ScheduleAnyway` (a score).
+    pub hard: bool,
+    /// `minDomains` (1 when unset).
+    pub min_domains: usize,
+    /// The pods it counts (its selector, in the pod's namespace).
+    pub what: Match,
+    /// Count only nodes the pod's node affinity admits.
+    pub honor_affinity: bool,
+    /// Count only nodes whose NoSchedule/NoExecute taints the pod tolerates.
+    pub honor_taints: bool,
+    /// The pod matches its own selector (it will count once placed).
+    pub self_match: bool,
+}
+
+/// The pod's constraints.
+pub fn constraints(pod: &Pod) -> Vec<Constraint> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
+    spec.topology_spread_constraints
+        .iter()
+        .flatten()
+        .map(|c| {
+            let selector = selector_of(
+                c.label_selector.as_ref(),
+                c.match_label_keys.as_deref().unwrap_or_default(),
+                &[],
+                labels,
+            );
+            let self_match = selector.as_ref().is_some_and(|s| s.matches(labels));
+            Constraint {
+                max_skew: i64::from(c.max_skew.max(1)),
+                key: c.topology_key.clone(),
+                hard: c.when_unsatisfiable == "DoNotSchedule",
+                min_domains: c.min_domains.unwrap_or(1).max(1) as usize,
+                what: Match(vec![Clause {
+                    namespaces: std::iter::once(ns.clone()).collect(),
+                    selector,
+                }]),
+                honor_affinity: c.node_affinity_policy.as_deref() != Some("Ignore"),
+                honor_taints: c.node_taints_policy.as_deref() == Some("Honor"),
+                self_match,
+            }
+        })
+        .collect()
+}
+
+/// The counters the pod's constraints read: `(what, topology key)`.
+pub fn counters(pod: &Pod) -> Vec<(Match, String)> {
+    constraints(pod)
+        .into_iter()
+        .map(|c| (c.what, c.key))
+        .collect()
+}
+
+fn has_node_affinity(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.node_selector.as_ref().is_some_and(|m| !m.is_empty())
+        || spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .is_some_and(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .is_some()
+            })
+}
+
+/// Whether `node` is one of the nodes a constraint counts, for `pod`.
+fn included(c: &Constraint, pod: &Pod, node: &Node, keys: &[&str]) -> bool {
+    let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
+    if !keys.iter().all(|k| labels.contains_key(*k)) {
+        return false;
+    }
+    let spec = pod.spec.as_ref();
+    if c.honor_affinity
+        && let Some(spec) = spec
+        && !tessera_runtime::affinity::node_admits(
+            spec,
+            labels,
+            node.metadata.name.as_deref().unwrap_or(""),
+        )
+    {
+        return false;
+    }
+    if c.honor_taints {
+        let tols = spec
+            .and_then(|s| s.tolerations.as_deref())
+            .unwrap_or_default();
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or_default();
+        if taints.iter().any(|t| {
+            (t.effect == "NoSchedule" || t.effect == "NoExecute")
+                && !tessera_runtime::taints::tolerates(tols, t)
+        }) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Where a constraint's per-domain counts are read.
+enum Counts {
+    /// The counter's own domain counts (every node counts).
+    Kept(usize),
+    /// Summed over the included nodes for this pod; every included domain is present.
+    Local(HashMap<String, i64>),
+}
+
+impl Counts {
+    fn get(&self, topo: &Topology, key: &str, value: &str) -> i64 {
+        match self {
+            Counts::Kept(id) => topo
+                .per_domain(*id, key)
+                .and_then(|m| m.get(value))
+                .copied()
+                .unwrap_or(0),
+            Counts::Local(m) => m.get(value).copied().unwrap_or(0),
+        }
+    }
+}
+
+/// Counts for constraint `c` (one of `all`, whose keys a counted node must all carry), and
+/// the number of domains and smallest count among them.
+fn counts_of(
+    topo: &Topology,
+    pod: &Pod,
+    c: &Constraint,
+    keys: &[&str],
+) -> Result<(Counts, usize, i64), Status> {
+    let id = topo
+        .counter(&c.what)
+        .ok_or_else(|| Status::error("the spread counters were not prepared for this pod"))?;
+    let live = topo.live_count();
+    let every_node_has_keys = keys.iter().all(|k| topo.nodes_with_key(k) == live);
+    let narrowed = (c.honor_affinity && has_node_affinity(pod)) || c.honor_taints;
+    if every_node_has_keys && !narrowed {
+        let domains = topo.key_domains(&c.key).map_or(0, HashMap::len);
+        let empty = HashMap::new();
+        let counts = topo.per_domain(id, &c.key).unwrap_or(&empty);
+        let min = if counts.len() < domains {
+            0
+        } else {
+            counts.values().copied().min().unwrap_or(0)
+        };
+        return Ok((Counts::Kept(id), domains, min));
+    }
+    let per_node = topo.per_node(id);
+    let mut local: HashMap<String, i64> = HashMap::new();
+    for node in topo.live_nodes() {
+        if !included(c, pod, node, keys) {
+            continue;
+        }
+        let name = node.metadata.name.as_deref().unwrap_or("");
+        let Some(v) = node.metadata.labels.as_ref().and_then(|l| l.get(&c.key)) else {
+            continue;
+        };
+        *local.entry(v.clone()).or_insert(0) += per_node.get(name).copied().unwrap_or(0);
+    }
+    let min = local.values().copied().min().unwrap_or(0);
+    let domains = local.len();
+    Ok((Counts::Local(local), domains, min))
+}
+
+struct FilterItem {
+    key: String,
+    max_skew: i64,
+    self_match: i64,
+    min: i64,
+    counts: Counts,
+}
+
+struct ScoreItem {
+    key: String,
+    weight: f64,
+    max_skew: i64,
+    counts: Counts,
+    id: usize,
+}
+
+/// PodTopologySpread.
+pub struct PodTopologySpread {
+    topology: Arc<RwLock<Topology>>,
+}
+
+impl PodTopologySpread {
+    /// The plugin, reading `topology`.
+    pub fn new(topology: Arc<RwLock<Topology>>) -> Self {
+        PodTopologySpread { topology }
+    }
+}
+
+impl Plugin for PodTopologySpread {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn pre_filter(&self) -> Option<&dyn PreFilterPlugin> {
+        Some(self)
+    }
+    fn filter(&self) -> Option<&dyn FilterPlugin> {
+        Some(self)
+    }
+    fn pre_score(&self) -> Option<&dyn PreScorePlugin> {
+        Some(self)
+    }
+    fn score(&self) -> Option<&dyn ScorePlugin> {
+        Some(self)
+    }
+}
+
+impl PreFilterPlugin for PodTopologySpread {
+    fn pre_filter(&self, state: &mut CycleState, pod: &PodInfo) -> Status {
+        let hard: Vec<Constraint> = constraints(&pod.pod)
+            .into_iter()
+            .filter(|c| c.hard)
+            .collect();
+        if hard.is_empty() {
+            return Status::skip();
+        }
+        let keys: Vec<&str> = hard.iter().map(|c| c.key.as_str()).collect();
+        let topo = self.topology.read();
+        let mut items = Vec::with_capacity(hard.len());
+        for c in &hard {
+            let (counts, domains, min) = match counts_of(&topo, &pod.pod, c, &keys) {
+                Ok(x) => x,
+                Err(s) => return s,
+            };
+            items.push(FilterItem {
+                key: c.key.clone(),
+                max_skew: c.max_skew,
+                self_match: i64::from(c.self_match),
+                min: if domains < c.min_domains { 0 } else { min },
+                counts,
+            });
+        }
+        drop(topo);
+        state.write(NAME, items);
+        Status::success()
+    }
+}
+
+impl FilterPlugin for PodTopologySpread {
+    fn filter(&self, state: &CycleState, _: &PodInfo, node: &NodeInfo) -> Status {
+        let Some(items) = state.read::<Vec<FilterItem>>(NAME) else {
+            return Status::error("PodTopologySpread's PreFilter did not run");
+        };
+        let labels = node.labels().unwrap_or(&NO_LABELS);
+        let topo = self.topology.read();
+        for it in items {
+            let Some(v) = labels.get(&it.key) else {
+                return Status::unresolvable(MISSING_LABEL);
+            };
+            let skew = it.counts.get(&topo, &it.key, v) + it.self_match - it.min;
+            if skew > it.max_skew {
+                return Status::unschedulable(SKEW);
+            }
+        }
+        Status::success()
+    }
+    fn events(&self) -> &'static [ClusterEvent] {
+        &[
+            ClusterEvent::NodeAdd,
+            ClusterEvent::NodeLabel,
+            ClusterEvent::NodeTaint,
+            ClusterEvent::AssignedPodAdd,
+            ClusterEvent::AssignedPodDelete,
+        ]
+    }
+}
+
+impl PreScorePlugin for PodTopologySpread {
+    fn pre_score(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[&NodeInfo]) -> Status {
+        let soft: Vec<Constraint> = constraints(&pod.pod)
+            .into_iter()
+            .filter(|c| !c.hard)
+            .collect();
+        if soft.is_empty() {
+            return Status::skip();
+        }
+        let keys: Vec<&str> = soft.iter().map(|c| c.key.as_str()).collect();
+        let topo = self.topology.read();
+        let mut items = Vec::with_capacity(soft.len());
+        for c in &soft {
+            let (counts, _, _) = match counts_of(&topo, &pod.pod, c, &keys) {
+                Ok(x) => x,
+                Err(s) => return s,
+            };
+            // Domains among the nodes being scored (each node is its own for hostname).
+            let size = if c.key == HOSTNAME {
+                nodes.len()
+            } else {
+                let mut seen = std::collections::HashSet::new();
+                for n in nodes {
+                    if let Some(v) = n.labels().and_then(|l| l.get(&c.key)) {
+                        seen.insert(v.as_str());
+                    }
+                }
+                seen.len()
+            };
+            items.push(ScoreItem {
+                key: c.key.clone(),
+                weight: ((size + 2) as f64).ln(),
+                max_skew: c.max_skew,
+                counts,
+                id: topo.counter(&c.what).unwrap_or(0),
+            });
+        }
+        drop(topo);
+        state.write(NAME, items);
+        Status::success()
+    }
+}
+
+/// A node missing a scored constraint's key: scored 0 after normalizing.
+const IGNORED: i64 = -1;
+
+impl ScorePlugin for PodTopologySpread {
+    fn score(&self, state: &CycleState, _: &PodInfo, node: &NodeInfo) -> Result<i64, Status> {
+        let Some(items) = state.read::<Vec<ScoreItem>>(NAME) else {
+            return Ok(0);
+        };
+        let labels = node.labels().unwrap_or(&NO_LABELS);
+        let topo = self.topology.read();
+        let mut score = 0.0;
+        for it in items {
+            let Some(v) = labels.get(&it.key) else {
+                return Ok(IGNORED);
+            };
+            let count = if it.key == HOSTNAME {
+                topo.count_on(it.id, &node.name)
+            } else {
+                it.counts.get(&topo, &it.key, v)
+            };
+            score += count as f64 * it.weight + (it.max_skew - 1) as f64;
+        }
+        Ok(score.round() as i64)
+    }
+
+    /// Fewer matching pods is better: `MAX * (max + min - s) / max`; ignored nodes get 0.
+    fn normalize(&self, _: &CycleState, _: &PodInfo, scores: &mut [i64]) -> Status {
+        let valid = scores.iter().copied().filter(|s| *s != IGNORED);
+        let min = valid.clone().min().unwrap_or(0);
+        let max = valid.max().unwrap_or(0);
+        for s in scores.iter_mut() {
+            *s = if *s == IGNORED {
+                0
+            } else if max == 0 {
+                MAX_NODE_SCORE
+            } else {
+                MAX_NODE_SCORE * (max + min - *s) / max
+            };
+        }
+        Status::success()
+    }
+}

@@ -1,0 +1,716 @@
+//! Pods counted by what they match, per node and per topology domain, kept up to date as the
+//! cache counts and drops pods and as node labels change. PodTopologySpread and
+//! InterPodAffinity read these counters instead of walking every pod in every cycle
+//! (kube-scheduler rebuilds the same counts from all nodes for each pod).
+//!
+//! Two kinds of entries:
+//! - a **counter** counts the pods a [`Match`] selects (the incoming pod's spread selector or
+//!   one of its affinity terms). Created on first use by a scan of the cached pods, then kept
+//!   incrementally; dropped when no cycle used it for [`IDLE_TICKS`] ticks.
+//! - a **group** counts the pods that *carry* one affinity term (existing pods' terms, for
+//!   the symmetric rules: an existing pod's anti-affinity keeps the incoming pod away). Pods
+//!   with identical terms share a group, so an incoming pod is checked once per distinct
+//!   term, not once per pod.
+//!
+//! Tenancy: a term's namespaces are only ever namespaces of the pod's own tenant (pods of
+//! namespaces no Tenant owns see only such namespaces). A term naming another tenant's
+//! namespace, or a `namespaceSelector` that would reach one, selects nothing there — so a
+//! tenant can neither probe another's pods through scheduling outcomes nor keep another's
+//! pods off nodes with an anti-affinity of its own.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodAffinityTerm};
+use tessera_core::LabelSelector;
+use tessera_core::selector::label::{Operator, Requirement};
+
+/// Labels of a pod, node or namespace.
+pub type Labels = BTreeMap<String, String>;
+
+/// Ticks (seconds) a counter stays without being used before it is dropped.
+pub const IDLE_TICKS: u64 = 300;
+
+static NO_LABELS: Labels = BTreeMap::new();
+
+/// One condition on pods: in one of `namespaces`, with labels `selector` matches (`None`
+/// matches nothing, as a nil selector does in Kubernetes).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Clause {
+    /// Namespaces the pod may be in.
+    pub namespaces: BTreeSet<String>,
+    /// Its label selector.
+    pub selector: Option<LabelSelector>,
+}
+
+impl Clause {
+    /// True if a pod in `ns` with `labels` satisfies the clause.
+    pub fn matches(&self, ns: &str, labels: &Labels) -> bool {
+        self.selector.as_ref().is_some_and(|s| s.matches(labels)) && self.namespaces.contains(ns)
+    }
+}
+
+/// What a counter counts: pods satisfying every clause.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Match(pub Vec<Clause>);
+
+impl Match {
+    /// True if a pod in `ns` with `labels` satisfies every clause.
+    pub fn matches(&self, ns: &str, labels: &Labels) -> bool {
+        !self.0.is_empty() && self.0.iter().all(|c| c.matches(ns, labels))
+    }
+}
+
+/// The kind of an existing pod's affinity term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TermKind {
+    /// `podAffinity.required…`: scored with the hard pod affinity weight (1).
+    RequiredAffinity,
+    /// `podAntiAffinity.required…`: keeps matching pods out of its domain.
+    RequiredAnti,
+    /// `podAffinity.preferred…`: draws matching pods to its domain.
+    PreferredAffinity,
+    /// `podAntiAffinity.preferred…`: pushes matching pods away from its domain.
+    PreferredAnti,
+}
+
+/// One affinity term, resolved against the pod that carries it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Term {
+    /// Its kind.
+    pub kind: TermKind,
+    /// Its weight (preferred terms; 0 for required ones).
+    pub weight: i32,
+    /// The pods it selects.
+    pub clause: Clause,
+    /// The node label whose values are its domains.
+    pub topology_key: String,
+}
+
+/// A pod's count per domain of one topology key.
+struct Domains {
+    key: String,
+    counts: HashMap<String, i64>,
+}
+
+struct Counter {
+    what: Match,
+    per_node: HashMap<String, i64>,
+    domains: Vec<Domains>,
+    last_used: u64,
+}
+
+struct Group {
+    term: Term,
+    per_node: HashMap<String, i64>,
+    per_domain: HashMap<String, i64>,
+    total: i64,
+}
+
+/// Counters, groups and what they need: node labels, namespace labels and owners.
+#[derive(Default)]
+pub struct Topology {
+    counters: Vec<Option<Counter>>,
+    free_counters: Vec<usize>,
+    counter_ids: HashMap<Match, usize>,
+    counters_by_ns: HashMap<String, Vec<usize>>,
+    groups: Vec<Option<Group>>,
+    free_groups: Vec<usize>,
+    group_ids: HashMap<Term, usize>,
+    groups_by_ns: HashMap<String, Vec<usize>>,
+    /// The groups each counted pod with terms is in (by pod key).
+    pod_groups: HashMap<String, Vec<usize>>,
+    /// Live nodes (with a Node) by name.
+    nodes: HashMap<String, Arc<Node>>,
+    /// Per registered topology key: how many live nodes carry each value.
+    keys: HashMap<String, HashMap<String, u32>>,
+    /// Per registered topology key: how many live nodes carry it at all.
+    key_nodes: HashMap<String, usize>,
+    /// Namespace labels, for `namespaceSelector`.
+    namespaces: HashMap<String, Labels>,
+    /// Namespace → owning tenant.
+    owners: HashMap<String, String>,
+    tick: u64,
+}
+
+fn pod_labels(pod: &Pod) -> &Labels {
+    pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
+}
+
+fn pod_ns(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("")
+}
+
+fn node_labels(node: &Node) -> &Labels {
+    node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
+}
+
+/// Whether the topology counts a pod: a terminating pod no longer does (Kubernetes leaves
+/// pods being deleted out of spreading and affinity).
+pub fn counts(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+}
+
+fn bump(map: &mut HashMap<String, i64>, key: &str, by: i64) {
+    if let Some(v) = map.get_mut(key) {
+        *v += by;
+        if *v == 0 {
+            map.remove(key);
+        }
+    } else if by != 0 {
+        map.insert(key.to_owned(), by);
+    }
+}
+
+/// The selector of a term or constraint, with `matchLabelKeys` (the pod's values of those
+/// labels must match) and `mismatchLabelKeys` (must not) folded in. `None` for a nil selector.
+pub fn selector_of(
+    sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    match_keys: &[String],
+    mismatch_keys: &[String],
+    labels: &Labels,
+) -> Option<LabelSelector> {
+    let base = tessera_runtime::selector::from_metav1(sel?).ok()?;
+    if match_keys.is_empty() && mismatch_keys.is_empty() {
+        return Some(base);
+    }
+    let mut reqs = base.requirements().to_vec();
+    for (keys, operator) in [(match_keys, Operator::In), (mismatch_keys, Operator::NotIn)] {
+        for k in keys {
+            if let Some(v) = labels.get(k) {
+                reqs.push(Requirement {
+                    key: k.clone(),
+                    operator,
+                    values: vec![v.clone()],
+                });
+            }
+        }
+    }
+    Some(LabelSelector::from_requirements(reqs))
+}
+
+impl Topology {
+    /// An empty topology.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The namespaces a term of a pod in `ns` may select: its own namespace when the term
+    /// names none; else the named ones and those `namespace_selector` matches — all limited
+    /// to the pod's tenant.
+    pub fn scope(
+        &self,
+        ns: &str,
+        named: &[String],
+        namespace_selector: Option<&LabelSelector>,
+    ) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        if named.is_empty() && namespace_selector.is_none() {
+            out.insert(ns.to_owned());
+            return out;
+        }
+        let owner = self.owners.get(ns);
+        let same = |other: &str| self.owners.get(other) == owner;
+        for n in named {
+            if same(n) {
+                out.insert(n.clone());
+            }
+        }
+        if let Some(sel) = namespace_selector {
+            for (n, labels) in &self.namespaces {
+                if same(n) && sel.matches(labels) {
+                    out.insert(n.clone());
+                }
+            }
+            // The pod's own namespace, even before its Namespace is seen.
+            if sel.matches(self.namespaces.get(ns).unwrap_or(&NO_LABELS)) {
+                out.insert(ns.to_owned());
+            }
+        }
+        out
+    }
+
+    /// The clause of an affinity term of `pod`.
+    pub fn term_clause(&self, pod: &Pod, t: &PodAffinityTerm) -> Clause {
+        let ns = pod_ns(pod);
+        let ns_sel = t
+            .namespace_selector
+            .as_ref()
+            .and_then(|s| tessera_runtime::selector::from_metav1(s).ok());
+        Clause {
+            namespaces: self.scope(
+                ns,
+                t.namespaces.as_deref().unwrap_or_default(),
+                ns_sel.as_ref(),
+            ),
+            selector: selector_of(
+                t.label_selector.as_ref(),
+                t.match_label_keys.as_deref().unwrap_or_default(),
+                t.mismatch_label_keys.as_deref().unwrap_or_default(),
+                pod_labels(pod),
+            ),
+        }
+    }
+
+    /// Every affinity term `pod` carries, resolved.
+    pub fn pod_terms(&self, pod: &Pod) -> Vec<Term> {
+        let Some(a) = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut add = |kind, weight, t: &PodAffinityTerm| {
+            out.push(Term {
+                kind,
+                weight,
+                clause: self.term_clause(pod, t),
+                topology_key: t.topology_key.clone(),
+            })
+        };
+        if let Some(pa) = &a.pod_affinity {
+            for t in pa
+                .required_during_scheduling_ignored_during_execution
+                .iter()
+                .flatten()
+            {
+                add(TermKind::RequiredAffinity, 0, t);
+            }
+            for w in pa
+                .preferred_during_scheduling_ignored_during_execution
+                .iter()
+                .flatten()
+            {
+                add(TermKind::PreferredAffinity, w.weight, &w.pod_affinity_term);
+            }
+        }
+        if let Some(pa) = &a.pod_anti_affinity {
+            for t in pa
+                .required_during_scheduling_ignored_during_execution
+                .iter()
+                .flatten()
+            {
+                add(TermKind::RequiredAnti, 0, t);
+            }
+            for w in pa
+                .preferred_during_scheduling_ignored_during_execution
+                .iter()
+                .flatten()
+            {
+                add(TermKind::PreferredAnti, w.weight, &w.pod_affinity_term);
+            }
+        }
+        out
+    }
+
+    /// The value of `key` on live node `node`.
+    pub fn domain(&self, node: &str, key: &str) -> Option<&str> {
+        self.nodes
+            .get(node)
+            .and_then(|n| node_labels(n).get(key))
+            .map(String::as_str)
+    }
+
+    /// The live nodes.
+    pub fn live_nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.nodes.values()
+    }
+
+    /// How many live nodes there are.
+    pub fn live_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// How many live nodes carry the (registered) label `key`.
+    pub fn nodes_with_key(&self, key: &str) -> usize {
+        self.key_nodes.get(key).copied().unwrap_or(0)
+    }
+
+    /// How many live nodes carry each value of `key` (registered keys only).
+    pub fn key_domains(&self, key: &str) -> Option<&HashMap<String, u32>> {
+        self.keys.get(key)
+    }
+
+    /// Registers `key`, so its domains are kept.
+    pub fn register_key(&mut self, key: &str) {
+        if self.keys.contains_key(key) {
+            return;
+        }
+        let mut m: HashMap<String, u32> = HashMap::new();
+        let mut with = 0;
+        for n in self.nodes.values() {
+            if let Some(v) = node_labels(n).get(key) {
+                *m.entry(v.clone()).or_insert(0) += 1;
+                with += 1;
+            }
+        }
+        self.keys.insert(key.to_owned(), m);
+        self.key_nodes.insert(key.to_owned(), with);
+    }
+
+    /// The counter of `what`, if one exists.
+    pub fn counter(&self, what: &Match) -> Option<usize> {
+        self.counter_ids.get(what).copied()
+    }
+
+    /// Matching pods on node `node` in counter `id`.
+    pub fn count_on(&self, id: usize, node: &str) -> i64 {
+        self.counters[id]
+            .as_ref()
+            .and_then(|c| c.per_node.get(node))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Counter `id`'s matching pods per node.
+    pub fn per_node(&self, id: usize) -> &HashMap<String, i64> {
+        static EMPTY: std::sync::LazyLock<HashMap<String, i64>> =
+            std::sync::LazyLock::new(HashMap::new);
+        self.counters[id].as_ref().map_or(&EMPTY, |c| &c.per_node)
+    }
+
+    /// Counter `id`'s matching pods per value of `key` (registered with the counter).
+    pub fn per_domain(&self, id: usize, key: &str) -> Option<&HashMap<String, i64>> {
+        let c = self.counters[id].as_ref()?;
+        c.domains.iter().find(|d| d.key == key).map(|d| &d.counts)
+    }
+
+    /// All pods counter `id` counts.
+    pub fn total(&self, id: usize) -> i64 {
+        self.per_node(id).values().sum()
+    }
+
+    /// Creates (by scanning `pods`: `(pod, node)`) or touches the counter of `what`, with
+    /// domain counts for `key`; returns its id.
+    pub fn ensure_counter<'a>(
+        &mut self,
+        what: &Match,
+        key: Option<&str>,
+        pods: impl Iterator<Item = (&'a Pod, &'a str)>,
+    ) -> usize {
+        let tick = self.tick;
+        let id = match self.counter_ids.get(what) {
+            Some(&id) => id,
+            None => {
+                let mut c = Counter {
+                    what: what.clone(),
+                    per_node: HashMap::new(),
+                    domains: Vec::new(),
+                    last_used: tick,
+                };
+                for (pod, node) in pods {
+                    if counts(pod) && what.matches(pod_ns(pod), pod_labels(pod)) {
+                        *c.per_node.entry(node.to_owned()).or_insert(0) += 1;
+                    }
+                }
+                let id = match self.free_counters.pop() {
+                    Some(id) => {
+                        self.counters[id] = Some(c);
+                        id
+                    }
+                    None => {
+                        self.counters.push(Some(c));
+                        self.counters.len() - 1
+                    }
+                };
+                if let Some(first) = what.0.first() {
+                    for ns in &first.namespaces {
+                        self.counters_by_ns.entry(ns.clone()).or_default().push(id);
+                    }
+                }
+                self.counter_ids.insert(what.clone(), id);
+                id
+            }
+        };
+        if let Some(key) = key {
+            self.register_key(key);
+            let has = self.counters[id]
+                .as_ref()
+                .is_some_and(|c| c.domains.iter().any(|d| d.key == key));
+            if !has {
+                let mut counts = HashMap::new();
+                let c = self.counters[id].as_ref().expect("live counter");
+                for (node, n) in &c.per_node {
+                    if let Some(v) = self.domain(node, key) {
+                        bump(&mut counts, v, *n);
+                    }
+                }
+                let c = self.counters[id].as_mut().expect("live counter");
+                c.domains.push(Domains {
+                    key: key.to_owned(),
+                    counts,
+                });
+            }
+        }
+        if let Some(c) = self.counters[id].as_mut() {
+            c.last_used = tick;
+        }
+        id
+    }
+
+    /// The groups (id and term) whose term selects a pod in `ns` with `labels`.
+    pub fn groups_matching<'a>(
+        &'a self,
+        ns: &'a str,
+        labels: &'a Labels,
+    ) -> impl Iterator<Item = (usize, &'a Term)> + 'a {
+        self.groups_by_ns
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .filter_map(|&g| Some((g, self.groups[g].as_ref()?)))
+            .filter(move |(_, g)| g.term.clause.matches(ns, labels))
+            .map(|(id, g)| (id, &g.term))
+    }
+
+    /// Pods carrying group `id`'s term in domain `value` of its topology key.
+    pub fn group_count(&self, id: usize, value: &str) -> i64 {
+        self.groups[id]
+            .as_ref()
+            .and_then(|g| g.per_domain.get(value))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// True if some counted pod carries an affinity term.
+    pub fn has_groups(&self) -> bool {
+        !self.group_ids.is_empty()
+    }
+
+    /// A pod starts counting on `node`.
+    pub fn add_pod(&mut self, key: &str, pod: &Pod, node: &str) {
+        self.count_pod(key, pod, node, 1);
+    }
+
+    /// A pod stops counting on `node`.
+    pub fn remove_pod(&mut self, key: &str, pod: &Pod, node: &str) {
+        self.count_pod(key, pod, node, -1);
+    }
+
+    fn count_pod(&mut self, key: &str, pod: &Pod, node: &str, by: i64) {
+        if !counts(pod) {
+            return;
+        }
+        let ns = pod_ns(pod);
+        let labels = pod_labels(pod);
+        let labels_of = self.nodes.get(node).map(|n| node_labels(n));
+        for &id in self.counters_by_ns.get(ns).into_iter().flatten() {
+            let Some(c) = self.counters[id].as_mut() else {
+                continue;
+            };
+            if !c.what.matches(ns, labels) {
+                continue;
+            }
+            bump(&mut c.per_node, node, by);
+            if let Some(nl) = labels_of {
+                for d in &mut c.domains {
+                    if let Some(v) = nl.get(&d.key) {
+                        bump(&mut d.counts, v, by);
+                    }
+                }
+            }
+        }
+        if by > 0 {
+            let terms = self.pod_terms(pod);
+            if terms.is_empty() {
+                return;
+            }
+            let mut ids = Vec::with_capacity(terms.len());
+            for term in terms {
+                let id = self.group(term);
+                ids.push(id);
+                self.count_in_group(id, node, 1);
+            }
+            self.pod_groups.insert(key.to_owned(), ids);
+        } else if let Some(ids) = self.pod_groups.remove(key) {
+            for id in ids {
+                self.count_in_group(id, node, -1);
+            }
+        }
+    }
+
+    fn group(&mut self, term: Term) -> usize {
+        if let Some(&id) = self.group_ids.get(&term) {
+            return id;
+        }
+        let g = Group {
+            term: term.clone(),
+            per_node: HashMap::new(),
+            per_domain: HashMap::new(),
+            total: 0,
+        };
+        let id = match self.free_groups.pop() {
+            Some(id) => {
+                self.groups[id] = Some(g);
+                id
+            }
+            None => {
+                self.groups.push(Some(g));
+                self.groups.len() - 1
+            }
+        };
+        for ns in &term.clause.namespaces {
+            self.groups_by_ns.entry(ns.clone()).or_default().push(id);
+        }
+        self.group_ids.insert(term, id);
+        id
+    }
+
+    fn count_in_group(&mut self, id: usize, node: &str, by: i64) {
+        let value = {
+            let Some(g) = self.groups[id].as_ref() else {
+                return;
+            };
+            self.domain(node, &g.term.topology_key).map(str::to_owned)
+        };
+        let Some(g) = self.groups[id].as_mut() else {
+            return;
+        };
+        bump(&mut g.per_node, node, by);
+        if let Some(v) = value {
+            bump(&mut g.per_domain, &v, by);
+        }
+        g.total += by;
+        if g.total == 0 {
+            let g = self.groups[id].take().expect("live group");
+            for ns in &g.term.clause.namespaces {
+                if let Some(v) = self.groups_by_ns.get_mut(ns) {
+                    v.retain(|x| *x != id);
+                    if v.is_empty() {
+                        self.groups_by_ns.remove(ns);
+                    }
+                }
+            }
+            self.group_ids.remove(&g.term);
+            self.free_groups.push(id);
+        }
+    }
+
+    /// A node was added, changed or (with `None`) went away: domains follow its labels.
+    pub fn set_node(&mut self, name: &str, node: Option<Arc<Node>>) {
+        let old = self.nodes.get(name).cloned();
+        let old_labels = old.as_deref().map(node_labels);
+        let new_labels = node.as_deref().map(node_labels);
+        if old_labels == new_labels {
+            if let Some(n) = node {
+                self.nodes.insert(name.to_owned(), n);
+            }
+            return;
+        }
+        let value = |l: Option<&Labels>, k: &str| l.and_then(|l| l.get(k)).cloned();
+        for (k, m) in &mut self.keys {
+            let (a, b) = (value(old_labels, k), value(new_labels, k));
+            if a == b {
+                continue;
+            }
+            let with = self.key_nodes.entry(k.clone()).or_insert(0);
+            if let Some(a) = a
+                && let Some(n) = m.get_mut(&a)
+            {
+                *n -= 1;
+                *with -= 1;
+                if *n == 0 {
+                    m.remove(&a);
+                }
+            }
+            if let Some(b) = b {
+                *m.entry(b).or_insert(0) += 1;
+                *with += 1;
+            }
+        }
+        for c in self.counters.iter_mut().flatten() {
+            let Some(&n) = c.per_node.get(name) else {
+                continue;
+            };
+            for d in &mut c.domains {
+                let (a, b) = (value(old_labels, &d.key), value(new_labels, &d.key));
+                if a != b {
+                    if let Some(a) = a {
+                        bump(&mut d.counts, &a, -n);
+                    }
+                    if let Some(b) = b {
+                        bump(&mut d.counts, &b, n);
+                    }
+                }
+            }
+        }
+        for g in self.groups.iter_mut().flatten() {
+            let Some(&n) = g.per_node.get(name) else {
+                continue;
+            };
+            let k = &g.term.topology_key;
+            let (a, b) = (value(old_labels, k), value(new_labels, k));
+            if a != b {
+                if let Some(a) = a {
+                    bump(&mut g.per_domain, &a, -n);
+                }
+                if let Some(b) = b {
+                    bump(&mut g.per_domain, &b, n);
+                }
+            }
+        }
+        match node {
+            Some(n) => self.nodes.insert(name.to_owned(), n),
+            None => self.nodes.remove(name),
+        };
+    }
+
+    /// Namespace labels and owners changed: every counter and group is rebuilt from `pods`
+    /// (counters lazily, when next used).
+    pub fn set_namespaces<'a>(
+        &mut self,
+        namespaces: HashMap<String, Labels>,
+        owners: HashMap<String, String>,
+        pods: impl Iterator<Item = (&'a str, &'a Pod, &'a str)>,
+    ) {
+        if namespaces == self.namespaces && owners == self.owners {
+            return;
+        }
+        self.namespaces = namespaces;
+        self.owners = owners;
+        self.counters.clear();
+        self.free_counters.clear();
+        self.counter_ids.clear();
+        self.counters_by_ns.clear();
+        self.groups.clear();
+        self.free_groups.clear();
+        self.group_ids.clear();
+        self.groups_by_ns.clear();
+        self.pod_groups.clear();
+        for (key, pod, node) in pods {
+            if counts(pod) && pod.spec.as_ref().is_some_and(|s| s.affinity.is_some()) {
+                self.add_pod(key, pod, node);
+            }
+        }
+    }
+
+    /// Drops counters no cycle used for [`IDLE_TICKS`] ticks; call once a second.
+    pub fn tick(&mut self) {
+        self.tick += 1;
+        let tick = self.tick;
+        for id in 0..self.counters.len() {
+            let idle = self.counters[id]
+                .as_ref()
+                .is_some_and(|c| tick - c.last_used > IDLE_TICKS);
+            if !idle {
+                continue;
+            }
+            let c = self.counters[id].take().expect("live counter");
+            if let Some(first) = c.what.0.first() {
+                for ns in &first.namespaces {
+                    if let Some(v) = self.counters_by_ns.get_mut(ns) {
+                        v.retain(|x| *x != id);
+                        if v.is_empty() {
+                            self.counters_by_ns.remove(ns);
+                        }
+                    }
+                }
+            }
+            self.counter_ids.remove(&c.what);
+            self.free_counters.push(id);
+        }
+    }
+
+    /// Live counters and groups (for metrics and tests).
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.counter_ids.len(), self.group_ids.len())
+    }
+}
