@@ -714,3 +714,160 @@ impl Topology {
         (self.counter_ids.len(), self.group_ids.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const ZONE: &str = "zone";
+
+    fn node(name: &str, zone: Option<u8>) -> Arc<Node> {
+        let labels = match zone {
+            Some(z) => json!({ ZONE: format!("z{z}") }),
+            None => json!({}),
+        };
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("node"),
+        )
+    }
+
+    fn pod(i: u8, app: u8, anti: bool, dying: bool) -> Pod {
+        let mut p = json!({"metadata": {"name": format!("p{i}"), "namespace": "ns",
+            "labels": {"app": format!("a{app}")}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}});
+        if anti {
+            p["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                [{"labelSelector": {"matchLabels": {"app": "a0"}}, "topologyKey": ZONE}]}});
+        }
+        if dying {
+            p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        serde_json::from_value(p).expect("pod")
+    }
+
+    fn app(a: u8) -> Match {
+        Match(vec![Clause {
+            namespaces: BTreeSet::from(["ns".to_owned()]),
+            selector: Some(LabelSelector::from_requirements(vec![Requirement {
+                key: "app".into(),
+                operator: Operator::Equals,
+                values: vec![format!("a{a}")],
+            }])),
+        }])
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Node(u8, Option<u8>),
+        NodeGone(u8),
+        Add(u8, u8, u8, bool, bool),
+        Remove(u8),
+        Counter(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..5, proptest::option::of(0u8..3)).prop_map(|(n, z)| Op::Node(n, z)),
+            (0u8..5).prop_map(Op::NodeGone),
+            (0u8..16, 0u8..6, 0u8..2, any::<bool>(), any::<bool>())
+                .prop_map(|(p, n, a, anti, dying)| Op::Add(p, n, a, anti, dying)),
+            (0u8..16).prop_map(Op::Remove),
+            (0u8..2).prop_map(Op::Counter),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Whatever pods and nodes do, in whatever order, and whenever a counter is created,
+        /// each counter's per-node and per-domain counts and each group's per-domain count
+        /// equal a count from scratch over the live pods and nodes.
+        #[test]
+        fn counters_equal_a_recount(ops in proptest::collection::vec(op(), 1..120)) {
+            let mut t = Topology::new();
+            let mut pods: HashMap<String, (Pod, String)> = HashMap::new();
+            let mut nodes: HashMap<String, Option<u8>> = HashMap::new();
+            let mut made: Vec<u8> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Node(n, z) => {
+                        let name = format!("n{n}");
+                        t.set_node(&name, Some(node(&name, z)));
+                        nodes.insert(name, z);
+                    }
+                    Op::NodeGone(n) => {
+                        let name = format!("n{n}");
+                        t.set_node(&name, None);
+                        nodes.remove(&name);
+                    }
+                    Op::Add(p, n, a, anti, dying) => {
+                        let key = format!("ns/p{p}");
+                        if let Some((old, on)) = pods.remove(&key) {
+                            t.remove_pod(&key, &old, &on);
+                        }
+                        let pd = pod(p, a, anti, dying);
+                        let on = format!("n{n}");
+                        t.add_pod(&key, &pd, &on);
+                        pods.insert(key, (pd, on));
+                    }
+                    Op::Remove(p) => {
+                        let key = format!("ns/p{p}");
+                        if let Some((old, on)) = pods.remove(&key) {
+                            t.remove_pod(&key, &old, &on);
+                        }
+                    }
+                    Op::Counter(a) => {
+                        let all = pods.values().map(|(p, n)| (p, n.as_str()));
+                        t.ensure_counter(&app(a), Some(ZONE), all);
+                        if !made.contains(&a) {
+                            made.push(a);
+                        }
+                    }
+                }
+                let zone_of = |n: &str| nodes.get(n).copied().flatten().map(|z| format!("z{z}"));
+                for &a in &made {
+                    let id = t.counter(&app(a)).expect("counter kept");
+                    let mut per_node: HashMap<String, i64> = HashMap::new();
+                    let mut per_zone: HashMap<String, i64> = HashMap::new();
+                    for (p, n) in pods.values() {
+                        if counts(p) && app(a).matches("ns", pod_labels(p)) {
+                            *per_node.entry(n.clone()).or_insert(0) += 1;
+                            if let Some(z) = zone_of(n) {
+                                *per_zone.entry(z).or_insert(0) += 1;
+                            }
+                        }
+                    }
+                    prop_assert_eq!(t.per_node(id), &per_node);
+                    prop_assert_eq!(t.per_domain(id, ZONE).expect("zone kept"), &per_zone);
+                }
+                // The anti-affinity group (selecting app=a0) per zone: its carriers.
+                let mut carriers: HashMap<String, i64> = HashMap::new();
+                for (p, n) in pods.values() {
+                    let carries = p.spec.as_ref().is_some_and(|s| s.affinity.is_some());
+                    if counts(p) && carries && let Some(z) = zone_of(n) {
+                        *carriers.entry(z).or_insert(0) += 1;
+                    }
+                }
+                let a0 = Labels::from([("app".to_owned(), "a0".to_owned())]);
+                let groups: Vec<usize> = t.groups_matching("ns", &a0).map(|(g, _)| g).collect();
+                prop_assert!(groups.len() <= 1);
+                for z in 0..3 {
+                    let z = format!("z{z}");
+                    let got = groups.first().map_or(0, |g| t.group_count(*g, &z));
+                    prop_assert_eq!(got, carriers.get(&z).copied().unwrap_or(0), "zone {}", z);
+                }
+                // Live nodes per zone.
+                if t.key_domains(ZONE).is_some() {
+                    let mut want: HashMap<String, u32> = HashMap::new();
+                    for z in nodes.values().flatten() {
+                        *want.entry(format!("z{z}")).or_insert(0) += 1;
+                    }
+                    prop_assert_eq!(t.key_domains(ZONE).expect("kept"), &want);
+                    prop_assert_eq!(t.nodes_with_key(ZONE), nodes.values().flatten().count());
+                }
+            }
+        }
+    }
+}
