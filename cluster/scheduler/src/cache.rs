@@ -54,23 +54,16 @@ impl Cache {
         &self.topology
     }
 
-    /// Makes sure the counters `pod`'s spread constraints and affinity terms read exist
-    /// (created by one scan of the counted pods the first time), before its cycle.
-    pub fn prepare(&mut self, pod: &PodInfo) {
-        let Some(spec) = pod.pod.spec.as_ref() else {
-            return;
-        };
-        let spreads = spec
-            .topology_spread_constraints
-            .as_ref()
-            .is_some_and(|c| !c.is_empty());
-        if !spreads && spec.affinity.is_none() {
+    /// Makes sure the topology counters `needs` exist (each created by one scan of the
+    /// counted pods the first time), before a pod's cycle reads them.
+    pub fn ensure_counters(&mut self, needs: &[(crate::topology::Match, String)]) {
+        if needs.is_empty() {
             return;
         }
         let mut topo = self.topology.write();
-        for (what, key) in crate::plugins::topology_counters(&pod.pod, &topo) {
+        for (what, key) in needs {
             let pods = self.pods.values().map(|p| (&*p.info.pod, p.node.as_str()));
-            topo.ensure_counter(&what, Some(&key), pods);
+            topo.ensure_counter(what, Some(key), pods);
         }
     }
 

@@ -362,4 +362,13 @@ pub trait Plugin: Send + Sync + 'static {
     fn bind(&self) -> Option<&dyn BindPlugin> {
         None
     }
+    /// The topology counters it reads for `pod`, each with the topology key it needs domain
+    /// counts for: the scheduler makes them before the pod's cycle (a cycle only reads).
+    fn counters(
+        &self,
+        _pod: &PodInfo,
+        _topo: &crate::topology::Topology,
+    ) -> Vec<(crate::topology::Match, String)> {
+        Vec::new()
+    }
 }

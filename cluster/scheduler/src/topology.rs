@@ -107,9 +107,14 @@ struct Group {
     total: i64,
 }
 
+/// Finds the selector of the Services and the controlling ReplicaSet or StatefulSet that
+/// select a pod (kube-scheduler's `DefaultSelector`), for system default spreading.
+pub type DefaultSelector = Arc<dyn Fn(&Pod) -> Option<LabelSelector> + Send + Sync>;
+
 /// Counters, groups and what they need: node labels, namespace labels and owners.
 #[derive(Default)]
 pub struct Topology {
+    default_selector: Option<DefaultSelector>,
     counters: Vec<Option<Counter>>,
     free_counters: Vec<usize>,
     counter_ids: HashMap<Match, usize>,
@@ -193,6 +198,20 @@ impl Topology {
     /// An empty topology.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sets how a pod's default spreading selector is found.
+    pub fn set_default_selector(&mut self, f: DefaultSelector) {
+        self.default_selector = Some(f);
+    }
+
+    /// The selector default spreading constraints of `pod` use: `None` (no defaults) when
+    /// nothing selects the pod.
+    pub fn default_selector(&self, pod: &Pod) -> Option<LabelSelector> {
+        self.default_selector
+            .as_ref()
+            .and_then(|f| f(pod))
+            .filter(|s| !s.is_empty())
     }
 
     /// The namespaces a term of a pod in `ns` may select: its own namespace when the term

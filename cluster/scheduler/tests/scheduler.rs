@@ -469,3 +469,140 @@ async fn room_freed_by_completions_is_split_by_weight() {
         "light {light}, heavy {heavy}: not 1:3 within 5%"
     );
 }
+
+async fn labeled_pod(c: &Arc<dyn Client>, name: &str, labels: Value, spec_extra: Value) {
+    let mut spec = json!({"containers": [{"name": "c", "image": "x",
+        "resources": {"requests": {"cpu": "100m"}}}]});
+    if let (Some(s), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
+        for (k, v) in extra {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    c.create(
+        res("pods"),
+        Some("default"),
+        &json!({"metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": spec}),
+    )
+    .await
+    .expect("pod");
+}
+
+fn node_of(p: &Value) -> Option<String> {
+    p["spec"]["nodeName"].as_str().map(str::to_owned)
+}
+
+/// Through the real API: six pods spread over three zones with maxSkew 1 land two per
+/// zone; pods that must not share a host take one node each, and the one too many waits
+/// with kube-scheduler's reason until a peer goes.
+#[tokio::test]
+async fn spread_and_anti_affinity_hold_through_the_api() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = client(dir.path()).await;
+    for z in 0..3 {
+        for i in 0..2 {
+            let name = format!("n-{z}-{i}");
+            node(
+                &c,
+                &name,
+                "8",
+                json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+                    "topology.kubernetes.io/zone": format!("z{z}")}}}),
+            )
+            .await;
+        }
+    }
+    let sched = start(&c, SchedulerConfig::default());
+    let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1,
+        "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": "spread"}}}]});
+    for i in 0..6 {
+        labeled_pod(
+            &c,
+            &format!("s-{i}"),
+            json!({"app": "spread"}),
+            spread.clone(),
+        )
+        .await;
+    }
+    let solo = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        [{"labelSelector": {"matchLabels": {"app": "solo"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+    for i in 0..7 {
+        labeled_pod(&c, &format!("a-{i}"), json!({"app": "solo"}), solo.clone()).await;
+    }
+    let reason = "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules.";
+    wait_until("spread pods bound and one solo pod reported", || {
+        let c = c.clone();
+        async move {
+            let ps = pods(&c).await;
+            let bound = ps.iter().filter(|p| node_of(p).is_some()).count();
+            let reported = ps.iter().any(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["message"] == reason))
+            });
+            bound == 12 && reported
+        }
+    })
+    .await;
+    let ps = pods(&c).await;
+    let mut per_zone: HashMap<String, usize> = HashMap::new();
+    let mut solo_nodes = Vec::new();
+    for p in &ps {
+        let Some(n) = node_of(p) else { continue };
+        let name = p["metadata"]["name"].as_str().unwrap_or_default();
+        if name.starts_with("s-") {
+            *per_zone.entry(n[..3].to_owned()).or_insert(0) += 1;
+        } else {
+            solo_nodes.push(n);
+        }
+    }
+    assert_eq!(
+        per_zone,
+        HashMap::from([("n-0".into(), 2), ("n-1".into(), 2), ("n-2".into(), 2)])
+    );
+    solo_nodes.sort();
+    solo_nodes.dedup();
+    assert_eq!(solo_nodes.len(), 6, "one solo pod per node: {solo_nodes:?}");
+    // A solo pod is deleted: terminating (no agent runs it here, so it stays for its grace
+    // period), it no longer counts, and the waiting one takes its node — as in Kubernetes.
+    let gone = ps
+        .iter()
+        .find(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("a-"))
+                && node_of(p).is_some()
+        })
+        .expect("a bound solo pod");
+    let gone_name = gone["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let freed = node_of(gone).expect("bound");
+    c.delete(res("pods"), Some("default"), &gone_name, None)
+        .await
+        .expect("delete");
+    wait_until("the waiting solo pod placed on the freed node", || {
+        let c = c.clone();
+        let freed = freed.clone();
+        async move {
+            let ps = pods(&c).await;
+            let solos: Vec<_> = ps
+                .iter()
+                .filter(|p| {
+                    p["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("a-"))
+                })
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .collect();
+            solos.len() == 6
+                && solos.iter().all(|p| node_of(p).is_some())
+                && solos
+                    .iter()
+                    .any(|p| node_of(p).as_deref() == Some(freed.as_str()))
+        }
+    })
+    .await;
+    sched.abort();
+}

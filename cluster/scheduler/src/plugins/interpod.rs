@@ -1,12 +1,12 @@
 //! InterPodAffinity: `podAffinity` and `podAntiAffinity` with Kubernetes' semantics, both
 //! ways round.
 //!
-//! Filter: a node passes if (1) no existing pod whose required anti-affinity selects the
-//! incoming pod is in the node's domain of that term's key; (2) every required affinity term
-//! has a pod it selects in the node's domain (all terms' keys must be on the node) — unless no
-//! pod anywhere matches all the terms and the pod matches them itself (the first pod of a
-//! group that wants to be together); (3) no pod a required anti-affinity term selects is in
-//! the node's domain.
+//! Filter, in kube-scheduler's order (which decides the reason reported): a node passes if
+//! (1) every required affinity term has a pod it selects in the node's domain (all terms'
+//! keys must be on the node) — unless no pod anywhere matches all the terms and the pod
+//! matches them itself (the first pod of a group that wants to be together); (2) no pod a
+//! required anti-affinity term selects is in the node's domain; (3) no existing pod whose
+//! required anti-affinity selects the incoming pod is in the node's domain of that term's key.
 //!
 //! Score: the incoming pod's preferred terms add (affinity) or take (anti-affinity) their
 //! weight per selected pod in the node's domain; existing pods' preferred terms that select
@@ -131,6 +131,18 @@ impl Plugin for InterPodAffinity {
     fn score(&self) -> Option<&dyn ScorePlugin> {
         Some(self)
     }
+    fn counters(&self, pod: &PodInfo, topo: &Topology) -> Vec<(Match, String)> {
+        if pod
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.affinity.as_ref())
+            .is_none()
+        {
+            return Vec::new();
+        }
+        counters(&pod.pod, topo)
+    }
 }
 
 fn unprepared() -> Status {
@@ -199,13 +211,6 @@ impl FilterPlugin for InterPodAffinity {
         };
         let labels = node.labels().unwrap_or(&NO_LABELS);
         let topo = self.topology.read();
-        for (g, key) in &s.existing {
-            if let Some(v) = labels.get(key)
-                && topo.group_count(*g, v) > 0
-            {
-                return Status::unschedulable(EXISTING_ANTI);
-            }
-        }
         if let Some((id, keys, first_pod)) = &s.affinity {
             let mut found = true;
             for key in keys {
@@ -231,6 +236,13 @@ impl FilterPlugin for InterPodAffinity {
                     .is_some_and(|n| *n > 0)
             {
                 return Status::unschedulable(ANTI);
+            }
+        }
+        for (g, key) in &s.existing {
+            if let Some(v) = labels.get(key)
+                && topo.group_count(*g, v) > 0
+            {
+                return Status::unschedulable(EXISTING_ANTI);
             }
         }
         Status::success()

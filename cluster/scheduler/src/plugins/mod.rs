@@ -29,24 +29,6 @@ pub const NAMES: &[&str] = &[
     "DefaultBinder",
 ];
 
-/// The topology counters a pod's spread constraints and affinity terms read, with the
-/// topology key each needs domain counts for.
-pub fn topology_counters(
-    pod: &k8s_openapi::api::core::v1::Pod,
-    topo: &crate::topology::Topology,
-) -> Vec<(crate::topology::Match, String)> {
-    let mut out = spread::counters(pod);
-    if pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.affinity.as_ref())
-        .is_some()
-    {
-        out.extend(interpod::counters(pod, topo));
-    }
-    out
-}
-
 /// Builds the plugin `name` with its `pluginConfig` args (null for none).
 pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin>, String> {
     if let Some(p) = basic::build(name) {
@@ -57,7 +39,18 @@ pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin
         "NodeAffinity" => Arc::new(affinity::NodeAffinity),
         "NodeResourcesBalancedAllocation" => Arc::new(fit::Balanced),
         "InterPodAffinity" => Arc::new(interpod::InterPodAffinity::new(handle.topology.clone())),
-        "PodTopologySpread" => Arc::new(spread::PodTopologySpread::new(handle.topology.clone())),
+        "PodTopologySpread" => {
+            let args: spread::SpreadArgs = if args.is_null() {
+                spread::SpreadArgs::default()
+            } else {
+                serde_json::from_value(args.clone())
+                    .map_err(|e| format!("PodTopologySpread args: {e}"))?
+            };
+            Arc::new(
+                spread::PodTopologySpread::with_args(handle.topology.clone(), args)
+                    .map_err(|e| format!("PodTopologySpread args: {e}"))?,
+            )
+        }
         "NodeResourcesFit" => {
             let args: fit::FitArgs = if args.is_null() {
                 fit::FitArgs::default()

@@ -35,6 +35,47 @@ pub const MISSING_LABEL: &str =
     "node(s) didn't match pod topology spread constraints (missing required label)";
 
 const HOSTNAME: &str = "kubernetes.io/hostname";
+const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// How pods without constraints of their own are spread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub enum Defaulting {
+    /// Kubernetes' system defaults: `ScheduleAnyway` over hostnames (maxSkew 3) and zones
+    /// (maxSkew 5), counting the pods selected like this one by its Services and its
+    /// ReplicaSet or StatefulSet.
+    #[default]
+    System,
+    /// The `defaultConstraints` listed (none: no default spreading).
+    List,
+}
+
+/// A default constraint (`pluginConfig` of PodTopologySpread), applied with the pod's
+/// default selector.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DefaultConstraint {
+    /// `maxSkew` (at least 1).
+    pub max_skew: i32,
+    /// `topologyKey`.
+    pub topology_key: String,
+    /// `DoNotSchedule` or `ScheduleAnyway`.
+    pub when_unsatisfiable: String,
+}
+
+/// `pluginConfig` args of PodTopologySpread.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpreadArgs {
+    /// `System` (default) or `List`.
+    #[serde(default)]
+    pub defaulting_type: Defaulting,
+    /// With `List`: the default constraints.
+    #[serde(default)]
+    pub default_constraints: Vec<DefaultConstraint>,
+}
+
+/// Kubernetes' system default constraints: (key, maxSkew).
+const SYSTEM_DEFAULTS: [(&str, i64); 2] = [(HOSTNAME, 3), (ZONE, 5)];
 
 static NO_LABELS: Labels = Labels::new();
 
@@ -57,18 +98,65 @@ pub struct Constraint {
     pub honor_taints: bool,
     /// The pod matches its own selector (it will count once placed).
     pub self_match: bool,
+    /// A system default: a node without its key skips this constraint only (own and listed
+    /// constraints need every key on the node).
+    pub system_default: bool,
 }
 
-/// The pod's constraints.
-pub fn constraints(pod: &Pod) -> Vec<Constraint> {
+/// The pod's constraints: its own, or else the defaults `args` give, with its default
+/// selector (none when nothing selects it).
+pub fn constraints(pod: &Pod, topo: &Topology, args: &SpreadArgs) -> Vec<Constraint> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let labels = pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
-    spec.topology_spread_constraints
-        .iter()
-        .flatten()
+    let own = spec
+        .topology_spread_constraints
+        .as_deref()
+        .unwrap_or_default();
+    if own.is_empty() {
+        let system = args.defaulting_type == Defaulting::System;
+        let defaults: Vec<(String, i64, bool)> = if system {
+            SYSTEM_DEFAULTS
+                .iter()
+                .map(|(k, s)| ((*k).to_owned(), *s, false))
+                .collect()
+        } else {
+            args.default_constraints
+                .iter()
+                .map(|c| {
+                    let hard = c.when_unsatisfiable == "DoNotSchedule";
+                    (c.topology_key.clone(), i64::from(c.max_skew.max(1)), hard)
+                })
+                .collect()
+        };
+        if defaults.is_empty() {
+            return Vec::new();
+        }
+        let Some(selector) = topo.default_selector(pod) else {
+            return Vec::new();
+        };
+        let self_match = selector.matches(labels);
+        return defaults
+            .into_iter()
+            .map(|(key, max_skew, hard)| Constraint {
+                max_skew,
+                key,
+                hard,
+                min_domains: 1,
+                what: Match(vec![Clause {
+                    namespaces: std::iter::once(ns.clone()).collect(),
+                    selector: Some(selector.clone()),
+                }]),
+                honor_affinity: true,
+                honor_taints: false,
+                self_match,
+                system_default: system,
+            })
+            .collect();
+    }
+    own.iter()
         .map(|c| {
             let selector = selector_of(
                 c.label_selector.as_ref(),
@@ -89,16 +177,9 @@ pub fn constraints(pod: &Pod) -> Vec<Constraint> {
                 honor_affinity: c.node_affinity_policy.as_deref() != Some("Ignore"),
                 honor_taints: c.node_taints_policy.as_deref() == Some("Honor"),
                 self_match,
+                system_default: false,
             }
         })
-        .collect()
-}
-
-/// The counters the pod's constraints read: `(what, topology key)`.
-pub fn counters(pod: &Pod) -> Vec<(Match, String)> {
-    constraints(pod)
-        .into_iter()
-        .map(|c| (c.what, c.key))
         .collect()
 }
 
@@ -230,17 +311,50 @@ struct ScoreItem {
     max_skew: i64,
     counts: Counts,
     id: usize,
+    system_default: bool,
 }
 
 /// PodTopologySpread.
 pub struct PodTopologySpread {
     topology: Arc<RwLock<Topology>>,
+    args: SpreadArgs,
 }
 
 impl PodTopologySpread {
-    /// The plugin, reading `topology`.
+    /// The plugin with system default spreading, reading `topology`.
     pub fn new(topology: Arc<RwLock<Topology>>) -> Self {
-        PodTopologySpread { topology }
+        PodTopologySpread {
+            topology,
+            args: SpreadArgs::default(),
+        }
+    }
+
+    /// The plugin with its `pluginConfig` args (checked: listed defaults only with `List`,
+    /// each with a positive maxSkew, a key and a known action).
+    pub fn with_args(topology: Arc<RwLock<Topology>>, args: SpreadArgs) -> Result<Self, String> {
+        if args.defaulting_type == Defaulting::System && !args.default_constraints.is_empty() {
+            return Err("defaultConstraints must be empty when defaultingType is System".into());
+        }
+        for (i, c) in args.default_constraints.iter().enumerate() {
+            if c.max_skew < 1 {
+                return Err(format!(
+                    "defaultConstraints[{i}].maxSkew must be greater than zero"
+                ));
+            }
+            if c.topology_key.is_empty() {
+                return Err(format!("defaultConstraints[{i}].topologyKey is required"));
+            }
+            if !matches!(
+                c.when_unsatisfiable.as_str(),
+                "DoNotSchedule" | "ScheduleAnyway"
+            ) {
+                return Err(format!(
+                    "defaultConstraints[{i}].whenUnsatisfiable must be DoNotSchedule or ScheduleAnyway, not {:?}",
+                    c.when_unsatisfiable
+                ));
+            }
+        }
+        Ok(PodTopologySpread { topology, args })
     }
 }
 
@@ -260,11 +374,18 @@ impl Plugin for PodTopologySpread {
     fn score(&self) -> Option<&dyn ScorePlugin> {
         Some(self)
     }
+    fn counters(&self, pod: &PodInfo, topo: &Topology) -> Vec<(Match, String)> {
+        constraints(&pod.pod, topo, &self.args)
+            .into_iter()
+            .map(|c| (c.what, c.key))
+            .collect()
+    }
 }
 
 impl PreFilterPlugin for PodTopologySpread {
     fn pre_filter(&self, state: &mut CycleState, pod: &PodInfo) -> Status {
-        let hard: Vec<Constraint> = constraints(&pod.pod)
+        let topo = self.topology.read();
+        let hard: Vec<Constraint> = constraints(&pod.pod, &topo, &self.args)
             .into_iter()
             .filter(|c| c.hard)
             .collect();
@@ -272,7 +393,6 @@ impl PreFilterPlugin for PodTopologySpread {
             return Status::skip();
         }
         let keys: Vec<&str> = hard.iter().map(|c| c.key.as_str()).collect();
-        let topo = self.topology.read();
         let mut items = Vec::with_capacity(hard.len());
         for c in &hard {
             let (counts, domains, min) = match counts_of(&topo, &pod.pod, c, &keys) {
@@ -324,19 +444,28 @@ impl FilterPlugin for PodTopologySpread {
 
 impl PreScorePlugin for PodTopologySpread {
     fn pre_score(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[&NodeInfo]) -> Status {
-        let soft: Vec<Constraint> = constraints(&pod.pod)
+        let topo = self.topology.read();
+        let soft: Vec<Constraint> = constraints(&pod.pod, &topo, &self.args)
             .into_iter()
             .filter(|c| !c.hard)
             .collect();
         if soft.is_empty() {
             return Status::skip();
         }
-        let keys: Vec<&str> = soft.iter().map(|c| c.key.as_str()).collect();
-        let topo = self.topology.read();
+        let all_keys: Vec<&str> = soft.iter().map(|c| c.key.as_str()).collect();
         let mut items = Vec::with_capacity(soft.len());
         for c in &soft {
+            // System defaults need only their own key on a node.
+            let keys = if c.system_default {
+                std::slice::from_ref(&c.key.as_str()).to_vec()
+            } else {
+                all_keys.clone()
+            };
             let (counts, _, _) = match counts_of(&topo, &pod.pod, c, &keys) {
                 Ok(x) => x,
+                // The pod's Services or owner changed since its counters were made: its
+                // default spreading sits this cycle out.
+                Err(_) if c.system_default => continue,
                 Err(s) => return s,
             };
             // Domains among the nodes being scored (each node is its own for hostname).
@@ -357,9 +486,13 @@ impl PreScorePlugin for PodTopologySpread {
                 max_skew: c.max_skew,
                 counts,
                 id: topo.counter(&c.what).unwrap_or(0),
+                system_default: c.system_default,
             });
         }
         drop(topo);
+        if items.is_empty() {
+            return Status::skip();
+        }
         state.write(NAME, items);
         Status::success()
     }
@@ -378,6 +511,9 @@ impl ScorePlugin for PodTopologySpread {
         let mut score = 0.0;
         for it in items {
             let Some(v) = labels.get(&it.key) else {
+                if it.system_default {
+                    continue;
+                }
                 return Ok(IGNORED);
             };
             let count = if it.key == HOSTNAME {

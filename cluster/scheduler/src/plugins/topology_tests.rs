@@ -60,8 +60,9 @@ fn filter_all(
     make: Make,
     incoming: &Arc<PodInfo>,
 ) -> HashMap<String, (Code, String)> {
-    c.prepare(incoming);
     let p = make(c);
+    let needs = p.counters(incoming, &c.topology().read());
+    c.ensure_counters(&needs);
     let mut state = CycleState::new();
     let pre = p
         .pre_filter()
@@ -92,8 +93,9 @@ fn fitting(r: &HashMap<String, (Code, String)>) -> Vec<String> {
 
 /// Normalized scores of `p` for `incoming` over every node, by node.
 fn scores(c: &mut Cache, make: Make, incoming: &Arc<PodInfo>) -> HashMap<String, i64> {
-    c.prepare(incoming);
     let p = make(c);
+    let needs = p.counters(incoming, &c.topology().read());
+    c.ensure_counters(&needs);
     let mut state = CycleState::new();
     let nodes: Vec<_> = c.nodes().iter().collect();
     let pre = p
@@ -495,4 +497,60 @@ fn affinity_terms_stay_inside_the_tenant() {
         fitting(&filter_all(&mut c, affinity_plugin, &sibling)),
         ["n2"]
     );
+}
+
+/// Kubernetes' system default spreading: a pod without constraints of its own is spread
+/// over hostnames and zones among the pods its Services and owner select; a node without a
+/// zone is scored by hostname alone; a pod nothing selects is not spread.
+#[test]
+fn system_defaults_spread_what_selects_the_pod() {
+    let mut c = documented();
+    c.upsert_node(node("bare", None));
+    place(
+        &mut c,
+        &[
+            ("w1", json!({"app": "web"}), "node1"),
+            ("w2", json!({"app": "web"}), "node1"),
+            ("w3", json!({"app": "web"}), "node3"),
+        ],
+    );
+    c.topology().write().set_default_selector(Arc::new(|p| {
+        let labels = p.metadata.labels.as_ref()?;
+        (labels.get("app").map(String::as_str) == Some("web")).then(|| {
+            tessera_core::LabelSelector::from_requirements(vec![
+                tessera_core::selector::label::Requirement {
+                    key: "app".into(),
+                    operator: tessera_core::selector::label::Operator::Equals,
+                    values: vec!["web".into()],
+                },
+            ])
+        })
+    }));
+    let web = pod("web", json!({"app": "web"}), json!({}));
+    let s = scores(&mut c, spread_plugin, &web);
+    // node4: no web pod, in the zone with fewer; node1: two, in the zone with more.
+    assert!(s["node4"] > s["node2"] && s["node2"] > s["node1"], "{s:?}");
+    assert!(s["node4"] > s["node3"], "{s:?}");
+    assert!(s["bare"] > s["node1"], "scored by hostname alone: {s:?}");
+    // A pod nothing selects is not spread.
+    let lone = pod("lone", json!({"app": "other"}), json!({}));
+    let plugin = spread_plugin(&c);
+    let nodes: Vec<_> = c.nodes().iter().collect();
+    assert_eq!(
+        plugin
+            .pre_score()
+            .expect("ps")
+            .pre_score(&mut CycleState::new(), &lone, &nodes)
+            .code,
+        Code::Skip
+    );
+    // `List` with no constraints turns defaults off; System with a list is refused.
+    let off: spread::SpreadArgs =
+        serde_json::from_value(json!({"defaultingType": "List"})).expect("args");
+    let off = PodTopologySpread::with_args(c.topology().clone(), off).expect("valid");
+    assert!(off.counters(&web, &c.topology().read()).is_empty());
+    let bad: spread::SpreadArgs = serde_json::from_value(json!({"defaultConstraints":
+        [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule"}]}))
+    .expect("args");
+    assert!(PodTopologySpread::with_args(c.topology().clone(), bad).is_err());
 }

@@ -15,12 +15,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use parking_lot::RwLock;
 use serde_json::json;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::types::Tenant;
+use tessera_core::LabelSelector;
+use tessera_core::selector::label::{Operator, Requirement};
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::Informers;
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
@@ -198,6 +201,23 @@ impl Scheduler {
             }
         });
         self.namespaces = Some(namespaces.cache().clone());
+        // What selects a pod, for system default spreading.
+        let services = informers.get::<Service>(res("services"));
+        let replicasets = informers.get::<ReplicaSet>(
+            find_resource("apps", "v1", "replicasets").expect("replicasets are served"),
+        );
+        let statefulsets = informers.get::<StatefulSet>(
+            find_resource("apps", "v1", "statefulsets").expect("statefulsets are served"),
+        );
+        let (svc, rs, ss) = (
+            services.cache().clone(),
+            replicasets.cache().clone(),
+            statefulsets.cache().clone(),
+        );
+        self.cache
+            .topology()
+            .write()
+            .set_default_selector(Arc::new(move |pod| default_selector(pod, &svc, &rs, &ss)));
         let pods = informers.get::<Pod>(res("pods"));
         let t = tx;
         let _pods_sub = pods.on_change(move |c| {
@@ -212,6 +232,9 @@ impl Scheduler {
         pods.synced().await;
         tenants.synced().await;
         namespaces.synced().await;
+        services.synced().await;
+        replicasets.synced().await;
+        statefulsets.synced().await;
         self.rescope();
         tracing::info!("scheduler caches synced; scheduling");
         let mut outcomes = self.outcome_rx.take().expect("run is called once");
@@ -282,6 +305,25 @@ impl Scheduler {
         tracing::debug!(tenants = specs.len(), "tenants changed");
         self.queue.set_tenants(&specs);
         self.rescope();
+    }
+
+    /// Makes the topology counters the profile's plugins read for `pod` (a cycle only reads).
+    fn prepare_counters(&mut self, pi: usize, pod: &PodInfo) {
+        let needs = {
+            let topo = self.cache.topology().read();
+            let mut seen: Vec<&'static str> = Vec::new();
+            let mut needs = Vec::new();
+            for point in [Point::PreFilter, Point::PreScore] {
+                for (p, _) in self.profiles[pi].at(point) {
+                    if !seen.contains(&p.name()) {
+                        seen.push(p.name());
+                        needs.extend(p.counters(pod, &topo));
+                    }
+                }
+            }
+            needs
+        };
+        self.cache.ensure_counters(&needs);
     }
 
     /// Hands the topology counters the namespaces' labels and owners (pod affinity terms
@@ -428,7 +470,7 @@ impl Scheduler {
             self.queue.done(&qp.info.key);
             return;
         };
-        self.cache.prepare(&qp.info);
+        self.prepare_counters(pi, &qp.info);
         let result = self.cycle(pi, &qp);
         let outcome = match result {
             Ok((node, state, wait)) => {
@@ -463,6 +505,51 @@ impl Scheduler {
                 .observe(started.elapsed().as_secs_f64());
         }
     }
+}
+
+/// kube-scheduler's `DefaultSelector`: the selectors of the Services that select the pod,
+/// and of its controlling ReplicaSet or StatefulSet, all together (`None` if none).
+fn default_selector(
+    pod: &Pod,
+    services: &PodCache<Service>,
+    replicasets: &PodCache<ReplicaSet>,
+    statefulsets: &PodCache<StatefulSet>,
+) -> Option<LabelSelector> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+    let labels = tessera_runtime::informer::labels_of(&pod.metadata);
+    let mut merged = std::collections::BTreeMap::new();
+    for s in services.in_namespace(ns) {
+        if let Some(sel) = s.spec.as_ref().and_then(|s| s.selector.as_ref())
+            && !sel.is_empty()
+            && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+        {
+            merged.extend(sel.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+    let mut reqs: Vec<Requirement> = merged
+        .into_iter()
+        .map(|(key, v)| Requirement {
+            key,
+            operator: Operator::Equals,
+            values: vec![v],
+        })
+        .collect();
+    if let Some(owner) = tessera_runtime::informer::controller_of(&pod.metadata) {
+        let key = format!("{ns}/{}", owner.name);
+        let sel = match owner.kind.as_str() {
+            "ReplicaSet" => replicasets
+                .get(&key)
+                .and_then(|r| r.spec.as_ref().map(|s| s.selector.clone())),
+            "StatefulSet" => statefulsets
+                .get(&key)
+                .and_then(|s| s.spec.as_ref().map(|s| s.selector.clone())),
+            _ => None,
+        };
+        if let Some(s) = sel.and_then(|s| tessera_runtime::selector::from_metav1(&s).ok()) {
+            reqs.extend(s.requirements().iter().cloned());
+        }
+    }
+    (!reqs.is_empty()).then(|| LabelSelector::from_requirements(reqs))
 }
 
 fn res(plural: &str) -> &'static tessera_client::catalog::Resource {
