@@ -287,6 +287,10 @@ pub struct SimArgs {
     /// Seconds between renewals of each simulated node's Lease.
     #[arg(long, default_value_t = 10)]
     pub node_lease_renew_seconds: u64,
+    /// Zones the simulated nodes are spread over (`topology.kubernetes.io/zone=zone-K`,
+    /// round robin); 0 for none.
+    #[arg(long, default_value_t = 3)]
+    pub node_zones: usize,
 }
 
 impl SimArgs {
@@ -300,6 +304,7 @@ impl SimArgs {
             pods: self.node_pods,
             startup_delay: Duration::from_millis(self.startup_delay_ms),
             renew_interval: Duration::from_secs(self.node_lease_renew_seconds.max(1)),
+            zones: self.node_zones,
             ..SimConfig::default()
         }
     }

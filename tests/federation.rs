@@ -1354,6 +1354,7 @@ fn a_replica_pinned_to_a_zone_is_placed_by_that_zones_room() {
                 "--context",
                 shard,
                 "label",
+                "--overwrite",
                 node,
                 &format!("topology.kubernetes.io/zone={zone}"),
             ]);

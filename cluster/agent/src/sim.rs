@@ -48,6 +48,9 @@ pub struct SimConfig {
     pub pods: u32,
     /// Extra labels of every node.
     pub labels: BTreeMap<String, String>,
+    /// Zones the nodes are spread over round robin (`topology.kubernetes.io/zone` =
+    /// `zone-{i % zones}`); 0 for no zone label. A zone in `labels` wins.
+    pub zones: usize,
     /// From binding to Running.
     pub startup_delay: Duration,
     /// Lease duration written on the node Leases (seconds).
@@ -65,6 +68,7 @@ impl Default for SimConfig {
             memory: "32Gi".into(),
             pods: 110,
             labels: BTreeMap::new(),
+            zones: 0,
             startup_delay: Duration::from_millis(500),
             lease_duration_seconds: 40,
             renew_interval: Duration::from_secs(10),
@@ -155,6 +159,10 @@ impl SimAgent {
             "kubernetes.io/arch": "amd64",
             "tessera.io/sim": "true",
         });
+        if self.config.zones > 0 {
+            labels["topology.kubernetes.io/zone"] =
+                json!(format!("zone-{}", i % self.config.zones));
+        }
         for (k, v) in &self.config.labels {
             labels[k] = json!(v);
         }
