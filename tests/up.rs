@@ -543,6 +543,43 @@ fn the_scheduler_benchmark_binds_every_pod_and_shares_by_weight() {
         r["schedule_p99_ms"].as_f64().is_some_and(|v| v >= 0.0),
         "{r}"
     );
+    // Anti-affinity: every pod on a node of its own (init pods too), checked by the bench.
+    let r = run(&[
+        "--workload=anti-affinity",
+        "--nodes=60",
+        "--pods=40",
+        "--init-pods=20",
+    ]);
+    assert_eq!(r["checked"], "60 pods on 60 distinct nodes", "{r}");
+    // One pod too many for one per node: the bench does not finish.
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "bench",
+            "scheduler",
+            "--workload=anti-affinity",
+            "--nodes=10",
+        ])
+        .args(["--pods=5", "--init-pods=6", "--timeout=5"])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("tessera bench scheduler");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only 4 of 5 pods bound"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = run(&[
+        "--workload=topology-spread",
+        "--nodes=30",
+        "--pods=300",
+        "--init-pods=30",
+    ]);
+    let checked = r["checked"].as_str().unwrap_or_default();
+    assert!(
+        checked.starts_with("init: zones [") && checked.contains("measured: zones ["),
+        "{r}"
+    );
     let r = run(&[
         "--workload=tenants",
         "--nodes=50",

@@ -43,9 +43,10 @@ pub enum Workload {
     Basic,
     /// Pods that require the nodes' zone by node affinity.
     NodeAffinity,
-    /// Pods with required anti-affinity to each other (not built yet).
+    /// Pods with required anti-affinity to each other by hostname (init pods too): one per
+    /// node.
     AntiAffinity,
-    /// Pods spread over zones (not built yet).
+    /// Pods spread over 3 zones with maxSkew 5 (`DoNotSchedule`).
     TopologySpread,
     /// High-priority pods preempting low ones (not built yet).
     Preemption,
@@ -112,6 +113,9 @@ struct Report {
     schedule_p99_ms: f64,
     /// Bindings the API refused (the pod changed or was bound meanwhile).
     conflicts: u64,
+    /// What was checked of every placement (anti-affinity, spread).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checked: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tenants: Option<TenantsReport>,
 }
@@ -136,6 +140,7 @@ struct Seen {
     ns: String,
     added: Option<Instant>,
     bound: Option<Instant>,
+    node: Option<String>,
     gone: bool,
 }
 
@@ -164,12 +169,29 @@ fn pods_res() -> &'static tessera_apiserver::catalog::Resource {
     find_resource("", "v1", "pods").expect("pods are served")
 }
 
+const ZONE: &str = "topology.kubernetes.io/zone";
+/// `topology-spread`: zones of the nodes, and the constraint's maxSkew.
+const SPREAD_ZONES: usize = 3;
+const SPREAD_MAX_SKEW: usize = 5;
+
 /// A pod of `ns` named `name`, labelled `phase`, asking `cpu`, shaped by `workload`.
 fn pod(ns: &str, name: &str, phase: &str, cpu: &str, workload: Workload) -> Value {
     let mut p = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "labels": {"phase": phase}},
         "spec": {"containers": [{"name": "c", "image": "pause",
             "resources": {"requests": {"cpu": cpu, "memory": "500Mi"}}}]}});
+    if workload == Workload::AntiAffinity {
+        p["metadata"]["labels"]["color"] = json!("green");
+        p["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            [{"labelSelector": {"matchLabels": {"color": "green"}}, "namespaces": ["init", "measured"],
+              "topologyKey": "kubernetes.io/hostname"}]}});
+    }
+    if workload == Workload::TopologySpread {
+        p["metadata"]["labels"]["color"] = json!("blue");
+        p["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": SPREAD_MAX_SKEW,
+            "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"color": "blue"}}}]);
+    }
     if workload == Workload::NodeAffinity {
         p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
             {"nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone",
@@ -179,7 +201,8 @@ fn pod(ns: &str, name: &str, phase: &str, cpu: &str, workload: Workload) -> Valu
 }
 
 impl Bench {
-    async fn start(nodes: usize, dir: &std::path::Path) -> anyhow::Result<Bench> {
+    /// A shard of `nodes` nodes: all in zone1, or spread over `zones` zones (`zone-K`).
+    async fn start(nodes: usize, zones: usize, dir: &std::path::Path) -> anyhow::Result<Bench> {
         std::fs::create_dir_all(dir)?;
         let store = Arc::new(
             EmbeddedStore::open(
@@ -192,7 +215,9 @@ impl Bench {
         let api = Api::new(store, None);
         let client: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
         let mut labels = std::collections::BTreeMap::new();
-        labels.insert("topology.kubernetes.io/zone".to_owned(), "zone1".to_owned());
+        if zones == 0 {
+            labels.insert(ZONE.to_owned(), "zone1".to_owned());
+        }
         let agent = SimAgent::new(
             client.clone(),
             SimConfig {
@@ -202,6 +227,7 @@ impl Bench {
                 memory: "32Gi".into(),
                 pods: 110,
                 labels,
+                zones,
                 ..SimConfig::default()
             },
             None,
@@ -229,9 +255,12 @@ impl Bench {
                         ..Seen::default()
                     });
                     e.added.get_or_insert(now);
-                    let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
-                    if bound && e.bound.is_none() {
+                    let node = p.spec.as_ref().and_then(|s| s.node_name.as_ref());
+                    if let Some(n) = node
+                        && e.bound.is_none()
+                    {
                         e.bound = Some(now);
+                        e.node = Some(n.clone());
                     }
                     e.gone |= gone;
                 })
@@ -351,10 +380,6 @@ impl Bench {
 /// Runs the benchmark.
 pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     match args.workload {
-        Workload::AntiAffinity | Workload::TopologySpread => anyhow::bail!(
-            "the {:?} workload needs InterPodAffinity and PodTopologySpread, which the scheduler does not have yet",
-            args.workload
-        ),
         Workload::Preemption => {
             anyhow::bail!("the preemption workload needs the preemption PostFilter, not built yet")
         }
@@ -370,7 +395,12 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         );
     }
     let dir = tempfile::tempdir()?;
-    let bench = Bench::start(args.nodes, &dir.path().join("shard")).await?;
+    let zones = if args.workload == Workload::TopologySpread {
+        SPREAD_ZONES
+    } else {
+        0
+    };
+    let bench = Bench::start(args.nodes, zones, &dir.path().join("shard")).await?;
     let report = if args.workload == Workload::Tenants {
         run_tenants(&bench, &args, dir.path()).await?
     } else {
@@ -392,6 +422,9 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
             report.workers,
             report.conflicts
         );
+        if let Some(c) = &report.checked {
+            println!("checked: {c}");
+        }
         if let Some(t) = &report.tenants {
             println!(
                 "tenants: {} tenants; the others' {} pods during the flood waited p50 {:.1} ms p99 {:.1} ms; refilling a full shard of {} pods: parts within {:.2}% of weight (mean {:.2}%)",
@@ -460,6 +493,7 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
     c?;
     w?;
     let s = bench.seen.lock();
+    let checked = check_placement(&s, args.workload)?;
     let measured = s.values().filter(|e| e.ns == "measured");
     let last = measured
         .clone()
@@ -487,8 +521,68 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
         schedule_p50_ms: lat.percentile_ms(50.0),
         schedule_p99_ms: lat.percentile_ms(99.0),
         conflicts: bench.conflicts() - conflicts_before,
+        checked,
         tenants: None,
     })
+}
+
+/// Checks what the workload promises of every placement: `anti-affinity`, each pod on a
+/// node of its own; `topology-spread`, each namespace's pods within maxSkew over the zones.
+/// Says what was checked; an error if a placement broke it.
+fn check_placement(
+    seen: &HashMap<String, Seen>,
+    workload: Workload,
+) -> anyhow::Result<Option<String>> {
+    let placed = || {
+        seen.values()
+            .filter(|e| !e.gone)
+            .filter_map(|e| Some((e, e.node.as_deref()?)))
+    };
+    match workload {
+        Workload::AntiAffinity => {
+            let mut nodes: Vec<&str> = placed().map(|(_, n)| n).collect();
+            let all = nodes.len();
+            nodes.sort_unstable();
+            nodes.dedup();
+            if nodes.len() != all {
+                anyhow::bail!(
+                    "anti-affinity broken: {all} pods on only {} nodes",
+                    nodes.len()
+                );
+            }
+            Ok(Some(format!("{all} pods on {all} distinct nodes")))
+        }
+        Workload::TopologySpread => {
+            let mut out = Vec::new();
+            for ns in ["init", "measured"] {
+                let mut per_zone = [0usize; SPREAD_ZONES];
+                for (_, node) in placed().filter(|(e, _)| e.ns == ns) {
+                    let i: usize = node
+                        .rsplit('-')
+                        .next()
+                        .and_then(|i| i.parse().ok())
+                        .ok_or_else(|| anyhow::anyhow!("node {node} has no index"))?;
+                    per_zone[i % SPREAD_ZONES] += 1;
+                }
+                let (min, max) = (
+                    per_zone.iter().min().copied().unwrap_or(0),
+                    per_zone.iter().max().copied().unwrap_or(0),
+                );
+                if max - min > SPREAD_MAX_SKEW {
+                    anyhow::bail!(
+                        "spread broken in {ns}: zones hold {per_zone:?}, skew {} > {SPREAD_MAX_SKEW}",
+                        max - min
+                    );
+                }
+                out.push(format!("{ns}: zones {per_zone:?}, skew {}", max - min));
+            }
+            Ok(Some(format!(
+                "{} (maxSkew {SPREAD_MAX_SKEW})",
+                out.join("; ")
+            )))
+        }
+        _ => Ok(None),
+    }
 }
 
 fn weight(i: usize) -> usize {
@@ -626,7 +720,7 @@ async fn run_tenants(
     let conflicts = bench.conflicts() - conflicts_before;
 
     // Phase 2, on a fresh shard: full, backlogs by weight, completions, refill.
-    let share = Bench::start(args.share_nodes, &dir.join("share")).await?;
+    let share = Bench::start(args.share_nodes, 0, &dir.join("share")).await?;
     make_tenants(&share, t, deadline).await?;
     let capacity = args.share_nodes * 40;
     share.namespace("filler").await?;
@@ -689,6 +783,7 @@ async fn run_tenants(
         schedule_p50_ms: others_wait.percentile_ms(50.0),
         schedule_p99_ms: others_wait.percentile_ms(99.0),
         conflicts,
+        checked: None,
         tenants: Some(TenantsReport {
             tenants: t,
             others_pods: others_total,
