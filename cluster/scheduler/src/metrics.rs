@@ -17,6 +17,7 @@ pub struct SchedulerMetrics {
     pub(crate) tenant_wait: HistogramVec,
     pub(crate) cache_nodes: IntGauge,
     pub(crate) cache_pods: IntGauge,
+    pub(crate) topology_entries: IntGaugeVec,
 }
 
 fn buckets() -> Vec<f64> {
@@ -39,6 +40,7 @@ impl SchedulerMetrics {
         registry.register(Box::new(m.tenant_wait.clone()))?;
         registry.register(Box::new(m.cache_nodes.clone()))?;
         registry.register(Box::new(m.cache_pods.clone()))?;
+        registry.register(Box::new(m.topology_entries.clone()))?;
         Ok(m)
     }
 
@@ -121,6 +123,15 @@ impl SchedulerMetrics {
             cache_pods: IntGauge::new(
                 "tessera_scheduler_cache_pods",
                 "Pods counted on nodes in the scheduler's cache (bound and assumed).",
+            )?,
+            topology_entries: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_scheduler_topology_entries",
+                    "Incremental pod counts kept for spreading and pod affinity: counters (one \
+                     per selector a pending pod's constraint or term uses) and groups (one per \
+                     distinct affinity term of placed pods).",
+                ),
+                &["kind"],
             )?,
         })
     }

@@ -381,6 +381,13 @@ impl Scheduler {
             }
             m.cache_nodes.set(self.cache.node_count() as i64);
             m.cache_pods.set(self.cache.pod_count() as i64);
+            let (counters, groups) = self.cache.topology().read().sizes();
+            m.topology_entries
+                .with_label_values(&["counter"])
+                .set(counters as i64);
+            m.topology_entries
+                .with_label_values(&["group"])
+                .set(groups as i64);
         }
     }
 
