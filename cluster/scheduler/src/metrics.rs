@@ -51,6 +51,12 @@ impl SchedulerMetrics {
             .get_sample_count()
     }
 
+    /// Scheduling attempts that placed a pod so far, and the seconds they took in all.
+    pub fn scheduled_attempts(&self) -> (u64, f64) {
+        let h = self.attempt_duration.with_label_values(&["scheduled"]);
+        (h.get_sample_count(), h.get_sample_sum())
+    }
+
     /// Metrics no registry reads.
     pub fn unregistered() -> prometheus::Result<SchedulerMetrics> {
         Ok(SchedulerMetrics {
