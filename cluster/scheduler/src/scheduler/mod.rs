@@ -477,8 +477,13 @@ impl Scheduler {
             self.queue.done(&qp.info.key);
             return;
         };
+        let cpu = thread_cpu();
         self.prepare_counters(pi, &qp.info);
         let result = self.cycle(pi, &qp);
+        if let Some(m) = &self.metrics {
+            m.cycle_cpu
+                .inc_by(thread_cpu().saturating_sub(cpu).as_secs_f64());
+        }
         let outcome = match result {
             Ok((node, state, wait)) => {
                 self.queue.done(&qp.info.key);
@@ -557,6 +562,15 @@ fn default_selector(
         }
     }
     (!reqs.is_empty()).then(|| LabelSelector::from_requirements(reqs))
+}
+
+/// CPU time this thread has used (what a cycle costs, whatever else runs on the machine).
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        t.tv_sec.max(0) as u64,
+        t.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
 }
 
 fn res(plural: &str) -> &'static tessera_client::catalog::Resource {
