@@ -33,6 +33,8 @@ pub struct Cache {
     charges: Vec<(Arc<PodInfo>, i64)>,
     /// Pods counted by selector and topology domain, kept as pods and nodes change here.
     topology: Arc<RwLock<Topology>>,
+    /// Topology keys the nodes' `domains` cover.
+    domain_keys: usize,
 }
 
 impl Cache {
@@ -65,6 +67,21 @@ impl Cache {
             let pods = self.pods.values().map(|p| (&*p.info.pod, p.node.as_str()));
             topo.ensure_counter(what, Some(key), pods);
         }
+        drop(topo);
+        self.sync_domains();
+    }
+
+    /// Copies every node's domain ids again once the topology has registered new keys.
+    fn sync_domains(&mut self) {
+        let topo = self.topology.read();
+        if topo.key_count() == self.domain_keys {
+            return;
+        }
+        self.domain_keys = topo.key_count();
+        for n in &mut self.nodes {
+            n.domains.clear();
+            n.domains.extend_from_slice(topo.node_domain_ids(&n.name));
+        }
     }
 
     /// Namespace labels or owners changed: counters and groups are rebuilt.
@@ -80,6 +97,7 @@ impl Cache {
         self.topology
             .write()
             .set_namespaces(namespaces, owners, pods);
+        self.sync_domains();
     }
 
     /// The pod counted under `key`, if any.
@@ -122,6 +140,10 @@ impl Cache {
         self.topology
             .write()
             .add_pod(&pod.key, &pod.pod, &self.nodes[i].name);
+        if pod.pod.spec.as_ref().is_some_and(|s| s.affinity.is_some()) {
+            // Its terms may have registered a key.
+            self.sync_domains();
+        }
         self.charges.push((pod.clone(), 1));
     }
 
@@ -181,7 +203,12 @@ impl Cache {
             }
         }
         entry.set_node(node.clone());
-        self.topology.write().set_node(&name, Some(node));
+        {
+            let mut topo = self.topology.write();
+            topo.set_node(&name, Some(node));
+            entry.domains.clear();
+            entry.domains.extend_from_slice(topo.node_domain_ids(&name));
+        }
         if !events.contains(&ClusterEvent::NodeAdd) {
             self.capacity.add(before, -1);
         }
@@ -196,6 +223,7 @@ impl Cache {
         };
         if self.nodes[i].node.take().is_some() {
             self.topology.write().set_node(name, None);
+            self.nodes[i].domains.clear();
             self.live_nodes -= 1;
             self.capacity.add(Usage::of(&self.nodes[i].allocatable), -1);
         }

@@ -285,6 +285,10 @@ pub struct NodeInfo {
     pub unschedulable: bool,
     /// `spec.taints`, copied out of the Node (empty for most nodes: no allocation).
     pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// Its domain id for each topology key the topology counters use (by key id;
+    /// [`crate::topology::NO_DOMAIN`] without the label), so spreading and pod affinity
+    /// read a number here instead of looking labels up.
+    pub domains: Vec<u32>,
 }
 
 impl NodeInfo {
@@ -299,6 +303,7 @@ impl NodeInfo {
             used_ports: Vec::new(),
             unschedulable: false,
             taints: Vec::new(),
+            domains: Vec::new(),
         }
     }
 

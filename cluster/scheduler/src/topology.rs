@@ -87,10 +87,49 @@ pub struct Term {
     pub topology_key: String,
 }
 
-/// A pod's count per domain of one topology key.
+/// A node's domain id for a key it does not carry.
+pub const NO_DOMAIN: u32 = u32::MAX;
+
+/// A registered topology key: its values interned as dense domain ids (never reused), and
+/// how many live nodes carry each.
+struct Key {
+    name: String,
+    ids: HashMap<String, u32>,
+    nodes: Vec<u32>,
+    /// Domains with at least one live node.
+    live_domains: usize,
+    /// Live nodes that carry the key.
+    with_key: usize,
+}
+
+/// Counts per domain id of one key, and how many are not zero.
 struct Domains {
-    key: String,
-    counts: HashMap<String, i64>,
+    key: usize,
+    counts: Vec<i64>,
+    nonzero: usize,
+}
+
+impl Domains {
+    fn bump(&mut self, d: u32, by: i64) {
+        if d == NO_DOMAIN || by == 0 {
+            return;
+        }
+        let d = d as usize;
+        if self.counts.len() <= d {
+            self.counts.resize(d + 1, 0);
+        }
+        let before = self.counts[d];
+        self.counts[d] += by;
+        match (before == 0, self.counts[d] == 0) {
+            (true, false) => self.nonzero += 1,
+            (false, true) => self.nonzero -= 1,
+            _ => {}
+        }
+    }
+
+    fn get(&self, d: u32) -> i64 {
+        self.counts.get(d as usize).copied().unwrap_or(0)
+    }
 }
 
 struct Counter {
@@ -103,7 +142,7 @@ struct Counter {
 struct Group {
     term: Term,
     per_node: HashMap<String, i64>,
-    per_domain: HashMap<String, i64>,
+    per_domain: Domains,
     total: i64,
 }
 
@@ -127,10 +166,11 @@ pub struct Topology {
     pod_groups: HashMap<String, Vec<usize>>,
     /// Live nodes (with a Node) by name.
     nodes: HashMap<String, Arc<Node>>,
-    /// Per registered topology key: how many live nodes carry each value.
-    keys: HashMap<String, HashMap<String, u32>>,
-    /// Per registered topology key: how many live nodes carry it at all.
-    key_nodes: HashMap<String, usize>,
+    /// Each live node's domain id per registered key (in key order).
+    node_domains: HashMap<String, Vec<u32>>,
+    /// Registered topology keys, by id.
+    keys: Vec<Key>,
+    key_ids: HashMap<String, usize>,
     /// Namespace labels, for `namespaceSelector`.
     namespaces: HashMap<String, Labels>,
     /// Namespace → owning tenant.
@@ -156,7 +196,7 @@ pub fn counts(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
 }
 
-fn bump(map: &mut HashMap<String, i64>, key: &str, by: i64) {
+fn bump_node(map: &mut HashMap<String, i64>, key: &str, by: i64) {
     if let Some(v) = map.get_mut(key) {
         *v += by;
         if *v == 0 {
@@ -320,14 +360,6 @@ impl Topology {
         out
     }
 
-    /// The value of `key` on live node `node`.
-    pub fn domain(&self, node: &str, key: &str) -> Option<&str> {
-        self.nodes
-            .get(node)
-            .and_then(|n| node_labels(n).get(key))
-            .map(String::as_str)
-    }
-
     /// The live nodes.
     pub fn live_nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
         self.nodes.values()
@@ -338,45 +370,114 @@ impl Topology {
         self.nodes.len()
     }
 
-    /// How many live nodes carry the (registered) label `key`.
-    pub fn nodes_with_key(&self, key: &str) -> usize {
-        self.key_nodes.get(key).copied().unwrap_or(0)
+    /// The id of registered key `key`.
+    pub fn key_id(&self, key: &str) -> Option<usize> {
+        self.key_ids.get(key).copied()
     }
 
-    /// How many live nodes carry each value of `key` (registered keys only).
-    pub fn key_domains(&self, key: &str) -> Option<&HashMap<String, u32>> {
-        self.keys.get(key)
+    /// How many keys are registered (ids are `0..key_count()`).
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
     }
 
-    /// Registers `key`, so its domains are kept.
-    pub fn register_key(&mut self, key: &str) {
-        if self.keys.contains_key(key) {
-            return;
+    /// How many live nodes carry key `k`.
+    pub fn nodes_with_key(&self, k: usize) -> usize {
+        self.keys[k].with_key
+    }
+
+    /// How many of key `k`'s domains have live nodes.
+    pub fn live_domains(&self, k: usize) -> usize {
+        self.keys[k].live_domains
+    }
+
+    /// How many domain ids key `k` has handed out (live or not).
+    pub fn domain_ids(&self, k: usize) -> usize {
+        self.keys[k].nodes.len()
+    }
+
+    /// Whether domain `d` of key `k` has live nodes.
+    pub fn domain_is_live(&self, k: usize, d: u32) -> bool {
+        self.keys[k].nodes.get(d as usize).is_some_and(|n| *n > 0)
+    }
+
+    /// Live node `node`'s domain ids, one per registered key.
+    pub fn node_domain_ids(&self, node: &str) -> &[u32] {
+        self.node_domains.get(node).map_or(&[], Vec::as_slice)
+    }
+
+    /// The domain of key `k` that `node` is in: from its cached ids, else from its labels
+    /// (a key registered after the node was cached), else [`NO_DOMAIN`].
+    pub fn domain_of(&self, node: &crate::resources::NodeInfo, k: usize) -> u32 {
+        if let Some(d) = node.domains.get(k) {
+            return *d;
         }
-        let mut m: HashMap<String, u32> = HashMap::new();
-        let mut with = 0;
-        for n in self.nodes.values() {
-            if let Some(v) = node_labels(n).get(key) {
-                *m.entry(v.clone()).or_insert(0) += 1;
-                with += 1;
-            }
+        node.labels()
+            .and_then(|l| l.get(&self.keys[k].name))
+            .and_then(|v| self.keys[k].ids.get(v))
+            .copied()
+            .unwrap_or(NO_DOMAIN)
+    }
+
+    /// How many live nodes carry each value of `key` (for tests and debugging).
+    pub fn key_domains(&self, key: &str) -> Option<HashMap<String, u32>> {
+        let k = &self.keys[self.key_id(key)?];
+        Some(
+            k.ids
+                .iter()
+                .filter(|(_, d)| k.nodes[**d as usize] > 0)
+                .map(|(v, d)| (v.clone(), k.nodes[*d as usize]))
+                .collect(),
+        )
+    }
+
+    fn intern(key: &mut Key, value: &str) -> u32 {
+        if let Some(d) = key.ids.get(value) {
+            return *d;
         }
-        self.keys.insert(key.to_owned(), m);
-        self.key_nodes.insert(key.to_owned(), with);
+        let d = key.nodes.len() as u32;
+        key.ids.insert(value.to_owned(), d);
+        key.nodes.push(0);
+        d
+    }
+
+    /// Registers `key` (its domains are kept from now on); returns its id.
+    pub fn register_key(&mut self, key: &str) -> usize {
+        if let Some(k) = self.key_ids.get(key) {
+            return *k;
+        }
+        let mut k = Key {
+            name: key.to_owned(),
+            ids: HashMap::new(),
+            nodes: Vec::new(),
+            live_domains: 0,
+            with_key: 0,
+        };
+        let id = self.keys.len();
+        for (name, n) in &self.nodes {
+            let d = match node_labels(n).get(key) {
+                Some(v) => {
+                    let d = Self::intern(&mut k, v);
+                    if k.nodes[d as usize] == 0 {
+                        k.live_domains += 1;
+                    }
+                    k.nodes[d as usize] += 1;
+                    k.with_key += 1;
+                    d
+                }
+                None => NO_DOMAIN,
+            };
+            let ids = self.node_domains.entry(name.clone()).or_default();
+            ids.resize(id, NO_DOMAIN);
+            ids.push(d);
+        }
+        self.keys.push(k);
+        self.key_ids.insert(key.to_owned(), id);
+        id
     }
 
     /// The counter of `what`, if one exists.
     pub fn counter(&self, what: &Match) -> Option<usize> {
         self.counter_ids.get(what).copied()
-    }
-
-    /// Matching pods on node `node` in counter `id`.
-    pub fn count_on(&self, id: usize, node: &str) -> i64 {
-        self.counters[id]
-            .as_ref()
-            .and_then(|c| c.per_node.get(node))
-            .copied()
-            .unwrap_or(0)
     }
 
     /// Counter `id`'s matching pods per node.
@@ -386,10 +487,43 @@ impl Topology {
         self.counters[id].as_ref().map_or(&EMPTY, |c| &c.per_node)
     }
 
-    /// Counter `id`'s matching pods per value of `key` (registered with the counter).
-    pub fn per_domain(&self, id: usize, key: &str) -> Option<&HashMap<String, i64>> {
-        let c = self.counters[id].as_ref()?;
-        c.domains.iter().find(|d| d.key == key).map(|d| &d.counts)
+    /// Where counter `id` keeps its counts for key `k` (an index for [`Topology::count`]).
+    pub fn slot(&self, id: usize, k: usize) -> Option<usize> {
+        self.counters[id]
+            .as_ref()?
+            .domains
+            .iter()
+            .position(|d| d.key == k)
+    }
+
+    /// Counter `id`'s matching pods in domain `d` of the key at `slot`.
+    pub fn count(&self, id: usize, slot: usize, d: u32) -> i64 {
+        self.counters[id]
+            .as_ref()
+            .and_then(|c| c.domains.get(slot))
+            .map_or(0, |dm| dm.get(d))
+    }
+
+    /// Counter `id`'s counts by domain id for the key at `slot`, and how many are not zero.
+    pub fn counts(&self, id: usize, slot: usize) -> (&[i64], usize) {
+        match self.counters[id].as_ref().and_then(|c| c.domains.get(slot)) {
+            Some(dm) => (&dm.counts, dm.nonzero),
+            None => (&[], 0),
+        }
+    }
+
+    /// Counter `id`'s matching pods per value of `key` (for tests and debugging).
+    pub fn per_domain(&self, id: usize, key: &str) -> Option<HashMap<String, i64>> {
+        let k = self.key_id(key)?;
+        let dm = &self.counters[id].as_ref()?.domains[self.slot(id, k)?];
+        Some(
+            self.keys[k]
+                .ids
+                .iter()
+                .filter(|(_, d)| dm.get(**d) != 0)
+                .map(|(v, d)| (v.clone(), dm.get(*d)))
+                .collect(),
+        )
     }
 
     /// All pods counter `id` counts.
@@ -440,23 +574,21 @@ impl Topology {
             }
         };
         if let Some(key) = key {
-            self.register_key(key);
-            let has = self.counters[id]
-                .as_ref()
-                .is_some_and(|c| c.domains.iter().any(|d| d.key == key));
-            if !has {
-                let mut counts = HashMap::new();
+            let k = self.register_key(key);
+            if self.slot(id, k).is_none() {
+                let mut dm = Domains {
+                    key: k,
+                    counts: Vec::new(),
+                    nonzero: 0,
+                };
                 let c = self.counters[id].as_ref().expect("live counter");
                 for (node, n) in &c.per_node {
-                    if let Some(v) = self.domain(node, key) {
-                        bump(&mut counts, v, *n);
+                    if let Some(d) = self.node_domains.get(node).and_then(|ids| ids.get(k)) {
+                        dm.bump(*d, *n);
                     }
                 }
                 let c = self.counters[id].as_mut().expect("live counter");
-                c.domains.push(Domains {
-                    key: key.to_owned(),
-                    counts,
-                });
+                c.domains.push(dm);
             }
         }
         if let Some(c) = self.counters[id].as_mut() {
@@ -480,13 +612,27 @@ impl Topology {
             .map(|(id, g)| (id, &g.term))
     }
 
-    /// Pods carrying group `id`'s term in domain `value` of its topology key.
-    pub fn group_count(&self, id: usize, value: &str) -> i64 {
-        self.groups[id]
-            .as_ref()
-            .and_then(|g| g.per_domain.get(value))
-            .copied()
-            .unwrap_or(0)
+    /// The id of group `id`'s topology key.
+    pub fn group_key(&self, id: usize) -> usize {
+        self.groups[id].as_ref().map_or(0, |g| g.per_domain.key)
+    }
+
+    /// Pods carrying group `id`'s term per value of its key (for tests and debugging).
+    pub fn group_domains(&self, id: usize) -> HashMap<String, i64> {
+        let Some(g) = self.groups[id].as_ref() else {
+            return HashMap::new();
+        };
+        self.keys[g.per_domain.key]
+            .ids
+            .iter()
+            .filter(|(_, d)| g.per_domain.get(**d) != 0)
+            .map(|(v, d)| (v.clone(), g.per_domain.get(*d)))
+            .collect()
+    }
+
+    /// Pods carrying group `id`'s term in domain `d` of its topology key.
+    pub fn group_count(&self, id: usize, d: u32) -> i64 {
+        self.groups[id].as_ref().map_or(0, |g| g.per_domain.get(d))
     }
 
     /// True if some counted pod carries an affinity term.
@@ -510,7 +656,7 @@ impl Topology {
         }
         let ns = pod_ns(pod);
         let labels = pod_labels(pod);
-        let labels_of = self.nodes.get(node).map(|n| node_labels(n));
+        let ids = self.node_domains.get(node);
         for &id in self.counters_by_ns.get(ns).into_iter().flatten() {
             let Some(c) = self.counters[id].as_mut() else {
                 continue;
@@ -518,12 +664,10 @@ impl Topology {
             if !c.what.matches(ns, labels) {
                 continue;
             }
-            bump(&mut c.per_node, node, by);
-            if let Some(nl) = labels_of {
-                for d in &mut c.domains {
-                    if let Some(v) = nl.get(&d.key) {
-                        bump(&mut d.counts, v, by);
-                    }
+            bump_node(&mut c.per_node, node, by);
+            if let Some(ids) = ids {
+                for dm in &mut c.domains {
+                    dm.bump(ids.get(dm.key).copied().unwrap_or(NO_DOMAIN), by);
                 }
             }
         }
@@ -550,10 +694,15 @@ impl Topology {
         if let Some(&id) = self.group_ids.get(&term) {
             return id;
         }
+        let k = self.register_key(&term.topology_key);
         let g = Group {
             term: term.clone(),
             per_node: HashMap::new(),
-            per_domain: HashMap::new(),
+            per_domain: Domains {
+                key: k,
+                counts: Vec::new(),
+                nonzero: 0,
+            },
             total: 0,
         };
         let id = match self.free_groups.pop() {
@@ -574,19 +723,16 @@ impl Topology {
     }
 
     fn count_in_group(&mut self, id: usize, node: &str, by: i64) {
-        let value = {
-            let Some(g) = self.groups[id].as_ref() else {
-                return;
-            };
-            self.domain(node, &g.term.topology_key).map(str::to_owned)
-        };
+        let ids = self.node_domains.get(node);
         let Some(g) = self.groups[id].as_mut() else {
             return;
         };
-        bump(&mut g.per_node, node, by);
-        if let Some(v) = value {
-            bump(&mut g.per_domain, &v, by);
-        }
+        let d = ids
+            .and_then(|ids| ids.get(g.per_domain.key))
+            .copied()
+            .unwrap_or(NO_DOMAIN);
+        bump_node(&mut g.per_node, node, by);
+        g.per_domain.bump(d, by);
         g.total += by;
         if g.total == 0 {
             let g = self.groups[id].take().expect("live group");
@@ -605,71 +751,80 @@ impl Topology {
 
     /// A node was added, changed or (with `None`) went away: domains follow its labels.
     pub fn set_node(&mut self, name: &str, node: Option<Arc<Node>>) {
-        let old = self.nodes.get(name).cloned();
-        let old_labels = old.as_deref().map(node_labels);
-        let new_labels = node.as_deref().map(node_labels);
-        if old_labels == new_labels {
-            if let Some(n) = node {
-                self.nodes.insert(name.to_owned(), n);
+        let old: Vec<u32> = self.node_domains.get(name).cloned().unwrap_or_default();
+        let new: Vec<u32> = match &node {
+            None => Vec::new(),
+            Some(n) => {
+                let labels = node_labels(n);
+                self.keys
+                    .iter_mut()
+                    .map(|k| match labels.get(&k.name) {
+                        Some(v) => Self::intern(k, v),
+                        None => NO_DOMAIN,
+                    })
+                    .collect()
             }
-            return;
-        }
-        let value = |l: Option<&Labels>, k: &str| l.and_then(|l| l.get(k)).cloned();
-        for (k, m) in &mut self.keys {
-            let (a, b) = (value(old_labels, k), value(new_labels, k));
-            if a == b {
+        };
+        let at = |ids: &[u32], k: usize| ids.get(k).copied().unwrap_or(NO_DOMAIN);
+        let was_live = self.nodes.contains_key(name);
+        for (k, key) in self.keys.iter_mut().enumerate() {
+            let (a, b) = (at(&old, k), at(&new, k));
+            let (a_live, b_live) = (was_live && a != NO_DOMAIN, node.is_some() && b != NO_DOMAIN);
+            if a == b && a_live == b_live {
                 continue;
             }
-            let with = self.key_nodes.entry(k.clone()).or_insert(0);
-            if let Some(a) = a
-                && let Some(n) = m.get_mut(&a)
-            {
+            if a_live {
+                let n = &mut key.nodes[a as usize];
                 *n -= 1;
-                *with -= 1;
                 if *n == 0 {
-                    m.remove(&a);
+                    key.live_domains -= 1;
                 }
+                key.with_key -= 1;
             }
-            if let Some(b) = b {
-                *m.entry(b).or_insert(0) += 1;
-                *with += 1;
+            if b_live {
+                let n = &mut key.nodes[b as usize];
+                if *n == 0 {
+                    key.live_domains += 1;
+                }
+                *n += 1;
+                key.with_key += 1;
             }
         }
-        for c in self.counters.iter_mut().flatten() {
-            let Some(&n) = c.per_node.get(name) else {
-                continue;
-            };
-            for d in &mut c.domains {
-                let (a, b) = (value(old_labels, &d.key), value(new_labels, &d.key));
+        if old != new {
+            for c in self.counters.iter_mut().flatten() {
+                let Some(&n) = c.per_node.get(name) else {
+                    continue;
+                };
+                for dm in &mut c.domains {
+                    let (a, b) = (at(&old, dm.key), at(&new, dm.key));
+                    if a != b {
+                        dm.bump(a, -n);
+                        dm.bump(b, n);
+                    }
+                }
+            }
+            for g in self.groups.iter_mut().flatten() {
+                let Some(&n) = g.per_node.get(name) else {
+                    continue;
+                };
+                let k = g.per_domain.key;
+                let (a, b) = (at(&old, k), at(&new, k));
                 if a != b {
-                    if let Some(a) = a {
-                        bump(&mut d.counts, &a, -n);
-                    }
-                    if let Some(b) = b {
-                        bump(&mut d.counts, &b, n);
-                    }
-                }
-            }
-        }
-        for g in self.groups.iter_mut().flatten() {
-            let Some(&n) = g.per_node.get(name) else {
-                continue;
-            };
-            let k = &g.term.topology_key;
-            let (a, b) = (value(old_labels, k), value(new_labels, k));
-            if a != b {
-                if let Some(a) = a {
-                    bump(&mut g.per_domain, &a, -n);
-                }
-                if let Some(b) = b {
-                    bump(&mut g.per_domain, &b, n);
+                    g.per_domain.bump(a, -n);
+                    g.per_domain.bump(b, n);
                 }
             }
         }
         match node {
-            Some(n) => self.nodes.insert(name.to_owned(), n),
-            None => self.nodes.remove(name),
-        };
+            Some(n) => {
+                self.nodes.insert(name.to_owned(), n);
+                self.node_domains.insert(name.to_owned(), new);
+            }
+            None => {
+                self.nodes.remove(name);
+                self.node_domains.remove(name);
+            }
+        }
     }
 
     /// Namespace labels and owners changed: every counter and group is rebuilt from `pods`
@@ -859,7 +1014,7 @@ mod tests {
                         }
                     }
                     prop_assert_eq!(t.per_node(id), &per_node);
-                    prop_assert_eq!(t.per_domain(id, ZONE).expect("zone kept"), &per_zone);
+                    prop_assert_eq!(t.per_domain(id, ZONE).expect("zone kept"), per_zone);
                 }
                 // The anti-affinity group (selecting app=a0) per zone: its carriers.
                 let mut carriers: HashMap<String, i64> = HashMap::new();
@@ -872,19 +1027,29 @@ mod tests {
                 let a0 = Labels::from([("app".to_owned(), "a0".to_owned())]);
                 let groups: Vec<usize> = t.groups_matching("ns", &a0).map(|(g, _)| g).collect();
                 prop_assert!(groups.len() <= 1);
-                for z in 0..3 {
-                    let z = format!("z{z}");
-                    let got = groups.first().map_or(0, |g| t.group_count(*g, &z));
-                    prop_assert_eq!(got, carriers.get(&z).copied().unwrap_or(0), "zone {}", z);
-                }
+                let got = groups.first().map(|g| t.group_domains(*g)).unwrap_or_default();
+                prop_assert_eq!(got, carriers);
                 // Live nodes per zone.
                 if t.key_domains(ZONE).is_some() {
                     let mut want: HashMap<String, u32> = HashMap::new();
                     for z in nodes.values().flatten() {
                         *want.entry(format!("z{z}")).or_insert(0) += 1;
                     }
-                    prop_assert_eq!(t.key_domains(ZONE).expect("kept"), &want);
-                    prop_assert_eq!(t.nodes_with_key(ZONE), nodes.values().flatten().count());
+                    prop_assert_eq!(t.key_domains(ZONE).expect("kept"), want.clone());
+                    let k = t.key_id(ZONE).expect("registered");
+                    prop_assert_eq!(t.nodes_with_key(k), nodes.values().flatten().count());
+                    prop_assert_eq!(t.live_domains(k), want.len());
+                    // Each live node's domain id stands for its zone.
+                    for (name, z) in &nodes {
+                        let d = t.node_domain_ids(name).get(k).copied().unwrap_or(NO_DOMAIN);
+                        match z {
+                            None => prop_assert_eq!(d, NO_DOMAIN),
+                            Some(z) => prop_assert_eq!(
+                                t.keys[k].ids.get(&format!("z{z}")).copied(),
+                                Some(d)
+                            ),
+                        }
+                    }
                 }
             }
         }

@@ -26,7 +26,7 @@ use crate::framework::{
     PreScorePlugin, ScorePlugin, Status,
 };
 use crate::resources::{NodeInfo, PodInfo};
-use crate::topology::{Labels, Match, Term, TermKind, Topology};
+use crate::topology::{Labels, Match, NO_DOMAIN, Term, TermKind, Topology};
 
 /// Registered name.
 pub const NAME: &str = "InterPodAffinity";
@@ -83,24 +83,31 @@ fn required_affinity(terms: &[Term]) -> Match {
 }
 
 struct FilterState {
-    /// Existing pods' anti-affinity groups that select this pod: (group, key).
-    existing: Vec<(usize, String)>,
-    /// The required affinity counter, its terms' keys, and whether the first-pod rule
-    /// applies (no pod matches yet, and the pod matches its own terms).
-    affinity: Option<(usize, Vec<String>, bool)>,
-    /// Required anti-affinity counters: (counter, key).
-    anti: Vec<(usize, String)>,
+    /// Existing pods' anti-affinity groups that select this pod: (group, key id).
+    existing: Vec<(usize, usize)>,
+    /// The required affinity counter, its terms' (key id, counter slot), and whether the
+    /// first-pod rule applies (no pod matches yet, and the pod matches its own terms).
+    affinity: Option<(usize, Vec<(usize, usize)>, bool)>,
+    /// Required anti-affinity counters: (counter, key id, slot).
+    anti: Vec<(usize, usize, usize)>,
 }
 
 enum Source {
-    Counter(usize),
+    Counter { id: usize, slot: usize },
     Group(usize),
 }
 
 struct ScoreItem {
     weight: i64,
-    key: String,
+    key: usize,
     source: Source,
+}
+
+/// The counter of `what` and its slot for `key`, made before the cycle.
+fn counter_slot(topo: &Topology, what: &Match, key: &str) -> Option<(usize, usize, usize)> {
+    let id = topo.counter(what)?;
+    let k = topo.key_id(key)?;
+    Some((id, k, topo.slot(id, k)?))
 }
 
 /// InterPodAffinity.
@@ -153,10 +160,10 @@ impl PreFilterPlugin for InterPodAffinity {
     fn pre_filter(&self, state: &mut CycleState, pod: &PodInfo) -> Status {
         let topo = self.topology.read();
         let (ns, labels) = (ns(&pod.pod), labels(&pod.pod));
-        let existing: Vec<(usize, String)> = topo
+        let existing: Vec<(usize, usize)> = topo
             .groups_matching(ns, labels)
             .filter(|(_, t)| t.kind == TermKind::RequiredAnti)
-            .map(|(id, t)| (id, t.topology_key.clone()))
+            .map(|(id, _)| (id, topo.group_key(id)))
             .collect();
         let terms = if pod
             .pod
@@ -176,17 +183,22 @@ impl PreFilterPlugin for InterPodAffinity {
             let Some(id) = topo.counter(&all) else {
                 return unprepared();
             };
-            let keys = of_kind(&terms, TermKind::RequiredAffinity)
-                .map(|t| t.topology_key.clone())
-                .collect();
+            let mut keys = Vec::new();
+            for t in of_kind(&terms, TermKind::RequiredAffinity) {
+                let Some((_, k, slot)) = counter_slot(&topo, &all, &t.topology_key) else {
+                    return unprepared();
+                };
+                keys.push((k, slot));
+            }
             Some((id, keys, topo.total(id) == 0 && all.matches(ns, labels)))
         };
         let mut anti = Vec::new();
         for t in of_kind(&terms, TermKind::RequiredAnti) {
-            let Some(id) = topo.counter(&Match(vec![t.clause.clone()])) else {
+            let what = Match(vec![t.clause.clone()]);
+            let Some(found) = counter_slot(&topo, &what, &t.topology_key) else {
                 return unprepared();
             };
-            anti.push((id, t.topology_key.clone()));
+            anti.push(found);
         }
         if existing.is_empty() && affinity.is_none() && anti.is_empty() {
             return Status::skip();
@@ -209,39 +221,29 @@ impl FilterPlugin for InterPodAffinity {
         let Some(s) = state.read::<FilterState>(NAME) else {
             return Status::error("InterPodAffinity's PreFilter did not run");
         };
-        let labels = node.labels().unwrap_or(&NO_LABELS);
         let topo = self.topology.read();
         if let Some((id, keys, first_pod)) = &s.affinity {
             let mut found = true;
-            for key in keys {
-                let Some(v) = labels.get(key) else {
+            for (k, slot) in keys {
+                let d = topo.domain_of(node, *k);
+                if d == NO_DOMAIN {
                     return Status::unresolvable(AFFINITY);
-                };
-                let n = topo
-                    .per_domain(*id, key)
-                    .and_then(|m| m.get(v))
-                    .copied()
-                    .unwrap_or(0);
-                found &= n > 0;
+                }
+                found &= topo.count(*id, *slot, d) > 0;
             }
             if !found && !first_pod {
                 return Status::unresolvable(AFFINITY);
             }
         }
-        for (id, key) in &s.anti {
-            if let Some(v) = labels.get(key)
-                && topo
-                    .per_domain(*id, key)
-                    .and_then(|m| m.get(v))
-                    .is_some_and(|n| *n > 0)
-            {
+        for (id, k, slot) in &s.anti {
+            let d = topo.domain_of(node, *k);
+            if d != NO_DOMAIN && topo.count(*id, *slot, d) > 0 {
                 return Status::unschedulable(ANTI);
             }
         }
-        for (g, key) in &s.existing {
-            if let Some(v) = labels.get(key)
-                && topo.group_count(*g, v) > 0
-            {
+        for (g, k) in &s.existing {
+            let d = topo.domain_of(node, *k);
+            if d != NO_DOMAIN && topo.group_count(*g, d) > 0 {
                 return Status::unschedulable(EXISTING_ANTI);
             }
         }
@@ -275,13 +277,14 @@ impl PreScorePlugin for InterPodAffinity {
                     TermKind::PreferredAnti => -1,
                     _ => continue,
                 };
-                let Some(id) = topo.counter(&Match(vec![t.clause.clone()])) else {
+                let what = Match(vec![t.clause.clone()]);
+                let Some((id, key, slot)) = counter_slot(&topo, &what, &t.topology_key) else {
                     return unprepared();
                 };
                 items.push(ScoreItem {
                     weight: sign * i64::from(t.weight),
-                    key: t.topology_key.clone(),
-                    source: Source::Counter(id),
+                    key,
+                    source: Source::Counter { id, slot },
                 });
             }
         }
@@ -294,7 +297,7 @@ impl PreScorePlugin for InterPodAffinity {
             };
             items.push(ScoreItem {
                 weight,
-                key: t.topology_key.clone(),
+                key: topo.group_key(g),
                 source: Source::Group(g),
             });
         }
@@ -312,20 +315,16 @@ impl ScorePlugin for InterPodAffinity {
         let Some(items) = state.read::<Vec<ScoreItem>>(NAME) else {
             return Ok(0);
         };
-        let labels = node.labels().unwrap_or(&NO_LABELS);
         let topo = self.topology.read();
         let mut score = 0;
         for it in items {
-            let Some(v) = labels.get(&it.key) else {
+            let d = topo.domain_of(node, it.key);
+            if d == NO_DOMAIN {
                 continue;
-            };
+            }
             let n = match it.source {
-                Source::Counter(id) => topo
-                    .per_domain(id, &it.key)
-                    .and_then(|m| m.get(v))
-                    .copied()
-                    .unwrap_or(0),
-                Source::Group(g) => topo.group_count(g, v),
+                Source::Counter { id, slot } => topo.count(id, slot, d),
+                Source::Group(g) => topo.group_count(g, d),
             };
             score += it.weight * n;
         }

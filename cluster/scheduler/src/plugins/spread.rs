@@ -12,7 +12,6 @@
 //! narrows the nodes, domain counts are read as kept; otherwise they are summed over the
 //! admitted nodes (what kube-scheduler does for every pod).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -23,7 +22,7 @@ use crate::framework::{
     PreScorePlugin, ScorePlugin, Status,
 };
 use crate::resources::{NodeInfo, PodInfo};
-use crate::topology::{Clause, Labels, Match, Topology, selector_of};
+use crate::topology::{Clause, Labels, Match, NO_DOMAIN, Topology, selector_of};
 
 /// Registered name.
 pub const NAME: &str = "PodTopologySpread";
@@ -198,12 +197,9 @@ fn has_node_affinity(pod: &Pod) -> bool {
             })
 }
 
-/// Whether `node` is one of the nodes a constraint counts, for `pod`.
-fn included(c: &Constraint, pod: &Pod, node: &Node, keys: &[&str]) -> bool {
+/// Whether the inclusion policies of constraint `c` count `node`, for `pod`.
+fn included_by_policy(c: &Constraint, pod: &Pod, node: &Node) -> bool {
     let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
-    if !keys.iter().all(|k| labels.contains_key(*k)) {
-        return false;
-    }
     let spec = pod.spec.as_ref();
     if c.honor_affinity
         && let Some(spec) = spec
@@ -236,69 +232,85 @@ fn included(c: &Constraint, pod: &Pod, node: &Node, keys: &[&str]) -> bool {
 
 /// Where a constraint's per-domain counts are read.
 enum Counts {
-    /// The counter's own domain counts (every node counts).
-    Kept(usize),
-    /// Summed over the included nodes for this pod; every included domain is present.
-    Local(HashMap<String, i64>),
+    /// The counter's own counts by domain id (every node counts), read in place.
+    Kept { id: usize, slot: usize },
+    /// Summed over the included nodes for this pod, by domain id.
+    Local(Vec<i64>),
 }
 
 impl Counts {
-    fn get(&self, topo: &Topology, key: &str, value: &str) -> i64 {
+    fn get(&self, topo: &Topology, d: u32) -> i64 {
         match self {
-            Counts::Kept(id) => topo
-                .per_domain(*id, key)
-                .and_then(|m| m.get(value))
-                .copied()
-                .unwrap_or(0),
-            Counts::Local(m) => m.get(value).copied().unwrap_or(0),
+            Counts::Kept { id, slot } => topo.count(*id, *slot, d),
+            Counts::Local(v) => v.get(d as usize).copied().unwrap_or(0),
         }
     }
 }
 
-/// Counts for constraint `c` (one of `all`, whose keys a counted node must all carry), and
-/// the number of domains and smallest count among them.
+/// The ids of `keys`, all registered (by the counters made before the cycle).
+fn key_ids(topo: &Topology, keys: &[&str]) -> Option<Vec<usize>> {
+    keys.iter().map(|k| topo.key_id(k)).collect()
+}
+
+/// Counts for constraint `c` (whose key is `k`; a counted node must carry every key in
+/// `keys`), and the number of domains and smallest count among them.
 fn counts_of(
     topo: &Topology,
     pod: &Pod,
     c: &Constraint,
-    keys: &[&str],
+    k: usize,
+    keys: &[usize],
 ) -> Result<(Counts, usize, i64), Status> {
-    let id = topo
-        .counter(&c.what)
-        .ok_or_else(|| Status::error("the spread counters were not prepared for this pod"))?;
+    let unprepared = || Status::error("the spread counters were not prepared for this pod");
+    let id = topo.counter(&c.what).ok_or_else(unprepared)?;
+    let slot = topo.slot(id, k).ok_or_else(unprepared)?;
     let live = topo.live_count();
-    let every_node_has_keys = keys.iter().all(|k| topo.nodes_with_key(k) == live);
+    let every_node_has_keys = keys.iter().all(|k| topo.nodes_with_key(*k) == live);
     let narrowed = (c.honor_affinity && has_node_affinity(pod)) || c.honor_taints;
     if every_node_has_keys && !narrowed {
-        let domains = topo.key_domains(&c.key).map_or(0, HashMap::len);
-        let empty = HashMap::new();
-        let counts = topo.per_domain(id, &c.key).unwrap_or(&empty);
-        let min = if counts.len() < domains {
+        let domains = topo.live_domains(k);
+        let (counts, nonzero) = topo.counts(id, slot);
+        let min = if nonzero < domains {
             0
         } else {
-            counts.values().copied().min().unwrap_or(0)
+            (0..topo.domain_ids(k) as u32)
+                .filter(|d| topo.domain_is_live(k, *d))
+                .map(|d| counts.get(d as usize).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(0)
         };
-        return Ok((Counts::Kept(id), domains, min));
+        return Ok((Counts::Kept { id, slot }, domains, min));
     }
     let per_node = topo.per_node(id);
-    let mut local: HashMap<String, i64> = HashMap::new();
+    let mut local = vec![0i64; topo.domain_ids(k)];
+    let mut included = vec![false; local.len()];
     for node in topo.live_nodes() {
-        if !included(c, pod, node, keys) {
+        let name = node.metadata.name.as_deref().unwrap_or("");
+        let ids = topo.node_domain_ids(name);
+        if keys
+            .iter()
+            .any(|k| ids.get(*k).is_none_or(|d| *d == NO_DOMAIN))
+        {
             continue;
         }
-        let name = node.metadata.name.as_deref().unwrap_or("");
-        let Some(v) = node.metadata.labels.as_ref().and_then(|l| l.get(&c.key)) else {
+        if !included_by_policy(c, pod, node) {
             continue;
-        };
-        *local.entry(v.clone()).or_insert(0) += per_node.get(name).copied().unwrap_or(0);
+        }
+        let d = ids[k] as usize;
+        included[d] = true;
+        local[d] += per_node.get(name).copied().unwrap_or(0);
     }
-    let min = local.values().copied().min().unwrap_or(0);
-    let domains = local.len();
+    let domains = included.iter().filter(|i| **i).count();
+    let min = (0..local.len())
+        .filter(|d| included[*d])
+        .map(|d| local[d])
+        .min()
+        .unwrap_or(0);
     Ok((Counts::Local(local), domains, min))
 }
 
 struct FilterItem {
-    key: String,
+    key: usize,
     max_skew: i64,
     self_match: i64,
     min: i64,
@@ -306,11 +318,10 @@ struct FilterItem {
 }
 
 struct ScoreItem {
-    key: String,
+    key: usize,
     weight: f64,
     max_skew: i64,
     counts: Counts,
-    id: usize,
     system_default: bool,
 }
 
@@ -392,15 +403,18 @@ impl PreFilterPlugin for PodTopologySpread {
         if hard.is_empty() {
             return Status::skip();
         }
-        let keys: Vec<&str> = hard.iter().map(|c| c.key.as_str()).collect();
+        let names: Vec<&str> = hard.iter().map(|c| c.key.as_str()).collect();
+        let Some(keys) = key_ids(&topo, &names) else {
+            return Status::error("the spread counters were not prepared for this pod");
+        };
         let mut items = Vec::with_capacity(hard.len());
-        for c in &hard {
-            let (counts, domains, min) = match counts_of(&topo, &pod.pod, c, &keys) {
+        for (c, &k) in hard.iter().zip(&keys) {
+            let (counts, domains, min) = match counts_of(&topo, &pod.pod, c, k, &keys) {
                 Ok(x) => x,
                 Err(s) => return s,
             };
             items.push(FilterItem {
-                key: c.key.clone(),
+                key: k,
                 max_skew: c.max_skew,
                 self_match: i64::from(c.self_match),
                 min: if domains < c.min_domains { 0 } else { min },
@@ -418,13 +432,13 @@ impl FilterPlugin for PodTopologySpread {
         let Some(items) = state.read::<Vec<FilterItem>>(NAME) else {
             return Status::error("PodTopologySpread's PreFilter did not run");
         };
-        let labels = node.labels().unwrap_or(&NO_LABELS);
         let topo = self.topology.read();
         for it in items {
-            let Some(v) = labels.get(&it.key) else {
+            let d = topo.domain_of(node, it.key);
+            if d == NO_DOMAIN {
                 return Status::unresolvable(MISSING_LABEL);
-            };
-            let skew = it.counts.get(&topo, &it.key, v) + it.self_match - it.min;
+            }
+            let skew = it.counts.get(&topo, d) + it.self_match - it.min;
             if skew > it.max_skew {
                 return Status::unschedulable(SKEW);
             }
@@ -452,16 +466,23 @@ impl PreScorePlugin for PodTopologySpread {
         if soft.is_empty() {
             return Status::skip();
         }
-        let all_keys: Vec<&str> = soft.iter().map(|c| c.key.as_str()).collect();
+        let names: Vec<&str> = soft.iter().map(|c| c.key.as_str()).collect();
+        let ids: Vec<Option<usize>> = names.iter().map(|k| topo.key_id(k)).collect();
         let mut items = Vec::with_capacity(soft.len());
-        for c in &soft {
-            // System defaults need only their own key on a node.
-            let keys = if c.system_default {
-                std::slice::from_ref(&c.key.as_str()).to_vec()
-            } else {
-                all_keys.clone()
+        for (c, k) in soft.iter().zip(&ids) {
+            let Some(k) = *k else {
+                if c.system_default {
+                    continue;
+                }
+                return Status::error("the spread counters were not prepared for this pod");
             };
-            let (counts, _, _) = match counts_of(&topo, &pod.pod, c, &keys) {
+            // System defaults need only their own key on a node.
+            let keys: Vec<usize> = if c.system_default {
+                vec![k]
+            } else {
+                ids.iter().flatten().copied().collect()
+            };
+            let (counts, _, _) = match counts_of(&topo, &pod.pod, c, k, &keys) {
                 Ok(x) => x,
                 // The pod's Services or owner changed since its counters were made: its
                 // default spreading sits this cycle out.
@@ -472,20 +493,20 @@ impl PreScorePlugin for PodTopologySpread {
             let size = if c.key == HOSTNAME {
                 nodes.len()
             } else {
-                let mut seen = std::collections::HashSet::new();
+                let mut seen = vec![false; topo.domain_ids(k)];
                 for n in nodes {
-                    if let Some(v) = n.labels().and_then(|l| l.get(&c.key)) {
-                        seen.insert(v.as_str());
+                    let d = topo.domain_of(n, k);
+                    if d != NO_DOMAIN {
+                        seen[d as usize] = true;
                     }
                 }
-                seen.len()
+                seen.iter().filter(|s| **s).count()
             };
             items.push(ScoreItem {
-                key: c.key.clone(),
+                key: k,
                 weight: ((size + 2) as f64).ln(),
                 max_skew: c.max_skew,
                 counts,
-                id: topo.counter(&c.what).unwrap_or(0),
                 system_default: c.system_default,
             });
         }
@@ -506,21 +527,17 @@ impl ScorePlugin for PodTopologySpread {
         let Some(items) = state.read::<Vec<ScoreItem>>(NAME) else {
             return Ok(0);
         };
-        let labels = node.labels().unwrap_or(&NO_LABELS);
         let topo = self.topology.read();
         let mut score = 0.0;
         for it in items {
-            let Some(v) = labels.get(&it.key) else {
+            let d = topo.domain_of(node, it.key);
+            if d == NO_DOMAIN {
                 if it.system_default {
                     continue;
                 }
                 return Ok(IGNORED);
-            };
-            let count = if it.key == HOSTNAME {
-                topo.count_on(it.id, &node.name)
-            } else {
-                it.counts.get(&topo, &it.key, v)
-            };
+            }
+            let count = it.counts.get(&topo, d);
             score += count as f64 * it.weight + (it.max_skew - 1) as f64;
         }
         Ok(score.round() as i64)
