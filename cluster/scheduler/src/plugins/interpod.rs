@@ -82,12 +82,19 @@ fn required_affinity(terms: &[Term]) -> Match {
     )
 }
 
+/// The pod's required affinity: its counter, its terms' (key id, counter slot), and whether
+/// the first-pod rule applies (no pod matches yet, and the pod matches its own terms).
+struct Required {
+    id: usize,
+    keys: Vec<(usize, usize)>,
+    first_pod: bool,
+}
+
 struct FilterState {
     /// Existing pods' anti-affinity groups that select this pod: (group, key id).
     existing: Vec<(usize, usize)>,
-    /// The required affinity counter, its terms' (key id, counter slot), and whether the
-    /// first-pod rule applies (no pod matches yet, and the pod matches its own terms).
-    affinity: Option<(usize, Vec<(usize, usize)>, bool)>,
+    /// The pod's required affinity, if any.
+    affinity: Option<Required>,
     /// Required anti-affinity counters: (counter, key id, slot).
     anti: Vec<(usize, usize, usize)>,
 }
@@ -190,7 +197,11 @@ impl PreFilterPlugin for InterPodAffinity {
                 };
                 keys.push((k, slot));
             }
-            Some((id, keys, topo.total(id) == 0 && all.matches(ns, labels)))
+            Some(Required {
+                id,
+                keys,
+                first_pod: topo.total(id) == 0 && all.matches(ns, labels),
+            })
         };
         let mut anti = Vec::new();
         for t in of_kind(&terms, TermKind::RequiredAnti) {
@@ -222,16 +233,16 @@ impl FilterPlugin for InterPodAffinity {
             return Status::error("InterPodAffinity's PreFilter did not run");
         };
         let topo = self.topology.read();
-        if let Some((id, keys, first_pod)) = &s.affinity {
+        if let Some(r) = &s.affinity {
             let mut found = true;
-            for (k, slot) in keys {
+            for (k, slot) in &r.keys {
                 let d = topo.domain_of(node, *k);
                 if d == NO_DOMAIN {
                     return Status::unresolvable(AFFINITY);
                 }
-                found &= topo.count(*id, *slot, d) > 0;
+                found &= topo.count(r.id, *slot, d) > 0;
             }
-            if !found && !first_pod {
+            if !found && !r.first_pod {
                 return Status::unresolvable(AFFINITY);
             }
         }
