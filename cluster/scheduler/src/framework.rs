@@ -261,6 +261,12 @@ pub trait FilterPlugin: Send + Sync {
     fn filter(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status;
     /// The cluster events that can undo this plugin's rejections.
     fn events(&self) -> &'static [ClusterEvent];
+    /// The cluster events that can undo this rejection (by default [`events`](Self::events);
+    /// a plugin narrows it by reason, as kube-scheduler's queueing hints do: a new pod
+    /// never helps a pod kept off by anti-affinity).
+    fn events_for(&self, _rejection: &Status) -> &'static [ClusterEvent] {
+        self.events()
+    }
 }
 
 /// Runs when no node fits (preemption is such a plugin).

@@ -268,6 +268,23 @@ impl FilterPlugin for InterPodAffinity {
             ClusterEvent::AssignedPodDelete,
         ]
     }
+    /// A pod waiting for affinity waits for a pod to arrive; one kept off by anti-affinity,
+    /// for one to go (or for a node: new, or relabelled into another domain).
+    fn events_for(&self, rejection: &Status) -> &'static [ClusterEvent] {
+        if rejection.reasons.iter().any(|r| r == AFFINITY) {
+            &[
+                ClusterEvent::NodeAdd,
+                ClusterEvent::NodeLabel,
+                ClusterEvent::AssignedPodAdd,
+            ]
+        } else {
+            &[
+                ClusterEvent::NodeAdd,
+                ClusterEvent::NodeLabel,
+                ClusterEvent::AssignedPodDelete,
+            ]
+        }
+    }
 }
 
 impl PreScorePlugin for InterPodAffinity {

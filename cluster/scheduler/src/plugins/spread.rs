@@ -454,6 +454,15 @@ impl FilterPlugin for PodTopologySpread {
             ClusterEvent::AssignedPodDelete,
         ]
     }
+    /// A node without the key waits for a node (new or relabelled); too much skew also
+    /// for a pod to go from the node's domain or to arrive in the smallest.
+    fn events_for(&self, rejection: &Status) -> &'static [ClusterEvent] {
+        if rejection.reasons.iter().any(|r| r == MISSING_LABEL) {
+            &[ClusterEvent::NodeAdd, ClusterEvent::NodeLabel]
+        } else {
+            self.events()
+        }
+    }
 }
 
 impl PreScorePlugin for PodTopologySpread {

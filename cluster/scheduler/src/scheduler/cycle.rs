@@ -69,7 +69,8 @@ impl Scheduler {
         let filters = profile.at(Point::Filter);
         let mut feasible: Vec<usize> = Vec::with_capacity(want.min(n));
         let mut reasons: HashMap<Cow<'static, str>, usize> = HashMap::new();
-        let mut rejecting: Vec<&'static str> = Vec::new();
+        // The events that could undo the rejections seen (each plugin says, per reason).
+        let mut wake_on: Vec<ClusterEvent> = Vec::new();
         let mut looked = 0;
         for i in 0..n {
             looked = i + 1;
@@ -92,11 +93,13 @@ impl Scheduler {
                     return Err(Failure::Error(s.by(p.name())));
                 }
                 fits = false;
+                for e in f.events_for(&s) {
+                    if !wake_on.contains(e) {
+                        wake_on.push(*e);
+                    }
+                }
                 for r in s.reasons {
                     *reasons.entry(r).or_insert(0) += 1;
-                }
-                if !rejecting.contains(&p.name()) {
-                    rejecting.push(p.name());
                 }
                 break;
             }
@@ -129,7 +132,11 @@ impl Scheduler {
                     break;
                 }
             }
-            let events = filter_events(profile, &rejecting);
+            let events = if wake_on.is_empty() {
+                all_events()
+            } else {
+                wake_on
+            };
             return Err(Failure::Unschedulable {
                 message,
                 events,
@@ -283,15 +290,20 @@ pub(super) fn filter_events(profile: &Profile, plugins: &[&'static str]) -> Vec<
     }
     if out.is_empty() {
         // A PreFilter rejection (or a plugin without hints): any node or pod change.
-        out = vec![
-            ClusterEvent::NodeAdd,
-            ClusterEvent::NodeAllocatable,
-            ClusterEvent::NodeLabel,
-            ClusterEvent::NodeTaint,
-            ClusterEvent::NodeUnschedulable,
-            ClusterEvent::AssignedPodDelete,
-            ClusterEvent::AssignedPodAdd,
-        ];
+        out = all_events();
     }
     out
+}
+
+/// Every cluster event: what wakes a pod rejected for a reason no plugin qualified.
+pub(super) fn all_events() -> Vec<ClusterEvent> {
+    vec![
+        ClusterEvent::NodeAdd,
+        ClusterEvent::NodeAllocatable,
+        ClusterEvent::NodeLabel,
+        ClusterEvent::NodeTaint,
+        ClusterEvent::NodeUnschedulable,
+        ClusterEvent::AssignedPodDelete,
+        ClusterEvent::AssignedPodAdd,
+    ]
 }

@@ -443,16 +443,21 @@ impl Scheduler {
                     Some(node) => {
                         self.queue.remove(&key);
                         self.enqueued_at.remove(&key);
+                        let cached = self.cache.pod(&key);
                         let terminating = p.metadata.deletion_timestamp.is_some()
-                            && self
-                                .cache
-                                .pod(&key)
-                                .is_some_and(|c| c.pod.metadata.deletion_timestamp.is_none());
-                        if terminating {
-                            // Still holding its resources, but no longer spread or matched.
+                            && cached.is_some_and(|c| c.pod.metadata.deletion_timestamp.is_none());
+                        let relabelled =
+                            cached.is_some_and(|c| c.pod.metadata.labels != p.metadata.labels);
+                        if terminating || relabelled {
+                            // Counted again as it is now: a terminating pod still holds its
+                            // resources but is no longer spread or matched; a relabelled one
+                            // is matched by other selectors.
                             self.cache.remove_pod(&key);
                             self.cache.confirm_pod(Arc::new(PodInfo::new(p)), &node);
                             self.event(ClusterEvent::AssignedPodDelete);
+                            if relabelled && !terminating {
+                                self.event(ClusterEvent::AssignedPodAdd);
+                            }
                         } else if !self.cache.confirm_existing(&key, &node) {
                             self.cache.confirm_pod(Arc::new(PodInfo::new(p)), &node);
                             self.event(ClusterEvent::AssignedPodAdd);
@@ -639,6 +644,80 @@ mod tests {
             enqueued: 0,
             attempts: 0,
         }
+    }
+
+    fn labelled_pod(
+        name: &str,
+        node: Option<&str>,
+        labels: serde_json::Value,
+        spec: serde_json::Value,
+    ) -> Arc<Pod> {
+        let mut spec = spec;
+        spec["containers"] = json!([{"name": "c", "image": "x"}]);
+        if let Some(n) = node {
+            spec["nodeName"] = json!(n);
+        }
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "t",
+                "uid": format!("uid-{name}"), "labels": labels}, "spec": spec}))
+            .expect("pod"),
+        )
+    }
+
+    /// A bound pod whose labels change is counted by what it now matches: the pod its old
+    /// labels kept off the node by anti-affinity fits once they change. Such a rejection
+    /// waits for a pod to go (or a node), not for one to arrive.
+    #[tokio::test]
+    async fn relabelled_pods_are_counted_again_and_anti_affinity_waits_for_deletes() {
+        let mut s = scheduler(None, 0, "4");
+        s.handle(Msg::Node(Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": "n0",
+                "labels": {"kubernetes.io/hostname": "n0"}},
+                "status": {"allocatable": {"cpu": "4", "memory": "4Gi", "pods": "110"}}}))
+            .expect("node"),
+        )));
+        s.handle(Msg::Pod(labelled_pod(
+            "web",
+            Some("n0"),
+            json!({"app": "web"}),
+            json!({}),
+        )));
+        let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            [{"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+        let incoming = QueuedPod {
+            info: Arc::new(PodInfo::new(labelled_pod("solo", None, json!({}), anti))),
+            enqueued: 0,
+            attempts: 0,
+        };
+        s.prepare_counters(0, &incoming.info);
+        match s.cycle(0, &incoming) {
+            Err(Failure::Unschedulable {
+                message, events, ..
+            }) => {
+                assert_eq!(
+                    message,
+                    "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+                );
+                assert!(
+                    events.contains(&ClusterEvent::AssignedPodDelete),
+                    "{events:?}"
+                );
+                assert!(
+                    !events.contains(&ClusterEvent::AssignedPodAdd),
+                    "{events:?}"
+                );
+            }
+            _ => panic!("the web pod keeps the solo pod off n0"),
+        }
+        s.handle(Msg::Pod(labelled_pod(
+            "web",
+            Some("n0"),
+            json!({"app": "api"}),
+            json!({}),
+        )));
+        s.prepare_counters(0, &incoming.info);
+        let (node, _, _) = s.cycle(0, &incoming).ok().expect("fits once relabelled");
+        assert_eq!(node, "n0");
     }
 
     /// kube-scheduler's numFeasibleNodesToFind, in its numbers.
