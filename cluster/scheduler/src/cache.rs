@@ -65,7 +65,7 @@ impl Cache {
         let mut topo = self.topology.write();
         for (what, key) in needs {
             let pods = self.pods.values().map(|p| (&*p.info.pod, p.node.as_str()));
-            topo.ensure_counter(what, Some(key), pods);
+            topo.ensure_counter(what, key, pods);
         }
         drop(topo);
         self.sync_domains();

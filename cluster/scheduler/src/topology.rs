@@ -87,6 +87,12 @@ pub struct Term {
     pub topology_key: String,
 }
 
+/// The required and the preferred terms of a pod's affinity or anti-affinity.
+type Terms<'a> = (
+    Option<&'a Vec<PodAffinityTerm>>,
+    Option<&'a Vec<k8s_openapi::api::core::v1::WeightedPodAffinityTerm>>,
+);
+
 /// A node's domain id for a key it does not carry.
 pub const NO_DOMAIN: u32 = u32::MAX;
 
@@ -134,6 +140,8 @@ impl Domains {
 
 struct Counter {
     what: Match,
+    /// Matching pods on all nodes.
+    total: i64,
     per_node: HashMap<String, i64>,
     domains: Vec<Domains>,
     last_used: u64,
@@ -311,51 +319,50 @@ impl Topology {
         }
     }
 
+    fn term(&self, pod: &Pod, kind: TermKind, weight: i32, t: &PodAffinityTerm) -> Term {
+        Term {
+            kind,
+            weight,
+            clause: self.term_clause(pod, t),
+            topology_key: t.topology_key.clone(),
+        }
+    }
+
     /// Every affinity term `pod` carries, resolved.
     pub fn pod_terms(&self, pod: &Pod) -> Vec<Term> {
         let Some(a) = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        let mut add = |kind, weight, t: &PodAffinityTerm| {
-            out.push(Term {
-                kind,
-                weight,
-                clause: self.term_clause(pod, t),
-                topology_key: t.topology_key.clone(),
-            })
+        let mut add = |(required, preferred): Terms<'_>, kinds: (TermKind, TermKind)| {
+            for t in required.into_iter().flatten() {
+                out.push(self.term(pod, kinds.0, 0, t));
+            }
+            for w in preferred.into_iter().flatten() {
+                out.push(self.term(pod, kinds.1, w.weight, &w.pod_affinity_term));
+            }
         };
         if let Some(pa) = &a.pod_affinity {
-            for t in pa
-                .required_during_scheduling_ignored_during_execution
-                .iter()
-                .flatten()
-            {
-                add(TermKind::RequiredAffinity, 0, t);
-            }
-            for w in pa
-                .preferred_during_scheduling_ignored_during_execution
-                .iter()
-                .flatten()
-            {
-                add(TermKind::PreferredAffinity, w.weight, &w.pod_affinity_term);
-            }
+            add(
+                (
+                    pa.required_during_scheduling_ignored_during_execution
+                        .as_ref(),
+                    pa.preferred_during_scheduling_ignored_during_execution
+                        .as_ref(),
+                ),
+                (TermKind::RequiredAffinity, TermKind::PreferredAffinity),
+            );
         }
         if let Some(pa) = &a.pod_anti_affinity {
-            for t in pa
-                .required_during_scheduling_ignored_during_execution
-                .iter()
-                .flatten()
-            {
-                add(TermKind::RequiredAnti, 0, t);
-            }
-            for w in pa
-                .preferred_during_scheduling_ignored_during_execution
-                .iter()
-                .flatten()
-            {
-                add(TermKind::PreferredAnti, w.weight, &w.pod_affinity_term);
-            }
+            add(
+                (
+                    pa.required_during_scheduling_ignored_during_execution
+                        .as_ref(),
+                    pa.preferred_during_scheduling_ignored_during_execution
+                        .as_ref(),
+                ),
+                (TermKind::RequiredAnti, TermKind::PreferredAnti),
+            );
         }
         out
     }
@@ -528,7 +535,7 @@ impl Topology {
 
     /// All pods counter `id` counts.
     pub fn total(&self, id: usize) -> i64 {
-        self.per_node(id).values().sum()
+        self.counters[id].as_ref().map_or(0, |c| c.total)
     }
 
     /// Creates (by scanning `pods`: `(pod, node)`) or touches the counter of `what`, with
@@ -536,7 +543,7 @@ impl Topology {
     pub fn ensure_counter<'a>(
         &mut self,
         what: &Match,
-        key: Option<&str>,
+        key: &str,
         pods: impl Iterator<Item = (&'a Pod, &'a str)>,
     ) -> usize {
         let tick = self.tick;
@@ -545,6 +552,7 @@ impl Topology {
             None => {
                 let mut c = Counter {
                     what: what.clone(),
+                    total: 0,
                     per_node: HashMap::new(),
                     domains: Vec::new(),
                     last_used: tick,
@@ -552,6 +560,7 @@ impl Topology {
                 for (pod, node) in pods {
                     if counts(pod) && what.matches(pod_ns(pod), pod_labels(pod)) {
                         *c.per_node.entry(node.to_owned()).or_insert(0) += 1;
+                        c.total += 1;
                     }
                 }
                 let id = match self.free_counters.pop() {
@@ -573,23 +582,21 @@ impl Topology {
                 id
             }
         };
-        if let Some(key) = key {
-            let k = self.register_key(key);
-            if self.slot(id, k).is_none() {
-                let mut dm = Domains {
-                    key: k,
-                    counts: Vec::new(),
-                    nonzero: 0,
-                };
-                let c = self.counters[id].as_ref().expect("live counter");
-                for (node, n) in &c.per_node {
-                    if let Some(d) = self.node_domains.get(node).and_then(|ids| ids.get(k)) {
-                        dm.bump(*d, *n);
-                    }
+        let k = self.register_key(key);
+        if self.slot(id, k).is_none() {
+            let mut dm = Domains {
+                key: k,
+                counts: Vec::new(),
+                nonzero: 0,
+            };
+            let c = self.counters[id].as_ref().expect("live counter");
+            for (node, n) in &c.per_node {
+                if let Some(d) = self.node_domains.get(node).and_then(|ids| ids.get(k)) {
+                    dm.bump(*d, *n);
                 }
-                let c = self.counters[id].as_mut().expect("live counter");
-                c.domains.push(dm);
             }
+            let c = self.counters[id].as_mut().expect("live counter");
+            c.domains.push(dm);
         }
         if let Some(c) = self.counters[id].as_mut() {
             c.last_used = tick;
@@ -635,11 +642,6 @@ impl Topology {
         self.groups[id].as_ref().map_or(0, |g| g.per_domain.get(d))
     }
 
-    /// True if some counted pod carries an affinity term.
-    pub fn has_groups(&self) -> bool {
-        !self.group_ids.is_empty()
-    }
-
     /// A pod starts counting on `node`.
     pub fn add_pod(&mut self, key: &str, pod: &Pod, node: &str) {
         self.count_pod(key, pod, node, 1);
@@ -665,6 +667,7 @@ impl Topology {
                 continue;
             }
             bump_node(&mut c.per_node, node, by);
+            c.total += by;
             if let Some(ids) = ids {
                 for dm in &mut c.domains {
                     dm.bump(ids.get(dm.key).copied().unwrap_or(NO_DOMAIN), by);
@@ -994,7 +997,7 @@ mod tests {
                     }
                     Op::Counter(a) => {
                         let all = pods.values().map(|(p, n)| (p, n.as_str()));
-                        t.ensure_counter(&app(a), Some(ZONE), all);
+                        t.ensure_counter(&app(a), ZONE, all);
                         if !made.contains(&a) {
                             made.push(a);
                         }
@@ -1014,6 +1017,7 @@ mod tests {
                         }
                     }
                     prop_assert_eq!(t.per_node(id), &per_node);
+                    prop_assert_eq!(t.total(id), per_node.values().sum::<i64>());
                     prop_assert_eq!(t.per_domain(id, ZONE).expect("zone kept"), per_zone);
                 }
                 // The anti-affinity group (selecting app=a0) per zone: its carriers.

@@ -52,6 +52,11 @@ async fn node(c: &Arc<dyn Client>, name: &str, cpu: &str, extra: Value) {
 }
 
 async fn pod(c: &Arc<dyn Client>, name: &str, cpu: &str, spec_extra: Value) {
+    pod_with(c, name, cpu, json!({}), spec_extra).await;
+}
+
+/// A pod of `default` asking `cpu`, with `labels`, and `spec_extra` merged into its spec.
+async fn pod_with(c: &Arc<dyn Client>, name: &str, cpu: &str, labels: Value, spec_extra: Value) {
     let mut spec = json!({"containers": [{"name": "c", "image": "x",
         "resources": {"requests": {"cpu": cpu}}}]});
     if let (Some(s), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
@@ -62,7 +67,7 @@ async fn pod(c: &Arc<dyn Client>, name: &str, cpu: &str, spec_extra: Value) {
     c.create(
         res("pods"),
         Some("default"),
-        &json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec}),
+        &json!({"metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": spec}),
     )
     .await
     .expect("pod");
@@ -470,23 +475,6 @@ async fn room_freed_by_completions_is_split_by_weight() {
     );
 }
 
-async fn labeled_pod(c: &Arc<dyn Client>, name: &str, labels: Value, spec_extra: Value) {
-    let mut spec = json!({"containers": [{"name": "c", "image": "x",
-        "resources": {"requests": {"cpu": "100m"}}}]});
-    if let (Some(s), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
-        for (k, v) in extra {
-            s.insert(k.clone(), v.clone());
-        }
-    }
-    c.create(
-        res("pods"),
-        Some("default"),
-        &json!({"metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": spec}),
-    )
-    .await
-    .expect("pod");
-}
-
 fn node_of(p: &Value) -> Option<String> {
     p["spec"]["nodeName"].as_str().map(str::to_owned)
 }
@@ -516,18 +504,20 @@ async fn spread_and_anti_affinity_hold_through_the_api() {
         "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
         "labelSelector": {"matchLabels": {"app": "spread"}}}]});
     for i in 0..6 {
-        labeled_pod(
-            &c,
-            &format!("s-{i}"),
-            json!({"app": "spread"}),
-            spread.clone(),
-        )
-        .await;
+        let labels = json!({"app": "spread"});
+        pod_with(&c, &format!("s-{i}"), "100m", labels, spread.clone()).await;
     }
     let solo = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
         [{"labelSelector": {"matchLabels": {"app": "solo"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
     for i in 0..7 {
-        labeled_pod(&c, &format!("a-{i}"), json!({"app": "solo"}), solo.clone()).await;
+        pod_with(
+            &c,
+            &format!("a-{i}"),
+            "100m",
+            json!({"app": "solo"}),
+            solo.clone(),
+        )
+        .await;
     }
     let reason = "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules.";
     wait_until("spread pods bound and one solo pod reported", || {

@@ -29,6 +29,17 @@ pub const NAMES: &[&str] = &[
     "DefaultBinder",
 ];
 
+/// A plugin's `pluginConfig` args: its defaults when there are none.
+fn parse_args<T: serde::de::DeserializeOwned + Default>(
+    plugin: &str,
+    args: &Value,
+) -> Result<T, String> {
+    if args.is_null() {
+        return Ok(T::default());
+    }
+    serde_json::from_value(args.clone()).map_err(|e| format!("{plugin} args: {e}"))
+}
+
 /// Builds the plugin `name` with its `pluginConfig` args (null for none).
 pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin>, String> {
     if let Some(p) = basic::build(name) {
@@ -39,27 +50,14 @@ pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin
         "NodeAffinity" => Arc::new(affinity::NodeAffinity),
         "NodeResourcesBalancedAllocation" => Arc::new(fit::Balanced),
         "InterPodAffinity" => Arc::new(interpod::InterPodAffinity::new(handle.topology.clone())),
-        "PodTopologySpread" => {
-            let args: spread::SpreadArgs = if args.is_null() {
-                spread::SpreadArgs::default()
-            } else {
-                serde_json::from_value(args.clone())
-                    .map_err(|e| format!("PodTopologySpread args: {e}"))?
-            };
-            Arc::new(
-                spread::PodTopologySpread::with_args(handle.topology.clone(), args)
-                    .map_err(|e| format!("PodTopologySpread args: {e}"))?,
-            )
-        }
-        "NodeResourcesFit" => {
-            let args: fit::FitArgs = if args.is_null() {
-                fit::FitArgs::default()
-            } else {
-                serde_json::from_value(args.clone())
-                    .map_err(|e| format!("NodeResourcesFit args: {e}"))?
-            };
-            Arc::new(fit::Fit::new(args).map_err(|e| format!("NodeResourcesFit args: {e}"))?)
-        }
+        "PodTopologySpread" => Arc::new(
+            spread::PodTopologySpread::with_args(handle.topology.clone(), parse_args(name, args)?)
+                .map_err(|e| format!("PodTopologySpread args: {e}"))?,
+        ),
+        "NodeResourcesFit" => Arc::new(
+            fit::Fit::new(parse_args(name, args)?)
+                .map_err(|e| format!("NodeResourcesFit args: {e}"))?,
+        ),
         "DefaultBinder" => Arc::new(binder::DefaultBinder::new(handle.client.clone())),
         other => {
             return Err(format!(

@@ -309,6 +309,12 @@ fn counts_of(
     Ok((Counts::Local(local), domains, min))
 }
 
+/// The pod's scoring (`ScheduleAnyway`) constraints, as PreFilter parsed them.
+struct Scored(Vec<Constraint>);
+
+/// Where PreFilter leaves [`Scored`] for PreScore.
+const SCORED: &str = "PodTopologySpread/scored";
+
 struct FilterItem {
     key: usize,
     max_skew: i64,
@@ -396,10 +402,13 @@ impl Plugin for PodTopologySpread {
 impl PreFilterPlugin for PodTopologySpread {
     fn pre_filter(&self, state: &mut CycleState, pod: &PodInfo) -> Status {
         let topo = self.topology.read();
-        let hard: Vec<Constraint> = constraints(&pod.pod, &topo, &self.args)
-            .into_iter()
-            .filter(|c| c.hard)
-            .collect();
+        let (hard, soft): (Vec<Constraint>, Vec<Constraint>) =
+            constraints(&pod.pod, &topo, &self.args)
+                .into_iter()
+                .partition(|c| c.hard);
+        // PreScore reads them from here rather than parsing the pod (and finding its default
+        // selector) again.
+        state.write(SCORED, Scored(soft));
         if hard.is_empty() {
             return Status::skip();
         }
@@ -468,10 +477,14 @@ impl FilterPlugin for PodTopologySpread {
 impl PreScorePlugin for PodTopologySpread {
     fn pre_score(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[&NodeInfo]) -> Status {
         let topo = self.topology.read();
-        let soft: Vec<Constraint> = constraints(&pod.pod, &topo, &self.args)
-            .into_iter()
-            .filter(|c| !c.hard)
-            .collect();
+        let soft: std::borrow::Cow<'_, [Constraint]> = match state.read::<Scored>(SCORED) {
+            Some(s) => std::borrow::Cow::Borrowed(&s.0),
+            // PreFilter is not enabled in this profile.
+            None => constraints(&pod.pod, &topo, &self.args)
+                .into_iter()
+                .filter(|c| !c.hard)
+                .collect(),
+        };
         if soft.is_empty() {
             return Status::skip();
         }
