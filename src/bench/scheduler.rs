@@ -6,11 +6,11 @@
 //! of pods: pods/s from the first measured create to the last binding, and each pod's time
 //! from appearing to being bound.
 //!
-//! Workloads: `basic`, `node-affinity` (every pod requires the nodes' zone), `unschedulable`
-//! (init pods that fit nowhere stay queued while the measured pods are placed), and
-//! `tenants` (fair sharing; see [`run_tenants`]). The others the issue names
-//! (`anti-affinity`, `topology-spread`, `preemption`, `gang`) need scheduler features that
-//! are not built yet and say so.
+//! Workloads: `basic`, `node-affinity` (every pod requires the nodes' zone), `anti-affinity`,
+//! `topology-spread`, `unschedulable` (init pods that fit nowhere stay queued while the
+//! measured pods are placed), `gang` (PodGroups of `--gang-size`, each bound whole) and
+//! `tenants` (fair sharing; see [`run_tenants`]). `preemption` needs the preemption
+//! PostFilter, not built yet, and says so.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +27,7 @@ use tessera_apiserver::api::Api;
 use tessera_apiserver::auth::User;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
+use tessera_apiserver::types::POD_GROUP_LABEL;
 use tessera_runtime::Informers;
 use tessera_runtime::informer::{Change, Informer, Scope};
 use tessera_scheduler::config::SchedulerConfig;
@@ -52,7 +53,8 @@ pub enum Workload {
     Preemption,
     /// Init pods that fit nowhere stay queued while the measured pods are placed.
     Unschedulable,
-    /// PodGroups placed all or nothing (not built yet).
+    /// The measured pods in PodGroups of `--gang-size` (minMember = size), each placed and
+    /// bound all together.
     Gang,
     /// One tenant floods while the others submit at a steady rate; then a full shard is
     /// refilled from every tenant's backlog and split by weight.
@@ -92,6 +94,9 @@ pub struct SchedulerBenchArgs {
     /// backlog (phase 2; 40 pods each).
     #[arg(long, default_value_t = 500)]
     pub share_nodes: usize,
+    /// `gang`: members per PodGroup (its minMember).
+    #[arg(long, default_value_t = 8)]
+    pub gang_size: usize,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -149,6 +154,10 @@ struct Seen {
     bound: Option<Instant>,
     node: Option<String>,
     gone: bool,
+    /// Its PodGroup, and the resourceVersion it was first seen bound at (members bound in
+    /// one transaction share it).
+    group: Option<String>,
+    bound_rv: Option<String>,
 }
 
 type SeenMap = Arc<Mutex<HashMap<String, Seen>>>;
@@ -268,6 +277,13 @@ impl Bench {
                     {
                         e.bound = Some(now);
                         e.node = Some(n.clone());
+                        e.bound_rv = p.metadata.resource_version.clone();
+                        e.group = p
+                            .metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(POD_GROUP_LABEL))
+                            .cloned();
                     }
                     e.gone |= gone;
                 })
@@ -307,6 +323,26 @@ impl Bench {
             .create(ns, None, &json!({"metadata": {"name": name}}))
             .await
             .map_err(err)?;
+        Ok(())
+    }
+
+    /// Creates PodGroups `g-0` … in `measured`, each of minMember `size`.
+    async fn pod_groups(&self, n: usize, size: usize) -> anyhow::Result<()> {
+        let groups = find_resource("tessera.io", "v1alpha1", "podgroups").map_err(err)?;
+        let bar = super::progress_bar(n as u64, "creating PodGroups".into());
+        for i in 0..n {
+            self.client
+                .create(
+                    groups,
+                    Some("measured"),
+                    &json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroup",
+                        "metadata": {"name": format!("g-{i}")}, "spec": {"minMember": size}}),
+                )
+                .await
+                .map_err(err)?;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
         Ok(())
     }
 
@@ -400,8 +436,12 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         Workload::Preemption => {
             anyhow::bail!("the preemption workload needs the preemption PostFilter, not built yet")
         }
-        Workload::Gang => {
-            anyhow::bail!("the gang workload needs gang scheduling at Permit, not built yet")
+        Workload::Gang if args.gang_size == 0 || !args.pods.is_multiple_of(args.gang_size) => {
+            anyhow::bail!(
+                "--pods {} is not a whole number of gangs of --gang-size {}",
+                args.pods,
+                args.gang_size
+            )
         }
         _ => {}
     }
@@ -489,15 +529,23 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
             .await?;
     }
     let conflicts_before = bench.conflicts();
+    let gang = (args.workload == Workload::Gang).then_some(args.gang_size);
+    if let Some(size) = gang {
+        bench.pod_groups(args.pods / size, size).await?;
+    }
     let pods = (0..args.pods)
         .map(|i| {
-            pod(
+            let mut p = pod(
                 "measured",
                 &format!("p-{i}"),
                 "measured",
                 "100m",
                 args.workload,
-            )
+            );
+            if let Some(size) = gang {
+                p["metadata"]["labels"][POD_GROUP_LABEL] = json!(format!("g-{}", i / size));
+            }
+            p
         })
         .collect();
     let started = Instant::now();
@@ -512,7 +560,10 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
     c?;
     w?;
     let s = bench.seen.lock();
-    let checked = check_placement(&s, args.workload)?;
+    let checked = match gang {
+        Some(size) => Some(check_gangs(&s, size)?),
+        None => check_placement(&s, args.workload)?,
+    };
     let measured = s.values().filter(|e| e.ns == "measured");
     let last = measured
         .clone()
@@ -604,6 +655,37 @@ fn check_placement(
         }
         _ => Ok(None),
     }
+}
+
+/// `gang`: every PodGroup has all its `size` members bound, at one resourceVersion (one
+/// transaction: never part of a gang).
+fn check_gangs(seen: &HashMap<String, Seen>, size: usize) -> anyhow::Result<String> {
+    let mut groups: HashMap<&str, Vec<&str>> = HashMap::new();
+    for e in seen.values().filter(|e| e.ns == "measured" && !e.gone) {
+        let Some(g) = e.group.as_deref() else {
+            continue;
+        };
+        groups
+            .entry(g)
+            .or_default()
+            .push(e.bound_rv.as_deref().unwrap_or(""));
+    }
+    for (g, revs) in &groups {
+        let mut distinct = revs.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if revs.len() != size || distinct.len() != 1 {
+            anyhow::bail!(
+                "gang {g}: {} of {size} members bound, at {} different revisions",
+                revs.len(),
+                distinct.len()
+            );
+        }
+    }
+    Ok(format!(
+        "{} gangs of {size}: each bound whole, in one transaction",
+        groups.len()
+    ))
 }
 
 fn weight(i: usize) -> usize {

@@ -100,6 +100,7 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("policy", "Eviction") => typed::<policy::v1::Eviction>(),
         ("tessera.io", "Tenant") => typed::<types::Tenant>(),
         ("tessera.io", "PodGroup") => typed::<types::PodGroup>(),
+        ("tessera.io", "PodGroupBinding") => typed::<types::PodGroupBinding>(),
         ("tessera.io", "Shard") => typed::<types::Shard>(),
         ("tessera.io", "ShardMap") => typed::<types::ShardMapObject>(),
         ("tessera.io", "Placement") => typed::<types::Placement>(),

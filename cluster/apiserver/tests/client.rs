@@ -966,3 +966,155 @@ async fn concurrent_applies_of_a_new_object_all_succeed() {
         }
     }
 }
+
+/// `podgroups/binding`: a gang's members are bound in one transaction — all or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_is_bound_all_or_none() {
+    let s = setup().await;
+    let (pods, nss, groups) = (
+        res("", "pods"),
+        res("", "namespaces"),
+        res("tessera.io", "podgroups"),
+    );
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns_name = format!("gang{i}");
+        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
+            .await
+            .expect("namespace");
+        let ns = Some(ns_name.as_str());
+        c.create(
+            groups,
+            ns,
+            &json!({"metadata": {"name": "g"}, "spec": {"minMember": 3}}),
+        )
+        .await
+        .expect(how);
+        for p in ["a", "b", "c", "d"] {
+            let mut body = pod(p, "100m");
+            body["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("g");
+            c.create(pods, ns, &body).await.expect(how);
+        }
+        let mut outsider = pod("x", "100m");
+        outsider["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("other");
+        c.create(pods, ns, &outsider).await.expect(how);
+        let bind = |members: Value| {
+            let mut r = ApiRequest::new(Verb::Create, groups);
+            r.namespace = Some(ns_name.clone());
+            r.name = Some("g".into());
+            r.subresource = Some("binding".into());
+            r.body = Bytes::from(
+                json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
+                    "metadata": {"name": "g"}, "members": members})
+                .to_string(),
+            );
+            r
+        };
+        let node_of = |name: &'static str| {
+            let c = c.clone();
+            let ns = ns_name.clone();
+            async move {
+                let p = c.get(pods, Some(&ns), name).await.expect("pod");
+                p["spec"]["nodeName"].as_str().map(str::to_owned)
+            }
+        };
+        // Pin b to a node first: a gang binding that includes it fails whole.
+        let mut single = ApiRequest::new(Verb::Create, pods);
+        single.namespace = Some(ns_name.clone());
+        single.name = Some("b".into());
+        single.subresource = Some("binding".into());
+        single.body = Bytes::from(
+            json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "b"}, "target": {"kind": "Node", "name": "n9"}})
+                .to_string(),
+        );
+        c.call(single).await.expect("b bound alone");
+        let err = c
+            .call(bind(json!([
+                {"pod": "a", "node": "n1"}, {"pod": "b", "node": "n2"}, {"pod": "c", "node": "n3"}
+            ])))
+            .await
+            .expect_err("b is already assigned");
+        assert_eq!(err.code, 409, "{how}: {err:?}");
+        assert!(
+            err.message.contains("already assigned"),
+            "{how}: {}",
+            err.message
+        );
+        assert_eq!(
+            node_of("a").await,
+            None,
+            "{how}: nothing of a failed gang binds"
+        );
+        assert_eq!(node_of("c").await, None, "{how}");
+
+        // A pod of another group, a missing pod, a stale UID, bad shapes: refused, nothing bound.
+        let err = c
+            .call(bind(
+                json!([{"pod": "a", "node": "n1"}, {"pod": "x", "node": "n2"}]),
+            ))
+            .await
+            .expect_err("x is not a member");
+        assert_eq!((err.code, err.reason), (422, "Invalid"), "{how}");
+        assert!(
+            err.message.contains("not a member of PodGroup g"),
+            "{how}: {}",
+            err.message
+        );
+        let err = c
+            .call(bind(
+                json!([{"pod": "a", "node": "n1"}, {"pod": "zz", "node": "n2"}]),
+            ))
+            .await
+            .expect_err("zz does not exist");
+        assert_eq!(err.code, 404, "{how}");
+        let err = c
+            .call(bind(
+                json!([{"pod": "a", "uid": "not-its-uid", "node": "n1"}]),
+            ))
+            .await
+            .expect_err("stale uid");
+        assert_eq!(err.code, 409, "{how}");
+        let err = c
+            .call(bind(
+                json!([{"pod": "a", "node": ""}, {"pod": "a", "node": "n2"}]),
+            ))
+            .await
+            .expect_err("bad shape");
+        assert_eq!(err.code, 422, "{how}");
+        assert!(
+            err.message.contains("members[0].node"),
+            "{how}: {}",
+            err.message
+        );
+        assert!(
+            err.message.contains("members[1].pod"),
+            "{how}: {}",
+            err.message
+        );
+        let err = c.call(bind(json!([]))).await.expect_err("empty");
+        assert_eq!(err.code, 422, "{how}");
+        assert_eq!(node_of("a").await, None, "{how}");
+
+        // The good one: all three bound, each with PodScheduled=True.
+        let ok = c
+            .call(bind(json!([
+                {"pod": "a", "node": "n1"}, {"pod": "c", "node": "n3"}, {"pod": "d", "node": "n4"}
+            ])))
+            .await
+            .expect(how);
+        let _ = ok;
+        for (p, n) in [("a", "n1"), ("c", "n3"), ("d", "n4"), ("b", "n9")] {
+            assert_eq!(node_of(p).await.as_deref(), Some(n), "{how}: {p}");
+        }
+        let a = c.get(pods, ns, "a").await.expect("a");
+        let scheduled = a["status"]["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .any(|c| c["type"] == "PodScheduled" && c["status"] == "True");
+        assert!(scheduled, "{how}: {a}");
+        // A missing PodGroup is a 404.
+        let mut r = bind(json!([{"pod": "a", "node": "n1"}]));
+        r.name = Some("nope".into());
+        assert_eq!(c.call(r).await.expect_err("no group").code, 404, "{how}");
+    }
+}

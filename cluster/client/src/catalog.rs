@@ -350,7 +350,14 @@ pub const RESOURCES: &[Resource] = &[
         true,
         &["pg"],
         &[],
-        &[status("tessera.io", "v1alpha1", "PodGroup")],
+        &[
+            status("tessera.io", "v1alpha1", "PodGroup"),
+            Subresource {
+                name: "binding",
+                response: ("tessera.io", "v1alpha1", "PodGroupBinding"),
+                verbs: &["create"],
+            },
+        ],
     ),
     r(
         "tessera.io",

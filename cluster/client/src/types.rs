@@ -133,6 +133,39 @@ pub struct PodGroupStatus {
 /// convention of Kubernetes' scheduler-plugins).
 pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 
+/// The body of `podgroups/{name}/binding`: members of one gang assigned to nodes together,
+/// in one store transaction — all of them or none.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.PodGroupBinding")]
+pub struct PodGroupBinding {
+    /// APIVersion: `tessera.io/v1alpha1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Kind: `PodGroupBinding`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The PodGroup's name and namespace.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Each member and its node.
+    #[serde(default)]
+    pub members: Vec<MemberBinding>,
+}
+
+/// One member of a [`PodGroupBinding`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberBinding {
+    /// The pod's name (in the PodGroup's namespace).
+    pub pod: String,
+    /// The pod's UID, if the binder knows it: the binding fails if the pod was replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The node it goes to.
+    pub node: String,
+}
+
 /// The taint (and label) process nodes carry: their pods run as real processes on the
 /// node's machine, so scheduling there is opt-in.
 pub const PROCESS_TAINT_KEY: &str = "tessera.io/runtime";

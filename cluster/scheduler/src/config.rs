@@ -191,6 +191,7 @@ impl Point {
                 ("NodeResourcesFit", 1),
                 ("PodTopologySpread", 1),
                 ("InterPodAffinity", 1),
+                ("Coscheduling", 1),
             ],
             Point::Filter => &[
                 ("NodeUnschedulable", 1),
@@ -216,8 +217,9 @@ impl Point {
                 ("PodTopologySpread", 2),
                 ("InterPodAffinity", 2),
             ],
-            Point::Bind => &[("DefaultBinder", 1)],
-            Point::PostFilter | Point::Reserve | Point::Permit | Point::PreBind => &[],
+            Point::PostFilter | Point::Reserve | Point::Permit => &[("Coscheduling", 1)],
+            Point::Bind => &[("Coscheduling", 1), ("DefaultBinder", 1)],
+            Point::PreBind => &[],
         }
     }
 

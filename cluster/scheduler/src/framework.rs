@@ -179,6 +179,9 @@ pub enum ClusterEvent {
     /// A pod started counting on a node (placed, or seen bound): what pod affinity and
     /// spreading wait for.
     AssignedPodAdd,
+    /// A PodGroup was created or changed, or a gang gained a member: what a gang member
+    /// kept back at PreFilter waits for.
+    PodGroupChange,
 }
 
 /// Pods held at Permit, waiting for a plugin to allow or reject them.
@@ -230,6 +233,10 @@ pub struct Handle {
     pub client: Arc<dyn tessera_client::client::Client>,
     /// Pods counted by selector and topology domain (for spreading and pod affinity).
     pub topology: Arc<parking_lot::RwLock<crate::topology::Topology>>,
+    /// PodGroups and their members (for gang scheduling).
+    pub gangs: Arc<crate::plugins::gang::Gangs>,
+    /// The scheduler's metrics, for plugins that report outcomes.
+    pub metrics: Option<crate::metrics::SchedulerMetrics>,
 }
 
 /// Orders the active queue.
@@ -253,6 +260,11 @@ pub struct QueuedPod {
 pub trait PreFilterPlugin: Send + Sync {
     /// Success, Skip (its Filter is not needed for this pod), or a rejection for all nodes.
     fn pre_filter(&self, state: &mut CycleState, pod: &PodInfo) -> Status;
+    /// The cluster events that can undo its rejections (empty: those of its Filter, or
+    /// any event if it has none).
+    fn pre_filter_events(&self) -> &'static [ClusterEvent] {
+        &[]
+    }
 }
 
 /// Says whether a pod can go on one node.

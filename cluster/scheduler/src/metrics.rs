@@ -19,6 +19,7 @@ pub struct SchedulerMetrics {
     pub(crate) cache_pods: IntGauge,
     pub(crate) topology_entries: IntGaugeVec,
     pub(crate) cycle_cpu: prometheus::Counter,
+    pub(crate) gangs: IntCounterVec,
 }
 
 fn buckets() -> Vec<f64> {
@@ -43,6 +44,7 @@ impl SchedulerMetrics {
         registry.register(Box::new(m.cache_pods.clone()))?;
         registry.register(Box::new(m.topology_entries.clone()))?;
         registry.register(Box::new(m.cycle_cpu.clone()))?;
+        registry.register(Box::new(m.gangs.clone()))?;
         Ok(m)
     }
 
@@ -63,6 +65,11 @@ impl SchedulerMetrics {
     /// results).
     pub fn cycle_cpu_seconds(&self) -> f64 {
         self.cycle_cpu.get()
+    }
+
+    /// Gangs that ended with `result` so far (`bound`, `failed`, `timeout`, `released`).
+    pub fn gang_outcomes(&self, result: &str) -> u64 {
+        self.gangs.with_label_values(&[result]).get()
     }
 
     /// Metrics no registry reads.
@@ -152,6 +159,17 @@ impl SchedulerMetrics {
                 "CPU time of the scheduling loop's thread in scheduling cycles (preparing \
                  counters, filter, score, reserve, permit): the scheduler's own cost, without \
                  waiting or time lost to other threads.",
+            )?,
+            gangs: IntCounterVec::new(
+                Opts::new(
+                    "tessera_scheduler_gang_outcomes_total",
+                    "Gangs (PodGroups) placed by the Coscheduling plugin, by outcome: bound \
+                     (minMember reached, members bound in one transaction), failed (the API \
+                     refused the group binding), timeout (scheduleTimeoutSeconds passed with \
+                     too few members placed), released (a member could not be placed, or left, \
+                     and the waiting members were let go).",
+                ),
+                &["result"],
             )?,
         })
     }

@@ -596,3 +596,134 @@ async fn spread_and_anti_affinity_hold_through_the_api() {
     .await;
     sched.abort();
 }
+
+async fn pod_group(c: &Arc<dyn Client>, name: &str, min: i32, timeout: i32) {
+    c.create(
+        find_resource("tessera.io", "v1alpha1", "podgroups").expect("podgroups"),
+        Some("default"),
+        &json!({"metadata": {"name": name}, "spec": {"minMember": min, "scheduleTimeoutSeconds": timeout}}),
+    )
+    .await
+    .expect("podgroup");
+}
+
+async fn gang_pod(c: &Arc<dyn Client>, gang: &str, i: usize) {
+    pod_with(
+        c,
+        &format!("{gang}-{i}"),
+        "1",
+        json!({"scheduling.x-k8s.io/pod-group": gang}),
+        json!({}),
+    )
+    .await;
+}
+
+/// The members of `gang` bound, with their resourceVersions.
+fn bound_members(ps: &[Value], gang: &str) -> Vec<String> {
+    ps.iter()
+        .filter(|p| p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == gang)
+        .filter(|p| node_of(p).is_some())
+        .map(|p| {
+            p["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn gangs_bind_whole_or_not_at_all_through_the_api() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = client(dir.path()).await;
+    // Room for 12 one-cpu pods.
+    for i in 0..3 {
+        node(&c, &format!("n{i}"), "4", json!({})).await;
+    }
+    pod_group(&c, "fits", 4, 30).await;
+    pod_group(&c, "short", 3, 30).await;
+    pod_group(&c, "big", 10, 2).await;
+    for i in 0..5 {
+        gang_pod(&c, "fits", i).await;
+    }
+    for i in 0..2 {
+        gang_pod(&c, "short", i).await;
+    }
+    for i in 0..10 {
+        gang_pod(&c, "big", i).await;
+    }
+    let sched = start(&c, SchedulerConfig::default());
+    // "big" (10) and "fits" (5) cannot both fit in 12: they contend, members of each
+    // reserve nodes and are let go; "fits" ends bound (its quorum in one transaction), and
+    // nothing of "big" is ever bound — checked at every poll.
+    let short_reason =
+        "0/3 nodes are available: PodGroup default/short has 2 of its minMember 3 pods.";
+    wait_until("the gang that fits bound, the short one reported", || {
+        let c = c.clone();
+        async move {
+            let ps = pods(&c).await;
+            assert!(
+                bound_members(&ps, "big").is_empty(),
+                "a partial gang was bound"
+            );
+            let short_reported = ps.iter().any(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["message"] == short_reason))
+            });
+            bound_members(&ps, "fits").len() == 5 && short_reported
+        }
+    })
+    .await;
+    let ps = pods(&c).await;
+    let mut revisions = bound_members(&ps, "fits");
+    revisions.sort();
+    let mut same = 1;
+    for w in revisions.windows(2) {
+        if w[0] == w[1] {
+            same += 1;
+        }
+    }
+    assert!(
+        same >= 4,
+        "the quorum of 4 is written in one transaction (one revision): {revisions:?}"
+    );
+    assert!(bound_members(&ps, "short").is_empty());
+    // Its third member arrives: the gang is complete and placed.
+    gang_pod(&c, "short", 2).await;
+    wait_until("the completed gang bound", || {
+        let c = c.clone();
+        async move {
+            let ps = pods(&c).await;
+            assert!(
+                bound_members(&ps, "big").is_empty(),
+                "a partial gang was bound"
+            );
+            bound_members(&ps, "short").len() == 3
+        }
+    })
+    .await;
+    // Past big's 2 s timeout, more than once: still nothing of it bound, and it says why.
+    for _ in 0..25 {
+        let ps = pods(&c).await;
+        assert!(
+            bound_members(&ps, "big").is_empty(),
+            "a partial gang was bound"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ps = pods(&c).await;
+    let said = ps.iter().any(|p| {
+        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "big"
+            && p["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c["type"] == "PodScheduled"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("default/big"))
+                })
+            })
+    });
+    assert!(said, "a member of the gang that cannot fit says why");
+    sched.abort();
+}

@@ -63,6 +63,40 @@ pub(super) fn from_scale(
     Ok(next)
 }
 
+/// `pod` assigned to `node`: `spec.nodeName` and `PodScheduled=True` together; a pod already
+/// assigned or being deleted is a conflict.
+fn assign(mut pod: Value, res: &Resource, name: &str, node: &str) -> Result<Value, ApiError> {
+    if let Some(current) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+        return Err(ApiError::conflict_because(
+            res.group,
+            res.plural,
+            name,
+            &format!("pod {name} is already assigned to node \"{current}\""),
+        ));
+    }
+    if pod["metadata"]["deletionTimestamp"].is_string() {
+        return Err(ApiError::conflict_because(
+            res.group,
+            res.plural,
+            name,
+            "the pod is being deleted",
+        ));
+    }
+    pod["spec"]["nodeName"] = json!(node);
+    let cond = json!({"type": "PodScheduled", "status": "True",
+        "lastTransitionTime": rfc3339(now_secs())});
+    let conds = pod["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["type"] != "PodScheduled")
+        .chain(std::iter::once(cond))
+        .collect::<Vec<_>>();
+    pod["status"]["conditions"] = json!(conds);
+    Ok(pod)
+}
+
 impl Api {
     /// `pods/binding`: assigns an unassigned pod to a node, once.
     pub(super) async fn bind(
@@ -70,6 +104,9 @@ impl Api {
         req: &ApiRequest,
         user: &User,
     ) -> Result<ApiResponse, ApiError> {
+        if req.resource.plural == "podgroups" {
+            return self.bind_group(req, user).await;
+        }
         let binding: Value = serde_json::from_slice(&req.body)
             .map_err(|e| ApiError::bad_request(format!("the Binding is not valid JSON: {e}")))?;
         if let Some(t) = kinds::of_kind("", "Binding") {
@@ -101,37 +138,7 @@ impl Api {
         self.write_existing(
             req,
             user,
-            move |mut pod| {
-                if let Some(current) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
-                    return Err(ApiError::conflict_because(
-                        res.group,
-                        res.plural,
-                        &name,
-                        &format!("pod {name} is already assigned to node \"{current}\""),
-                    ));
-                }
-                if pod["metadata"]["deletionTimestamp"].is_string() {
-                    return Err(ApiError::conflict_because(
-                        res.group,
-                        res.plural,
-                        &name,
-                        "the pod is being deleted",
-                    ));
-                }
-                pod["spec"]["nodeName"] = json!(node);
-                let cond = json!({"type": "PodScheduled", "status": "True",
-                    "lastTransitionTime": rfc3339(now_secs())});
-                let conds = pod["status"]["conditions"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|c| c["type"] != "PodScheduled")
-                    .chain(std::iter::once(cond))
-                    .collect::<Vec<_>>();
-                pod["status"]["conditions"] = json!(conds);
-                Ok(pod)
-            },
+            move |pod| assign(pod, res, &name, &node),
             Vec::new(),
         )
         .await
@@ -300,6 +307,226 @@ pub(super) fn selects(selector: &Value, labels: &Value) -> bool {
         }
     }
     true
+}
+
+/// Members a `podgroups/binding` may assign at once (one store transaction).
+pub(crate) const MAX_GROUP_BINDING: usize = 10_000;
+
+/// What `podgroups/binding` is asked: the members, checked for shape.
+fn group_binding_members(
+    req: &ApiRequest,
+    group: &str,
+) -> Result<Vec<crate::types::MemberBinding>, ApiError> {
+    let body: Value = serde_json::from_slice(&req.body).map_err(|e| {
+        ApiError::bad_request(format!("the PodGroupBinding is not valid JSON: {e}"))
+    })?;
+    if let Some(t) = kinds::of_kind("tessera.io", "PodGroupBinding") {
+        (t.normalize)(&body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the PodGroupBinding is not valid: {}: {}",
+                e.path, e.message
+            ))
+        })?;
+    }
+    let binding: crate::types::PodGroupBinding = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("the PodGroupBinding is not valid: {e}")))?;
+    let mut causes = Vec::new();
+    let mut cause = |field: String, reason: &'static str, message: String| {
+        causes.push(Cause {
+            reason,
+            field,
+            message,
+        })
+    };
+    if binding.members.is_empty() {
+        cause(
+            "members".into(),
+            "FieldValueRequired",
+            "Required value: name at least one member and its node".into(),
+        );
+    }
+    if binding.members.len() > MAX_GROUP_BINDING {
+        cause(
+            "members".into(),
+            "FieldValueTooMany",
+            format!(
+                "Too many: {}: must have at most {MAX_GROUP_BINDING} items",
+                binding.members.len()
+            ),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, m) in binding.members.iter().enumerate() {
+        if m.pod.is_empty() {
+            cause(
+                format!("members[{i}].pod"),
+                "FieldValueRequired",
+                "Required value".into(),
+            );
+        } else if !seen.insert(m.pod.as_str()) {
+            cause(
+                format!("members[{i}].pod"),
+                "FieldValueDuplicate",
+                format!("Duplicate value: {:?}", m.pod),
+            );
+        }
+        if m.node.is_empty() {
+            cause(
+                format!("members[{i}].node"),
+                "FieldValueRequired",
+                "Required value".into(),
+            );
+        }
+    }
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(
+            "tessera.io",
+            "PodGroupBinding",
+            group,
+            causes,
+        ));
+    }
+    Ok(binding.members)
+}
+
+impl Api {
+    /// `podgroups/binding`: assigns members of one gang to their nodes in one store
+    /// transaction, so that a gang is never partly bound: if any member cannot be bound
+    /// (gone, replaced, already assigned, being deleted, not of this group), none is.
+    async fn bind_group(&self, req: &ApiRequest, user: &User) -> Result<ApiResponse, ApiError> {
+        let group = req.name.clone().unwrap_or_default();
+        let ns = req.namespace.clone().unwrap_or_default();
+        let members = group_binding_members(req, &group)?;
+        if self.read(req.resource, Some(&ns), &group).await?.is_none() {
+            return Err(ApiError::not_found("tessera.io", "podgroups", &group));
+        }
+        let pods = crate::request::find_resource("", "v1", "pods")?;
+        let counts_bytes = self.tenant_counts_bytes(&ns).await?;
+        'attempt: for _attempt in 0..16 {
+            let mut ops = Vec::with_capacity(members.len());
+            let mut sizes = Vec::new();
+            for (i, m) in members.iter().enumerate() {
+                let (current, kv) = self
+                    .read(pods, Some(&ns), &m.pod)
+                    .await?
+                    .ok_or_else(|| ApiError::not_found("", "pods", &m.pod))?;
+                let labelled = current["metadata"]["labels"][crate::types::POD_GROUP_LABEL]
+                    .as_str()
+                    == Some(group.as_str());
+                if !labelled {
+                    return Err(ApiError::invalid(
+                        "tessera.io",
+                        "PodGroupBinding",
+                        &group,
+                        vec![Cause {
+                            reason: "FieldValueInvalid",
+                            field: format!("members[{i}].pod"),
+                            message: format!(
+                                "Invalid value: {:?}: the pod is not a member of PodGroup {group} (it needs the label {}={group})",
+                                m.pod,
+                                crate::types::POD_GROUP_LABEL
+                            ),
+                        }],
+                    ));
+                }
+                if let Some(uid) = m.uid.as_deref()
+                    && current["metadata"]["uid"].as_str() != Some(uid)
+                {
+                    return Err(ApiError::conflict_because(
+                        "",
+                        "pods",
+                        &m.pod,
+                        &format!("the pod's UID is not {uid}: it was replaced"),
+                    ));
+                }
+                let mut pod_req = ApiRequest::new(Verb::Create, pods);
+                pod_req.namespace = Some(ns.clone());
+                pod_req.name = Some(m.pod.clone());
+                pod_req.subresource = Some("binding".into());
+                pod_req.params = req.params.clone();
+                let proposed = assign(current.clone(), pods, &m.pod, &m.node)?;
+                let (proposed, _) = self.typed(&pod_req, proposed)?;
+                let next = self.merge_update(&pod_req, user, &current, proposed)?;
+                let errors = validation::validate(pods, &next);
+                if !errors.is_empty() {
+                    return Err(ApiError::invalid("", "Pod", &m.pod, errors.0));
+                }
+                if counts_bytes {
+                    sizes.push((
+                        m.pod.as_str(),
+                        crate::quota::charged_len(&current),
+                        crate::quota::charged_len(&next),
+                    ));
+                }
+                ops.push(Op::Update {
+                    key: kv.key.clone(),
+                    value: encode(&next)?,
+                    expected: kv.mod_revision,
+                    lease: 0,
+                });
+            }
+            if req.params.dry_run {
+                return Ok(group_bound(&group, members.len()));
+            }
+            // Growth in stored bytes is charged before the write and refunded if it fails.
+            let mut charged = Vec::new();
+            for &(pod, old, new) in &sizes {
+                let grew = crate::quota::stored_charge(new) > crate::quota::stored_charge(old);
+                if grew
+                    && self
+                        .tenant_resize(&ns, pods, pod, (old, new), false, false)
+                        .await?
+                {
+                    charged.push((pod, old, new));
+                }
+            }
+            let result = self.store.txn(ops).await;
+            if result.is_err() {
+                for &(pod, old, new) in &charged {
+                    if let Err(e) = self
+                        .tenant_resize(&ns, pods, pod, (new, old), false, false)
+                        .await
+                    {
+                        tracing::warn!(error = %e, pod, "could not refund a tenant's stored bytes");
+                    }
+                }
+            }
+            match result {
+                Ok(_) => {
+                    for &(pod, old, new) in &sizes {
+                        let shrank =
+                            crate::quota::stored_charge(new) < crate::quota::stored_charge(old);
+                        if shrank
+                            && let Err(e) = self
+                                .tenant_resize(&ns, pods, pod, (old, new), false, false)
+                                .await
+                        {
+                            tracing::warn!(error = %e, pod, "could not refund a tenant's stored bytes");
+                        }
+                    }
+                    return Ok(group_bound(&group, members.len()));
+                }
+                // A member changed in between: read them all again.
+                Err(e) if e.precondition().is_some() => continue 'attempt,
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+        Err(ApiError::conflict_because(
+            "tessera.io",
+            "podgroups",
+            &group,
+            "its members kept changing while they were bound; try again",
+        ))
+    }
+}
+
+fn group_bound(group: &str, n: usize) -> ApiResponse {
+    ApiResponse::Object {
+        code: 201,
+        body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "code": 201, "message": format!("{n} member(s) of PodGroup {group} bound")}),
+        warnings: Vec::new(),
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ pub mod affinity;
 pub mod basic;
 pub mod binder;
 pub mod fit;
+pub mod gang;
 pub mod interpod;
 pub mod spread;
 pub mod taints;
@@ -26,6 +27,7 @@ pub const NAMES: &[&str] = &[
     "NodeResourcesBalancedAllocation",
     "InterPodAffinity",
     "PodTopologySpread",
+    "Coscheduling",
     "DefaultBinder",
 ];
 
@@ -58,6 +60,7 @@ pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin
             fit::Fit::new(parse_args(name, args)?)
                 .map_err(|e| format!("NodeResourcesFit args: {e}"))?,
         ),
+        "Coscheduling" => Arc::new(gang::Coscheduling::new(handle)),
         "DefaultBinder" => Arc::new(binder::DefaultBinder::new(handle.client.clone())),
         other => {
             return Err(format!(

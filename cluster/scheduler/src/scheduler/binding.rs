@@ -23,11 +23,19 @@ impl Scheduler {
         qp: QueuedPod,
         node: String,
         state: CycleState,
-        wait: Option<(oneshot::Receiver<Status>, Duration)>,
+        wait: Option<super::cycle::PermitWait>,
     ) {
-        let Ok(permit) = self.binds.clone().acquire_owned().await else {
-            return;
+        // A pod that waits at Permit takes its slot only once it is let go: waiting gang
+        // members must not hold the slots the rest of their gang needs to be placed.
+        let slot = if wait.is_none() {
+            match self.binds.clone().acquire_owned().await {
+                Ok(s) => Some(s),
+                Err(_) => return,
+            }
+        } else {
+            None
         };
+        let binds = self.binds.clone();
         let profile = &self.profiles[pi];
         let pre_bind: Vec<_> = profile
             .at(Point::PreBind)
@@ -46,16 +54,24 @@ impl Scheduler {
             let started = Instant::now();
             let pod = &qp.info;
             let mut status = Status::success();
-            if let Some((rx, timeout)) = wait {
-                status = match tokio::time::timeout(timeout, rx).await {
+            if let Some(w) = wait {
+                status = match tokio::time::timeout(w.timeout, w.verdict).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(_)) => Status::error("the permit wait was cancelled"),
                     Err(_) => {
                         waiting.remove(pod.uid());
-                        Status::unschedulable("rejected due to timeout after waiting at permit")
+                        Status::unschedulable(format!(
+                            "rejected due to timeout after waiting {:?} at permit: {}",
+                            w.timeout, w.why
+                        ))
                     }
                 };
             }
+            let _slot = match slot {
+                Some(s) => Some(s),
+                None if status.is_success() => binds.acquire_owned().await.ok(),
+                None => None,
+            };
             if status.is_success() {
                 for p in &pre_bind {
                     let Some(pb) = p.pre_bind() else { continue };
@@ -77,7 +93,7 @@ impl Scheduler {
                     }
                 }
             }
-            drop(permit);
+            drop(_slot);
             let _ = tx.send(BindOutcome {
                 profile: pi,
                 info: qp.info.clone(),
@@ -124,6 +140,9 @@ impl Scheduler {
         }
         tracing::debug!(pod = %pod.key, node = %o.node, error = %o.status.message(), "binding failed");
         self.unreserve(o.profile, &o.state, pod, &o.node);
+        // What it held on its node is free again (a gang let go frees many): pods that did
+        // not fit may now (kube-scheduler moves them the same way).
+        self.event(ClusterEvent::AssignedPodDelete);
         // Requeue only a pod that still waits for a node.
         let still_pending = self
             .pods

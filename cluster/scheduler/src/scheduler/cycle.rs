@@ -22,6 +22,13 @@ pub fn feasible_nodes_to_find(all: usize, percentage: u32) -> usize {
     (all * pct / 100).max(MIN_FEASIBLE_NODES)
 }
 
+/// A pod held at Permit: its verdict, how long it may wait, and why it waits.
+pub(super) struct PermitWait {
+    pub(super) verdict: oneshot::Receiver<Status>,
+    pub(super) timeout: Duration,
+    pub(super) why: String,
+}
+
 impl Scheduler {
     /// One scheduling cycle: the chosen node, the cycle's state and a Permit wait, if any.
     #[allow(clippy::type_complexity)]
@@ -29,14 +36,7 @@ impl Scheduler {
         &mut self,
         pi: usize,
         qp: &QueuedPod,
-    ) -> Result<
-        (
-            String,
-            CycleState,
-            Option<(oneshot::Receiver<Status>, Duration)>,
-        ),
-        Failure,
-    > {
+    ) -> Result<(String, CycleState, Option<PermitWait>), Failure> {
         let profile = &self.profiles[pi];
         let pod = &qp.info;
         let mut state = CycleState::new();
@@ -52,7 +52,11 @@ impl Scheduler {
                         self.cache.node_count(),
                         s.message()
                     );
-                    let events = filter_events(profile, &[p.name()]);
+                    let events = if pf.pre_filter_events().is_empty() {
+                        filter_events(profile, &[p.name()])
+                    } else {
+                        pf.pre_filter_events().to_vec()
+                    };
                     return Err(Failure::Unschedulable {
                         message,
                         events,
@@ -167,7 +171,7 @@ impl Scheduler {
             }
         }
         // Permit.
-        let mut wait: Option<Duration> = None;
+        let mut wait: Option<(Duration, String)> = None;
         let permits: Vec<_> = profile
             .at(Point::Permit)
             .iter()
@@ -178,7 +182,13 @@ impl Scheduler {
             let (s, d) = pm.permit(&state, pod, &node_name);
             match s.code {
                 Code::Success => {}
-                Code::Wait => wait = Some(wait.map_or(d, |w| w.max(d))),
+                Code::Wait => {
+                    let why = format!("{} ({})", s.message(), p.name());
+                    wait = Some(match wait {
+                        Some((w, _)) if w >= d => (w, why),
+                        _ => (d, why),
+                    });
+                }
                 _ => {
                     self.unreserve(pi, &state, pod, &node_name);
                     let s = s.by(p.name());
@@ -194,7 +204,11 @@ impl Scheduler {
                 }
             }
         }
-        let wait = wait.map(|d| (self.waiting.add(pod.uid()), d));
+        let wait = wait.map(|(timeout, why)| PermitWait {
+            verdict: self.waiting.add(pod.uid()),
+            timeout,
+            why,
+        });
         Ok((node_name, state, wait))
     }
 
@@ -305,5 +319,6 @@ pub(super) fn all_events() -> Vec<ClusterEvent> {
         ClusterEvent::NodeUnschedulable,
         ClusterEvent::AssignedPodDelete,
         ClusterEvent::AssignedPodAdd,
+        ClusterEvent::PodGroupChange,
     ]
 }

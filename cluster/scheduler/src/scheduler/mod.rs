@@ -21,7 +21,7 @@ use parking_lot::RwLock;
 use serde_json::json;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
-use tessera_client::types::Tenant;
+use tessera_client::types::{PodGroup, Tenant};
 use tessera_core::LabelSelector;
 use tessera_core::selector::label::{Operator, Requirement};
 use tessera_core::time::{now_secs, rfc3339};
@@ -36,7 +36,8 @@ use crate::cache::Cache;
 use crate::config::{Point, Profile, SchedulerConfig};
 use crate::framework::{ClusterEvent, Code, CycleState, Handle, QueuedPod, Status, WaitingPods};
 use crate::metrics::SchedulerMetrics;
-use crate::queue::{SchedulingQueue, TenantSpec};
+use crate::plugins::gang::{GangSpec, Gangs, gang_of};
+use crate::queue::{SchedulingQueue, TenantSpec, Usage};
 use crate::resources::PodInfo;
 use crate::topology::Topology;
 
@@ -47,6 +48,7 @@ enum Msg {
     PodGone(Arc<Pod>),
     Tenants,
     Namespaces,
+    PodGroup(String, Option<GangSpec>),
 }
 
 /// What the scheduler needs to run.
@@ -83,6 +85,11 @@ pub struct Scheduler {
     namespaces: Option<Arc<PodCache<Namespace>>>,
     informers: Option<Arc<Informers>>,
     enqueued_at: HashMap<String, Instant>,
+    gangs: Arc<Gangs>,
+    /// What the pods counted on nodes request, and the allocatable last handed on: the
+    /// shard's free capacity (for gangs) is their difference.
+    used: Usage,
+    capacity_seen: Usage,
 }
 
 fn phase(p: &Pod) -> &str {
@@ -97,10 +104,13 @@ impl Scheduler {
     pub fn new(client: Arc<dyn Client>, opts: SchedulerOptions) -> Result<Scheduler, String> {
         let waiting = Arc::new(WaitingPods::default());
         let topology = Arc::new(RwLock::new(Topology::new()));
+        let gangs = Arc::new(Gangs::default());
         let handle = Handle {
             waiting: waiting.clone(),
             client: client.clone(),
             topology: topology.clone(),
+            gangs: gangs.clone(),
+            metrics: opts.metrics.clone(),
         };
         let profiles = opts.config.build(&handle)?;
         let sort = profiles[0].at(Point::QueueSort)[0].0.clone();
@@ -135,6 +145,9 @@ impl Scheduler {
             percentage: opts.config.percentage_of_nodes_to_score.unwrap_or(0),
             next_start: 0,
             metrics: opts.metrics,
+            gangs,
+            used: Usage::default(),
+            capacity_seen: Usage::default(),
             runtime_metrics: opts.runtime_metrics,
             binds: Arc::new(Semaphore::new(MAX_BINDS_IN_FLIGHT)),
             outcome_tx,
@@ -218,6 +231,20 @@ impl Scheduler {
             .topology()
             .write()
             .set_default_selector(Arc::new(move |pod| default_selector(pod, &svc, &rs, &ss)));
+        // PodGroups, for gang scheduling.
+        let groups = informers.get::<PodGroup>(
+            find_resource("tessera.io", "v1alpha1", "podgroups").expect("podgroups are served"),
+        );
+        let t = tx.clone();
+        let _groups_sub = groups.on_change(move |c| {
+            let key = crate::key_of(&c.object().metadata);
+            let _ = t.send(match c {
+                Change::Added(g) | Change::Updated { new: g, .. } => {
+                    Msg::PodGroup(key, Some(GangSpec::of(g)))
+                }
+                Change::Deleted(_) => Msg::PodGroup(key, None),
+            });
+        });
         let pods = informers.get::<Pod>(res("pods"));
         let t = tx;
         let _pods_sub = pods.on_change(move |c| {
@@ -235,6 +262,7 @@ impl Scheduler {
         services.synced().await;
         replicasets.synced().await;
         statefulsets.synced().await;
+        groups.synced().await;
         self.rescope();
         tracing::info!("scheduler caches synced; scheduling");
         let mut outcomes = self.outcome_rx.take().expect("run is called once");
@@ -277,10 +305,20 @@ impl Scheduler {
     /// Hands the queue what changed in tenants' usage and the shard's allocatable since the
     /// last pick, so the next pick sees every reservation made before it.
     fn sync_fair_share(&mut self) {
-        for (pod, sign) in self.cache.take_charges() {
+        let charges = self.cache.take_charges();
+        if charges.is_empty() && self.capacity_seen == self.cache.capacity() {
+            return;
+        }
+        for (pod, sign) in charges {
+            self.used.add(Usage::of(&pod.requests), sign);
             self.queue.charge(&pod, sign);
         }
-        self.queue.set_capacity(self.cache.capacity());
+        let capacity = self.cache.capacity();
+        self.capacity_seen = capacity;
+        self.queue.set_capacity(capacity);
+        let mut free = capacity;
+        free.add(self.used, -1);
+        self.gangs.set_free(free);
     }
 
     fn tenants_changed(&mut self) {
@@ -414,8 +452,15 @@ impl Scheduler {
             Msg::NodeGone(name) => self.cache.remove_node(&name),
             Msg::Tenants => self.tenants_changed(),
             Msg::Namespaces => self.rescope(),
+            Msg::PodGroup(key, spec) => {
+                if self.gangs.spec(&key) != spec {
+                    self.gangs.set_spec(&key, spec);
+                    self.event(ClusterEvent::PodGroupChange);
+                }
+            }
             Msg::PodGone(p) => {
                 let key = crate::key_of(&p.metadata);
+                self.gangs.set_member(&key, None);
                 self.queue.remove(&key);
                 self.enqueued_at.remove(&key);
                 if let Some(uid) = p.metadata.uid.as_deref() {
@@ -433,6 +478,13 @@ impl Scheduler {
                     .and_then(|s| s.node_name.clone())
                     .filter(|n| !n.is_empty());
                 let terminal = matches!(phase(&p), "Succeeded" | "Failed");
+                let gang =
+                    gang_of(&p).filter(|_| !terminal && p.metadata.deletion_timestamp.is_none());
+                if (gang.is_some() || self.gangs.is_member(&key))
+                    && self.gangs.set_member(&key, gang.as_deref())
+                {
+                    self.event(ClusterEvent::PodGroupChange);
+                }
                 match node {
                     Some(_) if terminal => {
                         self.queue.remove(&key);

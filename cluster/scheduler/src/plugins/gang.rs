@@ -1,0 +1,527 @@
+//! Coscheduling: gang scheduling of PodGroups (`tessera.io/v1alpha1`), after Kubernetes'
+//! scheduler-plugins. A pod labelled `scheduling.x-k8s.io/pod-group: <name>` is a member of
+//! that PodGroup in its namespace.
+//!
+//! - PreFilter: the PodGroup must exist and have at least `minMember` member pods.
+//! - Permit: a member placed (reserved) while fewer than `minMember` of its gang are placed
+//!   waits; the member that completes the quorum lets every waiting member go, and together
+//!   they form one *batch*.
+//! - Bind: a batch is bound through `podgroups/{name}/binding` — one store transaction, so the
+//!   gang is bound whole or not at all, even if the scheduler dies mid-way. Members placed
+//!   after the quorum bind one by one (DefaultBinder).
+//! - Timeout (`scheduleTimeoutSeconds`, default 60): every waiting member of the gang shares
+//!   one deadline; at it they are all rejected and their reservations released.
+//! - PostFilter and Unreserve: when a member cannot be placed or leaves, the waiting members
+//!   are let go at once instead of holding their nodes until the deadline.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::{Mutex, RwLock};
+use tessera_client::client::Client;
+use tessera_client::request::{ApiRequest, Verb, find_resource};
+use tessera_client::types::{MemberBinding, POD_GROUP_LABEL, PodGroup, PodGroupBinding};
+use tessera_core::LabelSelector;
+use tessera_core::selector::label::{Operator, Requirement};
+
+use crate::framework::{
+    BindPlugin, ClusterEvent, Code, CycleState, PermitPlugin, Plugin, PostFilterPlugin,
+    PreFilterPlugin, ReservePlugin, Status,
+};
+use crate::metrics::SchedulerMetrics;
+use crate::queue::Usage;
+use crate::resources::PodInfo;
+use crate::topology::{Clause, Match, Topology};
+
+/// The plugin's name.
+pub const NAME: &str = "Coscheduling";
+
+/// How long a gang waits for its quorum when its PodGroup does not say
+/// (scheduler-plugins' `permitWaitingTimeSeconds` default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the scheduler knows of one PodGroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GangSpec {
+    /// Members that must be placed together before any is bound.
+    pub min_member: u32,
+    /// How long placed members wait for the rest.
+    pub timeout: Duration,
+}
+
+impl GangSpec {
+    /// The spec of a PodGroup object.
+    pub fn of(g: &PodGroup) -> GangSpec {
+        let spec = g.spec.clone().unwrap_or_default();
+        GangSpec {
+            min_member: spec.min_member.max(0) as u32,
+            timeout: spec
+                .schedule_timeout_seconds
+                .filter(|s| *s > 0)
+                .map_or(DEFAULT_TIMEOUT, |s| Duration::from_secs(s as u64)),
+        }
+    }
+}
+
+/// The PodGroups and their member pods as the scheduler's informers see them (written by the
+/// scheduling loop, read by the plugin).
+#[derive(Default)]
+pub struct Gangs {
+    inner: RwLock<GangsInner>,
+}
+
+#[derive(Default)]
+struct GangsInner {
+    /// The shard's allocatable less what counted pods request (none known: unlimited).
+    free: Option<Usage>,
+    specs: HashMap<String, GangSpec>,
+    /// Live (not finished, not deleting) member pods per gang, by pod key.
+    members: HashMap<String, HashSet<String>>,
+    member_of: HashMap<String, String>,
+}
+
+/// The gang of `pod` (`namespace/name`), if it names one.
+pub fn gang_of(pod: &Pod) -> Option<String> {
+    let name = pod.metadata.labels.as_ref()?.get(POD_GROUP_LABEL)?;
+    Some(format!(
+        "{}/{name}",
+        pod.metadata.namespace.as_deref().unwrap_or("")
+    ))
+}
+
+impl Gangs {
+    /// Sets (or with `None` removes) the spec of the PodGroup `key`.
+    pub fn set_spec(&self, key: &str, spec: Option<GangSpec>) {
+        let mut g = self.inner.write();
+        match spec {
+            Some(s) => g.specs.insert(key.to_owned(), s),
+            None => g.specs.remove(key),
+        };
+    }
+
+    /// The spec of the PodGroup `key`.
+    pub fn spec(&self, key: &str) -> Option<GangSpec> {
+        self.inner.read().specs.get(key).copied()
+    }
+
+    /// Records that the pod `pod` is (`Some(gang)`) or is no longer (`None`) a live member;
+    /// true if it joined a gang it was not counted in.
+    pub fn set_member(&self, pod: &str, gang: Option<&str>) -> bool {
+        let mut g = self.inner.write();
+        let before = g.member_of.get(pod).cloned();
+        if before.as_deref() == gang {
+            return false;
+        }
+        if let Some(old) = before {
+            g.member_of.remove(pod);
+            if let Some(set) = g.members.get_mut(&old) {
+                set.remove(pod);
+                if set.is_empty() {
+                    g.members.remove(&old);
+                }
+            }
+        }
+        let Some(gang) = gang else { return false };
+        g.member_of.insert(pod.to_owned(), gang.to_owned());
+        g.members
+            .entry(gang.to_owned())
+            .or_default()
+            .insert(pod.to_owned());
+        true
+    }
+
+    /// True if `pod` is counted as a member of some gang.
+    pub fn is_member(&self, pod: &str) -> bool {
+        self.inner.read().member_of.contains_key(pod)
+    }
+
+    /// The shard's free capacity now: allocatable less what placed pods request.
+    pub fn set_free(&self, free: Usage) {
+        self.inner.write().free = Some(free);
+    }
+
+    fn free(&self) -> Option<Usage> {
+        self.inner.read().free
+    }
+
+    /// Live member pods of `gang`.
+    pub fn members(&self, gang: &str) -> usize {
+        self.inner.read().members.get(gang).map_or(0, HashSet::len)
+    }
+}
+
+/// The counter of a gang's placed members (assumed or bound): pods in its namespace with
+/// its label.
+fn placed_match(gang: &str) -> Match {
+    let (ns, name) = gang.split_once('/').unwrap_or(("", gang));
+    Match(vec![Clause {
+        namespaces: BTreeSet::from([ns.to_owned()]),
+        selector: Some(LabelSelector::from_requirements(vec![Requirement {
+            key: POD_GROUP_LABEL.to_owned(),
+            operator: Operator::Equals,
+            values: vec![name.to_owned()],
+        }])),
+    }])
+}
+
+/// A member placed and waiting at Permit, or in a batch.
+#[derive(Clone, Debug)]
+struct Member {
+    uid: String,
+    pod: String,
+    node: String,
+}
+
+/// Members of one gang waiting for the quorum.
+struct Gathering {
+    deadline: Instant,
+    members: Vec<Member>,
+}
+
+/// Members let go together: bound by the first of them to reach Bind, in one request.
+struct Batch {
+    gang: String,
+    members: Vec<Member>,
+    result: tokio::sync::OnceCell<Status>,
+}
+
+#[derive(Default)]
+struct State {
+    gathering: HashMap<String, Gathering>,
+    batches: HashMap<String, Arc<Batch>>,
+}
+
+/// The Coscheduling plugin.
+pub struct Coscheduling {
+    gangs: Arc<Gangs>,
+    topology: Arc<RwLock<Topology>>,
+    waiting: Arc<crate::framework::WaitingPods>,
+    client: Arc<dyn Client>,
+    metrics: Option<SchedulerMetrics>,
+    state: Mutex<State>,
+}
+
+impl Coscheduling {
+    /// The plugin over the framework's handles.
+    pub fn new(h: &crate::framework::Handle) -> Self {
+        Coscheduling {
+            gangs: h.gangs.clone(),
+            topology: h.topology.clone(),
+            waiting: h.waiting.clone(),
+            client: h.client.clone(),
+            metrics: h.metrics.clone(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn outcome(&self, result: &str) {
+        if let Some(m) = &self.metrics {
+            m.gangs.with_label_values(&[result]).inc();
+        }
+    }
+
+    /// Lets every waiting member of `gang` go back to the queue, except `except`.
+    fn release(&self, gang: &str, except: &str, why: &str, outcome: &str) {
+        let Some(g) = self.state.lock().gathering.remove(gang) else {
+            return;
+        };
+        let mut rejected = 0;
+        for m in g.members.iter().filter(|m| m.uid != except) {
+            if self.waiting.reject(&m.uid, NAME, why) {
+                rejected += 1;
+            }
+        }
+        if rejected > 0 || g.members.iter().any(|m| m.uid == except) {
+            self.outcome(outcome);
+        }
+    }
+
+    async fn bind_batch(&self, batch: &Batch) -> Status {
+        let Ok(groups) = find_resource("tessera.io", "v1alpha1", "podgroups") else {
+            return Status::error("the API serves no podgroups");
+        };
+        let (ns, name) = batch.gang.split_once('/').unwrap_or(("", &batch.gang));
+        let body = PodGroupBinding {
+            api_version: Some("tessera.io/v1alpha1".into()),
+            kind: Some("PodGroupBinding".into()),
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(ns.to_owned()),
+                ..Default::default()
+            },
+            members: batch
+                .members
+                .iter()
+                .map(|m| MemberBinding {
+                    pod: m.pod.clone(),
+                    uid: Some(m.uid.clone()),
+                    node: m.node.clone(),
+                })
+                .collect(),
+        };
+        let mut req = ApiRequest::new(Verb::Create, groups);
+        req.namespace = Some(ns.to_owned());
+        req.name = Some(name.to_owned());
+        req.subresource = Some("binding".into());
+        req.body = match serde_json::to_vec(&body) {
+            Ok(b) => b.into(),
+            Err(e) => return Status::error(format!("encoding the gang binding: {e}")),
+        };
+        match self.client.call(req).await {
+            Ok(_) => {
+                self.outcome("bound");
+                Status::success()
+            }
+            Err(e) => {
+                self.outcome("failed");
+                Status::error(format!(
+                    "the binding of gang {} ({} members) was rejected: {} ({})",
+                    batch.gang,
+                    batch.members.len(),
+                    e.message,
+                    e.reason
+                ))
+            }
+        }
+    }
+}
+
+impl Plugin for Coscheduling {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn pre_filter(&self) -> Option<&dyn PreFilterPlugin> {
+        Some(self)
+    }
+    fn post_filter(&self) -> Option<&dyn PostFilterPlugin> {
+        Some(self)
+    }
+    fn reserve(&self) -> Option<&dyn ReservePlugin> {
+        Some(self)
+    }
+    fn permit(&self) -> Option<&dyn PermitPlugin> {
+        Some(self)
+    }
+    fn bind(&self) -> Option<&dyn BindPlugin> {
+        Some(self)
+    }
+    fn counters(&self, pod: &PodInfo, _topo: &Topology) -> Vec<(Match, String)> {
+        match gang_of(&pod.pod) {
+            Some(g) => vec![(placed_match(&g), "kubernetes.io/hostname".to_owned())],
+            None => Vec::new(),
+        }
+    }
+}
+
+impl PreFilterPlugin for Coscheduling {
+    fn pre_filter(&self, _state: &mut CycleState, pod: &PodInfo) -> Status {
+        let Some(gang) = gang_of(&pod.pod) else {
+            return Status::skip();
+        };
+        let Some(spec) = self.gangs.spec(&gang) else {
+            return Status::unschedulable(format!("PodGroup {gang} not found"));
+        };
+        let members = self.gangs.members(&gang);
+        if (members as u32) < spec.min_member {
+            return Status::unschedulable(format!(
+                "PodGroup {gang} has {members} of its minMember {} pods",
+                spec.min_member
+            ));
+        }
+        // The members still to place (each asking what this one asks, as gangs' members
+        // do) must fit in the shard's free capacity as a whole: a gang that cannot is kept
+        // back here, before it reserves nodes other pods could use.
+        let placed = {
+            let topo = self.topology.read();
+            topo.counter(&placed_match(&gang))
+                .map_or(0, |id| topo.total(id))
+        };
+        let missing = i64::from(spec.min_member) - placed;
+        if missing > 0
+            && let Some(free) = self.gangs.free()
+        {
+            let mut need = Usage::of(&pod.requests);
+            need.milli_cpu *= missing;
+            need.memory *= missing;
+            need.pods *= missing;
+            let short = [
+                ("cpu", need.milli_cpu, free.milli_cpu),
+                ("memory", need.memory, free.memory),
+                ("pods", need.pods, free.pods),
+            ]
+            .into_iter()
+            .find(|(_, n, f)| n > f);
+            if let Some((what, n, f)) = short {
+                let (n, f) = if what == "cpu" {
+                    (format!("{n}m"), format!("{}m", f.max(0)))
+                } else {
+                    (n.to_string(), f.max(0).to_string())
+                };
+                return Status::unschedulable(format!(
+                    "PodGroup {gang} needs {missing} more member(s) placed ({what} {n}); the shard has {what} {f} free"
+                ));
+            }
+        }
+        Status::success()
+    }
+    fn pre_filter_events(&self) -> &'static [ClusterEvent] {
+        &[
+            ClusterEvent::PodGroupChange,
+            ClusterEvent::AssignedPodDelete,
+            ClusterEvent::NodeAdd,
+            ClusterEvent::NodeAllocatable,
+        ]
+    }
+}
+
+impl PostFilterPlugin for Coscheduling {
+    fn post_filter(
+        &self,
+        _state: &CycleState,
+        pod: &PodInfo,
+        _rejections: &HashMap<String, Status>,
+    ) -> (Option<String>, Status) {
+        let Some(gang) = gang_of(&pod.pod) else {
+            return (None, Status::skip());
+        };
+        let why = format!(
+            "member {} of gang {gang} cannot be placed; the gang's reservations are released",
+            pod.name()
+        );
+        self.release(&gang, pod.uid(), &why, "released");
+        (None, Status::unschedulable(why))
+    }
+}
+
+impl ReservePlugin for Coscheduling {
+    fn reserve(&self, _state: &mut CycleState, _pod: &PodInfo, _node: &str) -> Status {
+        Status::success()
+    }
+
+    fn unreserve(&self, _state: &CycleState, pod: &PodInfo, _node: &str) {
+        let Some(gang) = gang_of(&pod.pod) else {
+            return;
+        };
+        let expired = {
+            let mut st = self.state.lock();
+            st.batches.remove(pod.uid());
+            match st.gathering.get(&gang) {
+                Some(g) if g.members.iter().any(|m| m.uid == pod.uid()) => {
+                    Some(g.deadline <= Instant::now())
+                }
+                _ => None,
+            }
+        };
+        if let Some(expired) = expired {
+            let (why, outcome) = if expired {
+                (
+                    format!("gang {gang} did not reach its minMember before its timeout"),
+                    "timeout",
+                )
+            } else {
+                (
+                    format!(
+                        "member {} of gang {gang} left; the gang's reservations are released",
+                        pod.name()
+                    ),
+                    "released",
+                )
+            };
+            self.release(&gang, pod.uid(), &why, outcome);
+        }
+    }
+}
+
+impl PermitPlugin for Coscheduling {
+    fn permit(&self, _state: &CycleState, pod: &PodInfo, node: &str) -> (Status, Duration) {
+        let Some(gang) = gang_of(&pod.pod) else {
+            return (Status::success(), Duration::ZERO);
+        };
+        let Some(spec) = self.gangs.spec(&gang) else {
+            return (Status::success(), Duration::ZERO);
+        };
+        // Placed members, this one included (it is assumed before Permit).
+        let placed = {
+            let topo = self.topology.read();
+            topo.counter(&placed_match(&gang))
+                .map_or(1, |id| topo.total(id).max(1))
+        };
+        let me = Member {
+            uid: pod.uid().to_owned(),
+            pod: pod.name().to_owned(),
+            node: node.to_owned(),
+        };
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        if placed >= i64::from(spec.min_member) {
+            let Some(g) = st.gathering.remove(&gang) else {
+                // The quorum stands already (or the gang needs one member): bind alone.
+                return (Status::success(), Duration::ZERO);
+            };
+            let mut members = g.members;
+            members.push(me);
+            let batch = Arc::new(Batch {
+                gang,
+                members,
+                result: tokio::sync::OnceCell::new(),
+            });
+            for m in &batch.members {
+                st.batches.insert(m.uid.clone(), batch.clone());
+            }
+            drop(st);
+            for m in &batch.members[..batch.members.len() - 1] {
+                self.waiting.allow(&m.uid);
+            }
+            return (Status::success(), Duration::ZERO);
+        }
+        let g_name = gang.clone();
+        let g = st.gathering.entry(gang).or_insert_with(|| Gathering {
+            deadline: now + spec.timeout,
+            members: Vec::new(),
+        });
+        if g.deadline <= now {
+            // The last gathering timed out (its members are being let go): start anew.
+            *g = Gathering {
+                deadline: now + spec.timeout,
+                members: Vec::new(),
+            };
+        }
+        g.members.retain(|m| m.uid != me.uid);
+        g.members.push(me);
+        let left = g.deadline.saturating_duration_since(now);
+        (
+            Status::new(
+                Code::Wait,
+                format!(
+                    "waiting for {} more member(s) of gang {}",
+                    i64::from(spec.min_member) - placed,
+                    g_name
+                ),
+            ),
+            left.max(Duration::from_millis(1)),
+        )
+    }
+}
+
+#[async_trait]
+impl BindPlugin for Coscheduling {
+    async fn bind(&self, _state: &CycleState, pod: &PodInfo, _node: &str) -> Status {
+        let batch = self.state.lock().batches.get(pod.uid()).cloned();
+        let Some(batch) = batch else {
+            return Status::skip();
+        };
+        let status = batch
+            .result
+            .get_or_init(|| self.bind_batch(&batch))
+            .await
+            .clone();
+        self.state.lock().batches.remove(pod.uid());
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests;
