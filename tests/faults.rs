@@ -263,3 +263,99 @@ fn kill_9_of_the_whole_shard_resumes_without_duplicates() {
     );
     check_invariants(&c, watch, 300, 1);
 }
+
+/// `count` PodGroups `gang-<first>`… of `size` members (200m each), as one manifest.
+fn gangs(first: usize, count: usize, size: usize) -> String {
+    let mut out = String::new();
+    for g in first..first + count {
+        out.push_str(&format!(
+            "---\napiVersion: tessera.io/v1alpha1\nkind: PodGroup\nmetadata: {{name: gang-{g}, namespace: default}}\nspec: {{minMember: {size}, scheduleTimeoutSeconds: 3}}\n"
+        ));
+        for m in 0..size {
+            out.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: gang-{g}-{m}, namespace: default, labels: {{scheduling.x-k8s.io/pod-group: gang-{g}}}}}\nspec:\n  containers:\n  - {{name: c, image: app:1, resources: {{requests: {{cpu: 200m}}}}}}\n"
+            ));
+        }
+    }
+    out
+}
+
+/// Gang scheduling under a scheduler's kill -9: the leader dies while gangs are forming
+/// (members held at Permit, group bindings in flight) and its standby takes over. At no
+/// revision of the run is a gang partly bound, and in the end every gang that fits is bound
+/// whole: 300 slots of 200m hold 37 gangs of 8, and the other 3 have nothing bound.
+#[test]
+fn a_scheduler_killed_mid_gang_leaves_no_partial_gang() {
+    const GANGS: usize = 40;
+    const SIZE: usize = 8;
+    const FIT: usize = 37;
+    let c = Cluster::start_with(
+        "up",
+        &[
+            "--scheduler=false",
+            "--nodes-per-shard=20",
+            "--node-cpu=3",
+            "--startup-delay-ms=50",
+        ],
+    );
+    let watch = Invariants::watch(c.kubeconfig.clone());
+    for g in 0..GANGS {
+        watch.gang(&format!("default/gang-{g}"), SIZE);
+    }
+    let mut procs: HashMap<String, Running> = HashMap::new();
+    for id in ["sched-a", "sched-b"] {
+        let mut args = vec!["scheduler", "--identity", id];
+        args.extend(ELECTION);
+        procs.insert(id.to_owned(), c.component(&args));
+    }
+    let whole = |watch: &Invariants| {
+        watch
+            .gangs_bound()
+            .iter()
+            .filter(|(_, n)| *n >= SIZE)
+            .count()
+    };
+    // Ten gangs, then ten more with the leader killed as they arrive, then the rest.
+    let first = c.file("g0.yaml", &gangs(0, 10, SIZE));
+    c.ok(&["apply", "-f", &first]);
+    wait_for(Duration::from_secs(60), || {
+        (whole(&watch) >= 5).then_some(())
+    })
+    .expect("a scheduler leads and binds gangs");
+    let second = c.file("g1.yaml", &gangs(10, 10, SIZE));
+    let applying = c
+        .command(&["apply", "-f", &second])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl");
+    // Once the second batch's gangs start to bind: the rest are forming.
+    wait_for(Duration::from_secs(60), || {
+        (whole(&watch) >= 12).then_some(())
+    })
+    .expect("the second batch binds");
+    let leader = holder(&c, "tessera-scheduler").expect("a leader");
+    let mut p = procs.remove(&leader).expect("the leader is one of ours");
+    eprintln!(
+        "killing scheduler {leader} with {} gangs bound",
+        whole(&watch)
+    );
+    p.0.kill().expect("kill -9");
+    let _ = p.0.wait();
+    let status = applying.wait_with_output().expect("kubectl apply");
+    assert!(status.status.success(), "{status:?}");
+    let rest = c.file("g2.yaml", &gangs(20, GANGS - 20, SIZE));
+    c.ok(&["apply", "-f", &rest]);
+    wait_for(Duration::from_secs(180), || {
+        (whole(&watch) >= FIT).then_some(())
+    })
+    .unwrap_or_else(|| panic!("only {} of {FIT} gangs bound whole", whole(&watch)));
+    let h = holder(&c, "tessera-scheduler").expect("a leader");
+    assert!(procs.contains_key(&h), "the standby took over ({h})");
+    let bound = watch.gangs_bound();
+    assert_eq!(
+        bound.len(),
+        FIT,
+        "gangs with anything bound (the 3 that do not fit have nothing): {bound:?}"
+    );
+    check_invariants(&c, watch, FIT * SIZE, 0);
+}

@@ -676,3 +676,95 @@ fn spread_and_anti_affinity_through_kubectl() {
         "{err}"
     );
 }
+
+/// A PodGroup of `size` pods asking `cpu` each, all members, as one manifest.
+fn gang_manifest(ns: &str, name: &str, size: usize, cpu: &str) -> String {
+    let mut out = format!(
+        "apiVersion: tessera.io/v1alpha1\nkind: PodGroup\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{minMember: {size}, scheduleTimeoutSeconds: 5}}\n"
+    );
+    for m in 0..size {
+        out.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{m}, namespace: {ns}, labels: {{scheduling.x-k8s.io/pod-group: {name}}}}}\nspec:\n  containers:\n  - {{name: c, image: trainer, resources: {{requests: {{cpu: {cpu}}}}}}}\n"
+        ));
+    }
+    out
+}
+
+/// Gangs through kubectl on `tessera up`: a PodGroup of 8 that fits binds all together and
+/// runs; one that cannot fit binds nothing, and `kubectl describe` of a member says why.
+#[test]
+fn a_pod_group_of_eight_binds_together_or_not_at_all() {
+    // 2 nodes of 2 cpu: 4 cpu in all.
+    let c = Cluster::start_with(
+        "up",
+        &[
+            "--nodes-per-shard=2",
+            "--node-cpu=2",
+            "--startup-delay-ms=100",
+        ],
+    );
+    c.ok(&["create", "namespace", "gangs"]);
+    let too_big = c.file(
+        "too-big.yaml",
+        &gang_manifest("gangs", "too-big", 8, "600m"),
+    );
+    c.ok(&["apply", "-f", &too_big]);
+    let train = c.file("train.yaml", &gang_manifest("gangs", "train", 8, "400m"));
+    c.ok(&["apply", "-f", &train]);
+    let members = |gang: &str| {
+        items(
+            &c,
+            &[
+                "get",
+                "pods",
+                "-n",
+                "gangs",
+                "-l",
+                &format!("scheduling.x-k8s.io/pod-group={gang}"),
+            ],
+        )
+    };
+    wait_for(Duration::from_secs(120), || {
+        let pods = members("train");
+        (pods.len() == 8
+            && pods
+                .iter()
+                .all(|p| p["status"]["phase"] == "Running" && p["spec"]["nodeName"].is_string()))
+        .then_some(())
+    })
+    .expect("the gang that fits is bound whole and runs");
+    let group = wait_for(Duration::from_secs(60), || {
+        let g: Value =
+            serde_json::from_str(&c.ok(&["get", "podgroup", "train", "-n", "gangs", "-o", "json"]))
+                .expect("json");
+        (g["status"]["phase"] == "Running").then_some(g)
+    })
+    .expect("the PodGroup reports Running");
+    assert_eq!(group["status"]["scheduled"], 8, "{group}");
+    let reason = "PodGroup gangs/too-big needs 8 more member(s) placed (cpu 4800m)";
+    let described = wait_for(Duration::from_secs(60), || {
+        let d = c.ok(&["describe", "pod", "-n", "gangs", "too-big-3"]);
+        d.contains(reason).then_some(d)
+    })
+    .expect("the gang that cannot fit says why");
+    assert!(described.contains("FailedScheduling"), "{described}");
+    for p in members("too-big") {
+        assert!(
+            p["spec"]["nodeName"].is_null(),
+            "nothing of a gang that cannot fit is bound: {p}"
+        );
+    }
+    // A gang binding that names a pod of another gang is refused, and binds nothing.
+    let err = c.fails(&[
+        "create",
+        "--raw",
+        "/apis/tessera.io/v1alpha1/namespaces/gangs/podgroups/too-big/binding",
+        "-f",
+        &c.file(
+            "bind.json",
+            r#"{"apiVersion":"tessera.io/v1alpha1","kind":"PodGroupBinding","metadata":{"name":"too-big"},"members":[{"pod":"too-big-0","node":"node-0"},{"pod":"train-0","node":"node-0"}]}"#,
+        ),
+    ]);
+    assert!(err.contains("not a member of PodGroup too-big"), "{err}");
+    assert!(members("too-big")[0]["spec"]["nodeName"].is_null());
+}

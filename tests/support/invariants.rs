@@ -5,7 +5,9 @@
 //!   than its allocatable;
 //! - a pod's `spec.nodeName`, once set, never changes (no pod bound twice);
 //! - no acknowledged write is lost: after the server restarts, its revision is not behind the
-//!   last one the watch saw, and the watch resumes from there without a gap.
+//!   last one the watch saw, and the watch resumes from there without a gap;
+//! - no gang is ever partly bound: at the end of every revision, each PodGroup the test
+//!   declared has no member bound or at least its minMember.
 //!
 //! The watch follows the server across restarts (re-reading the kubeconfig it rewrites).
 
@@ -94,6 +96,9 @@ pub struct Checker {
     pub resumes: usize,
     /// What went wrong, each once.
     pub violations: Vec<String>,
+    /// The PodGroups declared (`namespace/name` → minMember) and their members seen bound.
+    gangs: HashMap<String, usize>,
+    gang_bound: HashMap<String, usize>,
 }
 
 impl Checker {
@@ -109,6 +114,37 @@ impl Checker {
         self.nodes.contains_key(node)
     }
 
+    /// Declares the PodGroup `key` (`namespace/name`) of `min_member`: from now on its
+    /// members bound are counted, and checked at the end of every revision.
+    pub fn gang(&mut self, key: &str, min_member: usize) {
+        self.gangs.insert(key.to_owned(), min_member);
+    }
+
+    /// Gangs with some but fewer than minMember members bound (the state at the end of a
+    /// revision: members bound in one transaction arrive as events of one revision).
+    pub fn check_gangs(&mut self) {
+        for (g, min) in &self.gangs {
+            let n = self.gang_bound.get(g).copied().unwrap_or(0);
+            if n > 0 && n < *min {
+                let v = format!(
+                    "gang {g} partly bound at revision {}: {n} of minMember {min}",
+                    self.revision
+                );
+                if !self.violations.contains(&v) {
+                    self.violations.push(v);
+                }
+            }
+        }
+    }
+
+    /// Gangs whose members were seen bound: (gang, members bound).
+    pub fn gangs_bound(&self) -> Vec<(String, usize)> {
+        self.gang_bound
+            .iter()
+            .map(|(g, n)| (g.clone(), *n))
+            .collect()
+    }
+
     /// Applies one pod event (`ADDED`, `MODIFIED`, `DELETED`) and checks the node it touches.
     pub fn pod(&mut self, ty: &str, pod: &Value) {
         self.events += 1;
@@ -120,6 +156,10 @@ impl Checker {
             .as_str()
             .and_then(|r| r.parse::<i64>().ok())
         {
+            if rv > self.revision && !self.gangs.is_empty() {
+                // The previous revision is complete.
+                self.check_gangs();
+            }
             self.revision = self.revision.max(rv);
         }
         let node = pod["spec"]["nodeName"].as_str();
@@ -133,6 +173,12 @@ impl Checker {
             (None, Some(now)) => {
                 self.bindings += 1;
                 self.bound.insert(uid.to_owned(), now.to_owned());
+                if let Some(g) = meta["labels"]["scheduling.x-k8s.io/pod-group"].as_str() {
+                    let key = format!("{}/{g}", meta["namespace"].as_str().unwrap_or(""));
+                    if self.gangs.contains_key(&key) {
+                        *self.gang_bound.entry(key).or_insert(0) += 1;
+                    }
+                }
             }
             _ => {}
         }
@@ -223,6 +269,17 @@ impl Invariants {
         }
     }
 
+    /// Declares a PodGroup whose members must never be partly bound (see
+    /// [`Checker::gang`]).
+    pub fn gang(&self, key: &str, min_member: usize) {
+        self.checker.lock().gang(key, min_member);
+    }
+
+    /// Gangs whose members were seen bound so far: (gang, members bound).
+    pub fn gangs_bound(&self) -> Vec<(String, usize)> {
+        self.checker.lock().gangs_bound()
+    }
+
     /// Stops watching and asserts that nothing was violated; returns what was checked:
     /// (pod events, bindings, resumes).
     pub fn finish(mut self) -> (usize, usize, usize) {
@@ -230,7 +287,8 @@ impl Invariants {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let c = self.checker.lock();
+        let mut c = self.checker.lock();
+        c.check_gangs();
         assert!(
             c.violations.is_empty(),
             "{} invariant violations during the run, the first ones:\n{}",
@@ -378,5 +436,32 @@ mod tests {
         c.pod("ADDED", &pod("f", Some("ghost"), "1m", 10));
         assert_eq!(c.violations.len(), 4, "unknown node: {:?}", c.violations);
         assert_eq!(c.revision, 10);
+    }
+
+    fn member(uid: &str, gang: &str, node: Option<&str>, rv: i64) -> Value {
+        let mut p = pod(uid, node, "1m", rv);
+        p["metadata"]["namespace"] = json!("ns");
+        p["metadata"]["labels"] = json!({"scheduling.x-k8s.io/pod-group": gang});
+        p
+    }
+
+    /// A gang bound at one revision passes; one bound over two revisions is reported.
+    #[test]
+    fn a_partly_bound_gang_is_reported() {
+        let mut c = Checker::default();
+        c.node(&node("n1"));
+        c.gang("ns/whole", 2);
+        c.gang("ns/split", 2);
+        c.pod("MODIFIED", &member("w1", "whole", Some("n1"), 5));
+        c.pod("MODIFIED", &member("w2", "whole", Some("n1"), 5));
+        c.pod("MODIFIED", &member("s1", "split", Some("n1"), 6));
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        c.pod("MODIFIED", &member("s2", "split", Some("n1"), 7));
+        assert_eq!(
+            c.violations,
+            ["gang ns/split partly bound at revision 6: 1 of minMember 2"]
+        );
+        c.check_gangs();
+        assert_eq!(c.violations.len(), 1, "both bound by the end");
     }
 }
