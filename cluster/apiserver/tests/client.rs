@@ -1118,3 +1118,85 @@ async fn a_gang_is_bound_all_or_none() {
         assert_eq!(c.call(r).await.expect_err("no group").code, 404, "{how}");
     }
 }
+
+/// Priority admission: a pod's PriorityClass becomes its `spec.priority` and
+/// `preemptionPolicy`; the global default applies when none is named; a missing class or a
+/// contradicting priority is refused, nothing created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_classes_set_a_pods_priority() {
+    let s = setup().await;
+    let (pods, nss) = (res("", "pods"), res("", "namespaces"));
+    let classes = find_resource("scheduling.k8s.io", "v1", "priorityclasses").expect("served");
+    let (_, c) = &s.clients[1];
+    c.create(nss, None, &json!({"metadata": {"name": "prio"}}))
+        .await
+        .expect("namespace");
+    let ns = Some("prio");
+    let mut plain = pod("before-default", "100m");
+    let created = c.create(pods, ns, &plain).await.expect("pod");
+    assert_eq!(created["spec"]["priority"], 0, "no class, no default: 0");
+    assert_eq!(created["spec"]["preemptionPolicy"], "PreemptLowerPriority");
+    for (name, value, default, policy) in [
+        ("high", 1000, false, None),
+        ("batch", 10, true, None),
+        ("polite", 500, false, Some("Never")),
+    ] {
+        let mut pc = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value, "globalDefault": default});
+        if let Some(p) = policy {
+            pc["preemptionPolicy"] = json!(p);
+        }
+        c.create(classes, None, &pc).await.expect("class");
+    }
+    let with_class = |name: &str, class: &str| {
+        let mut p = pod(name, "100m");
+        p["spec"]["priorityClassName"] = json!(class);
+        p
+    };
+    let got = c
+        .create(pods, ns, &with_class("hi", "high"))
+        .await
+        .expect("hi");
+    assert_eq!(got["spec"]["priority"], 1000);
+    let got = c
+        .create(pods, ns, &with_class("po", "polite"))
+        .await
+        .expect("po");
+    assert_eq!(
+        (
+            got["spec"]["priority"].clone(),
+            got["spec"]["preemptionPolicy"].clone()
+        ),
+        (json!(500), json!("Never"))
+    );
+    let got = c
+        .create(pods, ns, &with_class("crit", "system-node-critical"))
+        .await
+        .expect("crit");
+    assert_eq!(got["spec"]["priority"], 2_000_001_000);
+    plain["metadata"]["name"] = json!("after-default");
+    let got = c.create(pods, ns, &plain).await.expect("default");
+    assert_eq!(got["spec"]["priority"], 10, "the global default's value");
+    assert_eq!(got["spec"]["priorityClassName"], "batch");
+
+    let err = c
+        .create(pods, ns, &with_class("nope", "missing"))
+        .await
+        .expect_err("no such class");
+    assert_eq!(err.code, 403);
+    assert_eq!(
+        err.message,
+        "pods \"nope\" is forbidden: no PriorityClass with name missing was found"
+    );
+    let mut forged = with_class("forged", "high");
+    forged["spec"]["priority"] = json!(5);
+    let err = c.create(pods, ns, &forged).await.expect_err("forged");
+    assert_eq!(err.code, 403);
+    assert!(err.message.contains("the integer value of priority (5) must not be provided in pod spec; priority admission controller computed 1000"), "{}", err.message);
+    for name in ["nope", "forged"] {
+        assert!(
+            c.get(pods, ns, name).await.is_err(),
+            "{name} was not created"
+        );
+    }
+}

@@ -13,6 +13,7 @@ mod allocator;
 mod delete;
 mod logs;
 pub mod pod_security;
+mod priority;
 mod read;
 pub mod resource_metrics;
 mod subresources;
@@ -81,6 +82,7 @@ pub struct Api {
     metrics: Option<ApiMetrics>,
     watch_cache: WatchCache,
     tenants: Arc<parking_lot::Mutex<tenant_quota::TenantList>>,
+    priority_classes: Arc<parking_lot::Mutex<tenant_quota::TenantList>>,
     node_proxy: Option<NodeProxy>,
     /// The process's metrics, served whole to the admin at `/metrics` on the API port.
     metrics_registry: Option<prometheus::Registry>,
@@ -216,6 +218,7 @@ impl Api {
             store,
             metrics,
             tenants: Arc::default(),
+            priority_classes: Arc::default(),
             node_proxy: None,
             metrics_registry: None,
             shards: None,

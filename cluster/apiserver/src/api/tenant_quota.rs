@@ -66,6 +66,7 @@ impl Api {
         if res.kind == "Tenant" {
             *self.tenants.lock() = None;
         }
+        self.priority_classes_changed(res);
     }
 
     /// `f` of every Tenant, from a list read at most `TENANTS_TTL` ago (tenants are few;

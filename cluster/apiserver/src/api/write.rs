@@ -355,8 +355,9 @@ impl Api {
                 .await?;
         }
         self.check_namespace_labels(res, user, &obj).await?;
-        if res.plural == "pods" {
+        if res.plural == "pods" && res.group.is_empty() {
             self.apply_limit_ranges(req, &mut obj).await?;
+            self.apply_priority(&mut obj).await?;
         }
         if res.plural == "resourcequotas"
             && let Some(ns) = req.namespace.as_deref()

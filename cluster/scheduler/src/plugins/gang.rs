@@ -3,6 +3,8 @@
 //! that PodGroup in its namespace.
 //!
 //! - PreFilter: the PodGroup must exist and have at least `minMember` member pods.
+//! - Reserve marks a member placed and Unreserve unmarks it (the scheduling loop marks the
+//!   members it sees bound), so counting a gang's placed members walks no pods.
 //! - Permit: a member placed (reserved) while fewer than `minMember` of its gang are placed
 //!   waits; the member that completes the quorum lets every waiting member go, and together
 //!   they form one *batch*.
@@ -14,7 +16,7 @@
 //! - PostFilter and Unreserve: when a member cannot be placed or leaves, the waiting members
 //!   are let go at once instead of holding their nodes until the deadline.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,8 +26,6 @@ use parking_lot::{Mutex, RwLock};
 use tessera_client::client::Client;
 use tessera_client::request::{ApiRequest, Verb, find_resource};
 use tessera_client::types::{MemberBinding, POD_GROUP_LABEL, PodGroup, PodGroupBinding};
-use tessera_core::LabelSelector;
-use tessera_core::selector::label::{Operator, Requirement};
 
 use crate::framework::{
     BindPlugin, ClusterEvent, Code, CycleState, PermitPlugin, Plugin, PostFilterPlugin,
@@ -34,7 +34,6 @@ use crate::framework::{
 use crate::metrics::SchedulerMetrics;
 use crate::queue::Usage;
 use crate::resources::PodInfo;
-use crate::topology::{Clause, Match, Topology};
 
 /// The plugin's name.
 pub const NAME: &str = "Coscheduling";
@@ -78,9 +77,16 @@ struct GangsInner {
     /// The shard's allocatable less what counted pods request (none known: unlimited).
     free: Option<Usage>,
     specs: HashMap<String, GangSpec>,
-    /// Live (not finished, not deleting) member pods per gang, by pod key.
-    members: HashMap<String, HashSet<String>>,
+    members: HashMap<String, Members>,
     member_of: HashMap<String, String>,
+}
+
+/// The live (not finished, not deleting) member pods of one gang, each with whether it is
+/// placed (reserved by this scheduler, or seen bound), and how many are.
+#[derive(Default)]
+struct Members {
+    pods: HashMap<String, bool>,
+    placed: usize,
 }
 
 /// The gang of `pod` (`namespace/name`), if it names one.
@@ -90,6 +96,22 @@ pub fn gang_of(pod: &Pod) -> Option<String> {
         "{}/{name}",
         pod.metadata.namespace.as_deref().unwrap_or("")
     ))
+}
+
+impl GangsInner {
+    fn forget(&mut self, pod: &str) {
+        let Some(old) = self.member_of.remove(pod) else {
+            return;
+        };
+        if let Some(m) = self.members.get_mut(&old) {
+            if m.pods.remove(pod) == Some(true) {
+                m.placed -= 1;
+            }
+            if m.pods.is_empty() {
+                self.members.remove(&old);
+            }
+        }
+    }
 }
 
 impl Gangs {
@@ -107,30 +129,46 @@ impl Gangs {
         self.inner.read().specs.get(key).copied()
     }
 
-    /// Records that the pod `pod` is (`Some(gang)`) or is no longer (`None`) a live member;
-    /// true if it joined a gang it was not counted in.
-    pub fn set_member(&self, pod: &str, gang: Option<&str>) -> bool {
+    /// Records that the pod `pod` is (`Some(gang)`) or is no longer (`None`) a live member,
+    /// and whether it is placed (bound, or reserved by this scheduler); true if it joined a
+    /// gang it was not counted in.
+    pub fn set_member(&self, pod: &str, gang: Option<&str>, placed: bool) -> bool {
         let mut g = self.inner.write();
-        let before = g.member_of.get(pod).cloned();
-        if before.as_deref() == gang {
-            return false;
-        }
-        if let Some(old) = before {
-            g.member_of.remove(pod);
-            if let Some(set) = g.members.get_mut(&old) {
-                set.remove(pod);
-                if set.is_empty() {
-                    g.members.remove(&old);
-                }
-            }
+        if g.member_of.get(pod).map(String::as_str) != gang {
+            g.forget(pod);
         }
         let Some(gang) = gang else { return false };
-        g.member_of.insert(pod.to_owned(), gang.to_owned());
-        g.members
-            .entry(gang.to_owned())
-            .or_default()
-            .insert(pod.to_owned());
-        true
+        let joined = !g.member_of.contains_key(pod);
+        if joined {
+            g.member_of.insert(pod.to_owned(), gang.to_owned());
+        }
+        let m = g.members.entry(gang.to_owned()).or_default();
+        let was = m.pods.insert(pod.to_owned(), placed).unwrap_or(false);
+        match (was, placed) {
+            (false, true) => m.placed += 1,
+            (true, false) => m.placed -= 1,
+            _ => {}
+        }
+        joined
+    }
+
+    /// Marks a member placed (reserved) or not (unreserved); nothing for a pod of no gang.
+    pub fn set_placed(&self, pod: &str, placed: bool) {
+        let mut g = self.inner.write();
+        let Some(gang) = g.member_of.get(pod).cloned() else {
+            return;
+        };
+        if let Some(m) = g.members.get_mut(&gang)
+            && let Some(p) = m.pods.get_mut(pod)
+            && *p != placed
+        {
+            *p = placed;
+            if placed {
+                m.placed += 1;
+            } else {
+                m.placed -= 1;
+            }
+        }
     }
 
     /// True if `pod` is counted as a member of some gang.
@@ -149,22 +187,17 @@ impl Gangs {
 
     /// Live member pods of `gang`.
     pub fn members(&self, gang: &str) -> usize {
-        self.inner.read().members.get(gang).map_or(0, HashSet::len)
+        self.inner
+            .read()
+            .members
+            .get(gang)
+            .map_or(0, |m| m.pods.len())
     }
-}
 
-/// The counter of a gang's placed members (assumed or bound): pods in its namespace with
-/// its label.
-fn placed_match(gang: &str) -> Match {
-    let (ns, name) = gang.split_once('/').unwrap_or(("", gang));
-    Match(vec![Clause {
-        namespaces: BTreeSet::from([ns.to_owned()]),
-        selector: Some(LabelSelector::from_requirements(vec![Requirement {
-            key: POD_GROUP_LABEL.to_owned(),
-            operator: Operator::Equals,
-            values: vec![name.to_owned()],
-        }])),
-    }])
+    /// Members of `gang` placed (reserved or bound).
+    pub fn placed(&self, gang: &str) -> usize {
+        self.inner.read().members.get(gang).map_or(0, |m| m.placed)
+    }
 }
 
 /// A member placed and waiting at Permit, or in a batch.
@@ -197,7 +230,6 @@ struct State {
 /// The Coscheduling plugin.
 pub struct Coscheduling {
     gangs: Arc<Gangs>,
-    topology: Arc<RwLock<Topology>>,
     waiting: Arc<crate::framework::WaitingPods>,
     client: Arc<dyn Client>,
     metrics: Option<SchedulerMetrics>,
@@ -209,7 +241,6 @@ impl Coscheduling {
     pub fn new(h: &crate::framework::Handle) -> Self {
         Coscheduling {
             gangs: h.gangs.clone(),
-            topology: h.topology.clone(),
             waiting: h.waiting.clone(),
             client: h.client.clone(),
             metrics: h.metrics.clone(),
@@ -308,12 +339,6 @@ impl Plugin for Coscheduling {
     fn bind(&self) -> Option<&dyn BindPlugin> {
         Some(self)
     }
-    fn counters(&self, pod: &PodInfo, _topo: &Topology) -> Vec<(Match, String)> {
-        match gang_of(&pod.pod) {
-            Some(g) => vec![(placed_match(&g), "kubernetes.io/hostname".to_owned())],
-            None => Vec::new(),
-        }
-    }
 }
 
 impl PreFilterPlugin for Coscheduling {
@@ -334,12 +359,7 @@ impl PreFilterPlugin for Coscheduling {
         // The members still to place (each asking what this one asks, as gangs' members
         // do) must fit in the shard's free capacity as a whole: a gang that cannot is kept
         // back here, before it reserves nodes other pods could use.
-        let placed = {
-            let topo = self.topology.read();
-            topo.counter(&placed_match(&gang))
-                .map_or(0, |id| topo.total(id))
-        };
-        let missing = i64::from(spec.min_member) - placed;
+        let missing = i64::from(spec.min_member) - self.gangs.placed(&gang) as i64;
         if missing > 0
             && let Some(free) = self.gangs.free()
         {
@@ -397,11 +417,13 @@ impl PostFilterPlugin for Coscheduling {
 }
 
 impl ReservePlugin for Coscheduling {
-    fn reserve(&self, _state: &mut CycleState, _pod: &PodInfo, _node: &str) -> Status {
+    fn reserve(&self, _state: &mut CycleState, pod: &PodInfo, _node: &str) -> Status {
+        self.gangs.set_placed(&pod.key, true);
         Status::success()
     }
 
     fn unreserve(&self, _state: &CycleState, pod: &PodInfo, _node: &str) {
+        self.gangs.set_placed(&pod.key, false);
         let Some(gang) = gang_of(&pod.pod) else {
             return;
         };
@@ -443,12 +465,8 @@ impl PermitPlugin for Coscheduling {
         let Some(spec) = self.gangs.spec(&gang) else {
             return (Status::success(), Duration::ZERO);
         };
-        // Placed members, this one included (it is assumed before Permit).
-        let placed = {
-            let topo = self.topology.read();
-            topo.counter(&placed_match(&gang))
-                .map_or(1, |id| topo.total(id).max(1))
-        };
+        // Placed members, this one included (Reserve marked it).
+        let placed = (self.gangs.placed(&gang) as i64).max(1);
         let me = Member {
             uid: pod.uid().to_owned(),
             pod: pod.name().to_owned(),

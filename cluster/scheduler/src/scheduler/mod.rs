@@ -460,7 +460,7 @@ impl Scheduler {
             }
             Msg::PodGone(p) => {
                 let key = crate::key_of(&p.metadata);
-                self.gangs.set_member(&key, None);
+                self.gangs.set_member(&key, None, false);
                 self.queue.remove(&key);
                 self.enqueued_at.remove(&key);
                 if let Some(uid) = p.metadata.uid.as_deref() {
@@ -480,10 +480,11 @@ impl Scheduler {
                 let terminal = matches!(phase(&p), "Succeeded" | "Failed");
                 let gang =
                     gang_of(&p).filter(|_| !terminal && p.metadata.deletion_timestamp.is_none());
-                if (gang.is_some() || self.gangs.is_member(&key))
-                    && self.gangs.set_member(&key, gang.as_deref())
-                {
-                    self.event(ClusterEvent::PodGroupChange);
+                if gang.is_some() || self.gangs.is_member(&key) {
+                    let placed = node.is_some() || self.cache.is_assumed(&key);
+                    if self.gangs.set_member(&key, gang.as_deref(), placed) {
+                        self.event(ClusterEvent::PodGroupChange);
+                    }
                 }
                 match node {
                     Some(_) if terminal => {

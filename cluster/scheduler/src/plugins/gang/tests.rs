@@ -102,7 +102,7 @@ impl World {
         (0..members)
             .map(|i| {
                 let p = member(&format!("p{i}"), Some("g"));
-                self.gangs.set_member(&p.key, Some("ns/g"));
+                self.gangs.set_member(&p.key, Some("ns/g"), false);
                 p
             })
             .collect()
@@ -119,10 +119,10 @@ impl World {
         Duration,
         Option<tokio::sync::oneshot::Receiver<Status>>,
     ) {
-        let needs = self.plugin.counters(pod, &self.cache.topology().read());
-        self.cache.ensure_counters(&needs);
         self.cache.assume(pod.clone(), node);
-        let (s, d) = PermitPlugin::permit(&*self.plugin, &CycleState::new(), pod, node);
+        let mut state = CycleState::new();
+        assert!(ReservePlugin::reserve(&*self.plugin, &mut state, pod, node).is_success());
+        let (s, d) = PermitPlugin::permit(&*self.plugin, &state, pod, node);
         let rx = (s.code == Code::Wait).then(|| self.waiting.add(pod.uid()));
         (s, d, rx)
     }
@@ -217,16 +217,11 @@ fn a_gang_larger_than_the_free_shard_is_kept_back_before_it_reserves() {
         ),
     ];
     for (cpu, placed, want) in cases {
-        let mut w = world(None);
+        let w = world(None);
         w.gangs.set_spec("ns/g", spec(3, DEFAULT_TIMEOUT));
         let pods: Vec<_> = (0..4).map(|i| asking(&format!("p{i}"), "1")).collect();
-        for p in &pods {
-            w.gangs.set_member(&p.key, Some("ns/g"));
-        }
-        let needs = w.plugin.counters(&pods[3], &w.cache.topology().read());
-        w.cache.ensure_counters(&needs);
-        for p in &pods[..placed] {
-            w.cache.assume(p.clone(), "n0");
+        for (i, p) in pods.iter().enumerate() {
+            w.gangs.set_member(&p.key, Some("ns/g"), i < placed);
         }
         w.gangs.set_free(free(cpu));
         let s = PreFilterPlugin::pre_filter(&*w.plugin, &mut CycleState::new(), &pods[3]);
@@ -251,16 +246,23 @@ fn members_leaving_or_finishing_do_not_count() {
     let pods = w.gang(3, 3, DEFAULT_TIMEOUT);
     assert_eq!(w.gangs.members("ns/g"), 3);
     assert!(
-        !w.gangs.set_member(&pods[0].key, Some("ns/g")),
+        !w.gangs.set_member(&pods[0].key, Some("ns/g"), true),
         "already counted"
     );
-    w.gangs.set_member(&pods[2].key, None);
+    assert_eq!(w.gangs.placed("ns/g"), 1, "seen bound");
+    w.gangs.set_placed(&pods[0].key, false);
+    w.gangs.set_placed(&pods[1].key, true);
+    assert_eq!(w.gangs.placed("ns/g"), 1);
+    w.gangs.set_member(&pods[2].key, None, false);
     assert_eq!(w.gangs.members("ns/g"), 2);
     let s = PreFilterPlugin::pre_filter(&*w.plugin, &mut CycleState::new(), &pods[0]);
     assert_eq!(s.code, Code::Unschedulable);
     // A relabelled pod moves to its new gang.
-    assert!(w.gangs.set_member(&pods[1].key, Some("ns/h")));
+    assert!(w.gangs.set_member(&pods[1].key, Some("ns/h"), true));
     assert_eq!((w.gangs.members("ns/g"), w.gangs.members("ns/h")), (1, 1));
+    assert_eq!((w.gangs.placed("ns/g"), w.gangs.placed("ns/h")), (0, 1));
+    w.gangs.set_member(&pods[1].key, None, false);
+    assert_eq!((w.gangs.members("ns/h"), w.gangs.placed("ns/h")), (0, 0));
 }
 
 #[tokio::test]
