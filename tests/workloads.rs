@@ -633,7 +633,7 @@ fn spread_and_anti_affinity_through_kubectl() {
 
     let solo = c.file("solo.yaml", SOLO);
     c.ok(&["apply", "-f", &solo]);
-    let reason = "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules.";
+    let reason = "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules. preemption: 0/6 nodes are available: 6 No preemption victims found for incoming pod.";
     let pending = wait_for(Duration::from_secs(120), || {
         let pods = items(&c, &["get", "pods", "-n", "zoned", "-l", "app=solo"]);
         let bound: Vec<&str> = pods
@@ -767,4 +767,71 @@ fn a_pod_group_of_eight_binds_together_or_not_at_all() {
     ]);
     assert!(err.contains("not a member of PodGroup too-big"), "{err}");
     assert!(members("too-big")[0]["spec"]["nodeName"].is_null());
+}
+
+/// Preemption through kubectl on `tessera up`: a Deployment of low-priority pods fills the
+/// shard; a high-priority pod preempts one of them and runs; the victim's replacement waits,
+/// and `kubectl describe` of it says why in Kubernetes' words.
+#[test]
+fn a_high_priority_pod_preempts_and_describe_shows_why() {
+    // 2 nodes of 2 cpu: 4 pods of 1 cpu fill the shard.
+    let c = Cluster::start_with(
+        "up",
+        &[
+            "--nodes-per-shard=2",
+            "--node-cpu=2",
+            "--startup-delay-ms=100",
+        ],
+    );
+    let manifest = c.file(
+        "prio.yaml",
+        "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: low}\nvalue: 10\n---\napiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: high}\nvalue: 1000\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: filler, namespace: default}\nspec:\n  replicas: 4\n  selector: {matchLabels: {app: filler}}\n  template:\n    metadata: {labels: {app: filler}}\n    spec:\n      priorityClassName: low\n      terminationGracePeriodSeconds: 1\n      containers:\n      - {name: c, image: app:1, resources: {requests: {cpu: '1'}}}\n",
+    );
+    c.ok(&["apply", "-f", &manifest]);
+    c.ok(&["rollout", "status", "deployment/filler", "--timeout=120s"]);
+    let vip = c.file(
+        "vip.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: vip, namespace: default}\nspec:\n  priorityClassName: high\n  containers:\n  - {name: c, image: app:1, resources: {requests: {cpu: '1'}}}\n",
+    );
+    c.ok(&["apply", "-f", &vip]);
+    let running = wait_for(Duration::from_secs(120), || {
+        let p = json(&c, &["get", "pod", "vip"]);
+        (p["status"]["phase"] == "Running").then_some(p)
+    })
+    .expect("the high-priority pod runs");
+    assert_eq!(running["spec"]["priority"], 1000);
+    assert_eq!(
+        running["status"]["nominatedNodeName"],
+        running["spec"]["nodeName"]
+    );
+    let events = c.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "reason=Preempted",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        events.contains("Preempted by default/vip on node"),
+        "{events}"
+    );
+    // The ReplicaSet replaces its pod: at priority 10 it preempts nothing.
+    let reason = "0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.";
+    let pending = wait_for(Duration::from_secs(60), || {
+        items(&c, &["get", "pods", "-l", "app=filler"])
+            .into_iter()
+            .find(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["message"] == reason))
+            })
+    })
+    .expect("the replacement waits, saying why");
+    let name = pending["metadata"]["name"].as_str().expect("name");
+    let described = c.ok(&["describe", "pod", name]);
+    assert!(
+        described.contains("FailedScheduling") && described.contains(reason),
+        "{described}"
+    );
 }

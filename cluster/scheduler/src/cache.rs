@@ -25,6 +25,8 @@ pub struct Cache {
     nodes: Vec<NodeInfo>,
     index: HashMap<String, usize>,
     pods: HashMap<String, CachedPod>,
+    /// Pending pods nominated to a node by preemption, by key: the node's name.
+    nominations: HashMap<String, String>,
     live_nodes: usize,
     /// The allocatable of every node with a Node (cpu, memory, pods).
     capacity: Usage,
@@ -232,7 +234,7 @@ impl Cache {
 
     fn drop_if_unused(&mut self, i: usize) {
         let e = &self.nodes[i];
-        if e.node.is_some() || e.requested.pods > 0 {
+        if e.node.is_some() || e.requested.pods > 0 || !e.nominated.is_empty() {
             return;
         }
         let name = e.name.clone();
@@ -246,6 +248,7 @@ impl Cache {
 
     /// Counts `pod` on `node` before the API confirms it.
     pub fn assume(&mut self, pod: Arc<PodInfo>, node: &str) {
+        self.clear_nomination(&pod.key);
         self.remove_pod(&pod.key);
         let i = self.slot(node);
         self.count_pod(i, &pod);
@@ -257,6 +260,35 @@ impl Cache {
                 assumed: true,
             },
         );
+    }
+
+    /// Nominates a pending pod to `node` (preemption chose it): until the pod is placed or
+    /// gone, pods of lower or equal priority leave it the room there.
+    pub fn nominate(&mut self, pod: Arc<PodInfo>, node: &str) {
+        self.clear_nomination(&pod.key);
+        let i = self.slot(node);
+        self.nominations.insert(pod.key.clone(), node.to_owned());
+        self.nodes[i].nominated.push(pod);
+    }
+
+    /// Ends a pod's nomination (placed, bound, deleted, or nominated elsewhere).
+    pub fn clear_nomination(&mut self, key: &str) {
+        let Some(node) = self.nominations.remove(key) else {
+            return;
+        };
+        if let Some(&i) = self.index.get(&node) {
+            let n = &mut self.nodes[i].nominated;
+            if let Some(j) = n.iter().position(|p| p.key == key) {
+                n.swap_remove(j);
+            }
+            self.drop_if_unused(i);
+        }
+    }
+
+    /// The node a pending pod is nominated to.
+    pub fn nominated_node(&self, key: &str) -> Option<&NodeInfo> {
+        let i = self.index.get(self.nominations.get(key)?)?;
+        Some(&self.nodes[*i])
     }
 
     /// Undoes an assumption (binding failed). A pod the API already confirmed stays.

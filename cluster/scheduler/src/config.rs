@@ -217,7 +217,8 @@ impl Point {
                 ("PodTopologySpread", 2),
                 ("InterPodAffinity", 2),
             ],
-            Point::PostFilter | Point::Reserve | Point::Permit => &[("Coscheduling", 1)],
+            Point::PostFilter => &[("DefaultPreemption", 1), ("Coscheduling", 1)],
+            Point::Reserve | Point::Permit => &[("Coscheduling", 1)],
             Point::Bind => &[("Coscheduling", 1), ("DefaultBinder", 1)],
             Point::PreBind => &[],
         }

@@ -235,6 +235,8 @@ pub struct Handle {
     pub topology: Arc<parking_lot::RwLock<crate::topology::Topology>>,
     /// PodGroups and their members (for gang scheduling).
     pub gangs: Arc<crate::plugins::gang::Gangs>,
+    /// PodDisruptionBudgets (for preemption).
+    pub budgets: Arc<crate::plugins::preemption::Budgets>,
     /// The scheduler's metrics, for plugins that report outcomes.
     pub metrics: Option<crate::metrics::SchedulerMetrics>,
 }
@@ -281,15 +283,37 @@ pub trait FilterPlugin: Send + Sync {
     }
 }
 
+/// What PostFilter sees of a cycle in which no node fit.
+pub struct PostFilterInput<'a> {
+    /// Every node of the cache, by index.
+    pub nodes: &'a [NodeInfo],
+    /// Each node's outcome in Filter, by the same index: `Unschedulable` (something on the
+    /// node keeps the pod off), `UnschedulableAndUnresolvable` (removing pods would not
+    /// help).
+    pub codes: &'a [Code],
+    /// Runs the profile's Filter plugins for the pod on a node (a copy with pods removed,
+    /// to see whether preempting them would make room).
+    pub filter: &'a dyn Fn(&NodeInfo) -> Status,
+}
+
+/// A node preemption chose for a pod, and the pods to evict from it.
+#[derive(Clone, Debug)]
+pub struct Nomination {
+    /// The node.
+    pub node: String,
+    /// The victims.
+    pub victims: Vec<Arc<PodInfo>>,
+}
+
 /// Runs when no node fits (preemption is such a plugin).
 pub trait PostFilterPlugin: Send + Sync {
-    /// Success with a node nominated, or why not.
+    /// Success with a node nominated (and victims to evict), or why not.
     fn post_filter(
         &self,
         state: &CycleState,
         pod: &PodInfo,
-        rejections: &HashMap<String, Status>,
-    ) -> (Option<String>, Status);
+        input: &PostFilterInput<'_>,
+    ) -> (Option<Nomination>, Status);
 }
 
 /// Precomputes once per pod before scoring.

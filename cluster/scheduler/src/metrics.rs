@@ -20,6 +20,8 @@ pub struct SchedulerMetrics {
     pub(crate) topology_entries: IntGaugeVec,
     pub(crate) cycle_cpu: prometheus::Counter,
     pub(crate) gangs: IntCounterVec,
+    pub(crate) preemption_attempts: prometheus::IntCounter,
+    pub(crate) preemption_victims: prometheus::Histogram,
 }
 
 fn buckets() -> Vec<f64> {
@@ -45,6 +47,8 @@ impl SchedulerMetrics {
         registry.register(Box::new(m.topology_entries.clone()))?;
         registry.register(Box::new(m.cycle_cpu.clone()))?;
         registry.register(Box::new(m.gangs.clone()))?;
+        registry.register(Box::new(m.preemption_attempts.clone()))?;
+        registry.register(Box::new(m.preemption_victims.clone()))?;
         Ok(m)
     }
 
@@ -70,6 +74,14 @@ impl SchedulerMetrics {
     /// Gangs that ended with `result` so far (`bound`, `failed`, `timeout`, `released`).
     pub fn gang_outcomes(&self, result: &str) -> u64 {
         self.gangs.with_label_values(&[result]).get()
+    }
+
+    /// Preemptions so far (a node chosen and its victims evicted), and the victims.
+    pub fn preemptions(&self) -> (u64, u64) {
+        (
+            self.preemption_attempts.get(),
+            self.preemption_victims.get_sample_sum() as u64,
+        )
     }
 
     /// Metrics no registry reads.
@@ -170,6 +182,18 @@ impl SchedulerMetrics {
                      and the waiting members were let go).",
                 ),
                 &["result"],
+            )?,
+            preemption_attempts: prometheus::IntCounter::new(
+                "tessera_scheduler_preemption_attempts_total",
+                "Preemptions made: a pod that fit nowhere was nominated to a node and that \
+                 node's victims were evicted.",
+            )?,
+            preemption_victims: prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "tessera_scheduler_preemption_victims",
+                    "Pods evicted by one preemption.",
+                )
+                .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
             )?,
         })
     }

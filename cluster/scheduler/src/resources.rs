@@ -289,6 +289,11 @@ pub struct NodeInfo {
     /// [`crate::topology::NO_DOMAIN`] without the label), so spreading and pod affinity
     /// read a number here instead of looking labels up.
     pub domains: Vec<u32>,
+    /// The pods counted here (what preemption chooses victims from).
+    pub pods: Vec<Arc<PodInfo>>,
+    /// Pods nominated to this node by preemption, waiting for their victims to go: a pod of
+    /// lower or equal priority must leave them the room.
+    pub nominated: Vec<Arc<PodInfo>>,
 }
 
 impl NodeInfo {
@@ -304,6 +309,8 @@ impl NodeInfo {
             unschedulable: false,
             taints: Vec::new(),
             domains: Vec::new(),
+            pods: Vec::new(),
+            nominated: Vec::new(),
         }
     }
 
@@ -321,7 +328,8 @@ impl NodeInfo {
     }
 
     /// Accounts for a pod on this node.
-    pub fn add_pod(&mut self, p: &PodInfo) {
+    pub fn add_pod(&mut self, p: &Arc<PodInfo>) {
+        self.pods.push(p.clone());
         self.requested.add(&p.requests);
         self.non_zero_requested.0 += p.non_zero.0;
         self.non_zero_requested.1 += p.non_zero.1;
@@ -330,6 +338,9 @@ impl NodeInfo {
 
     /// Stops accounting for a pod.
     pub fn remove_pod(&mut self, p: &PodInfo) {
+        if let Some(i) = self.pods.iter().position(|x| x.key == p.key) {
+            self.pods.swap_remove(i);
+        }
         self.requested.sub(&p.requests);
         self.non_zero_requested.0 -= p.non_zero.0;
         self.non_zero_requested.1 -= p.non_zero.1;
@@ -338,6 +349,19 @@ impl NodeInfo {
                 self.used_ports.swap_remove(i);
             }
         }
+    }
+
+    /// What the pods nominated here that `pod` must leave room for request: those of at
+    /// least its priority, other than itself (`None` when there are none: the common case
+    /// costs nothing).
+    pub fn nominated_for(&self, pod: &PodInfo) -> Option<Resources> {
+        let mut out: Option<Resources> = None;
+        for n in &self.nominated {
+            if n.priority >= pod.priority && n.key != pod.key {
+                out.get_or_insert_with(Resources::default).add(&n.requests);
+            }
+        }
+        out
     }
 
     /// The node's labels.
@@ -426,6 +450,7 @@ mod tests {
         let p = pod(json!({"metadata": {"name": "p", "namespace": "ns"},
             "spec": {"containers": [{"name": "a", "image": "x",
                 "resources": {"requests": {"cpu": "1"}}, "ports": [{"containerPort": 1, "hostPort": 9}]}]}}));
+        let p = Arc::new(p);
         n.add_pod(&p);
         n.add_pod(&p);
         assert_eq!(n.requested.milli_cpu, 2_000);

@@ -194,7 +194,7 @@ async fn places_pods_within_allocatable_and_explains_what_does_not_fit() {
     assert_eq!(cond["reason"], "Unschedulable");
     assert_eq!(
         cond["message"],
-        "0/3 nodes are available: 2 Insufficient cpu, 1 node(s) had untolerated taint {dedicated: gpu}."
+        "0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 2 Insufficient cpu. preemption: 0/3 nodes are available: 1 Preemption is not helpful for scheduling, 2 No preemption victims found for incoming pod."
     );
     // A FailedScheduling event tells the same story (what `kubectl describe` shows).
     wait_until("a FailedScheduling event", || {
@@ -519,7 +519,7 @@ async fn spread_and_anti_affinity_hold_through_the_api() {
         )
         .await;
     }
-    let reason = "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules.";
+    let reason = "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules. preemption: 0/6 nodes are available: 6 No preemption victims found for incoming pod.";
     wait_until("spread pods bound and one solo pod reported", || {
         let c = c.clone();
         async move {
@@ -640,90 +640,199 @@ async fn gangs_bind_whole_or_not_at_all_through_the_api() {
     for i in 0..3 {
         node(&c, &format!("n{i}"), "4", json!({})).await;
     }
-    pod_group(&c, "fits", 4, 30).await;
+    let sched = start(&c, SchedulerConfig::default());
+    // No gang is ever partly bound: checked at every poll below.
+    let whole = |ps: &[Value], gang: &str, min: usize| {
+        let n = bound_members(ps, gang).len();
+        assert!(n == 0 || n >= min, "gang {gang} partly bound: {n} of {min}");
+        n >= min
+    };
+    // A gang short of members waits, and says so; its last member completes it.
     pod_group(&c, "short", 3, 30).await;
-    pod_group(&c, "big", 10, 2).await;
-    for i in 0..5 {
-        gang_pod(&c, "fits", i).await;
-    }
     for i in 0..2 {
         gang_pod(&c, "short", i).await;
     }
-    for i in 0..10 {
-        gang_pod(&c, "big", i).await;
-    }
-    let sched = start(&c, SchedulerConfig::default());
-    // "big" (10) and "fits" (5) cannot both fit in 12: they contend, members of each
-    // reserve nodes and are let go; "fits" ends bound (its quorum in one transaction), and
-    // nothing of "big" is ever bound — checked at every poll.
     let short_reason =
         "0/3 nodes are available: PodGroup default/short has 2 of its minMember 3 pods.";
-    wait_until("the gang that fits bound, the short one reported", || {
+    wait_until("the short gang reported", || {
         let c = c.clone();
         async move {
-            let ps = pods(&c).await;
-            assert!(
-                bound_members(&ps, "big").is_empty(),
-                "a partial gang was bound"
-            );
-            let short_reported = ps.iter().any(|p| {
+            pods(&c).await.iter().any(|p| {
                 p["status"]["conditions"]
                     .as_array()
                     .is_some_and(|cs| cs.iter().any(|c| c["message"] == short_reason))
-            });
-            bound_members(&ps, "fits").len() == 5 && short_reported
+            })
         }
     })
     .await;
-    let ps = pods(&c).await;
-    let mut revisions = bound_members(&ps, "fits");
-    revisions.sort();
-    let mut same = 1;
-    for w in revisions.windows(2) {
-        if w[0] == w[1] {
-            same += 1;
-        }
-    }
-    assert!(
-        same >= 4,
-        "the quorum of 4 is written in one transaction (one revision): {revisions:?}"
-    );
-    assert!(bound_members(&ps, "short").is_empty());
-    // Its third member arrives: the gang is complete and placed.
+    assert!(bound_members(&pods(&c).await, "short").is_empty());
     gang_pod(&c, "short", 2).await;
     wait_until("the completed gang bound", || {
         let c = c.clone();
+        async move { whole(&pods(&c).await, "short", 3) }
+    })
+    .await;
+    // 9 cpu left: "fits" (4 of 5) and "big" (8) each fit alone, not together. They
+    // contend — members of each reserve nodes and are let go — and one ends bound whole.
+    pod_group(&c, "fits", 4, 30).await;
+    pod_group(&c, "big", 8, 2).await;
+    for i in 0..8 {
+        gang_pod(&c, "big", i).await;
+        if i < 5 {
+            gang_pod(&c, "fits", i).await;
+        }
+    }
+    let mut winner = String::new();
+    for _ in 0..500 {
+        let ps = pods(&c).await;
+        let (f, b) = (whole(&ps, "fits", 4), whole(&ps, "big", 8));
+        assert!(!(f && b), "both gangs cannot fit");
+        if f || b {
+            winner = if f { "fits" } else { "big" }.to_owned();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!winner.is_empty(), "one of the contending gangs was bound");
+    let loser = if winner == "fits" { "big" } else { "fits" };
+    let loser_min = if loser == "fits" { 4 } else { 8 };
+    let ps = pods(&c).await;
+    let mut revisions = bound_members(&ps, &winner);
+    revisions.sort();
+    revisions.dedup();
+    assert!(
+        revisions.len() <= 2,
+        "the quorum is written in one transaction (one revision; a member beyond it may bind alone): {revisions:?}"
+    );
+    // The winner goes: the loser is bound whole in the room it leaves.
+    for p in ps
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == winner.as_str())
+    {
+        let name = p["metadata"]["name"].as_str().unwrap_or_default();
+        let mut req = ApiRequest::new(Verb::Delete, res("pods"));
+        req.namespace = Some("default".into());
+        req.name = Some(name.to_owned());
+        req.body = json!({"gracePeriodSeconds": 0}).to_string().into();
+        c.call(req).await.expect("delete");
+    }
+    wait_until("the losing gang bound once the room is free", || {
+        let c = c.clone();
+        async move { whole(&pods(&c).await, loser, loser_min) }
+    })
+    .await;
+    assert!(whole(&pods(&c).await, "short", 3));
+    sched.abort();
+}
+
+/// Preemption through the API: a high-priority pod that fits nowhere evicts the fewest,
+/// least important pods of one node, is nominated there, and is bound once they are gone;
+/// the victims get a `Preempted` event. (No agent runs here: the test deletes terminating
+/// pods at once, as a node agent would once they stopped.)
+#[tokio::test]
+async fn a_high_priority_pod_preempts_lower_ones() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = client(dir.path()).await;
+    let classes = find_resource("scheduling.k8s.io", "v1", "priorityclasses").expect("served");
+    for (name, value) in [("low", 1), ("mid", 5), ("high", 1000)] {
+        c.create(
+            classes,
+            None,
+            &json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": name}, "value": value}),
+        )
+        .await
+        .expect("class");
+    }
+    node(&c, "n0", "2", json!({})).await;
+    node(&c, "n1", "2", json!({})).await;
+    let sched = start(&c, SchedulerConfig::default());
+    // n0 and n1 full: each holds a "low" and a "mid" pod of 1 cpu.
+    for (name, class) in [
+        ("low-a", "low"),
+        ("mid-a", "mid"),
+        ("low-b", "low"),
+        ("mid-b", "mid"),
+    ] {
+        pod(&c, name, "1", json!({"priorityClassName": class})).await;
+    }
+    wait_until("the shard full", || {
+        let c = c.clone();
         async move {
-            let ps = pods(&c).await;
-            assert!(
-                bound_members(&ps, "big").is_empty(),
-                "a partial gang was bound"
-            );
-            bound_members(&ps, "short").len() == 3
+            pods(&c)
+                .await
+                .iter()
+                .filter(|p| node_of(p).is_some())
+                .count()
+                == 4
         }
     })
     .await;
-    // Past big's 2 s timeout, more than once: still nothing of it bound, and it says why.
-    for _ in 0..25 {
-        let ps = pods(&c).await;
-        assert!(
-            bound_members(&ps, "big").is_empty(),
-            "a partial gang was bound"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // 1 cpu: evicting one low pod is enough; the mid ones stay.
+    pod(&c, "vip", "1", json!({"priorityClassName": "high"})).await;
+    wait_until("vip bound after its victim went", || {
+        let c = c.clone();
+        async move {
+            let ps = pods(&c).await;
+            for p in ps
+                .iter()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_string())
+            {
+                let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                let mut req = ApiRequest::new(Verb::Delete, res("pods"));
+                req.namespace = Some("default".into());
+                req.name = Some(name.to_owned());
+                req.body = json!({"gracePeriodSeconds": 0}).to_string().into();
+                let _ = c.call(req).await;
+            }
+            node_of(&by_name_in(&ps, "vip")).is_some()
+        }
+    })
+    .await;
     let ps = pods(&c).await;
-    let said = ps.iter().any(|p| {
-        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "big"
-            && p["status"]["conditions"].as_array().is_some_and(|cs| {
-                cs.iter().any(|c| {
-                    c["type"] == "PodScheduled"
-                        && c["message"]
-                            .as_str()
-                            .is_some_and(|m| m.contains("default/big"))
-                })
-            })
-    });
-    assert!(said, "a member of the gang that cannot fit says why");
+    let names: Vec<&str> = ps
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    let lows = names.iter().filter(|n| n.starts_with("low-")).count();
+    assert_eq!(lows, 1, "exactly one low pod was evicted: {names:?}");
+    assert!(
+        names.contains(&"mid-a") && names.contains(&"mid-b"),
+        "{names:?}"
+    );
+    let vip = by_name_in(&ps, "vip");
+    assert_eq!(vip["spec"]["priority"], 1000);
+    assert_eq!(
+        vip["status"]["nominatedNodeName"], vip["spec"]["nodeName"],
+        "vip was nominated to the node it is bound to: {vip}"
+    );
+    let mut req = ApiRequest::new(Verb::List, res("events"));
+    req.namespace = Some("default".into());
+    let events = c.list(req).await.expect("events");
+    let preempted: Vec<&Value> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reason"] == "Preempted")
+        .collect();
+    assert_eq!(preempted.len(), 1, "{preempted:?}");
+    let msg = preempted[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.starts_with("Preempted by default/vip on node n"),
+        "{msg}"
+    );
+    // A pod of low priority now fits nowhere and cannot preempt: it says so.
+    pod(&c, "late", "1", json!({"priorityClassName": "low"})).await;
+    let reason = "0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.";
+    wait_until("the late pod reported", || {
+        let c = c.clone();
+        async move {
+            let late = by_name_in(&pods(&c).await, "late");
+            late["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["message"] == reason))
+        }
+    })
+    .await;
     sched.abort();
 }

@@ -121,7 +121,16 @@ impl PreFilterPlugin for Fit {
 
 /// The reasons a node cannot hold `pod`, in Kubernetes' words (empty if it can).
 pub fn insufficient(pod: &PodInfo, node: &NodeInfo) -> Vec<std::borrow::Cow<'static, str>> {
-    let (r, a, u) = (&pod.requests, &node.allocatable, &node.requested);
+    // Room held for pods nominated here by preemption counts as used.
+    let held = node.nominated_for(pod).map(|mut n| {
+        n.add(&node.requested);
+        n
+    });
+    let (r, a, u) = (
+        &pod.requests,
+        &node.allocatable,
+        held.as_ref().unwrap_or(&node.requested),
+    );
     let mut why = Vec::new();
     if u.pods + 1 > a.pods {
         why.push("Too many pods".into());

@@ -3,11 +3,13 @@
 //! that PodGroup in its namespace.
 //!
 //! - PreFilter: the PodGroup must exist and have at least `minMember` member pods.
-//! - Reserve marks a member placed and Unreserve unmarks it (the scheduling loop marks the
-//!   members it sees bound), so counting a gang's placed members walks no pods.
-//! - Permit: a member placed (reserved) while fewer than `minMember` of its gang are placed
-//!   waits; the member that completes the quorum lets every waiting member go, and together
-//!   they form one *batch*.
+//! - Each member has a standing in the gang registry: pending, reserved (Reserve), committed
+//!   (in a batch that reached the quorum, or bound alone after it) or bound (seen by the
+//!   scheduling loop); Unreserve sets it back to pending. Counting walks no pods.
+//! - Permit: a reserved member joins its gang's gathering and waits; the member that brings
+//!   committed + gathering to `minMember` lets every gathering member go, and together they
+//!   form one *batch*. Only committed and bound members count towards a quorum: members
+//!   reserved earlier and being let go (a timeout, a failed member) never do.
 //! - Bind: a batch is bound through `podgroups/{name}/binding` — one store transaction, so the
 //!   gang is bound whole or not at all, even if the scheduler dies mid-way. Members placed
 //!   after the quorum bind one by one (DefaultBinder).
@@ -28,8 +30,8 @@ use tessera_client::request::{ApiRequest, Verb, find_resource};
 use tessera_client::types::{MemberBinding, POD_GROUP_LABEL, PodGroup, PodGroupBinding};
 
 use crate::framework::{
-    BindPlugin, ClusterEvent, Code, CycleState, PermitPlugin, Plugin, PostFilterPlugin,
-    PreFilterPlugin, ReservePlugin, Status,
+    BindPlugin, ClusterEvent, Code, CycleState, Nomination, PermitPlugin, Plugin, PostFilterInput,
+    PostFilterPlugin, PreFilterPlugin, ReservePlugin, Status,
 };
 use crate::metrics::SchedulerMetrics;
 use crate::queue::Usage;
@@ -81,12 +83,30 @@ struct GangsInner {
     member_of: HashMap<String, String>,
 }
 
-/// The live (not finished, not deleting) member pods of one gang, each with whether it is
-/// placed (reserved by this scheduler, or seen bound), and how many are.
+/// Where a member of a gang stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Waiting to be placed (or let go).
+    Pending,
+    /// Reserved on a node by this scheduler, not yet bound (it may wait at Permit).
+    Reserved,
+    /// Reserved and on its way to binding: in a batch that reached the quorum, or bound alone
+    /// after it.
+    Committed,
+    /// Seen bound.
+    Bound,
+}
+
+/// The live (not finished, not deleting) member pods of one gang and where each stands.
 #[derive(Default)]
 struct Members {
-    pods: HashMap<String, bool>,
-    placed: usize,
+    pods: HashMap<String, Standing>,
+}
+
+impl Members {
+    fn count(&self, f: impl Fn(Standing) -> bool) -> usize {
+        self.pods.values().filter(|s| f(**s)).count()
+    }
 }
 
 /// The gang of `pod` (`namespace/name`), if it names one.
@@ -104,9 +124,7 @@ impl GangsInner {
             return;
         };
         if let Some(m) = self.members.get_mut(&old) {
-            if m.pods.remove(pod) == Some(true) {
-                m.placed -= 1;
-            }
+            m.pods.remove(pod);
             if m.pods.is_empty() {
                 self.members.remove(&old);
             }
@@ -129,10 +147,10 @@ impl Gangs {
         self.inner.read().specs.get(key).copied()
     }
 
-    /// Records that the pod `pod` is (`Some(gang)`) or is no longer (`None`) a live member,
-    /// and whether it is placed (bound, or reserved by this scheduler); true if it joined a
-    /// gang it was not counted in.
-    pub fn set_member(&self, pod: &str, gang: Option<&str>, placed: bool) -> bool {
+    /// Records, from the API, that the pod `pod` is (`Some(gang)`) or is no longer (`None`) a
+    /// live member, and whether it is bound (an unbound member keeps the standing this
+    /// scheduler gave it); true if it joined a gang it was not counted in.
+    pub fn set_member(&self, pod: &str, gang: Option<&str>, bound: bool) -> bool {
         let mut g = self.inner.write();
         if g.member_of.get(pod).map(String::as_str) != gang {
             g.forget(pod);
@@ -143,31 +161,25 @@ impl Gangs {
             g.member_of.insert(pod.to_owned(), gang.to_owned());
         }
         let m = g.members.entry(gang.to_owned()).or_default();
-        let was = m.pods.insert(pod.to_owned(), placed).unwrap_or(false);
-        match (was, placed) {
-            (false, true) => m.placed += 1,
-            (true, false) => m.placed -= 1,
-            _ => {}
+        let s = m.pods.entry(pod.to_owned()).or_insert(Standing::Pending);
+        if bound {
+            *s = Standing::Bound;
         }
         joined
     }
 
-    /// Marks a member placed (reserved) or not (unreserved); nothing for a pod of no gang.
-    pub fn set_placed(&self, pod: &str, placed: bool) {
+    /// Sets where a member stands (this scheduler's reservations); a bound member stays
+    /// bound, and a pod of no gang is ignored.
+    pub fn set_standing(&self, pod: &str, standing: Standing) {
         let mut g = self.inner.write();
         let Some(gang) = g.member_of.get(pod).cloned() else {
             return;
         };
         if let Some(m) = g.members.get_mut(&gang)
-            && let Some(p) = m.pods.get_mut(pod)
-            && *p != placed
+            && let Some(s) = m.pods.get_mut(pod)
+            && *s != Standing::Bound
         {
-            *p = placed;
-            if placed {
-                m.placed += 1;
-            } else {
-                m.placed -= 1;
-            }
+            *s = standing;
         }
     }
 
@@ -194,9 +206,20 @@ impl Gangs {
             .map_or(0, |m| m.pods.len())
     }
 
-    /// Members of `gang` placed (reserved or bound).
+    /// Members of `gang` placed: reserved, committed or bound.
     pub fn placed(&self, gang: &str) -> usize {
-        self.inner.read().members.get(gang).map_or(0, |m| m.placed)
+        self.inner
+            .read()
+            .members
+            .get(gang)
+            .map_or(0, |m| m.count(|s| s != Standing::Pending))
+    }
+
+    /// Members of `gang` committed or bound: what a quorum already reached consists of.
+    pub fn committed(&self, gang: &str) -> usize {
+        self.inner.read().members.get(gang).map_or(0, |m| {
+            m.count(|s| matches!(s, Standing::Committed | Standing::Bound))
+        })
     }
 }
 
@@ -402,8 +425,8 @@ impl PostFilterPlugin for Coscheduling {
         &self,
         _state: &CycleState,
         pod: &PodInfo,
-        _rejections: &HashMap<String, Status>,
-    ) -> (Option<String>, Status) {
+        _input: &PostFilterInput<'_>,
+    ) -> (Option<Nomination>, Status) {
         let Some(gang) = gang_of(&pod.pod) else {
             return (None, Status::skip());
         };
@@ -418,12 +441,12 @@ impl PostFilterPlugin for Coscheduling {
 
 impl ReservePlugin for Coscheduling {
     fn reserve(&self, _state: &mut CycleState, pod: &PodInfo, _node: &str) -> Status {
-        self.gangs.set_placed(&pod.key, true);
+        self.gangs.set_standing(&pod.key, Standing::Reserved);
         Status::success()
     }
 
     fn unreserve(&self, _state: &CycleState, pod: &PodInfo, _node: &str) {
-        self.gangs.set_placed(&pod.key, false);
+        self.gangs.set_standing(&pod.key, Standing::Pending);
         let Some(gang) = gang_of(&pod.pod) else {
             return;
         };
@@ -465,8 +488,7 @@ impl PermitPlugin for Coscheduling {
         let Some(spec) = self.gangs.spec(&gang) else {
             return (Status::success(), Duration::ZERO);
         };
-        // Placed members, this one included (Reserve marked it).
-        let placed = (self.gangs.placed(&gang) as i64).max(1);
+        let min = spec.min_member as usize;
         let me = Member {
             uid: pod.uid().to_owned(),
             pod: pod.name().to_owned(),
@@ -474,32 +496,20 @@ impl PermitPlugin for Coscheduling {
         };
         let now = Instant::now();
         let mut st = self.state.lock();
-        if placed >= i64::from(spec.min_member) {
-            let Some(g) = st.gathering.remove(&gang) else {
-                // The quorum stands already (or the gang needs one member): bind alone.
-                return (Status::success(), Duration::ZERO);
-            };
-            let mut members = g.members;
-            members.push(me);
-            let batch = Arc::new(Batch {
-                gang,
-                members,
-                result: tokio::sync::OnceCell::new(),
-            });
-            for m in &batch.members {
-                st.batches.insert(m.uid.clone(), batch.clone());
-            }
+        // A quorum already reached (bound, or a batch on its way): this one binds alone.
+        if self.gangs.committed(&gang) >= min {
             drop(st);
-            for m in &batch.members[..batch.members.len() - 1] {
-                self.waiting.allow(&m.uid);
-            }
+            self.gangs.set_standing(&pod.key, Standing::Committed);
             return (Status::success(), Duration::ZERO);
         }
-        let g_name = gang.clone();
-        let g = st.gathering.entry(gang).or_insert_with(|| Gathering {
-            deadline: now + spec.timeout,
-            members: Vec::new(),
-        });
+        // The members gathering now (not ones reserved earlier and being let go).
+        let g = st
+            .gathering
+            .entry(gang.clone())
+            .or_insert_with(|| Gathering {
+                deadline: now + spec.timeout,
+                members: Vec::new(),
+            });
         if g.deadline <= now {
             // The last gathering timed out (its members are being let go): start anew.
             *g = Gathering {
@@ -509,15 +519,37 @@ impl PermitPlugin for Coscheduling {
         }
         g.members.retain(|m| m.uid != me.uid);
         g.members.push(me);
+        let have = self.gangs.committed(&gang) + g.members.len();
+        if have >= min {
+            let members = st
+                .gathering
+                .remove(&gang)
+                .map(|g| g.members)
+                .unwrap_or_default();
+            let batch = Arc::new(Batch {
+                gang,
+                members,
+                result: tokio::sync::OnceCell::new(),
+            });
+            for m in &batch.members {
+                st.batches.insert(m.uid.clone(), batch.clone());
+            }
+            drop(st);
+            let ns = pod.pod.metadata.namespace.as_deref().unwrap_or("");
+            for m in &batch.members {
+                self.gangs
+                    .set_standing(&format!("{ns}/{}", m.pod), Standing::Committed);
+                if m.uid != pod.uid() {
+                    self.waiting.allow(&m.uid);
+                }
+            }
+            return (Status::success(), Duration::ZERO);
+        }
         let left = g.deadline.saturating_duration_since(now);
         (
             Status::new(
                 Code::Wait,
-                format!(
-                    "waiting for {} more member(s) of gang {}",
-                    i64::from(spec.min_member) - placed,
-                    g_name
-                ),
+                format!("waiting for {} more member(s) of gang {gang}", min - have),
             ),
             left.max(Duration::from_millis(1)),
         )

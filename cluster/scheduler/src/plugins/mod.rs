@@ -6,6 +6,7 @@ pub mod binder;
 pub mod fit;
 pub mod gang;
 pub mod interpod;
+pub mod preemption;
 pub mod spread;
 pub mod taints;
 
@@ -27,6 +28,7 @@ pub const NAMES: &[&str] = &[
     "NodeResourcesBalancedAllocation",
     "InterPodAffinity",
     "PodTopologySpread",
+    "DefaultPreemption",
     "Coscheduling",
     "DefaultBinder",
 ];
@@ -61,6 +63,7 @@ pub fn build(name: &str, args: &Value, handle: &Handle) -> Result<Arc<dyn Plugin
                 .map_err(|e| format!("NodeResourcesFit args: {e}"))?,
         ),
         "Coscheduling" => Arc::new(gang::Coscheduling::new(handle)),
+        "DefaultPreemption" => Arc::new(preemption::DefaultPreemption::new(handle.budgets.clone())),
         "DefaultBinder" => Arc::new(binder::DefaultBinder::new(handle.client.clone())),
         other => {
             return Err(format!(

@@ -94,7 +94,7 @@ fn node_ports() {
         )
     };
     let mut n = plain("a");
-    n.add_pod(&wants(8080, "0.0.0.0"));
+    n.add_pod(&Arc::new(wants(8080, "0.0.0.0")));
     let cases = [
         (8080, "0.0.0.0", false),
         (8080, "10.0.0.1", false),
@@ -265,12 +265,12 @@ fn resources_fit_and_scoring() {
         assert_eq!(filter(&fit, p, &n).1, *want);
     }
     for _ in 0..3 {
-        n.add_pod(&asks("10m", "1Mi"));
+        n.add_pod(&Arc::new(asks("10m", "1Mi")));
     }
     assert_eq!(filter(&fit, &asks("10m", "1Mi"), &n).1, "Too many pods");
     // LeastAllocated prefers the emptier node, MostAllocated the fuller one.
     let mut busy = plain("busy");
-    busy.add_pod(&asks("1", "2Gi"));
+    busy.add_pod(&Arc::new(asks("1", "2Gi")));
     let idle = plain("idle");
     let p = asks("100m", "100Mi");
     let state = CycleState::new();
@@ -287,7 +287,7 @@ fn resources_fit_and_scoring() {
     assert!(most.score(&state, &p, &busy).expect("s") > most.score(&state, &p, &idle).expect("s"));
     // Balanced: even cpu and memory use beats lopsided.
     let mut lopsided = plain("l");
-    lopsided.add_pod(&asks("1900m", "10Mi"));
+    lopsided.add_pod(&Arc::new(asks("1900m", "10Mi")));
     let b = Balanced.score().expect("score");
     assert!(b.score(&state, &p, &idle).expect("s") > b.score(&state, &p, &lopsided).expect("s"));
     assert!(

@@ -306,4 +306,48 @@ impl Fair {
             })
             .collect()
     }
+
+    /// Who owns which namespace and every tenant's weighted dominant share, now.
+    pub(super) fn view(&self) -> FairView {
+        FairView {
+            owner: self.owner.clone(),
+            shares: self.tenants.iter().map(|t| self.share(t)).collect(),
+            names: self.tenants.iter().map(|t| t.name.clone()).collect(),
+        }
+    }
+}
+
+/// Who owns which namespace and each tenant's weighted dominant share, at one moment: what
+/// preemption across tenants is decided on.
+#[derive(Clone, Debug, Default)]
+pub struct FairView {
+    owner: HashMap<String, u32>,
+    shares: Vec<f64>,
+    names: Vec<String>,
+}
+
+impl FairView {
+    /// The tenant owning `ns` (0: no tenant).
+    pub fn tenant(&self, ns: &str) -> u32 {
+        self.owner.get(ns).copied().unwrap_or(0)
+    }
+
+    /// Tenant `t`'s weighted dominant share.
+    pub fn share(&self, t: u32) -> f64 {
+        self.shares.get(t as usize).copied().unwrap_or(0.0)
+    }
+
+    /// Tenant `t`'s name.
+    pub fn name(&self, t: u32) -> &str {
+        self.names.get(t as usize).map_or(NO_TENANT, String::as_str)
+    }
+
+    /// A view of tenants `(name, share)` owning `(namespace, tenant index)` (for tests).
+    pub fn of(tenants: &[(&str, f64)], owners: &[(&str, u32)]) -> FairView {
+        FairView {
+            owner: owners.iter().map(|(n, t)| ((*n).to_owned(), *t)).collect(),
+            shares: tenants.iter().map(|(_, s)| *s).collect(),
+            names: tenants.iter().map(|(n, _)| (*n).to_owned()).collect(),
+        }
+    }
 }

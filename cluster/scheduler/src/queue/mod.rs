@@ -14,7 +14,7 @@
 
 mod fair;
 
-pub use fair::{NO_TENANT, Standing, TenantSpec, Usage};
+pub use fair::{FairView, NO_TENANT, Standing, TenantSpec, Usage};
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -454,6 +454,11 @@ impl SchedulingQueue {
     /// The name of the tenant owning namespace `ns` ([`NO_TENANT`] if none does).
     pub fn tenant_name(&self, ns: &str) -> &str {
         self.fair.name(self.fair.tenant_of(ns))
+    }
+
+    /// Who owns which namespace and each tenant's weighted dominant share, now.
+    pub fn fair_view(&self) -> FairView {
+        self.fair.view()
     }
 
     /// Each tenant's weight, usage, share and queued pods.

@@ -3,6 +3,9 @@
 //! rejection is retried on.
 
 use super::*;
+use crate::framework::{Nomination, PostFilterInput};
+use crate::plugins::preemption;
+use crate::resources::NodeInfo;
 
 /// Fewest nodes to find feasible before scoring (kube-scheduler's minimum).
 pub(super) const MIN_FEASIBLE_NODES: usize = 100;
@@ -61,6 +64,7 @@ impl Scheduler {
                         message,
                         events,
                         status: s,
+                        nomination: None,
                     });
                 }
                 _ => return Err(Failure::Error(s)),
@@ -75,6 +79,8 @@ impl Scheduler {
         let mut reasons: HashMap<Cow<'static, str>, usize> = HashMap::new();
         // The events that could undo the rejections seen (each plugin says, per reason).
         let mut wake_on: Vec<ClusterEvent> = Vec::new();
+        // Nodes that failed, with how (for PostFilter): few when the pod fits.
+        let mut failed: Vec<(usize, Code)> = Vec::new();
         let mut looked = 0;
         for i in 0..n {
             looked = i + 1;
@@ -97,6 +103,7 @@ impl Scheduler {
                     return Err(Failure::Error(s.by(p.name())));
                 }
                 fits = false;
+                failed.push((idx, s.code));
                 for e in f.events_for(&s) {
                     if !wake_on.contains(e) {
                         wake_on.push(*e);
@@ -118,9 +125,9 @@ impl Scheduler {
             self.next_start = (self.next_start + looked) % n;
         }
         if feasible.is_empty() {
-            let mut rs: Vec<(Cow<'static, str>, usize)> = reasons.into_iter().collect();
-            rs.sort_by(|a, b| a.0.cmp(&b.0));
-            let detail: Vec<String> = rs.iter().map(|(r, c)| format!("{c} {r}")).collect();
+            // "<count> <reason>", sorted as strings (kube-scheduler's FitError does the same).
+            let mut detail: Vec<String> = reasons.iter().map(|(r, c)| format!("{c} {r}")).collect();
+            detail.sort_unstable();
             let mut message = format!("0/{} nodes are available", self.cache.node_count());
             if !detail.is_empty() {
                 message.push_str(": ");
@@ -128,12 +135,54 @@ impl Scheduler {
             }
             message.push('.');
             // PostFilter (preemption) gets its chance.
-            for (p, _) in profile.at(Point::PostFilter) {
-                let Some(pf) = p.post_filter() else { continue };
-                let (nominated, s) = pf.post_filter(&state, pod, &HashMap::new());
-                if let Some(node) = nominated.filter(|_| s.is_success()) {
-                    message.push_str(&format!(" {} nominated node {node}.", p.name()));
-                    break;
+            let post = profile.at(Point::PostFilter);
+            let mut nomination = None;
+            if !post.is_empty() {
+                let mut codes = vec![Code::UnschedulableAndUnresolvable; n];
+                for (i, c) in &failed {
+                    codes[*i] = *c;
+                }
+                state.write(preemption::FAIR_VIEW, self.queue.fair_view());
+                state.write(
+                    preemption::NOMINATED,
+                    self.cache.nominated_node(&pod.key).map(|n| n.name.clone()),
+                );
+                let state = &state;
+                let filter = |node: &NodeInfo| -> Status {
+                    for (p, _) in filters {
+                        if state.skips_filter(p.name()) {
+                            continue;
+                        }
+                        let Some(f) = p.filter() else { continue };
+                        let s = f.filter(state, pod, node);
+                        if !s.is_success() {
+                            return s;
+                        }
+                    }
+                    Status::success()
+                };
+                let input = PostFilterInput {
+                    nodes,
+                    codes: &codes,
+                    filter: &filter,
+                };
+                let mut said = Vec::new();
+                for (p, _) in post {
+                    let Some(pf) = p.post_filter() else { continue };
+                    let (nominated, s) = pf.post_filter(state, pod, &input);
+                    if let Some(nm) = nominated.filter(|_| s.is_success()) {
+                        nomination = Some(Box::new(nm));
+                        break;
+                    }
+                    if s.is_rejection() && !s.reasons.is_empty() {
+                        said.push(s.message());
+                    }
+                }
+                if nomination.is_none() {
+                    for m in said {
+                        message.push(' ');
+                        message.push_str(&m);
+                    }
                 }
             }
             let events = if wake_on.is_empty() {
@@ -145,6 +194,7 @@ impl Scheduler {
                 message,
                 events,
                 status: Status::unschedulable("no node fits"),
+                nomination,
             });
         }
         let chosen = if feasible.len() == 1 {
@@ -197,6 +247,7 @@ impl Scheduler {
                             message: format!("rejected at permit by {}: {}", p.name(), s.message()),
                             events: vec![ClusterEvent::NodeAdd, ClusterEvent::AssignedPodDelete],
                             status: s,
+                            nomination: None,
                         }
                     } else {
                         Failure::Error(s)
@@ -283,6 +334,8 @@ pub(super) enum Failure {
         message: String,
         events: Vec<ClusterEvent>,
         status: Status,
+        /// Where preemption makes room, and whom it evicts.
+        nomination: Option<Box<Nomination>>,
     },
     Error(Status),
 }

@@ -5,6 +5,7 @@
 
 mod binding;
 mod cycle;
+mod preempt;
 
 use binding::{BindOutcome, MAX_BINDS_IN_FLIGHT};
 use cycle::Failure;
@@ -37,9 +38,11 @@ use crate::config::{Point, Profile, SchedulerConfig};
 use crate::framework::{ClusterEvent, Code, CycleState, Handle, QueuedPod, Status, WaitingPods};
 use crate::metrics::SchedulerMetrics;
 use crate::plugins::gang::{GangSpec, Gangs, gang_of};
+use crate::plugins::preemption::{Budget, Budgets};
 use crate::queue::{SchedulingQueue, TenantSpec, Usage};
 use crate::resources::PodInfo;
 use crate::topology::Topology;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 enum Msg {
     Node(Arc<Node>),
@@ -49,6 +52,7 @@ enum Msg {
     Tenants,
     Namespaces,
     PodGroup(String, Option<GangSpec>),
+    Budgets,
 }
 
 /// What the scheduler needs to run.
@@ -86,6 +90,8 @@ pub struct Scheduler {
     informers: Option<Arc<Informers>>,
     enqueued_at: HashMap<String, Instant>,
     gangs: Arc<Gangs>,
+    budgets: Arc<Budgets>,
+    pdbs: Option<Arc<PodCache<PodDisruptionBudget>>>,
     /// What the pods counted on nodes request, and the allocatable last handed on: the
     /// shard's free capacity (for gangs) is their difference.
     used: Usage,
@@ -105,7 +111,9 @@ impl Scheduler {
         let waiting = Arc::new(WaitingPods::default());
         let topology = Arc::new(RwLock::new(Topology::new()));
         let gangs = Arc::new(Gangs::default());
+        let budgets = Arc::new(Budgets::default());
         let handle = Handle {
+            budgets: budgets.clone(),
             waiting: waiting.clone(),
             client: client.clone(),
             topology: topology.clone(),
@@ -146,6 +154,8 @@ impl Scheduler {
             next_start: 0,
             metrics: opts.metrics,
             gangs,
+            budgets,
+            pdbs: None,
             used: Usage::default(),
             capacity_seen: Usage::default(),
             runtime_metrics: opts.runtime_metrics,
@@ -245,6 +255,15 @@ impl Scheduler {
                 Change::Deleted(_) => Msg::PodGroup(key, None),
             });
         });
+        // PodDisruptionBudgets, for preemption.
+        let pdbs = informers.get::<PodDisruptionBudget>(
+            find_resource("policy", "v1", "poddisruptionbudgets").expect("PDBs are served"),
+        );
+        let t = tx.clone();
+        let _pdbs_sub = pdbs.on_change(move |_| {
+            let _ = t.send(Msg::Budgets);
+        });
+        self.pdbs = Some(pdbs.cache().clone());
         let pods = informers.get::<Pod>(res("pods"));
         let t = tx;
         let _pods_sub = pods.on_change(move |c| {
@@ -263,6 +282,8 @@ impl Scheduler {
         replicasets.synced().await;
         statefulsets.synced().await;
         groups.synced().await;
+        pdbs.synced().await;
+        self.budgets_changed();
         self.rescope();
         tracing::info!("scheduler caches synced; scheduling");
         let mut outcomes = self.outcome_rx.take().expect("run is called once");
@@ -343,6 +364,26 @@ impl Scheduler {
         tracing::debug!(tenants = specs.len(), "tenants changed");
         self.queue.set_tenants(&specs);
         self.rescope();
+    }
+
+    /// Hands preemption the PodDisruptionBudgets as they are now (they are few).
+    fn budgets_changed(&mut self) {
+        let Some(cache) = &self.pdbs else { return };
+        let list = cache
+            .list()
+            .iter()
+            .filter_map(|b| {
+                let spec = b.spec.as_ref()?;
+                let selector =
+                    tessera_runtime::selector::from_metav1(spec.selector.as_ref()?).ok()?;
+                Some(Budget {
+                    namespace: b.metadata.namespace.clone()?,
+                    selector,
+                    allowed: b.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+                })
+            })
+            .collect();
+        self.budgets.set(list);
     }
 
     /// Makes the topology counters the profile's plugins read for `pod` (a cycle only reads).
@@ -452,6 +493,7 @@ impl Scheduler {
             Msg::NodeGone(name) => self.cache.remove_node(&name),
             Msg::Tenants => self.tenants_changed(),
             Msg::Namespaces => self.rescope(),
+            Msg::Budgets => self.budgets_changed(),
             Msg::PodGroup(key, spec) => {
                 if self.gangs.spec(&key) != spec {
                     self.gangs.set_spec(&key, spec);
@@ -461,6 +503,7 @@ impl Scheduler {
             Msg::PodGone(p) => {
                 let key = crate::key_of(&p.metadata);
                 self.gangs.set_member(&key, None, false);
+                self.cache.clear_nomination(&key);
                 self.queue.remove(&key);
                 self.enqueued_at.remove(&key);
                 if let Some(uid) = p.metadata.uid.as_deref() {
@@ -480,11 +523,10 @@ impl Scheduler {
                 let terminal = matches!(phase(&p), "Succeeded" | "Failed");
                 let gang =
                     gang_of(&p).filter(|_| !terminal && p.metadata.deletion_timestamp.is_none());
-                if gang.is_some() || self.gangs.is_member(&key) {
-                    let placed = node.is_some() || self.cache.is_assumed(&key);
-                    if self.gangs.set_member(&key, gang.as_deref(), placed) {
-                        self.event(ClusterEvent::PodGroupChange);
-                    }
+                if (gang.is_some() || self.gangs.is_member(&key))
+                    && self.gangs.set_member(&key, gang.as_deref(), node.is_some())
+                {
+                    self.event(ClusterEvent::PodGroupChange);
                 }
                 match node {
                     Some(_) if terminal => {
@@ -496,6 +538,7 @@ impl Scheduler {
                     Some(node) => {
                         self.queue.remove(&key);
                         self.enqueued_at.remove(&key);
+                        self.cache.clear_nomination(&key);
                         let cached = self.cache.pod(&key);
                         let terminating = p.metadata.deletion_timestamp.is_some()
                             && cached.is_some_and(|c| c.pod.metadata.deletion_timestamp.is_none());
@@ -553,8 +596,12 @@ impl Scheduler {
                 message,
                 events,
                 status,
+                nomination,
             }) => {
                 tracing::debug!(pod = %qp.info.key, plugin = status.plugin, %message, "unschedulable");
+                if let Some(n) = nomination {
+                    self.preempt(&qp.info, *n);
+                }
                 self.queue
                     .unschedulable(&qp.info.key, events, Instant::now());
                 self.report_unschedulable(&qp.info, &message);
@@ -749,7 +796,7 @@ mod tests {
             }) => {
                 assert_eq!(
                     message,
-                    "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+                    "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
                 );
                 assert!(
                     events.contains(&ClusterEvent::AssignedPodDelete),
@@ -815,7 +862,10 @@ mod tests {
         assert_eq!(placed.len(), 3, "one 600m pod per 1-cpu node: {placed:?}");
         match s.cycle(0, &queued("big", "600m")) {
             Err(Failure::Unschedulable { message, .. }) => {
-                assert_eq!(message, "0/3 nodes are available: 3 Insufficient cpu.")
+                assert_eq!(
+                    message,
+                    "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
+                )
             }
             _ => panic!("a fourth 600m pod fits nowhere"),
         }

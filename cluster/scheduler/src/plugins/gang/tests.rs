@@ -63,6 +63,7 @@ fn world(fail: Option<ApiError>) -> World {
         client: client.clone(),
         topology: cache.topology().clone(),
         gangs: gangs.clone(),
+        budgets: Default::default(),
         metrics: Some(metrics.clone()),
     };
     World {
@@ -86,6 +87,15 @@ fn member(name: &str, gang: Option<&str>) -> Arc<PodInfo> {
             "spec": {"containers": [{"name": "c", "image": "x"}]}}))
         .expect("pod"),
     )))
+}
+
+/// What PostFilter is given (Coscheduling reads none of it).
+fn no_input() -> PostFilterInput<'static> {
+    PostFilterInput {
+        nodes: &[],
+        codes: &[],
+        filter: &|_| Status::success(),
+    }
 }
 
 fn spec(min_member: u32, timeout: Duration) -> Option<GangSpec> {
@@ -250,9 +260,11 @@ fn members_leaving_or_finishing_do_not_count() {
         "already counted"
     );
     assert_eq!(w.gangs.placed("ns/g"), 1, "seen bound");
-    w.gangs.set_placed(&pods[0].key, false);
-    w.gangs.set_placed(&pods[1].key, true);
-    assert_eq!(w.gangs.placed("ns/g"), 1);
+    w.gangs.set_standing(&pods[0].key, Standing::Pending);
+    assert_eq!(w.gangs.committed("ns/g"), 1, "a bound member stays bound");
+    w.gangs.set_standing(&pods[1].key, Standing::Reserved);
+    assert_eq!((w.gangs.placed("ns/g"), w.gangs.committed("ns/g")), (2, 1));
+    w.gangs.set_standing(&pods[1].key, Standing::Pending);
     w.gangs.set_member(&pods[2].key, None, false);
     assert_eq!(w.gangs.members("ns/g"), 2);
     let s = PreFilterPlugin::pre_filter(&*w.plugin, &mut CycleState::new(), &pods[0]);
@@ -260,7 +272,7 @@ fn members_leaving_or_finishing_do_not_count() {
     // A relabelled pod moves to its new gang.
     assert!(w.gangs.set_member(&pods[1].key, Some("ns/h"), true));
     assert_eq!((w.gangs.members("ns/g"), w.gangs.members("ns/h")), (1, 1));
-    assert_eq!((w.gangs.placed("ns/g"), w.gangs.placed("ns/h")), (0, 1));
+    assert_eq!((w.gangs.placed("ns/g"), w.gangs.placed("ns/h")), (1, 1));
     w.gangs.set_member(&pods[1].key, None, false);
     assert_eq!((w.gangs.members("ns/h"), w.gangs.placed("ns/h")), (0, 0));
 }
@@ -402,13 +414,9 @@ async fn a_member_that_cannot_be_placed_releases_the_waiting_ones() {
     let pods = w.gang(3, 3, DEFAULT_TIMEOUT);
     let (_, _, rx0) = w.place(&pods[0], "n0");
     let (_, _, rx1) = w.place(&pods[1], "n1");
-    let (nominated, s) = PostFilterPlugin::post_filter(
-        &*w.plugin,
-        &CycleState::new(),
-        &pods[2],
-        &Default::default(),
-    );
-    assert_eq!(nominated, None);
+    let (nominated, s) =
+        PostFilterPlugin::post_filter(&*w.plugin, &CycleState::new(), &pods[2], &no_input());
+    assert!(nominated.is_none());
     assert_eq!(s.code, Code::Unschedulable);
     for rx in [rx0, rx1] {
         let v = rx.expect("waiting").await.expect("verdict");
@@ -424,7 +432,7 @@ async fn a_member_that_cannot_be_placed_releases_the_waiting_ones() {
         &*w.plugin,
         &CycleState::new(),
         &member("x", None),
-        &Default::default(),
+        &no_input(),
     );
     assert_eq!(s.code, Code::Skip);
 }
@@ -443,4 +451,33 @@ async fn a_deleted_waiting_member_releases_the_gang() {
         v.message(),
         "member p0 of gang ns/g left; the gang's reservations are released"
     );
+}
+
+/// A race the registry's standings close: members let go (PostFilter released them) are
+/// still reserved until the framework unreserves them; a member placed in between must not
+/// count them towards a quorum — it would be bound alone, a partial gang.
+#[tokio::test]
+async fn members_being_let_go_never_count_towards_a_quorum() {
+    let mut w = world(None);
+    let pods = w.gang(3, 3, DEFAULT_TIMEOUT);
+    let (_, _, rx0) = w.place(&pods[0], "n0");
+    let (_, _, rx1) = w.place(&pods[1], "n1");
+    let _ = PostFilterPlugin::post_filter(&*w.plugin, &CycleState::new(), &pods[2], &no_input());
+    for rx in [rx0, rx1] {
+        assert!(rx.expect("waiting").await.expect("verdict").is_rejection());
+    }
+    // p0 and p1 are still reserved (their unreserve has not run): p2 now fits.
+    assert_eq!(w.gangs.placed("ns/g"), 2);
+    let (s, _, _) = w.place(&pods[2], "n2");
+    assert_eq!(s.code, Code::Wait, "p2 must wait: {}", s.message());
+    assert_eq!(s.message(), "waiting for 2 more member(s) of gang ns/g");
+    let state = CycleState::new();
+    assert_eq!(
+        BindPlugin::bind(&*w.plugin, &state, &pods[2], "n2")
+            .await
+            .code,
+        Code::Skip,
+        "nothing to bind for p2"
+    );
+    assert!(w.bindings().is_empty());
 }

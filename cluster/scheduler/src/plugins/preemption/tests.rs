@@ -1,0 +1,354 @@
+//! DefaultPreemption against kube-scheduler's documented behaviour (the fewest and least
+//! important victims, PodDisruptionBudgets preferred intact, nodes where preemption cannot
+//! help), plus the fair-share rule across tenants.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::cache::Cache;
+use crate::framework::{Code, CycleState, FilterPlugin, PostFilterInput};
+use crate::plugins::fit::{Fit, FitArgs};
+
+fn node(name: &str, cpu: &str) -> Arc<k8s_openapi::api::core::v1::Node> {
+    Arc::new(
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"}}}),
+        )
+        .expect("node"),
+    )
+}
+
+fn pod_in(ns: &str, name: &str, cpu: &str, priority: i32, extra: Value) -> Arc<PodInfo> {
+    let mut p = json!({"metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
+            "labels": {"app": name}},
+        "spec": {"priority": priority, "containers": [{"name": "c", "image": "x",
+            "resources": {"requests": {"cpu": cpu}}}]}});
+    if let (Some(m), Some(e)) = (p.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            match (k.as_str(), m.get_mut(k)) {
+                ("spec" | "metadata", Some(Value::Object(o))) => {
+                    for (k2, v2) in v.as_object().into_iter().flatten() {
+                        o.insert(k2.clone(), v2.clone());
+                    }
+                }
+                _ => {
+                    m.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    Arc::new(PodInfo::new(Arc::new(
+        serde_json::from_value(p).expect("pod"),
+    )))
+}
+
+fn pod(name: &str, cpu: &str, priority: i32) -> Arc<PodInfo> {
+    pod_in("ns", name, cpu, priority, json!({}))
+}
+
+/// A shard: nodes `(name, cpu)` and bound pods `(pod, node)`.
+fn shard(nodes: &[(&str, &str)], pods: &[(Arc<PodInfo>, &str)]) -> Cache {
+    let mut c = Cache::with_topology(Default::default());
+    for (n, cpu) in nodes {
+        c.upsert_node(node(n, cpu));
+    }
+    for (p, n) in pods {
+        c.confirm_pod(p.clone(), n);
+    }
+    c
+}
+
+struct Run {
+    nomination: Option<(String, Vec<String>)>,
+    status: Status,
+}
+
+/// Runs Filter (NodeResourcesFit) on every node, then DefaultPreemption, as the cycle does.
+fn preempt(
+    c: &Cache,
+    budgets: Vec<Budget>,
+    fair: Option<FairView>,
+    incoming: &Arc<PodInfo>,
+    unresolvable: &[&str],
+) -> Run {
+    let fit = Fit::new(FitArgs::default()).expect("fit");
+    let mut state = CycleState::new();
+    if let Some(f) = fair {
+        state.write(FAIR_VIEW, f);
+    }
+    let nodes = c.nodes();
+    let codes: Vec<Code> = nodes
+        .iter()
+        .map(|n| {
+            if unresolvable.contains(&n.name.as_str()) {
+                Code::UnschedulableAndUnresolvable
+            } else {
+                let s = FilterPlugin::filter(&fit, &state, incoming, n);
+                assert!(!s.is_success(), "{} fits on {}", incoming.key, n.name);
+                s.code
+            }
+        })
+        .collect();
+    let filter = |n: &NodeInfo| FilterPlugin::filter(&fit, &state, incoming, n);
+    let store = Arc::new(Budgets::default());
+    store.set(budgets);
+    let plugin = DefaultPreemption::new(store);
+    let (nom, status) = PostFilterPlugin::post_filter(
+        &plugin,
+        &state,
+        incoming,
+        &PostFilterInput {
+            nodes,
+            codes: &codes,
+            filter: &filter,
+        },
+    );
+    Run {
+        nomination: nom.map(|n| {
+            let mut v: Vec<String> = n.victims.iter().map(|v| v.name().to_owned()).collect();
+            v.sort();
+            (n.node, v)
+        }),
+        status,
+    }
+}
+
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn victims_are_the_fewest_and_least_important_that_make_room() {
+    // 4 cpu full: after evicting all lower pods, the most important are put back first.
+    let c = shard(
+        &[("n1", "4")],
+        &[
+            (pod("low1", "2", 1), "n1"),
+            (pod("low2", "1", 2), "n1"),
+            (pod("low3", "1", 3), "n1"),
+        ],
+    );
+    let r = preempt(&c, vec![], None, &pod("vip", "2", 10), &[]);
+    assert!(r.status.is_success(), "{}", r.status.message());
+    assert_eq!(r.nomination, Some(("n1".into(), names(&["low1"]))));
+}
+
+#[test]
+fn the_node_with_the_least_important_victims_is_chosen() {
+    // (nodes' pods, incoming, expected node and victims)
+    // (pods on nodes, the incoming pod, the node and victims chosen)
+    type Case<'a> = (
+        Vec<(Arc<PodInfo>, &'a str)>,
+        Arc<PodInfo>,
+        (&'a str, Vec<&'a str>),
+    );
+    let cases: Vec<Case> = vec![
+        // Lowest highest-priority victim wins.
+        (
+            vec![(pod("a5", "2", 5), "n1"), (pod("b1", "2", 1), "n2")],
+            pod("p", "2", 10),
+            ("n2", vec!["b1"]),
+        ),
+        // Same highest priority: the smaller sum of priorities (fewer victims here).
+        (
+            vec![
+                (pod("a1", "1", 1), "n1"),
+                (pod("a2", "1", 1), "n1"),
+                (pod("b1", "2", 1), "n2"),
+            ],
+            pod("p", "2", 10),
+            ("n2", vec!["b1"]),
+        ),
+        // Pods of equal or higher priority are never victims.
+        (
+            vec![(pod("eq", "2", 10), "n1"), (pod("lo", "2", 9), "n2")],
+            pod("p", "2", 10),
+            ("n2", vec!["lo"]),
+        ),
+    ];
+    for (pods, incoming, (node, victims)) in cases {
+        let c = shard(&[("n1", "2"), ("n2", "2")], &pods);
+        let r = preempt(&c, vec![], None, &incoming, &[]);
+        assert_eq!(
+            r.nomination,
+            Some((node.to_owned(), names(&victims))),
+            "{}",
+            r.status.message()
+        );
+    }
+}
+
+fn budget(app: &str, allowed: i32) -> Budget {
+    Budget {
+        namespace: "ns".into(),
+        selector: tessera_runtime::selector::from_metav1(
+            &serde_json::from_value(json!({"matchLabels": {"app": app}})).expect("selector"),
+        )
+        .expect("selector"),
+        allowed,
+    }
+}
+
+#[test]
+fn pod_disruption_budgets_are_kept_when_another_node_can_help() {
+    let pods = vec![(pod("guarded", "2", 1), "n1"), (pod("free", "2", 5), "n2")];
+    let c = shard(&[("n1", "2"), ("n2", "2")], &pods);
+    // The budget allows no disruption: the other node wins, though its victim matters more.
+    let r = preempt(
+        &c,
+        vec![budget("guarded", 0)],
+        None,
+        &pod("p", "2", 10),
+        &[],
+    );
+    assert_eq!(r.nomination, Some(("n2".into(), names(&["free"]))));
+    // A budget that allows one: the least important victim again.
+    let r = preempt(
+        &c,
+        vec![budget("guarded", 1)],
+        None,
+        &pod("p", "2", 10),
+        &[],
+    );
+    assert_eq!(r.nomination, Some(("n1".into(), names(&["guarded"]))));
+    // Only a guarded victim can make room: it is preempted anyway (as Kubernetes does).
+    let c = shard(&[("n1", "2")], &[(pod("guarded", "2", 1), "n1")]);
+    let r = preempt(
+        &c,
+        vec![budget("guarded", 0)],
+        None,
+        &pod("p", "2", 10),
+        &[],
+    );
+    assert_eq!(r.nomination, Some(("n1".into(), names(&["guarded"]))));
+}
+
+#[test]
+fn when_preemption_cannot_help_it_says_why_in_kubernetes_words() {
+    let c = shard(
+        &[("n1", "2"), ("n2", "2"), ("n3", "2")],
+        &[
+            (pod("same", "2", 10), "n1"),
+            (pod("higher", "2", 20), "n2"),
+            (pod("low", "1", 1), "n3"),
+        ],
+    );
+    // n3's low pod frees 1 cpu of the 2 asked; n1 and n2 hold nothing of lower priority.
+    let r = preempt(&c, vec![], None, &pod("p", "3", 10), &[]);
+    assert!(r.nomination.is_none());
+    assert_eq!(
+        r.status.message(),
+        "preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
+    );
+    let r = preempt(&c, vec![], None, &pod("p", "3", 10), &["n1"]);
+    assert_eq!(
+        r.status.message(),
+        "preemption: 0/3 nodes are available: 1 Preemption is not helpful for scheduling, 2 No preemption victims found for incoming pod."
+    );
+    let never = pod_in(
+        "ns",
+        "polite",
+        "2",
+        100,
+        json!({"spec": {"preemptionPolicy": "Never"}}),
+    );
+    let r = preempt(&c, vec![], None, &never, &[]);
+    assert_eq!(
+        r.status.message(),
+        "preemption: not eligible due to preemptionPolicy=Never."
+    );
+}
+
+#[test]
+fn terminating_pods_are_not_victims() {
+    let going = pod_in(
+        "ns",
+        "going",
+        "2",
+        1,
+        json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+    );
+    let c = shard(&[("n1", "2")], &[(going, "n1")]);
+    let r = preempt(&c, vec![], None, &pod("p", "2", 10), &[]);
+    assert!(r.nomination.is_none(), "{:?}", r.nomination);
+}
+
+#[test]
+fn across_tenants_only_a_tenant_under_its_share_preempts_one_over_it() {
+    // Tenant a (share 0.2) and b (share 0.6); one node, full of b's low pod.
+    let fair = || {
+        FairView::of(
+            &[("<none>", 0.0), ("a", 0.2), ("b", 0.6)],
+            &[("ta", 1), ("tb", 2)],
+        )
+    };
+    let c = shard(
+        &[("n1", "2")],
+        &[(pod_in("tb", "bees", "2", 1, json!({})), "n1")],
+    );
+    let r = preempt(
+        &c,
+        vec![],
+        Some(fair()),
+        &pod_in("ta", "ay", "2", 10, json!({})),
+        &[],
+    );
+    assert_eq!(
+        r.nomination,
+        Some(("n1".into(), names(&["bees"]))),
+        "under its share, a preempts b"
+    );
+    // The reverse: b is over its share; a's pod is safe whatever b's priority.
+    let c = shard(
+        &[("n1", "2")],
+        &[(pod_in("ta", "ay", "2", 1, json!({})), "n1")],
+    );
+    let r = preempt(
+        &c,
+        vec![],
+        Some(fair()),
+        &pod_in("tb", "bees", "2", 1000, json!({})),
+        &[],
+    );
+    assert!(r.nomination.is_none(), "{:?}", r.nomination);
+    assert_eq!(
+        r.status.message(),
+        "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+    );
+    // Within a tenant, priority alone decides.
+    let c = shard(
+        &[("n1", "2")],
+        &[(pod_in("tb", "b-low", "2", 1, json!({})), "n1")],
+    );
+    let r = preempt(
+        &c,
+        vec![],
+        Some(fair()),
+        &pod_in("tb", "b-high", "2", 10, json!({})),
+        &[],
+    );
+    assert_eq!(r.nomination, Some(("n1".into(), names(&["b-low"]))));
+}
+
+#[test]
+fn a_nominated_pod_keeps_its_room_from_pods_of_lower_priority() {
+    let mut c = shard(&[("n1", "2")], &[]);
+    let vip = pod("vip", "2", 10);
+    c.nominate(vip.clone(), "n1");
+    let fit = Fit::new(FitArgs::default()).expect("fit");
+    let state = CycleState::new();
+    let n = &c.nodes()[0];
+    let low = pod("low", "1", 5);
+    let s = FilterPlugin::filter(&fit, &state, &low, n);
+    assert_eq!(s.message(), "Insufficient cpu", "the room is held for vip");
+    assert!(FilterPlugin::filter(&fit, &state, &pod("higher", "1", 50), n).is_success());
+    assert!(
+        FilterPlugin::filter(&fit, &state, &vip, n).is_success(),
+        "vip itself fits"
+    );
+    c.clear_nomination(&vip.key);
+    assert!(FilterPlugin::filter(&fit, &state, &low, &c.nodes()[0]).is_success());
+}

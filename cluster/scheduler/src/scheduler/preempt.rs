@@ -1,0 +1,62 @@
+//! What the loop does when preemption chose a node: hold the room there for the pod, set
+//! its `status.nominatedNodeName`, and evict the victims gracefully (each delete is
+//! conditional on the victim's UID, so a pod replaced meanwhile is not touched), each with a
+//! `Preempted` event.
+
+use super::*;
+use crate::framework::Nomination;
+use tessera_client::request::{ApiRequest, Verb};
+
+impl Scheduler {
+    pub(super) fn preempt(&mut self, pod: &Arc<PodInfo>, nomination: Nomination) {
+        let Nomination { node, victims } = nomination;
+        tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
+        self.cache.nominate(pod.clone(), &node);
+        if let Some(m) = &self.metrics {
+            m.preemption_attempts.inc();
+            m.preemption_victims.observe(victims.len() as f64);
+        }
+        for v in &victims {
+            self.recorder.event(
+                &ObjectRef::new("v1", "Pod", &v.pod.metadata),
+                EventType::Normal,
+                "Preempted",
+                &format!("Preempted by {} on node {node}", pod.key),
+            );
+        }
+        let client = self.client.clone();
+        let ns = pod.pod.metadata.namespace.clone();
+        let name = pod.name().to_owned();
+        tokio::spawn(async move {
+            let patch = json!({"status": {"nominatedNodeName": node}});
+            if let Err(e) = client
+                .patch(
+                    res("pods"),
+                    ns.as_deref(),
+                    &name,
+                    Some("status"),
+                    PatchType::Merge,
+                    &patch,
+                )
+                .await
+            {
+                tracing::debug!(pod = %name, error = %e.message, "could not record the nominated node");
+            }
+            for v in victims {
+                let mut req = ApiRequest::new(Verb::Delete, res("pods"));
+                req.namespace = v.pod.metadata.namespace.clone();
+                req.name = Some(v.name().to_owned());
+                req.body = json!({"kind": "DeleteOptions", "apiVersion": "v1",
+                    "preconditions": {"uid": v.uid()}})
+                .to_string()
+                .into();
+                if let Err(e) = client.call(req).await
+                    && e.code != 404
+                    && e.code != 409
+                {
+                    tracing::warn!(victim = %v.key, error = %e.message, "could not evict a preemption victim");
+                }
+            }
+        });
+    }
+}
