@@ -8,9 +8,10 @@
 //!
 //! Workloads: `basic`, `node-affinity` (every pod requires the nodes' zone), `anti-affinity`,
 //! `topology-spread`, `unschedulable` (init pods that fit nowhere stay queued while the
-//! measured pods are placed), `gang` (PodGroups of `--gang-size`, each bound whole) and
-//! `tenants` (fair sharing; see [`run_tenants`]). `preemption` needs the preemption
-//! PostFilter, not built yet, and says so.
+//! measured pods are placed), `gang` (PodGroups of `--gang-size`, each bound whole),
+//! `preemption` (low-priority init pods fill every node; each measured high-priority pod
+//! preempts one) and `tenants` (fair sharing; see [`run_tenants`]). Nothing runs the pods;
+//! the benchmark deletes terminating pods at once, as a node agent would.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,7 +50,8 @@ pub enum Workload {
     AntiAffinity,
     /// Pods spread over 3 zones with maxSkew 5 (`DoNotSchedule`).
     TopologySpread,
-    /// High-priority pods preempting low ones (not built yet).
+    /// Init pods of priority 1 (1 cpu each, 4 per node: every node full); measured pods of
+    /// priority 1000 (1 cpu) each preempt one of them.
     Preemption,
     /// Init pods that fit nowhere stay queued while the measured pods are placed.
     Unschedulable,
@@ -208,6 +210,10 @@ fn pod(ns: &str, name: &str, phase: &str, cpu: &str, workload: Workload) -> Valu
             "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
             "labelSelector": {"matchLabels": {"color": "blue"}}}]);
     }
+    if workload == Workload::Preemption {
+        p["spec"]["priorityClassName"] = json!(if phase == "init" { "low" } else { "high" });
+        p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("1");
+    }
     if workload == Workload::NodeAffinity {
         p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
             {"nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone",
@@ -255,10 +261,20 @@ impl Bench {
 
         let seen: SeenMap = Arc::new(Mutex::new(HashMap::new()));
         let informer = Informer::<Pod>::new(client.clone(), pods_res(), Scope::default(), None);
+        // What a node agent does for a pod being deleted: it stops, and goes.
+        let (stopping, mut stopped) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
         {
             let seen = seen.clone();
             informer
                 .on_change(move |c| {
+                    if let Change::Updated { new: p, .. } = c
+                        && p.metadata.deletion_timestamp.is_some()
+                    {
+                        let _ = stopping.send((
+                            p.metadata.namespace.clone().unwrap_or_default(),
+                            p.metadata.name.clone().unwrap_or_default(),
+                        ));
+                    }
                     let now = Instant::now();
                     let (p, gone) = match c {
                         Change::Added(p) | Change::Updated { new: p, .. } => (p, false),
@@ -290,6 +306,16 @@ impl Bench {
                 .detach();
         }
         let mut tasks = vec![tokio::spawn(informer.clone().run())];
+        let agent_client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some((ns, name)) = stopped.recv().await {
+                let mut req = ApiRequest::new(Verb::Delete, pods_res());
+                req.namespace = Some(ns);
+                req.name = Some(name);
+                req.body = json!({"gracePeriodSeconds": 0}).to_string().into();
+                let _ = agent_client.call(req).await;
+            }
+        }));
         informer.synced().await;
         let component = |name: &str| -> Arc<dyn Client> {
             tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
@@ -323,6 +349,23 @@ impl Bench {
             .create(ns, None, &json!({"metadata": {"name": name}}))
             .await
             .map_err(err)?;
+        Ok(())
+    }
+
+    /// PriorityClasses `low` (1) and `high` (1000).
+    async fn priority_classes(&self) -> anyhow::Result<()> {
+        let classes = find_resource("scheduling.k8s.io", "v1", "priorityclasses").map_err(err)?;
+        for (name, value) in [("low", 1), ("high", 1000)] {
+            self.client
+                .create(
+                    classes,
+                    None,
+                    &json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                        "metadata": {"name": name}, "value": value}),
+                )
+                .await
+                .map_err(err)?;
+        }
         Ok(())
     }
 
@@ -433,9 +476,6 @@ impl Bench {
 /// Runs the benchmark.
 pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     match args.workload {
-        Workload::Preemption => {
-            anyhow::bail!("the preemption workload needs the preemption PostFilter, not built yet")
-        }
         Workload::Gang if args.gang_size == 0 || !args.pods.is_multiple_of(args.gang_size) => {
             anyhow::bail!(
                 "--pods {} is not a whole number of gangs of --gang-size {}",
@@ -505,7 +545,13 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     bench.namespace("init").await?;
     bench.namespace("measured").await?;
-    let init = args.init_pods.unwrap_or(1_000);
+    let preemption = args.workload == Workload::Preemption;
+    let init = args
+        .init_pods
+        .unwrap_or(if preemption { 4 * args.nodes } else { 1_000 });
+    if preemption {
+        bench.priority_classes().await?;
+    }
     let (init_cpu, init_fit) = if args.workload == Workload::Unschedulable {
         ("9", false)
     } else {
@@ -562,6 +608,7 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
     let s = bench.seen.lock();
     let checked = match gang {
         Some(size) => Some(check_gangs(&s, size)?),
+        None if preemption => Some(check_preemption(&s, args.pods)?),
         None => check_placement(&s, args.workload)?,
     };
     let measured = s.values().filter(|e| e.ns == "measured");
@@ -655,6 +702,27 @@ fn check_placement(
         }
         _ => Ok(None),
     }
+}
+
+/// `preemption`: every measured pod bound; exactly one init pod evicted for each (the
+/// fewest victims); no node holds more than 4 live pods of 1 cpu.
+fn check_preemption(seen: &HashMap<String, Seen>, measured: usize) -> anyhow::Result<String> {
+    let victims = seen.values().filter(|e| e.ns == "init" && e.gone).count();
+    if victims != measured {
+        anyhow::bail!("{measured} high-priority pods evicted {victims} pods, not one each");
+    }
+    let mut per_node: HashMap<&str, usize> = HashMap::new();
+    for e in seen.values().filter(|e| !e.gone) {
+        if let Some(n) = e.node.as_deref() {
+            *per_node.entry(n).or_insert(0) += 1;
+        }
+    }
+    if let Some((n, c)) = per_node.iter().find(|(_, c)| **c > 4) {
+        anyhow::bail!("node {n} holds {c} pods of 1 cpu in 4 cpu");
+    }
+    Ok(format!(
+        "{measured} high-priority pods placed, {victims} low-priority victims (one each), no node over its 4 cpu"
+    ))
 }
 
 /// `gang`: every PodGroup has all its `size` members bound, at one resourceVersion (one
