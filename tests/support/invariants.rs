@@ -449,7 +449,8 @@ mod tests {
     #[test]
     fn a_partly_bound_gang_is_reported() {
         let mut c = Checker::default();
-        c.node(&node("n1"));
+        c.node(&json!({"metadata": {"name": "n1"},
+            "status": {"allocatable": {"cpu": "8", "memory": "8Gi", "pods": "110"}}}));
         c.gang("ns/whole", 2);
         c.gang("ns/split", 2);
         c.pod("MODIFIED", &member("w1", "whole", Some("n1"), 5));
