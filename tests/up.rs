@@ -598,9 +598,28 @@ fn the_scheduler_benchmark_binds_every_pod_and_shares_by_weight() {
         t["share_error_max_pct"].as_f64().is_some_and(|e| e <= 5.0),
         "{r}"
     );
+    // Gangs: every PodGroup bound whole at one revision, or the bench fails.
+    let r = run(&[
+        "--workload=gang",
+        "--nodes=50",
+        "--pods=80",
+        "--init-pods=10",
+    ]);
+    assert_eq!(
+        r["checked"], "10 gangs of 8: each bound whole, in one transaction",
+        "{r}"
+    );
+    // Preemption: every node full of priority-1 pods; each priority-1000 pod evicts one.
+    let r = run(&["--workload=preemption", "--nodes=20", "--pods=10"]);
+    assert_eq!(r["init_pods"], 80, "{r}");
+    assert_eq!(
+        r["checked"],
+        "10 high-priority pods placed, 10 low-priority victims (one each), no node over its 4 cpu",
+        "{r}"
+    );
     // What is not built is refused with the reason, not measured as something else.
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["bench", "scheduler", "--workload=gang"])
+        .args(["bench", "scheduler", "--workers=2"])
         .output()
         .expect("tessera bench scheduler");
     assert!(!out.status.success());

@@ -25,8 +25,9 @@ pub struct Cache {
     nodes: Vec<NodeInfo>,
     index: HashMap<String, usize>,
     pods: HashMap<String, CachedPod>,
-    /// Pending pods nominated to a node by preemption, by key: the node's name.
-    nominations: HashMap<String, String>,
+    /// Pending pods nominated to a node by preemption, by key: the node's name and the
+    /// victims (keys) evicted for it.
+    nominations: HashMap<String, (String, Vec<String>)>,
     live_nodes: usize,
     /// The allocatable of every node with a Node (cpu, memory, pods).
     capacity: Usage,
@@ -264,16 +265,17 @@ impl Cache {
 
     /// Nominates a pending pod to `node` (preemption chose it): until the pod is placed or
     /// gone, pods of lower or equal priority leave it the room there.
-    pub fn nominate(&mut self, pod: Arc<PodInfo>, node: &str) {
+    pub fn nominate(&mut self, pod: Arc<PodInfo>, node: &str, victims: Vec<String>) {
         self.clear_nomination(&pod.key);
         let i = self.slot(node);
-        self.nominations.insert(pod.key.clone(), node.to_owned());
+        self.nominations
+            .insert(pod.key.clone(), (node.to_owned(), victims));
         self.nodes[i].nominated.push(pod);
     }
 
     /// Ends a pod's nomination (placed, bound, deleted, or nominated elsewhere).
     pub fn clear_nomination(&mut self, key: &str) {
-        let Some(node) = self.nominations.remove(key) else {
+        let Some((node, _)) = self.nominations.remove(key) else {
             return;
         };
         if let Some(&i) = self.index.get(&node) {
@@ -287,8 +289,17 @@ impl Cache {
 
     /// The node a pending pod is nominated to.
     pub fn nominated_node(&self, key: &str) -> Option<&NodeInfo> {
-        let i = self.index.get(self.nominations.get(key)?)?;
+        let i = self.index.get(&self.nominations.get(key)?.0)?;
         Some(&self.nodes[*i])
+    }
+
+    /// True while a victim evicted for `key`'s nomination is still counted on its node:
+    /// its preemption is under way (the eviction may not even be seen yet), so it must not
+    /// preempt again.
+    pub fn preemption_underway(&self, key: &str) -> bool {
+        self.nominations
+            .get(key)
+            .is_some_and(|(_, victims)| victims.iter().any(|v| self.pods.contains_key(v)))
     }
 
     /// Undoes an assumption (binding failed). A pod the API already confirmed stays.

@@ -2,8 +2,9 @@
 //! priority makes room, with the fewest and least important victims — kube-scheduler's
 //! PostFilter, plus Tessera's rule across tenants.
 //!
-//! - A pod with `preemptionPolicy: Never` never preempts; neither does one whose nominated
-//!   node still has lower-priority pods terminating (its preemption is under way).
+//! - A pod with `preemptionPolicy: Never` never preempts; neither does one whose last
+//!   preemption is under way (a victim evicted for it still on its node, even before the
+//!   eviction is seen) or whose nominated node has lower-priority pods terminating.
 //! - Victims have a lower priority than the preemptor and are not terminating. A pod of
 //!   *another tenant* is a victim only if that tenant's weighted dominant share is above the
 //!   preemptor's tenant's: a tenant under its share may preempt one over it, never the
@@ -43,6 +44,9 @@ pub const FAIR_VIEW: &str = "FairView";
 
 /// Where the cycle leaves the node the pod is nominated to already, if any.
 pub const NOMINATED: &str = "NominatedNode";
+
+/// Where the cycle leaves whether a victim of the pod's last preemption is still on its node.
+pub const UNDERWAY: &str = "PreemptionUnderway";
 
 /// A PodDisruptionBudget as preemption reads it.
 #[derive(Clone, Debug)]
@@ -195,12 +199,19 @@ impl PostFilterPlugin for DefaultPreemption {
                 Status::unschedulable("preemption: not eligible due to preemptionPolicy=Never."),
             );
         }
-        if let Some(Some(node)) = state.read::<Option<String>>(NOMINATED)
-            && let Some(n) = input.nodes.iter().find(|n| &n.name == node)
-            && n.pods
-                .iter()
-                .any(|p| terminating(p) && p.priority < pod.priority)
-        {
+        let underway = state.read::<bool>(UNDERWAY).copied().unwrap_or(false);
+        let terminating_there = || {
+            let Some(Some(node)) = state.read::<Option<String>>(NOMINATED) else {
+                return false;
+            };
+            input.nodes.iter().any(|n| {
+                &n.name == node
+                    && n.pods
+                        .iter()
+                        .any(|p| terminating(p) && p.priority < pod.priority)
+            })
+        };
+        if underway || terminating_there() {
             return (
                 None,
                 Status::unschedulable(

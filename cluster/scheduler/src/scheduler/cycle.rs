@@ -147,6 +147,10 @@ impl Scheduler {
                     preemption::NOMINATED,
                     self.cache.nominated_node(&pod.key).map(|n| n.name.clone()),
                 );
+                state.write(
+                    preemption::UNDERWAY,
+                    self.cache.preemption_underway(&pod.key),
+                );
                 let state = &state;
                 let filter = |node: &NodeInfo| -> Status {
                     for (p, _) in filters {

@@ -11,7 +11,8 @@ impl Scheduler {
     pub(super) fn preempt(&mut self, pod: &Arc<PodInfo>, nomination: Nomination) {
         let Nomination { node, victims } = nomination;
         tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
-        self.cache.nominate(pod.clone(), &node);
+        let keys = victims.iter().map(|v| v.key.clone()).collect();
+        self.cache.nominate(pod.clone(), &node, keys);
         if let Some(m) = &self.metrics {
             m.preemption_attempts.inc();
             m.preemption_victims.observe(victims.len() as f64);

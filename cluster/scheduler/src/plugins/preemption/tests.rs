@@ -337,7 +337,7 @@ fn across_tenants_only_a_tenant_under_its_share_preempts_one_over_it() {
 fn a_nominated_pod_keeps_its_room_from_pods_of_lower_priority() {
     let mut c = shard(&[("n1", "2")], &[]);
     let vip = pod("vip", "2", 10);
-    c.nominate(vip.clone(), "n1");
+    c.nominate(vip.clone(), "n1", Vec::new());
     let fit = Fit::new(FitArgs::default()).expect("fit");
     let state = CycleState::new();
     let n = &c.nodes()[0];
@@ -351,4 +351,45 @@ fn a_nominated_pod_keeps_its_room_from_pods_of_lower_priority() {
     );
     c.clear_nomination(&vip.key);
     assert!(FilterPlugin::filter(&fit, &state, &low, &c.nodes()[0]).is_success());
+}
+
+/// A pod whose victims are still on their node (the eviction may not even be seen yet)
+/// waits for them instead of preempting again: one victim per preemption, never two.
+#[test]
+fn a_preemption_under_way_is_not_repeated() {
+    let low = pod("low", "2", 1);
+    let mut c = shard(
+        &[("n1", "2"), ("n2", "2")],
+        &[(low.clone(), "n1"), (pod("low2", "2", 1), "n2")],
+    );
+    let vip = pod("vip", "2", 10);
+    c.nominate(vip.clone(), "n1", vec![low.key.clone()]);
+    assert!(
+        c.preemption_underway(&vip.key),
+        "its victim is still counted"
+    );
+    let fit = Fit::new(FitArgs::default()).expect("fit");
+    let mut state = CycleState::new();
+    state.write(UNDERWAY, c.preemption_underway(&vip.key));
+    let nodes = c.nodes();
+    let codes = vec![Code::Unschedulable; nodes.len()];
+    let filter = |n: &NodeInfo| FilterPlugin::filter(&fit, &state, &vip, n);
+    let plugin = DefaultPreemption::new(Arc::default());
+    let (nom, s) = PostFilterPlugin::post_filter(
+        &plugin,
+        &state,
+        &vip,
+        &PostFilterInput {
+            nodes,
+            codes: &codes,
+            filter: &filter,
+        },
+    );
+    assert!(nom.is_none(), "no second victim");
+    assert_eq!(
+        s.message(),
+        "preemption: not eligible due to a terminating pod on the nominated node."
+    );
+    c.remove_pod(&low.key);
+    assert!(!c.preemption_underway(&vip.key), "its victim is gone");
 }
