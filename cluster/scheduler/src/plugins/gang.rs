@@ -2,14 +2,17 @@
 //! scheduler-plugins. A pod labelled `scheduling.x-k8s.io/pod-group: <name>` is a member of
 //! that PodGroup in its namespace.
 //!
-//! - PreFilter: the PodGroup must exist and have at least `minMember` member pods.
+//! - PreFilter: the PodGroup must exist and have at least `minMember` member pods, and the
+//!   members still to place must fit in the shard's free capacity as a whole.
 //! - Each member has a standing in the gang registry: pending, reserved (Reserve), committed
 //!   (in a batch that reached the quorum, or bound alone after it) or bound (seen by the
 //!   scheduling loop); Unreserve sets it back to pending. Counting walks no pods.
 //! - Permit: a reserved member joins its gang's gathering and waits; the member that brings
 //!   committed + gathering to `minMember` lets every gathering member go, and together they
 //!   form one *batch*. Only committed and bound members count towards a quorum: members
-//!   reserved earlier and being let go (a timeout, a failed member) never do.
+//!   reserved earlier and being let go (a timeout, a failed member) never do. A member
+//!   binds alone only once `minMember` are bound; one placed while a batch is on its way
+//!   waits for it, and is let go when the batch is bound.
 //! - Bind: a batch is bound through `podgroups/{name}/binding` — one store transaction, so the
 //!   gang is bound whole or not at all, even if the scheduler dies mid-way. Members placed
 //!   after the quorum bind one by one (DefaultBinder).
@@ -215,6 +218,15 @@ impl Gangs {
             .map_or(0, |m| m.count(|s| s != Standing::Pending))
     }
 
+    /// Members of `gang` seen bound (or bound by a batch this scheduler sent).
+    pub fn bound(&self, gang: &str) -> usize {
+        self.inner
+            .read()
+            .members
+            .get(gang)
+            .map_or(0, |m| m.count(|s| s == Standing::Bound))
+    }
+
     /// Members of `gang` committed or bound: what a quorum already reached consists of.
     pub fn committed(&self, gang: &str) -> usize {
         self.inner.read().members.get(gang).map_or(0, |m| {
@@ -293,6 +305,30 @@ impl Coscheduling {
         }
     }
 
+    /// A batch was bound: its members are bound, and members that gathered meanwhile (they
+    /// waited for the batch) bind alone now.
+    fn bound_whole(&self, batch: &Batch) {
+        let ns = batch.gang.split_once('/').map_or("", |(ns, _)| ns);
+        for m in &batch.members {
+            self.gangs
+                .set_standing(&format!("{ns}/{}", m.pod), Standing::Bound);
+        }
+        let Some(spec) = self.gangs.spec(&batch.gang) else {
+            return;
+        };
+        if self.gangs.bound(&batch.gang) < spec.min_member as usize {
+            return;
+        }
+        let Some(g) = self.state.lock().gathering.remove(&batch.gang) else {
+            return;
+        };
+        for m in g.members {
+            self.gangs
+                .set_standing(&format!("{ns}/{}", m.pod), Standing::Committed);
+            self.waiting.allow(&m.uid);
+        }
+    }
+
     async fn bind_batch(&self, batch: &Batch) -> Status {
         let Ok(groups) = find_resource("tessera.io", "v1alpha1", "podgroups") else {
             return Status::error("the API serves no podgroups");
@@ -327,6 +363,7 @@ impl Coscheduling {
         match self.client.call(req).await {
             Ok(_) => {
                 self.outcome("bound");
+                self.bound_whole(batch);
                 Status::success()
             }
             Err(e) => {
@@ -496,8 +533,9 @@ impl PermitPlugin for Coscheduling {
         };
         let now = Instant::now();
         let mut st = self.state.lock();
-        // A quorum already reached (bound, or a batch on its way): this one binds alone.
-        if self.gangs.committed(&gang) >= min {
+        // A quorum already bound: this one binds alone.
+        let bound = self.gangs.bound(&gang);
+        if bound >= min {
             drop(st);
             self.gangs.set_standing(&pod.key, Standing::Committed);
             return (Status::success(), Duration::ZERO);
@@ -519,8 +557,12 @@ impl PermitPlugin for Coscheduling {
         }
         g.members.retain(|m| m.uid != me.uid);
         g.members.push(me);
-        let have = self.gangs.committed(&gang) + g.members.len();
-        if have >= min {
+        let committed = self.gangs.committed(&gang);
+        // A batch on its way (committed, not yet bound): wait for it. If it binds, the
+        // gathering members are let go to bind alone; if it fails, they wait on.
+        let in_flight = committed > bound;
+        let have = committed + g.members.len();
+        if !in_flight && have >= min {
             let members = st
                 .gathering
                 .remove(&gang)
@@ -546,11 +588,13 @@ impl PermitPlugin for Coscheduling {
             return (Status::success(), Duration::ZERO);
         }
         let left = g.deadline.saturating_duration_since(now);
+        let why = if in_flight {
+            format!("waiting for the binding of gang {gang}")
+        } else {
+            format!("waiting for {} more member(s) of gang {gang}", min - have)
+        };
         (
-            Status::new(
-                Code::Wait,
-                format!("waiting for {} more member(s) of gang {gang}", min - have),
-            ),
+            Status::new(Code::Wait, why),
             left.max(Duration::from_millis(1)),
         )
     }

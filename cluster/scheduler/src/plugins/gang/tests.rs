@@ -481,3 +481,46 @@ async fn members_being_let_go_never_count_towards_a_quorum() {
     );
     assert!(w.bindings().is_empty());
 }
+
+/// A member placed while its gang's batch is on its way waits for it: bound alone only once
+/// the batch is bound — if the batch failed, it would otherwise be a gang of one.
+#[tokio::test]
+async fn a_member_placed_during_the_gang_binding_waits_for_it() {
+    for fails in [false, true] {
+        let refusal = ApiError::conflict_because("", "pods", "p0", "already assigned");
+        let mut w = world(fails.then_some(refusal));
+        let pods = w.gang(2, 3, DEFAULT_TIMEOUT);
+        let (_, _, rx0) = w.place(&pods[0], "n0");
+        let (s1, _, _) = w.place(&pods[1], "n1");
+        assert!(s1.is_success(), "p1 completes the quorum");
+        assert!(rx0.expect("waiting").await.expect("verdict").is_success());
+        let (s2, _, rx2) = w.place(&pods[2], "n2");
+        assert_eq!(s2.code, Code::Wait, "{}", s2.message());
+        assert_eq!(s2.message(), "waiting for the binding of gang ns/g");
+        let state = CycleState::new();
+        let (a, b) = tokio::join!(
+            BindPlugin::bind(&*w.plugin, &state, &pods[0], "n0"),
+            BindPlugin::bind(&*w.plugin, &state, &pods[1], "n1")
+        );
+        let mut rx2 = rx2.expect("waiting");
+        if fails {
+            assert!(!a.is_success() && !b.is_success());
+            assert!(
+                rx2.try_recv().is_err(),
+                "p2 is not let go by a failed batch"
+            );
+        } else {
+            assert!(a.is_success() && b.is_success());
+            assert_eq!(w.gangs.bound("ns/g"), 2);
+            assert!(rx2.await.expect("verdict").is_success(), "p2 is let go");
+            assert_eq!(
+                BindPlugin::bind(&*w.plugin, &state, &pods[2], "n2")
+                    .await
+                    .code,
+                Code::Skip,
+                "p2 binds alone, through the next binder"
+            );
+        }
+        assert_eq!(w.bindings().len(), 1);
+    }
+}
