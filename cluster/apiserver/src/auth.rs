@@ -164,6 +164,11 @@ impl Authorizer {
                 ("", "pods", Some("status")) => {
                     Some("only node agents and the shard's components write a pod's status")
                 }
+                // A binding names any node: a tenant could put its pod where admission
+                // would not let it go (a process node), so only the scheduler binds.
+                ("", "pods", Some("binding")) | ("tessera.io", "podgroups", Some("binding")) => {
+                    Some("only the shard's scheduler binds pods to nodes")
+                }
                 _ => None,
             };
             if let (Some(why), false) = (admins_only, read) {

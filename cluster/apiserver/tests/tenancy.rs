@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tessera_apiserver::api::Api;
 use tessera_apiserver::auth::User;
 use tessera_apiserver::client::{Client, InProcess};
-use tessera_apiserver::request::{PatchType, find_resource};
+use tessera_apiserver::request::{ApiRequest, PatchType, Verb, find_resource};
 use tessera_apiserver::status::ApiError;
 use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 
@@ -453,6 +453,54 @@ async fn process_nodes_are_opt_in_for_tenants() {
             e.message.contains("spec.processNodes: true"),
             "{}",
             e.message
+        );
+    }
+    // Nor through a binding: a pod admitted without a node, then bound to the process node
+    // by the tenant itself (alone, or as a gang), is refused and stays unbound.
+    acme.create(pods, ns, &pod("sneaky", json!({})))
+        .await
+        .expect("a plain pod");
+    let mut labelled = pod("sneaky-gang", json!({}));
+    labelled["metadata"]["labels"] = json!({"scheduling.x-k8s.io/pod-group": "g"});
+    acme.create(pods, ns, &labelled).await.expect("a member");
+    acme.create(
+        res("tessera.io", "podgroups"),
+        ns,
+        &json!({"metadata": {"name": "g"}, "spec": {"minMember": 1}}),
+    )
+    .await
+    .expect("its group");
+    let mut bind = ApiRequest::new(Verb::Create, pods);
+    bind.namespace = Some("acme-dev".into());
+    bind.name = Some("sneaky".into());
+    bind.subresource = Some("binding".into());
+    bind.body = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "sneaky"},
+        "target": {"kind": "Node", "name": "proc-0"}})
+    .to_string()
+    .into();
+    let mut gang = ApiRequest::new(Verb::Create, res("tessera.io", "podgroups"));
+    gang.namespace = Some("acme-dev".into());
+    gang.name = Some("g".into());
+    gang.subresource = Some("binding".into());
+    gang.body = json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
+        "metadata": {"name": "g"}, "members": [{"pod": "sneaky-gang", "node": "proc-0"}]})
+    .to_string()
+    .into();
+    for req in [bind, gang] {
+        let e = acme.call(req).await.expect_err("a tenant binds nothing");
+        assert_eq!(e.code, 403, "{}", e.message);
+        assert!(
+            e.message
+                .contains("only the shard's scheduler binds pods to nodes"),
+            "{}",
+            e.message
+        );
+    }
+    for name in ["sneaky", "sneaky-gang"] {
+        let p = admin.get(pods, ns, name).await.expect("pod");
+        assert!(
+            p["spec"]["nodeName"].is_null(),
+            "{name} stayed unbound: {p}"
         );
     }
     // Other tolerations and nodes are the tenant's business.
