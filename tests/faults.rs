@@ -266,18 +266,9 @@ fn kill_9_of_the_whole_shard_resumes_without_duplicates() {
 
 /// `count` PodGroups `gang-<first>`… of `size` members (200m each), as one manifest.
 fn gangs(first: usize, count: usize, size: usize) -> String {
-    let mut out = String::new();
-    for g in first..first + count {
-        out.push_str(&format!(
-            "---\napiVersion: tessera.io/v1alpha1\nkind: PodGroup\nmetadata: {{name: gang-{g}, namespace: default}}\nspec: {{minMember: {size}, scheduleTimeoutSeconds: 3}}\n"
-        ));
-        for m in 0..size {
-            out.push_str(&format!(
-                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: gang-{g}-{m}, namespace: default, labels: {{scheduling.x-k8s.io/pod-group: gang-{g}}}}}\nspec:\n  containers:\n  - {{name: c, image: app:1, resources: {{requests: {{cpu: 200m}}}}}}\n"
-            ));
-        }
-    }
-    out
+    (first..first + count)
+        .map(|g| support::pod_group_manifest("default", &format!("gang-{g}"), size, "200m", 3))
+        .collect()
 }
 
 /// Gang scheduling under a scheduler's kill -9: the leader dies while gangs are forming

@@ -677,19 +677,6 @@ fn spread_and_anti_affinity_through_kubectl() {
     );
 }
 
-/// A PodGroup of `size` pods asking `cpu` each, all members, as one manifest.
-fn gang_manifest(ns: &str, name: &str, size: usize, cpu: &str) -> String {
-    let mut out = format!(
-        "apiVersion: tessera.io/v1alpha1\nkind: PodGroup\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{minMember: {size}, scheduleTimeoutSeconds: 5}}\n"
-    );
-    for m in 0..size {
-        out.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{m}, namespace: {ns}, labels: {{scheduling.x-k8s.io/pod-group: {name}}}}}\nspec:\n  containers:\n  - {{name: c, image: trainer, resources: {{requests: {{cpu: {cpu}}}}}}}\n"
-        ));
-    }
-    out
-}
-
 /// Gangs through kubectl on `tessera up`: a PodGroup of 8 that fits binds all together and
 /// runs; one that cannot fit binds nothing, and `kubectl describe` of a member says why.
 #[test]
@@ -706,10 +693,13 @@ fn a_pod_group_of_eight_binds_together_or_not_at_all() {
     c.ok(&["create", "namespace", "gangs"]);
     let too_big = c.file(
         "too-big.yaml",
-        &gang_manifest("gangs", "too-big", 8, "600m"),
+        &support::pod_group_manifest("gangs", "too-big", 8, "600m", 5),
     );
     c.ok(&["apply", "-f", &too_big]);
-    let train = c.file("train.yaml", &gang_manifest("gangs", "train", 8, "400m"));
+    let train = c.file(
+        "train.yaml",
+        &support::pod_group_manifest("gangs", "train", 8, "400m", 5),
+    );
     c.ok(&["apply", "-f", &train]);
     let members = |gang: &str| {
         items(

@@ -214,3 +214,17 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A PodGroup `name` in `ns` of minMember `size` with `timeout` seconds to gather, and its
+/// `size` member pods (`<name>-<i>`, asking `cpu` each), as YAML documents.
+pub fn pod_group_manifest(ns: &str, name: &str, size: usize, cpu: &str, timeout: u32) -> String {
+    let mut out = format!(
+        "---\napiVersion: tessera.io/v1alpha1\nkind: PodGroup\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{minMember: {size}, scheduleTimeoutSeconds: {timeout}}}\n"
+    );
+    for m in 0..size {
+        out.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{m}, namespace: {ns}, labels: {{scheduling.x-k8s.io/pod-group: {name}}}}}\nspec:\n  containers:\n  - {{name: c, image: app:1, resources: {{requests: {{cpu: {cpu}}}}}}}\n"
+        ));
+    }
+    out
+}

@@ -81,8 +81,8 @@ pub struct Api {
     fairness: Fairness,
     metrics: Option<ApiMetrics>,
     watch_cache: WatchCache,
-    tenants: Arc<parking_lot::Mutex<tenant_quota::TenantList>>,
-    priority_classes: Arc<parking_lot::Mutex<tenant_quota::TenantList>>,
+    tenants: Arc<parking_lot::Mutex<tenant_quota::CachedList>>,
+    priority_classes: Arc<parking_lot::Mutex<tenant_quota::CachedList>>,
     node_proxy: Option<NodeProxy>,
     /// The process's metrics, served whole to the admin at `/metrics` on the API port.
     metrics_registry: Option<prometheus::Registry>,

@@ -4,11 +4,11 @@
 //! their built-in values, and a clear refusal for a class that does not exist or a priority
 //! set by hand that the class contradicts.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{Api, decode_stored, name_of, store_error};
+use super::{Api, name_of};
 use crate::status::ApiError;
 
 /// How long a read of the PriorityClasses is reused (a write here clears it at once).
@@ -38,31 +38,9 @@ fn resolved(c: &Value) -> Resolved {
 impl Api {
     /// `f` of every PriorityClass, from a list read at most `CLASSES_TTL` ago.
     async fn with_priority_classes<R>(&self, f: impl Fn(&[Value]) -> R) -> Result<R, ApiError> {
-        {
-            let cached = self.priority_classes.lock();
-            if let Some((at, list)) = cached.as_ref()
-                && at.elapsed() < CLASSES_TTL
-            {
-                return Ok(f(list));
-            }
-        }
         let res = crate::request::find_resource("scheduling.k8s.io", "v1", "priorityclasses")?;
-        let page = self
-            .store
-            .list(tessera_store::ListRequest {
-                prefix: super::prefix(res, None).into(),
-                ..Default::default()
-            })
+        self.with_cached(&self.priority_classes, res, CLASSES_TTL, f)
             .await
-            .map_err(store_error)?;
-        let list: Vec<Value> = page
-            .kvs
-            .iter()
-            .filter_map(|kv| decode_stored(kv).ok())
-            .collect();
-        let out = f(&list);
-        *self.priority_classes.lock() = Some((Instant::now(), list));
-        Ok(out)
     }
 
     /// After a write to a PriorityClass, the next pod admitted here reads them afresh.

@@ -20,8 +20,8 @@ use crate::status::ApiError;
 /// How long a read of the Tenants list is reused to find a namespace's tenant.
 const TENANTS_TTL: Duration = Duration::from_secs(1);
 
-/// Tenants, as read at one moment.
-pub(super) type TenantList = Option<(Instant, Vec<Value>)>;
+/// A list of a few cluster-scoped objects (Tenants, PriorityClasses), as read at one moment.
+pub(super) type CachedList = Option<(Instant, Vec<Value>)>;
 
 /// How a tenant charge is made.
 #[derive(Clone, Copy)]
@@ -45,6 +45,14 @@ impl Api {
     /// Every Tenant, read from the store now.
     pub(super) async fn tenants(&self) -> Result<Vec<Value>, ApiError> {
         let res = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
+        self.list_all(res).await
+    }
+
+    /// Every object of the cluster-scoped `res`, read from the store now.
+    async fn list_all(
+        &self,
+        res: &'static crate::catalog::Resource,
+    ) -> Result<Vec<Value>, ApiError> {
         let page = self
             .store
             .list(tessera_store::ListRequest {
@@ -73,17 +81,31 @@ impl Api {
     /// pods are many), in place under the lock when it is fresh — nothing is cloned for the
     /// lookups made on every create and update — else from the store, kept for the next.
     async fn with_tenants<R>(&self, f: impl Fn(&[Value]) -> R) -> Result<R, ApiError> {
+        let res = crate::request::find_resource("tessera.io", "v1alpha1", "tenants")?;
+        self.with_cached(&self.tenants, res, TENANTS_TTL, f).await
+    }
+
+    /// `f` of every object of the cluster-scoped `res`, from the list in `cache` if it was
+    /// read less than `ttl` ago (in place under the lock: nothing is cloned), else from the
+    /// store, kept there for the next call.
+    pub(super) async fn with_cached<R>(
+        &self,
+        cache: &parking_lot::Mutex<CachedList>,
+        res: &'static crate::catalog::Resource,
+        ttl: Duration,
+        f: impl Fn(&[Value]) -> R,
+    ) -> Result<R, ApiError> {
         {
-            let cached = self.tenants.lock();
+            let cached = cache.lock();
             if let Some((at, list)) = cached.as_ref()
-                && at.elapsed() < TENANTS_TTL
+                && at.elapsed() < ttl
             {
                 return Ok(f(list));
             }
         }
-        let list = self.tenants().await?;
+        let list = self.list_all(res).await?;
         let out = f(&list);
-        *self.tenants.lock() = Some((Instant::now(), list));
+        *cache.lock() = Some((Instant::now(), list));
         Ok(out)
     }
 

@@ -88,7 +88,7 @@ struct GangsInner {
 
 /// Where a member of a gang stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Standing {
+pub enum MemberState {
     /// Waiting to be placed (or let go).
     Pending,
     /// Reserved on a node by this scheduler, not yet bound (it may wait at Permit).
@@ -103,11 +103,11 @@ pub enum Standing {
 /// The live (not finished, not deleting) member pods of one gang and where each stands.
 #[derive(Default)]
 struct Members {
-    pods: HashMap<String, Standing>,
+    pods: HashMap<String, MemberState>,
 }
 
 impl Members {
-    fn count(&self, f: impl Fn(Standing) -> bool) -> usize {
+    fn count(&self, f: impl Fn(MemberState) -> bool) -> usize {
         self.pods.values().filter(|s| f(**s)).count()
     }
 }
@@ -164,23 +164,23 @@ impl Gangs {
             g.member_of.insert(pod.to_owned(), gang.to_owned());
         }
         let m = g.members.entry(gang.to_owned()).or_default();
-        let s = m.pods.entry(pod.to_owned()).or_insert(Standing::Pending);
+        let s = m.pods.entry(pod.to_owned()).or_insert(MemberState::Pending);
         if bound {
-            *s = Standing::Bound;
+            *s = MemberState::Bound;
         }
         joined
     }
 
     /// Sets where a member stands (this scheduler's reservations); a bound member stays
     /// bound, and a pod of no gang is ignored.
-    pub fn set_standing(&self, pod: &str, standing: Standing) {
+    pub fn set_standing(&self, pod: &str, standing: MemberState) {
         let mut g = self.inner.write();
         let Some(gang) = g.member_of.get(pod).cloned() else {
             return;
         };
         if let Some(m) = g.members.get_mut(&gang)
             && let Some(s) = m.pods.get_mut(pod)
-            && *s != Standing::Bound
+            && *s != MemberState::Bound
         {
             *s = standing;
         }
@@ -215,7 +215,7 @@ impl Gangs {
             .read()
             .members
             .get(gang)
-            .map_or(0, |m| m.count(|s| s != Standing::Pending))
+            .map_or(0, |m| m.count(|s| s != MemberState::Pending))
     }
 
     /// Members of `gang` seen bound (or bound by a batch this scheduler sent).
@@ -224,13 +224,13 @@ impl Gangs {
             .read()
             .members
             .get(gang)
-            .map_or(0, |m| m.count(|s| s == Standing::Bound))
+            .map_or(0, |m| m.count(|s| s == MemberState::Bound))
     }
 
     /// Members of `gang` committed or bound: what a quorum already reached consists of.
     pub fn committed(&self, gang: &str) -> usize {
         self.inner.read().members.get(gang).map_or(0, |m| {
-            m.count(|s| matches!(s, Standing::Committed | Standing::Bound))
+            m.count(|s| matches!(s, MemberState::Committed | MemberState::Bound))
         })
     }
 }
@@ -311,7 +311,7 @@ impl Coscheduling {
         let ns = batch.gang.split_once('/').map_or("", |(ns, _)| ns);
         for m in &batch.members {
             self.gangs
-                .set_standing(&format!("{ns}/{}", m.pod), Standing::Bound);
+                .set_standing(&format!("{ns}/{}", m.pod), MemberState::Bound);
         }
         let Some(spec) = self.gangs.spec(&batch.gang) else {
             return;
@@ -324,7 +324,7 @@ impl Coscheduling {
         };
         for m in g.members {
             self.gangs
-                .set_standing(&format!("{ns}/{}", m.pod), Standing::Committed);
+                .set_standing(&format!("{ns}/{}", m.pod), MemberState::Committed);
             self.waiting.allow(&m.uid);
         }
     }
@@ -478,12 +478,12 @@ impl PostFilterPlugin for Coscheduling {
 
 impl ReservePlugin for Coscheduling {
     fn reserve(&self, _state: &mut CycleState, pod: &PodInfo, _node: &str) -> Status {
-        self.gangs.set_standing(&pod.key, Standing::Reserved);
+        self.gangs.set_standing(&pod.key, MemberState::Reserved);
         Status::success()
     }
 
     fn unreserve(&self, _state: &CycleState, pod: &PodInfo, _node: &str) {
-        self.gangs.set_standing(&pod.key, Standing::Pending);
+        self.gangs.set_standing(&pod.key, MemberState::Pending);
         let Some(gang) = gang_of(&pod.pod) else {
             return;
         };
@@ -537,7 +537,7 @@ impl PermitPlugin for Coscheduling {
         let bound = self.gangs.bound(&gang);
         if bound >= min {
             drop(st);
-            self.gangs.set_standing(&pod.key, Standing::Committed);
+            self.gangs.set_standing(&pod.key, MemberState::Committed);
             return (Status::success(), Duration::ZERO);
         }
         // The members gathering now (not ones reserved earlier and being let go).
@@ -580,7 +580,7 @@ impl PermitPlugin for Coscheduling {
             let ns = pod.pod.metadata.namespace.as_deref().unwrap_or("");
             for m in &batch.members {
                 self.gangs
-                    .set_standing(&format!("{ns}/{}", m.pod), Standing::Committed);
+                    .set_standing(&format!("{ns}/{}", m.pod), MemberState::Committed);
                 if m.uid != pod.uid() {
                     self.waiting.allow(&m.uid);
                 }

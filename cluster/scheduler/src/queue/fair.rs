@@ -14,6 +14,7 @@
 //! work per pending pod, and none per idle tenant.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::resources::Resources;
 
@@ -107,7 +108,8 @@ pub(super) struct Fair {
     /// owning nothing, and is reused if it comes back).
     tenants: Vec<Tenant>,
     by_name: HashMap<String, u32>,
-    owner: HashMap<String, u32>,
+    /// Namespace → tenant, shared with [`FairView`]s (replaced whole when Tenants change).
+    owner: Arc<HashMap<String, u32>>,
     ns_usage: HashMap<String, Usage>,
     capacity: Usage,
     ready: BTreeSet<(u64, u64, u32)>,
@@ -119,7 +121,7 @@ impl Fair {
         let mut f = Fair {
             tenants: Vec::new(),
             by_name: HashMap::new(),
-            owner: HashMap::new(),
+            owner: Arc::default(),
             ns_usage: HashMap::new(),
             capacity: Usage::default(),
             ready: BTreeSet::new(),
@@ -258,9 +260,9 @@ impl Fair {
                 t.weight = 1;
             }
         }
-        let moved = owner != self.owner;
+        let moved = owner != *self.owner;
         if moved {
-            self.owner = owner;
+            self.owner = Arc::new(owner);
             for t in &mut self.tenants {
                 t.usage = Usage::default();
             }
@@ -312,7 +314,6 @@ impl Fair {
         FairView {
             owner: self.owner.clone(),
             shares: self.tenants.iter().map(|t| self.share(t)).collect(),
-            names: self.tenants.iter().map(|t| t.name.clone()).collect(),
         }
     }
 }
@@ -321,9 +322,8 @@ impl Fair {
 /// preemption across tenants is decided on.
 #[derive(Clone, Debug, Default)]
 pub struct FairView {
-    owner: HashMap<String, u32>,
+    owner: Arc<HashMap<String, u32>>,
     shares: Vec<f64>,
-    names: Vec<String>,
 }
 
 impl FairView {
@@ -337,17 +337,12 @@ impl FairView {
         self.shares.get(t as usize).copied().unwrap_or(0.0)
     }
 
-    /// Tenant `t`'s name.
-    pub fn name(&self, t: u32) -> &str {
-        self.names.get(t as usize).map_or(NO_TENANT, String::as_str)
-    }
-
-    /// A view of tenants `(name, share)` owning `(namespace, tenant index)` (for tests).
-    pub fn of(tenants: &[(&str, f64)], owners: &[(&str, u32)]) -> FairView {
+    /// A view of tenants of `shares` (by index) owning `(namespace, tenant index)` (for
+    /// tests).
+    pub fn of(shares: &[f64], owners: &[(&str, u32)]) -> FairView {
         FairView {
-            owner: owners.iter().map(|(n, t)| ((*n).to_owned(), *t)).collect(),
-            shares: tenants.iter().map(|(_, s)| *s).collect(),
-            names: tenants.iter().map(|(n, _)| (*n).to_owned()).collect(),
+            owner: Arc::new(owners.iter().map(|(n, t)| ((*n).to_owned(), *t)).collect()),
+            shares: shares.to_vec(),
         }
     }
 }

@@ -195,7 +195,16 @@ impl Scheduler {
             json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": message, "lastTransitionTime": rfc3339(now_secs())}),
         );
-        let patch = json!({"status": {"conditions": list}});
+        self.patch_status(
+            pod,
+            json!({"status": {"conditions": list}}),
+            "PodScheduled=False",
+        );
+    }
+
+    /// Merge-patches `pod`'s status in the background (`what` names it in the log if the
+    /// write fails: the scheduler goes on either way).
+    pub(super) fn patch_status(&self, pod: &PodInfo, patch: serde_json::Value, what: &'static str) {
         let client = self.client.clone();
         let ns = pod.pod.metadata.namespace.clone();
         let name = pod.name().to_owned();
@@ -211,7 +220,7 @@ impl Scheduler {
                 )
                 .await;
             if let Err(e) = r {
-                tracing::debug!(pod = %name, error = %e.message, "could not record PodScheduled=False");
+                tracing::debug!(pod = %name, error = %e.message, "could not record {what}");
             }
         });
     }

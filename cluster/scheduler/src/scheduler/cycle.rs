@@ -3,7 +3,7 @@
 //! rejection is retried on.
 
 use super::*;
-use crate::framework::{Nomination, PostFilterInput};
+use crate::framework::{FilterPlugin, Nomination, PostFilterInput};
 use crate::plugins::preemption;
 use crate::resources::NodeInfo;
 
@@ -89,20 +89,10 @@ impl Scheduler {
             if node.node.is_none() {
                 continue;
             }
-            let mut fits = true;
-            for (p, _) in filters {
-                if state.skips_filter(p.name()) {
-                    continue;
-                }
-                let Some(f) = p.filter() else { continue };
-                let s = f.filter(&state, pod, node);
-                if s.is_success() {
-                    continue;
-                }
+            if let Some((p, f, s)) = first_rejection(filters, &state, pod, node) {
                 if s.code == Code::Error {
                     return Err(Failure::Error(s.by(p.name())));
                 }
-                fits = false;
                 failed.push((idx, s.code));
                 for e in f.events_for(&s) {
                     if !wake_on.contains(e) {
@@ -112,9 +102,7 @@ impl Scheduler {
                 for r in s.reasons {
                     *reasons.entry(r).or_insert(0) += 1;
                 }
-                break;
-            }
-            if fits {
+            } else {
                 feasible.push(idx);
                 if feasible.len() >= want {
                     break;
@@ -153,17 +141,8 @@ impl Scheduler {
                 );
                 let state = &state;
                 let filter = |node: &NodeInfo| -> Status {
-                    for (p, _) in filters {
-                        if state.skips_filter(p.name()) {
-                            continue;
-                        }
-                        let Some(f) = p.filter() else { continue };
-                        let s = f.filter(state, pod, node);
-                        if !s.is_success() {
-                            return s;
-                        }
-                    }
-                    Status::success()
+                    first_rejection(filters, state, pod, node)
+                        .map_or_else(Status::success, |(_, _, s)| s)
                 };
                 let input = PostFilterInput {
                     nodes,
@@ -342,6 +321,31 @@ pub(super) enum Failure {
         nomination: Option<Box<Nomination>>,
     },
     Error(Status),
+}
+
+/// The first Filter plugin of `filters` that rejects `pod` on `node` (skipping those
+/// PreFilter skipped), with its answer; `None` if every one lets it pass.
+fn first_rejection<'a>(
+    filters: &'a [(Arc<dyn crate::framework::Plugin>, i64)],
+    state: &CycleState,
+    pod: &PodInfo,
+    node: &NodeInfo,
+) -> Option<(
+    &'a Arc<dyn crate::framework::Plugin>,
+    &'a dyn FilterPlugin,
+    Status,
+)> {
+    for (p, _) in filters {
+        if state.skips_filter(p.name()) {
+            continue;
+        }
+        let Some(f) = p.filter() else { continue };
+        let s = f.filter(state, pod, node);
+        if !s.is_success() {
+            return Some((p, f, s));
+        }
+    }
+    None
 }
 
 /// The events that can undo the rejections of `plugins`.

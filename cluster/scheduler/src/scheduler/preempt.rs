@@ -25,24 +25,13 @@ impl Scheduler {
                 &format!("Preempted by {} on node {node}", pod.key),
             );
         }
+        self.patch_status(
+            pod,
+            json!({"status": {"nominatedNodeName": node}}),
+            "the nominated node",
+        );
         let client = self.client.clone();
-        let ns = pod.pod.metadata.namespace.clone();
-        let name = pod.name().to_owned();
         tokio::spawn(async move {
-            let patch = json!({"status": {"nominatedNodeName": node}});
-            if let Err(e) = client
-                .patch(
-                    res("pods"),
-                    ns.as_deref(),
-                    &name,
-                    Some("status"),
-                    PatchType::Merge,
-                    &patch,
-                )
-                .await
-            {
-                tracing::debug!(pod = %name, error = %e.message, "could not record the nominated node");
-            }
             for v in victims {
                 let mut req = ApiRequest::new(Verb::Delete, res("pods"));
                 req.namespace = v.pod.metadata.namespace.clone();

@@ -260,11 +260,11 @@ fn members_leaving_or_finishing_do_not_count() {
         "already counted"
     );
     assert_eq!(w.gangs.placed("ns/g"), 1, "seen bound");
-    w.gangs.set_standing(&pods[0].key, Standing::Pending);
+    w.gangs.set_standing(&pods[0].key, MemberState::Pending);
     assert_eq!(w.gangs.committed("ns/g"), 1, "a bound member stays bound");
-    w.gangs.set_standing(&pods[1].key, Standing::Reserved);
+    w.gangs.set_standing(&pods[1].key, MemberState::Reserved);
     assert_eq!((w.gangs.placed("ns/g"), w.gangs.committed("ns/g")), (2, 1));
-    w.gangs.set_standing(&pods[1].key, Standing::Pending);
+    w.gangs.set_standing(&pods[1].key, MemberState::Pending);
     w.gangs.set_member(&pods[2].key, None, false);
     assert_eq!(w.gangs.members("ns/g"), 2);
     let s = PreFilterPlugin::pre_filter(&*w.plugin, &mut CycleState::new(), &pods[0]);

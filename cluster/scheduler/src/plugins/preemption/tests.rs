@@ -278,59 +278,46 @@ fn terminating_pods_are_not_victims() {
 
 #[test]
 fn across_tenants_only_a_tenant_under_its_share_preempts_one_over_it() {
-    // Tenant a (share 0.2) and b (share 0.6); one node, full of b's low pod.
-    let fair = || {
-        FairView::of(
-            &[("<none>", 0.0), ("a", 0.2), ("b", 0.6)],
-            &[("ta", 1), ("tb", 2)],
-        )
-    };
-    let c = shard(
-        &[("n1", "2")],
-        &[(pod_in("tb", "bees", "2", 1, json!({})), "n1")],
-    );
-    let r = preempt(
-        &c,
-        vec![],
-        Some(fair()),
-        &pod_in("ta", "ay", "2", 10, json!({})),
-        &[],
-    );
-    assert_eq!(
-        r.nomination,
-        Some(("n1".into(), names(&["bees"]))),
-        "under its share, a preempts b"
-    );
-    // The reverse: b is over its share; a's pod is safe whatever b's priority.
-    let c = shard(
-        &[("n1", "2")],
-        &[(pod_in("ta", "ay", "2", 1, json!({})), "n1")],
-    );
-    let r = preempt(
-        &c,
-        vec![],
-        Some(fair()),
-        &pod_in("tb", "bees", "2", 1000, json!({})),
-        &[],
-    );
-    assert!(r.nomination.is_none(), "{:?}", r.nomination);
-    assert_eq!(
-        r.status.message(),
-        "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
-    );
-    // Within a tenant, priority alone decides.
-    let c = shard(
-        &[("n1", "2")],
-        &[(pod_in("tb", "b-low", "2", 1, json!({})), "n1")],
-    );
-    let r = preempt(
-        &c,
-        vec![],
-        Some(fair()),
-        &pod_in("tb", "b-high", "2", 10, json!({})),
-        &[],
-    );
-    assert_eq!(r.nomination, Some(("n1".into(), names(&["b-low"]))));
+    // Tenant a (namespace ta, share 0.2) and b (tb, share 0.6); one node, full of a pod of
+    // priority 1. (running pod, incoming pod, the victims or why there are none)
+    let cases = [
+        (
+            ("tb", "bees"),
+            ("ta", "ay", 10),
+            Ok(vec!["bees"]),
+            "under its share, a preempts b",
+        ),
+        (
+            ("ta", "ay"),
+            ("tb", "bees", 1000),
+            Err(
+                "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.",
+            ),
+            "over its share, b cannot preempt a whatever its priority",
+        ),
+        (
+            ("tb", "b-low"),
+            ("tb", "b-high", 10),
+            Ok(vec!["b-low"]),
+            "within a tenant, priority alone decides",
+        ),
+    ];
+    for ((ns, running), (ins, incoming, priority), want, why) in cases {
+        let fair = FairView::of(&[0.0, 0.2, 0.6], &[("ta", 1), ("tb", 2)]);
+        let c = shard(
+            &[("n1", "2")],
+            &[(pod_in(ns, running, "2", 1, json!({})), "n1")],
+        );
+        let incoming = pod_in(ins, incoming, "2", priority, json!({}));
+        let r = preempt(&c, vec![], Some(fair), &incoming, &[]);
+        match want {
+            Ok(victims) => assert_eq!(r.nomination, Some(("n1".into(), names(&victims))), "{why}"),
+            Err(message) => {
+                assert!(r.nomination.is_none(), "{why}: {:?}", r.nomination);
+                assert_eq!(r.status.message(), message, "{why}");
+            }
+        }
+    }
 }
 
 #[test]
