@@ -532,12 +532,14 @@ fn the_scheduler_benchmark_binds_every_pod_and_shares_by_weight() {
         "--nodes=50",
         "--pods=300",
         "--init-pods=50",
+        "--workers=3",
     ]);
     assert_eq!(r["workload"], "node-affinity", "{r}");
     assert_eq!(
         (r["pods"].as_u64(), r["workers"].as_u64()),
-        (Some(300), Some(1))
+        (Some(300), Some(3))
     );
+    assert!(r["conflicts"].as_u64().is_some(), "{r}");
     assert!(r["pods_per_sec"].as_f64().is_some_and(|v| v > 0.0), "{r}");
     assert!(
         r["schedule_p99_ms"].as_f64().is_some_and(|v| v >= 0.0),
@@ -617,11 +619,15 @@ fn the_scheduler_benchmark_binds_every_pod_and_shares_by_weight() {
         "10 high-priority pods placed, 10 low-priority victims (one each), no node over its 4 cpu",
         "{r}"
     );
-    // What is not built is refused with the reason, not measured as something else.
+    // A worker count out of range is refused before anything starts.
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["bench", "scheduler", "--workers=2"])
+        .args(["bench", "scheduler", "--workers=0"])
         .output()
         .expect("tessera bench scheduler");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--workers 0: must be between 1 and 256"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -79,10 +79,10 @@ pub struct SchedulerBenchArgs {
     /// `unschedulable`, 1,000 pods that fit nowhere).
     #[arg(long)]
     pub init_pods: Option<usize>,
-    /// Scheduling workers. The scheduler places one pod at a time today: parallel
-    /// optimistic placement is not built yet, so only 1 is accepted.
-    #[arg(long, default_value_t = 1)]
-    pub workers: usize,
+    /// Scheduling workers: pods decided at once against one snapshot (the scheduler
+    /// configuration's `parallelism`; default: the machine's cores).
+    #[arg(long)]
+    pub workers: Option<u32>,
     /// `tenants`: how many tenants (tenant-0 floods; weights cycle 1, 2, 3, 4).
     #[arg(long, default_value_t = 100)]
     pub tenants: usize,
@@ -224,7 +224,12 @@ fn pod(ns: &str, name: &str, phase: &str, cpu: &str, workload: Workload) -> Valu
 
 impl Bench {
     /// A shard of `nodes` nodes: all in zone1, or spread over `zones` zones (`zone-K`).
-    async fn start(nodes: usize, zones: usize, dir: &std::path::Path) -> anyhow::Result<Bench> {
+    async fn start(
+        nodes: usize,
+        zones: usize,
+        dir: &std::path::Path,
+        workers: Option<u32>,
+    ) -> anyhow::Result<Bench> {
         std::fs::create_dir_all(dir)?;
         let store = Arc::new(
             EmbeddedStore::open(
@@ -327,7 +332,10 @@ impl Bench {
         let scheduler = Scheduler::new(
             component("scheduler"),
             SchedulerOptions {
-                config: SchedulerConfig::default(),
+                config: SchedulerConfig {
+                    parallelism: workers,
+                    ..SchedulerConfig::default()
+                },
                 metrics: Some(metrics.clone()),
                 runtime_metrics: None,
                 informers: Some(Informers::new(component("informers"), None)),
@@ -458,8 +466,9 @@ impl Bench {
         }
     }
 
+    /// Placements decided again because their snapshot moved (Omega's conflicts).
     fn conflicts(&self) -> u64 {
-        self.metrics.binding_failures()
+        self.metrics.conflicts("placement")
     }
 
     fn cycle_cpu_us(&self) -> f64 {
@@ -485,19 +494,14 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         }
         _ => {}
     }
-    if args.workers != 1 {
-        anyhow::bail!(
-            "--workers {}: the scheduler places one pod at a time; parallel optimistic placement is not built yet (use --workers 1)",
-            args.workers
-        );
-    }
+    workers_of(&args)?;
     let dir = tempfile::tempdir()?;
     let zones = if args.workload == Workload::TopologySpread {
         SPREAD_ZONES
     } else {
         0
     };
-    let bench = Bench::start(args.nodes, zones, &dir.path().join("shard")).await?;
+    let bench = Bench::start(args.nodes, zones, &dir.path().join("shard"), args.workers).await?;
     let report = if args.workload == Workload::Tenants {
         run_tenants(&bench, &args, dir.path()).await?
     } else {
@@ -632,7 +636,7 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
         nodes: args.nodes,
         init_pods: init,
         pods: args.pods,
-        workers: args.workers,
+        workers: workers_of(args)?,
         seconds,
         pods_per_sec: args.pods as f64 / seconds.max(1e-9),
         schedule_p50_ms: lat.percentile_ms(50.0),
@@ -891,7 +895,7 @@ async fn run_tenants(
     let conflicts = bench.conflicts() - conflicts_before;
 
     // Phase 2, on a fresh shard: full, backlogs by weight, completions, refill.
-    let share = Bench::start(args.share_nodes, 0, &dir.join("share")).await?;
+    let share = Bench::start(args.share_nodes, 0, &dir.join("share"), args.workers).await?;
     make_tenants(&share, t, deadline).await?;
     let capacity = args.share_nodes * 40;
     share.namespace("filler").await?;
@@ -948,7 +952,7 @@ async fn run_tenants(
         nodes: args.nodes,
         init_pods: t,
         pods: args.pods + others_total,
-        workers: args.workers,
+        workers: workers_of(args)?,
         seconds,
         pods_per_sec: placed as f64 / seconds.max(1e-9),
         schedule_p50_ms: others_wait.percentile_ms(50.0),
@@ -967,4 +971,21 @@ async fn run_tenants(
             share_error_mean_pct: mean,
         }),
     })
+}
+
+/// The scheduling workers `--workers` asks for (checked before anything starts).
+fn workers_of(args: &SchedulerBenchArgs) -> anyhow::Result<usize> {
+    if let Some(w) = args.workers
+        && !(1..=tessera_scheduler::config::MAX_PARALLELISM).contains(&w)
+    {
+        anyhow::bail!(
+            "--workers {w}: must be between 1 and {}",
+            tessera_scheduler::config::MAX_PARALLELISM
+        );
+    }
+    Ok(SchedulerConfig {
+        parallelism: args.workers,
+        ..SchedulerConfig::default()
+    }
+    .workers())
 }

@@ -38,6 +38,9 @@ pub struct Cache {
     topology: Arc<RwLock<Topology>>,
     /// Topology keys the nodes' `domains` cover.
     domain_keys: usize,
+    /// Counts changes to nodes and the pods counted on them; each node entry records the
+    /// value of its last change.
+    generation: u64,
 }
 
 impl Cache {
@@ -118,6 +121,18 @@ impl Cache {
         self.index.get(name).map(|i| &self.nodes[*i])
     }
 
+    /// Changes so far to nodes and the pods counted on them (a snapshot's version: a
+    /// decision made at generation `g` is stale where an entry's generation is above `g`).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Marks entry `i` changed.
+    fn touch(&mut self, i: usize) {
+        self.generation += 1;
+        self.nodes[i].generation = self.generation;
+    }
+
     /// Nodes with a Node object.
     pub fn node_count(&self) -> usize {
         self.live_nodes
@@ -139,6 +154,7 @@ impl Cache {
     }
 
     fn count_pod(&mut self, i: usize, pod: &Arc<PodInfo>) {
+        self.touch(i);
         self.nodes[i].add_pod(pod);
         self.topology
             .write()
@@ -172,6 +188,7 @@ impl Cache {
         self.nodes.push(NodeInfo::empty(name));
         let i = self.nodes.len() - 1;
         self.index.insert(name.to_owned(), i);
+        self.touch(i);
         i
     }
 
@@ -179,6 +196,7 @@ impl Cache {
     pub fn upsert_node(&mut self, node: Arc<Node>) -> Vec<ClusterEvent> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let i = self.slot(&name);
+        self.touch(i);
         let entry = &mut self.nodes[i];
         let mut events = Vec::new();
         let before = Usage::of(&entry.allocatable);
@@ -224,6 +242,7 @@ impl Cache {
         let Some(&i) = self.index.get(name) else {
             return;
         };
+        self.touch(i);
         if self.nodes[i].node.take().is_some() {
             self.topology.write().set_node(name, None);
             self.nodes[i].domains.clear();
@@ -268,6 +287,7 @@ impl Cache {
     pub fn nominate(&mut self, pod: Arc<PodInfo>, node: &str, victims: Vec<String>) {
         self.clear_nomination(&pod.key);
         let i = self.slot(node);
+        self.touch(i);
         self.nominations
             .insert(pod.key.clone(), (node.to_owned(), victims));
         self.nodes[i].nominated.push(pod);
@@ -279,6 +299,7 @@ impl Cache {
             return;
         };
         if let Some(&i) = self.index.get(&node) {
+            self.touch(i);
             let n = &mut self.nodes[i].nominated;
             if let Some(j) = n.iter().position(|p| p.key == key) {
                 n.swap_remove(j);
@@ -349,6 +370,7 @@ impl Cache {
         };
         self.topology.write().remove_pod(key, &p.info.pod, &p.node);
         if let Some(&i) = self.index.get(&p.node) {
+            self.touch(i);
             self.nodes[i].remove_pod(&p.info);
             self.drop_if_unused(i);
         }

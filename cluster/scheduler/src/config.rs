@@ -25,6 +25,11 @@ pub struct SchedulerConfig {
     /// Percent of nodes to find feasible before scoring (0: adaptive, as kube-scheduler).
     #[serde(default)]
     pub percentage_of_nodes_to_score: Option<u32>,
+    /// Scheduling workers: how many pods are placed at once, each against the same
+    /// snapshot, committed only if what they read has not moved (kube-scheduler's field of
+    /// this name sets the parallelism of its filter loop; default: the machine's cores).
+    #[serde(default)]
+    pub parallelism: Option<u32>,
     /// First backoff of a pod that failed (seconds, default 1).
     #[serde(default)]
     pub pod_initial_backoff_seconds: Option<u64>,
@@ -264,7 +269,18 @@ pub fn parse(text: &str) -> Result<SchedulerConfig, String> {
     serde_json::from_value(v).map_err(|e| format!("the scheduler configuration is not valid: {e}"))
 }
 
+/// Most scheduling workers.
+pub const MAX_PARALLELISM: u32 = 256;
+
 impl SchedulerConfig {
+    /// Scheduling workers: `parallelism`, or the machine's cores.
+    pub fn workers(&self) -> usize {
+        self.parallelism.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |p| p as usize,
+        )
+    }
+
     /// Builds every profile, checking names, points and args.
     pub fn build(&self, handle: &Handle) -> Result<Vec<Profile>, String> {
         if let Some(p) = self.percentage_of_nodes_to_score
@@ -272,6 +288,13 @@ impl SchedulerConfig {
         {
             return Err(format!(
                 "percentageOfNodesToScore is {p}; it must be between 0 and 100"
+            ));
+        }
+        if let Some(p) = self.parallelism
+            && !(1..=MAX_PARALLELISM).contains(&p)
+        {
+            return Err(format!(
+                "parallelism is {p}; it must be between 1 and {MAX_PARALLELISM}"
             ));
         }
         let default = [ProfileConfig {

@@ -281,6 +281,12 @@ pub trait FilterPlugin: Send + Sync {
     fn events_for(&self, _rejection: &Status) -> &'static [ClusterEvent] {
         self.events()
     }
+    /// True if its answer for one node depends on pods placed on other nodes (spreading,
+    /// pod affinity): a placement it passed is stale once any other pod was placed since
+    /// the decision, not only one on the same node.
+    fn reads_other_nodes(&self) -> bool {
+        false
+    }
 }
 
 /// What PostFilter sees of a cycle in which no node fit.

@@ -22,6 +22,8 @@ pub struct SchedulerMetrics {
     pub(crate) gangs: IntCounterVec,
     pub(crate) preemption_attempts: prometheus::IntCounter,
     pub(crate) preemption_victims: prometheus::Histogram,
+    pub(crate) conflicts: IntCounterVec,
+    pub(crate) workers: IntGauge,
 }
 
 fn buckets() -> Vec<f64> {
@@ -49,6 +51,8 @@ impl SchedulerMetrics {
         registry.register(Box::new(m.gangs.clone()))?;
         registry.register(Box::new(m.preemption_attempts.clone()))?;
         registry.register(Box::new(m.preemption_victims.clone()))?;
+        registry.register(Box::new(m.conflicts.clone()))?;
+        registry.register(Box::new(m.workers.clone()))?;
         Ok(m)
     }
 
@@ -65,7 +69,7 @@ impl SchedulerMetrics {
         (h.get_sample_count(), h.get_sample_sum())
     }
 
-    /// CPU seconds the scheduling loop's thread spent in scheduling cycles so far (all
+    /// CPU seconds the scheduling workers spent in scheduling cycles so far (all
     /// results).
     pub fn cycle_cpu_seconds(&self) -> f64 {
         self.cycle_cpu.get()
@@ -82,6 +86,12 @@ impl SchedulerMetrics {
             self.preemption_attempts.get(),
             self.preemption_victims.get_sample_sum() as u64,
         )
+    }
+
+    /// Decisions made again so far because what they read moved before they were
+    /// committed: placements (`placement`, Omega's conflicts) and rejections (`rejection`).
+    pub fn conflicts(&self, decision: &str) -> u64 {
+        self.conflicts.with_label_values(&[decision]).get()
     }
 
     /// Metrics no registry reads.
@@ -168,9 +178,9 @@ impl SchedulerMetrics {
             )?,
             cycle_cpu: prometheus::Counter::new(
                 "tessera_scheduler_cycle_cpu_seconds_total",
-                "CPU time of the scheduling loop's thread in scheduling cycles (preparing \
-                 counters, filter, score, reserve, permit): the scheduler's own cost, without \
-                 waiting or time lost to other threads.",
+                "CPU time of the scheduling threads in scheduling cycles (preparing counters, \
+                 filter, score on every worker; reserve, permit): the scheduler's own cost, \
+                 without waiting or time lost to other threads.",
             )?,
             gangs: IntCounterVec::new(
                 Opts::new(
@@ -194,6 +204,17 @@ impl SchedulerMetrics {
                     "Pods evicted by one preemption.",
                 )
                 .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            )?,
+            conflicts: IntCounterVec::new(
+                Opts::new(
+                    "tessera_scheduler_conflicts_total",
+                    "Decisions made in parallel against one snapshot and made again because                      what they read moved before their turn to commit, by decision: placement                      (their node took another pod, or a pod was placed anywhere while their                      spreading or pod affinity counted pods) and rejection (a pod that fit                      nowhere, looked at again once others were placed).",
+                ),
+                &["decision"],
+            )?,
+            workers: IntGauge::new(
+                "tessera_scheduler_workers",
+                "Scheduling workers: pods decided at once against one snapshot.",
             )?,
         })
     }

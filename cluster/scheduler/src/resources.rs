@@ -294,6 +294,9 @@ pub struct NodeInfo {
     /// Pods nominated to this node by preemption, waiting for their victims to go: a pod of
     /// lower or equal priority must leave them the room.
     pub nominated: Vec<Arc<PodInfo>>,
+    /// The cache's [`generation`](crate::cache::Cache::generation) when this entry last
+    /// changed: a placement decided against an older one is stale (optimistic placement).
+    pub generation: u64,
 }
 
 impl NodeInfo {
@@ -311,6 +314,7 @@ impl NodeInfo {
             domains: Vec::new(),
             pods: Vec::new(),
             nominated: Vec::new(),
+            generation: 0,
         }
     }
 

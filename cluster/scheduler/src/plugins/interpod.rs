@@ -228,6 +228,9 @@ impl PreFilterPlugin for InterPodAffinity {
 }
 
 impl FilterPlugin for InterPodAffinity {
+    fn reads_other_nodes(&self) -> bool {
+        true
+    }
     fn filter(&self, state: &CycleState, _: &PodInfo, node: &NodeInfo) -> Status {
         let Some(s) = state.read::<FilterState>(NAME) else {
             return Status::error("InterPodAffinity's PreFilter did not run");

@@ -437,6 +437,9 @@ impl PreFilterPlugin for PodTopologySpread {
 }
 
 impl FilterPlugin for PodTopologySpread {
+    fn reads_other_nodes(&self) -> bool {
+        true
+    }
     fn filter(&self, state: &CycleState, _: &PodInfo, node: &NodeInfo) -> Status {
         let Some(items) = state.read::<Vec<FilterItem>>(NAME) else {
             return Status::error("PodTopologySpread's PreFilter did not run");

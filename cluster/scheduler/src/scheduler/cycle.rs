@@ -32,161 +32,411 @@ pub(super) struct PermitWait {
     pub(super) why: String,
 }
 
+/// What a decision reads: the profile, the cache as it is (a snapshot: nothing writes it
+/// while decisions are made), and where to start looking.
+pub struct DecideInput<'a> {
+    /// The pod's profile.
+    pub profile: &'a Profile,
+    /// The nodes and the pods counted on them.
+    pub cache: &'a Cache,
+    /// `percentageOfNodesToScore` (0: adaptive).
+    pub percentage: u32,
+    /// The node index to start filtering at.
+    pub start: usize,
+}
+
+/// Chooses among equally scored nodes: given how many ties have been seen so far (`n`,
+/// at least 1), the index in `0..n` to keep (0 takes the latest). Random in the scheduler,
+/// fixed in tests.
+pub type TieBreaker<'a> = &'a mut dyn FnMut(u32) -> u32;
+
+/// Random tie-breaking (reservoir sampling: each of `n` equal nodes is kept with
+/// probability 1/n), so equal nodes share load.
+pub fn random_tie(n: u32) -> u32 {
+    rand::random_range(0..n)
+}
+
+/// A node found for the pod.
+#[derive(Debug)]
+pub struct Placement {
+    /// Its name (indexes may move once other pods are placed).
+    pub name: String,
+    /// True if a Filter that reads other nodes' pods (spreading, pod affinity) passed it:
+    /// any placement since makes it stale, not only one on this node.
+    pub wide: bool,
+}
+
+/// What a decision came to.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Go to this node.
+    Place(Placement),
+    /// A PreFilter plugin kept the pod off every node.
+    Rejected {
+        /// Its answer.
+        status: Status,
+        /// The events that could undo it.
+        events: Vec<ClusterEvent>,
+    },
+    /// No node passed Filter.
+    NoFit {
+        /// Nodes rejected, per reason.
+        reasons: HashMap<Cow<'static, str>, usize>,
+        /// Nodes rejected, by index, with how (for PostFilter).
+        failed: Vec<(usize, Code)>,
+        /// The events that could undo the rejections seen.
+        wake_on: Vec<ClusterEvent>,
+    },
+    /// A plugin failed.
+    Error(Status),
+}
+
+/// One decision: `(profile, snapshot, pod) -> node`, made with no I/O and no writes, so
+/// that several can be made at once against one snapshot (optimistic placement).
+pub struct Decision {
+    /// The cycle's state (what PreFilter computed), for Reserve, Permit and binding.
+    pub state: CycleState,
+    /// Its outcome.
+    pub verdict: Verdict,
+    /// Nodes looked at (the next decision starts after them).
+    pub looked: usize,
+    /// The cache's generation it was made at.
+    pub generation: u64,
+    /// The CPU time it took on its thread.
+    pub cpu: Duration,
+}
+
+/// Decides where `pod` goes: PreFilter; Filter from `input.start` until enough feasible
+/// nodes are found; PreScore and Score of those; the best, ties broken by `tie`.
+pub fn decide(input: &DecideInput<'_>, pod: &PodInfo, tie: TieBreaker<'_>) -> Decision {
+    let cpu = thread_cpu();
+    let mut state = CycleState::new();
+    let mut looked = 0;
+    let verdict = decide_in(input, pod, tie, &mut state, &mut looked);
+    Decision {
+        state,
+        verdict,
+        looked,
+        generation: input.cache.generation(),
+        cpu: thread_cpu().saturating_sub(cpu),
+    }
+}
+
+fn decide_in(
+    input: &DecideInput<'_>,
+    pod: &PodInfo,
+    tie: TieBreaker<'_>,
+    state: &mut CycleState,
+    looked: &mut usize,
+) -> Verdict {
+    let profile = input.profile;
+    if let Err(v) = pre_filter(profile, state, pod) {
+        return v;
+    }
+    // Filter, from where the previous pod stopped, until enough feasible nodes are found.
+    let nodes = input.cache.nodes();
+    let n = nodes.len();
+    let want = feasible_nodes_to_find(input.cache.node_count(), input.percentage);
+    let filters = profile.at(Point::Filter);
+    let mut feasible: Vec<usize> = Vec::with_capacity(want.min(n));
+    let mut reasons: HashMap<Cow<'static, str>, usize> = HashMap::new();
+    // The events that could undo the rejections seen (each plugin says, per reason).
+    let mut wake_on: Vec<ClusterEvent> = Vec::new();
+    // Nodes that failed, with how (for PostFilter): few when the pod fits.
+    let mut failed: Vec<(usize, Code)> = Vec::new();
+    for i in 0..n {
+        *looked = i + 1;
+        let idx = (input.start + i) % n;
+        let node = &nodes[idx];
+        if node.node.is_none() {
+            continue;
+        }
+        if let Some((p, f, s)) = first_rejection(filters, state, pod, node) {
+            if s.code == Code::Error {
+                return Verdict::Error(s.by(p.name()));
+            }
+            failed.push((idx, s.code));
+            for e in f.events_for(&s) {
+                if !wake_on.contains(e) {
+                    wake_on.push(*e);
+                }
+            }
+            for r in s.reasons {
+                *reasons.entry(r).or_insert(0) += 1;
+            }
+        } else {
+            feasible.push(idx);
+            if feasible.len() >= want {
+                break;
+            }
+        }
+    }
+    if feasible.is_empty() {
+        return Verdict::NoFit {
+            reasons,
+            failed,
+            wake_on,
+        };
+    }
+    let chosen = if feasible.len() == 1 {
+        feasible[0]
+    } else {
+        match prioritize(profile, input.cache, state, pod, &feasible, tie) {
+            Ok(c) => c,
+            Err(s) => return Verdict::Error(s),
+        }
+    };
+    let wide = filters.iter().any(|(p, _)| {
+        p.filter().is_some_and(|f| f.reads_other_nodes()) && !state.skips_filter(p.name())
+    });
+    Verdict::Place(Placement {
+        name: nodes[chosen].name.clone(),
+        wide,
+    })
+}
+
+/// The PreFilter plugins, in order: a rejection or error as the decision's verdict.
+fn pre_filter(profile: &Profile, state: &mut CycleState, pod: &PodInfo) -> Result<(), Verdict> {
+    for (p, _) in profile.at(Point::PreFilter) {
+        let Some(pf) = p.pre_filter() else { continue };
+        let s = pf.pre_filter(state, pod).by(p.name());
+        match s.code {
+            Code::Success => {}
+            Code::Skip => state.skip_filter(p.name()),
+            Code::Unschedulable | Code::UnschedulableAndUnresolvable => {
+                let events = if pf.pre_filter_events().is_empty() {
+                    filter_events(profile, &[p.name()])
+                } else {
+                    pf.pre_filter_events().to_vec()
+                };
+                return Err(Verdict::Rejected { status: s, events });
+            }
+            _ => return Err(Verdict::Error(s)),
+        }
+    }
+    Ok(())
+}
+
+/// Checks a placement again against the cache as it is now, on its node only: PreFilter
+/// afresh (spreading's and pod affinity's counts as they now are), then every Filter on
+/// that node. The fresh state if the pod still passes (Omega's fine-grained conflict
+/// check: far cheaper than deciding again over every node).
+pub fn revalidate(
+    profile: &Profile,
+    cache: &Cache,
+    pod: &PodInfo,
+    node: &str,
+) -> Option<CycleState> {
+    let mut state = CycleState::new();
+    pre_filter(profile, &mut state, pod).ok()?;
+    let node = cache.node(node).filter(|n| n.node.is_some())?;
+    first_rejection(profile.at(Point::Filter), &state, pod, node)
+        .is_none()
+        .then_some(state)
+}
+
+/// PreScore and Score over the feasible nodes; the index of the best.
+fn prioritize(
+    profile: &Profile,
+    cache: &Cache,
+    state: &mut CycleState,
+    pod: &PodInfo,
+    feasible: &[usize],
+    tie: TieBreaker<'_>,
+) -> Result<usize, Status> {
+    let all = cache.nodes();
+    let nodes: Vec<&NodeInfo> = feasible.iter().map(|i| &all[*i]).collect();
+    for (p, _) in profile.at(Point::PreScore) {
+        let Some(ps) = p.pre_score() else { continue };
+        let s = ps.pre_score(state, pod, &nodes);
+        match s.code {
+            Code::Success => {}
+            Code::Skip => state.skip_score(p.name()),
+            _ => return Err(s.by(p.name())),
+        }
+    }
+    let mut total = vec![0i64; nodes.len()];
+    let mut scores = vec![0i64; nodes.len()];
+    for (p, weight) in profile.at(Point::Score) {
+        if state.skips_score(p.name()) {
+            continue;
+        }
+        let Some(sc) = p.score() else { continue };
+        for (j, node) in nodes.iter().enumerate() {
+            scores[j] = sc.score(state, pod, node).map_err(|s| s.by(p.name()))?;
+        }
+        let s = sc.normalize(state, pod, &mut scores);
+        if !s.is_success() {
+            return Err(s.by(p.name()));
+        }
+        for (t, s) in total.iter_mut().zip(&scores) {
+            *t += s * weight;
+        }
+    }
+    // The best score; ties broken by `tie` (reservoir sampling).
+    let mut best = 0;
+    let mut ties = 0u32;
+    for (j, t) in total.iter().enumerate() {
+        if *t > total[best] {
+            best = j;
+            ties = 1;
+        } else if *t == total[best] {
+            ties += 1;
+            if tie(ties) == 0 {
+                best = j;
+            }
+        }
+    }
+    Ok(feasible[best])
+}
+
 impl Scheduler {
-    /// One scheduling cycle: the chosen node, the cycle's state and a Permit wait, if any.
+    /// One scheduling cycle, alone: decide, then [`conclude`](Self::conclude).
+    #[cfg(test)]
     #[allow(clippy::type_complexity)]
     pub(super) fn cycle(
         &mut self,
         pi: usize,
         qp: &QueuedPod,
     ) -> Result<(String, CycleState, Option<PermitWait>), Failure> {
-        let profile = &self.profiles[pi];
-        let pod = &qp.info;
-        let mut state = CycleState::new();
-        for (p, _) in profile.at(Point::PreFilter) {
-            let Some(pf) = p.pre_filter() else { continue };
-            let s = pf.pre_filter(&mut state, pod).by(p.name());
-            match s.code {
-                Code::Success => {}
-                Code::Skip => state.skip_filter(p.name()),
-                Code::Unschedulable | Code::UnschedulableAndUnresolvable => {
-                    let message = format!(
-                        "0/{} nodes are available: {}.",
-                        self.cache.node_count(),
-                        s.message()
-                    );
-                    let events = if pf.pre_filter_events().is_empty() {
-                        filter_events(profile, &[p.name()])
-                    } else {
-                        pf.pre_filter_events().to_vec()
-                    };
-                    return Err(Failure::Unschedulable {
-                        message,
-                        events,
-                        status: s,
-                        nomination: None,
-                    });
-                }
-                _ => return Err(Failure::Error(s)),
-            }
-        }
-        // Filter, from where the previous pod stopped, until enough feasible nodes are found.
-        let nodes = self.cache.nodes();
-        let n = nodes.len();
-        let want = feasible_nodes_to_find(self.cache.node_count(), self.percentage);
-        let filters = profile.at(Point::Filter);
-        let mut feasible: Vec<usize> = Vec::with_capacity(want.min(n));
-        let mut reasons: HashMap<Cow<'static, str>, usize> = HashMap::new();
-        // The events that could undo the rejections seen (each plugin says, per reason).
-        let mut wake_on: Vec<ClusterEvent> = Vec::new();
-        // Nodes that failed, with how (for PostFilter): few when the pod fits.
-        let mut failed: Vec<(usize, Code)> = Vec::new();
-        let mut looked = 0;
-        for i in 0..n {
-            looked = i + 1;
-            let idx = (self.next_start + i) % n;
-            let node = &nodes[idx];
-            if node.node.is_none() {
-                continue;
-            }
-            if let Some((p, f, s)) = first_rejection(filters, &state, pod, node) {
-                if s.code == Code::Error {
-                    return Err(Failure::Error(s.by(p.name())));
-                }
-                failed.push((idx, s.code));
-                for e in f.events_for(&s) {
-                    if !wake_on.contains(e) {
-                        wake_on.push(*e);
-                    }
-                }
-                for r in s.reasons {
-                    *reasons.entry(r).or_insert(0) += 1;
-                }
-            } else {
-                feasible.push(idx);
-                if feasible.len() >= want {
-                    break;
-                }
-            }
-        }
+        let d = decide(
+            &DecideInput {
+                profile: &self.profiles[pi],
+                cache: &self.cache,
+                percentage: self.percentage,
+                start: self.next_start,
+            },
+            &qp.info,
+            &mut random_tie,
+        );
+        self.advance(d.looked);
+        self.conclude(pi, qp, d.state, d.verdict)
+    }
+
+    /// Moves where the next decision starts past the `looked` nodes.
+    pub(super) fn advance(&mut self, looked: usize) {
+        let n = self.cache.nodes().len();
         if n > 0 {
             self.next_start = (self.next_start + looked) % n;
         }
-        if feasible.is_empty() {
-            // "<count> <reason>", sorted as strings (kube-scheduler's FitError does the same).
-            let mut detail: Vec<String> = reasons.iter().map(|(r, c)| format!("{c} {r}")).collect();
-            detail.sort_unstable();
-            let mut message = format!("0/{} nodes are available", self.cache.node_count());
-            if !detail.is_empty() {
-                message.push_str(": ");
-                message.push_str(&detail.join(", "));
-            }
-            message.push('.');
-            // PostFilter (preemption) gets its chance.
-            let post = profile.at(Point::PostFilter);
-            let mut nomination = None;
-            if !post.is_empty() {
-                let mut codes = vec![Code::UnschedulableAndUnresolvable; n];
-                for (i, c) in &failed {
-                    codes[*i] = *c;
-                }
-                state.write(preemption::FAIR_VIEW, self.queue.fair_view());
-                state.write(
-                    preemption::NOMINATED,
-                    self.cache.nominated_node(&pod.key).map(|n| n.name.clone()),
+    }
+
+    /// Acts on a decision that is still current: a placement is reserved (the cache first,
+    /// so the next decision sees it, then Reserve plugins) and passed through Permit; a pod
+    /// that fits nowhere gets PostFilter's (preemption's) chance and its reasons.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn conclude(
+        &mut self,
+        pi: usize,
+        qp: &QueuedPod,
+        mut state: CycleState,
+        verdict: Verdict,
+    ) -> Result<(String, CycleState, Option<PermitWait>), Failure> {
+        let pod = &qp.info;
+        let (reasons, failed, wake_on) = match verdict {
+            Verdict::Place(p) => return self.reserve_and_permit(pi, pod, state, p.name),
+            Verdict::Error(s) => return Err(Failure::Error(s)),
+            Verdict::Rejected { status, events } => {
+                let message = format!(
+                    "0/{} nodes are available: {}.",
+                    self.cache.node_count(),
+                    status.message()
                 );
-                state.write(
-                    preemption::UNDERWAY,
-                    self.cache.preemption_underway(&pod.key),
-                );
-                let state = &state;
-                let filter = |node: &NodeInfo| -> Status {
-                    first_rejection(filters, state, pod, node)
-                        .map_or_else(Status::success, |(_, _, s)| s)
-                };
-                let input = PostFilterInput {
-                    nodes,
-                    codes: &codes,
-                    filter: &filter,
-                };
-                let mut said = Vec::new();
-                for (p, _) in post {
-                    let Some(pf) = p.post_filter() else { continue };
-                    let (nominated, s) = pf.post_filter(state, pod, &input);
-                    if let Some(nm) = nominated.filter(|_| s.is_success()) {
-                        nomination = Some(Box::new(nm));
-                        break;
-                    }
-                    if s.is_rejection() && !s.reasons.is_empty() {
-                        said.push(s.message());
-                    }
-                }
-                if nomination.is_none() {
-                    for m in said {
-                        message.push(' ');
-                        message.push_str(&m);
-                    }
-                }
+                return Err(Failure::Unschedulable {
+                    message,
+                    events,
+                    status,
+                    nomination: None,
+                });
             }
-            let events = if wake_on.is_empty() {
-                all_events()
-            } else {
-                wake_on
-            };
-            return Err(Failure::Unschedulable {
-                message,
-                events,
-                status: Status::unschedulable("no node fits"),
-                nomination,
-            });
-        }
-        let chosen = if feasible.len() == 1 {
-            feasible[0]
-        } else {
-            self.prioritize(pi, &mut state, pod, &feasible)?
+            Verdict::NoFit {
+                reasons,
+                failed,
+                wake_on,
+            } => (reasons, failed, wake_on),
         };
-        let node_name = self.cache.nodes()[chosen].name.clone();
-        // Reserve: the cache first (so the next cycle sees the pod there), then plugins.
+        let profile = &self.profiles[pi];
+        let filters = profile.at(Point::Filter);
+        let nodes = self.cache.nodes();
+        let n = nodes.len();
+        // "<count> <reason>", sorted as strings (kube-scheduler's FitError does the same).
+        let mut detail: Vec<String> = reasons.iter().map(|(r, c)| format!("{c} {r}")).collect();
+        detail.sort_unstable();
+        let mut message = format!("0/{} nodes are available", self.cache.node_count());
+        if !detail.is_empty() {
+            message.push_str(": ");
+            message.push_str(&detail.join(", "));
+        }
+        message.push('.');
+        // PostFilter (preemption) gets its chance.
+        let post = profile.at(Point::PostFilter);
+        let mut nomination = None;
+        if !post.is_empty() {
+            let mut codes = vec![Code::UnschedulableAndUnresolvable; n];
+            for (i, c) in &failed {
+                codes[*i] = *c;
+            }
+            state.write(preemption::FAIR_VIEW, self.queue.fair_view());
+            state.write(
+                preemption::NOMINATED,
+                self.cache.nominated_node(&pod.key).map(|n| n.name.clone()),
+            );
+            state.write(
+                preemption::UNDERWAY,
+                self.cache.preemption_underway(&pod.key),
+            );
+            let state = &state;
+            let filter = |node: &NodeInfo| -> Status {
+                first_rejection(filters, state, pod, node)
+                    .map_or_else(Status::success, |(_, _, s)| s)
+            };
+            let input = PostFilterInput {
+                nodes,
+                codes: &codes,
+                filter: &filter,
+            };
+            let mut said = Vec::new();
+            for (p, _) in post {
+                let Some(pf) = p.post_filter() else { continue };
+                let (nominated, s) = pf.post_filter(state, pod, &input);
+                if let Some(nm) = nominated.filter(|_| s.is_success()) {
+                    nomination = Some(Box::new(nm));
+                    break;
+                }
+                if s.is_rejection() && !s.reasons.is_empty() {
+                    said.push(s.message());
+                }
+            }
+            if nomination.is_none() {
+                for m in said {
+                    message.push(' ');
+                    message.push_str(&m);
+                }
+            }
+        }
+        let events = if wake_on.is_empty() {
+            all_events()
+        } else {
+            wake_on
+        };
+        Err(Failure::Unschedulable {
+            message,
+            events,
+            status: Status::unschedulable("no node fits"),
+            nomination,
+        })
+    }
+
+    /// Reserve (the cache first, so the next decision sees the pod there, then plugins)
+    /// and Permit.
+    #[allow(clippy::type_complexity)]
+    fn reserve_and_permit(
+        &mut self,
+        pi: usize,
+        pod: &Arc<PodInfo>,
+        mut state: CycleState,
+        node_name: String,
+    ) -> Result<(String, CycleState, Option<PermitWait>), Failure> {
         self.cache.assume(pod.clone(), &node_name);
         let profile = &self.profiles[pi];
         let reserve = profile.at(Point::Reserve);
@@ -244,62 +494,6 @@ impl Scheduler {
             why,
         });
         Ok((node_name, state, wait))
-    }
-
-    pub(super) fn prioritize(
-        &self,
-        pi: usize,
-        state: &mut CycleState,
-        pod: &PodInfo,
-        feasible: &[usize],
-    ) -> Result<usize, Failure> {
-        let profile = &self.profiles[pi];
-        let all = self.cache.nodes();
-        let nodes: Vec<&crate::resources::NodeInfo> = feasible.iter().map(|i| &all[*i]).collect();
-        for (p, _) in profile.at(Point::PreScore) {
-            let Some(ps) = p.pre_score() else { continue };
-            let s = ps.pre_score(state, pod, &nodes);
-            match s.code {
-                Code::Success => {}
-                Code::Skip => state.skip_score(p.name()),
-                _ => return Err(Failure::Error(s.by(p.name()))),
-            }
-        }
-        let mut total = vec![0i64; nodes.len()];
-        let mut scores = vec![0i64; nodes.len()];
-        for (p, weight) in profile.at(Point::Score) {
-            if state.skips_score(p.name()) {
-                continue;
-            }
-            let Some(sc) = p.score() else { continue };
-            for (j, node) in nodes.iter().enumerate() {
-                scores[j] = sc
-                    .score(state, pod, node)
-                    .map_err(|s| Failure::Error(s.by(p.name())))?;
-            }
-            let s = sc.normalize(state, pod, &mut scores);
-            if !s.is_success() {
-                return Err(Failure::Error(s.by(p.name())));
-            }
-            for (t, s) in total.iter_mut().zip(&scores) {
-                *t += s * weight;
-            }
-        }
-        // The best score; ties broken at random (reservoir sampling) so equal nodes share load.
-        let mut best = 0;
-        let mut ties = 0u32;
-        for (j, t) in total.iter().enumerate() {
-            if *t > total[best] {
-                best = j;
-                ties = 1;
-            } else if *t == total[best] {
-                ties += 1;
-                if rand::random_range(0..ties) == 0 {
-                    best = j;
-                }
-            }
-        }
-        Ok(feasible[best])
     }
 
     pub(super) fn unreserve(&mut self, pi: usize, state: &CycleState, pod: &PodInfo, node: &str) {

@@ -8,8 +8,8 @@ mod cycle;
 mod preempt;
 
 use binding::{BindOutcome, MAX_BINDS_IN_FLIGHT};
-use cycle::Failure;
 pub use cycle::feasible_nodes_to_find;
+use cycle::{DecideInput, Decision, Failure, Verdict, decide, random_tie};
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -78,6 +78,10 @@ pub struct Scheduler {
     cache: Cache,
     percentage: u32,
     next_start: usize,
+    /// Pods decided at once (`parallelism`).
+    workers: usize,
+    /// Threads for the decisions beyond the loop's own (none with one worker).
+    pool: Option<rayon::ThreadPool>,
     metrics: Option<SchedulerMetrics>,
     runtime_metrics: Option<RuntimeMetrics>,
     recorder: Recorder,
@@ -139,7 +143,26 @@ impl Scheduler {
             ));
         }
         let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
+        let workers = opts.config.workers();
+        let pool = if workers > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(workers - 1)
+                    .thread_name(|i| format!("scheduler-worker-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        format!("could not start {} scheduling workers: {e}", workers - 1)
+                    })?,
+            )
+        } else {
+            None
+        };
+        if let Some(m) = &opts.metrics {
+            m.workers.set(workers as i64);
+        }
         Ok(Scheduler {
+            workers,
+            pool,
             recorder: Recorder::new(
                 client.clone(),
                 "default-scheduler",
@@ -304,8 +327,15 @@ impl Scheduler {
                 self.tick();
             }
             self.sync_fair_share();
-            if let Some(qp) = self.queue.pop(Instant::now()) {
-                self.schedule_one(qp).await;
+            let now = Instant::now();
+            if let Some(qp) = self.queue.pop(now) {
+                let mut batch = vec![qp];
+                while batch.len() < self.workers
+                    && let Some(qp) = self.queue.pop(now)
+                {
+                    batch.push(qp);
+                }
+                self.schedule_round(batch).await;
                 continue;
             }
             let wake = self
@@ -572,19 +602,187 @@ impl Scheduler {
         }
     }
 
-    async fn schedule_one(&mut self, qp: QueuedPod) {
+    /// Places up to `workers` pods at once (Omega's optimistic concurrency on one shared
+    /// state). Each decision is made in parallel against the cache as it is — nothing writes
+    /// it meanwhile. Then, in queue order, each is committed if what it read has not moved
+    /// since: its node took no other pod (the node's generation), and for a pod whose
+    /// filters count pods on other nodes (spreading, pod affinity) no pod was placed at all.
+    /// A stale decision is a conflict: it is made again against the cache as it now is,
+    /// alone, so it cannot conflict twice. Nothing is ever committed that Filter did not
+    /// pass against the state it is committed into.
+    async fn schedule_round(&mut self, batch: Vec<QueuedPod>) {
         let started = Instant::now();
-        let Some(pi) = self.profile_of(&qp.info.pod) else {
-            self.queue.done(&qp.info.key);
-            return;
-        };
         let cpu = thread_cpu();
-        self.prepare_counters(pi, &qp.info);
-        let result = self.cycle(pi, &qp);
-        if let Some(m) = &self.metrics {
-            m.cycle_cpu
-                .inc_by(thread_cpu().saturating_sub(cpu).as_secs_f64());
+        let mut jobs = Vec::with_capacity(batch.len());
+        for qp in batch {
+            match self.profile_of(&qp.info.pod) {
+                Some(pi) => {
+                    self.prepare_counters(pi, &qp.info);
+                    jobs.push((pi, qp));
+                }
+                None => self.queue.done(&qp.info.key),
+            }
         }
+        if jobs.is_empty() {
+            return;
+        }
+        // Each decision measures its own thread's CPU (the loop's thread makes one too).
+        let mut spent = thread_cpu().saturating_sub(cpu);
+        let decisions = self.decide_all(&jobs);
+        spent += decisions.iter().map(|d| d.cpu).sum::<Duration>();
+        let cpu = thread_cpu();
+        let results = self.commit_round(jobs, decisions);
+        spent += thread_cpu().saturating_sub(cpu);
+        if let Some(m) = &self.metrics {
+            m.cycle_cpu.inc_by(spent.as_secs_f64());
+        }
+        for (pi, qp, result) in results {
+            self.after_attempt(pi, qp, result, started).await;
+        }
+    }
+
+    /// Commits a round's decisions in the order given: each that is still current, and
+    /// each stale one made again first (see [`schedule_round`](Self::schedule_round));
+    /// preemption's nominations are made here too, so the next commit sees them.
+    #[allow(clippy::type_complexity)]
+    fn commit_round(
+        &mut self,
+        jobs: Vec<(usize, QueuedPod)>,
+        decisions: Vec<Decision>,
+    ) -> Vec<(
+        usize,
+        QueuedPod,
+        Result<(String, CycleState, Option<cycle::PermitWait>), Failure>,
+    )> {
+        let mut out = Vec::with_capacity(jobs.len());
+        // Set once a pod with required anti-affinity is placed: its terms now keep other pods
+        // out of its domain, so every later decision of the round is stale.
+        let mut repels = false;
+        for ((pi, qp), mut d) in jobs.into_iter().zip(decisions) {
+            if let Some(kind) = self.stale(pi, &qp.info, &mut d, repels) {
+                if let Some(m) = &self.metrics {
+                    m.conflicts.with_label_values(&[kind]).inc();
+                }
+                d = decide(
+                    &DecideInput {
+                        profile: &self.profiles[pi],
+                        cache: &self.cache,
+                        percentage: self.percentage,
+                        start: self.next_start,
+                    },
+                    &qp.info,
+                    &mut random_tie,
+                );
+                self.advance(d.looked);
+            }
+            let placing = matches!(d.verdict, Verdict::Place(_));
+            let mut result = self.conclude(pi, &qp, d.state, d.verdict);
+            repels |= placing && result.is_ok() && has_required_anti_affinity(&qp.info);
+            if let Err(Failure::Unschedulable { nomination, .. }) = &mut result
+                && let Some(n) = nomination.take()
+            {
+                self.preempt(&qp.info, *n);
+            }
+            out.push((pi, qp, result));
+        }
+        out
+    }
+
+    /// Every job's decision, made at once against the cache as it is: on the worker pool
+    /// (the loop's thread takes the first), each starting its filter walk at a different
+    /// part of the node list so that they seldom choose the same node.
+    fn decide_all(&mut self, jobs: &[(usize, QueuedPod)]) -> Vec<Decision> {
+        let n = self.cache.nodes().len().max(1);
+        let k = jobs.len();
+        let inputs: Vec<DecideInput<'_>> = (0..k)
+            .map(|i| DecideInput {
+                profile: &self.profiles[jobs[i].0],
+                cache: &self.cache,
+                percentage: self.percentage,
+                start: (self.next_start + i * n / k) % n,
+            })
+            .collect();
+        let decisions = match &self.pool {
+            Some(pool) if k > 1 => {
+                let mut out: Vec<Option<Decision>> = (0..k).map(|_| None).collect();
+                pool.in_place_scope(|s| {
+                    let (first, rest) = out.split_first_mut().expect("k > 1");
+                    for ((slot, input), (_, qp)) in
+                        rest.iter_mut().zip(&inputs[1..]).zip(&jobs[1..])
+                    {
+                        s.spawn(move |_| *slot = Some(decide(input, &qp.info, &mut random_tie)));
+                    }
+                    *first = Some(decide(&inputs[0], &jobs[0].1.info, &mut random_tie));
+                });
+                out.into_iter()
+                    .map(|d| d.expect("every spawned decision is made before the scope ends"))
+                    .collect()
+            }
+            _ => inputs
+                .iter()
+                .zip(jobs)
+                .map(|(input, (_, qp))| decide(input, &qp.info, &mut random_tie))
+                .collect::<Vec<_>>(),
+        };
+        drop(inputs);
+        let looked = decisions.iter().map(|d| d.looked).max().unwrap_or(0);
+        self.advance(looked * k);
+        decisions
+    }
+
+    /// Why decision `d` may no longer be committed as it was made (the conflict's kind),
+    /// if it may not. A placement whose node took another pod is a conflict. One whose node
+    /// did not move but that read other nodes (spreading, pod affinity), or that a placed
+    /// pod's anti-affinity may now repel, is checked again on its node against the cache as
+    /// it now is ([`cycle::revalidate`]): if it still passes it is committed with the fresh
+    /// state (`d.state` is replaced), and only otherwise is it a conflict.
+    fn stale(
+        &self,
+        pi: usize,
+        pod: &PodInfo,
+        d: &mut Decision,
+        repels: bool,
+    ) -> Option<&'static str> {
+        if d.generation == self.cache.generation() {
+            return None;
+        }
+        match &d.verdict {
+            Verdict::Place(p) => {
+                let moved = self
+                    .cache
+                    .node(&p.name)
+                    .is_none_or(|n| n.generation > d.generation);
+                if moved {
+                    return Some("placement");
+                }
+                if !(p.wide || repels) {
+                    return None;
+                }
+                match cycle::revalidate(&self.profiles[pi], &self.cache, pod, &p.name) {
+                    Some(state) => {
+                        d.state = state;
+                        None
+                    }
+                    None => Some("placement"),
+                }
+            }
+            // Pods placed since may be what it waited for (pod affinity, a spread domain
+            // catching up).
+            Verdict::Rejected { .. } | Verdict::NoFit { .. } => Some("rejection"),
+            Verdict::Error(_) => None,
+        }
+    }
+
+    /// What follows an attempt: the binding cycle for a placed pod; for one that could not
+    /// be placed, its preemption (if PostFilter chose victims), its queue and its reason.
+    #[allow(clippy::type_complexity)]
+    async fn after_attempt(
+        &mut self,
+        pi: usize,
+        qp: QueuedPod,
+        result: Result<(String, CycleState, Option<cycle::PermitWait>), Failure>,
+        started: Instant,
+    ) {
         let outcome = match result {
             Ok((node, state, wait)) => {
                 self.queue.done(&qp.info.key);
@@ -596,12 +794,9 @@ impl Scheduler {
                 message,
                 events,
                 status,
-                nomination,
+                ..
             }) => {
                 tracing::debug!(pod = %qp.info.key, plugin = status.plugin, %message, "unschedulable");
-                if let Some(n) = nomination {
-                    self.preempt(&qp.info, *n);
-                }
                 self.queue
                     .unschedulable(&qp.info.key, events, Instant::now());
                 self.report_unschedulable(&qp.info, &message);
@@ -622,6 +817,20 @@ impl Scheduler {
                 .observe(started.elapsed().as_secs_f64());
         }
     }
+}
+
+/// True if `pod` has required pod anti-affinity terms (which keep other pods away from it).
+fn has_required_anti_affinity(pod: &PodInfo) -> bool {
+    pod.pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_some_and(|t| !t.is_empty())
 }
 
 /// kube-scheduler's `DefaultSelector`: the selectors of the Services that select the pod,
@@ -896,5 +1105,282 @@ mod tests {
             small_first.next_start, 200,
             "100 small nodes skipped, 100 feasible found"
         );
+    }
+
+    fn parallel(workers: u32, metrics: Option<SchedulerMetrics>) -> Scheduler {
+        let config = SchedulerConfig {
+            parallelism: Some(workers),
+            ..SchedulerConfig::default()
+        };
+        Scheduler::new(
+            Arc::new(NoApi),
+            SchedulerOptions {
+                config,
+                metrics,
+                runtime_metrics: None,
+                informers: None,
+            },
+        )
+        .expect("scheduler")
+    }
+
+    fn host(name: &str, cpu: &str) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                "status": {"allocatable": {"cpu": cpu, "memory": "4Gi", "pods": "110"}}}))
+            .expect("node"),
+        )
+    }
+
+    /// A decision reads the snapshot and nothing else: the same snapshot and pod give the
+    /// same answer, the tie-breaker alone chooses among equal nodes, and the cache is not
+    /// touched (NoApi fails the test if the API is called).
+    #[test]
+    fn a_decision_is_a_function_of_profile_snapshot_and_pod() {
+        let s = scheduler(None, 4, "4");
+        let pod = queued("p", "1");
+        let input = DecideInput {
+            profile: &s.profiles[0],
+            cache: &s.cache,
+            percentage: 0,
+            start: 0,
+        };
+        let name = |d: Decision| match d.verdict {
+            Verdict::Place(p) => p.name,
+            other => panic!("no placement: {other:?}"),
+        };
+        let generation = s.cache.generation();
+        // Four empty, equal nodes: keeping the first tie, or always the latest.
+        let first = name(decide(&input, &pod.info, &mut |n| n - 1));
+        let last = name(decide(&input, &pod.info, &mut |_| 0));
+        assert_eq!(first, "n0");
+        assert_eq!(last, "n3");
+        assert_eq!(name(decide(&input, &pod.info, &mut |n| n - 1)), first);
+        assert_eq!(s.cache.generation(), generation, "deciding wrote nothing");
+        assert_eq!(s.cache.pod_count(), 0);
+        // Where it starts looking is part of the input, not of hidden state.
+        let d = decide(&DecideInput { start: 2, ..input }, &pod.info, &mut |n| {
+            n - 1
+        });
+        assert_eq!(d.looked, 4, "fewer than 100 nodes: all are looked at");
+    }
+
+    /// Two workers decide against one snapshot with room for one pod: both choose the only
+    /// node; the first commits, the second's node moved, so it is decided again (a conflict)
+    /// and fits nowhere — never both on the node.
+    #[tokio::test]
+    async fn a_conflicting_placement_is_decided_again_not_committed() {
+        let metrics = SchedulerMetrics::unregistered().expect("metrics");
+        let mut s = parallel(2, Some(metrics.clone()));
+        s.handle(Msg::Node(host("only", "1")));
+        let jobs = vec![(0, queued("a", "800m")), (0, queued("b", "800m"))];
+        let decisions = s.decide_all(&jobs);
+        for d in &decisions {
+            assert!(matches!(&d.verdict, Verdict::Place(p) if p.name == "only"));
+        }
+        let results = s.commit_round(jobs, decisions);
+        assert!(results[0].2.is_ok(), "the first commits");
+        match &results[1].2 {
+            Err(Failure::Unschedulable { message, .. }) => {
+                assert!(message.contains("1 Insufficient cpu"), "{message}")
+            }
+            other => panic!("the second must not be placed: {:?}", other.is_ok()),
+        }
+        assert_eq!(metrics.conflicts("placement"), 1);
+        assert_eq!(s.cache.nodes()[0].requested.milli_cpu, 800);
+    }
+
+    /// Four nodes, n0 and n1 in zone a, n2 in b, n3 in c; two workers.
+    fn zoned() -> (Scheduler, SchedulerMetrics) {
+        let metrics = SchedulerMetrics::unregistered().expect("metrics");
+        let mut s = parallel(2, Some(metrics.clone()));
+        for (name, zone) in [("n0", "a"), ("n1", "a"), ("n2", "b"), ("n3", "c")] {
+            s.handle(Msg::Node(Arc::new(
+                serde_json::from_value(json!({"metadata": {"name": name,
+                    "labels": {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}},
+                    "status": {"allocatable": {"cpu": "4", "memory": "4Gi", "pods": "110"}}}))
+                .expect("node"),
+            )));
+        }
+        (s, metrics)
+    }
+
+    /// A pod labelled app=web that repels app=web pods over `key`.
+    fn repelling_web(name: &str, key: &str) -> QueuedPod {
+        QueuedPod {
+            info: Arc::new(PodInfo::new(labelled_pod(
+                name,
+                None,
+                json!({"app": "web"}),
+                json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    [{"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": key}]}}}),
+            ))),
+            enqueued: 0,
+            attempts: 0,
+        }
+    }
+
+    /// Decides `pods` at once against one snapshot, each starting at its node of `starts`
+    /// and keeping the first tie (so each picks that node), then commits them in order.
+    fn round_from(s: &mut Scheduler, pods: Vec<QueuedPod>, starts: &[usize]) -> Vec<String> {
+        let jobs: Vec<(usize, QueuedPod)> = pods.into_iter().map(|p| (0, p)).collect();
+        for (pi, qp) in &jobs {
+            s.prepare_counters(*pi, &qp.info);
+        }
+        let decisions: Vec<Decision> = jobs
+            .iter()
+            .zip(starts)
+            .map(|((pi, qp), &start)| {
+                let input = DecideInput {
+                    profile: &s.profiles[*pi],
+                    cache: &s.cache,
+                    percentage: 0,
+                    start,
+                };
+                let d = decide(&input, &qp.info, &mut |n| n - 1);
+                assert!(
+                    matches!(&d.verdict, Verdict::Place(p) if p.name == format!("n{start}")),
+                    "{:?}",
+                    d.verdict
+                );
+                d
+            })
+            .collect();
+        s.commit_round(jobs, decisions)
+            .into_iter()
+            .map(|(_, _, r)| r.ok().expect("placed").0)
+            .collect()
+    }
+
+    /// A placement whose filters count pods on other nodes (required anti-affinity here) is
+    /// checked again on its node once another pod was placed in its round: still valid, it
+    /// commits; repelled by the pod placed meanwhile, it is a conflict and is decided again.
+    #[tokio::test]
+    async fn placements_that_read_other_nodes_are_checked_again_after_any_commit() {
+        // Hostname anti-affinity on different nodes: the second still passes on n1.
+        let (mut s, metrics) = zoned();
+        let host = "kubernetes.io/hostname";
+        let placed = round_from(
+            &mut s,
+            vec![repelling_web("h1", host), repelling_web("h2", host)],
+            &[0, 1],
+        );
+        assert_eq!(placed, ["n0", "n1"]);
+        assert_eq!(metrics.conflicts("placement"), 0);
+        // Zone anti-affinity: z1 commits on n0 (zone a); z2, decided on n1 (zone a too, its
+        // node untouched), is repelled once checked again and decided afresh: zone b or c.
+        let (mut s, metrics) = zoned();
+        let zone = "topology.kubernetes.io/zone";
+        let placed = round_from(
+            &mut s,
+            vec![repelling_web("z1", zone), repelling_web("z2", zone)],
+            &[0, 1],
+        );
+        assert_eq!(placed[0], "n0");
+        assert!(placed[1] == "n2" || placed[1] == "n3", "{placed:?}");
+        assert_eq!(metrics.conflicts("placement"), 1);
+    }
+
+    #[derive(Debug, Clone)]
+    struct Case {
+        workers: u32,
+        nodes: Vec<u16>,
+        pods: Vec<(u16, bool, bool)>,
+        seed: u64,
+    }
+
+    fn case() -> impl proptest::strategy::Strategy<Value = Case> {
+        use proptest::prelude::*;
+        (
+            1u32..=8,
+            proptest::collection::vec(500u16..4000, 1..6),
+            proptest::collection::vec((100u16..1500, any::<bool>(), any::<bool>()), 1..40),
+            any::<u64>(),
+        )
+            .prop_map(|(workers, nodes, pods, seed)| Case {
+                workers,
+                nodes,
+                pods,
+                seed,
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// K workers decide against one snapshot and their decisions commit in any order:
+        /// no node ever holds more than its allocatable, no pod is placed twice, and no two
+        /// pods that repel each other (required anti-affinity on the hostname) share a node.
+        #[test]
+        fn no_node_over_allocatable_and_no_pod_placed_twice_under_any_commit_order(c in case()) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let mut s = parallel(c.workers, None);
+                for (i, milli) in c.nodes.iter().enumerate() {
+                    s.handle(Msg::Node(host(&format!("n{i}"), &format!("{milli}m"))));
+                }
+                let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    [{"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+                let mut pending: Vec<QueuedPod> = c.pods.iter().enumerate().map(|(i, &(milli, db, repels))| {
+                    let mut spec = if repels { anti.clone() } else { json!({}) };
+                    spec["containers"] = json!([{"name": "c", "image": "x",
+                        "resources": {"requests": {"cpu": format!("{milli}m")}}}]);
+                    let labels = if db { json!({"app": "db"}) } else { json!({}) };
+                    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("p{i}"),
+                        "namespace": "t", "uid": format!("uid-{i}"), "labels": labels}, "spec": spec}))
+                        .expect("pod");
+                    QueuedPod { info: Arc::new(PodInfo::new(Arc::new(pod))), enqueued: 0, attempts: 0 }
+                }).collect();
+                let mut placed: HashMap<String, String> = HashMap::new();
+                let mut rng = c.seed | 1;
+                // Each pod gets a few rounds; the unplaced ones go round again.
+                for _ in 0..3 {
+                    let mut next = Vec::new();
+                    for chunk in pending.chunks(c.workers as usize) {
+                        let mut jobs: Vec<(usize, QueuedPod)> = chunk.iter().map(|q| (0, q.clone())).collect();
+                        for (pi, qp) in &jobs {
+                            s.prepare_counters(*pi, &qp.info);
+                        }
+                        let decisions = s.decide_all(&jobs);
+                        // Commit in an order of the case's choosing.
+                        let mut pairs: Vec<_> = jobs.drain(..).zip(decisions).collect();
+                        for i in (1..pairs.len()).rev() {
+                            rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+                            pairs.swap(i, (rng % (i as u64 + 1)) as usize);
+                        }
+                        let (jobs, decisions): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+                        for (_, qp, result) in s.commit_round(jobs, decisions) {
+                            match result {
+                                Ok((node, _, _)) => {
+                                    proptest::prop_assert!(
+                                        placed.insert(qp.info.key.clone(), node).is_none(),
+                                        "{} placed twice", qp.info.key
+                                    );
+                                }
+                                Err(_) => next.push(qp),
+                            }
+                        }
+                        for n in s.cache.nodes() {
+                            proptest::prop_assert!(
+                                n.requested.milli_cpu <= n.allocatable.milli_cpu,
+                                "{} holds {}m of {}m", n.name, n.requested.milli_cpu, n.allocatable.milli_cpu
+                            );
+                            let labelled = |p: &PodInfo| p.pod.metadata.labels.as_ref()
+                                .and_then(|l| l.get("app")).is_some_and(|a| a == "db");
+                            let repelling = n.pods.iter().any(|p| has_required_anti_affinity(p));
+                            let dbs = n.pods.iter().filter(|p| labelled(p)).count();
+                            let repelled = n.pods.iter().filter(|p| has_required_anti_affinity(p)
+                                && n.pods.iter().any(|q| q.key != p.key && labelled(q))).count();
+                            proptest::prop_assert!(repelled == 0,
+                                "{}: a pod with anti-affinity shares the node with app=db ({} db, repelling {})",
+                                n.name, dbs, repelling);
+                        }
+                    }
+                    pending = next;
+                }
+                proptest::prop_assert_eq!(s.cache.pod_count(), placed.len());
+                Ok(())
+            })?;
+        }
     }
 }
