@@ -20,6 +20,7 @@ pub struct ApiMetrics {
     rejected: IntCounterVec,
     watches: IntGaugeVec,
     watch_events: IntCounterVec,
+    pub(crate) binding_batch: prometheus::Histogram,
 }
 
 impl ApiMetrics {
@@ -71,7 +72,17 @@ impl ApiMetrics {
                 ),
                 &["resource"],
             )?,
+            binding_batch: prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "tessera_apiserver_binding_batch_size",
+                    "pods/binding requests written in one store transaction.",
+                )
+                .buckets(vec![
+                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1000.0,
+                ]),
+            )?,
         };
+        registry.register(Box::new(m.binding_batch.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.duration.clone()))?;
         registry.register(Box::new(m.inflight.clone()))?;

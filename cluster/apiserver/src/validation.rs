@@ -198,6 +198,17 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                     &spec["minMember"],
                     "must be greater than or equal to 1",
                 );
+            } else if spec["minMember"].as_i64().unwrap_or(0)
+                > tessera_store::validation::MAX_TXN_OPS as i64
+            {
+                e.invalid(
+                    "spec.minMember",
+                    &spec["minMember"],
+                    format!(
+                        "must be less than or equal to {}: a gang is bound in one store transaction, which holds at most that many writes",
+                        tessera_store::validation::MAX_TXN_OPS
+                    ),
+                );
             }
         }
         _ => {}
@@ -1145,6 +1156,16 @@ mod tests {
             .0
             .len(),
             1
+        );
+        let too_big = validate(
+            res,
+            &json!({"metadata": {"name": "g"}, "spec": {"minMember": 129}}),
+        );
+        assert_eq!(too_big.0.len(), 1);
+        assert!(
+            too_big.0[0].message.contains("less than or equal to 128"),
+            "{:?}",
+            too_big.0[0].message
         );
     }
 }

@@ -1200,3 +1200,97 @@ async fn priority_classes_set_a_pods_priority() {
         );
     }
 }
+
+/// `pods/binding` requests that arrive together are written together: each gets its own
+/// answer (a missing pod fails alone), many share one store transaction (one revision), and
+/// a pod bound by many requests at once is bound exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_bindings_share_transactions_and_bind_each_pod_once() {
+    let s = setup().await;
+    let (pods, nss) = (res("", "pods"), res("", "namespaces"));
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns_name = format!("batch{i}");
+        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
+            .await
+            .expect("namespace");
+        let ns = Some(ns_name.as_str());
+        const N: usize = 200;
+        for p in 0..N {
+            c.create(pods, ns, &pod(&format!("p{p}"), "100m"))
+                .await
+                .expect(how);
+        }
+        let binding = |pod: String, node: String| {
+            let mut r = ApiRequest::new(Verb::Create, pods);
+            r.namespace = Some(ns_name.clone());
+            r.name = Some(pod.clone());
+            r.subresource = Some("binding".into());
+            r.body = Bytes::from(
+                json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
+                    "target": {"kind": "Node", "name": node}})
+                .to_string(),
+            );
+            r
+        };
+        // All at once, with one pod that does not exist among them.
+        let mut calls: Vec<_> = (0..N)
+            .map(|p| {
+                let c = c.clone();
+                let r = binding(format!("p{p}"), format!("n{}", p % 7));
+                tokio::spawn(async move { c.call(r).await })
+            })
+            .collect();
+        let missing = {
+            let c = c.clone();
+            let r = binding("ghost".into(), "n1".into());
+            tokio::spawn(async move { c.call(r).await })
+        };
+        for call in calls.drain(..) {
+            call.await.expect("task").expect(how);
+        }
+        let err = missing.await.expect("task").expect_err("no such pod");
+        assert_eq!(err.code, 404, "{how}: {err:?}");
+        let mut all = ApiRequest::new(Verb::List, pods);
+        all.namespace = Some(ns_name.clone());
+        let list = c.list(all).await.expect(how);
+        let items = list["items"].as_array().expect("items");
+        let mut revisions = std::collections::HashSet::new();
+        for item in items {
+            let name = item["metadata"]["name"].as_str().expect("name");
+            let p: usize = name[1..].parse().expect("p<N>");
+            assert_eq!(
+                item["spec"]["nodeName"],
+                json!(format!("n{}", p % 7)),
+                "{how}: {name}"
+            );
+            revisions.insert(item["metadata"]["resourceVersion"].clone());
+        }
+        assert_eq!(items.len(), N);
+        assert!(
+            revisions.len() < N,
+            "{how}: {N} bindings were written in {} transactions: none shared one",
+            revisions.len()
+        );
+        // One pod, twenty bindings to different nodes at once: one wins, the rest conflict.
+        c.create(pods, ns, &pod("contested", "100m"))
+            .await
+            .expect(how);
+        let racers: Vec<_> = (0..20)
+            .map(|i| {
+                let c = c.clone();
+                let r = binding("contested".into(), format!("n{i}"));
+                tokio::spawn(async move { c.call(r).await })
+            })
+            .collect();
+        let mut won = Vec::new();
+        for (i, r) in racers.into_iter().enumerate() {
+            match r.await.expect("task") {
+                Ok(_) => won.push(format!("n{i}")),
+                Err(e) => assert_eq!(e.code, 409, "{how}: {e:?}"),
+            }
+        }
+        assert_eq!(won.len(), 1, "{how}: bound by {won:?}");
+        let p = c.get(pods, ns, "contested").await.expect(how);
+        assert_eq!(p["spec"]["nodeName"], json!(won[0]), "{how}");
+    }
+}

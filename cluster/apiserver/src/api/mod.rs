@@ -10,6 +10,7 @@ mod across;
 pub mod admission;
 mod agents;
 mod allocator;
+mod bindings;
 mod delete;
 mod logs;
 pub mod pod_security;
@@ -88,6 +89,8 @@ pub struct Api {
     metrics_registry: Option<prometheus::Registry>,
     /// At the federation: the shards that pods, nodes and events are read across.
     shards: Option<Arc<dyn tessera_client::client::ShardSet>>,
+    /// `pods/binding` requests waiting to be written together.
+    binds: Arc<parking_lot::Mutex<bindings::Queue>>,
 }
 
 fn uid() -> String {
@@ -219,6 +222,7 @@ impl Api {
             metrics,
             tenants: Arc::default(),
             priority_classes: Arc::default(),
+            binds: Arc::default(),
             node_proxy: None,
             metrics_registry: None,
             shards: None,

@@ -65,7 +65,12 @@ pub(super) fn from_scale(
 
 /// `pod` assigned to `node`: `spec.nodeName` and `PodScheduled=True` together; a pod already
 /// assigned or being deleted is a conflict.
-fn assign(mut pod: Value, res: &Resource, name: &str, node: &str) -> Result<Value, ApiError> {
+pub(super) fn assign(
+    mut pod: Value,
+    res: &Resource,
+    name: &str,
+    node: &str,
+) -> Result<Value, ApiError> {
     if let Some(current) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
         return Err(ApiError::conflict_because(
             res.group,
@@ -133,6 +138,20 @@ impl Api {
                 }],
             ));
         }
+        if req.params.dry_run {
+            return self.bind_alone(req, user, node).await;
+        }
+        // Written with the other bindings waiting at this moment, in one transaction.
+        self.bind_batched(req, user, node).await
+    }
+
+    /// A binding written on its own (a dry run, or one whose batch met a changed pod).
+    pub(super) async fn bind_alone(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        node: String,
+    ) -> Result<ApiResponse, ApiError> {
         let res = req.resource;
         let name = req.name.clone().unwrap_or_default();
         self.write_existing(
@@ -143,11 +162,13 @@ impl Api {
         )
         .await
         .map(|r| match r {
-            ApiResponse::Object { warnings, .. } => ApiResponse::Object {
-                code: 201,
-                body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-                warnings,
-            },
+            ApiResponse::Object { warnings, .. } => {
+                let mut answer = super::bindings::bound();
+                if let ApiResponse::Object { warnings: w, .. } = &mut answer {
+                    *w = warnings;
+                }
+                answer
+            }
             other => other,
         })
     }
@@ -309,8 +330,9 @@ pub(super) fn selects(selector: &Value, labels: &Value) -> bool {
     true
 }
 
-/// Members a `podgroups/binding` may assign at once (one store transaction).
-pub(crate) const MAX_GROUP_BINDING: usize = 10_000;
+/// Members a `podgroups/binding` may assign at once: one store transaction holds at most
+/// this many writes (etcd's default `--max-txn-ops`).
+pub(crate) const MAX_GROUP_BINDING: usize = tessera_store::validation::MAX_TXN_OPS;
 
 /// What `podgroups/binding` is asked: the members, checked for shape.
 fn group_binding_members(
@@ -401,114 +423,57 @@ impl Api {
             return Err(ApiError::not_found("tessera.io", "podgroups", &group));
         }
         let pods = crate::request::find_resource("", "v1", "pods")?;
-        let counts_bytes = self.tenant_counts_bytes(&ns).await?;
-        'attempt: for _attempt in 0..16 {
-            let mut ops = Vec::with_capacity(members.len());
-            let mut sizes = Vec::new();
+        for _attempt in 0..16 {
+            let mut prepared = Vec::with_capacity(members.len());
             for (i, m) in members.iter().enumerate() {
-                let (current, kv) = self
-                    .read(pods, Some(&ns), &m.pod)
-                    .await?
-                    .ok_or_else(|| ApiError::not_found("", "pods", &m.pod))?;
-                let labelled = current["metadata"]["labels"][crate::types::POD_GROUP_LABEL]
-                    .as_str()
-                    == Some(group.as_str());
-                if !labelled {
-                    return Err(ApiError::invalid(
-                        "tessera.io",
-                        "PodGroupBinding",
-                        &group,
-                        vec![Cause {
-                            reason: "FieldValueInvalid",
-                            field: format!("members[{i}].pod"),
-                            message: format!(
-                                "Invalid value: {:?}: the pod is not a member of PodGroup {group} (it needs the label {}={group})",
-                                m.pod,
-                                crate::types::POD_GROUP_LABEL
-                            ),
-                        }],
-                    ));
-                }
-                if let Some(uid) = m.uid.as_deref()
-                    && current["metadata"]["uid"].as_str() != Some(uid)
-                {
-                    return Err(ApiError::conflict_because(
-                        "",
-                        "pods",
-                        &m.pod,
-                        &format!("the pod's UID is not {uid}: it was replaced"),
-                    ));
-                }
+                let check = |current: &Value| -> Result<(), ApiError> {
+                    let labelled = current["metadata"]["labels"][crate::types::POD_GROUP_LABEL]
+                        .as_str()
+                        == Some(group.as_str());
+                    if !labelled {
+                        return Err(ApiError::invalid(
+                            "tessera.io",
+                            "PodGroupBinding",
+                            &group,
+                            vec![Cause {
+                                reason: "FieldValueInvalid",
+                                field: format!("members[{i}].pod"),
+                                message: format!(
+                                    "Invalid value: {:?}: the pod is not a member of PodGroup {group} (it needs the label {}={group})",
+                                    m.pod,
+                                    crate::types::POD_GROUP_LABEL
+                                ),
+                            }],
+                        ));
+                    }
+                    if let Some(uid) = m.uid.as_deref()
+                        && current["metadata"]["uid"].as_str() != Some(uid)
+                    {
+                        return Err(ApiError::conflict_because(
+                            "",
+                            "pods",
+                            &m.pod,
+                            &format!("the pod's UID is not {uid}: it was replaced"),
+                        ));
+                    }
+                    Ok(())
+                };
                 let mut pod_req = ApiRequest::new(Verb::Create, pods);
-                pod_req.namespace = Some(ns.clone());
-                pod_req.name = Some(m.pod.clone());
-                pod_req.subresource = Some("binding".into());
                 pod_req.params = req.params.clone();
-                let proposed = assign(current.clone(), pods, &m.pod, &m.node)?;
-                let (proposed, _) = self.typed(&pod_req, proposed)?;
-                let next = self.merge_update(&pod_req, user, &current, proposed)?;
-                let errors = validation::validate(pods, &next);
-                if !errors.is_empty() {
-                    return Err(ApiError::invalid("", "Pod", &m.pod, errors.0));
-                }
-                if counts_bytes {
-                    sizes.push((
-                        m.pod.as_str(),
-                        crate::quota::charged_len(&current),
-                        crate::quota::charged_len(&next),
-                    ));
-                }
-                ops.push(Op::Update {
-                    key: kv.key.clone(),
-                    value: encode(&next)?,
-                    expected: kv.mod_revision,
-                    lease: 0,
-                });
+                prepared.push(
+                    self.prepare_binding(&pod_req, user, &ns, &m.pod, &m.node, check)
+                        .await?,
+                );
             }
             if req.params.dry_run {
                 return Ok(group_bound(&group, members.len()));
             }
-            // Growth in stored bytes is charged before the write and refunded if it fails.
-            let mut charged = Vec::new();
-            for &(pod, old, new) in &sizes {
-                let grew = crate::quota::stored_charge(new) > crate::quota::stored_charge(old);
-                if grew
-                    && self
-                        .tenant_resize(&ns, pods, pod, (old, new), false, false)
-                        .await?
-                {
-                    charged.push((pod, old, new));
-                }
-            }
-            let result = self.store.txn(ops).await;
-            if result.is_err() {
-                for &(pod, old, new) in &charged {
-                    if let Err(e) = self
-                        .tenant_resize(&ns, pods, pod, (new, old), false, false)
-                        .await
-                    {
-                        tracing::warn!(error = %e, pod, "could not refund a tenant's stored bytes");
-                    }
-                }
-            }
-            match result {
-                Ok(_) => {
-                    for &(pod, old, new) in &sizes {
-                        let shrank =
-                            crate::quota::stored_charge(new) < crate::quota::stored_charge(old);
-                        if shrank
-                            && let Err(e) = self
-                                .tenant_resize(&ns, pods, pod, (old, new), false, false)
-                                .await
-                        {
-                            tracing::warn!(error = %e, pod, "could not refund a tenant's stored bytes");
-                        }
-                    }
-                    return Ok(group_bound(&group, members.len()));
-                }
+            let all: Vec<&super::bindings::Prepared> = prepared.iter().collect();
+            match self.write_prepared(pods, &all).await {
+                Ok(()) => return Ok(group_bound(&group, members.len())),
                 // A member changed in between: read them all again.
-                Err(e) if e.precondition().is_some() => continue 'attempt,
-                Err(e) => return Err(store_error(e)),
+                Err(super::bindings::WriteFailure::Changed) => continue,
+                Err(super::bindings::WriteFailure::Refused(e)) => return Err(e),
             }
         }
         Err(ApiError::conflict_because(

@@ -1,0 +1,278 @@
+//! Bindings in batches: concurrent `pods/binding` requests are written to the store
+//! together, many in one transaction (a group commit, as etcd's own raft batches proposals).
+//!
+//! A scheduler binds hundreds of pods at once (one request each, from its binding cycles).
+//! Each request is checked on its own, exactly as a lone binding is (the pod read, assigned,
+//! decoded, merged, validated, its tenant's stored bytes charged), but the writes of all the
+//! requests waiting at that moment go to the store as **one transaction**, each conditional
+//! on its pod's revision. The API does not change: each request gets its own answer, and a
+//! request that fails its checks fails alone. If a pod changed between its read and the
+//! transaction (the transaction's compare fails), none of that transaction was written and
+//! every binding in it is done again alone, through the lone path — so a binding is never
+//! lost, never applied twice, and a pod is never bound twice (a second binding of the same
+//! pod in one batch is held for after the batch, where it meets the first one's result).
+//!
+//! There is no timer: the first request starts a committer task, and the requests that
+//! arrive while it writes form its next batch — under load batches grow by themselves, and a
+//! lone binding waits for nothing.
+
+use std::collections::HashSet;
+
+use tokio::sync::oneshot;
+
+use super::*;
+
+/// Bindings written in one transaction at most (the store's limit on writes in one).
+pub(super) const MAX_BATCH: usize = tessera_store::validation::MAX_TXN_OPS;
+
+/// A binding waiting for the committer.
+pub(super) struct Pending {
+    req: ApiRequest,
+    user: User,
+    node: String,
+    reply: oneshot::Sender<Result<ApiResponse, ApiError>>,
+}
+
+/// The bindings waiting, and whether a committer is writing.
+#[derive(Default)]
+pub(super) struct Queue {
+    waiting: Vec<Pending>,
+    running: bool,
+}
+
+/// A binding checked and ready to write.
+pub(super) struct Prepared {
+    /// The write (conditional on the pod's revision).
+    pub(super) op: Op,
+    /// The pod's namespace and name.
+    pub(super) ns: String,
+    pub(super) name: String,
+    /// Its charged size before and after, when its tenant counts stored bytes.
+    pub(super) size: Option<(usize, usize)>,
+}
+
+/// Why prepared bindings were not written (then none of them was).
+pub(super) enum WriteFailure {
+    /// A pod changed since it was read: read again, or bind alone.
+    Changed,
+    /// Refused (a tenant's stored bytes over quota, the store failing).
+    Refused(ApiError),
+}
+
+/// The answer to a binding written.
+pub(super) fn bound() -> ApiResponse {
+    ApiResponse::Object {
+        code: 201,
+        body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        warnings: Vec::new(),
+    }
+}
+
+impl Api {
+    /// Queues a binding of the pod `req` names to `node` for the next batch and waits for
+    /// its answer.
+    pub(super) async fn bind_batched(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        node: String,
+    ) -> Result<ApiResponse, ApiError> {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut q = self.binds.lock();
+            q.waiting.push(Pending {
+                req: req.clone(),
+                user: user.clone(),
+                node,
+                reply,
+            });
+            !std::mem::replace(&mut q.running, true)
+        };
+        if start {
+            // A task, not this request: a caller that goes away must not strand the others.
+            let api = self.clone();
+            tokio::spawn(async move { api.commit_bindings().await });
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(ApiError::internal("the binding committer stopped")))
+    }
+
+    /// Writes batches until none is waiting.
+    async fn commit_bindings(&self) {
+        loop {
+            let batch = {
+                let mut q = self.binds.lock();
+                if q.waiting.is_empty() {
+                    q.running = false;
+                    return;
+                }
+                let n = q.waiting.len().min(MAX_BATCH);
+                q.waiting.drain(..n).collect::<Vec<_>>()
+            };
+            self.commit_batch(batch).await;
+        }
+    }
+
+    async fn commit_batch(&self, batch: Vec<Pending>) {
+        let pods = batch[0].req.resource;
+        let mut seen = HashSet::with_capacity(batch.len());
+        let mut ready: Vec<(Pending, Prepared)> = Vec::with_capacity(batch.len());
+        let mut later = Vec::new();
+        for p in batch {
+            let ns = p.req.namespace.clone().unwrap_or_default();
+            let name = p.req.name.clone().unwrap_or_default();
+            if !seen.insert((ns.clone(), name.clone())) {
+                later.push(p);
+                continue;
+            }
+            match self
+                .prepare_binding(&p.req, &p.user, &ns, &name, &p.node, |_| Ok(()))
+                .await
+            {
+                Ok(prepared) => ready.push((p, prepared)),
+                Err(e) => {
+                    let _ = p.reply.send(Err(e));
+                }
+            }
+        }
+        if let Some(m) = &self.metrics {
+            m.binding_batch.observe(ready.len() as f64);
+        }
+        if !ready.is_empty() {
+            let prepared: Vec<&Prepared> = ready.iter().map(|(_, p)| p).collect();
+            match self.write_prepared(pods, &prepared).await {
+                Ok(()) => {
+                    for (p, _) in ready {
+                        let _ = p.reply.send(Ok(bound()));
+                    }
+                }
+                // Nothing was written: a pod changed since it was read, or the batch was
+                // refused as a whole (too large for one transaction, one pod's tenant over
+                // its stored bytes). Each is done again alone and gets its own answer.
+                Err(WriteFailure::Changed | WriteFailure::Refused(_)) => {
+                    later.extend(ready.into_iter().map(|(p, _)| p))
+                }
+            }
+        }
+        for p in later {
+            let r = self.bind_alone(&p.req, &p.user, p.node.clone()).await;
+            let _ = p.reply.send(r);
+        }
+    }
+
+    /// Checks a binding of pod `ns/name` to `node` as a lone binding is checked (`check`
+    /// adds the caller's own conditions on the pod as read), without writing it.
+    pub(super) async fn prepare_binding(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        ns: &str,
+        name: &str,
+        node: &str,
+        check: impl Fn(&Value) -> Result<(), ApiError>,
+    ) -> Result<Prepared, ApiError> {
+        let pods = req.resource;
+        let (current, kv) = self
+            .read(pods, Some(ns), name)
+            .await?
+            .ok_or_else(|| ApiError::not_found("", "pods", name))?;
+        check(&current)?;
+        let mut pod_req = ApiRequest::new(Verb::Create, pods);
+        pod_req.namespace = Some(ns.to_owned());
+        pod_req.name = Some(name.to_owned());
+        pod_req.subresource = Some("binding".into());
+        pod_req.params = req.params.clone();
+        let proposed = subresources::assign(current.clone(), pods, name, node)?;
+        let (proposed, _) = self.typed(&pod_req, proposed)?;
+        let next = self.merge_update(&pod_req, user, &current, proposed)?;
+        let errors = validation::validate(pods, &next);
+        if !errors.is_empty() {
+            return Err(ApiError::invalid("", "Pod", name, errors.0));
+        }
+        let size = if self.tenant_counts_bytes(ns).await? {
+            Some((
+                crate::quota::charged_len(&current),
+                crate::quota::charged_len(&next),
+            ))
+        } else {
+            None
+        };
+        Ok(Prepared {
+            op: Op::Update {
+                key: kv.key.clone(),
+                value: encode(&next)?,
+                expected: kv.mod_revision,
+                lease: 0,
+            },
+            ns: ns.to_owned(),
+            name: name.to_owned(),
+            size,
+        })
+    }
+
+    /// Writes prepared bindings in one store transaction. Growth in a tenant's stored bytes
+    /// is charged before the write and refunded if it fails; shrinking is refunded after.
+    pub(super) async fn write_prepared(
+        &self,
+        pods: &'static Resource,
+        prepared: &[&Prepared],
+    ) -> Result<(), WriteFailure> {
+        let mut charged = Vec::new();
+        for p in prepared {
+            let Some((old, new)) = p.size else { continue };
+            if crate::quota::stored_charge(new) > crate::quota::stored_charge(old) {
+                match self
+                    .tenant_resize(&p.ns, pods, &p.name, (old, new), false, false)
+                    .await
+                {
+                    Ok(true) => charged.push(*p),
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.refund(pods, &charged, true).await;
+                        return Err(WriteFailure::Refused(e));
+                    }
+                }
+            }
+        }
+        let ops = prepared.iter().map(|p| p.op.clone()).collect();
+        match self.store.txn(ops).await {
+            Ok(_) => {
+                let shrank: Vec<&Prepared> = prepared
+                    .iter()
+                    .copied()
+                    .filter(|p| {
+                        p.size.is_some_and(|(old, new)| {
+                            crate::quota::stored_charge(new) < crate::quota::stored_charge(old)
+                        })
+                    })
+                    .collect();
+                self.refund(pods, &shrank, false).await;
+                Ok(())
+            }
+            Err(e) => {
+                self.refund(pods, &charged, true).await;
+                Err(if e.precondition().is_some() {
+                    WriteFailure::Changed
+                } else {
+                    WriteFailure::Refused(store_error(e))
+                })
+            }
+        }
+    }
+
+    /// Gives back stored-byte charges: growth charged for a write that failed (`undo`), or
+    /// shrinking after one that succeeded.
+    async fn refund(&self, pods: &'static Resource, which: &[&Prepared], undo: bool) {
+        for p in which {
+            let Some((old, new)) = p.size else { continue };
+            let change = if undo { (new, old) } else { (old, new) };
+            if let Err(e) = self
+                .tenant_resize(&p.ns, pods, &p.name, change, false, false)
+                .await
+            {
+                tracing::warn!(error = %e, pod = %p.name, "could not refund a tenant's stored bytes");
+            }
+        }
+    }
+}
