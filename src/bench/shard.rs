@@ -44,6 +44,9 @@ pub struct ShardBenchArgs {
     /// Workers of the ReplicaSet controller.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    /// The scheduler's workers (its `parallelism`; default: the machine's cores).
+    #[arg(long)]
+    pub scheduler_workers: Option<u32>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -158,7 +161,10 @@ pub async fn run(args: ShardBenchArgs) -> anyhow::Result<()> {
     let scheduler = Scheduler::new(
         component("scheduler"),
         SchedulerOptions {
-            config: SchedulerConfig::default(),
+            config: SchedulerConfig {
+                parallelism: args.scheduler_workers,
+                ..SchedulerConfig::default()
+            },
             metrics: None,
             runtime_metrics: None,
             informers: Some(informers.clone()),

@@ -21,6 +21,7 @@ pub struct ApiMetrics {
     watches: IntGaugeVec,
     watch_events: IntCounterVec,
     pub(crate) binding_batch: prometheus::Histogram,
+    pub(crate) binding_batches: IntCounterVec,
 }
 
 impl ApiMetrics {
@@ -81,8 +82,18 @@ impl ApiMetrics {
                     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1000.0,
                 ]),
             )?,
+            binding_batches: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_binding_batches_total",
+                    "Batched pods/binding transactions, by result: written, or alone (not \
+                     written — a pod changed meanwhile or the batch was refused whole — so each \
+                     binding in it was done again on its own).",
+                ),
+                &["result"],
+            )?,
         };
         registry.register(Box::new(m.binding_batch.clone()))?;
+        registry.register(Box::new(m.binding_batches.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.duration.clone()))?;
         registry.register(Box::new(m.inflight.clone()))?;

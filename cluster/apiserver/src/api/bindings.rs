@@ -1,20 +1,21 @@
 //! Bindings in batches: concurrent `pods/binding` requests are written to the store
-//! together, many in one transaction (a group commit, as etcd's own raft batches proposals).
+//! together, many in one transaction (a group commit, as etcd's raft batches proposals).
 //!
 //! A scheduler binds hundreds of pods at once (one request each, from its binding cycles).
-//! Each request is checked on its own, exactly as a lone binding is (the pod read, assigned,
-//! decoded, merged, validated, its tenant's stored bytes charged), but the writes of all the
-//! requests waiting at that moment go to the store as **one transaction**, each conditional
-//! on its pod's revision. The API does not change: each request gets its own answer, and a
-//! request that fails its checks fails alone. If a pod changed between its read and the
-//! transaction (the transaction's compare fails), none of that transaction was written and
-//! every binding in it is done again alone, through the lone path — so a binding is never
-//! lost, never applied twice, and a pod is never bound twice (a second binding of the same
-//! pod in one batch is held for after the batch, where it meets the first one's result).
+//! Each request is checked in its own task, exactly as a lone binding is (the pod read,
+//! assigned, decoded, merged, validated, its tenant's stored bytes measured); only the
+//! write is shared: the checked writes waiting at one moment go to the store as **one
+//! transaction**, each conditional on its pod's revision. The API does not change: each
+//! request gets its own answer, and a request that fails its checks fails alone. If the
+//! transaction is not written — a pod changed between its read and the write (its compare
+//! failed), or the batch was refused whole (a tenant over its stored bytes) — nothing of it
+//! was written and each binding in it is done again alone, through the lone path; a
+//! second binding of the same pod in one batch is sent there too, where it meets the first
+//! one's result. So a binding is never lost or applied twice, and a pod is bound once.
 //!
-//! There is no timer: the first request starts a committer task, and the requests that
-//! arrive while it writes form its next batch — under load batches grow by themselves, and a
-//! lone binding waits for nothing.
+//! There is no timer: the first write starts a committer task, and the writes that arrive
+//! while it writes form its next batch — under load batches grow by themselves, and a lone
+//! binding waits for nothing.
 
 use std::collections::HashSet;
 
@@ -25,15 +26,14 @@ use super::*;
 /// Bindings written in one transaction at most (the store's limit on writes in one).
 pub(super) const MAX_BATCH: usize = tessera_store::validation::MAX_TXN_OPS;
 
-/// A binding waiting for the committer.
+/// A checked binding waiting for the committer, and where its outcome goes: true if it was
+/// written, false if it must be done again alone.
 pub(super) struct Pending {
-    req: ApiRequest,
-    user: User,
-    node: String,
-    reply: oneshot::Sender<Result<ApiResponse, ApiError>>,
+    prepared: Prepared,
+    written: oneshot::Sender<bool>,
 }
 
-/// The bindings waiting, and whether a committer is writing.
+/// The writes waiting, and whether a committer is writing.
 #[derive(Default)]
 pub(super) struct Queue {
     waiting: Vec<Pending>,
@@ -69,23 +69,23 @@ pub(super) fn bound() -> ApiResponse {
 }
 
 impl Api {
-    /// Queues a binding of the pod `req` names to `node` for the next batch and waits for
-    /// its answer.
+    /// Checks the binding of the pod `req` names to `node`, then writes it with the other
+    /// bindings waiting at that moment (or alone, if that batch is not written).
     pub(super) async fn bind_batched(
         &self,
         req: &ApiRequest,
         user: &User,
         node: String,
     ) -> Result<ApiResponse, ApiError> {
-        let (reply, answer) = oneshot::channel();
+        let ns = req.namespace.clone().unwrap_or_default();
+        let name = req.name.clone().unwrap_or_default();
+        let prepared = self
+            .prepare_binding(req, user, &ns, &name, &node, |_| Ok(()))
+            .await?;
+        let (written, outcome) = oneshot::channel();
         let start = {
             let mut q = self.binds.lock();
-            q.waiting.push(Pending {
-                req: req.clone(),
-                user: user.clone(),
-                node,
-                reply,
-            });
+            q.waiting.push(Pending { prepared, written });
             !std::mem::replace(&mut q.running, true)
         };
         if start {
@@ -93,9 +93,11 @@ impl Api {
             let api = self.clone();
             tokio::spawn(async move { api.commit_bindings().await });
         }
-        answer
-            .await
-            .unwrap_or_else(|_| Err(ApiError::internal("the binding committer stopped")))
+        if outcome.await.unwrap_or(false) {
+            Ok(bound())
+        } else {
+            self.bind_alone(req, user, node).await
+        }
     }
 
     /// Writes batches until none is waiting.
@@ -115,49 +117,45 @@ impl Api {
     }
 
     async fn commit_batch(&self, batch: Vec<Pending>) {
-        let pods = batch[0].req.resource;
+        let Ok(pods) = crate::request::find_resource("", "v1", "pods") else {
+            return;
+        };
         let mut seen = HashSet::with_capacity(batch.len());
-        let mut ready: Vec<(Pending, Prepared)> = Vec::with_capacity(batch.len());
-        let mut later = Vec::new();
+        let (mut first, mut again) = (Vec::with_capacity(batch.len()), Vec::new());
         for p in batch {
-            let ns = p.req.namespace.clone().unwrap_or_default();
-            let name = p.req.name.clone().unwrap_or_default();
-            if !seen.insert((ns.clone(), name.clone())) {
-                later.push(p);
-                continue;
-            }
-            match self
-                .prepare_binding(&p.req, &p.user, &ns, &name, &p.node, |_| Ok(()))
-                .await
-            {
-                Ok(prepared) => ready.push((p, prepared)),
-                Err(e) => {
-                    let _ = p.reply.send(Err(e));
-                }
+            if seen.insert((p.prepared.ns.clone(), p.prepared.name.clone())) {
+                first.push(p);
+            } else {
+                again.push(p);
             }
         }
         if let Some(m) = &self.metrics {
-            m.binding_batch.observe(ready.len() as f64);
+            m.binding_batch.observe(first.len() as f64);
         }
-        if !ready.is_empty() {
-            let prepared: Vec<&Prepared> = ready.iter().map(|(_, p)| p).collect();
-            match self.write_prepared(pods, &prepared).await {
-                Ok(()) => {
-                    for (p, _) in ready {
-                        let _ = p.reply.send(Ok(bound()));
-                    }
-                }
-                // Nothing was written: a pod changed since it was read, or the batch was
-                // refused as a whole (too large for one transaction, one pod's tenant over
-                // its stored bytes). Each is done again alone and gets its own answer.
-                Err(WriteFailure::Changed | WriteFailure::Refused(_)) => {
-                    later.extend(ready.into_iter().map(|(p, _)| p))
-                }
+        let prepared: Vec<&Prepared> = first.iter().map(|p| &p.prepared).collect();
+        let written = match self.write_prepared(pods, &prepared).await {
+            Ok(()) => true,
+            Err(WriteFailure::Changed) => {
+                tracing::debug!(
+                    bindings = prepared.len(),
+                    "a pod changed before its batched binding was written: each binds alone"
+                );
+                false
             }
+            Err(WriteFailure::Refused(e)) => {
+                tracing::debug!(bindings = prepared.len(), error = %e, "a batch of bindings was refused whole: each binds alone");
+                false
+            }
+        };
+        if let Some(m) = &self.metrics {
+            let result = if written { "written" } else { "alone" };
+            m.binding_batches.with_label_values(&[result]).inc();
         }
-        for p in later {
-            let r = self.bind_alone(&p.req, &p.user, p.node.clone()).await;
-            let _ = p.reply.send(r);
+        for p in first {
+            let _ = p.written.send(written);
+        }
+        for p in again {
+            let _ = p.written.send(false);
         }
     }
 

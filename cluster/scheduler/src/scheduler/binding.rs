@@ -3,8 +3,9 @@
 
 use super::*;
 
-/// Bindings in flight at once.
-pub(super) const MAX_BINDS_IN_FLIGHT: usize = 512;
+/// Bindings in flight at once: two of the API's batched transactions (128 bindings each)
+/// keep the store busy, and the scheduler stays well inside its seats at the API.
+pub(super) const MAX_BINDS_IN_FLIGHT: usize = 256;
 
 pub(super) struct BindOutcome {
     profile: usize,
