@@ -60,11 +60,11 @@ pub(super) enum WriteFailure {
 }
 
 /// The answer to a binding written.
-pub(super) fn bound() -> ApiResponse {
+pub(super) fn bound(warnings: Vec<String>) -> ApiResponse {
     ApiResponse::Object {
         code: 201,
         body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-        warnings: Vec::new(),
+        warnings,
     }
 }
 
@@ -80,7 +80,7 @@ impl Api {
         let ns = req.namespace.clone().unwrap_or_default();
         let name = req.name.clone().unwrap_or_default();
         let prepared = self
-            .prepare_binding(req, user, &ns, &name, &node, |_| Ok(()))
+            .prepare_binding(&req.params, user, &ns, &name, &node, |_| Ok(()))
             .await?;
         let (written, outcome) = oneshot::channel();
         let start = {
@@ -94,7 +94,7 @@ impl Api {
             tokio::spawn(async move { api.commit_bindings().await });
         }
         if outcome.await.unwrap_or(false) {
-            Ok(bound())
+            Ok(bound(Vec::new()))
         } else {
             self.bind_alone(req, user, node).await
         }
@@ -163,14 +163,14 @@ impl Api {
     /// adds the caller's own conditions on the pod as read), without writing it.
     pub(super) async fn prepare_binding(
         &self,
-        req: &ApiRequest,
+        params: &crate::request::Params,
         user: &User,
         ns: &str,
         name: &str,
         node: &str,
         check: impl Fn(&Value) -> Result<(), ApiError>,
     ) -> Result<Prepared, ApiError> {
-        let pods = req.resource;
+        let pods = crate::request::find_resource("", "v1", "pods")?;
         let (current, kv) = self
             .read(pods, Some(ns), name)
             .await?
@@ -180,7 +180,7 @@ impl Api {
         pod_req.namespace = Some(ns.to_owned());
         pod_req.name = Some(name.to_owned());
         pod_req.subresource = Some("binding".into());
-        pod_req.params = req.params.clone();
+        pod_req.params = params.clone();
         let proposed = subresources::assign(current.clone(), pods, name, node)?;
         let (proposed, _) = self.typed(&pod_req, proposed)?;
         let next = self.merge_update(&pod_req, user, &current, proposed)?;

@@ -162,13 +162,7 @@ impl Api {
         )
         .await
         .map(|r| match r {
-            ApiResponse::Object { warnings, .. } => {
-                let mut answer = super::bindings::bound();
-                if let ApiResponse::Object { warnings: w, .. } = &mut answer {
-                    *w = warnings;
-                }
-                answer
-            }
+            ApiResponse::Object { warnings, .. } => super::bindings::bound(warnings),
             other => other,
         })
     }
@@ -458,10 +452,8 @@ impl Api {
                     }
                     Ok(())
                 };
-                let mut pod_req = ApiRequest::new(Verb::Create, pods);
-                pod_req.params = req.params.clone();
                 prepared.push(
-                    self.prepare_binding(&pod_req, user, &ns, &m.pod, &m.node, check)
+                    self.prepare_binding(&req.params, user, &ns, &m.pod, &m.node, check)
                         .await?,
                 );
             }

@@ -25,6 +25,10 @@ pub fn feasible_nodes_to_find(all: usize, percentage: u32) -> usize {
     (all * pct / 100).max(MIN_FEASIBLE_NODES)
 }
 
+/// What a scheduling attempt came to: the node, the cycle's state and a Permit wait, or
+/// why the pod was not placed.
+pub(super) type Attempt = Result<(String, CycleState, Option<PermitWait>), Failure>;
+
 /// A pod held at Permit: its verdict, how long it may wait, and why it waits.
 pub(super) struct PermitWait {
     pub(super) verdict: oneshot::Receiver<Status>,
@@ -293,12 +297,14 @@ fn prioritize(
 impl Scheduler {
     /// One scheduling cycle, alone: decide, then [`conclude`](Self::conclude).
     #[cfg(test)]
-    #[allow(clippy::type_complexity)]
-    pub(super) fn cycle(
-        &mut self,
-        pi: usize,
-        qp: &QueuedPod,
-    ) -> Result<(String, CycleState, Option<PermitWait>), Failure> {
+    pub(super) fn cycle(&mut self, pi: usize, qp: &QueuedPod) -> Attempt {
+        let d = self.decide_afresh(pi, &qp.info);
+        self.conclude(pi, qp, d.state, d.verdict)
+    }
+
+    /// A decision against the cache as it is now, from where the last one stopped (a pod
+    /// alone, or one whose decision in a round went stale).
+    pub(super) fn decide_afresh(&mut self, pi: usize, pod: &PodInfo) -> Decision {
         let d = decide(
             &DecideInput {
                 profile: &self.profiles[pi],
@@ -306,11 +312,11 @@ impl Scheduler {
                 percentage: self.percentage,
                 start: self.next_start,
             },
-            &qp.info,
+            pod,
             &mut random_tie,
         );
         self.advance(d.looked);
-        self.conclude(pi, qp, d.state, d.verdict)
+        d
     }
 
     /// Moves where the next decision starts past the `looked` nodes.
@@ -324,14 +330,13 @@ impl Scheduler {
     /// Acts on a decision that is still current: a placement is reserved (the cache first,
     /// so the next decision sees it, then Reserve plugins) and passed through Permit; a pod
     /// that fits nowhere gets PostFilter's (preemption's) chance and its reasons.
-    #[allow(clippy::type_complexity)]
     pub(super) fn conclude(
         &mut self,
         pi: usize,
         qp: &QueuedPod,
         mut state: CycleState,
         verdict: Verdict,
-    ) -> Result<(String, CycleState, Option<PermitWait>), Failure> {
+    ) -> Attempt {
         let pod = &qp.info;
         let (reasons, failed, wake_on) = match verdict {
             Verdict::Place(p) => return self.reserve_and_permit(pi, pod, state, p.name),
@@ -429,14 +434,13 @@ impl Scheduler {
 
     /// Reserve (the cache first, so the next decision sees the pod there, then plugins)
     /// and Permit.
-    #[allow(clippy::type_complexity)]
     fn reserve_and_permit(
         &mut self,
         pi: usize,
         pod: &Arc<PodInfo>,
         mut state: CycleState,
         node_name: String,
-    ) -> Result<(String, CycleState, Option<PermitWait>), Failure> {
+    ) -> Attempt {
         self.cache.assume(pod.clone(), &node_name);
         let profile = &self.profiles[pi];
         let reserve = profile.at(Point::Reserve);

@@ -9,7 +9,7 @@ mod preempt;
 
 use binding::{BindOutcome, MAX_BINDS_IN_FLIGHT};
 pub use cycle::feasible_nodes_to_find;
-use cycle::{DecideInput, Decision, Failure, Verdict, decide, random_tie};
+use cycle::{Attempt, DecideInput, Decision, Failure, Verdict, decide, random_tie};
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -644,16 +644,11 @@ impl Scheduler {
     /// Commits a round's decisions in the order given: each that is still current, and
     /// each stale one made again first (see [`schedule_round`](Self::schedule_round));
     /// preemption's nominations are made here too, so the next commit sees them.
-    #[allow(clippy::type_complexity)]
     fn commit_round(
         &mut self,
         jobs: Vec<(usize, QueuedPod)>,
         decisions: Vec<Decision>,
-    ) -> Vec<(
-        usize,
-        QueuedPod,
-        Result<(String, CycleState, Option<cycle::PermitWait>), Failure>,
-    )> {
+    ) -> Vec<(usize, QueuedPod, Attempt)> {
         let mut out = Vec::with_capacity(jobs.len());
         // Set once a pod with required anti-affinity is placed: its terms now keep other pods
         // out of its domain, so every later decision of the round is stale.
@@ -663,17 +658,7 @@ impl Scheduler {
                 if let Some(m) = &self.metrics {
                     m.conflicts.with_label_values(&[kind]).inc();
                 }
-                d = decide(
-                    &DecideInput {
-                        profile: &self.profiles[pi],
-                        cache: &self.cache,
-                        percentage: self.percentage,
-                        start: self.next_start,
-                    },
-                    &qp.info,
-                    &mut random_tie,
-                );
-                self.advance(d.looked);
+                d = self.decide_afresh(pi, &qp.info);
             }
             let placing = matches!(d.verdict, Verdict::Place(_));
             let mut result = self.conclude(pi, &qp, d.state, d.verdict);
@@ -775,14 +760,7 @@ impl Scheduler {
 
     /// What follows an attempt: the binding cycle for a placed pod; for one that could not
     /// be placed, its preemption (if PostFilter chose victims), its queue and its reason.
-    #[allow(clippy::type_complexity)]
-    async fn after_attempt(
-        &mut self,
-        pi: usize,
-        qp: QueuedPod,
-        result: Result<(String, CycleState, Option<cycle::PermitWait>), Failure>,
-        started: Instant,
-    ) {
+    async fn after_attempt(&mut self, pi: usize, qp: QueuedPod, result: Attempt, started: Instant) {
         let outcome = match result {
             Ok((node, state, wait)) => {
                 self.queue.done(&qp.info.key);
