@@ -102,11 +102,25 @@ impl Api {
 
     /// Writes batches until none is waiting.
     async fn commit_bindings(&self) {
+        /// If the committer stops early (a panic, the runtime shutting down), the bindings
+        /// waiting are let go — each then binds alone — and the next one starts a committer.
+        struct Stopped<'a>(&'a parking_lot::Mutex<Queue>);
+        impl Drop for Stopped<'_> {
+            fn drop(&mut self) {
+                let mut q = self.0.lock();
+                q.running = false;
+                q.waiting.clear();
+            }
+        }
+        let stopped = Stopped(&self.binds);
         loop {
             let batch = {
                 let mut q = self.binds.lock();
                 if q.waiting.is_empty() {
                     q.running = false;
+                    drop(q);
+                    // Stopped as it should: a binding queued since starts the next one.
+                    std::mem::forget(stopped);
                     return;
                 }
                 let n = q.waiting.len().min(MAX_BATCH);
