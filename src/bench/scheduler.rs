@@ -120,6 +120,9 @@ struct Report {
     schedule_p99_ms: f64,
     /// Bindings the API refused (the pod changed or was bound meanwhile).
     conflicts: u64,
+    /// Of the nodes the filter walks judged, the percentage whose local filters' result was
+    /// reused from an alike pod's (same template) instead of running the filters again.
+    memo_reuse_pct: f64,
     /// CPU time of the scheduler's cycles per placed pod, in microseconds: what one worker
     /// costs per pod, apart from the API and the waits.
     cycle_cpu_us: f64,
@@ -466,6 +469,14 @@ impl Bench {
         }
     }
 
+    /// Nodes judged so far by a remembered filter result, and by running the filters.
+    fn memo(&self) -> (u64, u64) {
+        (
+            self.metrics.memo_nodes("reused"),
+            self.metrics.memo_nodes("judged"),
+        )
+    }
+
     /// Placements decided again because their snapshot moved (Omega's conflicts).
     fn conflicts(&self) -> u64 {
         self.metrics.conflicts("placement")
@@ -511,7 +522,7 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} ({} nodes, {} init pods): {} pods in {:.2} s: {:.0} pods/s; created→bound p50 {:.1} ms p99 {:.1} ms; {} worker(s), {} conflicts; scheduling attempt {:.0} µs per pod, of it {:.0} µs of the scheduler's CPU",
+            "{} ({} nodes, {} init pods): {} pods in {:.2} s: {:.0} pods/s; created→bound p50 {:.1} ms p99 {:.1} ms; {} worker(s), {} conflicts; {:.0}% of filter results reused; scheduling attempt {:.0} µs per pod, of it {:.0} µs of the scheduler's CPU",
             report.workload,
             report.nodes,
             report.init_pods,
@@ -522,6 +533,7 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
             report.schedule_p99_ms,
             report.workers,
             report.conflicts,
+            report.memo_reuse_pct,
             report.attempt_mean_us,
             report.cycle_cpu_us
         );
@@ -579,6 +591,7 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
             .await?;
     }
     let conflicts_before = bench.conflicts();
+    let memo_before = bench.memo();
     let gang = (args.workload == Workload::Gang).then_some(args.gang_size);
     if let Some(size) = gang {
         bench.pod_groups(args.pods / size, size).await?;
@@ -642,6 +655,7 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
         schedule_p50_ms: lat.percentile_ms(50.0),
         schedule_p99_ms: lat.percentile_ms(99.0),
         conflicts: bench.conflicts() - conflicts_before,
+        memo_reuse_pct: reuse_pct(memo_before, bench.memo()),
         attempt_mean_us: bench.attempt_mean_us(),
         cycle_cpu_us: bench.cycle_cpu_us(),
         checked,
@@ -818,6 +832,7 @@ async fn run_tenants(
     let t = args.tenants.max(2);
     make_tenants(bench, t, deadline).await?;
     let conflicts_before = bench.conflicts();
+    let memo_before = bench.memo();
 
     // Phase 1: the flood and the steady others.
     let flood: Vec<Value> = (0..args.pods)
@@ -893,6 +908,7 @@ async fn run_tenants(
         ((last - started).as_secs_f64(), placed, lat)
     };
     let conflicts = bench.conflicts() - conflicts_before;
+    let memo_reuse_pct = reuse_pct(memo_before, bench.memo());
 
     // Phase 2, on a fresh shard: full, backlogs by weight, completions, refill.
     let share = Bench::start(args.share_nodes, 0, &dir.join("share"), args.workers).await?;
@@ -958,6 +974,7 @@ async fn run_tenants(
         schedule_p50_ms: others_wait.percentile_ms(50.0),
         schedule_p99_ms: others_wait.percentile_ms(99.0),
         conflicts,
+        memo_reuse_pct,
         attempt_mean_us: bench.attempt_mean_us(),
         cycle_cpu_us: bench.cycle_cpu_us(),
         checked: None,
@@ -988,4 +1005,15 @@ fn workers_of(args: &SchedulerBenchArgs) -> anyhow::Result<usize> {
         ..SchedulerConfig::default()
     }
     .workers())
+}
+
+/// The percentage of filter walks' nodes judged by a remembered result between two
+/// readings of `(reused, judged)`.
+fn reuse_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let reused = after.0 - before.0;
+    let judged = after.1 - before.1;
+    if reused + judged == 0 {
+        return 0.0;
+    }
+    reused as f64 * 100.0 / (reused + judged) as f64
 }

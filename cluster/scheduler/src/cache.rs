@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use parking_lot::RwLock;
 
 use crate::framework::ClusterEvent;
+use crate::memo::FilterMemo;
 use crate::queue::Usage;
 use crate::resources::{NodeInfo, PodInfo};
 use crate::topology::{Labels, Topology};
@@ -41,6 +42,8 @@ pub struct Cache {
     /// Counts changes to nodes and the pods counted on them; each node entry records the
     /// value of its last change.
     generation: u64,
+    /// Local filters' results by class of alike pods, per node entry and generation.
+    memo: FilterMemo,
 }
 
 impl Cache {
@@ -125,6 +128,17 @@ impl Cache {
     /// decision made at generation `g` is stale where an entry's generation is above `g`).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The filter results remembered for classes of alike pods (valid for this cache's
+    /// generations only, so it lives here).
+    pub fn memo(&self) -> &FilterMemo {
+        &self.memo
+    }
+
+    /// The memo, to prepare classes for a round of decisions.
+    pub fn memo_mut(&mut self) -> &mut FilterMemo {
+        &mut self.memo
     }
 
     /// Marks entry `i` changed.

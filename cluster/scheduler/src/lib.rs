@@ -6,6 +6,7 @@
 pub mod cache;
 pub mod config;
 pub mod framework;
+pub mod memo;
 pub mod metrics;
 pub mod plugins;
 pub mod queue;

@@ -24,6 +24,7 @@ pub struct SchedulerMetrics {
     pub(crate) preemption_victims: prometheus::Histogram,
     pub(crate) conflicts: IntCounterVec,
     pub(crate) workers: IntGauge,
+    pub(crate) memo_nodes: IntCounterVec,
 }
 
 fn buckets() -> Vec<f64> {
@@ -53,6 +54,7 @@ impl SchedulerMetrics {
         registry.register(Box::new(m.preemption_victims.clone()))?;
         registry.register(Box::new(m.conflicts.clone()))?;
         registry.register(Box::new(m.workers.clone()))?;
+        registry.register(Box::new(m.memo_nodes.clone()))?;
         Ok(m)
     }
 
@@ -92,6 +94,21 @@ impl SchedulerMetrics {
     /// committed: placements (`placement`, Omega's conflicts) and rejections (`rejection`).
     pub fn conflicts(&self, decision: &str) -> u64 {
         self.conflicts.with_label_values(&[decision]).get()
+    }
+
+    /// Nodes whose local filters' result for a pod was taken from its class's memo
+    /// (`reused`) or computed and remembered (`judged`) so far.
+    pub fn memo_nodes(&self, result: &str) -> u64 {
+        self.memo_nodes.with_label_values(&[result]).get()
+    }
+
+    /// Counts what a decision's filter walk took from the memo and added to it.
+    pub(crate) fn count_memo(&self, reused: usize, judged: usize) {
+        for (result, n) in [("reused", reused), ("judged", judged)] {
+            self.memo_nodes
+                .with_label_values(&[result])
+                .inc_by(n as u64);
+        }
     }
 
     /// Metrics no registry reads.
@@ -208,13 +225,26 @@ impl SchedulerMetrics {
             conflicts: IntCounterVec::new(
                 Opts::new(
                     "tessera_scheduler_conflicts_total",
-                    "Decisions made in parallel against one snapshot and made again because                      what they read moved before their turn to commit, by decision: placement                      (their node took another pod, or a pod was placed anywhere while their                      spreading or pod affinity counted pods) and rejection (a pod that fit                      nowhere, looked at again once others were placed).",
+                    "Decisions made in parallel against one snapshot and made again because \
+                     what they read moved before their turn to commit, by decision: placement \
+                     (their node took another pod, or a pod was placed anywhere while their \
+                     spreading or pod affinity counted pods) and rejection (a pod that fit \
+                     nowhere, looked at again once others were placed).",
                 ),
                 &["decision"],
             )?,
             workers: IntGauge::new(
                 "tessera_scheduler_workers",
                 "Scheduling workers: pods decided at once against one snapshot.",
+            )?,
+            memo_nodes: IntCounterVec::new(
+                Opts::new(
+                    "tessera_scheduler_filter_memo_nodes_total",
+                    "Nodes a pod's filter walk judged by its class of alike pods' remembered \
+                     result of the filters that read the node alone (reused), or judged by \
+                     running them and remembered for the next alike pod (judged).",
+                ),
+                &["result"],
             )?,
         })
     }

@@ -28,7 +28,12 @@ async fn client(dir: &std::path::Path) -> Arc<dyn Client> {
             .await
             .expect("store"),
     );
-    let c: Arc<dyn Client> = Arc::new(InProcess::new(Api::new(store, None), User::Admin));
+    // Retrying 429s as every client of the API does (client-go too): the test's own reads
+    // share the admin's seats with the scheduler's bindings and events.
+    let c = tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
+        Api::new(store, None),
+        User::Admin,
+    )));
     c.create(
         res("namespaces"),
         None,

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::framework::{FilterPlugin, Nomination, PostFilterInput};
+use crate::memo::{Local, NodeMemo};
 use crate::plugins::preemption;
 use crate::resources::NodeInfo;
 
@@ -47,6 +48,8 @@ pub struct DecideInput<'a> {
     pub percentage: u32,
     /// The node index to start filtering at.
     pub start: usize,
+    /// The local filters' results remembered for the pod's class of alike pods, if any.
+    pub memo: Option<&'a NodeMemo>,
 }
 
 /// Chooses among equally scored nodes: given how many ties have been seen so far (`n`,
@@ -108,6 +111,10 @@ pub struct Decision {
     pub generation: u64,
     /// The CPU time it took on its thread.
     pub cpu: Duration,
+    /// Nodes whose local filters' result was taken from the memo.
+    pub reused: usize,
+    /// Nodes whose local filters ran and whose result was remembered.
+    pub judged: usize,
 }
 
 /// Decides where `pod` goes: PreFilter; Filter from `input.start` until enough feasible
@@ -115,15 +122,25 @@ pub struct Decision {
 pub fn decide(input: &DecideInput<'_>, pod: &PodInfo, tie: TieBreaker<'_>) -> Decision {
     let cpu = thread_cpu();
     let mut state = CycleState::new();
-    let mut looked = 0;
-    let verdict = decide_in(input, pod, tie, &mut state, &mut looked);
+    let mut walk = Walk::default();
+    let verdict = decide_in(input, pod, tie, &mut state, &mut walk);
     Decision {
         state,
         verdict,
-        looked,
+        looked: walk.looked,
         generation: input.cache.generation(),
         cpu: thread_cpu().saturating_sub(cpu),
+        reused: walk.reused,
+        judged: walk.judged,
     }
+}
+
+/// What a filter walk counted.
+#[derive(Default)]
+struct Walk {
+    looked: usize,
+    reused: usize,
+    judged: usize,
 }
 
 fn decide_in(
@@ -131,7 +148,7 @@ fn decide_in(
     pod: &PodInfo,
     tie: TieBreaker<'_>,
     state: &mut CycleState,
-    looked: &mut usize,
+    walk: &mut Walk,
 ) -> Verdict {
     let profile = input.profile;
     if let Err(v) = pre_filter(profile, state, pod) {
@@ -142,6 +159,11 @@ fn decide_in(
     let n = nodes.len();
     let want = feasible_nodes_to_find(input.cache.node_count(), input.percentage);
     let filters = profile.at(Point::Filter);
+    // Which filters read other nodes (never remembered).
+    let wide: Vec<bool> = filters
+        .iter()
+        .map(|(p, _)| p.filter().is_some_and(|f| f.reads_other_nodes()))
+        .collect();
     let mut feasible: Vec<usize> = Vec::with_capacity(want.min(n));
     let mut reasons: HashMap<Cow<'static, str>, usize> = HashMap::new();
     // The events that could undo the rejections seen (each plugin says, per reason).
@@ -149,13 +171,20 @@ fn decide_in(
     // Nodes that failed, with how (for PostFilter): few when the pod fits.
     let mut failed: Vec<(usize, Code)> = Vec::new();
     for i in 0..n {
-        *looked = i + 1;
+        walk.looked = i + 1;
         let idx = (input.start + i) % n;
         let node = &nodes[idx];
         if node.node.is_none() {
             continue;
         }
-        if let Some((p, f, s)) = first_rejection(filters, state, pod, node) {
+        let rejection = match input.memo {
+            // Room held for nominated pods depends on who asks: not shared by a class.
+            Some(memo) if node.nominated.is_empty() => {
+                first_rejection_remembered(filters, &wide, state, pod, node, (memo, idx), walk)
+            }
+            _ => first_rejection(filters, state, pod, node),
+        };
+        if let Some((p, f, s)) = rejection {
             if s.code == Code::Error {
                 return Verdict::Error(s.by(p.name()));
             }
@@ -304,18 +333,27 @@ impl Scheduler {
 
     /// A decision against the cache as it is now, from where the last one stopped (a pod
     /// alone, or one whose decision in a round went stale).
-    pub(super) fn decide_afresh(&mut self, pi: usize, pod: &PodInfo) -> Decision {
+    pub(super) fn decide_afresh(&mut self, pi: usize, pod: &Arc<PodInfo>) -> Decision {
+        let nodes = self.cache.nodes().len();
+        let memo = self.cache.memo_mut();
+        memo.next_round();
+        let slot = memo.prepare(pi, pod, nodes);
+        let memo = slot.map(|s| self.cache.memo().at(s));
         let d = decide(
             &DecideInput {
                 profile: &self.profiles[pi],
                 cache: &self.cache,
                 percentage: self.percentage,
                 start: self.next_start,
+                memo,
             },
             pod,
             &mut random_tie,
         );
         self.advance(d.looked);
+        if let Some(m) = &self.metrics {
+            m.count_memo(d.reused, d.judged);
+        }
         d
     }
 
@@ -544,6 +582,76 @@ fn first_rejection<'a>(
         }
     }
     None
+}
+
+/// What [`first_rejection`] answers, with the local filters' outcome on `node` (see
+/// [`crate::memo`]) taken from `memo` when it is known for the node's generation, and
+/// remembered there when not. Only the filters that read other nodes run every time; the
+/// rejection reported is the same as `first_rejection`'s (the first in profile order).
+fn first_rejection_remembered<'a>(
+    filters: &'a [(Arc<dyn crate::framework::Plugin>, i64)],
+    wide: &[bool],
+    state: &CycleState,
+    pod: &PodInfo,
+    node: &NodeInfo,
+    (memo, idx): (&NodeMemo, usize),
+    walk: &mut Walk,
+) -> Option<(
+    &'a Arc<dyn crate::framework::Plugin>,
+    &'a dyn FilterPlugin,
+    Status,
+)> {
+    let run = |j: usize| {
+        let (p, _) = &filters[j];
+        if state.skips_filter(p.name()) {
+            return None;
+        }
+        let f = p.filter()?;
+        let s = f.filter(state, pod, node);
+        (!s.is_success()).then_some((p, f, s))
+    };
+    let mut local_rejection = None;
+    let local = match memo.get(idx, node.generation) {
+        Some(l) => {
+            walk.reused += 1;
+            l
+        }
+        None => {
+            let mut outcome = Local::Pass;
+            for j in (0..filters.len()).filter(|j| !wide[*j]) {
+                if let Some(r) = run(j) {
+                    if r.2.code == Code::Error {
+                        // Not remembered: an error is not the node's answer.
+                        return Some(r);
+                    }
+                    outcome = Local::Fail(j);
+                    local_rejection = Some(r);
+                    break;
+                }
+            }
+            walk.judged += 1;
+            memo.put(idx, node.generation, outcome);
+            outcome
+        }
+    };
+    let before = match local {
+        Local::Pass => filters.len(),
+        Local::Fail(j) => j.min(filters.len()),
+    };
+    // A filter that reads other nodes and comes first in the profile reports first.
+    for j in (0..before).filter(|j| wide[*j]) {
+        if let Some(r) = run(j) {
+            return Some(r);
+        }
+    }
+    match local {
+        Local::Pass => None,
+        // Filters are functions of the pod and the node: the remembered one rejects again
+        // (run again for its status; should it not, the whole chain decides).
+        Local::Fail(j) => local_rejection
+            .or_else(|| run(j))
+            .or_else(|| first_rejection(filters, state, pod, node)),
+    }
 }
 
 /// The events that can undo the rejections of `plugins`.

@@ -630,6 +630,10 @@ impl Scheduler {
         let mut spent = thread_cpu().saturating_sub(cpu);
         let decisions = self.decide_all(&jobs);
         spent += decisions.iter().map(|d| d.cpu).sum::<Duration>();
+        if let Some(m) = &self.metrics {
+            let reused = decisions.iter().map(|d| d.reused).sum();
+            m.count_memo(reused, decisions.iter().map(|d| d.judged).sum());
+        }
         let cpu = thread_cpu();
         let results = self.commit_round(jobs, decisions);
         spent += thread_cpu().saturating_sub(cpu);
@@ -679,15 +683,25 @@ impl Scheduler {
     fn decide_all(&mut self, jobs: &[(usize, QueuedPod)]) -> Vec<Decision> {
         let n = self.cache.nodes().len().max(1);
         let k = jobs.len();
+        // Finding the pods' classes is the loop thread's work: counted with its decision.
+        let prepare_cpu = thread_cpu();
+        let memo = self.cache.memo_mut();
+        memo.next_round();
+        let slots: Vec<_> = jobs
+            .iter()
+            .map(|(pi, qp)| memo.prepare(*pi, &qp.info, n))
+            .collect();
+        let prepare_cpu = thread_cpu().saturating_sub(prepare_cpu);
         let inputs: Vec<DecideInput<'_>> = (0..k)
             .map(|i| DecideInput {
                 profile: &self.profiles[jobs[i].0],
                 cache: &self.cache,
                 percentage: self.percentage,
                 start: (self.next_start + i * n / k) % n,
+                memo: slots[i].map(|s| self.cache.memo().at(s)),
             })
             .collect();
-        let decisions = match &self.pool {
+        let mut decisions = match &self.pool {
             Some(pool) if k > 1 => {
                 let mut out: Vec<Option<Decision>> = (0..k).map(|_| None).collect();
                 pool.in_place_scope(|s| {
@@ -710,6 +724,9 @@ impl Scheduler {
                 .collect::<Vec<_>>(),
         };
         drop(inputs);
+        if let Some(first) = decisions.first_mut() {
+            first.cpu += prepare_cpu;
+        }
         let looked = decisions.iter().map(|d| d.looked).max().unwrap_or(0);
         self.advance(looked * k);
         decisions
@@ -1123,6 +1140,7 @@ mod tests {
             cache: &s.cache,
             percentage: 0,
             start: 0,
+            memo: None,
         };
         let name = |d: Decision| match d.verdict {
             Verdict::Place(p) => p.name,
@@ -1215,6 +1233,7 @@ mod tests {
                     cache: &s.cache,
                     percentage: 0,
                     start,
+                    memo: None,
                 };
                 let d = decide(&input, &qp.info, &mut |n| n - 1);
                 assert!(
@@ -1258,6 +1277,220 @@ mod tests {
         assert_eq!(placed[0], "n0");
         assert!(placed[1] == "n2" || placed[1] == "n3", "{placed:?}");
         assert_eq!(metrics.conflicts("placement"), 1);
+    }
+
+    /// A verdict in a form that compares (reasons sorted; events as a set).
+    fn outcome(v: &Verdict) -> String {
+        match v {
+            Verdict::Place(p) => format!("place {} wide={}", p.name, p.wide),
+            Verdict::Rejected { status, .. } => format!("rejected {:?}", status.reasons),
+            Verdict::NoFit {
+                reasons,
+                failed,
+                wake_on,
+            } => {
+                let mut r: Vec<_> = reasons.iter().collect();
+                r.sort();
+                let mut w: Vec<String> = wake_on.iter().map(|e| format!("{e:?}")).collect();
+                w.sort();
+                format!("nofit {r:?} {failed:?} {w:?}")
+            }
+            Verdict::Error(s) => format!("error {:?}", s.reasons),
+        }
+    }
+
+    /// A node of `milli` cpu in `zone`, maybe tainted, maybe cordoned.
+    fn varied_node(name: &str, milli: u16, zone: u8, tainted: bool, cordoned: bool) -> Arc<Node> {
+        let taints = if tainted {
+            json!([{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
+        } else {
+            json!([])
+        };
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+                    "topology.kubernetes.io/zone": format!("z{zone}")}},
+                "spec": {"taints": taints, "unschedulable": cordoned},
+                "status": {"allocatable": {"cpu": format!("{milli}m"), "memory": "4Gi", "pods": "6"}}}))
+            .expect("node"),
+        )
+    }
+
+    /// Replicas of five templates: plain; pinned to zone z0; tolerating the taint; spread
+    /// over zones; repelling each other per host.
+    fn replica(template: u8, i: usize) -> QueuedPod {
+        let (labels, mut spec) = match template {
+            0 => (json!({"app": "plain"}), json!({})),
+            1 => (
+                json!({"app": "pinned"}),
+                json!({"nodeSelector": {"topology.kubernetes.io/zone": "z0"}}),
+            ),
+            2 => (
+                json!({"app": "gpu"}),
+                json!({"tolerations": [{"key": "gpu", "operator": "Exists"}]}),
+            ),
+            3 => (
+                json!({"app": "spread"}),
+                json!({"topologySpreadConstraints": [{"maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "spread"}}}]}),
+            ),
+            _ => (
+                json!({"app": "db"}),
+                json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                [{"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}}),
+            ),
+        };
+        spec["containers"] = json!([{"name": "c", "image": "x",
+            "resources": {"requests": {"cpu": "300m"}}}]);
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("r{template}-{i}"),
+            "namespace": "t", "uid": format!("uid-{template}-{i}"), "labels": labels}, "spec": spec}))
+            .expect("pod");
+        QueuedPod {
+            info: Arc::new(PodInfo::new(Arc::new(pod))),
+            enqueued: 0,
+            attempts: 0,
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A replica of a template, decided from a node index.
+        Pod(u8, usize),
+        /// A node changes: cpu, zone, taint, cordon.
+        Node(usize, u16, u8, bool, bool),
+        /// A replica of a template is nominated to a node (room held there).
+        Nominate(u8, usize),
+    }
+
+    /// A node's cpu (milli), zone, taint and cordon.
+    type NodeShape = (u16, u8, bool, bool);
+
+    fn steps() -> impl proptest::strategy::Strategy<Value = (Vec<NodeShape>, Vec<Step>)> {
+        use proptest::prelude::*;
+        let node = (
+            300u16..2000,
+            0u8..3,
+            any::<bool>(),
+            proptest::bool::weighted(0.1),
+        );
+        let step = prop_oneof![
+            8 => (0u8..5, 0usize..64).prop_map(|(t, s)| Step::Pod(t, s)),
+            2 => (0usize..64, 300u16..2000, 0u8..3, any::<bool>(), proptest::bool::weighted(0.1))
+                .prop_map(|(i, m, z, t, c)| Step::Node(i, m, z, t, c)),
+            1 => (0u8..5, 0usize..64).prop_map(|(t, n)| Step::Nominate(t, n)),
+        ];
+        (
+            proptest::collection::vec(node, 1..12),
+            proptest::collection::vec(step, 1..60),
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+        /// Remembering the local filters' results for alike pods never changes a decision:
+        /// whatever the nodes did meanwhile (took pods, changed resources, labels, taints,
+        /// cordons, held room for a nominated pod), a replica decided with its class's memo
+        /// gets exactly the verdict it gets without — the same node, or the same reasons.
+        #[test]
+        fn remembered_filter_results_never_change_a_decision((nodes, steps) in steps()) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let mut s = parallel(1, None);
+                for (i, &(m, z, t, c)) in nodes.iter().enumerate() {
+                    s.handle(Msg::Node(varied_node(&format!("n{i}"), m, z, t, c)));
+                }
+                // Decides `qp` from `start` with its class's memo and without: the same verdict.
+                type Checked = Result<Decision, proptest::test_runner::TestCaseError>;
+                let check = |s: &mut Scheduler, qp: &QueuedPod, start: usize| -> Checked {
+                    s.prepare_counters(0, &qp.info);
+                    let n = s.cache.nodes().len();
+                    let memo = s.cache.memo_mut();
+                    memo.next_round();
+                    let slot = memo.prepare(0, &qp.info, n).expect("a class");
+                    let input = DecideInput {
+                        profile: &s.profiles[0],
+                        cache: &s.cache,
+                        percentage: 0,
+                        start: start % n,
+                        memo: None,
+                    };
+                    let plain = decide(&input, &qp.info, &mut |n| n - 1);
+                    let with = decide(&DecideInput { memo: Some(s.cache.memo().at(slot)), ..input },
+                        &qp.info, &mut |n| n - 1);
+                    proptest::prop_assert_eq!(outcome(&plain.verdict), outcome(&with.verdict));
+                    proptest::prop_assert_eq!(plain.looked, with.looked);
+                    Ok(with)
+                };
+                for (i, step) in steps.iter().enumerate() {
+                    match *step {
+                        Step::Node(n, m, z, t, c) => {
+                            s.handle(Msg::Node(varied_node(&format!("n{}", n % nodes.len()), m, z, t, c)));
+                        }
+                        Step::Nominate(t, n) => {
+                            // The nominated pod, for which the room held is its own, and a
+                            // sibling, for which it is taken: in either order.
+                            let qp = replica(t, i);
+                            s.cache.nominate(qp.info.clone(), &format!("n{}", n % nodes.len()), vec![]);
+                            let sibling = replica(t, 10_000 + i);
+                            let (a, b) = if i % 2 == 0 { (&qp, &sibling) } else { (&sibling, &qp) };
+                            check(&mut s, a, n)?;
+                            check(&mut s, b, n)?;
+                        }
+                        Step::Pod(t, start) => {
+                            let qp = replica(t, i);
+                            let d = check(&mut s, &qp, start)?;
+                            // Placed pods change their nodes for the next replicas.
+                            let _ = s.conclude(0, &qp, d.state, d.verdict);
+                        }
+                    }
+                }
+                Ok::<(), proptest::test_runner::TestCaseError>(())
+            })?;
+        }
+    }
+
+    /// Replicas of one template judge each node once and reuse the answer until the node
+    /// changes: the second replica's walk over unchanged nodes is all reuse.
+    #[test]
+    fn a_second_replica_reuses_the_first_ones_filter_results() {
+        let mut s = parallel(1, None);
+        for i in 0..6 {
+            s.handle(Msg::Node(varied_node(
+                &format!("n{i}"),
+                1000,
+                (i % 3) as u8,
+                i == 5,
+                false,
+            )));
+        }
+        let first = s.decide_afresh(0, &replica(1, 0).info);
+        assert_eq!(
+            (first.judged, first.reused),
+            (6, 0),
+            "every node judged once"
+        );
+        // The same template, another replica: nothing changed, nothing judged again.
+        let second = s.decide_afresh(0, &replica(1, 1).info);
+        assert_eq!((second.judged, second.reused), (0, 6));
+        for d in [&first, &second] {
+            assert!(
+                matches!(&d.verdict, Verdict::Place(p) if p.name == "n0" || p.name == "n3"),
+                "only zone z0 nodes: {}",
+                outcome(&d.verdict)
+            );
+        }
+        // A node that changes is judged again; another template has its own class.
+        s.handle(Msg::Node(varied_node("n3", 1000, 0, false, false)));
+        let third = s.decide_afresh(0, &replica(1, 2).info);
+        assert_eq!((third.judged, third.reused), (1, 5));
+        assert!(
+            matches!(&third.verdict, Verdict::Place(p) if p.name == "n0" || p.name == "n3"),
+            "only zone z0 nodes: {}",
+            outcome(&third.verdict)
+        );
+        let other = s.decide_afresh(0, &replica(0, 3).info);
+        assert_eq!((other.judged, other.reused), (6, 0));
     }
 
     #[derive(Debug, Clone)]
