@@ -22,6 +22,8 @@ pub struct ApiMetrics {
     watch_events: IntCounterVec,
     pub(crate) binding_batch: prometheus::Histogram,
     pub(crate) binding_batches: IntCounterVec,
+    pub(crate) create_batch: prometheus::Histogram,
+    pub(crate) create_batches: IntCounterVec,
 }
 
 impl ApiMetrics {
@@ -91,7 +93,29 @@ impl ApiMetrics {
                 ),
                 &["result"],
             )?,
+            create_batch: prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "tessera_apiserver_create_batch_size",
+                    "Creates (of any resource no ResourceQuota counts) written in one store \
+                     transaction.",
+                )
+                .buckets(vec![
+                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1000.0,
+                ]),
+            )?,
+            create_batches: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_create_batches_total",
+                    "Batched create transactions, by result: written, retried (a create whose \
+                     name was taken was sent to be answered alone and the rest written \
+                     without it), or alone (the batch could not be written, so each create in \
+                     it was written on its own).",
+                ),
+                &["result"],
+            )?,
         };
+        registry.register(Box::new(m.create_batch.clone()))?;
+        registry.register(Box::new(m.create_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;
         registry.register(Box::new(m.binding_batches.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;

@@ -1294,3 +1294,134 @@ async fn concurrent_bindings_share_transactions_and_bind_each_pod_once() {
         assert_eq!(p["spec"]["nodeName"], json!(won[0]), "{how}");
     }
 }
+
+/// Creates that arrive together are written together: many share one store transaction
+/// (one revision), each gets its own answer — a name already taken, a name created twice at
+/// once and an invalid object each fail alone, and never fail the others — and creates a
+/// ResourceQuota counts still go one by one, so concurrent ones never overshoot it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_share_transactions_and_each_gets_its_own_answer() {
+    let s = setup().await;
+    let (pods, nss, quotas) = (
+        res("", "pods"),
+        res("", "namespaces"),
+        res("", "resourcequotas"),
+    );
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns_name = format!("creates{i}");
+        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
+            .await
+            .expect("namespace");
+        let ns = Some(ns_name.as_str());
+        for t in 0..5 {
+            c.create(pods, ns, &pod(&format!("taken-{t}"), "100m"))
+                .await
+                .expect(how);
+        }
+        const N: usize = 200;
+        let spawn = |body: Value| {
+            let c = c.clone();
+            let ns = ns_name.clone();
+            tokio::spawn(async move { c.create(pods, Some(&ns), &body).await })
+        };
+        let fresh: Vec<_> = (0..N)
+            .map(|p| spawn(pod(&format!("p{p}"), "100m")))
+            .collect();
+        let taken: Vec<_> = (0..5)
+            .map(|t| spawn(pod(&format!("taken-{t}"), "1")))
+            .collect();
+        let twins: Vec<_> = (0..10).map(|_| spawn(pod("twin", "100m"))).collect();
+        let invalid: Vec<_> = (0..3)
+            .map(|k| {
+                spawn(json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("bad-{k}")}, "spec": {"containers": []}}))
+            })
+            .collect();
+        let mut answered = std::collections::HashMap::new();
+        for (p, call) in fresh.into_iter().enumerate() {
+            let created = call.await.expect("task").expect(how);
+            answered.insert(
+                format!("p{p}"),
+                created["metadata"]["resourceVersion"].clone(),
+            );
+        }
+        for call in taken {
+            let err = call.await.expect("task").expect_err("the name is taken");
+            assert_eq!((err.code, err.reason), (409, "AlreadyExists"), "{how}");
+        }
+        let mut won = 0;
+        for call in twins {
+            match call.await.expect("task") {
+                Ok(_) => won += 1,
+                Err(e) => assert_eq!((e.code, e.reason), (409, "AlreadyExists"), "{how}"),
+            }
+        }
+        assert_eq!(won, 1, "{how}: one of ten creates of one name wins");
+        for call in invalid {
+            let err = call.await.expect("task").expect_err("no containers");
+            assert_eq!(err.code, 422, "{how}: {err:?}");
+        }
+        let mut all = ApiRequest::new(Verb::List, pods);
+        all.namespace = Some(ns_name.clone());
+        let list = c.list(all).await.expect(how);
+        let items = list["items"].as_array().expect("items");
+        assert_eq!(items.len(), N + 5 + 1, "{how}: every create written once");
+        let mut revisions = std::collections::HashSet::new();
+        for item in items {
+            let name = item["metadata"]["name"].as_str().expect("name");
+            if let Some(rv) = answered.get(name) {
+                assert_eq!(
+                    &item["metadata"]["resourceVersion"], rv,
+                    "{how}: {name}'s answer carries its write's revision"
+                );
+                revisions.insert(rv.clone());
+            }
+            if name.starts_with("taken-") {
+                assert_eq!(
+                    item["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+                    json!("100m"),
+                    "{how}: the first {name} is kept"
+                );
+            }
+        }
+        assert!(
+            revisions.len() < N,
+            "{how}: {N} creates were written in {} transactions: none shared one",
+            revisions.len()
+        );
+
+        // Under a quota of 5 pods, 20 creates at once: 5 are written, 15 refused.
+        let quota_ns = format!("quota{i}");
+        c.create(nss, None, &json!({"metadata": {"name": quota_ns}}))
+            .await
+            .expect("namespace");
+        c.create(
+            quotas,
+            Some(&quota_ns),
+            &json!({"metadata": {"name": "q"}, "spec": {"hard": {"pods": "5"}}}),
+        )
+        .await
+        .expect(how);
+        let calls: Vec<_> = (0..20)
+            .map(|p| {
+                let c = c.clone();
+                let ns = quota_ns.clone();
+                tokio::spawn(async move {
+                    c.create(pods, Some(&ns), &pod(&format!("q{p}"), "100m"))
+                        .await
+                })
+            })
+            .collect();
+        let mut written = 0;
+        for call in calls {
+            match call.await.expect("task") {
+                Ok(_) => written += 1,
+                Err(e) => assert_eq!(e.code, 403, "{how}: {e:?}"),
+            }
+        }
+        assert_eq!(
+            written, 5,
+            "{how}: the quota holds under concurrent creates"
+        );
+    }
+}

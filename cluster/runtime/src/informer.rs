@@ -314,6 +314,99 @@ pub struct Informer<T> {
 mod tests {
     use super::*;
 
+    /// A server that lists nothing at revision 4, then cuts its first watch after the first
+    /// of two objects written at revision 5 (one transaction); a resumed watch gets what
+    /// comes after the revision it names, as the API's does.
+    struct CutServer {
+        watches: parking_lot::Mutex<Vec<String>>,
+    }
+
+    fn event(name: &str, rv: &str) -> WatchEvent {
+        WatchEvent::Value(
+            serde_json::json!({"type": "ADDED", "object": {"apiVersion": "v1",
+            "kind": "ConfigMap", "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}}}),
+        )
+    }
+
+    #[async_trait::async_trait]
+    impl Client for CutServer {
+        async fn call(
+            &self,
+            req: ApiRequest,
+        ) -> Result<tessera_client::response::ApiResponse, ApiError> {
+            use tessera_client::response::ApiResponse;
+            if req.verb == Verb::List {
+                return Ok(ApiResponse::Object {
+                    code: 200,
+                    body: serde_json::json!({"metadata": {"resourceVersion": "4"}, "items": []}),
+                    warnings: Vec::new(),
+                });
+            }
+            let from = req.params.resource_version.clone().unwrap_or_default();
+            let first = {
+                let mut w = self.watches.lock();
+                w.push(from.clone());
+                w.len() == 1
+            };
+            let all = [("a", "5"), ("b", "5"), ("c", "6")];
+            let events: Vec<WatchEvent> = if first {
+                vec![event("a", "5")]
+            } else {
+                let from: i64 = from.parse().unwrap_or(0);
+                all.iter()
+                    .filter(|(_, rv)| rv.parse::<i64>().unwrap_or(0) > from)
+                    .map(|(n, rv)| event(n, rv))
+                    .collect()
+            };
+            let stream = futures::stream::iter(events);
+            Ok(ApiResponse::Watch(if first {
+                Box::pin(stream)
+            } else {
+                Box::pin(stream.chain(futures::stream::pending()))
+            }))
+        }
+    }
+
+    /// A watch cut between two objects of one revision resumes before that revision: the
+    /// second object is not lost, and the first, seen twice, is added once.
+    #[tokio::test]
+    async fn a_watch_cut_inside_a_revision_loses_nothing() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let server = Arc::new(CutServer {
+            watches: parking_lot::Mutex::new(Vec::new()),
+        });
+        let configmaps = tessera_client::catalog::RESOURCES
+            .iter()
+            .find(|r| r.plural == "configmaps")
+            .expect("configmaps");
+        let informer: Arc<Informer<ConfigMap>> =
+            Informer::new(server.clone(), configmaps, Scope::default(), None);
+        let added = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let seen = added.clone();
+        let _sub = informer.on_change(move |c| {
+            if let Change::Added(o) = c {
+                seen.lock()
+                    .push(o.metadata.name.clone().unwrap_or_default());
+            }
+        });
+        let run = tokio::spawn(informer.clone().run());
+        for _ in 0..200 {
+            if informer.cache().get("ns/c").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        run.abort();
+        assert!(informer.cache().get("ns/c").is_some(), "the watch resumed");
+        assert!(
+            informer.cache().get("ns/b").is_some(),
+            "b, written with a at revision 5, was lost: resumed from {:?}",
+            server.watches.lock()
+        );
+        assert_eq!(*added.lock(), ["a", "b", "c"], "each added once");
+        assert_eq!(server.watches.lock()[1], "4", "resumed before revision 5");
+    }
+
     #[test]
     fn managed_fields_are_cut_and_nothing_else() {
         let cases = [
@@ -602,6 +695,12 @@ impl<T: Object> Informer<T> {
         req.params.allow_bookmarks = true;
         req.params.timeout_seconds = Some(300 + rand::random::<u64>() % 300);
         let mut stream = self.client.watch(req).await?;
+        // The revision of the last event, not yet known complete: the objects written in one
+        // transaction share a revision (batched creates and bindings), so a watch cut between
+        // two of them must resume before it, not after. `rv` moves to a revision once a later
+        // one (or a bookmark) shows that all of its events arrived; events seen twice after
+        // such a resume are dropped by `apply`.
+        let mut open: Option<String> = None;
         while let Some(ev) = stream.next().await {
             let line = match ev {
                 WatchEvent::Encoded(b) => b,
@@ -618,14 +717,18 @@ impl<T: Object> Informer<T> {
                             self.resource.kind
                         ))
                     })?;
-                    if let Some(v) = o.metadata().resource_version.as_deref() {
-                        v.clone_into(rv);
+                    if let Some(v) = o.metadata().resource_version.as_deref()
+                        && open.as_deref() != Some(v)
+                        && let Some(done) = open.replace(v.to_owned())
+                    {
+                        *rv = done;
                     }
                     self.apply(raw.kind, o);
                 }
                 "BOOKMARK" => {
                     if let Ok(b) = serde_json::from_str::<Bookmark>(raw.object.get()) {
                         *rv = b.metadata.resource_version;
+                        open = None;
                     }
                     self.count("bookmark");
                 }
@@ -653,6 +756,12 @@ impl<T: Object> Informer<T> {
             let mut s = self.cache.inner.write();
             if kind == "DELETED" {
                 s.remove(&key).map(|_| Change::Deleted(o))
+            } else if s.objects.get(&key).is_some_and(|old| {
+                old.metadata().resource_version.is_some()
+                    && old.metadata().resource_version == o.metadata().resource_version
+            }) {
+                // The same write again (a watch resumed before a revision it had partly seen).
+                None
             } else {
                 Some(match s.put(key, o.clone()) {
                     Some(old) => Change::Updated { old, new: o },

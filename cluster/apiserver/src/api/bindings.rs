@@ -13,9 +13,7 @@
 //! second binding of the same pod in one batch is sent there too, where it meets the first
 //! one's result. So a binding is never lost or applied twice, and a pod is bound once.
 //!
-//! There is no timer: the first write starts a committer task, and the writes that arrive
-//! while it writes form its next batch — under load batches grow by themselves, and a lone
-//! binding waits for nothing.
+//! The queueing is [`super::group`]'s.
 
 use std::collections::HashSet;
 
@@ -23,21 +21,11 @@ use tokio::sync::oneshot;
 
 use super::*;
 
-/// Bindings written in one transaction at most (the store's limit on writes in one).
-pub(super) const MAX_BATCH: usize = tessera_store::validation::MAX_TXN_OPS;
-
 /// A checked binding waiting for the committer, and where its outcome goes: true if it was
 /// written, false if it must be done again alone.
 pub(super) struct Pending {
     prepared: Prepared,
     written: oneshot::Sender<bool>,
-}
-
-/// The writes waiting, and whether a committer is writing.
-#[derive(Default)]
-pub(super) struct Queue {
-    waiting: Vec<Pending>,
-    running: bool,
 }
 
 /// A binding checked and ready to write.
@@ -83,50 +71,15 @@ impl Api {
             .prepare_binding(&req.params, user, &ns, &name, &node, |_| Ok(()))
             .await?;
         let (written, outcome) = oneshot::channel();
-        let start = {
-            let mut q = self.binds.lock();
-            q.waiting.push(Pending { prepared, written });
-            !std::mem::replace(&mut q.running, true)
-        };
-        if start {
+        if self.binds.push(Pending { prepared, written }) {
             // A task, not this request: a caller that goes away must not strand the others.
             let api = self.clone();
-            tokio::spawn(async move { api.commit_bindings().await });
+            tokio::spawn(async move { api.binds.drain(|batch| api.commit_batch(batch)).await });
         }
         if outcome.await.unwrap_or(false) {
             Ok(bound(Vec::new()))
         } else {
             self.bind_alone(req, user, node).await
-        }
-    }
-
-    /// Writes batches until none is waiting.
-    async fn commit_bindings(&self) {
-        /// If the committer stops early (a panic, the runtime shutting down), the bindings
-        /// waiting are let go — each then binds alone — and the next one starts a committer.
-        struct Stopped<'a>(&'a parking_lot::Mutex<Queue>);
-        impl Drop for Stopped<'_> {
-            fn drop(&mut self) {
-                let mut q = self.0.lock();
-                q.running = false;
-                q.waiting.clear();
-            }
-        }
-        let stopped = Stopped(&self.binds);
-        loop {
-            let batch = {
-                let mut q = self.binds.lock();
-                if q.waiting.is_empty() {
-                    q.running = false;
-                    drop(q);
-                    // Stopped as it should: a binding queued since starts the next one.
-                    std::mem::forget(stopped);
-                    return;
-                }
-                let n = q.waiting.len().min(MAX_BATCH);
-                q.waiting.drain(..n).collect::<Vec<_>>()
-            };
-            self.commit_batch(batch).await;
         }
     }
 

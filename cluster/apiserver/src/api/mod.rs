@@ -12,6 +12,7 @@ mod agents;
 mod allocator;
 mod bindings;
 mod delete;
+mod group;
 mod logs;
 pub mod pod_security;
 mod priority;
@@ -90,7 +91,9 @@ pub struct Api {
     /// At the federation: the shards that pods, nodes and events are read across.
     shards: Option<Arc<dyn tessera_client::client::ShardSet>>,
     /// `pods/binding` requests waiting to be written together.
-    binds: Arc<parking_lot::Mutex<bindings::Queue>>,
+    binds: Arc<group::Group<bindings::Pending>>,
+    /// Creates waiting to be written together.
+    creates: Arc<group::Group<group::PendingCreate>>,
 }
 
 fn uid() -> String {
@@ -223,6 +226,7 @@ impl Api {
             tenants: Arc::default(),
             priority_classes: Arc::default(),
             binds: Arc::default(),
+            creates: Arc::default(),
             node_proxy: None,
             metrics_registry: None,
             shards: None,

@@ -461,27 +461,42 @@ impl Api {
         let res = req.resource;
         let key = object_key(res, req.namespace.as_deref(), name);
         let value = encode(obj)?;
+        let created = |rev: i64| {
+            self.wrote(res);
+            Ok(ApiResponse::Object {
+                code: 201,
+                body: with_rv(obj.clone(), rev),
+                warnings: warnings.clone(),
+            })
+        };
         // Pods count against ResourceQuotas in the same transaction that creates them, so
-        // that concurrent creates can never overshoot a quota.
+        // that concurrent creates can never overshoot a quota. A create that no quota
+        // counts is written together with the creates waiting at the same moment (group
+        // commit); one whose key is taken, or whose batch was not written, is written
+        // alone below, where it gets its answer.
+        let mut quota = Some(self.quota_ops(req, obj, true).await?);
+        if quota.as_ref().is_some_and(Vec::is_empty)
+            && let Some(rev) = self.create_batched(key.clone(), value.clone()).await
+        {
+            return created(rev);
+        }
         for _attempt in 0..16 {
             let mut ops = vec![Op::Create {
                 key: key.clone().into(),
                 value: value.clone(),
                 lease: 0,
             }];
-            ops.extend(self.quota_ops(req, obj, true).await?);
+            match quota.take() {
+                Some(q) => ops.extend(q),
+                None => ops.extend(self.quota_ops(req, obj, true).await?),
+            }
             match self.store.txn(ops).await {
                 Ok(t) => {
-                    self.wrote(res);
                     let rev = match t.results.first() {
                         Some(tessera_store::OpResult::Written(kv)) => kv.mod_revision,
                         _ => t.revision,
                     };
-                    return Ok(ApiResponse::Object {
-                        code: 201,
-                        body: with_rv(obj.clone(), rev),
-                        warnings,
-                    });
+                    return created(rev);
                 }
                 Err(e) => match e.precondition() {
                     Some(p) if p.index == 0 => {

@@ -281,6 +281,11 @@ fn counts_of(
         };
         return Ok((Counts::Kept { id, slot }, domains, min));
     }
+    if keys.iter().any(|k| topo.nodes_with_key(*k) == 0) {
+        // No node carries one of the keys (zones in a fleet without zone labels, under the
+        // system default constraints): no node is counted, without walking them all.
+        return Ok((Counts::Local(vec![0; topo.domain_ids(k)]), 0, 0));
+    }
     let per_node = topo.per_node(id);
     let mut local = vec![0i64; topo.domain_ids(k)];
     let mut included = vec![false; local.len()];
