@@ -22,8 +22,8 @@ pub struct ApiMetrics {
     watch_events: IntCounterVec,
     pub(crate) binding_batch: prometheus::Histogram,
     pub(crate) binding_batches: IntCounterVec,
-    pub(crate) create_batch: prometheus::Histogram,
-    pub(crate) create_batches: IntCounterVec,
+    pub(crate) write_batch: prometheus::Histogram,
+    pub(crate) write_batches: IntCounterVec,
 }
 
 impl ApiMetrics {
@@ -93,29 +93,30 @@ impl ApiMetrics {
                 ),
                 &["result"],
             )?,
-            create_batch: prometheus::Histogram::with_opts(
+            write_batch: prometheus::Histogram::with_opts(
                 HistogramOpts::new(
-                    "tessera_apiserver_create_batch_size",
-                    "Creates (of any resource no ResourceQuota counts) written in one store \
+                    "tessera_apiserver_write_batch_size",
+                    "Single conditional writes (creates, updates, deletes of any resource, \
+                     where no ResourceQuota is charged or refunded) written in one store \
                      transaction.",
                 )
                 .buckets(vec![
                     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1000.0,
                 ]),
             )?,
-            create_batches: IntCounterVec::new(
+            write_batches: IntCounterVec::new(
                 Opts::new(
-                    "tessera_apiserver_create_batches_total",
-                    "Batched create transactions, by result: written, retried (a create whose \
-                     name was taken was sent to be answered alone and the rest written \
-                     without it), or alone (the batch could not be written, so each create in \
-                     it was written on its own).",
+                    "tessera_apiserver_write_batches_total",
+                    "Batched write transactions, by result: written, retried (a write whose \
+                     condition failed — a name taken, an object changed — was answered so and \
+                     the rest written without it), or alone (the batch could not be written, \
+                     so each write in it was written on its own).",
                 ),
                 &["result"],
             )?,
         };
-        registry.register(Box::new(m.create_batch.clone()))?;
-        registry.register(Box::new(m.create_batches.clone()))?;
+        registry.register(Box::new(m.write_batch.clone()))?;
+        registry.register(Box::new(m.write_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;
         registry.register(Box::new(m.binding_batches.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;

@@ -309,6 +309,10 @@ impl Store for Encrypted {
         self.inner.backend()
     }
 
+    fn txn_group(&self, key: &[u8]) -> usize {
+        self.inner.txn_group(key)
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         self.inner
             .get(key)

@@ -67,6 +67,10 @@ impl Store for Instrumented {
         self.inner.backend()
     }
 
+    fn txn_group(&self, key: &[u8]) -> usize {
+        self.inner.txn_group(key)
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         let t = Instant::now();
         let r = self.inner.get(key).await;

@@ -42,6 +42,14 @@ pub trait Store: Send + Sync + 'static {
     /// A short fixed name for logs and metric labels ("embedded", "etcd", "sharded").
     fn backend(&self) -> &'static str;
 
+    /// Which transaction group `key` belongs to: keys of one group may be written in one
+    /// transaction, keys of different groups may not (a sharded store's backends). Writers
+    /// that batch unrelated writes (the API's group commit) split batches by it.
+    fn txn_group(&self, key: &[u8]) -> usize {
+        let _ = key;
+        0
+    }
+
     /// The key's current value.
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>>;
 

@@ -96,6 +96,21 @@ impl Api {
                 again.push(p);
             }
         }
+        for p in again {
+            let _ = p.written.send(false);
+        }
+        // One transaction per store backend (and per megabyte).
+        let parts = super::group::split(&*self.store, first, |p| &p.prepared.op);
+        futures::future::join_all(
+            parts
+                .into_iter()
+                .map(|part| self.commit_bindings_part(pods, part)),
+        )
+        .await;
+    }
+
+    /// Writes one part of a batch in one transaction, or lets each of it bind alone.
+    async fn commit_bindings_part(&self, pods: &'static Resource, first: Vec<Pending>) {
         if let Some(m) = &self.metrics {
             m.binding_batch.observe(first.len() as f64);
         }
@@ -120,9 +135,6 @@ impl Api {
         }
         for p in first {
             let _ = p.written.send(written);
-        }
-        for p in again {
-            let _ = p.written.send(false);
         }
     }
 

@@ -92,8 +92,8 @@ pub struct Api {
     shards: Option<Arc<dyn tessera_client::client::ShardSet>>,
     /// `pods/binding` requests waiting to be written together.
     binds: Arc<group::Group<bindings::Pending>>,
-    /// Creates waiting to be written together.
-    creates: Arc<group::Group<group::PendingCreate>>,
+    /// Single conditional writes (creates, updates, deletes) waiting to be written together.
+    writes: Arc<group::Group<group::PendingWrite>>,
 }
 
 fn uid() -> String {
@@ -226,7 +226,7 @@ impl Api {
             tenants: Arc::default(),
             priority_classes: Arc::default(),
             binds: Arc::default(),
-            creates: Arc::default(),
+            writes: Arc::default(),
             node_proxy: None,
             metrics_registry: None,
             shards: None,

@@ -471,14 +471,22 @@ impl Api {
         };
         // Pods count against ResourceQuotas in the same transaction that creates them, so
         // that concurrent creates can never overshoot a quota. A create that no quota
-        // counts is written together with the creates waiting at the same moment (group
-        // commit); one whose key is taken, or whose batch was not written, is written
-        // alone below, where it gets its answer.
+        // counts is written together with the writes waiting at the same moment (group
+        // commit); one whose batch was not written is written alone below.
         let mut quota = Some(self.quota_ops(req, obj, true).await?);
-        if quota.as_ref().is_some_and(Vec::is_empty)
-            && let Some(rev) = self.create_batched(key.clone(), value.clone()).await
-        {
-            return created(rev);
+        if quota.as_ref().is_some_and(Vec::is_empty) {
+            let op = Op::Create {
+                key: key.clone().into(),
+                value: value.clone(),
+                lease: 0,
+            };
+            match self.write_batched(op).await {
+                group::Written::At(rev) => return created(rev),
+                group::Written::Precondition => {
+                    return Err(ApiError::already_exists(res.group, res.plural, name));
+                }
+                group::Written::Alone => {}
+            }
         }
         for _attempt in 0..16 {
             let mut ops = vec![Op::Create {
@@ -712,12 +720,30 @@ impl Api {
                 quota_req.namespace = current["metadata"]["namespace"].as_str().map(str::to_owned);
                 ops.extend(self.quota_ops(&quota_req, &current, false).await?);
             }
-            let result = self.store.txn(ops).await.map(|t| match t.results.first() {
-                Some(
-                    tessera_store::OpResult::Written(kv) | tessera_store::OpResult::Deleted(kv),
-                ) => kv.mod_revision,
-                _ => t.revision,
-            });
+            // A lone conditional write joins the writes waiting at the same moment (group
+            // commit); one with quota refunds beside it, or whose batch was not written, is
+            // written alone. Err(None): changed in between.
+            let batched = if ops.len() == 1 {
+                self.write_batched(ops[0].clone()).await
+            } else {
+                group::Written::Alone
+            };
+            let result = match batched {
+                group::Written::At(rev) => Ok(rev),
+                group::Written::Precondition => Err(None),
+                group::Written::Alone => self
+                    .store
+                    .txn(ops)
+                    .await
+                    .map(|t| match t.results.first() {
+                        Some(
+                            tessera_store::OpResult::Written(kv)
+                            | tessera_store::OpResult::Deleted(kv),
+                        ) => kv.mod_revision,
+                        _ => t.revision,
+                    })
+                    .map_err(|e| e.precondition().is_none().then_some(e)),
+            };
             if result.is_err()
                 && grew_charged
                 && let Some(ns) = stored_ns
@@ -752,8 +778,8 @@ impl Api {
                 }
                 // Changed in between: read again. A client-pinned resourceVersion now
                 // differs from the stored one, and the check above answers 409.
-                Err(e) if e.precondition().is_some() => continue,
-                Err(e) => return Err(store_error(e)),
+                Err(None) => continue,
+                Err(Some(e)) => return Err(store_error(e)),
             }
         }
         Err(ApiError::conflict(res.group, res.plural, &name))

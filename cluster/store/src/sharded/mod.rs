@@ -120,6 +120,10 @@ impl Store for ShardedStore {
         "sharded"
     }
 
+    fn txn_group(&self, key: &[u8]) -> usize {
+        self.router.route_key(key)
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         check_key(key)?;
         self.parts[self.router.route_key(key)].get(key).await
