@@ -5,9 +5,8 @@
 //! waits for nothing.
 //!
 //! Two queues use it: `pods/binding` ([`super::bindings`], with its stored-bytes charges)
-//! and single conditional writes ([`Api::write_batched`]: creates, updates and deletes that
-//! no ResourceQuota counts — a ReplicaSet's burst of pods, the agents' status reports, the
-//! nodes' Lease renewals, Events). Each request is checked alone, as it always was; only
+//! and single conditional writes ([`Api::write_batched`]; today creates that no
+//! ResourceQuota counts — a ReplicaSet's burst of pods, Events). Each request is checked alone, as it always was; only
 //! the store write is shared, and each request still gets its own answer.
 
 use tokio::sync::oneshot;

@@ -720,30 +720,21 @@ impl Api {
                 quota_req.namespace = current["metadata"]["namespace"].as_str().map(str::to_owned);
                 ops.extend(self.quota_ops(&quota_req, &current, false).await?);
             }
-            // A lone conditional write joins the writes waiting at the same moment (group
-            // commit); one with quota refunds beside it, or whose batch was not written, is
-            // written alone. Err(None): changed in between.
-            let batched = if ops.len() == 1 {
-                self.write_batched(ops[0].clone()).await
-            } else {
-                group::Written::Alone
-            };
-            let result = match batched {
-                group::Written::At(rev) => Ok(rev),
-                group::Written::Precondition => Err(None),
-                group::Written::Alone => self
-                    .store
-                    .txn(ops)
-                    .await
-                    .map(|t| match t.results.first() {
-                        Some(
-                            tessera_store::OpResult::Written(kv)
-                            | tessera_store::OpResult::Deleted(kv),
-                        ) => kv.mod_revision,
-                        _ => t.revision,
-                    })
-                    .map_err(|e| e.precondition().is_none().then_some(e)),
-            };
+            // Not group-committed: batching updates (the agents' status reports) gained 4-5 %
+            // of a whole shard's throughput and cost 100-290 ms of pod startup p50 (docs/
+            // benchmarks.md); a lone transaction already shares the store's log flush.
+            // Err(None): changed in between.
+            let result = self
+                .store
+                .txn(ops)
+                .await
+                .map(|t| match t.results.first() {
+                    Some(
+                        tessera_store::OpResult::Written(kv) | tessera_store::OpResult::Deleted(kv),
+                    ) => kv.mod_revision,
+                    _ => t.revision,
+                })
+                .map_err(|e| e.precondition().is_none().then_some(e));
             if result.is_err()
                 && grew_charged
                 && let Some(ns) = stored_ns
