@@ -294,6 +294,10 @@ pub struct NodeInfo {
     /// Pods nominated to this node by preemption, waiting for their victims to go: a pod of
     /// lower or equal priority must leave them the room.
     pub nominated: Vec<Arc<PodInfo>>,
+    /// Pods a preemption simulation took off this copy of the entry (empty in the cache).
+    /// Filters that read counts kept outside the node — spreading and pod affinity — take
+    /// these out of the node's domain, as kube-scheduler's `RemovePod` extensions do.
+    pub evicted: Vec<Arc<PodInfo>>,
     /// The cache's [`generation`](crate::cache::Cache::generation) when this entry last
     /// changed: a placement decided against an older one is stale (optimistic placement).
     pub generation: u64,
@@ -314,6 +318,7 @@ impl NodeInfo {
             domains: Vec::new(),
             pods: Vec::new(),
             nominated: Vec::new(),
+            evicted: Vec::new(),
             generation: 0,
         }
     }
@@ -353,6 +358,22 @@ impl NodeInfo {
                 self.used_ports.swap_remove(i);
             }
         }
+    }
+
+    /// Simulates evicting a pod (preemption's "what if it were gone"): its room is free
+    /// and it is listed in [`evicted`](Self::evicted) for the filters that count pods by
+    /// domain.
+    pub fn simulate_eviction(&mut self, p: &Arc<PodInfo>) {
+        self.remove_pod(p);
+        self.evicted.push(p.clone());
+    }
+
+    /// Undoes [`simulate_eviction`](Self::simulate_eviction): the pod is back.
+    pub fn undo_eviction(&mut self, p: &Arc<PodInfo>) {
+        if let Some(i) = self.evicted.iter().position(|x| x.key == p.key) {
+            self.evicted.swap_remove(i);
+        }
+        self.add_pod(p);
     }
 
     /// What the pods nominated here that `pod` must leave room for request: those of at

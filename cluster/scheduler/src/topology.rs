@@ -215,6 +215,15 @@ fn bump_node(map: &mut HashMap<String, i64>, key: &str, by: i64) {
     }
 }
 
+/// How many of `evicted` — pods a preemption simulation took off one node — count and
+/// satisfy `what`: what that node's domain counts less while they are gone.
+pub fn evicted_matching(evicted: &[Arc<crate::resources::PodInfo>], what: &Match) -> i64 {
+    evicted
+        .iter()
+        .filter(|v| counts(&v.pod) && what.matches(pod_ns(&v.pod), pod_labels(&v.pod)))
+        .count() as i64
+}
+
 /// The selector of a term or constraint, with `matchLabelKeys` (the pod's values of those
 /// labels must match) and `mismatchLabelKeys` (must not) folded in. `None` for a nil selector.
 pub fn selector_of(
@@ -635,6 +644,11 @@ impl Topology {
             .filter(|(_, d)| g.per_domain.get(**d) != 0)
             .map(|(v, d)| (v.clone(), g.per_domain.get(*d)))
             .collect()
+    }
+
+    /// Whether the counted pod `key` carries group `id`'s term.
+    pub fn pod_in_group(&self, key: &str, id: usize) -> bool {
+        self.pod_groups.get(key).is_some_and(|g| g.contains(&id))
     }
 
     /// Pods carrying group `id`'s term in domain `d` of its topology key.

@@ -26,7 +26,7 @@ use crate::framework::{
     PreScorePlugin, ScorePlugin, Status,
 };
 use crate::resources::{NodeInfo, PodInfo};
-use crate::topology::{Labels, Match, NO_DOMAIN, Term, TermKind, Topology};
+use crate::topology::{Labels, Match, NO_DOMAIN, Term, TermKind, Topology, evicted_matching};
 
 /// Registered name.
 pub const NAME: &str = "InterPodAffinity";
@@ -86,8 +86,9 @@ fn required_affinity(terms: &[Term]) -> Match {
 /// the first-pod rule applies (no pod matches yet, and the pod matches its own terms).
 struct Required {
     id: usize,
+    what: Match,
     keys: Vec<(usize, usize)>,
-    first_pod: bool,
+    self_match: bool,
 }
 
 struct FilterState {
@@ -95,8 +96,8 @@ struct FilterState {
     existing: Vec<(usize, usize)>,
     /// The pod's required affinity, if any.
     affinity: Option<Required>,
-    /// Required anti-affinity counters: (counter, key id, slot).
-    anti: Vec<(usize, usize, usize)>,
+    /// Required anti-affinity counters: (counter, key id, slot) and what each counts.
+    anti: Vec<((usize, usize, usize), Match)>,
 }
 
 enum Source {
@@ -199,8 +200,9 @@ impl PreFilterPlugin for InterPodAffinity {
             }
             Some(Required {
                 id,
+                self_match: all.matches(ns, labels),
+                what: all,
                 keys,
-                first_pod: topo.total(id) == 0 && all.matches(ns, labels),
             })
         };
         let mut anti = Vec::new();
@@ -209,7 +211,7 @@ impl PreFilterPlugin for InterPodAffinity {
             let Some(found) = counter_slot(&topo, &what, &t.topology_key) else {
                 return unprepared();
             };
-            anti.push(found);
+            anti.push((found, what));
         }
         if existing.is_empty() && affinity.is_none() && anti.is_empty() {
             return Status::skip();
@@ -231,33 +233,54 @@ impl FilterPlugin for InterPodAffinity {
     fn reads_other_nodes(&self) -> bool {
         true
     }
+    /// Pods a preemption simulation evicted from `node` are in every domain of the node:
+    /// each count of the node's domain leaves out those it counted (kube-scheduler's
+    /// `RemovePod` extension).
     fn filter(&self, state: &CycleState, _: &PodInfo, node: &NodeInfo) -> Status {
         let Some(s) = state.read::<FilterState>(NAME) else {
             return Status::error("InterPodAffinity's PreFilter did not run");
         };
         let topo = self.topology.read();
+        let gone = |what: &Match| {
+            if node.evicted.is_empty() {
+                0
+            } else {
+                evicted_matching(&node.evicted, what)
+            }
+        };
         if let Some(r) = &s.affinity {
+            let gone = gone(&r.what);
             let mut found = true;
             for (k, slot) in &r.keys {
                 let d = topo.domain_of(node, *k);
                 if d == NO_DOMAIN {
                     return Status::unresolvable(AFFINITY);
                 }
-                found &= topo.count(r.id, *slot, d) > 0;
+                found &= topo.count(r.id, *slot, d) - gone > 0;
             }
-            if !found && !r.first_pod {
+            // The first pod of a group that wants to be together: no pod anywhere matches.
+            let first_pod = r.self_match && topo.total(r.id) - gone == 0;
+            if !found && !first_pod {
                 return Status::unresolvable(AFFINITY);
             }
         }
-        for (id, k, slot) in &s.anti {
+        for ((id, k, slot), what) in &s.anti {
             let d = topo.domain_of(node, *k);
-            if d != NO_DOMAIN && topo.count(*id, *slot, d) > 0 {
+            if d != NO_DOMAIN && topo.count(*id, *slot, d) - gone(what) > 0 {
                 return Status::unschedulable(ANTI);
             }
         }
         for (g, k) in &s.existing {
             let d = topo.domain_of(node, *k);
-            if d != NO_DOMAIN && topo.group_count(*g, d) > 0 {
+            if d == NO_DOMAIN {
+                continue;
+            }
+            let gone = node
+                .evicted
+                .iter()
+                .filter(|v| topo.pod_in_group(&v.key, *g))
+                .count() as i64;
+            if topo.group_count(*g, d) - gone > 0 {
                 return Status::unschedulable(EXISTING_ANTI);
             }
         }

@@ -14,7 +14,11 @@
 //!   remove every possible victim; if the pod still does not fit, the node cannot help.
 //!   Otherwise put victims back one by one, most important first, those whose
 //!   PodDisruptionBudget allows no disruption before the others, keeping back each one the
-//!   pod still fits beside; the rest are the node's victims.
+//!   pod still fits beside; the rest are the node's victims. Every filter of the profile
+//!   judges the node as it would be: evicted pods free their room and no longer count in
+//!   the node's domains for spreading and pod (anti-)affinity (kube-scheduler's
+//!   `RemovePod`/`AddPod` extensions) — so a low-priority pod whose anti-affinity repels the
+//!   pod can be a victim, and one the pod's required affinity needs is never one.
 //! - Among candidate nodes (at most max(100, 10% of nodes) are examined, from a rotating
 //!   start): fewest PodDisruptionBudget violations, then the lowest highest victim priority,
 //!   then the lowest sum of victim priorities, then the fewest victims. Budgets are
@@ -142,7 +146,7 @@ impl DefaultPreemption {
     ) -> Option<(Vec<Arc<PodInfo>>, usize)> {
         let mut sim = node.clone();
         for v in &possible {
-            sim.remove_pod(v);
+            sim.simulate_eviction(v);
         }
         if !filter(&sim).is_success() {
             return None;
@@ -174,9 +178,9 @@ impl DefaultPreemption {
         let mut violations = 0;
         for (group, breaks) in [(violating, true), (other, false)] {
             for v in group {
-                sim.add_pod(&v);
+                sim.undo_eviction(&v);
                 if !filter(&sim).is_success() {
-                    sim.remove_pod(&v);
+                    sim.simulate_eviction(&v);
                     victims.push(v);
                     violations += usize::from(breaks);
                 }

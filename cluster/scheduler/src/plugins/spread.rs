@@ -22,7 +22,7 @@ use crate::framework::{
     PreScorePlugin, ScorePlugin, Status,
 };
 use crate::resources::{NodeInfo, PodInfo};
-use crate::topology::{Clause, Labels, Match, NO_DOMAIN, Topology, selector_of};
+use crate::topology::{Clause, Labels, Match, NO_DOMAIN, Topology, evicted_matching, selector_of};
 
 /// Registered name.
 pub const NAME: &str = "PodTopologySpread";
@@ -326,6 +326,33 @@ struct FilterItem {
     self_match: i64,
     min: i64,
     counts: Counts,
+    /// The constraint (what it counts, its inclusion policies), for preemption's
+    /// simulated evictions.
+    constraint: Constraint,
+}
+
+impl FilterItem {
+    /// The count of domain `d` of `node` and the smallest domain's count, without the pods
+    /// a preemption simulation evicted from `node` (those are in `d`; they counted only if
+    /// the constraint counts the node).
+    fn counts_at(&self, topo: &Topology, pod: &Pod, node: &NodeInfo, d: u32) -> (i64, i64) {
+        let count = self.counts.get(topo, d);
+        if node.evicted.is_empty() {
+            return (count, self.min);
+        }
+        let counted = match &self.counts {
+            Counts::Kept { .. } => true,
+            Counts::Local(_) => node
+                .node
+                .as_ref()
+                .is_some_and(|n| included_by_policy(&self.constraint, pod, n)),
+        };
+        if !counted {
+            return (count, self.min);
+        }
+        let count = count - evicted_matching(&node.evicted, &self.constraint.what);
+        (count, self.min.min(count))
+    }
 }
 
 struct ScoreItem {
@@ -422,8 +449,8 @@ impl PreFilterPlugin for PodTopologySpread {
             return Status::error("the spread counters were not prepared for this pod");
         };
         let mut items = Vec::with_capacity(hard.len());
-        for (c, &k) in hard.iter().zip(&keys) {
-            let (counts, domains, min) = match counts_of(&topo, &pod.pod, c, k, &keys) {
+        for (c, &k) in hard.into_iter().zip(&keys) {
+            let (counts, domains, min) = match counts_of(&topo, &pod.pod, &c, k, &keys) {
                 Ok(x) => x,
                 Err(s) => return s,
             };
@@ -433,6 +460,7 @@ impl PreFilterPlugin for PodTopologySpread {
                 self_match: i64::from(c.self_match),
                 min: if domains < c.min_domains { 0 } else { min },
                 counts,
+                constraint: c,
             });
         }
         drop(topo);
@@ -445,7 +473,7 @@ impl FilterPlugin for PodTopologySpread {
     fn reads_other_nodes(&self) -> bool {
         true
     }
-    fn filter(&self, state: &CycleState, _: &PodInfo, node: &NodeInfo) -> Status {
+    fn filter(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
         let Some(items) = state.read::<Vec<FilterItem>>(NAME) else {
             return Status::error("PodTopologySpread's PreFilter did not run");
         };
@@ -455,7 +483,8 @@ impl FilterPlugin for PodTopologySpread {
             if d == NO_DOMAIN {
                 return Status::unresolvable(MISSING_LABEL);
             }
-            let skew = it.counts.get(&topo, d) + it.self_match - it.min;
+            let (count, min) = it.counts_at(&topo, &pod.pod, node, d);
+            let skew = count + it.self_match - min;
             if skew > it.max_skew {
                 return Status::unschedulable(SKEW);
             }

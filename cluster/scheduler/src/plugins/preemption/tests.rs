@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::cache::Cache;
-use crate::framework::{Code, CycleState, FilterPlugin, PostFilterInput};
+use crate::framework::{Code, CycleState, FilterPlugin, Plugin, PostFilterInput};
 use crate::plugins::fit::{Fit, FitArgs};
 
 fn node(name: &str, cpu: &str) -> Arc<k8s_openapi::api::core::v1::Node> {
@@ -379,4 +379,204 @@ fn a_preemption_under_way_is_not_repeated() {
     );
     c.remove_pod(&low.key);
     assert!(!c.preemption_underway(&vip.key), "its victim is gone");
+}
+
+/// A node of 4 cpu in `zone`.
+fn zoned(name: &str, zone: &str, cpu: &str) -> Arc<k8s_openapi::api::core::v1::Node> {
+    Arc::new(
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone}},
+            "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"}}}))
+        .expect("node"),
+    )
+}
+
+/// A pod labelled `app` (not its name), with `spec` merged in.
+fn app_pod(name: &str, app: &str, cpu: &str, priority: i32, spec: Value) -> Arc<PodInfo> {
+    pod_in(
+        "ns",
+        name,
+        cpu,
+        priority,
+        json!({"metadata": {"labels": {"app": app}}, "spec": spec}),
+    )
+}
+
+fn required(kind: &str, app: &str, key: &str) -> Value {
+    json!({"affinity": {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": key}]}}})
+}
+
+/// Runs the whole filter chain — NodeResourcesFit, PodTopologySpread, InterPodAffinity, each
+/// after its PreFilter, on the cache's live counters — then DefaultPreemption.
+fn preempt_wide(c: &mut Cache, incoming: &Arc<PodInfo>) -> Run {
+    use crate::plugins::interpod::InterPodAffinity;
+    use crate::plugins::spread::PodTopologySpread;
+    let plugins: Vec<Box<dyn Plugin>> = vec![
+        Box::new(Fit::new(FitArgs::default()).expect("fit")),
+        Box::new(PodTopologySpread::new(c.topology().clone())),
+        Box::new(InterPodAffinity::new(c.topology().clone())),
+    ];
+    for p in &plugins {
+        let needs = p.counters(incoming, &c.topology().read());
+        c.ensure_counters(&needs);
+    }
+    let mut state = CycleState::new();
+    let mut run = Vec::new();
+    for p in &plugins {
+        let s = p
+            .pre_filter()
+            .map_or_else(Status::success, |pf| pf.pre_filter(&mut state, incoming));
+        match s.code {
+            Code::Skip => {}
+            Code::Success => run.push(p.filter().expect("filter")),
+            _ => panic!("{}: {}", p.name(), s.message()),
+        }
+    }
+    let filter = |n: &NodeInfo| {
+        run.iter()
+            .map(|f| f.filter(&state, incoming, n))
+            .find(|s| !s.is_success())
+            .unwrap_or_else(Status::success)
+    };
+    let nodes = c.nodes();
+    let codes: Vec<Code> = nodes
+        .iter()
+        .map(|n| {
+            let s = filter(n);
+            assert!(!s.is_success(), "{} fits on {}", incoming.key, n.name);
+            s.code
+        })
+        .collect();
+    let plugin = DefaultPreemption::new(Arc::new(Budgets::default()));
+    let (nom, status) = PostFilterPlugin::post_filter(
+        &plugin,
+        &state,
+        incoming,
+        &PostFilterInput {
+            nodes,
+            codes: &codes,
+            filter: &filter,
+        },
+    );
+    Run {
+        nomination: nom.map(|n| {
+            let mut v: Vec<String> = n.victims.iter().map(|v| v.name().to_owned()).collect();
+            v.sort();
+            (n.node, v)
+        }),
+        status,
+    }
+}
+
+const HOST: &str = "kubernetes.io/hostname";
+
+#[test]
+fn a_victim_whose_anti_affinity_repels_the_pod_is_evicted_for_it() {
+    // Both nodes have room; each holds a pod whose required anti-affinity repels `vip`. Only
+    // the one of lower priority can go, and with it gone its anti-affinity no longer counts.
+    let mut c = shard(
+        &[("n1", "4"), ("n2", "4")],
+        &[
+            (
+                app_pod(
+                    "guard-low",
+                    "guard",
+                    "1",
+                    1,
+                    required("podAntiAffinity", "vip", HOST),
+                ),
+                "n1",
+            ),
+            (app_pod("bystander", "other", "1", 1, json!({})), "n1"),
+            (
+                app_pod(
+                    "guard-high",
+                    "guard",
+                    "1",
+                    100,
+                    required("podAntiAffinity", "vip", HOST),
+                ),
+                "n2",
+            ),
+        ],
+    );
+    let r = preempt_wide(&mut c, &app_pod("vip", "vip", "1", 10, json!({})));
+    assert_eq!(
+        r.nomination,
+        Some(("n1".into(), names(&["guard-low"]))),
+        "{}",
+        r.status.message()
+    );
+}
+
+#[test]
+fn the_pods_own_anti_affinity_evicts_only_what_it_repels() {
+    let mut c = shard(
+        &[("n1", "4"), ("n2", "4")],
+        &[
+            (app_pod("noisy-low", "noisy", "1", 1, json!({})), "n1"),
+            (app_pod("bystander", "other", "1", 1, json!({})), "n1"),
+            (app_pod("noisy-high", "noisy", "1", 100, json!({})), "n2"),
+        ],
+    );
+    let vip = app_pod(
+        "vip",
+        "vip",
+        "1",
+        10,
+        required("podAntiAffinity", "noisy", HOST),
+    );
+    let r = preempt_wide(&mut c, &vip);
+    assert_eq!(
+        r.nomination,
+        Some(("n1".into(), names(&["noisy-low"]))),
+        "{}",
+        r.status.message()
+    );
+}
+
+#[test]
+fn evicting_pods_from_a_crowded_zone_lets_a_spread_pod_in() {
+    // Zone a holds two `web` pods, zone b one (a high-priority pod filling its only node):
+    // placing another in a skews 3:1. Evicting one of a's makes it 2:1, within maxSkew 1.
+    let mut c = Cache::with_topology(Default::default());
+    c.upsert_node(zoned("a1", "a", "4"));
+    c.upsert_node(zoned("b1", "b", "1"));
+    for (p, n) in [
+        (app_pod("web-1", "web", "100m", 1, json!({})), "a1"),
+        (app_pod("web-2", "web", "100m", 1, json!({})), "a1"),
+        (app_pod("web-b", "web", "1", 100, json!({})), "b1"),
+    ] {
+        c.confirm_pod(p, n);
+    }
+    let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1,
+        "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": "web"}}}]});
+    let r = preempt_wide(&mut c, &app_pod("web-vip", "web", "1", 10, spread));
+    let (node, victims) = r.nomination.expect("a nomination");
+    assert_eq!(node, "a1");
+    assert_eq!(victims.len(), 1, "one victim is enough: {victims:?}");
+}
+
+#[test]
+fn a_pod_its_required_affinity_needs_is_not_evicted_for_it() {
+    // `vip` must share a node with a `db` pod. n1's db is the only pod there and of lower
+    // priority: evicting it would make room but leave `vip` without its db, so n1 cannot
+    // help; n2's db matters more and fills n2.
+    let mut c = shard(
+        &[("n1", "4"), ("n2", "2")],
+        &[
+            (app_pod("db-low", "db", "3", 1, json!({})), "n1"),
+            (app_pod("db-high", "db", "2", 100, json!({})), "n2"),
+        ],
+    );
+    let vip = app_pod("vip", "vip", "2", 10, required("podAffinity", "db", HOST));
+    let r = preempt_wide(&mut c, &vip);
+    assert_eq!(r.nomination, None, "{}", r.status.message());
+    assert!(
+        r.status.message().contains("No preemption victims found"),
+        "{}",
+        r.status.message()
+    );
 }
