@@ -571,9 +571,12 @@ fn the_scheduler_benchmark_binds_every_pod_and_shares_by_weight() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A quarter of the nodes without a zone: the spread pods stay off them (the bench
+    // checks it) and within maxSkew over the zones.
     let r = run(&[
         "--workload=topology-spread",
-        "--nodes=30",
+        "--nodes=40",
+        "--unzoned-nodes=10",
         "--pods=300",
         "--init-pods=30",
     ]);
@@ -618,6 +621,23 @@ fn the_scheduler_benchmark_binds_every_pod_and_shares_by_weight() {
         r["checked"],
         "10 high-priority pods placed, 10 low-priority victims (one each), no node over its 4 cpu",
         "{r}"
+    );
+    // Zone-less nodes mean nothing to other workloads: refused before anything starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "bench",
+            "scheduler",
+            "--workload=basic",
+            "--unzoned-nodes=3",
+        ])
+        .output()
+        .expect("tessera bench scheduler");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--unzoned-nodes applies to --workload topology-spread only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     // A worker count out of range is refused before anything starts.
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))

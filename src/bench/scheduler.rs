@@ -96,6 +96,10 @@ pub struct SchedulerBenchArgs {
     /// backlog (phase 2; 40 pods each).
     #[arg(long, default_value_t = 500)]
     pub share_nodes: usize,
+    /// `topology-spread`: this many of the nodes carry no zone label (a fleet only partly in
+    /// zones; the spread pods cannot go there).
+    #[arg(long, default_value_t = 0)]
+    pub unzoned_nodes: usize,
     /// `gang`: members per PodGroup (its minMember).
     #[arg(long, default_value_t = 8)]
     pub gang_size: usize,
@@ -226,10 +230,11 @@ fn pod(ns: &str, name: &str, phase: &str, cpu: &str, workload: Workload) -> Valu
 }
 
 impl Bench {
-    /// A shard of `nodes` nodes: all in zone1, or spread over `zones` zones (`zone-K`).
+    /// A shard of `nodes` nodes: all in zone1, or spread over `zones` zones (`zone-K`) but
+    /// for the first `unzoned`, which carry no zone.
     async fn start(
         nodes: usize,
-        zones: usize,
+        (zones, unzoned): (usize, usize),
         dir: &std::path::Path,
         workers: Option<u32>,
     ) -> anyhow::Result<Bench> {
@@ -258,6 +263,7 @@ impl Bench {
                 pods: 110,
                 labels,
                 zones,
+                unzoned,
                 ..SimConfig::default()
             },
             None,
@@ -503,6 +509,14 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
                 args.gang_size
             )
         }
+        _ if args.unzoned_nodes > 0 && args.workload != Workload::TopologySpread => {
+            anyhow::bail!("--unzoned-nodes applies to --workload topology-spread only")
+        }
+        _ if args.unzoned_nodes + SPREAD_ZONES > args.nodes => anyhow::bail!(
+            "--unzoned-nodes {} leaves fewer than {SPREAD_ZONES} of the {} nodes in zones",
+            args.unzoned_nodes,
+            args.nodes
+        ),
         _ => {}
     }
     workers_of(&args)?;
@@ -512,7 +526,13 @@ pub async fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     } else {
         0
     };
-    let bench = Bench::start(args.nodes, zones, &dir.path().join("shard"), args.workers).await?;
+    let bench = Bench::start(
+        args.nodes,
+        (zones, args.unzoned_nodes),
+        &dir.path().join("shard"),
+        args.workers,
+    )
+    .await?;
     let report = if args.workload == Workload::Tenants {
         run_tenants(&bench, &args, dir.path()).await?
     } else {
@@ -626,7 +646,7 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
     let checked = match gang {
         Some(size) => Some(check_gangs(&s, size)?),
         None if preemption => Some(check_preemption(&s, args.pods)?),
-        None => check_placement(&s, args.workload)?,
+        None => check_placement(&s, args.workload, args.unzoned_nodes)?,
     };
     let measured = s.values().filter(|e| e.ns == "measured");
     let last = measured
@@ -664,11 +684,13 @@ async fn run_plain(bench: &Bench, args: &SchedulerBenchArgs) -> anyhow::Result<R
 }
 
 /// Checks what the workload promises of every placement: `anti-affinity`, each pod on a
-/// node of its own; `topology-spread`, each namespace's pods within maxSkew over the zones.
-/// Says what was checked; an error if a placement broke it.
+/// node of its own; `topology-spread`, each namespace's pods within maxSkew over the zones
+/// and none on the first `unzoned` nodes (they carry no zone). Says what was checked; an
+/// error if a placement broke it.
 fn check_placement(
     seen: &HashMap<String, Seen>,
     workload: Workload,
+    unzoned: usize,
 ) -> anyhow::Result<Option<String>> {
     let placed = || {
         seen.values()
@@ -699,6 +721,9 @@ fn check_placement(
                         .next()
                         .and_then(|i| i.parse().ok())
                         .ok_or_else(|| anyhow::anyhow!("node {node} has no index"))?;
+                    if i < unzoned {
+                        anyhow::bail!("spread broken in {ns}: a pod on {node}, which has no zone");
+                    }
                     per_zone[i % SPREAD_ZONES] += 1;
                 }
                 let (min, max) = (
@@ -911,7 +936,7 @@ async fn run_tenants(
     let memo_reuse_pct = reuse_pct(memo_before, bench.memo());
 
     // Phase 2, on a fresh shard: full, backlogs by weight, completions, refill.
-    let share = Bench::start(args.share_nodes, 0, &dir.join("share"), args.workers).await?;
+    let share = Bench::start(args.share_nodes, (0, 0), &dir.join("share"), args.workers).await?;
     make_tenants(&share, t, deadline).await?;
     let capacity = args.share_nodes * 40;
     share.namespace("filler").await?;

@@ -51,6 +51,9 @@ pub struct SimConfig {
     /// Zones the nodes are spread over round robin (`topology.kubernetes.io/zone` =
     /// `zone-{i % zones}`); 0 for no zone label. A zone in `labels` wins.
     pub zones: usize,
+    /// The first this many nodes get no zone label from `zones` (a fleet only partly in
+    /// zones).
+    pub unzoned: usize,
     /// From binding to Running.
     pub startup_delay: Duration,
     /// Lease duration written on the node Leases (seconds).
@@ -69,6 +72,7 @@ impl Default for SimConfig {
             pods: 110,
             labels: BTreeMap::new(),
             zones: 0,
+            unzoned: 0,
             startup_delay: Duration::from_millis(500),
             lease_duration_seconds: 40,
             renew_interval: Duration::from_secs(10),
@@ -159,7 +163,7 @@ impl SimAgent {
             "kubernetes.io/arch": "amd64",
             "tessera.io/sim": "true",
         });
-        if self.config.zones > 0 {
+        if self.config.zones > 0 && i >= self.config.unzoned {
             labels["topology.kubernetes.io/zone"] =
                 json!(format!("zone-{}", i % self.config.zones));
         }

@@ -8,9 +8,10 @@
 //! with `nodeTaintsPolicy: Honor`, whose taints it tolerates.
 //!
 //! Counts come from the topology's incremental counters ([`crate::topology`]); a cycle reads
-//! them without walking pods. When every node carries the key and no inclusion policy
-//! narrows the nodes, domain counts are read as kept; otherwise they are summed over the
-//! admitted nodes (what kube-scheduler does for every pod).
+//! them without walking pods. When no inclusion policy narrows the nodes and every node
+//! carrying the constraint's key carries the pod's other constraint keys too, domain counts
+//! are read as kept (nodes without the key are in no domain); otherwise they are summed over
+//! the admitted nodes (what kube-scheduler does for every pod).
 
 use std::sync::Arc;
 
@@ -265,9 +266,14 @@ fn counts_of(
     let id = topo.counter(&c.what).ok_or_else(unprepared)?;
     let slot = topo.slot(id, k).ok_or_else(unprepared)?;
     let live = topo.live_count();
-    let every_node_has_keys = keys.iter().all(|k| topo.nodes_with_key(*k) == live);
+    // The kept counts of key `k` count pods on every node carrying `k` (nodes without it are
+    // in no domain). They are this constraint's counts when no other key leaves such a node
+    // out: every other key is on every node.
+    let others_everywhere = keys
+        .iter()
+        .all(|k2| *k2 == k || topo.nodes_with_key(*k2) == live);
     let narrowed = (c.honor_affinity && has_node_affinity(pod)) || c.honor_taints;
-    if every_node_has_keys && !narrowed {
+    if others_everywhere && !narrowed {
         let domains = topo.live_domains(k);
         let (counts, nonzero) = topo.counts(id, slot);
         let min = if nonzero < domains {

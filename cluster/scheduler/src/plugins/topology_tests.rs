@@ -248,6 +248,62 @@ fn spread_a_node_without_the_key_is_out() {
 }
 
 #[test]
+fn spread_pods_on_nodes_without_a_key_count_in_no_domain() {
+    // Two zone-less nodes, one holding two matching pods; every zoned node holds one. The
+    // bare nodes' pods count for no zone, and for hostnames only when the pod's constraints
+    // do not also need a zone (a node must carry every key of them to count, as in
+    // Kubernetes).
+    let mut c = documented();
+    c.upsert_node(node("bare1", None));
+    c.upsert_node(node("bare2", None));
+    let foo = json!({"foo": "bar"});
+    place(
+        &mut c,
+        &[
+            ("w", foo.clone(), "node4"),
+            ("x", foo.clone(), "bare1"),
+            ("y", foo, "bare1"),
+        ],
+    );
+    // Zones 2 / 2: every zoned node fits.
+    let zone = spread_pod(json!([constraint(ZONE, 1, "DoNotSchedule")]), json!({}));
+    assert_eq!(
+        fitting(&filter_all(&mut c, spread_plugin, &zone)),
+        ["node1", "node2", "node3", "node4"]
+    );
+    // Hostnames alone: the empty bare2 is the minimum (0), so only it fits.
+    let host = spread_pod(json!([constraint(HOST, 1, "DoNotSchedule")]), json!({}));
+    assert_eq!(
+        fitting(&filter_all(&mut c, spread_plugin, &host)),
+        ["bare2"]
+    );
+    // Both: the bare nodes are out, their hostnames are no domains, the minimum is 1, and
+    // every zoned node fits (1 + 1 - 1 for hostnames, 2 + 1 - 2 for zones).
+    let both = spread_pod(
+        json!([
+            constraint(ZONE, 1, "DoNotSchedule"),
+            constraint(HOST, 1, "DoNotSchedule")
+        ]),
+        json!({}),
+    );
+    let r = filter_all(&mut c, spread_plugin, &both);
+    assert_eq!(fitting(&r), ["node1", "node2", "node3", "node4"]);
+    assert_eq!(
+        r["bare2"],
+        (
+            Code::UnschedulableAndUnresolvable,
+            spread::MISSING_LABEL.to_owned()
+        )
+    );
+    // A zone-less node's pod going away changes nothing for the zones.
+    assert!(c.remove_pod("ns/x"));
+    assert_eq!(
+        fitting(&filter_all(&mut c, spread_plugin, &zone)),
+        ["node1", "node2", "node3", "node4"]
+    );
+}
+
+#[test]
 fn spread_node_affinity_policy_decides_which_domains_count() {
     let mut c = documented();
     c.upsert_node(node("node5", Some("zoneC")));
