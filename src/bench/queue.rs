@@ -62,7 +62,7 @@ pub async fn run(args: QueueBenchArgs) -> anyhow::Result<()> {
     let now = tokio::time::Instant::now();
     for _ in 0..args.pending / 2 {
         if let Some(p) = q.pop(now) {
-            q.unschedulable(
+            let _ = q.unschedulable(
                 &p.info.key,
                 vec![ClusterEvent::NodeAdd, ClusterEvent::AssignedPodDelete],
                 now,

@@ -254,6 +254,11 @@ pub struct QueuedPod {
     pub info: Arc<PodInfo>,
     /// When it first entered the queue (this time round), as a sequence number.
     pub enqueued: u64,
+    /// Its place among pods of equal priority: `enqueued`, or for a member of a gang
+    /// (PodGroup) the `enqueued` of the first member queued, so that a gang's members are
+    /// handed out one after another rather than interleaved with another gang's
+    /// (scheduler-plugins' Coscheduling QueueSort orders by the PodGroup the same way).
+    pub order: u64,
     /// Failed attempts so far.
     pub attempts: u32,
 }

@@ -12,7 +12,8 @@ use crate::resources::{NodeInfo, PodInfo};
 
 /// PrioritySort: higher `spec.priority` first; within a priority, pods not tried yet before
 /// retries (a new pod is not held up behind pods that already failed and were woken by an
-/// event or a backoff); then the pod queued earliest.
+/// event or a backoff); then the pod queued earliest — a gang's members all at the place of
+/// its first member queued ([`QueuedPod::order`]), in the order they were queued.
 pub struct PrioritySort;
 
 impl Plugin for PrioritySort {
@@ -27,8 +28,15 @@ impl Plugin for PrioritySort {
 impl QueueSortPlugin for PrioritySort {
     fn less(&self, a: &QueuedPod, b: &QueuedPod) -> bool {
         let fresh = |p: &QueuedPod| p.attempts == 0;
-        (a.info.priority, fresh(a), std::cmp::Reverse(a.enqueued))
-            > (b.info.priority, fresh(b), std::cmp::Reverse(b.enqueued))
+        let key = |p: &QueuedPod| {
+            (
+                p.info.priority,
+                fresh(p),
+                std::cmp::Reverse(p.order),
+                std::cmp::Reverse(p.enqueued),
+            )
+        };
+        key(a) > key(b)
     }
 }
 

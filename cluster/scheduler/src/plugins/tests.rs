@@ -306,10 +306,29 @@ fn priority_sort() {
     let q = |priority: i32, enqueued: u64| QueuedPod {
         info: Arc::new(pod(json!({"priority": priority}))),
         enqueued,
+        order: enqueued,
         attempts: 0,
     };
     let s = PrioritySort.queue_sort().expect("sort");
     assert!(s.less(&q(10, 5), &q(0, 1)), "higher priority first");
     assert!(s.less(&q(0, 1), &q(0, 2)), "then earlier");
     assert!(!s.less(&q(0, 2), &q(0, 1)));
+    // A gang member queued late takes its gang's place (its first member's), ahead of a
+    // pod queued between them; within the gang, the order of queueing.
+    let member = |enqueued: u64, first: u64| QueuedPod {
+        order: first,
+        ..q(0, enqueued)
+    };
+    assert!(s.less(&member(9, 1), &q(0, 5)), "the gang's place");
+    assert!(s.less(&q(0, 5), &member(10, 7)), "a later gang's place");
+    assert!(
+        s.less(&member(3, 1), &member(9, 1)),
+        "within a gang, queueing order"
+    );
+    // Retries still come after new pods of the same priority.
+    let retried = QueuedPod {
+        attempts: 1,
+        ..member(2, 1)
+    };
+    assert!(s.less(&q(0, 5), &retried));
 }

@@ -11,6 +11,10 @@
 //! Active pods wait in their tenant's own queue; [`fair`] picks the tenant each next pod
 //! comes from by weighted dominant resource fairness, so one tenant's flood does not delay
 //! another tenant's pods.
+//!
+//! A gang (the members of one PodGroup) moves as one: its members share the sort place of
+//! the first queued, a member's failure backs off its ready mates with it, and a member
+//! handed out brings its waiting mates along.
 
 mod fair;
 
@@ -50,6 +54,16 @@ struct Waiting {
     woken: bool,
     /// Handed out early, ahead of its backoff, in its tenant's turn.
     early: bool,
+    /// The gang (PodGroup, `namespace/name`) it is a member of.
+    gang: Option<String>,
+}
+
+/// The queued members of one gang (PodGroup).
+struct Gang {
+    /// The QueueSort place they share ([`QueuedPod::order`]): the `enqueued` of the first
+    /// of them queued.
+    order: u64,
+    members: HashSet<String>,
 }
 
 struct Active {
@@ -113,6 +127,8 @@ pub struct SchedulingQueue {
     /// Unschedulable pods by when they were parked (entries of pods that moved on since are
     /// skipped when reached).
     parked_since: BTreeMap<(Instant, u64), String>,
+    /// Gangs with members in the queue, by PodGroup.
+    gangs: HashMap<String, Gang>,
     sizes: Sizes,
     seq: u64,
     initial_backoff: Duration,
@@ -132,6 +148,7 @@ impl SchedulingQueue {
             backoff: BTreeMap::new(),
             parked: HashMap::new(),
             parked_since: BTreeMap::new(),
+            gangs: HashMap::new(),
             sizes: Sizes::default(),
             seq: 0,
             initial_backoff,
@@ -208,7 +225,122 @@ impl SchedulingQueue {
     fn take(&mut self, key: &str) -> Option<Waiting> {
         let w = self.pods.remove(key)?;
         self.unindex(key, &w.place);
+        self.leave_gang(key, w.gang.as_deref());
         Some(w)
+    }
+
+    /// Counts `key`, queued at `seq`, among the queued members of `gang`; returns its
+    /// QueueSort place (the gang's, or `seq` for a pod of no gang).
+    fn join_gang(&mut self, key: &str, gang: Option<&str>, seq: u64) -> u64 {
+        let Some(gang) = gang else { return seq };
+        let g = self.gangs.entry(gang.to_owned()).or_insert_with(|| Gang {
+            order: seq,
+            members: HashSet::new(),
+        });
+        g.members.insert(key.to_owned());
+        g.order
+    }
+
+    fn leave_gang(&mut self, key: &str, gang: Option<&str>) {
+        if let Some(gang) = gang
+            && let Some(g) = self.gangs.get_mut(gang)
+        {
+            g.members.remove(key);
+            if g.members.is_empty() {
+                self.gangs.remove(gang);
+            }
+        }
+    }
+
+    /// A new entry for a pod entering the queue, in flight until placed.
+    fn enter(&mut self, info: Arc<PodInfo>, attempts: u32) {
+        let key = info.key.clone();
+        let seq = self.next_seq();
+        let gang = crate::plugins::gang::gang_of(&info.pod);
+        let order = self.join_gang(&key, gang.as_deref(), seq);
+        self.pods.insert(
+            key,
+            Waiting {
+                pod: QueuedPod {
+                    info,
+                    enqueued: seq,
+                    order,
+                    attempts,
+                },
+                place: Place::InFlight,
+                backoff_until: None,
+                woken: false,
+                early: false,
+                gang,
+            },
+        );
+    }
+
+    /// A member of gang `gang` is handed out: its mates backing off or parked come with it
+    /// (scheduler-plugins' Coscheduling activates a member's siblings likewise), so the
+    /// members an event woke, or whose shared backoff ended, form their quorum together
+    /// instead of one waiting at Permit for mates still parked.
+    fn activate_mates(&mut self, key: &str, gang: &str) {
+        let Some(g) = self.gangs.get(gang) else {
+            return;
+        };
+        let mates: Vec<String> = g
+            .members
+            .iter()
+            .filter(|m| *m != key)
+            .filter(|m| {
+                self.pods.get(*m).is_some_and(|w| {
+                    matches!(w.place, Place::Backoff(_) | Place::Unschedulable { .. })
+                })
+            })
+            .cloned()
+            .collect();
+        for m in mates {
+            self.activate(&m);
+        }
+    }
+
+    /// A member of a gang failed: its gang mates that are ready or backing off for less
+    /// long wait out its backoff with it (counting its attempts as theirs), so the gang is
+    /// tried again as a whole — not member by member, each reserving a node to wait at
+    /// Permit for mates still backing off (scheduler-plugins backs off a PodGroup the same
+    /// way). Mates parked as unschedulable wait for their events; those in flight are left.
+    /// Returns the mates it moved (the scheduler tells them why).
+    fn back_off_gang(&mut self, key: &str) -> Vec<Arc<PodInfo>> {
+        let mut moved = Vec::new();
+        let Some(w) = self.pods.get(key) else {
+            return moved;
+        };
+        let (Some(gang), Some(until)) = (w.gang.clone(), w.backoff_until) else {
+            return moved;
+        };
+        let attempts = w.pod.attempts;
+        let Some(g) = self.gangs.get(&gang) else {
+            return moved;
+        };
+        let mates: Vec<String> = g.members.iter().filter(|m| *m != key).cloned().collect();
+        for m in mates {
+            let Some(w) = self.pods.get_mut(&m) else {
+                continue;
+            };
+            let sooner = match w.place {
+                Place::Active(_) => true,
+                Place::Backoff(at) => at < until,
+                Place::Unschedulable { .. } | Place::InFlight => false,
+            };
+            if !sooner {
+                continue;
+            }
+            w.pod.attempts = w.pod.attempts.max(attempts);
+            w.backoff_until = Some(until);
+            w.woken = false;
+            w.early = false;
+            moved.push(w.pod.info.clone());
+            self.set_place(&m, Place::Backoff(until));
+            let seq = self.next_seq();
+            self.backoff.insert((until, seq), m);
+        }
+        moved
     }
 
     fn activate(&mut self, key: &str) {
@@ -254,23 +386,22 @@ impl SchedulingQueue {
     /// fits). A pod being scheduled right now is left alone.
     pub fn add_or_update(&mut self, info: Arc<PodInfo>) {
         let key = info.key.clone();
+        // A pod relabelled into another gang (or out of one) moves with its label.
+        let gang = crate::plugins::gang::gang_of(&info.pod);
+        if let Some(w) = self.pods.get(&key)
+            && w.gang != gang
+        {
+            let (old, enqueued) = (w.gang.clone(), w.pod.enqueued);
+            self.leave_gang(&key, old.as_deref());
+            let order = self.join_gang(&key, gang.as_deref(), enqueued);
+            if let Some(w) = self.pods.get_mut(&key) {
+                w.gang = gang;
+                w.pod.order = order;
+            }
+        }
         match self.pods.get_mut(&key) {
             None => {
-                let seq = self.next_seq();
-                self.pods.insert(
-                    key.clone(),
-                    Waiting {
-                        pod: QueuedPod {
-                            info,
-                            enqueued: seq,
-                            attempts: 0,
-                        },
-                        place: Place::InFlight,
-                        backoff_until: None,
-                        woken: false,
-                        early: false,
-                    },
-                );
+                self.enter(info, 0);
                 self.activate(&key);
             }
             Some(w) => {
@@ -339,7 +470,11 @@ impl SchedulingQueue {
                 continue;
             }
             let pod = w.pod.clone();
+            let gang = w.gang.clone();
             self.set_place(&a.pod.info.key, Place::InFlight);
+            if let Some(g) = gang {
+                self.activate_mates(&a.pod.info.key, &g);
+            }
             let ti = t as usize;
             let more_early = self.early[ti] && !self.woken[ti].is_empty();
             if self.heaps[ti].is_empty() && !more_early {
@@ -494,42 +629,48 @@ impl SchedulingQueue {
         Some(w)
     }
 
-    /// The attempt found no node; park the pod until one of `events` happens.
-    pub fn unschedulable(&mut self, key: &str, events: Vec<ClusterEvent>, now: Instant) {
+    /// The attempt found no node; park the pod until one of `events` happens. Returns its
+    /// gang mates backed off with it.
+    #[must_use = "the gang mates backed off are told why"]
+    pub fn unschedulable(
+        &mut self,
+        key: &str,
+        events: Vec<ClusterEvent>,
+        now: Instant,
+    ) -> Vec<Arc<PodInfo>> {
         self.early_failed(key);
-        if self.record_failure(key, now).is_some() {
-            self.set_place(key, Place::Unschedulable { events, since: now });
+        if self.record_failure(key, now).is_none() {
+            return Vec::new();
         }
+        self.set_place(key, Place::Unschedulable { events, since: now });
+        self.back_off_gang(key)
     }
 
-    /// The attempt failed for another reason (an error, a lost binding): back off.
-    pub fn failed(&mut self, key: &str, now: Instant) {
+    /// The attempt failed for another reason (an error, a lost binding): back off. Returns
+    /// its gang mates backed off with it.
+    #[must_use = "the gang mates backed off are told why"]
+    pub fn failed(&mut self, key: &str, now: Instant) -> Vec<Arc<PodInfo>> {
         self.early_failed(key);
-        if self.record_failure(key, now).is_some() {
-            self.park_in_backoff(key, now, false);
+        if self.record_failure(key, now).is_none() {
+            return Vec::new();
         }
+        self.park_in_backoff(key, now, false);
+        self.back_off_gang(key)
     }
 
     /// A pod that was handed out and scheduled, but whose binding failed, comes back.
-    pub fn requeue_after_bind_failure(&mut self, info: Arc<PodInfo>, attempts: u32, now: Instant) {
+    /// Returns its gang mates backed off with it.
+    #[must_use = "the gang mates backed off are told why"]
+    pub fn requeue_after_bind_failure(
+        &mut self,
+        info: Arc<PodInfo>,
+        attempts: u32,
+        now: Instant,
+    ) -> Vec<Arc<PodInfo>> {
         let key = info.key.clone();
-        let seq = self.next_seq();
         self.take(&key);
-        self.pods.insert(
-            key.clone(),
-            Waiting {
-                pod: QueuedPod {
-                    info,
-                    enqueued: seq,
-                    attempts,
-                },
-                place: Place::InFlight,
-                backoff_until: None,
-                woken: false,
-                early: false,
-            },
-        );
-        self.failed(&key, now);
+        self.enter(info, attempts);
+        self.failed(&key, now)
     }
 
     /// Active if its backoff is over, else backing off. A pod an event `woken` from
@@ -649,13 +790,105 @@ mod tests {
         assert_eq!(order, vec!["ns/high", "ns/low-1", "ns/low-2"]);
     }
 
+    /// A member of PodGroup `gang`.
+    fn member(name: &str, priority: i32, gang: &str) -> Arc<PodInfo> {
+        Arc::new(PodInfo::new(Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns",
+                    "labels": {tessera_client::types::POD_GROUP_LABEL: gang}},
+                "spec": {"priority": priority, "containers": [{"name": "c", "image": "x"}]}}))
+            .expect("pod"),
+        )))
+    }
+
+    fn drain(q: &mut SchedulingQueue, now: Instant) -> Vec<String> {
+        std::iter::from_fn(|| q.pop(now))
+            .map(|p| p.info.name().to_owned())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gangs_members_are_handed_out_together() {
+        // Two gangs' members arrive interleaved, with a lone pod among them: each gang is
+        // handed out whole at the place of its first member, so neither gang holds half
+        // the room while the other holds the rest.
+        let mut q = queue();
+        for p in [
+            member("a1", 0, "a"),
+            member("b1", 0, "b"),
+            pod("solo", 0),
+            member("a2", 0, "a"),
+            member("b2", 0, "b"),
+            member("a3", 0, "a"),
+            member("b3", 0, "b"),
+        ] {
+            q.add_or_update(p);
+        }
+        q.add_or_update(pod("vip", 10));
+        assert_eq!(
+            drain(&mut q, Instant::now()),
+            ["vip", "a1", "a2", "a3", "b1", "b2", "b3", "solo"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_member_backs_its_whole_gang_off() {
+        let mut q = queue();
+        for p in [
+            member("a1", 0, "a"),
+            member("a2", 0, "a"),
+            member("a3", 0, "a"),
+            pod("solo", 0),
+        ] {
+            q.add_or_update(p);
+        }
+        let now = Instant::now();
+        let a1 = q.pop(now).expect("a1");
+        assert_eq!(a1.info.name(), "a1");
+        // a1 fails: a2 and a3, ready, wait out its backoff (1 s) with it; the lone pod does
+        // not.
+        let mut mates: Vec<String> = q
+            .failed(&a1.info.key, now)
+            .iter()
+            .map(|p| p.name().to_owned())
+            .collect();
+        mates.sort();
+        assert_eq!(mates, ["a2", "a3"], "told why they wait");
+        assert_eq!(drain(&mut q, now), ["solo"]);
+        assert_eq!(q.sizes().backoff, 3);
+        assert!(q.pop(now + Duration::from_millis(999)).is_none());
+        let later = now + Duration::from_secs(1);
+        let back: Vec<QueuedPod> = std::iter::from_fn(|| q.pop(later)).collect();
+        let names: Vec<&str> = back.iter().map(|p| p.info.name()).collect();
+        assert_eq!(names, ["a1", "a2", "a3"], "together, in queueing order");
+        assert!(back.iter().all(|p| p.attempts == 1), "the gang's attempt");
+        // A member parked as unschedulable backs off its ready mates too, and stays parked
+        // for its events.
+        let mut q = queue();
+        q.add_or_update(member("b1", 0, "b"));
+        q.add_or_update(member("b2", 0, "b"));
+        let b1 = q.pop(now).expect("b1");
+        let mates = q.unschedulable(&b1.info.key, vec![ClusterEvent::NodeAdd], now);
+        assert_eq!(mates.len(), 1);
+        assert!(q.pop(now).is_none());
+        assert_eq!((q.sizes().unschedulable, q.sizes().backoff), (1, 1));
+        let b2 = q
+            .pop(now + Duration::from_secs(1))
+            .expect("b2 after the backoff");
+        assert_eq!(b2.info.name(), "b2");
+        // b2 handed out brings b1 along, parked though it is: the gang forms together.
+        let b1 = q
+            .pop(now + Duration::from_secs(1))
+            .expect("b1 with its mate");
+        assert_eq!(b1.info.name(), "b1");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn unschedulable_pods_wait_for_an_event_their_plugins_named() {
         let mut q = queue();
         q.add_or_update(pod("p", 0));
         let now = Instant::now();
         let p = q.pop(now).expect("pod");
-        q.unschedulable(&p.info.key, vec![ClusterEvent::NodeAdd], now);
+        let _ = q.unschedulable(&p.info.key, vec![ClusterEvent::NodeAdd], now);
         assert_eq!(q.sizes().unschedulable, 1);
         assert_eq!(
             q.on_event(ClusterEvent::NodeTaint, now),
@@ -669,7 +902,7 @@ mod tests {
         let again = q.pop(now).expect("tried early");
         assert_eq!(again.attempts, 1);
         // A failed early try waits out its backoff, doubled by the second failure.
-        q.failed(&again.info.key, now);
+        let _ = q.failed(&again.info.key, now);
         assert!(q.pop(now + Duration::from_millis(1_999)).is_none());
         assert!(q.pop(now + Duration::from_secs(2)).is_some());
     }
@@ -680,7 +913,7 @@ mod tests {
         q.add_or_update(pod("p", 0));
         let now = Instant::now();
         let p = q.pop(now).expect("pod");
-        q.unschedulable(&p.info.key, vec![ClusterEvent::NodeAdd], now);
+        let _ = q.unschedulable(&p.info.key, vec![ClusterEvent::NodeAdd], now);
         assert_eq!(q.flush_stale(now + Duration::from_secs(299)), 0);
         assert_eq!(q.flush_stale(now + MAX_UNSCHEDULABLE), 1);
         assert!(q.pop(now + MAX_UNSCHEDULABLE).is_some());
@@ -809,12 +1042,12 @@ mod tests {
         // big's pod is parked first, small's 900 ms later: big's backoff ends first.
         q.add_or_update(pod_in("big", "p", 100, 1));
         let p = q.pop(t0).expect("big");
-        q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], t0);
+        let _ = q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], t0);
         let t1 = t0 + Duration::from_millis(900);
         for i in 0..3 {
             q.add_or_update(pod_in("small", &format!("p{i}"), 100, 1));
             let p = q.pop(t1).expect("small");
-            q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], t1);
+            let _ = q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], t1);
         }
         // A pod completes at 1 s: big's pod is active again, small's still back off.
         let t2 = t0 + Duration::from_secs(1);
@@ -835,7 +1068,7 @@ mod tests {
             "and again"
         );
         // It does not fit: small waits out its backoff now; big goes on.
-        q.unschedulable(&second.info.key, vec![ClusterEvent::AssignedPodDelete], t2);
+        let _ = q.unschedulable(&second.info.key, vec![ClusterEvent::AssignedPodDelete], t2);
         assert_eq!(q.pop(t2).expect("big").info.key, "big/p");
         assert!(
             q.pop(t2).is_none(),
@@ -858,7 +1091,7 @@ mod tests {
         q.add_or_update(pod("p", 0));
         let now = Instant::now();
         let p = q.pop(now).expect("pod");
-        q.unschedulable(&p.info.key, vec![ClusterEvent::NodeAdd], now);
+        let _ = q.unschedulable(&p.info.key, vec![ClusterEvent::NodeAdd], now);
         let mut status_only = (*p.info.pod).clone();
         status_only.status = Some(k8s_openapi::api::core::v1::PodStatus {
             phase: Some("Pending".into()),
@@ -889,7 +1122,7 @@ mod tests {
         q.add_or_update(pod("old", 0));
         let now = Instant::now();
         let old = q.pop(now).expect("old");
-        q.failed(&old.info.key, now);
+        let _ = q.failed(&old.info.key, now);
         q.add_or_update(pod("new", 0));
         let later = now + Duration::from_secs(1);
         assert_eq!(q.pop(later).expect("new").info.key, "ns/new");
@@ -949,7 +1182,7 @@ mod tests {
                         q.charge(&p.info, 1);
                     } else {
                         blocked[t] = true;
-                        q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], now);
+                        let _ = q.unschedulable(&p.info.key, vec![ClusterEvent::AssignedPodDelete], now);
                     }
                 }
                 for (j, st) in q.standings()[1..].iter().enumerate() {
@@ -1018,6 +1251,27 @@ mod tests {
             }
         }
         assert_eq!(q.parked, expected);
+        // Each gang lists exactly its queued members, and they share its place.
+        let mut gangs: HashMap<String, HashSet<String>> = HashMap::new();
+        for (k, w) in &q.pods {
+            assert_eq!(
+                w.gang,
+                crate::plugins::gang::gang_of(&w.pod.info.pod),
+                "{k}"
+            );
+            if let Some(g) = &w.gang {
+                gangs.entry(g.clone()).or_default().insert(k.clone());
+                assert_eq!(w.pod.order, q.gangs[g].order, "{k}");
+            } else {
+                assert_eq!(w.pod.order, w.pod.enqueued, "{k}");
+            }
+        }
+        let kept: HashMap<String, HashSet<String>> = q
+            .gangs
+            .iter()
+            .map(|(g, e)| (g.clone(), e.members.clone()))
+            .collect();
+        assert_eq!(kept, gangs);
     }
 
     const EVENTS: [ClusterEvent; 3] = [
@@ -1042,12 +1296,18 @@ mod tests {
                 for (op, p, e, secs) in ops {
                     let key = format!("ns/p{p}");
                     match op {
-                        0 | 1 => q.add_or_update(pod(&format!("p{p}"), p as i32)),
+                        0 => q.add_or_update(pod(&format!("p{p}"), p as i32)),
+                        // Into gang g{e}, or relabelled there from another or none.
+                        1 => q.add_or_update(member(&format!("p{p}"), p as i32, &format!("g{e}"))),
                         2 => {
                             let _ = q.pop(now);
                         }
-                        3 => q.unschedulable(&key, vec![EVENTS[e], EVENTS[(e + 1) % 3]], now),
-                        4 => q.failed(&key, now),
+                        3 => {
+                            let _ = q.unschedulable(&key, vec![EVENTS[e], EVENTS[(e + 1) % 3]], now);
+                        }
+                        4 => {
+                            let _ = q.failed(&key, now);
+                        }
                         5 => q.remove(&key),
                         6 => {
                             let parked_for: HashSet<String> =

@@ -157,11 +157,33 @@ impl Scheduler {
                     && p.metadata.deletion_timestamp.is_none()
             });
         if still_pending {
-            self.queue
-                .requeue_after_bind_failure(pod.clone(), o.attempts + 1, Instant::now());
+            let mates =
+                self.queue
+                    .requeue_after_bind_failure(pod.clone(), o.attempts + 1, Instant::now());
             if o.status.is_rejection() {
                 self.report_unschedulable(pod, &o.status.message());
+                self.report_gang_backoff(pod, &mates, &o.status.message());
             }
+        }
+    }
+
+    /// Tells the gang mates of `pod` that the queue backed off with it why: each gets
+    /// `PodScheduled=False` and a `FailedScheduling` Event naming the member and its reason
+    /// (they were not tried themselves, and `kubectl describe` of any member should say why
+    /// it waits).
+    pub(super) fn report_gang_backoff(&self, pod: &PodInfo, mates: &[Arc<PodInfo>], message: &str) {
+        let Some(gang) = mates
+            .first()
+            .and_then(|_| crate::plugins::gang::gang_of(&pod.pod))
+        else {
+            return;
+        };
+        let said = format!(
+            "gang {gang} backs off with its member {}: {message}",
+            pod.name()
+        );
+        for m in mates {
+            self.report_unschedulable(m, &said);
         }
     }
 

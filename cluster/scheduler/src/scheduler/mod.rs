@@ -792,15 +792,18 @@ impl Scheduler {
                 ..
             }) => {
                 tracing::debug!(pod = %qp.info.key, plugin = status.plugin, %message, "unschedulable");
-                self.queue
+                let mates = self
+                    .queue
                     .unschedulable(&qp.info.key, events, Instant::now());
                 self.report_unschedulable(&qp.info, &message);
+                self.report_gang_backoff(&qp.info, &mates, &message);
                 "unschedulable"
             }
             Err(Failure::Error(status)) => {
                 tracing::warn!(pod = %qp.info.key, plugin = status.plugin, error = %status.message(), "scheduling failed");
-                self.queue.failed(&qp.info.key, Instant::now());
+                let mates = self.queue.failed(&qp.info.key, Instant::now());
                 self.report_unschedulable(&qp.info, &status.message());
+                self.report_gang_backoff(&qp.info, &mates, &status.message());
                 "error"
             }
         };
@@ -946,6 +949,7 @@ mod tests {
         QueuedPod {
             info: Arc::new(PodInfo::new(Arc::new(pod))),
             enqueued: 0,
+            order: 0,
             attempts: 0,
         }
     }
@@ -991,6 +995,7 @@ mod tests {
         let incoming = QueuedPod {
             info: Arc::new(PodInfo::new(labelled_pod("solo", None, json!({}), anti))),
             enqueued: 0,
+            order: 0,
             attempts: 0,
         };
         s.prepare_counters(0, &incoming.info);
@@ -1213,6 +1218,7 @@ mod tests {
                     [{"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": key}]}}}),
             ))),
             enqueued: 0,
+            order: 0,
             attempts: 0,
         }
     }
@@ -1349,6 +1355,7 @@ mod tests {
         QueuedPod {
             info: Arc::new(PodInfo::new(Arc::new(pod))),
             enqueued: 0,
+            order: 0,
             attempts: 0,
         }
     }
@@ -1540,7 +1547,7 @@ mod tests {
                     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("p{i}"),
                         "namespace": "t", "uid": format!("uid-{i}"), "labels": labels}, "spec": spec}))
                         .expect("pod");
-                    QueuedPod { info: Arc::new(PodInfo::new(Arc::new(pod))), enqueued: 0, attempts: 0 }
+                    QueuedPod { info: Arc::new(PodInfo::new(Arc::new(pod))), enqueued: 0, order: 0, attempts: 0 }
                 }).collect();
                 let mut placed: HashMap<String, String> = HashMap::new();
                 let mut rng = c.seed | 1;
