@@ -13,8 +13,8 @@
 //! another tenant's pods.
 //!
 //! A gang (the members of one PodGroup) moves as one: its members share the sort place of
-//! the first queued, a member's failure backs off its ready mates with it, and a member
-//! handed out brings its waiting mates along.
+//! the first queued, a member's failure backs off its ready mates with it, a member handed
+//! out brings its mates backing off along, and one waiting at Permit its parked mates too.
 
 mod fair;
 
@@ -276,11 +276,10 @@ impl SchedulingQueue {
         );
     }
 
-    /// A member of gang `gang` is handed out: its mates backing off or parked come with it
-    /// (scheduler-plugins' Coscheduling activates a member's siblings likewise), so the
-    /// members an event woke, or whose shared backoff ended, form their quorum together
-    /// instead of one waiting at Permit for mates still parked.
-    fn activate_mates(&mut self, key: &str, gang: &str) {
+    /// Makes the mates of `key` in `gang` active: those backing off (a member handed out
+    /// brings them: their backoff is the gang's), and with `parked` those parked as
+    /// unschedulable too.
+    fn activate_mates(&mut self, key: &str, gang: &str, parked: bool) {
         let Some(g) = self.gangs.get(gang) else {
             return;
         };
@@ -289,14 +288,26 @@ impl SchedulingQueue {
             .iter()
             .filter(|m| *m != key)
             .filter(|m| {
-                self.pods.get(*m).is_some_and(|w| {
-                    matches!(w.place, Place::Backoff(_) | Place::Unschedulable { .. })
+                self.pods.get(*m).is_some_and(|w| match w.place {
+                    Place::Backoff(_) => true,
+                    Place::Unschedulable { .. } => parked,
+                    Place::Active(_) | Place::InFlight => false,
                 })
             })
             .cloned()
             .collect();
         for m in mates {
             self.activate(&m);
+        }
+    }
+
+    /// A member of a gang was placed and waits at Permit for the rest: its mates backing
+    /// off or parked are tried now (scheduler-plugins' Coscheduling activates a waiting
+    /// member's siblings likewise), so the quorum forms instead of the member holding its
+    /// node until the deadline while mates wait for an event that may not come.
+    pub fn activate_gang_of(&mut self, pod: &PodInfo) {
+        if let Some(g) = crate::plugins::gang::gang_of(&pod.pod) {
+            self.activate_mates(&pod.key, &g, true);
         }
     }
 
@@ -473,7 +484,7 @@ impl SchedulingQueue {
             let gang = w.gang.clone();
             self.set_place(&a.pod.info.key, Place::InFlight);
             if let Some(g) = gang {
-                self.activate_mates(&a.pod.info.key, &g);
+                self.activate_mates(&a.pod.info.key, &g, false);
             }
             let ti = t as usize;
             let more_early = self.early[ti] && !self.woken[ti].is_empty();
@@ -875,10 +886,13 @@ mod tests {
             .pop(now + Duration::from_secs(1))
             .expect("b2 after the backoff");
         assert_eq!(b2.info.name(), "b2");
-        // b2 handed out brings b1 along, parked though it is: the gang forms together.
-        let b1 = q
-            .pop(now + Duration::from_secs(1))
-            .expect("b1 with its mate");
+        // b1 stays parked for its event while b2 is merely tried; once b2 is placed and
+        // waits at Permit for its mate, b1 is tried at once.
+        let later = now + Duration::from_secs(1);
+        assert!(q.pop(later).is_none(), "b1 waits for its event");
+        q.done(&b2.info.key);
+        q.activate_gang_of(&b2.info);
+        let b1 = q.pop(later).expect("b1 with its waiting mate");
         assert_eq!(b1.info.name(), "b1");
     }
 

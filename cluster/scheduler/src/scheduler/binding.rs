@@ -34,6 +34,8 @@ impl Scheduler {
                 Err(_) => return,
             }
         } else {
+            // A gang member waits for its mates: those backing off or parked are tried now.
+            self.queue.activate_gang_of(&qp.info);
             None
         };
         let binds = self.binds.clone();
