@@ -1504,3 +1504,85 @@ async fn batched_writes_are_split_per_store_backend() {
         "no batch was refused for spanning backends"
     );
 }
+
+/// Objects written in one transaction share a resourceVersion, and a client resumes a cut
+/// watch from the last resourceVersion it saw: so a watch must never end between two events
+/// of one revision. A watch whose `timeoutSeconds` passes while its reader is inside a
+/// revision (here three gang members bound at once, read slowly) ends only after the rest of
+/// that revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_times_out_never_ends_inside_a_revision() {
+    let s = setup().await;
+    let (pods, nss, groups) = (
+        res("", "pods"),
+        res("", "namespaces"),
+        res("tessera.io", "podgroups"),
+    );
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns_name = format!("cut{i}");
+        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
+            .await
+            .expect("namespace");
+        let ns = Some(ns_name.as_str());
+        c.create(
+            groups,
+            ns,
+            &json!({"metadata": {"name": "g"}, "spec": {"minMember": 3}}),
+        )
+        .await
+        .expect(how);
+        let mut rv = String::new();
+        for p in ["a", "b", "c"] {
+            let mut body = pod(p, "100m");
+            body["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("g");
+            let made = c.create(pods, ns, &body).await.expect(how);
+            rv = made["metadata"]["resourceVersion"]
+                .as_str()
+                .expect("rv")
+                .to_owned();
+        }
+        let mut watch = ApiRequest::new(Verb::Watch, pods);
+        watch.namespace = Some(ns_name.clone());
+        watch.params.resource_version = Some(rv);
+        watch.params.timeout_seconds = Some(1);
+        let mut events = c.watch(watch).await.expect(how);
+        let mut bind = ApiRequest::new(Verb::Create, groups);
+        bind.namespace = Some(ns_name.clone());
+        bind.name = Some("g".into());
+        bind.subresource = Some("binding".into());
+        bind.body = Bytes::from(
+            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
+                "metadata": {"name": "g"}, "members": [
+                    {"pod": "a", "node": "n1"}, {"pod": "b", "node": "n2"}, {"pod": "c", "node": "n3"}]})
+            .to_string(),
+        );
+        c.call(bind).await.expect(how);
+        let first = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .expect("in time")
+            .expect("the first member's event")
+            .into_value();
+        // The reader dawdles past the watch's timeout in the middle of the revision.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let mut seen = vec![first];
+        while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .expect("the watch ends by itself")
+        {
+            seen.push(ev.into_value());
+        }
+        let rvs: Vec<&str> = seen
+            .iter()
+            .map(|e| {
+                e["object"]["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or("")
+            })
+            .collect();
+        assert_eq!(seen.len(), 3, "{how}: every member's event: {seen:?}");
+        assert!(
+            rvs.iter().all(|r| *r == rvs[0]),
+            "{how}: one revision: {rvs:?}"
+        );
+    }
+}

@@ -371,6 +371,20 @@ impl Api {
         };
         let resource_prefix = prefix(res, None);
         let ns_prefix = Bytes::from(watch_prefix.clone());
+        // `timeoutSeconds` ends the watch between batches of the watch cache, never inside
+        // one: objects written in one transaction share a revision, and a client resumes a
+        // cut watch from the last resourceVersion it saw, so a cut inside a revision would
+        // lose the rest of it.
+        let deadline = req
+            .params
+            .timeout_seconds
+            .map(|t| tokio::time::Instant::now() + Duration::from_secs(t));
+        let timed_out = async move {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
         let events: WatchStream = match self
             .watch_cache
             .watch(&resource_prefix, &watch_prefix, after)
@@ -379,7 +393,7 @@ impl Api {
             Ok(w) => {
                 let mut last_bookmark = Instant::now();
                 let decode = !filter.is_trivial() || allowed.is_some();
-                Box::pin(w.flat_map(move |item| {
+                Box::pin(w.take_until(timed_out).flat_map(move |item| {
                     let out: Vec<WatchEvent> = match item {
                         Ok(batch) => {
                             let mut out = Vec::with_capacity(batch.events.len() + 1);
@@ -444,10 +458,6 @@ impl Api {
             Err(e) => return Err(store_error(e)),
         };
         let mut stream: WatchStream = Box::pin(futures::stream::iter(initial).chain(events));
-        if let Some(t) = req.params.timeout_seconds {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(t);
-            stream = Box::pin(stream.take_until(tokio::time::sleep_until(deadline)));
-        }
         if let Some(m) = &self.metrics {
             stream = Box::pin(m.count_watch(res, stream));
         }
