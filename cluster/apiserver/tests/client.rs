@@ -1586,3 +1586,62 @@ async fn a_watch_that_times_out_never_ends_inside_a_revision() {
         );
     }
 }
+
+/// As in Kubernetes, binding a pod (alone, in a batch, or as a gang) sets `spec.nodeName` and
+/// the PodScheduled condition without a managedFields entry for them: the creator's entry is
+/// what it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_leaves_managed_fields_as_they_were() {
+    let s = setup().await;
+    let (pods, nss, groups) = (
+        res("", "pods"),
+        res("", "namespaces"),
+        res("tessera.io", "podgroups"),
+    );
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns_name = format!("mf{i}");
+        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
+            .await
+            .expect("namespace");
+        let ns = Some(ns_name.as_str());
+        c.create(
+            groups,
+            ns,
+            &json!({"metadata": {"name": "g"}, "spec": {"minMember": 1}}),
+        )
+        .await
+        .expect(how);
+        let alone = c.create(pods, ns, &pod("alone", "100m")).await.expect(how);
+        let mut member = pod("member", "100m");
+        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("g");
+        let member = c.create(pods, ns, &member).await.expect(how);
+        let mut one = ApiRequest::new(Verb::Create, pods);
+        one.namespace = Some(ns_name.clone());
+        one.name = Some("alone".into());
+        one.subresource = Some("binding".into());
+        one.body = Bytes::from(
+            json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "alone"},
+                "target": {"kind": "Node", "name": "n1"}})
+            .to_string(),
+        );
+        c.call(one).await.expect(how);
+        let mut gang = ApiRequest::new(Verb::Create, groups);
+        gang.namespace = Some(ns_name.clone());
+        gang.name = Some("g".into());
+        gang.subresource = Some("binding".into());
+        gang.body = Bytes::from(
+            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
+                "metadata": {"name": "g"}, "members": [{"pod": "member", "node": "n2"}]})
+            .to_string(),
+        );
+        c.call(gang).await.expect(how);
+        for (name, created, node) in [("alone", &alone, "n1"), ("member", &member, "n2")] {
+            let now = c.get(pods, ns, name).await.expect(how);
+            assert_eq!(now["spec"]["nodeName"], node, "{how}: {name} bound");
+            assert_eq!(
+                now["metadata"]["managedFields"], created["metadata"]["managedFields"],
+                "{how}: {name}'s managedFields untouched by its binding"
+            );
+        }
+    }
+}

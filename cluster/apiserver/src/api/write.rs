@@ -913,7 +913,9 @@ impl Api {
         } else {
             "Update"
         };
-        if op == "Update" {
+        // A binding is not a field manager's write: Kubernetes' registry sets the node and
+        // the PodScheduled condition without recording them in managedFields.
+        if op == "Update" && req.subresource.as_deref() != Some("binding") {
             apply::record_update(&mut next, Some(current), &manager, &api_version(res), op);
         }
         Ok(next)
