@@ -67,27 +67,73 @@ fn pod(name: &str, cpu: &str) -> Value {
         "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}]}})
 }
 
+/// A pod of PodGroup `g` asking 100m.
+fn member(name: &str) -> Value {
+    let mut body = pod(name, "100m");
+    body["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("g");
+    body
+}
+
+/// Namespace `ns` with PodGroup `g` of `min_member`.
+async fn gang_namespace(c: &Arc<dyn Client>, ns: &str, min_member: i32) {
+    c.create(
+        res("", "namespaces"),
+        None,
+        &json!({"metadata": {"name": ns}}),
+    )
+    .await
+    .expect("namespace");
+    c.create(
+        res("tessera.io", "podgroups"),
+        Some(ns),
+        &json!({"metadata": {"name": "g"}, "spec": {"minMember": min_member}}),
+    )
+    .await
+    .expect("podgroup");
+}
+
+/// `pods/binding` of `ns/pod` to `node`.
+fn pod_binding(ns: &str, pod: &str, node: &str) -> ApiRequest {
+    let mut r = ApiRequest::new(Verb::Create, res("", "pods"));
+    r.namespace = Some(ns.to_owned());
+    r.name = Some(pod.to_owned());
+    r.subresource = Some("binding".into());
+    r.body = Bytes::from(
+        json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
+            "target": {"kind": "Node", "name": node}})
+        .to_string(),
+    );
+    r
+}
+
+/// `podgroups/binding` of PodGroup `ns/g` with `members`.
+fn gang_binding(ns: &str, members: Value) -> ApiRequest {
+    let mut r = ApiRequest::new(Verb::Create, res("tessera.io", "podgroups"));
+    r.namespace = Some(ns.to_owned());
+    r.name = Some("g".into());
+    r.subresource = Some("binding".into());
+    r.body = Bytes::from(
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
+            "metadata": {"name": "g"}, "members": members})
+        .to_string(),
+    );
+    r
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_clients_see_the_same_api() {
     let s = setup().await;
     let (pods, nss) = (res("", "pods"), res("", "namespaces"));
     for (i, (how, c)) in s.clients.iter().enumerate() {
-        let ns = format!("ns{i}");
-        c.create(nss, None, &json!({"metadata": {"name": ns}}))
+        let ns_name = format!("ns{i}");
+        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
             .await
             .expect("namespace");
-        let ns = Some(ns.as_str());
+        let ns = Some(ns_name.as_str());
 
         // Binding: once; the second is a Conflict naming the node.
         c.create(pods, ns, &pod("p", "100m")).await.expect(how);
-        let mut bind = ApiRequest::new(Verb::Create, pods);
-        bind.namespace = ns.map(str::to_owned);
-        bind.name = Some("p".into());
-        bind.subresource = Some("binding".into());
-        bind.body = Bytes::from(
-            json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}})
-                .to_string(),
-        );
+        let bind = pod_binding(&ns_name, "p", "n1");
         c.call(bind.clone()).await.expect("first binding");
         let err = c.call(bind).await.expect_err("second binding");
         assert_eq!((err.code, err.reason), (409, "Conflict"), "{how}");
@@ -1000,18 +1046,7 @@ async fn a_gang_is_bound_all_or_none() {
         let mut outsider = pod("x", "100m");
         outsider["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("other");
         c.create(pods, ns, &outsider).await.expect(how);
-        let bind = |members: Value| {
-            let mut r = ApiRequest::new(Verb::Create, groups);
-            r.namespace = Some(ns_name.clone());
-            r.name = Some("g".into());
-            r.subresource = Some("binding".into());
-            r.body = Bytes::from(
-                json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
-                    "metadata": {"name": "g"}, "members": members})
-                .to_string(),
-            );
-            r
-        };
+        let bind = |members: Value| gang_binding(&ns_name, members);
         let node_of = |name: &'static str| {
             let c = c.clone();
             let ns = ns_name.clone();
@@ -1021,15 +1056,9 @@ async fn a_gang_is_bound_all_or_none() {
             }
         };
         // Pin b to a node first: a gang binding that includes it fails whole.
-        let mut single = ApiRequest::new(Verb::Create, pods);
-        single.namespace = Some(ns_name.clone());
-        single.name = Some("b".into());
-        single.subresource = Some("binding".into());
-        single.body = Bytes::from(
-            json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "b"}, "target": {"kind": "Node", "name": "n9"}})
-                .to_string(),
-        );
-        c.call(single).await.expect("b bound alone");
+        c.call(pod_binding(&ns_name, "b", "n9"))
+            .await
+            .expect("b bound alone");
         let err = c
             .call(bind(json!([
                 {"pod": "a", "node": "n1"}, {"pod": "b", "node": "n2"}, {"pod": "c", "node": "n3"}
@@ -1223,18 +1252,7 @@ async fn concurrent_bindings_share_transactions_and_bind_each_pod_once() {
                 .await
                 .expect(how);
         }
-        let binding = |pod: String, node: String| {
-            let mut r = ApiRequest::new(Verb::Create, pods);
-            r.namespace = Some(ns_name.clone());
-            r.name = Some(pod.clone());
-            r.subresource = Some("binding".into());
-            r.body = Bytes::from(
-                json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
-                    "target": {"kind": "Node", "name": node}})
-                .to_string(),
-            );
-            r
-        };
+        let binding = |pod: String, node: String| pod_binding(&ns_name, &pod, &node);
         // All at once, with one pod that does not exist among them.
         let mut calls: Vec<_> = (0..N)
             .map(|p| {
@@ -1513,50 +1531,26 @@ async fn batched_writes_are_split_per_store_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_that_times_out_never_ends_inside_a_revision() {
     let s = setup().await;
-    let (pods, nss, groups) = (
-        res("", "pods"),
-        res("", "namespaces"),
-        res("tessera.io", "podgroups"),
-    );
+    let pods = res("", "pods");
     for (i, (how, c)) in s.clients.iter().enumerate() {
-        let ns_name = format!("cut{i}");
-        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
-            .await
-            .expect("namespace");
-        let ns = Some(ns_name.as_str());
-        c.create(
-            groups,
-            ns,
-            &json!({"metadata": {"name": "g"}, "spec": {"minMember": 3}}),
-        )
-        .await
-        .expect(how);
+        let ns = format!("cut{i}");
+        gang_namespace(c, &ns, 3).await;
         let mut rv = String::new();
         for p in ["a", "b", "c"] {
-            let mut body = pod(p, "100m");
-            body["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("g");
-            let made = c.create(pods, ns, &body).await.expect(how);
+            let made = c.create(pods, Some(&ns), &member(p)).await.expect(how);
             rv = made["metadata"]["resourceVersion"]
                 .as_str()
                 .expect("rv")
                 .to_owned();
         }
         let mut watch = ApiRequest::new(Verb::Watch, pods);
-        watch.namespace = Some(ns_name.clone());
+        watch.namespace = Some(ns.clone());
         watch.params.resource_version = Some(rv);
         watch.params.timeout_seconds = Some(1);
         let mut events = c.watch(watch).await.expect(how);
-        let mut bind = ApiRequest::new(Verb::Create, groups);
-        bind.namespace = Some(ns_name.clone());
-        bind.name = Some("g".into());
-        bind.subresource = Some("binding".into());
-        bind.body = Bytes::from(
-            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
-                "metadata": {"name": "g"}, "members": [
-                    {"pod": "a", "node": "n1"}, {"pod": "b", "node": "n2"}, {"pod": "c", "node": "n3"}]})
-            .to_string(),
-        );
-        c.call(bind).await.expect(how);
+        let members = json!([
+            {"pod": "a", "node": "n1"}, {"pod": "b", "node": "n2"}, {"pod": "c", "node": "n3"}]);
+        c.call(gang_binding(&ns, members)).await.expect(how);
         let first = tokio::time::timeout(Duration::from_secs(10), events.next())
             .await
             .expect("in time")
@@ -1593,50 +1587,24 @@ async fn a_watch_that_times_out_never_ends_inside_a_revision() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_leaves_managed_fields_as_they_were() {
     let s = setup().await;
-    let (pods, nss, groups) = (
-        res("", "pods"),
-        res("", "namespaces"),
-        res("tessera.io", "podgroups"),
-    );
+    let pods = res("", "pods");
     for (i, (how, c)) in s.clients.iter().enumerate() {
-        let ns_name = format!("mf{i}");
-        c.create(nss, None, &json!({"metadata": {"name": ns_name}}))
+        let ns = format!("mf{i}");
+        gang_namespace(c, &ns, 1).await;
+        let alone = c
+            .create(pods, Some(&ns), &pod("alone", "100m"))
             .await
-            .expect("namespace");
-        let ns = Some(ns_name.as_str());
-        c.create(
-            groups,
-            ns,
-            &json!({"metadata": {"name": "g"}, "spec": {"minMember": 1}}),
-        )
-        .await
-        .expect(how);
-        let alone = c.create(pods, ns, &pod("alone", "100m")).await.expect(how);
-        let mut member = pod("member", "100m");
-        member["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("g");
-        let member = c.create(pods, ns, &member).await.expect(how);
-        let mut one = ApiRequest::new(Verb::Create, pods);
-        one.namespace = Some(ns_name.clone());
-        one.name = Some("alone".into());
-        one.subresource = Some("binding".into());
-        one.body = Bytes::from(
-            json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "alone"},
-                "target": {"kind": "Node", "name": "n1"}})
-            .to_string(),
-        );
-        c.call(one).await.expect(how);
-        let mut gang = ApiRequest::new(Verb::Create, groups);
-        gang.namespace = Some(ns_name.clone());
-        gang.name = Some("g".into());
-        gang.subresource = Some("binding".into());
-        gang.body = Bytes::from(
-            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroupBinding",
-                "metadata": {"name": "g"}, "members": [{"pod": "member", "node": "n2"}]})
-            .to_string(),
-        );
-        c.call(gang).await.expect(how);
+            .expect(how);
+        let member = c
+            .create(pods, Some(&ns), &member("member"))
+            .await
+            .expect(how);
+        c.call(pod_binding(&ns, "alone", "n1")).await.expect(how);
+        c.call(gang_binding(&ns, json!([{"pod": "member", "node": "n2"}])))
+            .await
+            .expect(how);
         for (name, created, node) in [("alone", &alone, "n1"), ("member", &member, "n2")] {
-            let now = c.get(pods, ns, name).await.expect(how);
+            let now = c.get(pods, Some(&ns), name).await.expect(how);
             assert_eq!(now["spec"]["nodeName"], node, "{how}: {name} bound");
             assert_eq!(
                 now["metadata"]["managedFields"], created["metadata"]["managedFields"],

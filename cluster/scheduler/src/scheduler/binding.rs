@@ -174,10 +174,10 @@ impl Scheduler {
     /// (they were not tried themselves, and `kubectl describe` of any member should say why
     /// it waits).
     pub(super) fn report_gang_backoff(&self, pod: &PodInfo, mates: &[Arc<PodInfo>], message: &str) {
-        let Some(gang) = mates
-            .first()
-            .and_then(|_| crate::plugins::gang::gang_of(&pod.pod))
-        else {
+        if mates.is_empty() {
+            return;
+        }
+        let Some(gang) = crate::plugins::gang::gang_of(&pod.pod) else {
             return;
         };
         let said = format!(

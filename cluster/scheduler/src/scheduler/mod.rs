@@ -940,18 +940,23 @@ mod tests {
         )
     }
 
+    /// `pod` in the queue, never tried.
+    fn fresh(pod: Arc<Pod>) -> QueuedPod {
+        QueuedPod {
+            info: Arc::new(PodInfo::new(pod)),
+            enqueued: 0,
+            order: 0,
+            attempts: 0,
+        }
+    }
+
     fn queued(name: &str, cpu: &str) -> QueuedPod {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "t", "uid": format!("uid-{name}")},
             "spec": {"containers": [{"name": "c", "image": "x",
                 "resources": {"requests": {"cpu": cpu}}}]}}))
         .expect("pod");
-        QueuedPod {
-            info: Arc::new(PodInfo::new(Arc::new(pod))),
-            enqueued: 0,
-            order: 0,
-            attempts: 0,
-        }
+        fresh(Arc::new(pod))
     }
 
     fn labelled_pod(
@@ -992,12 +997,7 @@ mod tests {
         )));
         let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
             [{"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
-        let incoming = QueuedPod {
-            info: Arc::new(PodInfo::new(labelled_pod("solo", None, json!({}), anti))),
-            enqueued: 0,
-            order: 0,
-            attempts: 0,
-        };
+        let incoming = fresh(labelled_pod("solo", None, json!({}), anti));
         s.prepare_counters(0, &incoming.info);
         match s.cycle(0, &incoming) {
             Err(Failure::Unschedulable {
@@ -1209,18 +1209,13 @@ mod tests {
 
     /// A pod labelled app=web that repels app=web pods over `key`.
     fn repelling_web(name: &str, key: &str) -> QueuedPod {
-        QueuedPod {
-            info: Arc::new(PodInfo::new(labelled_pod(
-                name,
-                None,
-                json!({"app": "web"}),
-                json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                    [{"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": key}]}}}),
-            ))),
-            enqueued: 0,
-            order: 0,
-            attempts: 0,
-        }
+        fresh(labelled_pod(
+            name,
+            None,
+            json!({"app": "web"}),
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                [{"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": key}]}}}),
+        ))
     }
 
     /// Decides `pods` at once against one snapshot, each starting at its node of `starts`
@@ -1352,12 +1347,7 @@ mod tests {
         let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("r{template}-{i}"),
             "namespace": "t", "uid": format!("uid-{template}-{i}"), "labels": labels}, "spec": spec}))
             .expect("pod");
-        QueuedPod {
-            info: Arc::new(PodInfo::new(Arc::new(pod))),
-            enqueued: 0,
-            order: 0,
-            attempts: 0,
-        }
+        fresh(Arc::new(pod))
     }
 
     #[derive(Debug, Clone)]
@@ -1547,7 +1537,7 @@ mod tests {
                     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("p{i}"),
                         "namespace": "t", "uid": format!("uid-{i}"), "labels": labels}, "spec": spec}))
                         .expect("pod");
-                    QueuedPod { info: Arc::new(PodInfo::new(Arc::new(pod))), enqueued: 0, order: 0, attempts: 0 }
+                    fresh(Arc::new(pod))
                 }).collect();
                 let mut placed: HashMap<String, String> = HashMap::new();
                 let mut rng = c.seed | 1;

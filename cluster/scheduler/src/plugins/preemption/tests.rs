@@ -93,17 +93,29 @@ fn preempt(
         })
         .collect();
     let filter = |n: &NodeInfo| FilterPlugin::filter(&fit, &state, incoming, n);
+    post_filter(budgets, &state, incoming, nodes, &codes, &filter)
+}
+
+/// Runs DefaultPreemption over `nodes` as Filter left them (`codes`, `filter`).
+fn post_filter(
+    budgets: Vec<Budget>,
+    state: &CycleState,
+    incoming: &Arc<PodInfo>,
+    nodes: &[NodeInfo],
+    codes: &[Code],
+    filter: &dyn Fn(&NodeInfo) -> Status,
+) -> Run {
     let store = Arc::new(Budgets::default());
     store.set(budgets);
     let plugin = DefaultPreemption::new(store);
     let (nom, status) = PostFilterPlugin::post_filter(
         &plugin,
-        &state,
+        state,
         incoming,
         &PostFilterInput {
             nodes,
-            codes: &codes,
-            filter: &filter,
+            codes,
+            filter,
         },
     );
     Run {
@@ -448,25 +460,7 @@ fn preempt_wide(c: &mut Cache, incoming: &Arc<PodInfo>) -> Run {
             s.code
         })
         .collect();
-    let plugin = DefaultPreemption::new(Arc::new(Budgets::default()));
-    let (nom, status) = PostFilterPlugin::post_filter(
-        &plugin,
-        &state,
-        incoming,
-        &PostFilterInput {
-            nodes,
-            codes: &codes,
-            filter: &filter,
-        },
-    );
-    Run {
-        nomination: nom.map(|n| {
-            let mut v: Vec<String> = n.victims.iter().map(|v| v.name().to_owned()).collect();
-            v.sort();
-            (n.node, v)
-        }),
-        status,
-    }
+    post_filter(Vec::new(), &state, incoming, nodes, &codes, &filter)
 }
 
 const HOST: &str = "kubernetes.io/hostname";
