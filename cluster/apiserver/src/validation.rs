@@ -644,6 +644,12 @@ fn pod_spec(spec: &Value, path: &str, always_restart: bool, e: &mut Errors) {
         Some(c) if c.is_empty() => e.required(&format!("{path}.containers")),
         _ => {}
     }
+    // As Kubernetes' ValidatePodSpec: a node name is a DNS subdomain (bindings set it too).
+    if let Some(node) = str_at(spec, "nodeName").filter(|n| !n.is_empty())
+        && let Some(why) = names::dns1123_subdomain(node)
+    {
+        e.invalid(&format!("{path}.nodeName"), &spec["nodeName"], why);
+    }
     let mut seen = std::collections::HashSet::new();
     for (list, items) in [
         ("initContainers", spec["initContainers"].as_array()),

@@ -1613,3 +1613,53 @@ async fn a_binding_leaves_managed_fields_as_they_were() {
         }
     }
 }
+
+/// A binding is not decoded into the Pod type again, so the node name it sets is checked by
+/// the pod's validation: one that is not a DNS subdomain is refused (422, naming
+/// `spec.nodeName`) and the pod stays unbound; a good one binds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_to_a_malformed_node_name_is_refused() {
+    let s = setup().await;
+    let pods = res("", "pods");
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns = format!("bn{i}");
+        c.create(
+            res("", "namespaces"),
+            None,
+            &json!({"metadata": {"name": ns}}),
+        )
+        .await
+        .expect(how);
+        c.create(pods, Some(&ns), &pod("p", "100m"))
+            .await
+            .expect(how);
+        for bad in ["Node_1", "../n1", "n1/"] {
+            let err = c
+                .call(pod_binding(&ns, "p", bad))
+                .await
+                .expect_err("a malformed node name");
+            assert_eq!(err.code, 422, "{how}: {bad}: {err:?}");
+            assert!(
+                err.message.contains("spec.nodeName"),
+                "{how}: {bad}: {err:?}"
+            );
+        }
+        let now = c.get(pods, Some(&ns), "p").await.expect(how);
+        assert!(
+            now["spec"]["nodeName"].is_null(),
+            "{how}: still unbound: {now}"
+        );
+        c.call(pod_binding(&ns, "p", "n1.zone-a")).await.expect(how);
+        let now = c.get(pods, Some(&ns), "p").await.expect(how);
+        assert_eq!(now["spec"]["nodeName"], "n1.zone-a", "{how}");
+        let scheduled = now["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PodScheduled")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(scheduled["status"], "True", "{how}: {now}");
+        assert!(scheduled["lastTransitionTime"].is_string(), "{how}: {now}");
+    }
+}

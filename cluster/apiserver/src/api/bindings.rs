@@ -160,8 +160,9 @@ impl Api {
         pod_req.name = Some(name.to_owned());
         pod_req.subresource = Some("binding".into());
         pod_req.params = params.clone();
+        // The stored pod was typed when it was written and `assign` sets only a node name
+        // and a condition, so it is not decoded into its type again; it is validated below.
         let proposed = subresources::assign(current.clone(), pods, name, node)?;
-        let (proposed, _) = self.typed(&pod_req, proposed)?;
         let next = self.merge_update(&pod_req, user, &current, proposed)?;
         let errors = validation::validate(pods, &next);
         if !errors.is_empty() {

@@ -595,12 +595,15 @@ impl Api {
                 .await?
                 .ok_or_else(|| ApiError::not_found(res.group, res.plural, &name))?;
             let proposed = change(current.clone())?;
-            // Patched and replaced objects go through the same decoding as new ones.
-            let (mut proposed, w) = if req.verb == Verb::Update {
-                (proposed, Vec::new())
-            } else {
-                self.typed(req, proposed)?
-            };
+            // Patched and replaced objects go through the same decoding as new ones. A
+            // binding only sets a node name and a condition on the stored (already typed)
+            // pod, so it is not decoded again.
+            let (mut proposed, w) =
+                if req.verb == Verb::Update || req.subresource.as_deref() == Some("binding") {
+                    (proposed, Vec::new())
+                } else {
+                    self.typed(req, proposed)?
+                };
             warnings.extend(w);
             if req.subresource.as_deref() == Some("scale") {
                 proposed = from_scale(res, &current, &proposed)?;

@@ -3,8 +3,10 @@
 //! and cuts a torn last record off, which is the only damage a crash can leave.
 //!
 //! Segments are filled with zeros before use (by a background thread, one segment ahead, as
-//! etcd's WAL does), so a flush writes data blocks only and never has to grow the file: on
-//! ext4 that makes `fdatasync` about a third cheaper. A zero frame header ends a segment.
+//! etcd's WAL preallocates), so a flush writes data blocks only and never has to grow the
+//! file: on ext4 that makes `fdatasync` about a third cheaper. The zeros are written with
+//! direct I/O where the file system allows it, so preparing a segment costs almost no CPU. A
+//! zero frame header ends a segment.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -115,7 +117,25 @@ pub(crate) fn private_file(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// One page of zeros, aligned as direct I/O wants its buffers.
+#[repr(align(4096))]
+struct ZeroPage([u8; 4096]);
+
+/// Zeros `bytes` (a multiple of 4 KiB) into a new file at `path` and makes them durable.
+///
+/// Written with `O_DIRECT` where the file system allows it: the zeros go from one aligned
+/// buffer straight to the disk, so the kernel neither copies 64 MiB through the page cache
+/// nor evicts the pages the store is using (the buffered fill took a tenth of a busy shard's
+/// CPU). Where direct I/O is refused (tmpfs), the fill goes through the page cache.
 fn zero_fill(path: &Path, bytes: u64) -> std::io::Result<()> {
+    if bytes.is_multiple_of(4096) {
+        match zero_fill_direct(path, bytes) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::debug!(error = %e, "direct I/O refused; zero-filling through the page cache")
+            }
+        }
+    }
     let mut f = private_file(path)?;
     let zeros = vec![0u8; 1 << 20];
     let mut left = bytes;
@@ -123,6 +143,36 @@ fn zero_fill(path: &Path, bytes: u64) -> std::io::Result<()> {
         let n = left.min(zeros.len() as u64) as usize;
         f.write_all(&zeros[..n])?;
         left -= n as u64;
+    }
+    f.sync_all()
+}
+
+fn zero_fill_direct(path: &Path, bytes: u64) -> std::io::Result<()> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(path)?;
+    // 1 MiB per call: 256 aligned slices of one zero page.
+    let page = ZeroPage([0; 4096]);
+    let slices = vec![std::io::IoSlice::new(&page.0); 256];
+    let mut left = bytes;
+    while left > 0 {
+        let pages = (left / 4096).min(256) as usize;
+        let mut done = 0u64;
+        let want = pages as u64 * 4096;
+        while done < want {
+            // A short write ends on a page boundary for direct I/O; write the rest.
+            let skip = (done / 4096) as usize;
+            let n = f.write_vectored(&slices[skip..pages])? as u64;
+            if n == 0 || !n.is_multiple_of(4096) {
+                return Err(std::io::Error::other("a direct write ended inside a page"));
+            }
+            done += n;
+        }
+        left -= want;
     }
     f.sync_all()
 }
@@ -346,6 +396,32 @@ mod tests {
 
     fn rec(rev: i64) -> Record {
         Record::Compact { revision: rev }
+    }
+
+    /// Both ways of preparing a segment give a file of exactly the size asked for, all
+    /// zeros, readable only by its owner; the direct one is taken on ext4 (the CI disk).
+    #[test]
+    fn preallocated_segments_are_zeros_of_the_asked_size() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bytes = (1 << 20) + 3 * 4096;
+        let direct = dir.path().join("direct");
+        let direct_result = zero_fill_direct(&direct, bytes);
+        let filled = dir.path().join("filled");
+        zero_fill(&filled, bytes).expect("zero fill");
+        let mut checked = vec![&filled];
+        if direct_result.is_ok() {
+            checked.push(&direct);
+        }
+        for path in checked {
+            let data = fs::read(path).expect("read");
+            assert_eq!(data.len() as u64, bytes, "{}", path.display());
+            assert!(data.iter().all(|b| *b == 0), "{}", path.display());
+            let mode = fs::metadata(path).expect("stat").permissions();
+            assert_eq!(
+                std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+                0o600
+            );
+        }
     }
 
     #[test]
