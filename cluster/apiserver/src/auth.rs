@@ -195,7 +195,8 @@ impl Authorizer {
             ("", "namespaces") => {
                 let name = match (&req.name, req.verb) {
                     (Some(n), _) => Some(n.clone()),
-                    (None, Verb::Create) => serde_json::from_slice::<Value>(&req.body)
+                    (None, Verb::Create) => req
+                        .body_value()
                         .ok()
                         .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned)),
                     _ => None,

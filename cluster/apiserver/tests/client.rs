@@ -1663,3 +1663,99 @@ async fn a_binding_to_a_malformed_node_name_is_refused() {
         assert!(scheduled["lastTransitionTime"].is_string(), "{how}: {now}");
     }
 }
+
+/// A Pod handed over decoded from its type is stored as the same Pod sent as JSON text is
+/// (defaults, server fields, Kubernetes' field order), both in-process (where it skips the
+/// parse and the re-typing) and over HTTPS (where it is sent as text). A decoded value that
+/// is not from the type is checked as text is: unknown fields, wrong types, another kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decoded_pod_is_stored_as_the_same_pod_sent_as_text() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    use tessera_apiserver::request::{Decoded, FieldValidation};
+    let s = setup().await;
+    let pods = res("", "pods");
+    let text = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "x"}, "annotations": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox",
+                "ports": [{"containerPort": 80}],
+                "resources": {"requests": {"cpu": "100m", "memory": "1Gi"}}}],
+                "tolerations": [{"key": "k", "operator": "Exists"}]}})
+    };
+    let comparable = |mut v: Value| {
+        for f in [
+            "name",
+            "uid",
+            "creationTimestamp",
+            "resourceVersion",
+            "managedFields",
+        ] {
+            v["metadata"].as_object_mut().expect("metadata").remove(f);
+        }
+        v
+    };
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns = format!("dec{i}");
+        c.create(
+            res("", "namespaces"),
+            None,
+            &json!({"metadata": {"name": ns}}),
+        )
+        .await
+        .expect(how);
+        let mut req = ApiRequest::new(Verb::Create, pods);
+        req.namespace = Some(ns.clone());
+        req.body = Bytes::from(text("as-text").to_string());
+        c.call(req).await.expect(how);
+        let typed: Pod = serde_json::from_value(text("as-type")).expect("a Pod");
+        c.create_decoded(pods, Some(&ns), Decoded::typed(&typed).expect("typed"))
+            .await
+            .expect(how);
+        let a = c.get(pods, Some(&ns), "as-text").await.expect(how);
+        let b = c.get(pods, Some(&ns), "as-type").await.expect(how);
+        assert_eq!(b["metadata"]["name"], "as-type");
+        assert_eq!(b["spec"]["dnsPolicy"], "ClusterFirst", "{how}: defaulted");
+        assert_eq!(comparable(a), comparable(b), "{how}");
+
+        // Not from the type: checked as text is.
+        let mut strict = ApiRequest::new(Verb::Create, pods);
+        strict.namespace = Some(ns.clone());
+        strict.params.field_validation = FieldValidation::Strict;
+        let mut unknown = text("unknown");
+        unknown["spec"]["colour"] = json!("blue");
+        strict.object = Some(Decoded::value(unknown));
+        let e = c.call(strict).await.expect_err("unknown field");
+        assert_eq!(e.code, 400, "{how}: {}", e.message);
+        assert!(
+            e.message.contains("unknown field \"spec.colour\""),
+            "{how}: {}",
+            e.message
+        );
+        let mut wrong = text("wrong");
+        wrong["spec"]["containers"] = json!("c");
+        let e = c
+            .create_decoded(pods, Some(&ns), Decoded::value(wrong))
+            .await
+            .expect_err("wrong type");
+        assert_eq!(e.code, 400, "{how}: {}", e.message);
+        assert!(
+            e.message.contains("spec.containers"),
+            "{how}: {}",
+            e.message
+        );
+        let cm = ConfigMap::default();
+        let e = c
+            .create_decoded(pods, Some(&ns), Decoded::typed(&cm).expect("typed"))
+            .await
+            .expect_err("a ConfigMap is not a Pod");
+        assert_eq!(e.code, 400, "{how}: {}", e.message);
+        assert!(
+            e.message.contains("does not match the expected kind"),
+            "{how}: {}",
+            e.message
+        );
+        for name in ["unknown", "wrong"] {
+            assert!(c.get(pods, Some(&ns), name).await.is_err(), "{how}: {name}");
+        }
+    }
+}

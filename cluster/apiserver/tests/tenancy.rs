@@ -718,3 +718,97 @@ async fn a_tenant_quota_limits_stored_bytes() {
         .expect_err("no room left");
     assert_eq!(e.code, 403, "{}", e.message);
 }
+
+/// A body handed over decoded in-process — even one serialized from its own type, which
+/// skips only the re-typing — is authorized, admitted and validated exactly as JSON text:
+/// a tenant cannot create a namespace that is not theirs or a pod that breaks its pod
+/// security with one, and a request carrying a body both ways is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decoded_body_is_checked_as_text_is() {
+    use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tessera_apiserver::request::Decoded;
+    let (admin, acme, _dir) = setup().await;
+    let (pods, namespaces) = (res("", "pods"), res("", "namespaces"));
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        ..ObjectMeta::default()
+    };
+    let ns = Namespace {
+        metadata: meta("zeta-new"),
+        ..Namespace::default()
+    };
+    let e = acme
+        .create_decoded(namespaces, None, Decoded::typed(&ns).expect("typed"))
+        .await
+        .expect_err("not the tenant's namespace");
+    assert_eq!(e.code, 403, "{}", e.message);
+    assert!(admin.get(namespaces, None, "zeta-new").await.is_err());
+
+    let risky = Pod {
+        metadata: meta("sneaky"),
+        spec: Some(PodSpec {
+            host_pid: Some(true),
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some("x".into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        status: None,
+    };
+    let e = acme
+        .create_decoded(
+            pods,
+            Some("acme-dev"),
+            Decoded::typed(&risky).expect("typed"),
+        )
+        .await
+        .expect_err("host PID");
+    assert_eq!(e.code, 403, "{}", e.message);
+    assert!(e.message.contains("hostPID=true"), "{}", e.message);
+    let e = acme
+        .create_decoded(
+            pods,
+            Some("zeta-dev"),
+            Decoded::typed(&risky).expect("typed"),
+        )
+        .await
+        .expect_err("another tenant's namespace");
+    assert_eq!(e.code, 403, "{}", e.message);
+    let mut invalid = risky.clone();
+    invalid.spec = Some(PodSpec::default());
+    let e = acme
+        .create_decoded(
+            pods,
+            Some("acme-dev"),
+            Decoded::typed(&invalid).expect("typed"),
+        )
+        .await
+        .expect_err("no containers");
+    assert_eq!(e.code, 422, "{}", e.message);
+    assert!(e.message.contains("spec.containers"), "{}", e.message);
+    for name in ["sneaky"] {
+        for ns in ["acme-dev", "zeta-dev"] {
+            assert!(
+                admin.get(pods, Some(ns), name).await.is_err(),
+                "nothing created"
+            );
+        }
+    }
+
+    let mut both = ApiRequest::new(Verb::Create, pods);
+    both.namespace = Some("acme-dev".into());
+    both.object = Some(Decoded::value(json!({"metadata": {"name": "a"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}})));
+    both.body = json!({"metadata": {"name": "b"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    .to_string()
+    .into();
+    let e = acme.call(both).await.expect_err("two bodies");
+    assert_eq!(e.code, 400, "{}", e.message);
+    for name in ["a", "b"] {
+        assert!(admin.get(pods, Some("acme-dev"), name).await.is_err());
+    }
+}

@@ -17,7 +17,7 @@ use rustls::pki_types::pem::PemObject;
 use serde_json::Value;
 
 use crate::catalog::Resource;
-use crate::request::{ApiRequest, FieldValidation, PatchType, Propagation, Verb};
+use crate::request::{ApiRequest, Decoded, FieldValidation, PatchType, Propagation, Verb};
 use crate::response::{ApiResponse, WatchEvent, WatchStream};
 use crate::status::ApiError;
 
@@ -85,9 +85,21 @@ pub trait Client: Send + Sync {
         ns: Option<&str>,
         obj: &Value,
     ) -> Result<Value, ApiError> {
+        self.create_decoded(res, ns, Decoded::value(obj.clone()))
+            .await
+    }
+
+    /// Creates an object handed over decoded (see [`Decoded`]): in-process, no JSON text
+    /// is written or parsed on the way.
+    async fn create_decoded(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        obj: Decoded,
+    ) -> Result<Value, ApiError> {
         let mut req = ApiRequest::new(Verb::Create, res);
         req.namespace = ns.map(str::to_owned);
-        req.body = Bytes::from(obj.to_string());
+        req.object = Some(obj);
         object(self.call(req).await?)
     }
 
@@ -101,7 +113,7 @@ pub trait Client: Send + Sync {
         let mut req = ApiRequest::new(Verb::Update, res);
         req.namespace = ns.map(str::to_owned);
         req.name = obj["metadata"]["name"].as_str().map(str::to_owned);
-        req.body = Bytes::from(obj.to_string());
+        req.object = Some(Decoded::value(obj.clone()));
         object(self.call(req).await?)
     }
 
@@ -472,7 +484,7 @@ impl Client for HttpClient {
             .header("content-type", content_type)
             .header("accept", accept)
             .header("user-agent", "tessera/0.1")
-            .body(Full::new(req.body.clone()))
+            .body(Full::new(req.body_bytes()))
             .map_err(|e| ApiError::bad_request(format!("building the request: {e}")))?;
         let resp = self.client.request(request).await.map_err(|e| {
             let mut err = ApiError::new(

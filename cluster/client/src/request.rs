@@ -3,6 +3,7 @@
 //! from URLs; in-process components build them directly.
 
 use bytes::Bytes;
+use serde_json::Value;
 use tessera_core::selector::{field::FieldSelector, label::LabelSelector};
 
 use crate::catalog::{RESOURCES, Resource};
@@ -225,6 +226,55 @@ impl LogOptions {
     }
 }
 
+/// A request body handed over in the same process already decoded, so no JSON text is
+/// written by the caller and parsed again by the API. Over HTTPS it is sent as JSON.
+///
+/// A body made with [`Decoded::typed`] was serialized from the kind's own Rust type, so it
+/// has no unknown fields and every field has its type's shape: the API skips decoding it
+/// into that type again (the check a body from outside the process needs). Only
+/// [`Decoded::typed`] can mark a body so; one made with [`Decoded::value`] is checked as
+/// JSON text is.
+#[derive(Clone, Debug)]
+pub struct Decoded {
+    value: Value,
+    /// `(apiVersion, kind)` of the type it was serialized from.
+    typed: Option<(&'static str, &'static str)>,
+}
+
+impl Decoded {
+    /// A body built as a value (by hand, or from a patch): checked as JSON text is.
+    pub fn value(value: Value) -> Self {
+        Decoded { value, typed: None }
+    }
+
+    /// An object serialized from its kind's own type.
+    pub fn typed<T: k8s_openapi::Resource + serde::Serialize>(obj: &T) -> Result<Self, ApiError> {
+        let value = serde_json::to_value(obj).map_err(|e| {
+            ApiError::internal(format!("a {} could not be serialized: {e}", T::KIND))
+        })?;
+        Ok(Decoded {
+            value,
+            typed: Some((T::API_VERSION, T::KIND)),
+        })
+    }
+
+    /// The body as a value.
+    pub fn as_value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The body as a value, owned.
+    pub fn into_value(self) -> Value {
+        self.value
+    }
+
+    /// True if the body was serialized from the type of `api_version`/`kind`.
+    pub fn is_typed_as(&self, api_version: &str, kind: &str) -> bool {
+        self.typed
+            .is_some_and(|(a, k)| a == api_version && k == kind)
+    }
+}
+
 /// One API request.
 #[derive(Clone, Debug)]
 pub struct ApiRequest {
@@ -242,6 +292,9 @@ pub struct ApiRequest {
     pub params: Params,
     /// The body (JSON for writes, the patch for patches, DeleteOptions for deletes).
     pub body: Bytes,
+    /// A create's, an update's or a binding's body handed over already decoded (in-process
+    /// callers); when set, `body` is empty.
+    pub object: Option<Decoded>,
     /// The answer should be a `meta.k8s.io/v1` Table (kubectl's `get`).
     pub table: bool,
 }
@@ -257,7 +310,24 @@ impl ApiRequest {
             subresource: None,
             params: Params::default(),
             body: Bytes::new(),
+            object: None,
             table: false,
+        }
+    }
+
+    /// The body as a JSON value: the object handed over in-process, or the text parsed.
+    pub fn body_value(&self) -> Result<Value, serde_json::Error> {
+        match &self.object {
+            Some(o) => Ok(o.as_value().clone()),
+            None => serde_json::from_slice(&self.body),
+        }
+    }
+
+    /// The body as JSON text: the text sent, or the object handed over serialized.
+    pub fn body_bytes(&self) -> Bytes {
+        match &self.object {
+            Some(o) if self.body.is_empty() => Bytes::from(o.as_value().to_string()),
+            _ => self.body.clone(),
         }
     }
 }
@@ -575,6 +645,7 @@ pub fn from_http(
         subresource: sub.map(str::to_owned),
         params,
         body,
+        object: None,
         table,
     }))
 }

@@ -14,7 +14,7 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec, Taint};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
-use tessera_client::request::PatchType;
+use tessera_client::request::{Decoded, PatchType};
 use tessera_core::time::now_secs;
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
@@ -273,16 +273,17 @@ impl Reconciler for DaemonSets {
             if !create_on.is_empty() {
                 let owner = pods::owner_ref("apps/v1", "DaemonSet", &name, &uid);
                 let labels = BTreeMap::from([(REVISION_LABEL.to_owned(), revision.clone())]);
-                let new: Vec<Value> = create_on
+                let new: Vec<Decoded> = create_on
                     .iter()
                     .map(|node| {
-                        let mut p = pods::from_template(&template, &owner, &format!("{name}-"), None, &labels);
+                        let p = pods::from_template(&template, &owner, &format!("{name}-"), None, &labels);
+                        let mut p = serde_json::to_value(p).unwrap_or_default();
                         p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] =
                             json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]});
                         let mut tol = p["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
                         tol.extend(daemon_tolerations());
                         p["spec"]["tolerations"] = json!(tol);
-                        p
+                        Decoded::value(p)
                     })
                     .collect();
                 let (created, err) =

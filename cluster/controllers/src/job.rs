@@ -195,11 +195,9 @@ impl Reconciler for Jobs {
                     ("batch.kubernetes.io/controller-uid".to_owned(), uid.clone()),
                     ("controller-uid".to_owned(), uid.clone()),
                 ]);
-                let new: Vec<_> = (0..n)
-                    .map(|_| {
-                        pods::from_template(&template, &owner, &format!("{name}-"), None, &labels)
-                    })
-                    .collect();
+                let new = pods::typed_pods((0..n).map(|_| {
+                    pods::from_template(&template, &owner, &format!("{name}-"), None, &labels)
+                }))?;
                 let (created, err) =
                     pods::create_slow_start(&self.ctx.client, &ns, new, &self.expectations, key)
                         .await;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use serde_json::{Value, json};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde_json::json;
 use tessera_client::client::Client;
-use tessera_client::request::{ApiRequest, Verb};
+use tessera_client::request::{ApiRequest, Decoded, Verb};
 use tessera_client::status::ApiError;
 use tessera_runtime::expectations::Expectations;
 
@@ -84,25 +84,23 @@ pub fn from_template(
     prefix: &str,
     name: Option<&str>,
     extra_labels: &BTreeMap<String, String>,
-) -> Value {
+) -> Pod {
     let meta = template.metadata.clone().unwrap_or_default();
     let mut labels = meta.labels.unwrap_or_default();
     labels.extend(extra_labels.clone());
-    let mut m = json!({
-        "labels": labels,
-        "ownerReferences": [owner],
-    });
-    if let Some(a) = meta.annotations.filter(|a| !a.is_empty()) {
-        m["annotations"] = json!(a);
+    Pod {
+        metadata: ObjectMeta {
+            labels: Some(labels),
+            owner_references: Some(vec![owner.clone()]),
+            annotations: meta.annotations.filter(|a| !a.is_empty()),
+            finalizers: meta.finalizers.filter(|f| !f.is_empty()),
+            name: name.map(str::to_owned),
+            generate_name: name.is_none().then(|| prefix.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: template.spec.clone(),
+        status: None,
     }
-    if let Some(f) = meta.finalizers.filter(|f| !f.is_empty()) {
-        m["finalizers"] = json!(f);
-    }
-    match name {
-        Some(n) => m["name"] = json!(n),
-        None => m["generateName"] = json!(prefix),
-    }
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": m, "spec": template.spec})
 }
 
 /// Deletes this very pod (its UID as precondition: a newer pod of the same name is left
@@ -129,6 +127,12 @@ pub async fn delete_pod_if_present(client: &Arc<dyn Client>, p: &Pod) -> Result<
 /// Largest number of pods created at once by one reconcile (Kubernetes' burst).
 pub const BURST: usize = 500;
 
+/// The pods of a controller, handed to the API decoded (serialized from the Pod type, so an
+/// in-process API neither parses nor re-types them).
+pub fn typed_pods(pods: impl IntoIterator<Item = Pod>) -> Result<Vec<Decoded>, ApiError> {
+    pods.into_iter().map(|p| Decoded::typed(&p)).collect()
+}
+
 /// Creates `pods` in `ns` in slow-start batches (1, 2, 4, ...), stopping at the first batch
 /// with a failure — a quota or an invalid template fails once instead of `n` times. Each
 /// creation is expected under `key` first; ones not attempted or failed are un-expected.
@@ -136,7 +140,7 @@ pub const BURST: usize = 500;
 pub async fn create_slow_start(
     client: &Arc<dyn Client>,
     ns: &str,
-    pods: Vec<Value>,
+    pods: Vec<Decoded>,
     expectations: &Expectations,
     key: &str,
 ) -> (usize, Option<ApiError>) {
@@ -147,12 +151,12 @@ pub async fn create_slow_start(
     let mut it = pods.into_iter();
     let mut attempted = 0;
     while attempted < total {
-        let chunk: Vec<Value> = it.by_ref().take(batch).collect();
+        let chunk: Vec<Decoded> = it.by_ref().take(batch).collect();
         attempted += chunk.len();
         let results = join_all(
             chunk
-                .iter()
-                .map(|p| client.create(res("", "pods"), Some(ns), p)),
+                .into_iter()
+                .map(|p| client.create_decoded(res("", "pods"), Some(ns), p)),
         )
         .await;
         let mut error = None;
@@ -206,7 +210,7 @@ pub fn deletion_rank(p: &Pod) -> (u8, u8, u8, std::cmp::Reverse<i64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn pod(v: Value) -> Pod {
         serde_json::from_value(v).expect("pod")

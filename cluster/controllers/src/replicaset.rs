@@ -189,17 +189,15 @@ impl Reconciler for Rs {
                 let n = (want - active.len()).min(BURST);
                 let owner = pods::owner_ref("apps/v1", "ReplicaSet", &name, &uid);
                 let template = spec.template.clone().unwrap_or_default();
-                let new: Vec<_> = (0..n)
-                    .map(|_| {
-                        pods::from_template(
-                            &template,
-                            &owner,
-                            &format!("{name}-"),
-                            None,
-                            &BTreeMap::new(),
-                        )
-                    })
-                    .collect();
+                let new = pods::typed_pods((0..n).map(|_| {
+                    pods::from_template(
+                        &template,
+                        &owner,
+                        &format!("{name}-"),
+                        None,
+                        &BTreeMap::new(),
+                    )
+                }))?;
                 let (created, err) =
                     pods::create_slow_start(&self.ctx.client, &ns, new, &self.expectations, key)
                         .await;

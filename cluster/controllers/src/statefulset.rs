@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use tessera_client::request::PatchType;
+use tessera_client::request::{Decoded, PatchType};
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
@@ -258,10 +258,20 @@ impl Sets {
         let owner = pods::owner_ref("apps/v1", "StatefulSet", &name, &uid);
         let mut p = pods::from_template(&spec.template, &owner, "", Some(&pod_name), &labels);
         if let Some(svc) = spec.service_name.as_ref().filter(|s| !s.is_empty()) {
-            p["spec"]["hostname"] = json!(pod_name);
-            p["spec"]["subdomain"] = json!(svc);
+            let pod_spec = p.spec.get_or_insert_default();
+            pod_spec.hostname = Some(pod_name.clone());
+            pod_spec.subdomain = Some(svc.clone());
         }
-        match self.ctx.client.create(res("", "pods"), Some(&ns), &p).await {
+        let created = match Decoded::typed(&p) {
+            Ok(body) => {
+                self.ctx
+                    .client
+                    .create_decoded(res("", "pods"), Some(&ns), body)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match created {
             Ok(_) => Ok(()),
             Err(e) if e.code == 409 => Ok(()),
             Err(e) => Err(e.into()),

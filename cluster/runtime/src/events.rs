@@ -6,12 +6,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use parking_lot::Mutex;
 use serde_json::json;
 use tessera_client::catalog::{RESOURCES, Resource};
 use tessera_client::client::Client;
-use tessera_client::request::PatchType;
+use tessera_client::request::{Decoded, PatchType};
 use tessera_core::time::{now_secs, rfc3339};
 use tokio::sync::Semaphore;
 
@@ -148,18 +149,48 @@ impl Recorder {
             },
             rand::random::<u64>()
         );
-        let ev = json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": name, "namespace": ns},
-            "involvedObject": {"apiVersion": obj.api_version, "kind": obj.kind,
-                "namespace": obj.namespace, "name": obj.name, "uid": obj.uid},
-            "reason": reason, "message": message,
-            "type": match kind { EventType::Normal => "Normal", EventType::Warning => "Warning" },
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        });
-        match self.client.create(events(), Some(&ns), &ev).await {
+        let at = k8s_openapi::jiff::Timestamp::from_second(now_secs())
+            .ok()
+            .map(Time);
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(ns.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some(obj.api_version.clone()),
+                kind: Some(obj.kind.clone()),
+                namespace: Some(obj.namespace.clone()),
+                name: Some(obj.name.clone()),
+                uid: Some(obj.uid.clone()),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some(
+                match kind {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+            ),
+            source: Some(EventSource {
+                component: Some(self.component.clone()),
+                host: None,
+            }),
+            reporting_component: Some(self.component.clone()),
+            first_timestamp: at.clone(),
+            last_timestamp: at,
+            count: Some(1),
+            ..Event::default()
+        };
+        // Handed over decoded: in-process, the API does not parse it or decode it again.
+        let written = match Decoded::typed(&ev) {
+            Ok(body) => self.client.create_decoded(events(), Some(&ns), body).await,
+            Err(e) => Err(e),
+        };
+        match written {
             Ok(_) => {
                 self.seen.lock().insert(id, (ns, name, 1));
                 self.count();

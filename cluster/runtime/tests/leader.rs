@@ -30,10 +30,10 @@ struct FakeLeases {
 impl Client for FakeLeases {
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
         assert_eq!(req.resource.kind, "Lease", "only Leases are faked");
-        let body: Value = if req.body.is_empty() {
+        let body: Value = if req.body.is_empty() && req.object.is_none() {
             Value::Null
         } else {
-            serde_json::from_slice(&req.body).expect("JSON body")
+            req.body_value().expect("JSON body")
         };
         let name = req
             .name

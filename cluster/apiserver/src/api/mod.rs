@@ -43,7 +43,7 @@ use crate::catalog::Resource;
 use crate::fairness::Fairness;
 use crate::kinds;
 use crate::metrics::ApiMetrics;
-use crate::request::{ApiRequest, FieldValidation, PatchType, Propagation, Verb};
+use crate::request::{ApiRequest, Decoded, FieldValidation, PatchType, Propagation, Verb};
 use crate::status::{ApiError, Cause};
 use crate::watchcache::WatchCache;
 use crate::{apply, order, patch, table, validation};
@@ -319,7 +319,7 @@ impl Api {
     async fn handle_inner(
         &self,
         user: &User,
-        req: ApiRequest,
+        mut req: ApiRequest,
         seat: &mut Option<crate::fairness::Seat>,
     ) -> Result<ApiResponse, ApiError> {
         for (what, v) in [("name", &req.name), ("namespace", &req.namespace)] {
@@ -330,6 +330,11 @@ impl Api {
                     "the {what} {v:?} in the request path {why}"
                 )));
             }
+        }
+        if req.object.is_some() && !req.body.is_empty() {
+            return Err(ApiError::bad_request(
+                "a request carries its body once: as text or decoded, not both",
+            ));
         }
         let scope = self.authorizer.authorize(user, &req).await?;
         // Watches are long-running: they hold no request seat, as in Kubernetes, but one of
@@ -342,6 +347,18 @@ impl Api {
         if seat.is_none() && req.verb != Verb::Watch {
             *seat = Some(self.fairness.admit(user, scope.max_inflight)?);
         }
+        // A body handed over decoded goes to the writes that take one; any other request
+        // reads it as the text it stands for.
+        let object = match (req.verb, req.subresource.as_deref()) {
+            (Verb::Create, None | Some("binding")) | (Verb::Update, _) => req.object.take(),
+            _ => {
+                if req.object.is_some() {
+                    req.body = req.body_bytes();
+                    req.object = None;
+                }
+                None
+            }
+        };
         let across = self.across(req.resource);
         let read_across = match across {
             Some(a) => self.across_shards(&req, a, &scope.namespaces).await,
@@ -355,11 +372,11 @@ impl Api {
             (Verb::Get, Some("log")) => self.logs(&req).await,
             (Verb::List, _) => self.list(&req, &scope.namespaces).await,
             (Verb::Watch, _) => self.watch(&req, scope.namespaces.clone()).await,
-            (Verb::Create, None) => self.create(&req, user).await,
-            (Verb::Create, Some("binding")) => self.bind(&req, user).await,
+            (Verb::Create, None) => self.create(&req, user, object).await,
+            (Verb::Create, Some("binding")) => self.bind(&req, user, object).await,
             (Verb::Create, Some("eviction")) => self.evict(&req).await,
             (Verb::Update, _) => {
-                let obj = self.decode_body(&req)?;
+                let obj = self.decode_body(&req, object)?;
                 self.write_existing(&req, user, |_| Ok(obj.0.clone()), obj.1)
                     .await
             }

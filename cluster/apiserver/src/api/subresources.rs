@@ -108,13 +108,29 @@ impl Api {
         &self,
         req: &ApiRequest,
         user: &User,
+        object: Option<Decoded>,
     ) -> Result<ApiResponse, ApiError> {
         if req.resource.plural == "podgroups" {
-            return self.bind_group(req, user).await;
+            let mut req = req.clone();
+            if let Some(o) = object {
+                req.body = Bytes::from(o.into_value().to_string());
+            }
+            return self.bind_group(&req, user).await;
         }
-        let binding: Value = serde_json::from_slice(&req.body)
-            .map_err(|e| ApiError::bad_request(format!("the Binding is not valid JSON: {e}")))?;
-        if let Some(t) = kinds::of_kind("", "Binding") {
+        // A Binding serialized from its own type needs no decoding into it.
+        let (binding, typed): (Value, bool) = match object {
+            Some(o) => {
+                let typed = o.is_typed_as("v1", "Binding");
+                (o.into_value(), typed)
+            }
+            None => (
+                serde_json::from_slice(&req.body).map_err(|e| {
+                    ApiError::bad_request(format!("the Binding is not valid JSON: {e}"))
+                })?,
+                false,
+            ),
+        };
+        if !typed && let Some(t) = kinds::of_kind("", "Binding") {
             (t.normalize)(&binding).map_err(|e| {
                 ApiError::bad_request(format!(
                     "the Binding is not valid: {}: {}",

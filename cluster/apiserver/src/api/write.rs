@@ -29,14 +29,50 @@ pub(super) fn target_schema(req: &ApiRequest) -> String {
 impl Api {
     /// Decodes a create/update body: JSON object of the resource's kind, typed, with unknown
     /// fields handled per `fieldValidation`. Returns the object and warnings.
-    pub(super) fn decode_body(&self, req: &ApiRequest) -> Result<(Value, Vec<String>), ApiError> {
-        let obj: Value = serde_json::from_slice(&req.body).map_err(|e| {
-            ApiError::bad_request(format!(
-                "the request body is not valid JSON: {e}; send one {} object",
-                req.resource.kind
-            ))
-        })?;
+    ///
+    /// `object` is the body handed over decoded by an in-process caller. One serialized
+    /// from the target kind's own type ([`Decoded::typed`]) already has that type's shape,
+    /// so only the server's defaults are applied to it; any other is checked as text is.
+    pub(super) fn decode_body(
+        &self,
+        req: &ApiRequest,
+        object: Option<Decoded>,
+    ) -> Result<(Value, Vec<String>), ApiError> {
+        let obj = match object {
+            Some(o) => {
+                let (group, version, kind) = target_kind(req);
+                let api_version = if group.is_empty() {
+                    version.to_owned()
+                } else {
+                    format!("{group}/{version}")
+                };
+                if o.is_typed_as(&api_version, kind) {
+                    return Ok((self.defaulted(req, o.into_value()), Vec::new()));
+                }
+                o.into_value()
+            }
+            None => serde_json::from_slice(&req.body).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the request body is not valid JSON: {e}; send one {} object",
+                    req.resource.kind
+                ))
+            })?,
+        };
         self.typed(req, obj)
+    }
+
+    /// The server's defaults on an object already of its kind's type.
+    fn defaulted(&self, req: &ApiRequest, mut obj: Value) -> Value {
+        let (_, _, kind) = target_kind(req);
+        if kind == req.resource.kind {
+            crate::defaults::apply(req.resource, &mut obj);
+            if obj["spec"].is_null()
+                && let Some(o) = obj.as_object_mut()
+            {
+                o.remove("spec");
+            }
+        }
+        obj
     }
 
     /// Checks apiVersion/kind (filling them in), decodes into the kind's type and applies
@@ -102,7 +138,7 @@ impl Api {
                 FieldValidation::Ignore => {}
             }
         }
-        let mut normalized = (typed.normalize)(&obj).map_err(|e| {
+        let normalized = (typed.normalize)(&obj).map_err(|e| {
             ApiError::bad_request(format!(
                 "{kind} in version \"{v}\" cannot be handled as a {kind}: {path}{msg}",
                 kind = res.2,
@@ -115,15 +151,7 @@ impl Api {
                 msg = e.message
             ))
         })?;
-        if res.2 == req.resource.kind {
-            crate::defaults::apply(req.resource, &mut normalized);
-            if normalized["spec"].is_null()
-                && let Some(o) = normalized.as_object_mut()
-            {
-                o.remove("spec");
-            }
-        }
-        Ok((normalized, warnings))
+        Ok((self.defaulted(req, normalized), warnings))
     }
 
     /// Fills in what the server owns on a new object and validates it.
@@ -320,8 +348,9 @@ impl Api {
         &self,
         req: &ApiRequest,
         user: &User,
+        object: Option<Decoded>,
     ) -> Result<ApiResponse, ApiError> {
-        let (obj, warnings) = self.decode_body(req)?;
+        let (obj, warnings) = self.decode_body(req, object)?;
         self.create_object(req, user, obj, warnings, None).await
     }
 

@@ -4,20 +4,31 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Binding, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_client::client::Client;
-use tessera_client::request::{ApiRequest, Verb, find_resource};
+use tessera_client::request::{ApiRequest, Decoded, Verb, find_resource};
+use tessera_client::status::ApiError;
 
 use crate::framework::{BindPlugin, CycleState, Plugin, Status};
 use crate::resources::PodInfo;
 
-/// The Binding object for `pod` to `node`.
-fn binding_body(ns: &str, pod: &str, uid: &str, node: &str) -> String {
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Binding",
-        "metadata": {"name": pod, "namespace": ns, "uid": uid},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+/// The Binding of `pod` to `node`, handed to the API decoded (no JSON text in-process).
+fn binding_body(ns: &str, pod: &str, uid: &str, node: &str) -> Result<Decoded, ApiError> {
+    Decoded::typed(&Binding {
+        metadata: ObjectMeta {
+            name: Some(pod.to_owned()),
+            namespace: Some(ns.to_owned()),
+            uid: Some(uid.to_owned()),
+            ..ObjectMeta::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Node".to_owned()),
+            name: Some(node.to_owned()),
+            ..ObjectReference::default()
+        },
     })
-    .to_string()
 }
 
 /// DefaultBinder.
@@ -52,7 +63,10 @@ impl BindPlugin for DefaultBinder {
         req.namespace = Some(ns.clone());
         req.name = Some(pod.name().to_owned());
         req.subresource = Some("binding".into());
-        req.body = binding_body(&ns, pod.name(), pod.uid(), node).into();
+        req.object = match binding_body(&ns, pod.name(), pod.uid(), node) {
+            Ok(body) => Some(body),
+            Err(e) => return Status::error(e.message),
+        };
         match self.client.call(req).await {
             Ok(_) => Status::success(),
             Err(e) => Status::error(format!("binding rejected: {} ({})", e.message, e.reason)),
