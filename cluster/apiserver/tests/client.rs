@@ -1759,3 +1759,53 @@ async fn a_decoded_pod_is_stored_as_the_same_pod_sent_as_text() {
         }
     }
 }
+
+/// A create reads its namespace every time (what it decoded is remembered only for the
+/// revision it was read at): once the namespace is terminating or gone, creates in it are
+/// refused at once, and a label change reaches pod security at the next create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_see_their_namespace_as_it_is_now() {
+    let s = setup().await;
+    let (pods, namespaces) = (res("", "pods"), res("", "namespaces"));
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns = format!("now{i}");
+        c.create(namespaces, None, &json!({"metadata": {"name": ns}}))
+            .await
+            .expect(how);
+        c.create(pods, Some(&ns), &pod("first", "100m"))
+            .await
+            .expect(how);
+        // Enforcing `restricted` now: the next plain pod (no securityContext) is refused.
+        c.patch(
+            namespaces,
+            None,
+            &ns,
+            None,
+            PatchType::Merge,
+            &json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}),
+        )
+        .await
+        .expect(how);
+        let e = c
+            .create(pods, Some(&ns), &pod("second", "100m"))
+            .await
+            .expect_err("restricted now");
+        assert_eq!(e.code, 403, "{how}: {}", e.message);
+        assert!(e.message.contains("restricted"), "{how}: {}", e.message);
+        c.delete(namespaces, None, &ns, None).await.expect(how);
+        let e = c
+            .create(pods, Some(&ns), &pod("third", "100m"))
+            .await
+            .expect_err("the namespace is going");
+        // No namespace controller runs here, so its `kubernetes` finalizer keeps it.
+        let n = c.get(namespaces, None, &ns).await.expect(how);
+        assert!(n["metadata"]["deletionTimestamp"].is_string(), "{how}: {n}");
+        assert_eq!(e.code, 403, "{how}: {}", e.message);
+        assert!(
+            e.message.contains("being terminated"),
+            "{how}: {}",
+            e.message
+        );
+        assert!(c.get(pods, Some(&ns), "third").await.is_err(), "{how}");
+    }
+}

@@ -94,11 +94,31 @@ pub struct Api {
     binds: Arc<group::Group<bindings::Pending>>,
     /// Single conditional writes (creates, updates, deletes) waiting to be written together.
     writes: Arc<group::Group<group::PendingWrite>>,
+    /// What a create needs of its namespace, by name, at the revision it was decoded from.
+    namespaces: Arc<parking_lot::Mutex<std::collections::HashMap<String, NamespaceFacts>>>,
 }
 
+/// What a create checks of its namespace: whether it is terminating, and its labels (for
+/// pod security). Kept per namespace with the revision they were read at, so a create
+/// decodes its namespace only after the namespace changed.
+#[derive(Clone)]
+struct NamespaceFacts {
+    revision: i64,
+    terminating: bool,
+    labels: Value,
+}
+
+/// Namespaces remembered at most (the map is emptied when it grows past this).
+const NAMESPACES_REMEMBERED: usize = 16_384;
+
 fn uid() -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let b: [u8; 16] = rand::random();
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let h: String = b
+        .iter()
+        .flat_map(|x| [HEX[usize::from(x >> 4)], HEX[usize::from(x & 15)]])
+        .map(char::from)
+        .collect();
     format!(
         "{}-{}-4{}-a{}-{}",
         &h[0..8],
@@ -227,6 +247,7 @@ impl Api {
             priority_classes: Arc::default(),
             binds: Arc::default(),
             writes: Arc::default(),
+            namespaces: Arc::default(),
             node_proxy: None,
             metrics_registry: None,
             shards: None,
@@ -496,5 +517,11 @@ mod tests {
         let u = uid();
         assert_eq!(u.len(), 36);
         assert_eq!(u.matches('-').count(), 4);
+        assert!(
+            u.chars()
+                .all(|c| c == '-' || c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_eq!((&u[14..15], &u[19..20]), ("4", "a"), "{u}");
+        assert_ne!(uid(), u);
     }
 }

@@ -333,15 +333,45 @@ impl Api {
     /// (for Pod Security admission, which then needs no second read).
     pub(super) async fn check_namespace(&self, ns: &str) -> Result<Value, ApiError> {
         let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
-        match self.read(ns_res, None, ns).await? {
-            None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some((n, _)) if n["metadata"]["deletionTimestamp"].is_string() => {
-                Err(ApiError::forbidden(format!(
-                    "unable to create new content in namespace {ns} because it is being terminated"
-                )))
+        // Read at every create (it may have just gone), decoded only when it changed.
+        let Some(kv) = self
+            .store
+            .get(object_key(ns_res, None, ns).as_bytes())
+            .await
+            .map_err(store_error)?
+        else {
+            self.namespaces.lock().remove(ns);
+            return Err(ApiError::not_found("", "namespaces", ns));
+        };
+        let known = self
+            .namespaces
+            .lock()
+            .get(ns)
+            .filter(|f| f.revision == kv.mod_revision)
+            .cloned();
+        let facts = match known {
+            Some(f) => f,
+            None => {
+                let mut n = decode_stored(&kv)?;
+                let f = NamespaceFacts {
+                    revision: kv.mod_revision,
+                    terminating: n["metadata"]["deletionTimestamp"].is_string(),
+                    labels: n["metadata"]["labels"].take(),
+                };
+                let mut known = self.namespaces.lock();
+                if known.len() >= NAMESPACES_REMEMBERED {
+                    known.clear();
+                }
+                known.insert(ns.to_owned(), f.clone());
+                f
             }
-            Some((mut n, _)) => Ok(n["metadata"]["labels"].take()),
+        };
+        if facts.terminating {
+            return Err(ApiError::forbidden(format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            )));
         }
+        Ok(facts.labels)
     }
 
     pub(super) async fn create(
