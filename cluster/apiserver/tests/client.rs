@@ -1809,3 +1809,81 @@ async fn creates_see_their_namespace_as_it_is_now() {
         assert!(c.get(pods, Some(&ns), "third").await.is_err(), "{how}");
     }
 }
+
+/// A patch of `pods/status` that changes only the status has only the status decoded into
+/// the Pod type (normalized: nulls dropped, wrong types refused); one that also touches
+/// anything else is decoded whole, so a wrong type there is still refused. Nothing is
+/// written by a refused patch, and a stale resourceVersion still conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_patches_are_typed_where_they_change_the_pod() {
+    let s = setup().await;
+    let pods = res("", "pods");
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns = format!("st{i}");
+        c.create(
+            res("", "namespaces"),
+            None,
+            &json!({"metadata": {"name": ns}}),
+        )
+        .await
+        .expect(how);
+        let created = c
+            .create(pods, Some(&ns), &pod("p", "100m"))
+            .await
+            .expect(how);
+        let patch = |body: Value| {
+            let c = c.clone();
+            let ns = ns.clone();
+            async move {
+                c.patch(
+                    pods,
+                    Some(&ns),
+                    "p",
+                    Some("status"),
+                    PatchType::Merge,
+                    &body,
+                )
+                .await
+            }
+        };
+        let e = patch(json!({"status": {"phase": 5}}))
+            .await
+            .expect_err("phase is a string");
+        assert_eq!(e.code, 400, "{how}: {}", e.message);
+        assert!(e.message.contains("status.phase"), "{how}: {}", e.message);
+        let e = patch(json!({"spec": {"containers": "x"}, "status": {"phase": "Running"}}))
+            .await
+            .expect_err("containers is a list");
+        assert_eq!(e.code, 400, "{how}: {}", e.message);
+        assert!(
+            e.message.contains("spec.containers"),
+            "{how}: {}",
+            e.message
+        );
+        let e =
+            patch(json!({"metadata": {"resourceVersion": "1"}, "status": {"phase": "Running"}}))
+                .await
+                .expect_err("stale");
+        assert_eq!(e.code, 409, "{how}: {}", e.message);
+        let now = c.get(pods, Some(&ns), "p").await.expect(how);
+        assert_eq!(
+            now["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"],
+            "{how}: nothing written"
+        );
+        patch(json!({"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True", "lastProbeTime": null}]}}))
+        .await
+        .expect(how);
+        let now = c.get(pods, Some(&ns), "p").await.expect(how);
+        assert_eq!(now["status"]["phase"], "Running", "{how}");
+        let ready = &now["status"]["conditions"][0];
+        assert_eq!(ready["type"], "Ready", "{how}: {now}");
+        assert!(
+            ready
+                .as_object()
+                .is_some_and(|c| !c.contains_key("lastProbeTime")),
+            "{how}: normalized: {ready}"
+        );
+        assert_eq!(now["spec"], created["spec"], "{how}: the spec as it was");
+    }
+}

@@ -26,6 +26,35 @@ pub(super) fn target_schema(req: &ApiRequest) -> String {
     kinds::of_kind(g, k).map_or_else(String::new, |t| (t.schema_name)())
 }
 
+/// True if `next` equals `current` outside `status` and `metadata.resourceVersion`.
+fn only_status_differs(current: &Value, next: &Value) -> bool {
+    let (Some(cur), Some(new)) = (current.as_object(), next.as_object()) else {
+        return false;
+    };
+    let same_meta = |a: &Value, b: &Value| match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            let rest = |m: &'_ serde_json::Map<String, Value>| {
+                m.iter().filter(|(k, _)| *k != "resourceVersion").count()
+            };
+            rest(a) == rest(b)
+                && a.iter()
+                    .filter(|(k, _)| *k != "resourceVersion")
+                    .all(|(k, v)| b.get(k) == Some(v))
+        }
+        _ => a == b,
+    };
+    let keys = |m: &serde_json::Map<String, Value>| m.keys().filter(|k| *k != "status").count();
+    keys(cur) == keys(new)
+        && cur
+            .iter()
+            .filter(|(k, _)| *k != "status")
+            .all(|(k, v)| match new.get(k) {
+                Some(n) if k == "metadata" => same_meta(v, n),
+                Some(n) => v == n,
+                None => false,
+            })
+}
+
 impl Api {
     /// Decodes a create/update body: JSON object of the resource's kind, typed, with unknown
     /// fields handled per `fieldValidation`. Returns the object and warnings.
@@ -59,6 +88,41 @@ impl Api {
             })?,
         };
         self.typed(req, obj)
+    }
+
+    /// [`Api::typed`] for a patch of the `status` subresource, of which only the status is
+    /// kept (the rest of the object stays as stored, already typed). When the patch
+    /// changed nothing outside the status (its `metadata.resourceVersion` aside), the
+    /// status alone is decoded into the kind's type, in an object that has nothing else.
+    /// Otherwise — or if that object does not decode (a kind whose type requires more than
+    /// a status) — the whole object is decoded, as for any patch, so a wrong type anywhere
+    /// in the patch is still refused as Kubernetes refuses it.
+    fn typed_status(
+        &self,
+        req: &ApiRequest,
+        current: &Value,
+        mut obj: Value,
+    ) -> Result<(Value, Vec<String>), ApiError> {
+        if !only_status_differs(current, &obj) {
+            return self.typed(req, obj);
+        }
+        let status = obj["status"].take();
+        let part = json!({
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "metadata": {},
+            "status": status.clone(),
+        });
+        match self.typed(req, part) {
+            Ok((mut part, warnings)) => {
+                obj["status"] = part["status"].take();
+                Ok((obj, warnings))
+            }
+            Err(_) => {
+                obj["status"] = status;
+                self.typed(req, obj)
+            }
+        }
     }
 
     /// The server's defaults on an object already of its kind's type.
@@ -657,12 +721,12 @@ impl Api {
             // Patched and replaced objects go through the same decoding as new ones. A
             // binding only sets a node name and a condition on the stored (already typed)
             // pod, so it is not decoded again.
-            let (mut proposed, w) =
-                if req.verb == Verb::Update || req.subresource.as_deref() == Some("binding") {
-                    (proposed, Vec::new())
-                } else {
-                    self.typed(req, proposed)?
-                };
+            let (mut proposed, w) = match req.subresource.as_deref() {
+                _ if req.verb == Verb::Update => (proposed, Vec::new()),
+                Some("binding") => (proposed, Vec::new()),
+                Some("status") => self.typed_status(req, &current, proposed)?,
+                _ => self.typed(req, proposed)?,
+            };
             warnings.extend(w);
             if req.subresource.as_deref() == Some("scale") {
                 proposed = from_scale(res, &current, &proposed)?;
