@@ -394,41 +394,51 @@ fn entries(obj: &Value) -> Vec<Entry> {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|e| Entry {
-            manager: e["manager"].as_str().unwrap_or_default().to_owned(),
-            operation: e["operation"].as_str().unwrap_or("Update").to_owned(),
-            api_version: e["apiVersion"].as_str().unwrap_or_default().to_owned(),
-            subresource: e["subresource"].as_str().map(str::to_owned),
-            time: e["time"].clone(),
-            fields: from_fields_v1(&e["fieldsV1"]),
-        })
+        .map(entry)
         .collect()
+}
+
+fn entry(e: &Value) -> Entry {
+    Entry {
+        manager: e["manager"].as_str().unwrap_or_default().to_owned(),
+        operation: e["operation"].as_str().unwrap_or("Update").to_owned(),
+        api_version: e["apiVersion"].as_str().unwrap_or_default().to_owned(),
+        subresource: e["subresource"].as_str().map(str::to_owned),
+        time: e["time"].clone(),
+        fields: from_fields_v1(&e["fieldsV1"]),
+    }
+}
+
+/// An entry as stored (`None` if it owns nothing: it is dropped).
+fn entry_json(e: Entry) -> Option<Value> {
+    if e.fields.is_empty() {
+        return None;
+    }
+    let mut v = json!({
+        "manager": e.manager,
+        "operation": e.operation,
+        "apiVersion": e.api_version,
+        "time": e.time,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": to_fields_v1(&e.fields),
+    });
+    if let Some(s) = e.subresource {
+        v["subresource"] = json!(s);
+    }
+    Some(v)
 }
 
 /// Stores the entries in `obj.metadata.managedFields` (nothing if metadata is not an object:
 /// decoding then refuses the object with a clear error).
 fn store_entries(obj: &mut Value, list: Vec<Entry>) {
+    store_values(obj, list.into_iter().filter_map(entry_json).collect());
+}
+
+/// Stores entries already in their stored form.
+fn store_values(obj: &mut Value, out: Vec<Value>) {
     if !(obj["metadata"].is_object() || obj["metadata"].is_null()) {
         return;
     }
-    let out: Vec<Value> = list
-        .into_iter()
-        .filter(|e| !e.fields.is_empty())
-        .map(|e| {
-            let mut v = json!({
-                "manager": e.manager,
-                "operation": e.operation,
-                "apiVersion": e.api_version,
-                "time": e.time,
-                "fieldsType": "FieldsV1",
-                "fieldsV1": to_fields_v1(&e.fields),
-            });
-            if let Some(s) = e.subresource {
-                v["subresource"] = json!(s);
-            }
-            v
-        })
-        .collect();
     if out.is_empty() {
         if let Some(m) = obj["metadata"].as_object_mut() {
             m.remove("managedFields");
@@ -436,6 +446,18 @@ fn store_entries(obj: &mut Value, list: Vec<Entry>) {
     } else {
         obj["metadata"]["managedFields"] = Value::Array(out);
     }
+}
+
+/// The top-level fields whose values differ between `cur` and `new`.
+fn differing_fields<'a>(cur: &'a Value, new: &'a Value) -> Vec<&'a str> {
+    let (Some(c), Some(n)) = (cur.as_object(), new.as_object()) else {
+        return Vec::new();
+    };
+    c.keys()
+        .chain(n.keys().filter(|k| !c.contains_key(*k)))
+        .filter(|k| c.get(*k) != n.get(*k))
+        .map(String::as_str)
+        .collect()
 }
 
 fn without_managed(v: &Value) -> Value {
@@ -463,36 +485,97 @@ pub fn record_update(
     let mut changed = BTreeSet::new();
     changed_leaves(current, next, &mut Vec::new(), &mut changed);
     // Entries come from the object the client sent, or the stored one if it sent none.
-    let mut list = if next["metadata"]["managedFields"].is_array() {
-        entries(next)
+    let sent = next["metadata"]["managedFields"].is_array();
+    let raw: Vec<Value> = if sent {
+        next["metadata"]["managedFields"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     } else {
-        current.map(entries).unwrap_or_default()
+        current
+            .and_then(|c| c["metadata"]["managedFields"].as_array().cloned())
+            .unwrap_or_default()
     };
+    // Stored entries (not a client's own list) that own nothing in a top-level field this
+    // write changed are kept as stored, without decoding their field sets: none of their
+    // fields changed or disappeared (Kubernetes, too, takes from other managers only the
+    // fields in the write's diff).
+    let differing = match current {
+        Some(c) if !sent || c["metadata"]["managedFields"] == next["metadata"]["managedFields"] => {
+            Some(differing_fields(c, next))
+        }
+        _ => None,
+    };
+    let own = |e: &Value| {
+        e["manager"] == manager
+            && e["operation"].as_str().unwrap_or("Update") == operation
+            && e["subresource"].is_null()
+    };
+    let untouched = |e: &Value| {
+        let Some(differing) = &differing else {
+            return false;
+        };
+        let Some(fields) = e["fieldsV1"].as_object().filter(|f| !f.is_empty()) else {
+            return false;
+        };
+        (!own(e) || changed.is_empty())
+            && !differing
+                .iter()
+                .any(|k| fields.contains_key(&format!("f:{k}")))
+    };
+    enum Slot {
+        Kept(Value),
+        Decoded(Entry),
+    }
+    let mut list: Vec<Slot> = raw
+        .into_iter()
+        .map(|e| {
+            if untouched(&e) {
+                Slot::Kept(e)
+            } else {
+                Slot::Decoded(entry(&e))
+            }
+        })
+        .collect();
     // A manager keeps the fields that are still there and that this write did not change.
-    for e in &mut list {
-        e.fields
-            .retain(|p| !changed.contains(p) && is_leaf_of(next, p));
+    for slot in &mut list {
+        if let Slot::Decoded(e) = slot {
+            e.fields
+                .retain(|p| !changed.contains(p) && is_leaf_of(next, p));
+        }
     }
     if !changed.is_empty() {
-        match list
-            .iter_mut()
-            .find(|e| e.manager == manager && e.operation == operation && e.subresource.is_none())
-        {
+        let mine = list.iter_mut().find_map(|slot| match slot {
+            Slot::Decoded(e)
+                if e.manager == manager && e.operation == operation && e.subresource.is_none() =>
+            {
+                Some(e)
+            }
+            _ => None,
+        });
+        match mine {
             Some(e) => {
                 e.fields.extend(changed);
                 e.time = json!(rfc3339(now_secs()));
             }
-            None => list.push(Entry {
+            None => list.push(Slot::Decoded(Entry {
                 manager: manager.to_owned(),
                 operation: operation.to_owned(),
                 api_version: api_version.to_owned(),
                 subresource: None,
                 time: json!(rfc3339(now_secs())),
                 fields: changed,
-            }),
+            })),
         }
     }
-    store_entries(next, list);
+    let out = list
+        .into_iter()
+        .filter_map(|slot| match slot {
+            Slot::Kept(v) => Some(v),
+            Slot::Decoded(e) => entry_json(e),
+        })
+        .collect();
+    store_values(next, out);
 }
 
 /// [`record_update`] of a new object sent without managedFields: one entry owning every
@@ -925,6 +1008,30 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Status-only writes (as kubelets and agents make them, with the stored
+        /// managedFields carried over) keep the entries they leave alone as stored, and
+        /// record exactly what the full walk did.
+        #[test]
+        fn status_writes_record_the_same_managed_fields(
+            first in object(), second in object(), third in object(), by_a in any::<bool>()
+        ) {
+            let mut current = first;
+            record_update(&mut current, None, "a", "v1", "Update");
+            let mut older = current.clone();
+            older["status"] = second["status"].clone();
+            record_update(&mut older, Some(&current), "b", "v1", "Update");
+            let mut next = older.clone();
+            next["status"] = third["status"].clone();
+            if next["status"].is_null() {
+                next.as_object_mut().expect("object").remove("status");
+            }
+            let who = if by_a { "a" } else { "b" };
+            let (mut fast, mut slow) = (next.clone(), next);
+            record_update(&mut fast, Some(&older), who, "v1", "Update");
+            record_update_reference(&mut slow, Some(&older), who);
+            prop_assert_eq!(without_times(fast), without_times(slow));
+        }
+
         /// A new object's managedFields built in one walk equal the ones listed leaf by
         /// leaf, for any shape (empty labels, empty keyed and set lists, empty objects).
         #[test]
