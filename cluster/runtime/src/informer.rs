@@ -246,8 +246,10 @@ impl<T: Object> Cache<T> {
             .collect()
     }
 
-    /// The objects of `ns` (or all namespaces) that `selector` matches. An equality
-    /// requirement narrows the search to its label index; otherwise the namespace is scanned.
+    /// The objects of `ns` (or all namespaces) that `selector` matches. The search walks
+    /// the smallest of the indexes that hold every match: the namespace's, or that of one
+    /// of the selector's equality requirements (a label every tenant's workloads carry is a
+    /// poor narrowing; their namespace a good one).
     pub fn select(&self, ns: Option<&str>, selector: &LabelSelector) -> Vec<Arc<T>> {
         let s = self.inner.read();
         let matches = |o: &T| {
@@ -271,6 +273,8 @@ impl<T: Object> Cache<T> {
                 .map(|n| (n, r))
             })
             .min_by_key(|(n, _)| *n);
+        let in_ns = ns.map(|ns| s.by_namespace.get(ns).map_or(0, HashSet::len));
+        let narrowest = narrowest.filter(|(n, _)| in_ns.is_none_or(|in_ns| *n < in_ns));
         let candidates: Box<dyn Iterator<Item = &String>> = match (narrowest, ns) {
             (Some((_, r)), _) => {
                 let v = r.values.first().cloned().unwrap_or_default();
@@ -405,6 +409,75 @@ mod tests {
         );
         assert_eq!(*added.lock(), ["a", "b", "c"], "each added once");
         assert_eq!(server.watches.lock()[1], "4", "resumed before revision 5");
+    }
+
+    /// `select` finds exactly what a scan of every object finds, whichever index it walks:
+    /// namespaces small or large against labels common or rare.
+    #[test]
+    fn selecting_through_any_index_finds_what_a_scan_finds() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let cache: Cache<ConfigMap> = Cache::new();
+        let mut all = Vec::new();
+        for i in 0..400u32 {
+            // 40 namespaces of 10; every object `app=bench`; `tier` splits them 1:3:
+            // `rare` on one object in 20.
+            let mut labels = BTreeMap::from([
+                ("app".to_owned(), "bench".to_owned()),
+                (
+                    "tier".to_owned(),
+                    if i % 4 == 0 { "db" } else { "web" }.to_owned(),
+                ),
+            ]);
+            if i % 20 == 0 {
+                labels.insert("rare".into(), "yes".into());
+            }
+            let o = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(format!("o{i}")),
+                    namespace: Some(format!("ns{}", i % 40)),
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            };
+            all.push(o.clone());
+            cache.insert(o);
+        }
+        let selectors = [
+            "app=bench",
+            "app=bench,tier=db",
+            "tier=web",
+            "rare=yes",
+            "app=bench,rare=yes",
+            "tier in (db)",
+            "tier!=db",
+            "app=none",
+            "",
+        ];
+        for text in selectors {
+            let selector: LabelSelector = text.parse().expect("selector");
+            for ns in [None, Some("ns0"), Some("ns7"), Some("nowhere")] {
+                let mut got: Vec<String> = cache
+                    .select(ns, &selector)
+                    .iter()
+                    .filter_map(|o| o.metadata.name.clone())
+                    .collect();
+                let mut want: Vec<String> = all
+                    .iter()
+                    .filter(|o| ns.is_none_or(|ns| o.metadata.namespace.as_deref() == Some(ns)))
+                    .filter(|o| {
+                        selector.matches_with(|k| {
+                            o.metadata.labels.as_ref()?.get(k).map(String::as_str)
+                        })
+                    })
+                    .filter_map(|o| o.metadata.name.clone())
+                    .collect();
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "{text:?} in {ns:?}");
+            }
+        }
     }
 
     #[test]

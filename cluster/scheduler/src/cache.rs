@@ -2,7 +2,7 @@
 //! without chasing pointers), what each node's pods take, and the pods the scheduler has
 //! *assumed* onto a node (reserved, binding in flight) before the API confirms them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -26,6 +26,9 @@ pub struct Cache {
     nodes: Vec<NodeInfo>,
     index: HashMap<String, usize>,
     pods: HashMap<String, CachedPod>,
+    /// The keys of `pods` by namespace: a new topology counter counts only the pods of the
+    /// namespaces its selector can match.
+    pods_by_ns: HashMap<String, HashSet<String>>,
     /// Pending pods nominated to a node by preemption, by key: the node's name and the
     /// victims (keys) evicted for it.
     nominations: HashMap<String, (String, Vec<String>)>,
@@ -73,8 +76,24 @@ impl Cache {
         }
         let mut topo = self.topology.write();
         for (what, key) in needs {
-            let pods = self.pods.values().map(|p| (&*p.info.pod, p.node.as_str()));
-            topo.ensure_counter(what, key, pods);
+            // A pod matches only if every clause does, so only the first clause's
+            // namespaces can hold pods to count.
+            match what.0.first() {
+                Some(first) => {
+                    let pods = first
+                        .namespaces
+                        .iter()
+                        .filter_map(|ns| self.pods_by_ns.get(ns))
+                        .flatten()
+                        .filter_map(|k| self.pods.get(k))
+                        .map(|p| (&*p.info.pod, p.node.as_str()));
+                    topo.ensure_counter(what, key, pods);
+                }
+                None => {
+                    let pods = self.pods.values().map(|p| (&*p.info.pod, p.node.as_str()));
+                    topo.ensure_counter(what, key, pods);
+                }
+            }
         }
         drop(topo);
         self.sync_domains();
@@ -286,14 +305,11 @@ impl Cache {
         self.remove_pod(&pod.key);
         let i = self.slot(node);
         self.count_pod(i, &pod);
-        self.pods.insert(
-            pod.key.clone(),
-            CachedPod {
-                node: node.to_owned(),
-                info: pod,
-                assumed: true,
-            },
-        );
+        self.put_pod(CachedPod {
+            node: node.to_owned(),
+            info: pod,
+            assumed: true,
+        });
     }
 
     /// Nominates a pending pod to `node` (preemption chose it): until the pod is placed or
@@ -367,14 +383,21 @@ impl Cache {
         self.remove_pod(&pod.key);
         let i = self.slot(node);
         self.count_pod(i, &pod);
-        self.pods.insert(
-            pod.key.clone(),
-            CachedPod {
-                node: node.to_owned(),
-                info: pod,
-                assumed: false,
-            },
-        );
+        self.put_pod(CachedPod {
+            node: node.to_owned(),
+            info: pod,
+            assumed: false,
+        });
+    }
+
+    /// Keeps `p` under its key, indexed by namespace.
+    fn put_pod(&mut self, p: CachedPod) {
+        let key = p.info.key.clone();
+        self.pods_by_ns
+            .entry(namespace_of_key(&key).to_owned())
+            .or_default()
+            .insert(key.clone());
+        self.pods.insert(key, p);
     }
 
     /// Stops counting a pod (deleted or finished); true if it was counted.
@@ -382,6 +405,13 @@ impl Cache {
         let Some(p) = self.pods.remove(key) else {
             return false;
         };
+        let ns = namespace_of_key(key);
+        if let Some(keys) = self.pods_by_ns.get_mut(ns) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pods_by_ns.remove(ns);
+            }
+        }
         self.topology.write().remove_pod(key, &p.info.pod, &p.node);
         if let Some(&i) = self.index.get(&p.node) {
             self.touch(i);
@@ -391,6 +421,11 @@ impl Cache {
         self.charges.push((p.info, -1));
         true
     }
+}
+
+/// The namespace part of a pod key (`namespace/name`).
+fn namespace_of_key(key: &str) -> &str {
+    key.split_once('/').map_or("", |(ns, _)| ns)
 }
 
 #[cfg(test)]
@@ -429,6 +464,46 @@ mod tests {
         c.remove_node("a");
         assert_eq!(c.node_count(), 0);
         assert!(c.node("a").is_none());
+    }
+
+    proptest! {
+        /// A counter made after any placements and removals counts exactly the placed pods
+        /// its clauses match, though it walks only its namespaces' pods.
+        #[test]
+        fn new_counters_count_the_pods_of_their_namespaces(
+            ops in proptest::collection::vec((0u8..3, 0u8..8, any::<bool>()), 1..60),
+            wanted in proptest::collection::btree_set(0u8..4, 0..4),
+        ) {
+            let in_ns = |ns: u8, p: u8| {
+                Arc::new(PodInfo::new(Arc::new(
+                    serde_json::from_value(json!({"metadata": {"name": format!("p{p}"),
+                        "namespace": format!("ns{ns}"), "labels": {"app": "x"}},
+                        "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+                    .expect("pod"),
+                )))
+            };
+            let mut c = Cache::new();
+            c.upsert_node(node("n0", "4"));
+            let mut model = std::collections::BTreeSet::new();
+            for (ns, p, place) in ops {
+                if place {
+                    c.assume(in_ns(ns, p), "n0");
+                    model.insert((ns, p));
+                } else {
+                    c.remove_pod(&format!("ns{ns}/p{p}"));
+                    model.remove(&(ns, p));
+                }
+            }
+            let what = crate::topology::Match(vec![crate::topology::Clause {
+                namespaces: wanted.iter().map(|n| format!("ns{n}")).collect(),
+                selector: Some("app=x".parse().expect("selector")),
+            }]);
+            c.ensure_counters(&[(what.clone(), "kubernetes.io/hostname".to_owned())]);
+            let topo = c.topology().read();
+            let id = topo.counter(&what).expect("made");
+            let want = model.iter().filter(|(ns, _)| wanted.contains(ns)).count();
+            prop_assert_eq!(topo.total(id), want as i64);
+        }
     }
 
     #[derive(Debug, Clone)]
