@@ -344,13 +344,22 @@ impl Cache {
         Some(&self.nodes[*i])
     }
 
-    /// True while a victim evicted for `key`'s nomination is still counted on its node:
-    /// its preemption is under way (the eviction may not even be seen yet), so it must not
-    /// preempt again.
+    /// True while a victim evicted for a nomination to `key`'s nominated node — its own or
+    /// another pod's — is still counted there: preemption on that node is under way (the
+    /// eviction may not even be seen yet), so `key` must wait, not preempt again. (The
+    /// other nominations hold their room there already, so while their victims are still
+    /// present the node looks fuller than it will be; a pod that preempted again elsewhere
+    /// would leave its own victim's room unused. This is kube-scheduler's rule of not
+    /// preempting while lower-priority pods terminate on the nominated node.)
     pub fn preemption_underway(&self, key: &str) -> bool {
-        self.nominations
-            .get(key)
-            .is_some_and(|(_, victims)| victims.iter().any(|v| self.pods.contains_key(v)))
+        let Some(node) = self.nominated_node(key) else {
+            return false;
+        };
+        node.nominated.iter().any(|p| {
+            self.nominations
+                .get(&p.key)
+                .is_some_and(|(_, victims)| victims.iter().any(|v| self.pods.contains_key(v)))
+        })
     }
 
     /// Undoes an assumption (binding failed). A pod the API already confirmed stays.
@@ -504,6 +513,35 @@ mod tests {
             let want = model.iter().filter(|(ns, _)| wanted.contains(ns)).count();
             prop_assert_eq!(topo.total(id), want as i64);
         }
+    }
+
+    /// A preemption is under way for every pod nominated to a node until the victims
+    /// evicted there for any of them are gone; not for a pod nominated elsewhere.
+    #[test]
+    fn preemption_is_under_way_until_every_victim_on_the_node_is_gone() {
+        let mut c = Cache::new();
+        for n in ["n0", "n1"] {
+            c.upsert_node(node(n, "4"));
+        }
+        for v in ["va", "vb", "vc"] {
+            c.confirm_pod(pod(v, 1000), if v == "vc" { "n1" } else { "n0" });
+        }
+        c.nominate(pod("a", 1000), "n0", vec!["ns/va".into()]);
+        c.nominate(pod("b", 1000), "n0", vec!["ns/vb".into()]);
+        c.nominate(pod("c", 1000), "n1", vec!["ns/vc".into()]);
+        assert!(c.preemption_underway("ns/a") && c.preemption_underway("ns/b"));
+        c.remove_pod("ns/va");
+        assert!(
+            c.preemption_underway("ns/a"),
+            "b's victim still holds room on a's node"
+        );
+        assert!(c.preemption_underway("ns/c"));
+        c.remove_pod("ns/vb");
+        assert!(!c.preemption_underway("ns/a") && !c.preemption_underway("ns/b"));
+        assert!(c.preemption_underway("ns/c"), "n1 is another node");
+        c.remove_pod("ns/vc");
+        assert!(!c.preemption_underway("ns/c"));
+        assert!(!c.preemption_underway("ns/none"), "not nominated");
     }
 
     #[derive(Debug, Clone)]

@@ -2,9 +2,10 @@
 //! priority makes room, with the fewest and least important victims — kube-scheduler's
 //! PostFilter, plus Tessera's rule across tenants.
 //!
-//! - A pod with `preemptionPolicy: Never` never preempts; neither does one whose last
-//!   preemption is under way (a victim evicted for it still on its node, even before the
-//!   eviction is seen) or whose nominated node has lower-priority pods terminating.
+//! - A pod with `preemptionPolicy: Never` never preempts; neither does one whose nominated
+//!   node has a preemption under way (a victim evicted there — for it or for another pod
+//!   nominated there — still on the node, even before the eviction is seen) or has
+//!   lower-priority pods terminating.
 //! - Victims have a lower priority than the preemptor and are not terminating. A pod of
 //!   *another tenant* is a victim only if that tenant's weighted dominant share is above the
 //!   preemptor's tenant's: a tenant under its share may preempt one over it, never the
