@@ -990,6 +990,8 @@ fn the_federation_benchmark_reports_every_figure() {
         "pods_per_sec",
         "single_shard_pods_per_sec",
         "per_pod_cost_ratio",
+        "cpu_us_per_pod",
+        "single_shard_cpu_us_per_pod",
         "placements_per_sec",
         "propagation_p99_ms",
     ] {

@@ -80,6 +80,10 @@ struct Report {
     pods_per_sec: Option<f64>,
     single_shard_pods_per_sec: Option<f64>,
     per_pod_cost_ratio: Option<f64>,
+    /// The process's CPU (user + system) from the first create to the last pod Running,
+    /// per pod: through the federation, and on one shard.
+    cpu_us_per_pod: Option<f64>,
+    single_shard_cpu_us_per_pod: Option<f64>,
     placements_per_sec: f64,
     utilization_vs_global: f64,
     utilization_memory_vs_global: f64,
@@ -270,7 +274,7 @@ fn admin(shard: &Shard) -> Arc<dyn Client> {
 /// The same work on one shard of every node.
 /// Returns pods/s and the shard's directory, which must outlive the process's use of it
 /// (its API server and compactor run on until the process ends).
-async fn single(args: &FederationBenchArgs) -> anyhow::Result<(f64, tempfile::TempDir)> {
+async fn single(args: &FederationBenchArgs) -> anyhow::Result<(f64, f64, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
     let all = up_args(dir.path(), 0, args.shards * args.nodes_per_shard)?;
     let shard = crate::up::start(&all.base).await?;
@@ -279,12 +283,14 @@ async fn single(args: &FederationBenchArgs) -> anyhow::Result<(f64, tempfile::Te
     let informer = watch_running(admin(&shard), &mut tasks, running.clone())?;
     informer.synced().await;
     let started = Instant::now();
+    let cpu = cpu_seconds();
     create_work(&admin(&shard), args.tenants, args.pods).await?;
     let secs = wait_running(&[running], args.pods, started, args.timeout).await;
+    let cpu_us_per_pod = (cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64;
     for t in tasks {
         t.abort();
     }
-    Ok((args.pods as f64 / secs?.max(1e-9), dir))
+    Ok((args.pods as f64 / secs?.max(1e-9), cpu_us_per_pod, dir))
 }
 
 /// Propagation latency, idle: Deployments created at the federation one at a time, each
@@ -404,8 +410,10 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
         counters.push(running);
     }
     let started = Instant::now();
+    let cpu = cpu_seconds();
     create_work(&fed, args.tenants, args.pods).await?;
     let secs = wait_running(&counters, args.pods, started, args.timeout).await?;
+    r.cpu_us_per_pod = Some((cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64);
     r.pods_per_sec = Some(args.pods as f64 / secs.max(1e-9));
     // Idle once the work is in: what the fleet costs doing nothing, then propagation.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -454,8 +462,9 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
         let mut _single_dir = None;
         let mut _fleet_dir = None;
         if !args.skip_single {
-            let (pps, dir) = single(&args).await?;
+            let (pps, cpu, dir) = single(&args).await?;
             r.single_shard_pods_per_sec = Some(pps);
+            r.single_shard_cpu_us_per_pod = Some(cpu);
             _single_dir = Some(dir);
         }
         _fleet_dir = Some(sharded(&args, &mut r).await?);
@@ -484,6 +493,11 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
     println!(
         "  per-pod cost ratio              {}",
         opt(r.per_pod_cost_ratio, "")
+    );
+    println!(
+        "  cpu per pod, federation / one   {} / {}",
+        opt(r.cpu_us_per_pod, " µs"),
+        opt(r.single_shard_cpu_us_per_pod, " µs")
     );
     println!(
         "  placements/s (routing alone)    {:.0}",
