@@ -47,6 +47,29 @@ fn wait_spread(c: &Cluster, ns: &str, name: &str, want: &[Option<u64>]) {
     );
 }
 
+/// Waits until shard `name` reports `cores` of cpu free: its capacity summary has caught up
+/// with what runs there, so a placement decided now sees it (a decision made on an older
+/// summary is right for that summary, but not the one a test means).
+fn wait_free_cpu(c: &Cluster, name: &str, cores: f64) {
+    let read = || {
+        let q = c.ok(&["get", "shards", name, "-o", "jsonpath={.status.free.cpu}"]);
+        let q = q.trim();
+        match q.strip_suffix('m') {
+            Some(milli) => milli.parse::<f64>().ok().map(|m| m / 1000.0),
+            None => q.parse::<f64>().ok(),
+        }
+    };
+    let got = wait_for(Duration::from_secs(30), || {
+        read().filter(|free| (free - cores).abs() < 1e-6)
+    });
+    assert!(
+        got.is_some(),
+        "{name} should report {cores} cpu free, reports {:?}: {}",
+        read(),
+        c.ok(&["get", "shards"])
+    );
+}
+
 /// A field (`reason`, `message`) of the `Placed` condition of `kind ns/name` at the federation.
 fn placed_field(c: &Cluster, kind: &str, ns: &str, name: &str, field: &str) -> String {
     let path = format!("jsonpath={{.status.conditions[?(@.type==\"Placed\")].{field}}}");
@@ -272,6 +295,8 @@ fn a_tenant_stays_home_spills_over_when_full_and_waits_with_a_reason() {
         "a small workload stays on its tenant's home shard"
     );
     let home = home[0];
+    // 4 replicas of 4 cpu on 10 nodes of 8: 64 of 80 cpu free.
+    wait_free_cpu(&c, SHARDS[home], 64.0);
     c.ok(&["scale", "deployment/small", "-n", "spill", "--replicas=30"]);
     c.ok(&[
         "rollout",
@@ -295,6 +320,10 @@ fn a_tenant_stays_home_spills_over_when_full_and_waits_with_a_reason() {
     );
 
     // Fill the fleet; a new workload waits, with a condition and an Event saying why.
+    wait_free_cpu(&c, SHARDS[home], 0.0);
+    if let Some(spilled) = (0..SHARDS.len()).find(|&i| i != home && s[i].is_some()) {
+        wait_free_cpu(&c, SHARDS[spilled], 40.0);
+    }
     c.ok(&["scale", "deployment/small", "-n", "spill", "--replicas=60"]);
     c.ok(&[
         "rollout",
