@@ -141,6 +141,21 @@ fn a_federation_of_three_shards_places_scales_reverts_and_deletes() {
     ]);
     assert_eq!(map.split_whitespace().collect::<Vec<_>>(), SHARDS);
 
+    // A Deployment made without a namespace (`default`) is placed like any other.
+    c.ok(&[
+        "create",
+        "deployment",
+        "plain",
+        "--image=nginx",
+        "--replicas=2",
+    ]);
+    c.ok(&["rollout", "status", "deployment/plain", "--timeout=60s"]);
+    assert_eq!(
+        spread(&c, "default", "plain").iter().flatten().sum::<u64>(),
+        2,
+        "the default namespace's Deployment runs in the shards"
+    );
+
     // A Deployment divided 1:2:1 by weight.
     c.ok(&["create", "namespace", "demo"]);
     let placement = c.file(

@@ -47,8 +47,10 @@ pub const PLACEMENT_ANNOTATION: &str = "tessera.io/placement";
 /// The annotation on a shard's copy: the federation generation it was made from.
 pub const GENERATION_ANNOTATION: &str = "tessera.io/federation-generation";
 
-/// Namespaces whose objects are the federation's own, never propagated.
-const SYSTEM_NAMESPACES: [&str; 4] = ["kube-system", "kube-public", "kube-node-lease", "default"];
+/// Namespaces whose objects are the federation's own, never propagated. (`default` is not
+/// one: `kubectl create deployment` without `-n` lands there, and is placed like any
+/// namespace no Tenant owns — a tenant of its own.)
+const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
 /// What a decision annotation holds.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
