@@ -484,27 +484,33 @@ pub fn record_update(
     }
     let mut changed = BTreeSet::new();
     changed_leaves(current, next, &mut Vec::new(), &mut changed);
-    // Entries come from the object the client sent, or the stored one if it sent none.
-    let sent = next["metadata"]["managedFields"].is_array();
-    let raw: Vec<Value> = if sent {
-        next["metadata"]["managedFields"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    } else {
-        current
-            .and_then(|c| c["metadata"]["managedFields"].as_array().cloned())
-            .unwrap_or_default()
-    };
     // Stored entries (not a client's own list) that own nothing in a top-level field this
     // write changed are kept as stored, without decoding their field sets: none of their
     // fields changed or disappeared (Kubernetes, too, takes from other managers only the
     // fields in the write's diff).
-    let differing = match current {
+    let sent = next["metadata"]["managedFields"].is_array();
+    let differing: Option<Vec<String>> = match current {
         Some(c) if !sent || c["metadata"]["managedFields"] == next["metadata"]["managedFields"] => {
-            Some(differing_fields(c, next))
+            Some(
+                differing_fields(c, next)
+                    .into_iter()
+                    .map(|k| format!("f:{k}"))
+                    .collect(),
+            )
         }
         _ => None,
+    };
+    // Entries come from the object the client sent (taken: they are stored again below),
+    // or the stored one if it sent none.
+    let raw: Vec<Value> = if sent {
+        match next["metadata"]["managedFields"].take() {
+            Value::Array(entries) => entries,
+            _ => Vec::new(),
+        }
+    } else {
+        current
+            .and_then(|c| c["metadata"]["managedFields"].as_array().cloned())
+            .unwrap_or_default()
     };
     let own = |e: &Value| {
         e["manager"] == manager
@@ -518,10 +524,7 @@ pub fn record_update(
         let Some(fields) = e["fieldsV1"].as_object().filter(|f| !f.is_empty()) else {
             return false;
         };
-        (!own(e) || changed.is_empty())
-            && !differing
-                .iter()
-                .any(|k| fields.contains_key(&format!("f:{k}")))
+        (!own(e) || changed.is_empty()) && !differing.iter().any(|k| fields.contains_key(k))
     };
     enum Slot {
         Kept(Value),

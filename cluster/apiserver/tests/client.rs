@@ -75,7 +75,8 @@ fn member(name: &str) -> Value {
 }
 
 /// Namespace `ns` with PodGroup `g` of `min_member`.
-async fn gang_namespace(c: &Arc<dyn Client>, ns: &str, min_member: i32) {
+/// Namespace `ns`.
+async fn namespace(c: &Arc<dyn Client>, ns: &str) {
     c.create(
         res("", "namespaces"),
         None,
@@ -83,6 +84,10 @@ async fn gang_namespace(c: &Arc<dyn Client>, ns: &str, min_member: i32) {
     )
     .await
     .expect("namespace");
+}
+
+async fn gang_namespace(c: &Arc<dyn Client>, ns: &str, min_member: i32) {
+    namespace(c, ns).await;
     c.create(
         res("tessera.io", "podgroups"),
         Some(ns),
@@ -1623,13 +1628,7 @@ async fn a_binding_to_a_malformed_node_name_is_refused() {
     let pods = res("", "pods");
     for (i, (how, c)) in s.clients.iter().enumerate() {
         let ns = format!("bn{i}");
-        c.create(
-            res("", "namespaces"),
-            None,
-            &json!({"metadata": {"name": ns}}),
-        )
-        .await
-        .expect(how);
+        namespace(c, &ns).await;
         c.create(pods, Some(&ns), &pod("p", "100m"))
             .await
             .expect(how);
@@ -1696,13 +1695,7 @@ async fn a_decoded_pod_is_stored_as_the_same_pod_sent_as_text() {
     };
     for (i, (how, c)) in s.clients.iter().enumerate() {
         let ns = format!("dec{i}");
-        c.create(
-            res("", "namespaces"),
-            None,
-            &json!({"metadata": {"name": ns}}),
-        )
-        .await
-        .expect(how);
+        namespace(c, &ns).await;
         let mut req = ApiRequest::new(Verb::Create, pods);
         req.namespace = Some(ns.clone());
         req.body = Bytes::from(text("as-text").to_string());
@@ -1769,9 +1762,7 @@ async fn creates_see_their_namespace_as_it_is_now() {
     let (pods, namespaces) = (res("", "pods"), res("", "namespaces"));
     for (i, (how, c)) in s.clients.iter().enumerate() {
         let ns = format!("now{i}");
-        c.create(namespaces, None, &json!({"metadata": {"name": ns}}))
-            .await
-            .expect(how);
+        namespace(c, &ns).await;
         c.create(pods, Some(&ns), &pod("first", "100m"))
             .await
             .expect(how);
@@ -1820,13 +1811,7 @@ async fn status_patches_are_typed_where_they_change_the_pod() {
     let pods = res("", "pods");
     for (i, (how, c)) in s.clients.iter().enumerate() {
         let ns = format!("st{i}");
-        c.create(
-            res("", "namespaces"),
-            None,
-            &json!({"metadata": {"name": ns}}),
-        )
-        .await
-        .expect(how);
+        namespace(c, &ns).await;
         let created = c
             .create(pods, Some(&ns), &pod("p", "100m"))
             .await

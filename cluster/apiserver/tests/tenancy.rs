@@ -758,37 +758,20 @@ async fn a_decoded_body_is_checked_as_text_is() {
         }),
         status: None,
     };
-    let e = acme
-        .create_decoded(
-            pods,
-            Some("acme-dev"),
-            Decoded::typed(&risky).expect("typed"),
-        )
-        .await
-        .expect_err("host PID");
-    assert_eq!(e.code, 403, "{}", e.message);
-    assert!(e.message.contains("hostPID=true"), "{}", e.message);
-    let e = acme
-        .create_decoded(
-            pods,
-            Some("zeta-dev"),
-            Decoded::typed(&risky).expect("typed"),
-        )
-        .await
-        .expect_err("another tenant's namespace");
-    assert_eq!(e.code, 403, "{}", e.message);
     let mut invalid = risky.clone();
     invalid.spec = Some(PodSpec::default());
-    let e = acme
-        .create_decoded(
-            pods,
-            Some("acme-dev"),
-            Decoded::typed(&invalid).expect("typed"),
-        )
-        .await
-        .expect_err("no containers");
-    assert_eq!(e.code, 422, "{}", e.message);
-    assert!(e.message.contains("spec.containers"), "{}", e.message);
+    for (pod, ns, code, says) in [
+        (&risky, "acme-dev", 403, "hostPID=true"),
+        (&risky, "zeta-dev", 403, "zeta-dev"),
+        (&invalid, "acme-dev", 422, "spec.containers"),
+    ] {
+        let e = acme
+            .create_decoded(pods, Some(ns), Decoded::typed(pod).expect("typed"))
+            .await
+            .expect_err(says);
+        assert_eq!(e.code, code, "{says}: {}", e.message);
+        assert!(e.message.contains(says), "{says}: {}", e.message);
+    }
     for name in ["sneaky"] {
         for ns in ["acme-dev", "zeta-dev"] {
             assert!(

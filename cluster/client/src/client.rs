@@ -179,6 +179,17 @@ pub trait Client: Send + Sync {
     }
 }
 
+/// Creates `obj` through `client`, handed over typed ([`Decoded::typed`]): in-process, the
+/// API neither parses it nor decodes it into its type again.
+pub async fn create_typed<T: k8s_openapi::Resource + serde::Serialize>(
+    client: &(impl Client + ?Sized),
+    res: &'static Resource,
+    ns: Option<&str>,
+    obj: &T,
+) -> Result<Value, ApiError> {
+    client.create_decoded(res, ns, Decoded::typed(obj)?).await
+}
+
 /// The shards of a federation as clients of their Kubernetes APIs: what the federation's API
 /// reads pods, nodes and events from (`kubectl get pods -A` at the federation).
 pub trait ShardSet: Send + Sync {

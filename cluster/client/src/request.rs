@@ -268,10 +268,12 @@ impl Decoded {
         self.value
     }
 
-    /// True if the body was serialized from the type of `api_version`/`kind`.
-    pub fn is_typed_as(&self, api_version: &str, kind: &str) -> bool {
-        self.typed
-            .is_some_and(|(a, k)| a == api_version && k == kind)
+    /// True if the body was serialized from the type of `group`/`version` `kind`.
+    pub fn is_typed_as(&self, group: &str, version: &str, kind: &str) -> bool {
+        self.typed.is_some_and(|(api_version, k)| {
+            let (g, v) = api_version.split_once('/').unwrap_or(("", api_version));
+            (g, v, k) == (group, version, kind)
+        })
     }
 }
 

@@ -11,10 +11,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec, Taint};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodTemplateSpec, Taint,
+    Toleration,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
-use tessera_client::request::{Decoded, PatchType};
+use tessera_client::request::PatchType;
 use tessera_core::time::now_secs;
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
@@ -89,10 +92,16 @@ pub async fn run(ctx: Context) {
 
 /// The tolerations Kubernetes gives every daemon pod, so it runs on nodes being drained,
 /// unready or under pressure.
-fn daemon_tolerations() -> Vec<Value> {
+fn daemon_tolerations() -> Vec<Toleration> {
+    let exists = |key: &str, effect: &str| Toleration {
+        key: Some(format!("node.kubernetes.io/{key}")),
+        operator: Some("Exists".into()),
+        effect: Some(effect.into()),
+        ..Toleration::default()
+    };
     let mut t = vec![
-        json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}),
-        json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}),
+        exists("not-ready", "NoExecute"),
+        exists("unreachable", "NoExecute"),
     ];
     for k in [
         "disk-pressure",
@@ -100,7 +109,7 @@ fn daemon_tolerations() -> Vec<Value> {
         "pid-pressure",
         "unschedulable",
     ] {
-        t.push(json!({"key": format!("node.kubernetes.io/{k}"), "operator": "Exists", "effect": "NoSchedule"}));
+        t.push(exists(k, "NoSchedule"));
     }
     t
 }
@@ -114,11 +123,7 @@ pub fn eligible(template: &PodTemplateSpec, node: &Node) -> bool {
         return false;
     }
     let mut tolerations = spec.tolerations.clone().unwrap_or_default();
-    tolerations.extend(
-        daemon_tolerations()
-            .into_iter()
-            .filter_map(|t| serde_json::from_value(t).ok()),
-    );
+    tolerations.extend(daemon_tolerations());
     let taints: Vec<Taint> = node
         .spec
         .as_ref()
@@ -273,19 +278,30 @@ impl Reconciler for DaemonSets {
             if !create_on.is_empty() {
                 let owner = pods::owner_ref("apps/v1", "DaemonSet", &name, &uid);
                 let labels = BTreeMap::from([(REVISION_LABEL.to_owned(), revision.clone())]);
-                let new: Vec<Decoded> = create_on
-                    .iter()
-                    .map(|node| {
-                        let p = pods::from_template(&template, &owner, &format!("{name}-"), None, &labels);
-                        let mut p = serde_json::to_value(p).unwrap_or_default();
-                        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] =
-                            json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]});
-                        let mut tol = p["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
-                        tol.extend(daemon_tolerations());
-                        p["spec"]["tolerations"] = json!(tol);
-                        Decoded::value(p)
-                    })
-                    .collect();
+                let new = pods::typed_pods(create_on.iter().map(|node| {
+                    let mut p =
+                        pods::from_template(&template, &owner, &format!("{name}-"), None, &labels);
+                    let spec = p.spec.get_or_insert_default();
+                    // Bound to its node by a required node affinity on the node's name.
+                    spec.affinity
+                        .get_or_insert_default()
+                        .node_affinity
+                        .get_or_insert_default()
+                        .required_during_scheduling_ignored_during_execution = Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_fields: Some(vec![NodeSelectorRequirement {
+                                key: "metadata.name".into(),
+                                operator: "In".into(),
+                                values: Some(vec![node.to_string()]),
+                            }]),
+                            ..NodeSelectorTerm::default()
+                        }],
+                    });
+                    spec.tolerations
+                        .get_or_insert_default()
+                        .extend(daemon_tolerations());
+                    p
+                }))?;
                 let (created, err) =
                     pods::create_slow_start(&self.ctx.client, &ns, new, &self.expectations, key)
                         .await;

@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use tessera_client::request::{Decoded, PatchType};
+use tessera_client::client::create_typed;
+use tessera_client::request::PatchType;
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
@@ -262,16 +263,7 @@ impl Sets {
             pod_spec.hostname = Some(pod_name.clone());
             pod_spec.subdomain = Some(svc.clone());
         }
-        let created = match Decoded::typed(&p) {
-            Ok(body) => {
-                self.ctx
-                    .client
-                    .create_decoded(res("", "pods"), Some(&ns), body)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        match created {
+        match create_typed(&*self.ctx.client, res("", "pods"), Some(&ns), &p).await {
             Ok(_) => Ok(()),
             Err(e) if e.code == 409 => Ok(()),
             Err(e) => Err(e.into()),

@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use parking_lot::Mutex;
 use serde_json::json;
 use tessera_client::catalog::{RESOURCES, Resource};
-use tessera_client::client::Client;
-use tessera_client::request::{Decoded, PatchType};
+use tessera_client::client::{Client, create_typed};
+use tessera_client::request::PatchType;
 use tessera_core::time::{now_secs, rfc3339};
 use tokio::sync::Semaphore;
 
@@ -185,12 +185,7 @@ impl Recorder {
             count: Some(1),
             ..Event::default()
         };
-        // Handed over decoded: in-process, the API does not parse it or decode it again.
-        let written = match Decoded::typed(&ev) {
-            Ok(body) => self.client.create_decoded(events(), Some(&ns), body).await,
-            Err(e) => Err(e),
-        };
-        match written {
+        match create_typed(&*self.client, events(), Some(&ns), &ev).await {
             Ok(_) => {
                 self.seen.lock().insert(id, (ns, name, 1));
                 self.count();

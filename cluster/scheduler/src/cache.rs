@@ -76,24 +76,18 @@ impl Cache {
         }
         let mut topo = self.topology.write();
         for (what, key) in needs {
-            // A pod matches only if every clause does, so only the first clause's
-            // namespaces can hold pods to count.
-            match what.0.first() {
-                Some(first) => {
-                    let pods = first
-                        .namespaces
-                        .iter()
-                        .filter_map(|ns| self.pods_by_ns.get(ns))
-                        .flatten()
-                        .filter_map(|k| self.pods.get(k))
-                        .map(|p| (&*p.info.pod, p.node.as_str()));
-                    topo.ensure_counter(what, key, pods);
-                }
-                None => {
-                    let pods = self.pods.values().map(|p| (&*p.info.pod, p.node.as_str()));
-                    topo.ensure_counter(what, key, pods);
-                }
-            }
+            // A pod matches only if every clause does (and no pod matches no clause), so
+            // only the first clause's namespaces can hold pods to count.
+            let pods = what
+                .0
+                .first()
+                .into_iter()
+                .flat_map(|first| &first.namespaces)
+                .filter_map(|ns| self.pods_by_ns.get(ns))
+                .flatten()
+                .filter_map(|k| self.pods.get(k))
+                .map(|p| (&*p.info.pod, p.node.as_str()));
+            topo.ensure_counter(what, key, pods);
         }
         drop(topo);
         self.sync_domains();

@@ -368,10 +368,11 @@ impl Api {
         if seat.is_none() && req.verb != Verb::Watch {
             *seat = Some(self.fairness.admit(user, scope.max_inflight)?);
         }
-        // A body handed over decoded goes to the writes that take one; any other request
-        // reads it as the text it stands for.
+        // A body handed over decoded goes to the writes that take one (creates, updates, a
+        // pod's binding); any other request reads it as the text it stands for.
         let object = match (req.verb, req.subresource.as_deref()) {
-            (Verb::Create, None | Some("binding")) | (Verb::Update, _) => req.object.take(),
+            (Verb::Create, None) | (Verb::Update, _) => req.object.take(),
+            (Verb::Create, Some("binding")) if req.resource.plural == "pods" => req.object.take(),
             _ => {
                 if req.object.is_some() {
                     req.body = req.body_bytes();

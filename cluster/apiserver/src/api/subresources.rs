@@ -111,16 +111,12 @@ impl Api {
         object: Option<Decoded>,
     ) -> Result<ApiResponse, ApiError> {
         if req.resource.plural == "podgroups" {
-            let mut req = req.clone();
-            if let Some(o) = object {
-                req.body = Bytes::from(o.into_value().to_string());
-            }
-            return self.bind_group(&req, user).await;
+            return self.bind_group(req, user).await;
         }
         // A Binding serialized from its own type needs no decoding into it.
         let (binding, typed): (Value, bool) = match object {
             Some(o) => {
-                let typed = o.is_typed_as("v1", "Binding");
+                let typed = o.is_typed_as("", "v1", "Binding");
                 (o.into_value(), typed)
             }
             None => (

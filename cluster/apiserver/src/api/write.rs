@@ -28,31 +28,25 @@ pub(super) fn target_schema(req: &ApiRequest) -> String {
 
 /// True if `next` equals `current` outside `status` and `metadata.resourceVersion`.
 fn only_status_differs(current: &Value, next: &Value) -> bool {
-    let (Some(cur), Some(new)) = (current.as_object(), next.as_object()) else {
-        return false;
-    };
-    let same_meta = |a: &Value, b: &Value| match (a.as_object(), b.as_object()) {
-        (Some(a), Some(b)) => {
-            let rest = |m: &'_ serde_json::Map<String, Value>| {
-                m.iter().filter(|(k, _)| *k != "resourceVersion").count()
-            };
-            rest(a) == rest(b)
-                && a.iter()
-                    .filter(|(k, _)| *k != "resourceVersion")
-                    .all(|(k, v)| b.get(k) == Some(v))
-        }
-        _ => a == b,
-    };
-    let keys = |m: &serde_json::Map<String, Value>| m.keys().filter(|k| *k != "status").count();
-    keys(cur) == keys(new)
-        && cur
-            .iter()
-            .filter(|(k, _)| *k != "status")
-            .all(|(k, v)| match new.get(k) {
-                Some(n) if k == "metadata" => same_meta(v, n),
-                Some(n) => v == n,
-                None => false,
-            })
+    fn same_except(a: &Value, b: &Value, skip: &[&str]) -> bool {
+        let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+            return a == b;
+        };
+        let kept = |m: &serde_json::Map<String, Value>| {
+            m.keys().filter(|k| !skip.contains(&k.as_str())).count()
+        };
+        kept(a) == kept(b)
+            && a.iter()
+                .filter(|(k, _)| !skip.contains(&k.as_str()))
+                .all(|(k, v)| b.get(k) == Some(v))
+    }
+    current.is_object()
+        && same_except(current, next, &["status", "metadata"])
+        && same_except(
+            &current["metadata"],
+            &next["metadata"],
+            &["resourceVersion"],
+        )
 }
 
 impl Api {
@@ -70,12 +64,7 @@ impl Api {
         let obj = match object {
             Some(o) => {
                 let (group, version, kind) = target_kind(req);
-                let api_version = if group.is_empty() {
-                    version.to_owned()
-                } else {
-                    format!("{group}/{version}")
-                };
-                if o.is_typed_as(&api_version, kind) {
+                if o.is_typed_as(group, version, kind) {
                     return Ok((self.defaulted(req, o.into_value()), Vec::new()));
                 }
                 o.into_value()
