@@ -629,6 +629,7 @@ impl Propagation {
             object: Arc::from(m.to_string().into_bytes()),
             generation: t.metadata.generation.unwrap_or(1),
             replicas: 0,
+            request: Request::default(),
             dependencies: Vec::new(),
         };
         let okey = Kind::Tenant.object_key(key);
@@ -858,10 +859,15 @@ impl Propagation {
         };
         let tenant = self.tenant_index.lock().tenant_of(&ns).to_owned();
         let same_request = recorded.request == request.describe();
-        let credit = if same_request {
-            recorded.shares.clone()
-        } else {
-            BTreeMap::new()
+        let okey = k.object_key(key);
+        // What the shards hold of it now is counted by their summaries (or reserved): a new
+        // decision starts from that. The registry knows it as of the last assignment; the
+        // recorded annotation is read only after a restart, before anything is assigned (the
+        // cache may not show this controller's last record yet).
+        let credit = match self.registry.credit(&okey, &request) {
+            Some(held) => held,
+            None if same_request => recorded.shares.clone(),
+            None => BTreeMap::new(),
         };
         // A decision stands while the workload, its policy and its request stand. A shard that
         // is not ready keeps its share: moving work off a lost shard is failover's, fenced by
@@ -987,7 +993,6 @@ impl Propagation {
             serde_json::to_value(w.as_ref()).map_err(|e| ReconcileError::new(e.to_string()))?;
         obj["apiVersion"] = json!(kind.api_version());
         obj["kind"] = json!(kind.kind());
-        let okey = k.object_key(key);
         let deps = self.dependencies_of(&ns, template);
         for (shard, n) in &decision.shares {
             let m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
@@ -998,6 +1003,7 @@ impl Propagation {
                     object: Arc::from(m.to_string().into_bytes()),
                     generation,
                     replicas: *n as i64,
+                    request: request.clone(),
                     dependencies: deps.clone(),
                 },
             );

@@ -104,6 +104,9 @@ pub struct Held {
     pub generation: i64,
     /// The shard's share of the replicas.
     pub replicas: i64,
+    /// What each replica asks for (empty for objects without replicas): new replicas reserve
+    /// it on the shard until the shard's summary counts them.
+    pub request: Request,
     /// Objects to apply first (namespace, ...).
     pub dependencies: Vec<Arc<[u8]>>,
 }
@@ -559,10 +562,22 @@ impl Registry {
             .entries
             .entry(shard.to_owned())
             .or_insert_with(Entry::new);
-        if e.held.get(key) == Some(&held) {
+        let old = e.held.get(key);
+        if old == Some(&held) {
             return;
         }
         e.seq += 1;
+        // The replicas this assignment adds take room until a summary has seen it: only an
+        // assignment that is sent reserves, so a decision repeated on a stale view (one that
+        // changes nothing here) reserves nothing twice.
+        let before = old
+            .filter(|o| o.request == held.request)
+            .map_or(0, |o| o.replicas);
+        let extra = held.replicas.saturating_sub(before);
+        if extra > 0 && !held.request.amounts.is_empty() {
+            e.reservations
+                .push((e.seq, held.request.clone(), extra as u64));
+        }
         if let Some(s) = &e.session {
             let _ = s.tx.send(apply_message(e.seq, key, &held));
             e.sent
@@ -633,19 +648,31 @@ impl Registry {
             inner.tenants.insert(w.tenant.to_owned());
         }
         let d = inner.snapshot.place(w, policy);
+        // Taken out of the snapshot now, for the next decision; [`Registry::assign`] keeps the
+        // room reserved across summaries until one has seen the assignment.
         inner.snapshot.commit(w, &d);
-        for (name, n) in &d.shares {
-            let extra = n.saturating_sub(w.current.get(name).copied().unwrap_or(0));
-            if extra == 0 {
-                continue;
-            }
-            if let Some(e) = inner.entries.get_mut(name) {
-                // The reservation rides on the next assignment to this shard.
-                e.reservations.push((e.seq + 1, w.request.clone(), extra));
-            }
-        }
         let total = inner.snapshot.shards.len();
         (d, total)
+    }
+
+    /// What each shard holds of `key` with replicas asking `request`: the credit a new
+    /// decision for it starts from (its replicas there are counted in the shard's summary
+    /// or reserved already). `None` when no shard holds it (after a restart, before the
+    /// first decision re-assigns it).
+    pub fn credit(&self, key: &ObjectKey, request: &Request) -> Option<BTreeMap<String, u64>> {
+        let inner = self.inner.lock();
+        let mut any = false;
+        let mut out = BTreeMap::new();
+        for (name, e) in &inner.entries {
+            let Some(h) = e.held.get(key) else {
+                continue;
+            };
+            any = true;
+            if &h.request == request && h.replicas > 0 {
+                out.insert(name.clone(), h.replicas as u64);
+            }
+        }
+        any.then_some(out)
     }
 
     /// The shards in `tenant`'s order of preference.
@@ -981,9 +1008,17 @@ mod tests {
 
     /// `nodes` nodes of 4 cpu, all free, as version `version`, having seen `seen`.
     fn summary(nodes: u64, version: u64, seen: u64) -> pb::CapacitySummary {
+        summary_used(nodes, version, seen, 0)
+    }
+
+    /// `nodes` of 4 cpu with `used` cpu taken, the first nodes filled first.
+    fn summary_used(nodes: u64, version: u64, seen: u64, used: u64) -> pb::CapacitySummary {
         let mut b = SummaryBuilder::new(&[]);
+        let mut left = used * 1000;
         for _ in 0..nodes {
-            b.node(&[4000, 16 << 30, 110], &[4000, 16 << 30, 110]);
+            let taken = left.min(4000);
+            left -= taken;
+            b.node(&[4000, 16 << 30, 110], &[4000 - taken, 16 << 30, 110]);
         }
         let s = b.build(version);
         pb::CapacitySummary {
@@ -1036,7 +1071,17 @@ mod tests {
             object: Arc::from(&b"{}"[..]),
             generation: 1,
             replicas: 2,
+            request: Request::default(),
             dependencies: Vec::new(),
+        }
+    }
+
+    /// `replicas` of `req` held: what the controller assigns after a decision.
+    fn held_of(req: &Request, replicas: u64) -> Held {
+        Held {
+            replicas: replicas as i64,
+            request: req.clone(),
+            ..held()
         }
     }
 
@@ -1191,10 +1236,15 @@ mod tests {
         };
         let (d, _) = r.place(&w, &policy);
         assert_eq!(d.shares.get("a"), Some(&6));
-        r.assign("a", &key(), held()); // the assignment the reservation rides on: seq 1
+        r.assign("a", &key(), held_of(&req, 6)); // seq 1 reserves 6
         let (d, _) = r.place(&w, &policy);
         assert_eq!(d.shares.get("a"), Some(&2), "8 cpu, 6 taken");
-        // A newer summary that has not seen the assignment still counts it as taken...
+        let other = ObjectKey {
+            name: "other".into(),
+            ..key()
+        };
+        r.assign("a", &other, held_of(&req, 2)); // seq 2 reserves 2
+        // A newer summary that has seen neither assignment still counts both as taken...
         r.summary("a", s, &summary(2, 2, 0)).expect("valid");
         let (d, _) = r.place(
             &Workload {
@@ -1204,7 +1254,7 @@ mod tests {
             &policy,
         );
         assert_eq!(d.unplaced, 8, "6 + 2 reserved: {d:?}");
-        // ...one that has seen it reports the room itself.
+        // ...one that has seen the first reports its room itself.
         r.summary("a", s, &summary(2, 3, 1)).expect("valid");
         let (d, _) = r.place(&Workload { replicas: 8, ..w }, &policy);
         assert_eq!(
@@ -1212,6 +1262,66 @@ mod tests {
             Some(&6),
             "the second decision's 2 still ride on seq 2"
         );
+    }
+
+    #[test]
+    fn a_decision_repeated_on_a_stale_record_reserves_nothing_twice() {
+        let r = registry();
+        let (s, _rx) = r.register(&reg("a", "sekret")).expect("register");
+        r.summary("a", s, &summary(2, 1, 0)).expect("valid");
+        let req = Request::cpu_memory(1000, 0);
+        let policy = Policy {
+            mode: Mode::Home,
+            ..Default::default()
+        };
+        assert_eq!(r.credit(&key(), &req), None, "held nowhere yet");
+        let none = BTreeMap::new();
+        let w = Workload {
+            tenant: "t",
+            replicas: 4,
+            request: &req,
+            current: &none,
+        };
+        let (d, _) = r.place(&w, &policy);
+        r.assign("a", &key(), held_of(&req, d.shares["a"]));
+        // The shard runs the 4 and says so: 8 cpu, 4 free.
+        r.summary("a", s, &summary_used(2, 2, 1, 4)).expect("valid");
+        // The controller decides again from what the registry holds, not from a record its
+        // cache may not show yet: the 4 are credited, nothing new is reserved, and the same
+        // assignment is not sent again.
+        let credit = r.credit(&key(), &req).expect("held");
+        assert_eq!(credit, BTreeMap::from([("a".to_owned(), 4)]));
+        let w = Workload {
+            current: &credit,
+            ..w
+        };
+        let (d, _) = r.place(&w, &policy);
+        assert_eq!(d.shares["a"], 4);
+        r.assign("a", &key(), held_of(&req, 4));
+        // Even a decision made with no credit at all (a stale caller) changes no assignment,
+        // so it leaves no reservation behind once the next summary comes.
+        let (_, _) = r.place(
+            &Workload {
+                current: &none,
+                ..w.clone()
+            },
+            &policy,
+        );
+        r.assign("a", &key(), held_of(&req, 4));
+        r.summary("a", s, &summary_used(2, 3, 1, 4)).expect("valid");
+        // Scaling to 8 finds the 4 free cpu and its own 4: all 8 fit.
+        let (d, _) = r.place(
+            &Workload {
+                replicas: 8,
+                ..w.clone()
+            },
+            &policy,
+        );
+        assert_eq!(d.shares.get("a"), Some(&8), "{d:?}");
+        assert_eq!(d.unplaced, 0);
+        // A changed request is not credited with the old replicas.
+        let bigger = Request::cpu_memory(2000, 0);
+        assert_eq!(r.credit(&key(), &bigger), Some(BTreeMap::new()));
     }
 
     #[test]
