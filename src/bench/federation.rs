@@ -14,7 +14,7 @@
 //!
 //! Everything shares the machine's cores: the numbers are for the whole fleet.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -84,6 +84,13 @@ struct Report {
     /// per pod: through the federation, and on one shard.
     cpu_us_per_pod: Option<f64>,
     single_shard_cpu_us_per_pod: Option<f64>,
+    /// API writes (create, update, patch, delete) per pod over every API server in the run
+    /// (the federation's and its shards'), and on one shard; then each run's writes by
+    /// `verb resource[/subresource]`, per pod.
+    api_writes_per_pod: Option<f64>,
+    single_shard_api_writes_per_pod: Option<f64>,
+    api_writes_by_kind: BTreeMap<String, f64>,
+    single_shard_api_writes_by_kind: BTreeMap<String, f64>,
     placements_per_sec: f64,
     utilization_vs_global: f64,
     utilization_memory_vs_global: f64,
@@ -139,6 +146,55 @@ fn cpu_seconds() -> f64 {
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime are fields 14 and 15 of stat; here 11 and 12 (0-based after state).
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// API requests that write, by `verb resource[/subresource]`, summed over `registries`
+/// (each an API server's metrics).
+fn api_writes(registries: &[&prometheus::Registry]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for r in registries {
+        for family in r.gather() {
+            if family.name() != "tessera_apiserver_requests_total" {
+                continue;
+            }
+            for m in family.get_metric() {
+                let label = |n: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == n)
+                        .map_or("", |l| l.value())
+                };
+                let verb = label("verb");
+                if !matches!(verb, "create" | "update" | "patch" | "delete") {
+                    continue;
+                }
+                let sub = label("subresource");
+                let key = if sub.is_empty() {
+                    format!("{verb} {}", label("resource"))
+                } else {
+                    format!("{verb} {}/{sub}", label("resource"))
+                };
+                *out.entry(key).or_default() += m.get_counter().get_value() as u64;
+            }
+        }
+    }
+    out
+}
+
+/// What was written between two [`api_writes`] readings, per pod.
+fn writes_since(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    pods: usize,
+) -> (f64, BTreeMap<String, f64>) {
+    let per_pod = |n: u64| n as f64 / pods.max(1) as f64;
+    let by: BTreeMap<String, f64> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| (k, per_pod(n)))
+        .collect();
+    (by.values().sum(), by)
 }
 
 /// Counts pods Running in a shard (each pod once) and when the last one started.
@@ -274,7 +330,7 @@ fn admin(shard: &Shard) -> Arc<dyn Client> {
 /// The same work on one shard of every node.
 /// Returns pods/s and the shard's directory, which must outlive the process's use of it
 /// (its API server and compactor run on until the process ends).
-async fn single(args: &FederationBenchArgs) -> anyhow::Result<(f64, f64, tempfile::TempDir)> {
+async fn single(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
     let all = up_args(dir.path(), 0, args.shards * args.nodes_per_shard)?;
     let shard = crate::up::start(&all.base).await?;
@@ -284,13 +340,18 @@ async fn single(args: &FederationBenchArgs) -> anyhow::Result<(f64, f64, tempfil
     informer.synced().await;
     let started = Instant::now();
     let cpu = cpu_seconds();
+    let writes = api_writes(&[&shard.registry]);
     create_work(&admin(&shard), args.tenants, args.pods).await?;
     let secs = wait_running(&[running], args.pods, started, args.timeout).await;
-    let cpu_us_per_pod = (cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64;
+    r.single_shard_cpu_us_per_pod = Some((cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64);
+    let (total, by) = writes_since(&writes, &api_writes(&[&shard.registry]), args.pods);
+    r.single_shard_api_writes_per_pod = Some(total);
+    r.single_shard_api_writes_by_kind = by;
     for t in tasks {
         t.abort();
     }
-    Ok((args.pods as f64 / secs?.max(1e-9), cpu_us_per_pod, dir))
+    r.single_shard_pods_per_sec = Some(args.pods as f64 / secs?.max(1e-9));
+    Ok(dir)
 }
 
 /// Propagation latency, idle: Deployments created at the federation one at a time, each
@@ -409,11 +470,18 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
         informer.synced().await;
         counters.push(running);
     }
+    let registries: Vec<&prometheus::Registry> = std::iter::once(&fleet.federation.api.registry)
+        .chain(fleet.shards.iter().map(|(_, s)| &s.registry))
+        .collect();
     let started = Instant::now();
     let cpu = cpu_seconds();
+    let writes = api_writes(&registries);
     create_work(&fed, args.tenants, args.pods).await?;
     let secs = wait_running(&counters, args.pods, started, args.timeout).await?;
     r.cpu_us_per_pod = Some((cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64);
+    let (total, by) = writes_since(&writes, &api_writes(&registries), args.pods);
+    r.api_writes_per_pod = Some(total);
+    r.api_writes_by_kind = by;
     r.pods_per_sec = Some(args.pods as f64 / secs.max(1e-9));
     // Idle once the work is in: what the fleet costs doing nothing, then propagation.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -462,10 +530,7 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
         let mut _single_dir = None;
         let mut _fleet_dir = None;
         if !args.skip_single {
-            let (pps, cpu, dir) = single(&args).await?;
-            r.single_shard_pods_per_sec = Some(pps);
-            r.single_shard_cpu_us_per_pod = Some(cpu);
-            _single_dir = Some(dir);
+            _single_dir = Some(single(&args, &mut r).await?);
         }
         _fleet_dir = Some(sharded(&args, &mut r).await?);
         if let (Some(single), Some(fed)) = (r.single_shard_pods_per_sec, r.pods_per_sec) {
@@ -499,6 +564,24 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
         opt(r.cpu_us_per_pod, " µs"),
         opt(r.single_shard_cpu_us_per_pod, " µs")
     );
+    println!(
+        "  API writes per pod, fed. / one  {} / {}",
+        opt(r.api_writes_per_pod, ""),
+        opt(r.single_shard_api_writes_per_pod, "")
+    );
+    let kinds: std::collections::BTreeSet<&String> = r
+        .api_writes_by_kind
+        .keys()
+        .chain(r.single_shard_api_writes_by_kind.keys())
+        .collect();
+    for k in kinds {
+        let of = |m: &BTreeMap<String, f64>| m.get(k).map_or("-".to_owned(), |v| format!("{v:.2}"));
+        println!(
+            "    {k:<40} {} / {}",
+            of(&r.api_writes_by_kind),
+            of(&r.single_shard_api_writes_by_kind)
+        );
+    }
     println!(
         "  placements/s (routing alone)    {:.0}",
         r.placements_per_sec

@@ -220,7 +220,7 @@ async fn volumes_identity_and_probes_work_inside() {
         Listen => 5, ReuseAddr => 1) or die \"listen: $!\"; print \"serving\\n\"; $| = 1; \
         while (my $c = $s->accept) { print $c \"HTTP/1.0 200 OK\\r\\n\\r\\nok\"; close $c }";
     let writer = "id; cat /conf/app.conf; cat /secret/password; echo; stat -c '%a' /secret/password; \
-        echo shared > /cache/note; echo x > /conf/new 2>/dev/null || echo conf-read-only; \
+        echo shared > /cache/note; { echo x > /conf/new; } 2>/dev/null || echo conf-read-only; \
         echo written; sleep 60";
     let p = json!({"metadata": {"name": "vols", "namespace": "default"}, "spec": {
         "nodeName": "proc-0", "restartPolicy": "Never", "hostname": "box",
@@ -245,7 +245,11 @@ async fn volumes_identity_and_probes_work_inside() {
         .await
         .expect("pod");
     let out = log_until(&f, "vols?container=writer", "written").await;
-    let id = out.lines().next().unwrap_or_default();
+    // stdout and stderr are read apart: find the line, not the first one.
+    let id = out
+        .lines()
+        .find(|l| l.starts_with("uid="))
+        .unwrap_or_default();
     assert!(
         id.starts_with("uid=1000") && id.contains(" gid=3000") && id.ends_with("groups=3000,2000"),
         "identity from the security context: {out}"
