@@ -131,6 +131,10 @@ pub struct ControllerManagerArgs {
     /// Seconds without a Lease renewal before a node is unreachable and its pods evicted.
     #[arg(long, default_value_t = 40.0)]
     node_monitor_grace_period: f64,
+    /// Milliseconds a workload's status writes that only follow its pods are batched over
+    /// (a workload at rest is written at once; 0 writes every change).
+    #[arg(long, default_value_t = 100)]
+    status_batch_period_ms: u64,
     /// Seconds between recounts of every ResourceQuota's usage.
     #[arg(long, default_value_t = 300.0)]
     resource_quota_sync_period: f64,
@@ -163,6 +167,7 @@ pub fn controller_context(
     client: Arc<dyn Client>,
     registry: &Registry,
     workers: usize,
+    status_batch: Duration,
 ) -> anyhow::Result<Context> {
     let runtime = RuntimeMetrics::register(registry)?;
     Ok(Context {
@@ -172,6 +177,7 @@ pub fn controller_context(
         runtime_metrics: Some(runtime),
         workers: workers.max(1),
         clock: Arc::new(tessera_controllers::clock::SystemClock),
+        status_batch,
     })
 }
 
@@ -179,7 +185,12 @@ pub fn controller_context(
 pub async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<()> {
     let registry = Registry::new();
     let client = connect(&args.remote, &registry).await?;
-    let ctx = controller_context(client.clone(), &registry, args.workers)?;
+    let ctx = controller_context(
+        client.clone(),
+        &registry,
+        args.workers,
+        Duration::from_millis(args.status_batch_period_ms),
+    )?;
     let metrics = ctx.runtime_metrics.clone().expect("registered above");
     let mut settings = controller_settings(
         args.node_monitor_grace_period,

@@ -17,12 +17,17 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::up::{Shard, UpArgs};
 
-/// Flags of the federation's lease.
+/// Flags of the federation's control loops: its shards' leases and status aggregation.
 #[derive(Args, Debug, Clone)]
-pub struct LeaseArgs {
+pub struct FederationTuning {
     /// Seconds a shard's lease runs from each renewal by its agent.
     #[arg(long, default_value_t = 15)]
     pub shard_lease_seconds: u64,
+    /// Milliseconds a federated workload's status writes that only follow its shards'
+    /// reports are batched over (a workload at rest is written at once; 0 writes every
+    /// report).
+    #[arg(long, default_value_t = 100)]
+    pub federation_status_batch_period_ms: u64,
 }
 
 /// A running federation control plane.
@@ -61,15 +66,15 @@ pub fn join_token(data_dir: &Path) -> anyhow::Result<String> {
 /// Starts the federation: its API on `args` (store, TLS, kubeconfig in its data dir), the
 /// gRPC endpoint on `args.grpc_addr` (TLS with the API's certificate), the Shard objects'
 /// writer and the propagation controller.
-pub async fn start(args: &UpArgs, lease: &LeaseArgs) -> anyhow::Result<Federation> {
+pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<Federation> {
     let metrics = FederationMetrics::unregistered()?;
     let token = join_token(&args.data_dir)?;
     let mut config = RegistryConfig::new(token.clone());
-    if lease.shard_lease_seconds < 3 {
+    if tuning.shard_lease_seconds < 3 {
         anyhow::bail!("--shard-lease-seconds must be at least 3");
     }
-    config.lease = Duration::from_secs(lease.shard_lease_seconds);
-    config.renew = Duration::from_secs((lease.shard_lease_seconds / 3).max(1));
+    config.lease = Duration::from_secs(tuning.shard_lease_seconds);
+    config.renew = Duration::from_secs((tuning.shard_lease_seconds / 3).max(1));
     let registry = Registry::new(config, Some(metrics.clone()));
     // Pods, nodes and events are read across the shards, over their agents' streams.
     let shards = Arc::new(tessera_registry::RegistryShards(registry.clone()));
@@ -115,6 +120,7 @@ pub async fn start(args: &UpArgs, lease: &LeaseArgs) -> anyhow::Result<Federatio
         workers: 4,
         queue_metrics: Some(queues),
         runtime_metrics: Some(runtime),
+        status_batch: std::time::Duration::from_millis(tuning.federation_status_batch_period_ms),
     }));
     Ok(Federation {
         api,
@@ -129,7 +135,7 @@ pub struct FederationArgs {
     #[command(flatten)]
     pub base: UpArgs,
     #[command(flatten)]
-    pub lease: LeaseArgs,
+    pub lease: FederationTuning,
 }
 
 /// `tessera federation`: the federation control plane alone, until Ctrl-C.

@@ -69,6 +69,10 @@ pub struct WorkerArgs {
     /// Seconds without a Lease renewal before a node is unreachable and its pods evicted.
     #[arg(long, default_value_t = 40.0)]
     pub node_monitor_grace_period: f64,
+    /// Milliseconds a workload's status writes that only follow its pods are batched over
+    /// (a workload at rest is written at once; 0 writes every change).
+    #[arg(long, default_value_t = 100)]
+    pub status_batch_period_ms: u64,
     /// Seconds between recounts of every ResourceQuota's usage.
     #[arg(long, default_value_t = 300.0)]
     pub resource_quota_sync_period: f64,
@@ -88,7 +92,7 @@ pub struct UpAllArgs {
     #[arg(long, default_value_t = 3)]
     pub shards: usize,
     #[command(flatten)]
-    pub lease: crate::federation::LeaseArgs,
+    pub lease: crate::federation::FederationTuning,
     /// Join this one shard to the federation at this gRPC URL instead of running one
     /// (with `--federation-ca`, `--join-token-file`, `--shard-name`).
     #[arg(long)]
@@ -276,6 +280,7 @@ pub async fn start_workers(
             workers: 4,
             clock: Arc::new(tessera_controllers::clock::SystemClock),
             informers: shard.informers.clone(),
+            status_batch: std::time::Duration::from_millis(workers.status_batch_period_ms),
         };
         let mut settings = crate::components::controller_settings(
             workers.node_monitor_grace_period,

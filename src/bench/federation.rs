@@ -63,6 +63,10 @@ pub struct FederationBenchArgs {
     /// Leave out the utilization measurement.
     #[arg(long)]
     pub skip_utilization: bool,
+    /// The controllers' and the federation's status batch period, in milliseconds (what
+    /// `tessera up --status-batch-period-ms` and `--federation-status-batch-period-ms` set).
+    #[arg(long, default_value_t = 100)]
+    pub status_batch_period_ms: u64,
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
@@ -108,7 +112,12 @@ struct Up {
     all: UpAllArgs,
 }
 
-fn up_args(dir: &std::path::Path, shards: usize, nodes: usize) -> anyhow::Result<UpAllArgs> {
+fn up_args(
+    dir: &std::path::Path,
+    shards: usize,
+    nodes: usize,
+    status_batch_ms: u64,
+) -> anyhow::Result<UpAllArgs> {
     let args = [
         "up".to_owned(),
         format!("--data-dir={}", dir.display()),
@@ -118,6 +127,8 @@ fn up_args(dir: &std::path::Path, shards: usize, nodes: usize) -> anyhow::Result
         format!("--shards={shards}"),
         format!("--nodes-per-shard={nodes}"),
         "--startup-delay-ms=0".into(),
+        format!("--status-batch-period-ms={status_batch_ms}"),
+        format!("--federation-status-batch-period-ms={status_batch_ms}"),
     ];
     Ok(Up::try_parse_from(args)?.all)
 }
@@ -148,11 +159,11 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// API requests that write, by `verb resource[/subresource]`, summed over `registries`
-/// (each an API server's metrics).
-fn api_writes(registries: &[&prometheus::Registry]) -> BTreeMap<String, u64> {
+/// API requests that write, by `[prefix]verb resource[/subresource]`, summed over
+/// `registries` (each an API server's metrics, with the prefix its writes are listed under).
+fn api_writes(registries: &[(&str, &prometheus::Registry)]) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for r in registries {
+    for (prefix, r) in registries {
         for family in r.gather() {
             if family.name() != "tessera_apiserver_requests_total" {
                 continue;
@@ -165,14 +176,17 @@ fn api_writes(registries: &[&prometheus::Registry]) -> BTreeMap<String, u64> {
                         .map_or("", |l| l.value())
                 };
                 let verb = label("verb");
-                if !matches!(verb, "create" | "update" | "patch" | "delete") {
+                // Writes that took effect (not those refused for fairness and retried).
+                if !matches!(verb, "create" | "update" | "patch" | "delete")
+                    || !label("code").starts_with('2')
+                {
                     continue;
                 }
                 let sub = label("subresource");
                 let key = if sub.is_empty() {
-                    format!("{verb} {}", label("resource"))
+                    format!("{prefix}{verb} {}", label("resource"))
                 } else {
-                    format!("{verb} {}/{sub}", label("resource"))
+                    format!("{prefix}{verb} {}/{sub}", label("resource"))
                 };
                 *out.entry(key).or_default() += m.get_counter().get_value() as u64;
             }
@@ -332,7 +346,12 @@ fn admin(shard: &Shard) -> Arc<dyn Client> {
 /// (its API server and compactor run on until the process ends).
 async fn single(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
-    let all = up_args(dir.path(), 0, args.shards * args.nodes_per_shard)?;
+    let all = up_args(
+        dir.path(),
+        0,
+        args.shards * args.nodes_per_shard,
+        args.status_batch_period_ms,
+    )?;
     let shard = crate::up::start(&all.base).await?;
     let mut tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
     let running = Running::new();
@@ -340,11 +359,11 @@ async fn single(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<te
     informer.synced().await;
     let started = Instant::now();
     let cpu = cpu_seconds();
-    let writes = api_writes(&[&shard.registry]);
+    let writes = api_writes(&[("", &shard.registry)]);
     create_work(&admin(&shard), args.tenants, args.pods).await?;
     let secs = wait_running(&[running], args.pods, started, args.timeout).await;
     r.single_shard_cpu_us_per_pod = Some((cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64);
-    let (total, by) = writes_since(&writes, &api_writes(&[&shard.registry]), args.pods);
+    let (total, by) = writes_since(&writes, &api_writes(&[("", &shard.registry)]), args.pods);
     r.single_shard_api_writes_per_pod = Some(total);
     r.single_shard_api_writes_by_kind = by;
     for t in tasks {
@@ -423,7 +442,12 @@ async fn propagation(
 /// Returns the fleet's directory, to outlive its servers' use of it.
 async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
-    let all = up_args(dir.path(), args.shards, args.nodes_per_shard)?;
+    let all = up_args(
+        dir.path(),
+        args.shards,
+        args.nodes_per_shard,
+        args.status_batch_period_ms,
+    )?;
     let fleet = crate::up::start_federated(&all).await?;
     let fed = fleet.federation.api.component_client("bench");
     // Every shard connected and summarized before work arrives.
@@ -470,9 +494,11 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
         informer.synced().await;
         counters.push(running);
     }
-    let registries: Vec<&prometheus::Registry> = std::iter::once(&fleet.federation.api.registry)
-        .chain(fleet.shards.iter().map(|(_, s)| &s.registry))
-        .collect();
+    // The federation's own writes are listed apart; the shards' are summed.
+    let registries: Vec<(&str, &prometheus::Registry)> =
+        std::iter::once(("federation: ", &fleet.federation.api.registry))
+            .chain(fleet.shards.iter().map(|(_, s)| ("", &s.registry)))
+            .collect();
     let started = Instant::now();
     let cpu = cpu_seconds();
     let writes = api_writes(&registries);

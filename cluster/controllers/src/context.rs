@@ -2,6 +2,7 @@
 //! informers, a queue per controller, and its workers.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Namespace;
@@ -32,7 +33,13 @@ pub struct Context {
     /// The informers every controller of the process reads (and the scheduler and node
     /// agents too, where they run in the same process on the same API).
     pub informers: Arc<Informers>,
+    /// The least time between two status writes of one workload that only follow its pods'
+    /// (or ReplicaSets') progress: changes within it are written together. A workload at
+    /// rest is written at once. Zero: every change is written as it comes.
+    pub status_batch: Duration,
 }
+
+pub use tessera_runtime::queue::DEFAULT_STATUS_BATCH;
 
 impl Context {
     /// A context with 4 workers per controller, no metrics and informers of its own.
@@ -44,6 +51,7 @@ impl Context {
             runtime_metrics: None,
             workers: 4,
             clock: Arc::new(SystemClock),
+            status_batch: DEFAULT_STATUS_BATCH,
         }
     }
 
@@ -59,7 +67,11 @@ impl Context {
 
     /// A work queue named after the controller.
     pub fn queue(&self, name: &str) -> WorkQueue<String> {
-        WorkQueue::new(QueueConfig::new(name), None, self.queue_metrics.clone())
+        WorkQueue::new(
+            QueueConfig::new(name).with_throttle(self.status_batch),
+            None,
+            self.queue_metrics.clone(),
+        )
     }
 
     /// An Event recorder for `component`.

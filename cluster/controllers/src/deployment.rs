@@ -15,12 +15,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 use tessera_client::request::PatchType;
 use tessera_core::time::{now_secs, rfc3339};
-use tessera_runtime::WorkQueue;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache, Change, controller_of, owner_key};
 use tessera_runtime::mutation::MutationCache;
 use tessera_runtime::selector::from_metav1;
+use tessera_runtime::{EventClass, WorkQueue};
 
 use crate::context::{Context, res};
 use crate::pods;
@@ -65,8 +65,21 @@ pub async fn run(ctx: Context) {
     let set_cache = sets.cache().clone();
     ctx.controller(NAME)
         .watches(&deployments)
-        .watches_with(&sets, |c, q| {
-            enqueue_owner(q, &c.object().metadata, "Deployment", c)
+        .watches_with(&sets, |c, q| match c {
+            // A set whose status alone moved (its pods progressed) changes the Deployment's
+            // status, and the next step of a rollout: such changes are taken together, and
+            // with a new set's arrival (mostly this controller's own creation).
+            Change::Added(new) => {
+                if let Some(key) = owner_key(&new.metadata, "Deployment") {
+                    q.add_throttled(key, EventClass::Add);
+                }
+            }
+            Change::Updated { old, new } if only_status_moved(old, new) => {
+                if let Some(key) = owner_key(&new.metadata, "Deployment") {
+                    q.add_throttled(key, EventClass::Update);
+                }
+            }
+            _ => enqueue_owner(q, &c.object().metadata, "Deployment", c),
         })
         // Pods matter only for Recreate (old pods must be gone before new ones start).
         .watches_with(&pods, move |c, q| {
@@ -79,6 +92,17 @@ pub async fn run(ctx: Context) {
         })
         .run(r)
         .await;
+}
+
+/// Whether only a ReplicaSet's status changed: the same spec (generation), labels,
+/// annotations, owners and deletion.
+fn only_status_moved(old: &ReplicaSet, new: &ReplicaSet) -> bool {
+    let (o, n) = (&old.metadata, &new.metadata);
+    o.generation == n.generation
+        && o.labels == n.labels
+        && o.annotations == n.annotations
+        && o.owner_references == n.owner_references
+        && o.deletion_timestamp == n.deletion_timestamp
 }
 
 fn enqueue_owner<T>(
@@ -337,6 +361,7 @@ impl Deployments {
         };
 
         // The new ReplicaSet: found, or created (not while paused).
+        let mut created = false;
         let new = match current {
             Some(rs) => {
                 if revision_of(&rs) < max_revision {
@@ -355,6 +380,7 @@ impl Deployments {
                     } else {
                         0
                     };
+                created = true;
                 Some(
                     self.create_rs(d, &template, initial, max_revision + 1, max_surge)
                         .await?,
@@ -387,6 +413,11 @@ impl Deployments {
         }
         self.cleanup(d, &olds, spec.revision_history_limit.unwrap_or(10))
             .await?;
+        if created {
+            // The new set's arrival queues the Deployment again: its status is written then,
+            // with the set's first progress, not twice.
+            return Ok(Action::Done);
+        }
         let requeue = self
             .update_status(
                 d,

@@ -66,19 +66,25 @@ fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations, sets: &Cac
     match c {
         Change::Added(p) => match owner_key(p) {
             Some(k) => {
+                // Mostly the set's own creations coming back: they move its status, and the
+                // pods that follow within the batch period are written with them.
                 exp.observed_add(&k);
-                q.add(k, EventClass::Add);
+                q.add_throttled(k, EventClass::Add);
             }
             None => orphan(p, q, sets),
         },
         Change::Updated { old, new } => {
             let (a, b) = (owner_key(old), owner_key(new));
-            if a != b
-                && let Some(a) = a
-            {
+            let same_owner = a == b;
+            if !same_owner && let Some(a) = a {
                 q.add(a, EventClass::Update);
             }
             match b {
+                // A pod that only moved on (bound, started, ready) changes the set's status
+                // alone: such changes of one set are written together.
+                Some(b) if same_owner && only_progressed(old, new) => {
+                    q.add_throttled(b, EventClass::Update)
+                }
                 Some(b) => q.add(b, EventClass::Update),
                 None => orphan(new, q, sets),
             }
@@ -99,6 +105,14 @@ fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations, sets: &Cac
             }
         }
     }
+}
+
+/// Whether a pod's change can move its set's status but not what the set must do: still
+/// active (or still not), with the same labels.
+fn only_progressed(old: &Pod, new: &Pod) -> bool {
+    pods::is_active(old) == pods::is_active(new)
+        && old.metadata.deletion_timestamp == new.metadata.deletion_timestamp
+        && old.metadata.labels == new.metadata.labels
 }
 
 fn orphan(p: &Pod, q: &WorkQueue<String>, sets: &Cache<ReplicaSet>) {
@@ -184,6 +198,8 @@ impl Reconciler for Rs {
         let active: Vec<&Arc<Pod>> = mine.iter().filter(|p| pods::is_active(p)).collect();
         let want = spec.replicas.unwrap_or(1).max(0) as usize;
         let mut error = None;
+        // Pods created or deleted here: their events queue the set again.
+        let mut acted = false;
         if live && self.expectations.satisfied(key) {
             if active.len() < want {
                 let n = (want - active.len()).min(BURST);
@@ -202,6 +218,7 @@ impl Reconciler for Rs {
                     pods::create_slow_start(&self.ctx.client, &ns, new, &self.expectations, key)
                         .await;
                 let r = ObjectRef::new("apps/v1", "ReplicaSet", &rs.metadata);
+                acted |= created > 0;
                 if created > 0 {
                     self.recorder.event(
                         &r,
@@ -236,6 +253,7 @@ impl Reconciler for Rs {
                         }
                     }
                 }
+                acted |= deleted > 0;
                 if deleted > 0 {
                     self.recorder.event(
                         &ObjectRef::new("apps/v1", "ReplicaSet", &rs.metadata),
@@ -246,7 +264,13 @@ impl Reconciler for Rs {
                 }
             }
         }
-        let mut requeue = self.update_status(&rs, &active).await?;
+        // Pods created or deleted here, or not seen yet, would change a status written now:
+        // it is written when they are seen (or given up on).
+        let mut requeue = if !acted && self.expectations.satisfied(key) {
+            self.update_status(&rs, &active).await?
+        } else {
+            None
+        };
         // Waiting on creations or deletions not seen yet: look again when they are given up
         // on, even if no event comes (a lost one would otherwise stall the set).
         if let Some(wait) = self.expectations.pending_for(key) {

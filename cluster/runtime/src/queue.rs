@@ -67,6 +67,12 @@ pub struct QueueConfig {
     pub base_backoff: Duration,
     /// Longest retry delay.
     pub max_backoff: Duration,
+    /// The least time between two reconciles of a key queued with
+    /// [`WorkQueue::add_throttled`] (zero: none). Like kube-controller-manager's
+    /// `--endpoint-updates-batch-period`, for changes that only move a status: a key that
+    /// rests is reconciled at once, one that changes often once per period with its changes
+    /// joined.
+    pub throttle: Duration,
 }
 
 impl QueueConfig {
@@ -78,13 +84,28 @@ impl QueueConfig {
             class_rank: [0, 1, 2, 3],
             base_backoff: Duration::from_millis(5),
             max_backoff: Duration::from_secs(300),
+            throttle: Duration::ZERO,
         }
+    }
+
+    /// This config with [`QueueConfig::throttle`] set.
+    pub fn with_throttle(mut self, throttle: Duration) -> QueueConfig {
+        self.throttle = throttle;
+        self
     }
 
     fn rank(&self, c: EventClass) -> u8 {
         self.class_rank[c.index()]
     }
 }
+
+/// The throttle of controllers' status-only changes unless configured: a tenth of a second
+/// joins the changes of a workload whose pods start together, and delays a rollout's step
+/// by no more than that.
+pub const DEFAULT_STATUS_BATCH: Duration = Duration::from_millis(100);
+
+/// `last_done` is pruned no sooner than at this size.
+const PRUNE_MIN: usize = 1024;
 
 /// A controller's own ordering within a class: higher values are served first.
 pub type PriorityFn<K> = Arc<dyn Fn(&K) -> i32 + Send + Sync>;
@@ -136,6 +157,11 @@ struct State<K> {
     /// that requeues itself while events also queue it never multiplies its timers).
     delayed_at: HashMap<K, (Instant, u64)>,
     failures: HashMap<K, u32>,
+    /// When each key was last finished, for throttled adds (kept one period, pruned in
+    /// batches).
+    last_done: HashMap<K, Instant>,
+    /// `last_done`'s size that starts the next pruning.
+    prune_at: usize,
     seq: u64,
     shut: bool,
 }
@@ -187,6 +213,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                     delayed: BTreeMap::new(),
                     delayed_at: HashMap::new(),
                     failures: HashMap::new(),
+                    last_done: HashMap::new(),
+                    prune_at: PRUNE_MIN,
                     seq: 0,
                     shut: false,
                 }),
@@ -258,6 +286,43 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.depth(class, 1);
     }
 
+    /// Queues `key` for a change that only moves a status: at once if it was last
+    /// reconciled at least the queue's [`QueueConfig::throttle`] ago, else when that period
+    /// is up (with whatever else changed meanwhile). A key already waiting takes the change
+    /// as it is; one being reconciled is queued again a period later.
+    pub fn add_throttled(&self, key: K, class: EventClass) {
+        let period = self.inner.config.throttle;
+        if period.is_zero() {
+            return self.add(key, class);
+        }
+        let mut s = self.inner.state.lock();
+        if s.shut || s.waiting.contains_key(&key) {
+            return;
+        }
+        let now = Instant::now();
+        let due = if s.processing.contains(&key) {
+            Some(now + period)
+        } else {
+            s.last_done
+                .get(&key)
+                .map(|at| *at + period)
+                .filter(|due| *due > now)
+        };
+        match due {
+            None => {
+                if let Some(m) = &self.inner.metrics {
+                    m.adds
+                        .with_label_values(&[&self.inner.config.name, class.as_str()])
+                        .inc();
+                }
+                self.add_locked(&mut s, key, class);
+            }
+            Some(at) => self.delay_locked(&mut s, key, class, at),
+        }
+        drop(s);
+        self.inner.notify.notify_one();
+    }
+
     /// Queues `key` after `delay`.
     pub fn add_after(&self, key: K, class: EventClass, delay: Duration) {
         let mut s = self.inner.state.lock();
@@ -265,6 +330,14 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             return;
         }
         let at = Instant::now() + delay;
+        self.delay_locked(&mut s, key, class, at);
+        drop(s);
+        // A waiting worker recomputes when to wake up.
+        self.inner.notify.notify_one();
+    }
+
+    /// Queues `key` at `at`, unless it is due earlier already.
+    fn delay_locked(&self, s: &mut State<K>, key: K, class: EventClass, at: Instant) {
         if let Some(&(due, seq)) = s.delayed_at.get(&key) {
             if due <= at {
                 return;
@@ -275,9 +348,6 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         let seq = s.seq;
         s.delayed_at.insert(key.clone(), (at, seq));
         s.delayed.insert((at, seq), (key, class));
-        drop(s);
-        // A waiting worker recomputes when to wake up.
-        self.inner.notify.notify_one();
     }
 
     /// Queues `key` again after its next backoff (doubling per consecutive failure, capped).
@@ -389,6 +459,16 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         }
         let mut s = self.inner.state.lock();
         s.processing.remove(&item.key);
+        let period = self.inner.config.throttle;
+        if !period.is_zero() {
+            let now = Instant::now();
+            s.last_done.insert(item.key.clone(), now);
+            if s.last_done.len() >= s.prune_at {
+                s.last_done
+                    .retain(|_, at| now.saturating_duration_since(*at) < period);
+                s.prune_at = (s.last_done.len() * 2).max(PRUNE_MIN);
+            }
+        }
         if let Some(class) = s.dirty.remove(&item.key)
             && !s.shut
         {
@@ -480,6 +560,49 @@ mod tests {
         // Once due and handed out, the key may wait again.
         q.add_after("a".into(), EventClass::Resync, Duration::from_secs(2));
         assert_eq!(take(&q).await.key, "a");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttled_changes_of_a_busy_key_join_and_a_resting_key_goes_at_once() {
+        let period = Duration::from_millis(100);
+        let q = WorkQueue::new(QueueConfig::new("test").with_throttle(period), None, None);
+        let start = Instant::now();
+        // Resting: at once.
+        q.add_throttled("a".into(), EventClass::Update);
+        assert_eq!(take(&q).await.key, "a");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // Just reconciled: five changes in 50 ms are one reconcile, when the period is up.
+        for _ in 0..5 {
+            q.add_throttled("a".into(), EventClass::Update);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(q.is_empty(), "held back");
+        assert_eq!(take(&q).await.key, "a");
+        assert_eq!(start.elapsed(), period);
+        let nothing = tokio::time::timeout(Duration::from_secs(1), q.get()).await;
+        assert!(nothing.is_err(), "the five were one");
+        // A plain add (a change that needs action) is never held back.
+        let at = Instant::now();
+        q.add("a".into(), EventClass::Update);
+        let working = q.get().await.expect("a");
+        assert_eq!(at.elapsed(), Duration::ZERO);
+        // A change while it is reconciled comes a period later, once.
+        q.add_throttled("a".into(), EventClass::Update);
+        q.add_throttled("a".into(), EventClass::Update);
+        q.done(&working, Duration::ZERO);
+        assert_eq!(take(&q).await.key, "a");
+        assert_eq!(at.elapsed(), period);
+        // Other keys are not held back by a's period.
+        q.add_throttled("b".into(), EventClass::Update);
+        let b_at = Instant::now();
+        assert_eq!(take(&q).await.key, "b");
+        assert_eq!(b_at.elapsed(), Duration::ZERO);
+        // Without a period, a throttled add is an add.
+        let plain = queue();
+        plain.add("c".into(), EventClass::Update);
+        take(&plain).await;
+        plain.add_throttled("c".into(), EventClass::Update);
+        assert!(!plain.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -200,6 +200,10 @@ pub struct Options {
     pub queue_metrics: Option<QueueMetrics>,
     /// Informer and reconcile metrics.
     pub runtime_metrics: Option<RuntimeMetrics>,
+    /// The least time between two reconciles of a workload that only follow its shards'
+    /// status reports (and its own status writes): reports within it are aggregated
+    /// together ([`tessera_runtime::queue::DEFAULT_STATUS_BATCH`] unless configured).
+    pub status_batch: std::time::Duration,
 }
 
 /// Runs the controller until dropped.
@@ -230,16 +234,24 @@ pub async fn run(o: Options) {
     let service_accounts = informer::<ServiceAccount>(&o, "", "v1", "serviceaccounts");
     let services = informer::<Service>(&o, "", "v1", "services");
     let tenant_index = Arc::new(Mutex::new(policy::TenantIndex::default()));
-    let queue: WorkQueue<String> =
-        WorkQueue::new(QueueConfig::new(NAME), None, o.queue_metrics.clone());
+    let queue: WorkQueue<String> = WorkQueue::new(
+        QueueConfig::new(NAME).with_throttle(o.status_batch),
+        None,
+        o.queue_metrics.clone(),
+    );
     {
         for (k, inf) in &workload_informers {
             let (q, prefix) = (queue.clone(), k.plural());
             inf.on_change(move |c| {
-                q.add(
-                    format!("{prefix}:{}", key_of(&c.object().metadata)),
-                    c.class(),
-                )
+                let key = format!("{prefix}:{}", key_of(&c.object().metadata));
+                match c {
+                    // Only what this controller writes moved (its status, its record, its
+                    // finalizer): nothing new to decide, and the status follows in a batch.
+                    Change::Updated { old, new } if only_ours_moved(old, new) => {
+                        q.add_throttled(key, c.class())
+                    }
+                    _ => q.add(key, c.class()),
+                }
             })
             .detach();
         }
@@ -297,7 +309,7 @@ pub async fn run(o: Options) {
             match e {
                 RegistryEvent::Status(k) => {
                     if let Some(kind) = Kind::of_resource(&k.resource) {
-                        q.add(
+                        q.add_throttled(
                             format!("{}:{}", kind.prefix(), k.object_key()),
                             EventClass::Update,
                         );
@@ -829,9 +841,13 @@ impl Propagation {
         if w.metadata.deletion_timestamp.is_some() {
             return self.finish_delete(k, key, &w.metadata).await;
         }
-        if self.ensure_finalizer(k, key, &w.metadata).await? {
-            return Ok(Action::Done);
-        }
+        // The finalizer is written with the first decision's record, before anything is
+        // assigned: no shard holds a copy the federation could not clean up.
+        let needs_finalizer = !w
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FINALIZER));
         let generation = w.metadata.generation.unwrap_or(1);
         let replicas = kind.replicas(&w.spec);
         let template = kind.template(&w.spec);
@@ -988,15 +1004,49 @@ impl Propagation {
                 pending.remove(&queue_key);
             }
         }
+        // Record the decision (and take the finalizer, if this is the first) before the
+        // shards are told: after a restart the record is what is assigned again.
+        let now_recorded = Recorded {
+            generation,
+            policy: policy_id,
+            shares: decision.shares.clone(),
+            unplaced: decision.unplaced,
+            why: why.clone(),
+            request: request.describe(),
+        };
+        let (ns_s, name) = key.split_once('/').unwrap_or(("", key));
+        if now_recorded != recorded || needs_finalizer {
+            let text = serde_json::to_string(&now_recorded)
+                .map_err(|e| ReconcileError::new(e.to_string()))?;
+            let mut patch = json!({"metadata": {"annotations": {PLACEMENT_ANNOTATION: text}}});
+            if needs_finalizer {
+                let mut finalizers = w.metadata.finalizers.clone().unwrap_or_default();
+                finalizers.push(FINALIZER.into());
+                // Only onto the version read: a finalizer list is replaced whole.
+                patch["metadata"]["finalizers"] = json!(finalizers);
+                patch["metadata"]["resourceVersion"] = json!(w.metadata.resource_version);
+            }
+            self.client
+                .patch(
+                    kind.resource(),
+                    Some(ns_s),
+                    name,
+                    None,
+                    PatchType::Merge,
+                    &patch,
+                )
+                .await?;
+        }
         // Tell the shards.
         let mut obj =
             serde_json::to_value(w.as_ref()).map_err(|e| ReconcileError::new(e.to_string()))?;
         obj["apiVersion"] = json!(kind.api_version());
         obj["kind"] = json!(kind.kind());
         let deps = self.dependencies_of(&ns, template);
+        let mut sent = false;
         for (shard, n) in &decision.shares {
             let m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
-            self.registry.assign(
+            sent |= self.registry.assign(
                 shard,
                 &okey,
                 Held {
@@ -1014,31 +1064,6 @@ impl Propagation {
                 self.registry.unassign(shard, &okey);
             }
         }
-        // Record the decision.
-        let now_recorded = Recorded {
-            generation,
-            policy: policy_id,
-            shares: decision.shares.clone(),
-            unplaced: decision.unplaced,
-            why: why.clone(),
-            request: request.describe(),
-        };
-        let (ns_s, name) = key.split_once('/').unwrap_or(("", key));
-        if now_recorded != recorded {
-            let text = serde_json::to_string(&now_recorded)
-                .map_err(|e| ReconcileError::new(e.to_string()))?;
-            let patch = json!({"metadata": {"annotations": {PLACEMENT_ANNOTATION: text}}});
-            self.client
-                .patch(
-                    kind.resource(),
-                    Some(ns_s),
-                    name,
-                    None,
-                    PatchType::Merge,
-                    &patch,
-                )
-                .await?;
-        }
         // Aggregate the shards' statuses.
         let placed = Placed {
             generation,
@@ -1054,6 +1079,12 @@ impl Propagation {
         };
         let reports: Vec<(String, Option<tessera_registry::Reported>)> =
             self.registry.reports(&okey).into_iter().collect();
+        if sent && placed.unplaced == 0 && placed.why.is_empty() && policy_ok && !quota_exceeded {
+            // The shards were just told: their reports, moments away, bring the status (one
+            // write for the decision and the first progress). A shard that does not report
+            // has it written without, a moment later.
+            return Ok(Action::RequeueAfter(REPORT_WAIT));
+        }
         let previous = &w.status;
         let status = status::aggregate(kind, &placed, &reports, previous, &rfc3339(now_secs()));
         if !same_status(&status, previous) {
@@ -1076,6 +1107,31 @@ impl Propagation {
         }
         Ok(Action::Done)
     }
+}
+
+/// How long a workload whose shards were just told waits for their reports before its
+/// status is written without them.
+const REPORT_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether only what this controller writes changed on a federated object: the same spec
+/// (generation), labels, deletion, and annotations and finalizers but for its own.
+fn only_ours_moved(old: &SpecObject, new: &SpecObject) -> bool {
+    let (o, n) = (&old.metadata, &new.metadata);
+    fn others(
+        a: &Option<BTreeMap<String, String>>,
+    ) -> impl Iterator<Item = (&String, &String)> {
+        a.iter()
+            .flatten()
+            .filter(|(k, _)| k.as_str() != PLACEMENT_ANNOTATION)
+    }
+    fn other_finalizers(f: &Option<Vec<String>>) -> impl Iterator<Item = &String> {
+        f.iter().flatten().filter(|f| f.as_str() != FINALIZER)
+    }
+    o.generation == n.generation
+        && o.labels == n.labels
+        && o.deletion_timestamp == n.deletion_timestamp
+        && other_finalizers(&o.finalizers).eq(other_finalizers(&n.finalizers))
+        && others(&o.annotations).eq(others(&n.annotations))
 }
 
 /// Statuses equal but for the times conditions were written.

@@ -88,7 +88,7 @@ fn deployment(
     for (shard, share) in &placed.shares {
         let Some(Some(r)) = reports.iter().find(|(s, _)| s == shard).map(|(_, r)| r) else {
             all_observed = false;
-            available = *share == 0;
+            available &= *share == 0;
             complete = false;
             continue;
         };
@@ -98,7 +98,9 @@ fn deployment(
         if r.federation_generation != placed.generation || !r.observed {
             all_observed = false;
         }
-        if cond(&r.status, "Available").is_some_and(|c| c["status"] != "True") {
+        // A copy whose controller has written no Available condition yet (just applied) is
+        // not known to be available.
+        if *share > 0 && cond(&r.status, "Available").is_none_or(|c| c["status"] != "True") {
             available = false;
         }
         match cond(&r.status, "Progressing") {
@@ -484,6 +486,34 @@ mod tests {
             cond(&s, "Progressing").expect("c")["reason"],
             "ReplicaSetUpdated"
         );
+    }
+
+    #[test]
+    fn a_copy_without_a_status_yet_is_not_available() {
+        // Just applied: the shard reports it before its controller wrote any status.
+        let fresh = Reported {
+            present: true,
+            federation_generation: 3,
+            observed: false,
+            replicas: 2,
+            status: json!({}),
+        };
+        let reports = vec![
+            ("a".to_owned(), Some(report(3, true, 1, 1, true))),
+            ("b".to_owned(), Some(fresh)),
+        ];
+        let s = deployment(&placed(), &reports, &json!({}), "t");
+        assert_eq!(cond(&s, "Available").expect("c")["status"], "False");
+        // Nor does a later shard without a report make an earlier unavailable one available.
+        let mut p = placed();
+        p.shares.push(("c".into(), 0));
+        let reports = vec![
+            ("a".to_owned(), Some(report(3, true, 1, 0, false))),
+            ("b".to_owned(), Some(report(3, true, 2, 2, true))),
+            ("c".to_owned(), None),
+        ];
+        let s = deployment(&p, &reports, &json!({}), "t");
+        assert_eq!(cond(&s, "Available").expect("c")["status"], "False");
     }
 
     #[test]

@@ -556,7 +556,8 @@ impl Registry {
     }
 
     /// Makes `shard` hold `key` as `held`; sends it if it changed and the shard is connected.
-    pub fn assign(&self, shard: &str, key: &ObjectKey, held: Held) {
+    /// Returns whether it changed.
+    pub fn assign(&self, shard: &str, key: &ObjectKey, held: Held) -> bool {
         let mut inner = self.inner.lock();
         let e = inner
             .entries
@@ -564,7 +565,7 @@ impl Registry {
             .or_insert_with(Entry::new);
         let old = e.held.get(key);
         if old == Some(&held) {
-            return;
+            return false;
         }
         e.seq += 1;
         // The replicas this assignment adds take room until a summary has seen it: only an
@@ -587,6 +588,7 @@ impl Registry {
             }
         }
         e.held.insert(key.clone(), held);
+        true
     }
 
     /// Makes `shard` drop `key`.
