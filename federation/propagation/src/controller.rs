@@ -1117,9 +1117,7 @@ const REPORT_WAIT: Duration = Duration::from_secs(1);
 /// (generation), labels, deletion, and annotations and finalizers but for its own.
 fn only_ours_moved(old: &SpecObject, new: &SpecObject) -> bool {
     let (o, n) = (&old.metadata, &new.metadata);
-    fn others(
-        a: &Option<BTreeMap<String, String>>,
-    ) -> impl Iterator<Item = (&String, &String)> {
+    fn others(a: &Option<BTreeMap<String, String>>) -> impl Iterator<Item = (&String, &String)> {
         a.iter()
             .flatten()
             .filter(|(k, _)| k.as_str() != PLACEMENT_ANNOTATION)
