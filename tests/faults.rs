@@ -129,7 +129,10 @@ fn standbys_take_over_a_500_replica_rollout_after_kill_9() {
     // Mid-rollout, kill both leaders.
     let mid = wait_for(Duration::from_secs(120), || {
         let d = json(&c, &["get", "deployment", "big"]);
-        (d["status"]["updatedReplicas"].as_u64().unwrap_or(0) >= 50).then_some(d)
+        // The status of the new template, not the last one's.
+        (d["status"]["observedGeneration"] == d["metadata"]["generation"]
+            && d["status"]["updatedReplicas"].as_u64().unwrap_or(0) >= 50)
+            .then_some(d)
     })
     .expect("the rollout started");
     let updated = mid["status"]["updatedReplicas"].as_u64().unwrap_or(0);

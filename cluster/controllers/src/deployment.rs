@@ -380,7 +380,7 @@ impl Deployments {
                     } else {
                         0
                     };
-                created = true;
+                created = sets.is_empty();
                 Some(
                     self.create_rs(d, &template, initial, max_revision + 1, max_surge)
                         .await?,
@@ -414,8 +414,9 @@ impl Deployments {
         self.cleanup(d, &olds, spec.revision_history_limit.unwrap_or(10))
             .await?;
         if created {
-            // The new set's arrival queues the Deployment again: its status is written then,
-            // with the set's first progress, not twice.
+            // A new Deployment's first set: its arrival queues the Deployment again, and the
+            // status is written then, with the set's first progress, not twice. (A rollout's
+            // new set is written at once: the new generation shows as observed.)
             return Ok(Action::Done);
         }
         let requeue = self

@@ -264,13 +264,12 @@ impl Reconciler for Rs {
                 }
             }
         }
-        // Pods created or deleted here, or not seen yet, would change a status written now:
-        // it is written when they are seen (or given up on).
-        let mut requeue = if !acted && self.expectations.satisfied(key) {
-            self.update_status(&rs, &active).await?
-        } else {
-            None
-        };
+        // Pods created or deleted here, or not seen yet, are about to change the counts: a
+        // status that would only take the new generation waits for them (a set created
+        // with its pods is written once, not first with zeros). Counts that moved are
+        // written at once, so a set that keeps growing through a rollout still shows it.
+        let settled = !acted && self.expectations.satisfied(key);
+        let mut requeue = self.update_status(&rs, &active, settled).await?;
         // Waiting on creations or deletions not seen yet: look again when they are given up
         // on, even if no event comes (a lost one would otherwise stall the set).
         if let Some(wait) = self.expectations.pending_for(key) {
@@ -361,6 +360,7 @@ impl Rs {
         &self,
         rs: &ReplicaSet,
         active: &[&Arc<Pod>],
+        settled: bool,
     ) -> Result<Option<Duration>, ReconcileError> {
         let spec = rs.spec.clone().unwrap_or_default();
         let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
@@ -392,11 +392,13 @@ impl Rs {
             .map(|s| Duration::from_secs(s as u64 + 1));
         let status = rs.status.clone().unwrap_or_default();
         let generation = rs.metadata.generation.unwrap_or(0);
-        let same = status.replicas == active.len() as i32
-            && status.fully_labeled_replicas.unwrap_or(0) == fully as i32
+        let counts_same = status.replicas == active.len() as i32
             && status.ready_replicas.unwrap_or(0) == ready as i32
-            && status.available_replicas.unwrap_or(0) == available as i32
-            && status.observed_generation.unwrap_or(0) == generation;
+            && status.available_replicas.unwrap_or(0) == available as i32;
+        let same = counts_same
+            && (!settled
+                || (status.fully_labeled_replicas.unwrap_or(0) == fully as i32
+                    && status.observed_generation.unwrap_or(0) == generation));
         if same {
             return Ok(next);
         }
