@@ -20,7 +20,7 @@ use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache, Change, controller_of, owner_key};
 use tessera_runtime::mutation::MutationCache;
 use tessera_runtime::selector::from_metav1;
-use tessera_runtime::{EventClass, WorkQueue};
+use tessera_runtime::WorkQueue;
 
 use crate::context::{Context, res};
 use crate::pods;
@@ -65,21 +65,19 @@ pub async fn run(ctx: Context) {
     let set_cache = sets.cache().clone();
     ctx.controller(NAME)
         .watches(&deployments)
-        .watches_with(&sets, |c, q| match c {
+        .watches_with(&sets, |c, q| {
             // A set whose status alone moved (its pods progressed) changes the Deployment's
             // status, and the next step of a rollout: such changes are taken together, and
             // with a new set's arrival (mostly this controller's own creation).
-            Change::Added(new) => {
-                if let Some(key) = owner_key(&new.metadata, "Deployment") {
-                    q.add_throttled(key, EventClass::Add);
-                }
+            let batched = match c {
+                Change::Added(_) => true,
+                Change::Updated { old, new } => only_status_moved(old, new),
+                Change::Deleted(_) => false,
+            };
+            match owner_key(&c.object().metadata, "Deployment") {
+                Some(key) if batched => q.add_throttled(key, c.class()),
+                _ => enqueue_owner(q, &c.object().metadata, "Deployment", c),
             }
-            Change::Updated { old, new } if only_status_moved(old, new) => {
-                if let Some(key) = owner_key(&new.metadata, "Deployment") {
-                    q.add_throttled(key, EventClass::Update);
-                }
-            }
-            _ => enqueue_owner(q, &c.object().metadata, "Deployment", c),
         })
         // Pods matter only for Recreate (old pods must be gone before new ones start).
         .watches_with(&pods, move |c, q| {

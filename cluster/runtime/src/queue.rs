@@ -238,13 +238,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         }
     }
 
-    /// Queues `key` for an event of `class`.
-    pub fn add(&self, key: K, class: EventClass) {
+    fn count_add(&self, class: EventClass) {
         if let Some(m) = &self.inner.metrics {
             m.adds
                 .with_label_values(&[&self.inner.config.name, class.as_str()])
                 .inc();
         }
+    }
+
+    /// Queues `key` for an event of `class`.
+    pub fn add(&self, key: K, class: EventClass) {
+        self.count_add(class);
         let mut s = self.inner.state.lock();
         if s.shut {
             return;
@@ -310,11 +314,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         };
         match due {
             None => {
-                if let Some(m) = &self.inner.metrics {
-                    m.adds
-                        .with_label_values(&[&self.inner.config.name, class.as_str()])
-                        .inc();
-                }
+                self.count_add(class);
                 self.add_locked(&mut s, key, class);
             }
             Some(at) => self.delay_locked(&mut s, key, class, at),

@@ -592,11 +592,9 @@ impl Propagation {
         key: &str,
         meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     ) -> Result<bool, ReconcileError> {
-        let mut finalizers = meta.finalizers.clone().unwrap_or_default();
-        if finalizers.iter().any(|f| f == FINALIZER) {
+        let Some(finalizers) = with_finalizer(meta) else {
             return Ok(false);
-        }
-        finalizers.push(FINALIZER.into());
+        };
         self.set_finalizers(kind, key, meta, finalizers).await?;
         Ok(true)
     }
@@ -843,11 +841,7 @@ impl Propagation {
         }
         // The finalizer is written with the first decision's record, before anything is
         // assigned: no shard holds a copy the federation could not clean up.
-        let needs_finalizer = !w
-            .metadata
-            .finalizers
-            .as_ref()
-            .is_some_and(|f| f.iter().any(|f| f == FINALIZER));
+        let finalizers = with_finalizer(&w.metadata);
         let generation = w.metadata.generation.unwrap_or(1);
         let replicas = kind.replicas(&w.spec);
         let template = kind.template(&w.spec);
@@ -1015,13 +1009,11 @@ impl Propagation {
             request: request.describe(),
         };
         let (ns_s, name) = key.split_once('/').unwrap_or(("", key));
-        if now_recorded != recorded || needs_finalizer {
+        if now_recorded != recorded || finalizers.is_some() {
             let text = serde_json::to_string(&now_recorded)
                 .map_err(|e| ReconcileError::new(e.to_string()))?;
             let mut patch = json!({"metadata": {"annotations": {PLACEMENT_ANNOTATION: text}}});
-            if needs_finalizer {
-                let mut finalizers = w.metadata.finalizers.clone().unwrap_or_default();
-                finalizers.push(FINALIZER.into());
+            if let Some(finalizers) = finalizers {
                 // Only onto the version read: a finalizer list is replaced whole.
                 patch["metadata"]["finalizers"] = json!(finalizers);
                 patch["metadata"]["resourceVersion"] = json!(w.metadata.resource_version);
@@ -1107,6 +1099,18 @@ impl Propagation {
         }
         Ok(Action::Done)
     }
+}
+
+/// The object's finalizers with the federation's added, if it lacks it.
+fn with_finalizer(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<Vec<String>> {
+    if meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
+        return None;
+    }
+    let mut finalizers = meta.finalizers.clone().unwrap_or_default();
+    finalizers.push(FINALIZER.into());
+    Some(finalizers)
 }
 
 /// How long a workload whose shards were just told waits for their reports before its
