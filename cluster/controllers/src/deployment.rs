@@ -15,12 +15,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 use tessera_client::request::PatchType;
 use tessera_core::time::{now_secs, rfc3339};
+use tessera_runtime::WorkQueue;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache, Change, controller_of, owner_key};
 use tessera_runtime::mutation::MutationCache;
 use tessera_runtime::selector::from_metav1;
-use tessera_runtime::WorkQueue;
 
 use crate::context::{Context, res};
 use crate::pods;
