@@ -583,8 +583,9 @@ fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
     });
     assert!(
         done.is_some(),
-        "{}",
-        fed.ok(&["get", "pod", "hello", "-n", "web", "-o", "yaml"])
+        "{}\nits log (a sandbox that cannot start says why here):\n{}",
+        fed.ok(&["get", "pod", "hello", "-n", "web", "-o", "yaml"]),
+        String::from_utf8_lossy(&fed.kubectl(&["logs", "hello", "-n", "web"]).stdout)
     );
     assert_eq!(
         fed.ok(&["logs", "hello", "-n", "web"]),
