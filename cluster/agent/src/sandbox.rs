@@ -246,6 +246,14 @@ fn map_ids(rest: &[String]) -> Result<(), String> {
 fn supervise(spec: &Spec, argv: &[String]) -> Result<i32, String> {
     join_cgroups(&spec.cgroups)?;
     let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+    // The init is started from this descriptor, not the path: the root is staged on a tmpfs
+    // over `STAGING`, which hides the executable when it lives there (a checkout in /tmp).
+    let exe_fd = rustix::fs::open(
+        &exe,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| format!("opening own executable {}: {e}", exe.display()))?;
     let mut flags =
         UnshareFlags::NEWUSER | UnshareFlags::NEWNS | UnshareFlags::NEWPID | UnshareFlags::NEWUTS;
     if !spec.host_network {
@@ -296,7 +304,7 @@ fn supervise(spec: &Spec, argv: &[String]) -> Result<i32, String> {
         cgroups: Vec::new(),
         ..spec.clone()
     };
-    let child = Command::new(&exe)
+    let child = Command::new(fd_path(&exe_fd))
         .args(&spec.prefix)
         .arg("init")
         .arg(serde_json::to_string(&for_init).map_err(|e| e.to_string())?)

@@ -406,3 +406,50 @@ async fn limits_are_enforced_by_the_kernel() {
     .await;
     task.abort();
 }
+
+/// The root is staged on a tmpfs over `/tmp` in the container's mount namespace; an agent
+/// binary installed under `/tmp` (a checkout there) still starts its containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_that_lives_under_the_staging_directory_starts_containers() {
+    use tessera_agent::isolation::Isolation;
+    use tessera_agent::sandbox::{Launcher, STAGING};
+    if std::env::var_os("TESSERA_TEST_ISOLATION_OFF").is_some() {
+        return;
+    }
+    let bin = tempfile::Builder::new()
+        .prefix("helper")
+        .tempdir_in(STAGING)
+        .expect("a directory under the staging path");
+    let exe = bin.path().join("tessera-sandbox");
+    std::fs::copy(env!("CARGO_BIN_EXE_tessera-sandbox"), &exe).expect("copy the helper");
+    let f = Fixture::start(|c| {
+        c.isolation = Isolation::Sandbox(Launcher {
+            exe: exe.clone(),
+            prefix: vec![],
+        })
+    })
+    .await;
+    let task = tokio::spawn(f.agent.clone().run());
+    f.client
+        .create(
+            res("pods"),
+            Some("default"),
+            &pod(
+                "staged",
+                json!(["sh", "-c", "echo started-as-$(id -u)"]),
+                "Never",
+                json!({}),
+            ),
+        )
+        .await
+        .expect("pod");
+    let log = log_until(&f, "staged", "started-as-").await;
+    assert!(log.contains("started-as-0"), "{log}");
+    until("the pod succeeded", || async {
+        get(&f.client, "staged")
+            .await
+            .is_some_and(|p| p["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    task.abort();
+}
