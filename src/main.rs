@@ -18,6 +18,10 @@ use clap::{Parser, Subcommand};
 /// mimalloc instead of the system allocator: the control plane allocates many small,
 /// short-lived objects from many threads (decoded watch events, request bodies), where
 /// glibc's malloc spent a third of the CPU of `tessera bench shard` (see docs/dependencies.md).
+///
+/// The `system-alloc` feature keeps the system allocator, for heap profilers that
+/// interpose malloc (heaptrack, valgrind's massif): `docs/operations.md` shows how.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use tracing_subscriber::EnvFilter;

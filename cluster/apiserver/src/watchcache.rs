@@ -4,8 +4,10 @@
 //! watcher only filters (by namespace from the key, by selectors when it has some) and
 //! writes.
 //!
-//! A cache keeps the most recent events (`WINDOW` of them) so that a watch resuming from a
-//! recent resourceVersion is served from memory; an older one gets its own store watch (and
+//! A cache keeps the most recent events so that a watch resuming from a recent
+//! resourceVersion is served from memory — at most `WINDOW` events and `WINDOW_BYTES`, and
+//! none older than `FRESH` once more than `KEPT` are held (kube-apiserver sizes its cache by
+//! the same 75 s freshness); an older one an older one gets its own store watch (and
 //! its `410 Gone` if that revision was compacted). A watcher that falls more than the channel
 //! behind is caught up from the window, or its stream ends, as Kubernetes ends slow watchers;
 //! clients resume from their last resourceVersion.
@@ -22,8 +24,15 @@ use parking_lot::{Mutex, RwLock};
 use tessera_store::{EventKind, Revision, Store, StoreError, WatchBatch};
 use tokio::sync::broadcast;
 
-/// Events kept for resuming watches.
+/// Events kept for resuming watches, at most.
 pub const WINDOW: usize = 100_000;
+/// Bytes of events (their lines and the stored bytes they hold on to) kept, at most.
+pub const WINDOW_BYTES: usize = 128 << 20;
+/// How long an event is worth keeping for a resuming watch (kube-apiserver's
+/// `eventFreshDuration`).
+pub const FRESH: std::time::Duration = std::time::Duration::from_secs(75);
+/// Events kept however old they are (a quiet resource keeps its last changes).
+pub const KEPT: usize = 100;
 /// Batches a watcher may fall behind the live channel before it is caught up from the window.
 const CHANNEL: usize = 4096;
 
@@ -54,6 +63,21 @@ pub struct CachedBatch {
     pub events: Vec<CachedEvent>,
     /// Resume after this revision to continue just after the batch.
     pub revision: Revision,
+}
+
+impl CachedBatch {
+    /// The bytes the batch holds: its lines, and the stored bytes it keeps alive (which the
+    /// store may already have let go of).
+    pub fn retained_bytes(&self) -> usize {
+        self.events
+            .iter()
+            .map(|e| {
+                e.line.as_ref().map_or(0, Bytes::len)
+                    + e.value.len()
+                    + e.prev.as_ref().map_or(0, Bytes::len)
+            })
+            .sum()
+    }
 }
 
 /// Builds the shared form of a store batch (lines encoded by `line`).
@@ -91,9 +115,68 @@ pub fn cached_batch(batch: &WatchBatch, line: &LineEncoder) -> CachedBatch {
 pub type BatchStream =
     std::pin::Pin<Box<dyn Stream<Item = Result<Arc<CachedBatch>, StoreError>> + Send>>;
 
+/// How much a resource's cache keeps for resuming watches.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowLimits {
+    /// Events, at most.
+    pub events: usize,
+    /// Bytes, at most (`CachedBatch::retained_bytes`).
+    pub bytes: usize,
+    /// Events older than this leave once more than `kept` are held.
+    pub fresh: std::time::Duration,
+    /// Events kept whatever their age.
+    pub kept: usize,
+}
+
+impl Default for WindowLimits {
+    fn default() -> Self {
+        WindowLimits {
+            events: WINDOW,
+            bytes: WINDOW_BYTES,
+            fresh: FRESH,
+            kept: KEPT,
+        }
+    }
+}
+
+/// The batches a cache holds, oldest first, with when each arrived.
+#[derive(Default)]
+struct Window {
+    batches: VecDeque<(std::time::Instant, Arc<CachedBatch>)>,
+    events: usize,
+    bytes: usize,
+}
+
+impl Window {
+    /// Adds `batch`; the batches pushed out by `limits`, the newest revision among them last.
+    fn push(
+        &mut self,
+        batch: Arc<CachedBatch>,
+        now: std::time::Instant,
+        limits: &WindowLimits,
+    ) -> Option<i64> {
+        self.events += batch.events.len();
+        self.bytes += batch.retained_bytes();
+        self.batches.push_back((now, batch));
+        let mut floor = None;
+        while let Some((at, oldest)) = self.batches.front() {
+            let stale =
+                now.saturating_duration_since(*at) > limits.fresh && self.events > limits.kept;
+            if !(stale || self.events > limits.events || self.bytes > limits.bytes) {
+                break;
+            }
+            floor = Some(single(&oldest.revision));
+            self.events -= oldest.events.len();
+            self.bytes -= oldest.retained_bytes();
+            self.batches.pop_front();
+        }
+        floor
+    }
+}
+
 struct ResourceCache {
-    /// Batches held, oldest first, and how many events they hold.
-    window: RwLock<(VecDeque<Arc<CachedBatch>>, usize)>,
+    /// Batches held, oldest first.
+    window: RwLock<Window>,
     /// Every revision after `floor` is in the window (`floor` rises as batches leave it).
     floor: Mutex<i64>,
     live: broadcast::Sender<Arc<CachedBatch>>,
@@ -109,10 +192,10 @@ impl ResourceCache {
         let window = self.window.read();
         Some(
             window
-                .0
+                .batches
                 .iter()
-                .filter(|b| single(&b.revision) > after)
-                .cloned()
+                .filter(|(_, b)| single(&b.revision) > after)
+                .map(|(_, b)| b.clone())
                 .collect(),
         )
     }
@@ -130,6 +213,7 @@ pub struct WatchCache {
     caches: Arc<Mutex<HashMap<String, Arc<ResourceCache>>>>,
     channel: usize,
     enabled: bool,
+    limits: WindowLimits,
 }
 
 impl WatchCache {
@@ -141,7 +225,14 @@ impl WatchCache {
             caches: Arc::default(),
             channel: CHANNEL,
             enabled: true,
+            limits: WindowLimits::default(),
         }
+    }
+
+    /// The same, keeping what `limits` allow for resuming watches.
+    pub fn with_window(mut self, limits: WindowLimits) -> WatchCache {
+        self.limits = limits;
+        self
     }
 
     /// The same, switched off: every watch gets a store watch of its own (kube-apiserver's
@@ -173,7 +264,7 @@ impl WatchCache {
             .await?;
         let (live, _) = broadcast::channel(self.channel);
         let cache = Arc::new(ResourceCache {
-            window: RwLock::new((VecDeque::new(), 0)),
+            window: RwLock::new(Window::default()),
             floor: Mutex::new(single(&now)),
             live,
         });
@@ -185,11 +276,12 @@ impl WatchCache {
             }
             caches.insert(prefix.to_owned(), cache.clone());
         }
-        let (line, caches, key, pumped) = (
+        let (line, caches, key, pumped, limits) = (
             self.line.clone(),
             self.caches.clone(),
             prefix.to_owned(),
             cache.clone(),
+            self.limits,
         );
         tokio::spawn(async move {
             while let Some(item) = stream.next().await {
@@ -202,13 +294,11 @@ impl WatchCache {
                 };
                 let cached = Arc::new(cached_batch(&batch, line.as_ref()));
                 {
+                    // The floor rises under the window's lock, as `since` reads them.
                     let mut w = pumped.window.write();
-                    w.1 += cached.events.len();
-                    w.0.push_back(cached.clone());
-                    while w.1 > WINDOW {
-                        let Some(old) = w.0.pop_front() else { break };
-                        w.1 -= old.events.len();
-                        *pumped.floor.lock() = single(&old.revision);
+                    if let Some(floor) = w.push(cached.clone(), std::time::Instant::now(), &limits)
+                    {
+                        *pumped.floor.lock() = floor;
                     }
                 }
                 // No receivers is fine: nobody watches right now.
@@ -367,6 +457,49 @@ mod tests {
             rest.extend(b.events.iter().map(|e| e.rev).filter(|r| *r > first[49]));
         }
         assert_eq!(rest, first[50..]);
+    }
+
+    fn batch(rev: i64, value: &str) -> Arc<CachedBatch> {
+        Arc::new(CachedBatch {
+            events: vec![CachedEvent {
+                ty: "ADDED",
+                key: Bytes::from_static(b"/registry/x/k"),
+                value: Bytes::copy_from_slice(value.as_bytes()),
+                prev: None,
+                rev,
+                line: Some(Bytes::copy_from_slice(value.as_bytes())),
+            }],
+            revision: Revision::single(rev),
+        })
+    }
+
+    #[test]
+    fn the_window_keeps_fresh_events_within_its_count_and_bytes() {
+        use std::time::{Duration, Instant};
+        let limits = WindowLimits {
+            events: 5,
+            bytes: 100,
+            fresh: Duration::from_secs(75),
+            kept: 2,
+        };
+        let t0 = Instant::now();
+        let mut w = Window::default();
+        // Within every limit: nothing leaves.
+        for rev in 1..=5 {
+            assert_eq!(w.push(batch(rev, "0123456789"), t0, &limits), None);
+        }
+        assert_eq!((w.events, w.bytes), (5, 100));
+        // One more event than the count allows: the oldest leaves, the floor is its revision.
+        assert_eq!(w.push(batch(6, "0123456789"), t0, &limits), Some(1));
+        assert_eq!(w.events, 5);
+        // A big event pushes out as many as its bytes need.
+        assert_eq!(w.push(batch(7, &"x".repeat(30)), t0, &limits), Some(4));
+        assert_eq!((w.events, w.bytes), (3, 100));
+        // Past the freshness, old events leave, down to the ones kept whatever their age.
+        let later = t0 + Duration::from_secs(76);
+        assert_eq!(w.push(batch(8, "0123456789"), later, &limits), Some(6));
+        let revs: Vec<i64> = w.batches.iter().map(|(_, b)| single(&b.revision)).collect();
+        assert_eq!(revs, [7, 8], "the stale ones went; the kept two stay");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
