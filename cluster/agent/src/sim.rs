@@ -11,12 +11,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tessera_client::catalog::Resource;
-use tessera_client::client::Client;
-use tessera_client::request::{PatchType, find_resource};
+use tessera_client::client::{Client, resource_version_of};
+use tessera_client::request::{Decoded, PatchType, find_resource};
 use tessera_client::status::ApiError;
 use tessera_core::time::{now_secs, rfc3339, rfc3339_micro_now};
 use tessera_runtime::Informers;
@@ -90,7 +92,8 @@ pub struct SimAgent {
     config: SimConfig,
     names: Vec<String>,
     failed: Mutex<HashSet<String>>,
-    leases: Mutex<HashMap<String, Value>>,
+    /// Each node's Lease as last written (its resourceVersion the stored one's).
+    leases: Mutex<HashMap<String, Lease>>,
     started: Mutex<HashSet<String>>,
     deleting: Mutex<HashSet<String>>,
     next_ip: AtomicU32,
@@ -254,32 +257,46 @@ impl SimAgent {
         Ok(())
     }
 
-    /// Renews (or creates) the Lease of `node`.
+    /// Renews (or creates) the Lease of `node`. A renewal hands the API the Lease as its own
+    /// type (in-process: neither parsed nor typed again) and keeps only the new
+    /// resourceVersion of the answer: an idle node's whole cost is this write, every
+    /// `renew_interval`.
     async fn renew(&self, node: &str) {
         let leases = res("coordination.k8s.io", "leases");
         let cached = self.leases.lock().get(node).cloned();
-        let now = rfc3339_micro_now();
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let result = match cached {
             Some(mut l) => {
-                l["spec"]["renewTime"] = json!(now);
-                self.client.update(leases, Some(LEASE_NAMESPACE), &l).await
+                l.spec.get_or_insert_default().renew_time = Some(now);
+                self.replace_lease(leases, l).await
             }
             None => {
                 let l = json!({"metadata": {"name": node, "namespace": LEASE_NAMESPACE},
                     "spec": {"holderIdentity": node, "leaseDurationSeconds": self.config.lease_duration_seconds,
-                             "renewTime": now}});
+                             "renewTime": rfc3339_micro_now()}});
+                let as_lease = |v: Value| {
+                    serde_json::from_value::<Lease>(v).map_err(|e| {
+                        ApiError::internal(format!("the API answered with no Lease: {e}"))
+                    })
+                };
                 match self.client.create(leases, Some(LEASE_NAMESPACE), &l).await {
+                    Ok(created) => as_lease(created),
+                    // A Lease in place (this agent restarted): taken over, renewed now.
                     Err(e) if e.code == 409 => {
                         match self.client.get(leases, Some(LEASE_NAMESPACE), node).await {
-                            Ok(mut l) => {
-                                l["spec"]["renewTime"] = json!(now);
-                                l["spec"]["holderIdentity"] = json!(node);
-                                self.client.update(leases, Some(LEASE_NAMESPACE), &l).await
-                            }
+                            Ok(found) => match as_lease(found) {
+                                Ok(mut found) => {
+                                    let spec = found.spec.get_or_insert_default();
+                                    spec.holder_identity = Some(node.to_owned());
+                                    spec.renew_time = Some(now);
+                                    self.replace_lease(leases, found).await
+                                }
+                                Err(e) => Err(e),
+                            },
                             Err(e) => Err(e),
                         }
                     }
-                    other => other,
+                    Err(e) => Err(e),
                 }
             }
         };
@@ -295,6 +312,32 @@ impl SimAgent {
                 tracing::debug!(node, error = %e.message, "lease renewal failed");
             }
         }
+    }
+
+    /// Writes `lease` over the stored one (409 if another writer moved it); the Lease with
+    /// the resourceVersion it now has.
+    async fn replace_lease(
+        &self,
+        leases: &'static Resource,
+        mut lease: Lease,
+    ) -> Result<Lease, ApiError> {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let answer = self
+            .client
+            .update_decoded(
+                leases,
+                Some(LEASE_NAMESPACE),
+                &name,
+                Decoded::typed(&lease)?,
+            )
+            .await?;
+        lease.metadata.resource_version = resource_version_of(&answer);
+        if lease.metadata.resource_version.is_none() {
+            return Err(ApiError::internal(
+                "the API answered with no resourceVersion",
+            ));
+        }
+        Ok(lease)
     }
 
     /// Renews Leases (spread evenly over the renew interval) and runs pods, until dropped.

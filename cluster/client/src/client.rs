@@ -117,6 +117,23 @@ pub trait Client: Send + Sync {
         object(self.call(req).await?)
     }
 
+    /// Replaces object `name` with one handed over decoded ([`Decoded::typed`]: in-process,
+    /// neither parsed nor typed again); the answer as the API gave it (see
+    /// [`resource_version_of`]).
+    async fn update_decoded(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        name: &str,
+        obj: Decoded,
+    ) -> Result<ApiResponse, ApiError> {
+        let mut req = ApiRequest::new(Verb::Update, res);
+        req.namespace = ns.map(str::to_owned);
+        req.name = Some(name.to_owned());
+        req.object = Some(obj);
+        self.call(req).await
+    }
+
     /// Patches an object (or its `status`/`scale` subresource).
     async fn patch(
         &self,
@@ -188,6 +205,29 @@ pub async fn create_typed<T: k8s_openapi::Resource + serde::Serialize>(
     obj: &T,
 ) -> Result<Value, ApiError> {
     client.create_decoded(res, ns, Decoded::typed(obj)?).await
+}
+
+/// The `metadata.resourceVersion` of the object a write answered with, read without
+/// decoding the rest of it.
+pub fn resource_version_of(resp: &ApiResponse) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Head {
+        metadata: Meta,
+    }
+    match resp {
+        ApiResponse::Object { body, .. } => body["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_owned),
+        ApiResponse::Encoded { body, .. } => serde_json::from_slice::<Head>(body)
+            .ok()
+            .and_then(|h| h.metadata.resource_version),
+        _ => None,
+    }
 }
 
 /// The shards of a federation as clients of their Kubernetes APIs: what the federation's API
