@@ -1052,6 +1052,13 @@ fn the_federation_benchmark_reports_every_figure() {
         r["idle_cpu_cores"].as_f64().is_some_and(|c| c >= 0.0),
         "{r}"
     );
+    // Idle was measured once only heartbeats were written, within the minute it may wait.
+    assert!(
+        r["idle_settle_secs"]
+            .as_f64()
+            .is_some_and(|s| (2.0..=62.0).contains(&s)),
+        "{r}"
+    );
 }
 
 #[test]

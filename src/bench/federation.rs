@@ -10,7 +10,8 @@
 //!    namespaces and Deployments created at the federation, placed, propagated over the
 //!    gRPC streams and run in the shards (`pods_per_sec`); `per_pod_cost_ratio` = single ÷
 //!    sharded. Then, idle: the propagation latency of one Deployment at a time (federation
-//!    write → object in its shard, p50/p99), and the process's idle cpu.
+//!    write → object in its shard, p50/p99), and the process's idle cpu — measured once
+//!    two seconds pass with no write but node Lease renewals and shard summaries.
 //!
 //! Everything shares the machine's cores: the numbers are for the whole fleet.
 
@@ -102,6 +103,8 @@ struct Report {
     propagation_p50_ms: Option<f64>,
     propagation_p99_ms: Option<f64>,
     idle_cpu_cores: Option<f64>,
+    /// Seconds waited after the run for the fleet to be idle (only heartbeats written).
+    idle_settle_secs: Option<f64>,
     peak_rss_bytes: u64,
 }
 
@@ -209,6 +212,30 @@ fn writes_since(
         .map(|(k, n)| (k, per_pod(n)))
         .collect();
     (by.values().sum(), by)
+}
+
+/// Writes an idle fleet goes on making: node heartbeats and the shards' summaries.
+fn heartbeat(kind: &str) -> bool {
+    kind.ends_with(" leases") || kind.ends_with(" shards/status")
+}
+
+/// Waits (at most a minute) until two seconds pass with no write but heartbeats; the seconds
+/// it waited.
+async fn settle(registries: &[(&str, &prometheus::Registry)]) -> f64 {
+    let started = Instant::now();
+    let mut last = api_writes(registries);
+    while started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = api_writes(registries);
+        let busy = now
+            .iter()
+            .any(|(k, v)| !heartbeat(k) && last.get(k) != Some(v));
+        last = now;
+        if !busy {
+            break;
+        }
+    }
+    started.elapsed().as_secs_f64()
 }
 
 /// Counts pods Running in a shard (each pod once) and when the last one started.
@@ -509,8 +536,10 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
     r.api_writes_per_pod = Some(total);
     r.api_writes_by_kind = by;
     r.pods_per_sec = Some(args.pods as f64 / secs.max(1e-9));
-    // Idle once the work is in: what the fleet costs doing nothing, then propagation.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Idle once the work is in — the last statuses and Events of the run written, only the
+    // nodes' heartbeats and the shards' summaries going on: what the fleet costs doing
+    // nothing, then propagation.
+    r.idle_settle_secs = Some(settle(&registries).await);
     let before = cpu_seconds();
     tokio::time::sleep(Duration::from_secs(10)).await;
     r.idle_cpu_cores = Some((cpu_seconds() - before) / 10.0);
@@ -625,9 +654,11 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
         opt(r.propagation_p99_ms, " ms")
     );
     println!(
-        "  idle cpu                        {} cores",
+        "  idle cpu                        {} cores (settled after {} s)",
         r.idle_cpu_cores
-            .map_or("-".to_owned(), |v| format!("{v:.3}"))
+            .map_or("-".to_owned(), |v| format!("{v:.3}")),
+        r.idle_settle_secs
+            .map_or("-".to_owned(), |v| format!("{v:.0}"))
     );
     println!(
         "  peak rss                        {:.1} MiB",
