@@ -65,8 +65,7 @@ impl Cluster {
     /// Starts `tessera <command>` (`up` or `apiserver`) with extra flags (a store layout).
     pub fn start_with(command: &str, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let metrics_addr = free_addr();
-        let child = Self::spawn(command, extra, dir.path(), &metrics_addr);
+        let (child, metrics_addr) = Self::spawn(command, extra, dir.path());
         let kubeconfig = dir.path().join("kubeconfig");
         Cluster {
             child,
@@ -78,17 +77,11 @@ impl Cluster {
         }
     }
 
-    fn spawn(command: &str, extra: &[&str], dir: &Path, metrics_addr: &str) -> Running {
-        // A federation's shards take the metrics ports after the federation's (port + 2 + i):
-        // a port picked here could collide with another test's, so they take any free ones.
-        let federated = extra
-            .iter()
-            .any(|e| e.starts_with("--shards=") && *e != "--shards=0");
-        let metrics_addr = if federated {
-            "127.0.0.1:0"
-        } else {
-            metrics_addr
-        };
+    /// Starts the process; it and the address its (first) metrics server listens on, read
+    /// from its banner. Every port is the kernel's pick: a port chosen here and released
+    /// could be handed to another test's process before this one binds it.
+    fn spawn(command: &str, extra: &[&str], dir: &Path) -> (Running, String) {
+        let metrics_addr = "127.0.0.1:0";
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
         cmd.args([command, "--metrics-addr", metrics_addr])
             .args(["--api-addr", "127.0.0.1:0", "--data-dir"])
@@ -110,16 +103,26 @@ impl Cluster {
             .expect("start tessera up");
         let out = child.0.stdout.take().expect("stdout");
         let mut lines = BufReader::new(out).lines();
+        let mut metrics = None;
         assert!(
-            lines
-                .by_ref()
-                .map_while(Result::ok)
-                .any(|l| l.starts_with("Press Ctrl-C")),
+            lines.by_ref().map_while(Result::ok).any(|l| {
+                if metrics.is_none() && l.contains("/metrics") {
+                    metrics = l
+                        .split("http://")
+                        .nth(1)
+                        .and_then(|rest| rest.split('/').next())
+                        .map(str::to_owned);
+                }
+                l.starts_with("Press Ctrl-C")
+            }),
             "tessera up did not come up"
         );
         // Keep reading so the process never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-        child
+        (
+            child,
+            metrics.expect("the banner names the metrics address"),
+        )
     }
 
     /// Kills the process with SIGKILL (no shutdown of any kind) and starts it again on the
@@ -128,7 +131,7 @@ impl Cluster {
         let _ = self.child.0.kill();
         let _ = self.child.0.wait();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        self.child = Self::spawn(&self.command, &extra, self.dir.path(), &self.metrics_addr);
+        (self.child, self.metrics_addr) = Self::spawn(&self.command, &extra, self.dir.path());
     }
 
     /// Starts another tessera process (`scheduler`, `controller-manager`, `agent`) against
