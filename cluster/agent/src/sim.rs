@@ -270,35 +270,7 @@ impl SimAgent {
                 l.spec.get_or_insert_default().renew_time = Some(now);
                 self.replace_lease(leases, l).await
             }
-            None => {
-                let l = json!({"metadata": {"name": node, "namespace": LEASE_NAMESPACE},
-                    "spec": {"holderIdentity": node, "leaseDurationSeconds": self.config.lease_duration_seconds,
-                             "renewTime": rfc3339_micro_now()}});
-                let as_lease = |v: Value| {
-                    serde_json::from_value::<Lease>(v).map_err(|e| {
-                        ApiError::internal(format!("the API answered with no Lease: {e}"))
-                    })
-                };
-                match self.client.create(leases, Some(LEASE_NAMESPACE), &l).await {
-                    Ok(created) => as_lease(created),
-                    // A Lease in place (this agent restarted): taken over, renewed now.
-                    Err(e) if e.code == 409 => {
-                        match self.client.get(leases, Some(LEASE_NAMESPACE), node).await {
-                            Ok(found) => match as_lease(found) {
-                                Ok(mut found) => {
-                                    let spec = found.spec.get_or_insert_default();
-                                    spec.holder_identity = Some(node.to_owned());
-                                    spec.renew_time = Some(now);
-                                    self.replace_lease(leases, found).await
-                                }
-                                Err(e) => Err(e),
-                            },
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Err(e) => Err(e),
-                }
-            }
+            None => self.first_lease(leases, node, now).await,
         };
         match result {
             Ok(l) => {
@@ -312,6 +284,32 @@ impl SimAgent {
                 tracing::debug!(node, error = %e.message, "lease renewal failed");
             }
         }
+    }
+
+    /// Creates the Lease of `node`, or takes over one in place (this agent restarted),
+    /// renewed now.
+    async fn first_lease(
+        &self,
+        leases: &'static Resource,
+        node: &str,
+        now: MicroTime,
+    ) -> Result<Lease, ApiError> {
+        let as_lease = |v: Value| {
+            serde_json::from_value::<Lease>(v)
+                .map_err(|e| ApiError::internal(format!("the API answered with no Lease: {e}")))
+        };
+        let l = json!({"metadata": {"name": node, "namespace": LEASE_NAMESPACE},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": self.config.lease_duration_seconds,
+                     "renewTime": rfc3339_micro_now()}});
+        match self.client.create(leases, Some(LEASE_NAMESPACE), &l).await {
+            Err(e) if e.code == 409 => {}
+            created => return as_lease(created?),
+        }
+        let mut found = as_lease(self.client.get(leases, Some(LEASE_NAMESPACE), node).await?)?;
+        let spec = found.spec.get_or_insert_default();
+        spec.holder_identity = Some(node.to_owned());
+        spec.renew_time = Some(now);
+        self.replace_lease(leases, found).await
     }
 
     /// Writes `lease` over the stored one (409 if another writer moved it); the Lease with

@@ -7,7 +7,7 @@
 //! A cache keeps the most recent events so that a watch resuming from a recent
 //! resourceVersion is served from memory — at most `WINDOW` events and `WINDOW_BYTES`, and
 //! none older than `FRESH` once more than `KEPT` are held (kube-apiserver sizes its cache by
-//! the same 75 s freshness); an older one an older one gets its own store watch (and
+//! the same 75 s freshness); an older one gets its own store watch (and
 //! its `410 Gone` if that revision was compacted). A watcher that falls more than the channel
 //! behind is caught up from the window, or its stream ends, as Kubernetes ends slow watchers;
 //! clients resume from their last resourceVersion.
@@ -139,10 +139,11 @@ impl Default for WindowLimits {
     }
 }
 
-/// The batches a cache holds, oldest first, with when each arrived.
+/// The batches a cache holds, oldest first, each with when it arrived and its
+/// `retained_bytes`.
 #[derive(Default)]
 struct Window {
-    batches: VecDeque<(std::time::Instant, Arc<CachedBatch>)>,
+    batches: VecDeque<(std::time::Instant, usize, Arc<CachedBatch>)>,
     events: usize,
     bytes: usize,
 }
@@ -155,11 +156,12 @@ impl Window {
         now: std::time::Instant,
         limits: &WindowLimits,
     ) -> Option<i64> {
+        let bytes = batch.retained_bytes();
         self.events += batch.events.len();
-        self.bytes += batch.retained_bytes();
-        self.batches.push_back((now, batch));
+        self.bytes += bytes;
+        self.batches.push_back((now, bytes, batch));
         let mut floor = None;
-        while let Some((at, oldest)) = self.batches.front() {
+        while let Some((at, bytes, oldest)) = self.batches.front() {
             let stale =
                 now.saturating_duration_since(*at) > limits.fresh && self.events > limits.kept;
             if !(stale || self.events > limits.events || self.bytes > limits.bytes) {
@@ -167,7 +169,7 @@ impl Window {
             }
             floor = Some(single(&oldest.revision));
             self.events -= oldest.events.len();
-            self.bytes -= oldest.retained_bytes();
+            self.bytes -= bytes;
             self.batches.pop_front();
         }
         floor
@@ -194,8 +196,8 @@ impl ResourceCache {
             window
                 .batches
                 .iter()
-                .filter(|(_, b)| single(&b.revision) > after)
-                .map(|(_, b)| b.clone())
+                .filter(|(_, _, b)| single(&b.revision) > after)
+                .map(|(_, _, b)| b.clone())
                 .collect(),
         )
     }
@@ -498,7 +500,11 @@ mod tests {
         // Past the freshness, old events leave, down to the ones kept whatever their age.
         let later = t0 + Duration::from_secs(76);
         assert_eq!(w.push(batch(8, "0123456789"), later, &limits), Some(6));
-        let revs: Vec<i64> = w.batches.iter().map(|(_, b)| single(&b.revision)).collect();
+        let revs: Vec<i64> = w
+            .batches
+            .iter()
+            .map(|(_, _, b)| single(&b.revision))
+            .collect();
         assert_eq!(revs, [7, 8], "the stale ones went; the kept two stay");
     }
 
