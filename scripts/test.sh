@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
 
+# A clean build gains nothing from incremental state; skipping it saves ~3 GB of disk.
+export CARGO_INCREMENTAL=0
+
 cargo fmt --all --check
 ./scripts/hermetic.sh cargo clippy --workspace --all-targets --locked -- -D warnings
 ./scripts/hermetic.sh cargo test --workspace --all-targets --locked
