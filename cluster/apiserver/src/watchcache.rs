@@ -381,7 +381,7 @@ mod tests {
     async fn store(dir: &std::path::Path) -> Arc<dyn Store> {
         let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
         Arc::new(
-            EmbeddedStore::open(dir, EmbeddedOptions::default(), metrics)
+            EmbeddedStore::open(dir, EmbeddedOptions::small(), metrics)
                 .await
                 .expect("store"),
         )

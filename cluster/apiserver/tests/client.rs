@@ -27,7 +27,7 @@ async fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let store: Arc<dyn Store> = Arc::new(
-        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::small(), metrics)
             .await
             .expect("store"),
     );
@@ -701,7 +701,7 @@ async fn one_tenants_flood_gets_429_while_another_is_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let inner: Arc<dyn Store> = Arc::new(
-        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::small(), metrics)
             .await
             .expect("store"),
     );
@@ -1465,7 +1465,7 @@ async fn batched_writes_are_split_per_store_backend() {
     for d in &dirs {
         let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
         parts.push(Arc::new(
-            EmbeddedStore::open(d.path(), EmbeddedOptions::default(), metrics)
+            EmbeddedStore::open(d.path(), EmbeddedOptions::small(), metrics)
                 .await
                 .expect("store"),
         ));

@@ -32,7 +32,7 @@ async fn server_with_api(
     let dir = tempfile::tempdir().expect("tmp");
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let store = Arc::new(
-        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::small(), metrics)
             .await
             .expect("store"),
     );
@@ -378,7 +378,7 @@ async fn a_rotated_serving_certificate_is_trusted_through_the_same_ca() {
     let store = Arc::new(
         EmbeddedStore::open(
             store_dir.path(),
-            EmbeddedOptions::default(),
+            EmbeddedOptions::small(),
             StoreMetrics::register(&prometheus::Registry::new()).expect("metrics"),
         )
         .await

@@ -40,7 +40,7 @@ fn harness() -> Harness {
     let store: Arc<dyn Store> = rt.block_on(async {
         let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
         Arc::new(
-            EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+            EmbeddedStore::open(dir.path(), EmbeddedOptions::small(), metrics)
                 .await
                 .expect("store"),
         )

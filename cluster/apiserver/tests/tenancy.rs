@@ -25,7 +25,7 @@ async fn setup() -> (Arc<dyn Client>, Arc<dyn Client>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let store = Arc::new(
-        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::small(), metrics)
             .await
             .expect("store"),
     );

@@ -29,7 +29,7 @@ use tessera_runtime::taints::tolerates;
 use crate::context::{Context, res};
 use crate::deployment::template_hash;
 use crate::history::{History, Owner};
-use crate::pods;
+use crate::pods::{self, uid_of};
 
 /// The controller's name.
 pub const NAME: &str = "daemonset-controller";
@@ -79,7 +79,11 @@ pub async fn run(ctx: Context) {
             if let Some(key) = owner_key(&p.metadata, "DaemonSet") {
                 match c {
                     Change::Added(_) => expectations.observed_add(&key),
-                    Change::Deleted(_) => expectations.observed_delete(&key),
+                    // A daemon pod counts as gone once removed: its node gets no second
+                    // pod while the first terminates.
+                    Change::Deleted(p) => {
+                        expectations.observed_delete(&key, p.metadata.uid.as_deref().unwrap_or(""))
+                    }
                     _ => {}
                 }
                 q.add(key, EventClass::Update);
@@ -160,7 +164,12 @@ impl Reconciler for DaemonSets {
         let now = now_secs();
         // Pods by node.
         let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
-        for p in self.pods.owned_by(&uid) {
+        let owned = self.pods.owned_by(&uid);
+        // A deletion asked for is seen once its pod is gone from the cache, event or not.
+        let present: HashSet<&str> = owned.iter().map(|p| uid_of(p)).collect();
+        self.expectations
+            .retain_deletions(key, |u| present.contains(u));
+        for p in owned {
             if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) || !pods::is_active(&p) {
                 continue;
             }
@@ -261,11 +270,12 @@ impl Reconciler for DaemonSets {
                 }
             }
             if !delete.is_empty() {
-                self.expectations.expect(key, 0, delete.len() as i64);
+                self.expectations
+                    .expect_deletions(key, delete.iter().map(|p| uid_of(p)));
                 for p in &delete {
                     let gone = pods::delete_pod(&self.ctx.client, p).await;
                     if gone.is_err() {
-                        self.expectations.observed_delete(key);
+                        self.expectations.observed_delete(key, uid_of(p));
                     }
                 }
                 self.recorder.event(

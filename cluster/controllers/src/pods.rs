@@ -20,6 +20,11 @@ pub fn is_active(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none() && !is_terminal(p)
 }
 
+/// The pod's UID ("" if it has none yet).
+pub fn uid_of(p: &Pod) -> &str {
+    p.metadata.uid.as_deref().unwrap_or("")
+}
+
 /// Succeeded or Failed.
 pub fn is_terminal(p: &Pod) -> bool {
     matches!(phase(p), "Succeeded" | "Failed")
@@ -145,7 +150,7 @@ pub async fn create_slow_start(
     key: &str,
 ) -> (usize, Option<ApiError>) {
     let total = pods.len();
-    expectations.expect(key, total as i64, 0);
+    expectations.expect_creations(key, total as i64);
     let mut created = 0;
     let mut batch = 1;
     let mut it = pods.into_iter();

@@ -2,7 +2,7 @@
 //! matching orphans and releasing pods that stopped matching, and reports replicas, ready,
 //! available and fully-labeled counts in `status`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use tessera_runtime::selector::from_metav1;
 use tessera_runtime::{EventClass, WorkQueue};
 
 use crate::context::{Context, res};
-use crate::pods::{self, BURST};
+use crate::pods::{self, BURST, uid_of};
 
 /// The controller's name (queue, metrics, events).
 pub const NAME: &str = "replicaset-controller";
@@ -93,14 +93,12 @@ fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations, sets: &Cac
                 && let Some(k) = owner_key(new)
             {
                 // A graceful deletion counts as the deletion it was expected to be.
-                exp.observed_delete(&k);
+                exp.observed_delete(&k, uid_of(new));
             }
         }
         Change::Deleted(p) => {
             if let Some(k) = owner_key(p) {
-                if p.metadata.deletion_timestamp.is_none() {
-                    exp.observed_delete(&k);
-                }
+                exp.observed_delete(&k, uid_of(p));
                 q.add(k, EventClass::Delete);
             }
         }
@@ -196,6 +194,11 @@ impl Reconciler for Rs {
             }
         }
         let active: Vec<&Arc<Pod>> = mine.iter().filter(|p| pods::is_active(p)).collect();
+        // A deletion asked for is seen once the cache shows its pod terminating or gone,
+        // even if the event that showed it came first (someone else was deleting it too).
+        let active_uids: HashSet<&str> = active.iter().map(|p| uid_of(p)).collect();
+        self.expectations
+            .retain_deletions(key, |u| active_uids.contains(u));
         let want = spec.replicas.unwrap_or(1).max(0) as usize;
         let mut error = None;
         // Pods created or deleted here: their events queue the set again.
@@ -240,13 +243,14 @@ impl Reconciler for Rs {
                 let mut victims = active.clone();
                 victims.sort_by_key(|p| pods::deletion_rank(p));
                 victims.truncate((active.len() - want).min(BURST));
-                self.expectations.expect(key, 0, victims.len() as i64);
+                self.expectations
+                    .expect_deletions(key, victims.iter().map(|p| uid_of(p)));
                 let mut deleted = 0;
                 for p in victims {
                     match pods::delete_pod(&self.ctx.client, p).await {
                         Ok(()) => deleted += 1,
                         Err(e) => {
-                            self.expectations.observed_delete(key);
+                            self.expectations.observed_delete(key, uid_of(p));
                             if e.code != 404 {
                                 error.get_or_insert(ReconcileError::from(e));
                             }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{list, shard, wait_until};
+use support::{list, shard, wait_until, wait_until_else};
 use tessera_apiserver::client::Client;
 use tessera_apiserver::request::PatchType;
 use tessera_controllers::context::res;
@@ -164,13 +164,17 @@ async fn rolling_update_keeps_enough_ready_and_rolls_back() {
     // Roll back (what `kubectl rollout undo` writes): the old set comes back as revision 3.
     let old_name = old["metadata"]["name"].as_str().expect("name").to_owned();
     patch(c, "web", set_image("nginx:1")).await;
-    wait_until("rolled back", || async {
-        rolled_out(c, "web").await
-            && pods_of(c, "web")
-                .await
-                .iter()
-                .all(|p| p["spec"]["containers"][0]["image"] == "nginx:1")
-    })
+    wait_until_else(
+        "rolled back",
+        || async {
+            rolled_out(c, "web").await
+                && pods_of(c, "web")
+                    .await
+                    .iter()
+                    .all(|p| p["spec"]["containers"][0]["image"] == "nginx:1")
+        },
+        || explain(c, "web"),
+    )
     .await;
     let sets = sets_of(c, "web").await;
     assert_eq!(sets.len(), 2, "no third set: the old one was reused");

@@ -30,7 +30,7 @@ async fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let store: Arc<dyn Store> = Arc::new(
-        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::small(), metrics)
             .await
             .expect("store"),
     );

@@ -24,7 +24,7 @@ fn res(plural: &str) -> &'static Resource {
 async fn client(dir: &std::path::Path) -> Arc<dyn Client> {
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let store = Arc::new(
-        EmbeddedStore::open(dir, EmbeddedOptions::default(), metrics)
+        EmbeddedStore::open(dir, EmbeddedOptions::small(), metrics)
             .await
             .expect("store"),
     );

@@ -109,13 +109,9 @@ impl Fixture {
         let dir = tempfile::tempdir().expect("tmp");
         let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
         let store = Arc::new(
-            EmbeddedStore::open(
-                &dir.path().join("store"),
-                EmbeddedOptions::default(),
-                metrics,
-            )
-            .await
-            .expect("store"),
+            EmbeddedStore::open(&dir.path().join("store"), EmbeddedOptions::small(), metrics)
+                .await
+                .expect("store"),
         );
         let tokens = Tokens::new("test-admin-token");
         let api = Api::new(store.clone(), None).with_node_proxy(tokens.clone());

@@ -36,11 +36,23 @@ impl Drop for Shard {
     }
 }
 
+/// Logs of the shard's components, shown with a failing test's output (warnings unless
+/// `TESSERA_LOG` says otherwise).
+fn log_to_test_output() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 pub async fn shard(nodes: usize) -> Shard {
+    log_to_test_output();
     let dir = tempfile::tempdir().expect("tmp");
     let metrics = StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
     let store = Arc::new(
-        EmbeddedStore::open(dir.path(), EmbeddedOptions::default(), metrics)
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::small(), metrics)
             .await
             .expect("store"),
     );

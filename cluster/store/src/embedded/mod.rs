@@ -49,6 +49,17 @@ pub struct EmbeddedOptions {
     pub watch_batch: usize,
 }
 
+impl EmbeddedOptions {
+    /// The defaults with 4 MiB log segments: for a small or short-lived store (tests, a
+    /// laptop), where writing out 128 MiB of segments ahead costs more than it saves.
+    pub fn small() -> EmbeddedOptions {
+        EmbeddedOptions {
+            segment_bytes: 4 << 20,
+            ..EmbeddedOptions::default()
+        }
+    }
+}
+
 impl Default for EmbeddedOptions {
     fn default() -> Self {
         EmbeddedOptions {
