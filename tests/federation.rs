@@ -1044,9 +1044,15 @@ fn the_federation_benchmark_reports_every_figure() {
     }
     let u = r["utilization_vs_global"].as_f64().expect("utilization");
     assert!(u > 0.5 && u <= 1.2, "{r}");
+    // Both runs' memory: the single shard ran in a child process of its own.
+    for f in ["peak_rss_bytes", "single_shard_peak_rss_bytes"] {
+        assert!(r[f].as_u64().is_some_and(|b| b > 1 << 20), "{f}: {r}");
+    }
     assert!(
-        r["peak_rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20),
-        "{r}"
+        r["single_shard_api_writes_per_pod"]
+            .as_f64()
+            .is_some_and(|w| w >= 3.0),
+        "at least a pod's create, binding and status per pod: {r}"
     );
     assert!(
         r["idle_cpu_cores"].as_f64().is_some_and(|c| c >= 0.0),

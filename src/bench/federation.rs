@@ -13,6 +13,10 @@
 //!    write → object in its shard, p50/p99), and the process's idle cpu — measured once
 //!    two seconds pass with no write but node Lease renewals and shard summaries.
 //!
+//! The single-shard run (3) is a child process of this one (`--single-only`): once it
+//! exits, nothing of its 100,000-node shard — store, API, informers, memory — is left to
+//! weigh on the federated run (4), which has the machine to itself.
+//!
 //! Everything shares the machine's cores: the numbers are for the whole fleet.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -74,6 +78,20 @@ pub struct FederationBenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Run only the single-shard measurement and print it as JSON (what the benchmark runs
+    /// in a child process).
+    #[arg(long, hide = true)]
+    pub single_only: bool,
+}
+
+/// The single-shard run's figures, as its child process prints them.
+#[derive(Serialize, serde::Deserialize, Default)]
+struct Single {
+    pods_per_sec: f64,
+    cpu_us_per_pod: f64,
+    api_writes_per_pod: f64,
+    api_writes_by_kind: BTreeMap<String, f64>,
+    peak_rss_bytes: u64,
 }
 
 #[derive(Serialize, Default)]
@@ -105,7 +123,10 @@ struct Report {
     idle_cpu_cores: Option<f64>,
     /// Seconds waited after the run for the fleet to be idle (only heartbeats written).
     idle_settle_secs: Option<f64>,
+    /// This process's (the federated run's) peak resident set, and the single-shard
+    /// child's.
     peak_rss_bytes: u64,
+    single_shard_peak_rss_bytes: Option<u64>,
 }
 
 /// `clap` parses the same flags `tessera up` takes, so the shards here are what it runs.
@@ -369,9 +390,7 @@ fn admin(shard: &Shard) -> Arc<dyn Client> {
 }
 
 /// The same work on one shard of every node.
-/// Returns pods/s and the shard's directory, which must outlive the process's use of it
-/// (its API server and compactor run on until the process ends).
-async fn single(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
+async fn single(args: &FederationBenchArgs) -> anyhow::Result<Single> {
     let dir = tempfile::tempdir()?;
     let all = up_args(
         dir.path(),
@@ -388,16 +407,51 @@ async fn single(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<te
     let cpu = cpu_seconds();
     let writes = api_writes(&[("", &shard.registry)]);
     create_work(&admin(&shard), args.tenants, args.pods).await?;
-    let secs = wait_running(&[running], args.pods, started, args.timeout).await;
-    r.single_shard_cpu_us_per_pod = Some((cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64);
-    let (total, by) = writes_since(&writes, &api_writes(&[("", &shard.registry)]), args.pods);
-    r.single_shard_api_writes_per_pod = Some(total);
-    r.single_shard_api_writes_by_kind = by;
+    let secs = wait_running(&[running], args.pods, started, args.timeout).await?;
+    let cpu_us_per_pod = (cpu_seconds() - cpu) * 1e6 / args.pods.max(1) as f64;
+    let (api_writes_per_pod, api_writes_by_kind) =
+        writes_since(&writes, &api_writes(&[("", &shard.registry)]), args.pods);
     for t in tasks {
         t.abort();
     }
-    r.single_shard_pods_per_sec = Some(args.pods as f64 / secs?.max(1e-9));
-    Ok(dir)
+    Ok(Single {
+        pods_per_sec: args.pods as f64 / secs.max(1e-9),
+        cpu_us_per_pod,
+        api_writes_per_pod,
+        api_writes_by_kind,
+        peak_rss_bytes: peak_rss(),
+    })
+}
+
+/// [`single`] in a child process of this binary, which takes its shard with it when it
+/// exits.
+async fn single_in_child(args: &FederationBenchArgs) -> anyhow::Result<Single> {
+    let exe = std::env::current_exe()?;
+    let out = tokio::process::Command::new(exe)
+        .args(["bench", "federation", "--single-only"])
+        .arg(format!("--shards={}", args.shards))
+        .arg(format!("--nodes-per-shard={}", args.nodes_per_shard))
+        .arg(format!("--pods={}", args.pods))
+        .arg(format!("--tenants={}", args.tenants))
+        .arg(format!(
+            "--status-batch-period-ms={}",
+            args.status_batch_period_ms
+        ))
+        .arg(format!("--timeout={}", args.timeout))
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the single-shard run failed ({})",
+        out.status
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line)
+        .map_err(|e| anyhow::anyhow!("the single-shard run printed {line:?}: {e}"))
 }
 
 /// Propagation latency, idle: Deployments created at the federation one at a time, each
@@ -558,6 +612,10 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
 pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.shards > 0, "--shards must be at least 1");
     anyhow::ensure!(args.tenants > 0, "--tenants must be at least 1");
+    if args.single_only {
+        println!("{}", serde_json::to_string(&single(&args).await?)?);
+        return Ok(());
+    }
     let nodes = args.shards * args.nodes_per_shard;
     let mut r = Report {
         shards: args.shards,
@@ -582,12 +640,15 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
     r.utilization_memory_vs_global = f.sharded_memory as f64 / f.global_memory.max(1) as f64;
     r.global_cpu_utilization = f.global_cpu as f64 / f.capacity_cpu.max(1) as f64;
     if !args.model_only {
-        let mut _single_dir = None;
-        let mut _fleet_dir = None;
         if !args.skip_single {
-            _single_dir = Some(single(&args, &mut r).await?);
+            let one = single_in_child(&args).await?;
+            r.single_shard_pods_per_sec = Some(one.pods_per_sec);
+            r.single_shard_cpu_us_per_pod = Some(one.cpu_us_per_pod);
+            r.single_shard_api_writes_per_pod = Some(one.api_writes_per_pod);
+            r.single_shard_api_writes_by_kind = one.api_writes_by_kind;
+            r.single_shard_peak_rss_bytes = Some(one.peak_rss_bytes);
         }
-        _fleet_dir = Some(sharded(&args, &mut r).await?);
+        let _fleet_dir = sharded(&args, &mut r).await?;
         if let (Some(single), Some(fed)) = (r.single_shard_pods_per_sec, r.pods_per_sec) {
             r.per_pod_cost_ratio = Some(single / fed.max(1e-9));
         }
@@ -661,8 +722,13 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
             .map_or("-".to_owned(), |v| format!("{v:.0}"))
     );
     println!(
-        "  peak rss                        {:.1} MiB",
-        r.peak_rss_bytes as f64 / (1 << 20) as f64
+        "  peak rss, federation / one      {:.1} MiB / {}",
+        r.peak_rss_bytes as f64 / (1 << 20) as f64,
+        r.single_shard_peak_rss_bytes
+            .map_or("-".to_owned(), |b| format!(
+                "{:.1} MiB",
+                b as f64 / (1 << 20) as f64
+            ))
     );
     Ok(())
 }

@@ -357,9 +357,11 @@ async fn scaling_mid_rollout_is_proportional() {
     .await;
     assert_eq!(sizes().await, grown);
     patch(c, "prop", set_image("v2")).await;
-    wait_until("v2 rolled out at 20", || async {
-        rolled_out(c, "prop").await
-    })
+    wait_until_else(
+        "v2 rolled out at 20",
+        || rolled_out(c, "prop"),
+        || explain(c, "prop"),
+    )
     .await;
     assert_eq!(
         pods_of(c, "prop").await.iter().filter(|p| ready(p)).count(),
