@@ -39,6 +39,14 @@ pub struct UpArgs {
     /// Serve watches from one store watch per resource (`false`: each watch reads the store).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub watch_cache: bool,
+    /// Seconds a new pod tolerates its node being not ready before it is evicted, unless
+    /// the pod has its own toleration of `node.kubernetes.io/not-ready:NoExecute`
+    /// (kube-apiserver's DefaultTolerationSeconds admission).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(i64).range(0..))]
+    pub default_not_ready_toleration_seconds: i64,
+    /// The same for `node.kubernetes.io/unreachable:NoExecute` (a node whose Lease lapsed).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(i64).range(0..))]
+    pub default_unreachable_toleration_seconds: i64,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -66,7 +74,8 @@ pub struct WorkerArgs {
     /// The scheduler's configuration file (profiles and plugins).
     #[arg(long)]
     pub scheduler_config: Option<PathBuf>,
-    /// Seconds without a Lease renewal before a node is unreachable and its pods evicted.
+    /// Seconds without a Lease renewal before a node is unreachable (tainted; its pods are
+    /// evicted once their toleration of that runs out: `--default-unreachable-toleration-seconds`).
     #[arg(long, default_value_t = 40.0)]
     pub node_monitor_grace_period: f64,
     /// Milliseconds a workload's status writes that only follow its pods are batched over
@@ -180,6 +189,10 @@ pub async fn start_with(
     if !args.watch_cache {
         api = api.without_watch_cache();
     }
+    api = api.with_default_toleration_seconds(
+        args.default_not_ready_toleration_seconds,
+        args.default_unreachable_toleration_seconds,
+    );
     if let Some(shards) = shards {
         api = api.with_shards(shards);
     }
@@ -425,6 +438,8 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
             grpc_addr: offset(args.grpc_addr, 0)?,
             api_addr: offset(args.api_addr, 1 + i)?,
             watch_cache: args.watch_cache,
+            default_not_ready_toleration_seconds: args.default_not_ready_toleration_seconds,
+            default_unreachable_toleration_seconds: args.default_unreachable_toleration_seconds,
             store: crate::store_config::StoreArgs {
                 store: crate::store_config::Backend::Embedded,
                 ..args.store.clone()

@@ -165,7 +165,11 @@ fn standbys_take_over_a_500_replica_rollout_after_kill_9() {
 fn a_stopped_agent_s_pods_are_replaced_elsewhere() {
     let c = Cluster::start_with(
         "up",
-        &["--nodes-per-shard=0", "--node-monitor-grace-period=3"],
+        &[
+            "--nodes-per-shard=0",
+            "--node-monitor-grace-period=3",
+            "--default-unreachable-toleration-seconds=1",
+        ],
     );
     let watch = Invariants::watch(c.kubeconfig.clone());
     let agent = |prefix: &str| {

@@ -20,7 +20,10 @@ async fn pods_leave_a_failed_node_and_are_replaced_elsewhere() {
             "metadata": {"name": "web", "namespace": "default"},
             "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
                 "template": {"metadata": {"labels": {"app": "web"}},
-                    "spec": {"containers": [{"name": "c", "image": "x"}]}}}}),
+                    // Without this the API gives each pod 300 s of it.
+                    "spec": {"tolerations": [{"key": "node.kubernetes.io/unreachable",
+                        "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}],
+                        "containers": [{"name": "c", "image": "x"}]}}}}),
     )
     .await
     .expect("rs");
@@ -41,6 +44,18 @@ async fn pods_leave_a_failed_node_and_are_replaced_elsewhere() {
     })
     .await;
     let pods = list(c, "", "pods").await;
+    // The API gave each pod the not-ready toleration it lacked; its own unreachable one stands.
+    let tolerations = pods[0]["spec"]["tolerations"].to_string();
+    assert!(
+        tolerations.contains(
+            r#""key":"node.kubernetes.io/not-ready","operator":"Exists","tolerationSeconds":300"#
+        ) || (tolerations.contains("node.kubernetes.io/not-ready") && tolerations.contains("300")),
+        "{tolerations}"
+    );
+    assert!(
+        tolerations.contains(r#""tolerationSeconds":1"#),
+        "{tolerations}"
+    );
     let victim = ["sim-node-0", "sim-node-1", "sim-node-2"]
         .into_iter()
         .max_by_key(|n| running_on(&pods, n))

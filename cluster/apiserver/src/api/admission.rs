@@ -1,5 +1,5 @@
 //! Admission at create: LimitRange defaults and bounds, ResourceQuota charges in the
-//! creating transaction, and the usage they count.
+//! creating transaction, and the usage they count; pods' default NoExecute tolerations.
 
 use super::*;
 
@@ -335,9 +335,120 @@ impl Api {
     }
 }
 
+/// DefaultTolerationSeconds admission, as kube-apiserver runs it by default: a new pod
+/// that does not tolerate its node turning not ready (or unreachable) for NoExecute gets a
+/// toleration of it for a while — so a node that misses its heartbeats for a minute does not
+/// evict every pod at once, and they are evicted after five minutes if it stays away.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DefaultTolerations {
+    /// Seconds of `node.kubernetes.io/not-ready:NoExecute` tolerated.
+    pub not_ready: i64,
+    /// Seconds of `node.kubernetes.io/unreachable:NoExecute` tolerated.
+    pub unreachable: i64,
+}
+
+impl Default for DefaultTolerations {
+    fn default() -> Self {
+        DefaultTolerations {
+            not_ready: 300,
+            unreachable: 300,
+        }
+    }
+}
+
+impl DefaultTolerations {
+    /// Adds the tolerations `pod` lacks. One it has already counts if its key is the taint's
+    /// or empty (all keys) and its effect NoExecute or empty (all effects) — whatever its
+    /// seconds, as Kubernetes' plugin decides.
+    pub(crate) fn apply(&self, pod: &mut Value) {
+        if !pod["spec"].is_object() {
+            return;
+        }
+        let have = pod["spec"]["tolerations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let covers = |key: &str| {
+            have.iter().any(|t| {
+                let k = t["key"].as_str().unwrap_or("");
+                let e = t["effect"].as_str().unwrap_or("");
+                (k == key || k.is_empty()) && (e == "NoExecute" || e.is_empty())
+            })
+        };
+        let mut add = Vec::new();
+        for (key, seconds) in [
+            ("node.kubernetes.io/not-ready", self.not_ready),
+            ("node.kubernetes.io/unreachable", self.unreachable),
+        ] {
+            if !covers(key) {
+                add.push(
+                    json!({"key": key, "operator": "Exists", "effect": "NoExecute",
+                    "tolerationSeconds": seconds}),
+                );
+            }
+        }
+        if add.is_empty() {
+            return;
+        }
+        let mut all = have;
+        all.extend(add);
+        pod["spec"]["tolerations"] = Value::Array(all);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tolerations_after(tolerations: Value) -> Vec<(String, i64)> {
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "x"}]}});
+        if !tolerations.is_null() {
+            pod["spec"]["tolerations"] = tolerations;
+        }
+        DefaultTolerations {
+            not_ready: 300,
+            unreachable: 120,
+        }
+        .apply(&mut pod);
+        pod["spec"]["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                (
+                    t["key"].as_str().unwrap_or("*").to_owned(),
+                    t["tolerationSeconds"].as_i64().unwrap_or(-1),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn new_pods_tolerate_a_lost_node_for_a_while_unless_they_say_otherwise() {
+        let nr = "node.kubernetes.io/not-ready".to_owned();
+        let un = "node.kubernetes.io/unreachable".to_owned();
+        assert_eq!(
+            tolerations_after(Value::Null),
+            vec![(nr.clone(), 300), (un.clone(), 120)]
+        );
+        // A pod's own seconds for one taint stand; the other is added.
+        assert_eq!(
+            tolerations_after(json!([{"key": un, "operator": "Exists",
+                "effect": "NoExecute", "tolerationSeconds": 1}])),
+            vec![(un.clone(), 1), (nr.clone(), 300)]
+        );
+        // Tolerating every taint (no key, no effect) covers both: nothing added.
+        assert_eq!(
+            tolerations_after(json!([{"operator": "Exists"}])),
+            vec![("*".to_owned(), -1)]
+        );
+        // A NoSchedule toleration is not a NoExecute one.
+        assert_eq!(
+            tolerations_after(json!([{"key": nr, "operator": "Exists", "effect": "NoSchedule"}]))
+                .len(),
+            3
+        );
+    }
 
     #[test]
     fn qos_follows_requests_and_limits() {

@@ -96,6 +96,8 @@ pub struct Api {
     writes: Arc<group::Group<group::PendingWrite>>,
     /// What a create needs of its namespace, by name, at the revision it was decoded from.
     namespaces: Arc<parking_lot::Mutex<std::collections::HashMap<String, NamespaceFacts>>>,
+    /// The NoExecute tolerations every new pod gets unless it has its own.
+    default_tolerations: admission::DefaultTolerations,
 }
 
 /// What a create checks of its namespace: whether it is terminating, and its labels (for
@@ -251,7 +253,20 @@ impl Api {
             node_proxy: None,
             metrics_registry: None,
             shards: None,
+            default_tolerations: admission::DefaultTolerations::default(),
         }
+    }
+
+    /// The same API, giving each new pod that does not say otherwise these seconds of
+    /// toleration of its node being not ready and unreachable (kube-apiserver's
+    /// `--default-not-ready-toleration-seconds` and `--default-unreachable-toleration-seconds`;
+    /// 300 each unless set).
+    pub fn with_default_toleration_seconds(mut self, not_ready: i64, unreachable: i64) -> Api {
+        self.default_tolerations = admission::DefaultTolerations {
+            not_ready,
+            unreachable,
+        };
+        self
     }
 
     /// The same API, reaching node agents (for `pods/log`) with credentials rooted in

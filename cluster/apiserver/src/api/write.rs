@@ -470,6 +470,7 @@ impl Api {
         if res.plural == "pods" && res.group.is_empty() {
             self.apply_limit_ranges(req, &mut obj).await?;
             self.apply_priority(&mut obj).await?;
+            self.default_tolerations.apply(&mut obj);
         }
         if res.plural == "resourcequotas"
             && let Some(ns) = req.namespace.as_deref()
