@@ -1065,6 +1065,13 @@ fn the_federation_benchmark_reports_every_figure() {
             .is_some_and(|s| (2.0..=62.0).contains(&s)),
         "{r}"
     );
+    // At rest the nodes go on renewing their Leases (ten nodes, one renewal each per 10 s).
+    assert!(
+        r["idle_writes_per_sec"]["update leases"]
+            .as_f64()
+            .is_some_and(|w| w > 0.0),
+        "{r}"
+    );
 }
 
 #[test]

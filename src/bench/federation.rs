@@ -123,6 +123,9 @@ struct Report {
     idle_cpu_cores: Option<f64>,
     /// Seconds waited after the run for the fleet to be idle (only heartbeats written).
     idle_settle_secs: Option<f64>,
+    /// Writes per second by `verb resource[/subresource]` while idle cpu was measured: what
+    /// the fleet goes on doing at rest.
+    idle_writes_per_sec: BTreeMap<String, f64>,
     /// This process's (the federated run's) peak resident set, and the single-shard
     /// child's.
     peak_rss_bytes: u64,
@@ -595,8 +598,11 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
     // nothing, then propagation.
     r.idle_settle_secs = Some(settle(&registries).await);
     let before = cpu_seconds();
+    let idle_writes = api_writes(&registries);
     tokio::time::sleep(Duration::from_secs(10)).await;
     r.idle_cpu_cores = Some((cpu_seconds() - before) / 10.0);
+    // Per second: `writes_since` divides by its third argument.
+    r.idle_writes_per_sec = writes_since(&idle_writes, &api_writes(&registries), 10).1;
     let mut lat = propagation(&fed, &shard_clients, args.propagation_samples, &mut tasks).await?;
     r.propagation_p50_ms = Some(lat.percentile_ms(50.0));
     r.propagation_p99_ms = Some(lat.percentile_ms(99.0));
@@ -721,6 +727,9 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
         r.idle_settle_secs
             .map_or("-".to_owned(), |v| format!("{v:.0}"))
     );
+    for (k, v) in &r.idle_writes_per_sec {
+        println!("    {k:<40} {v:.1}/s");
+    }
     println!(
         "  peak rss, federation / one      {:.1} MiB / {}",
         r.peak_rss_bytes as f64 / (1 << 20) as f64,

@@ -375,6 +375,11 @@ impl SimAgent {
     async fn renew_loop(self: Arc<Self>) {
         let slices = self.config.renew_interval.as_secs().max(1) as usize;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // A slice that took longer than its second delays the next, as a busy kubelet's
+        // renewal comes late; missed ticks are not made up in a burst, which after a busy
+        // spell renewed above the nominal rate (13,300/s for 100,000 nodes at a 10 s
+        // interval, measured at rest after a 100,000-pod run).
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut n = 0usize;
         loop {
             tick.tick().await;
