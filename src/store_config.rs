@@ -196,7 +196,7 @@ mod tests {
             assert_eq!(embedded_options(&default.store).segment_bytes, 64 << 20);
         }
         for bad in ["0", "2048", "-1", "big"] {
-            let err = Cli::try_parse_from(["t", "--wal-segment-mib", bad])
+            let err = Cli::try_parse_from(["t".to_owned(), format!("--wal-segment-mib={bad}")])
                 .err()
                 .expect("refused");
             assert!(err.to_string().contains("--wal-segment-mib"), "{err}");

@@ -166,9 +166,11 @@ impl Reconciler for DaemonSets {
         let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
         let owned = self.pods.owned_by(&uid);
         // A deletion asked for is seen once its pod is gone from the cache, event or not.
-        let present: HashSet<&str> = owned.iter().map(|p| uid_of(p)).collect();
-        self.expectations
-            .retain_deletions(key, |u| present.contains(u));
+        if self.expectations.awaits_deletions(key) {
+            let present: HashSet<&str> = owned.iter().map(|p| uid_of(p)).collect();
+            self.expectations
+                .retain_deletions(key, |u| present.contains(u));
+        }
         for p in owned {
             if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) || !pods::is_active(&p) {
                 continue;

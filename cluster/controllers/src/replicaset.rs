@@ -196,9 +196,11 @@ impl Reconciler for Rs {
         let active: Vec<&Arc<Pod>> = mine.iter().filter(|p| pods::is_active(p)).collect();
         // A deletion asked for is seen once the cache shows its pod terminating or gone,
         // even if the event that showed it came first (someone else was deleting it too).
-        let active_uids: HashSet<&str> = active.iter().map(|p| uid_of(p)).collect();
-        self.expectations
-            .retain_deletions(key, |u| active_uids.contains(u));
+        if self.expectations.awaits_deletions(key) {
+            let active_uids: HashSet<&str> = active.iter().map(|p| uid_of(p)).collect();
+            self.expectations
+                .retain_deletions(key, |u| active_uids.contains(u));
+        }
         let want = spec.replicas.unwrap_or(1).max(0) as usize;
         let mut error = None;
         // Pods created or deleted here: their events queue the set again.

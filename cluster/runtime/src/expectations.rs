@@ -86,6 +86,15 @@ impl Expectations {
         }
     }
 
+    /// Whether deletions under `key` are still unseen (a controller builds what
+    /// [`Expectations::retain_deletions`] needs only then).
+    pub fn awaits_deletions(&self, key: &str) -> bool {
+        self.map
+            .lock()
+            .get(key)
+            .is_some_and(|e| !e.deletes.is_empty())
+    }
+
     /// Keeps only the expected deletions `pending` says the cache has not shown yet: a
     /// controller calls this with what its cache holds now, which settles a deletion whose
     /// event came before it was expected (the pod was being deleted by someone else already).
@@ -193,10 +202,12 @@ mod tests {
         e.observed_delete("ns/rs", "x");
         e.expect_deletions("ns/rs", ["x", "y"]);
         assert!(!e.satisfied("ns/rs"));
+        assert!(e.awaits_deletions("ns/rs"));
         let active = ["y"];
         e.retain_deletions("ns/rs", |uid| active.contains(&uid));
         assert!(!e.satisfied("ns/rs"), "y is still active in the cache");
         e.retain_deletions("ns/rs", |_| false);
         assert!(e.satisfied("ns/rs"));
+        assert!(!e.awaits_deletions("ns/rs"));
     }
 }
