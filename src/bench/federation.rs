@@ -85,7 +85,7 @@ pub struct FederationBenchArgs {
 }
 
 /// The single-shard run's figures, as its child process prints them.
-#[derive(Serialize, serde::Deserialize, Default)]
+#[derive(Serialize, serde::Deserialize)]
 struct Single {
     pods_per_sec: f64,
     cpu_us_per_pod: f64,

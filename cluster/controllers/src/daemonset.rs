@@ -81,9 +81,7 @@ pub async fn run(ctx: Context) {
                     Change::Added(_) => expectations.observed_add(&key),
                     // A daemon pod counts as gone once removed: its node gets no second
                     // pod while the first terminates.
-                    Change::Deleted(p) => {
-                        expectations.observed_delete(&key, p.metadata.uid.as_deref().unwrap_or(""))
-                    }
+                    Change::Deleted(p) => expectations.observed_delete(&key, uid_of(p)),
                     _ => {}
                 }
                 q.add(key, EventClass::Update);

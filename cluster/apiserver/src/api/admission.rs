@@ -364,35 +364,29 @@ impl DefaultTolerations {
         if !pod["spec"].is_object() {
             return;
         }
-        let have = pod["spec"]["tolerations"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let covers = |key: &str| {
-            have.iter().any(|t| {
-                let k = t["key"].as_str().unwrap_or("");
-                let e = t["effect"].as_str().unwrap_or("");
-                (k == key || k.is_empty()) && (e == "NoExecute" || e.is_empty())
-            })
+        let tolerations = &mut pod["spec"]["tolerations"];
+        if !tolerations.is_array() {
+            *tolerations = Value::Array(Vec::new());
+        }
+        let Value::Array(list) = tolerations else {
+            return;
         };
-        let mut add = Vec::new();
         for (key, seconds) in [
             ("node.kubernetes.io/not-ready", self.not_ready),
             ("node.kubernetes.io/unreachable", self.unreachable),
         ] {
-            if !covers(key) {
-                add.push(
+            let covered = list.iter().any(|t| {
+                let k = t["key"].as_str().unwrap_or("");
+                let e = t["effect"].as_str().unwrap_or("");
+                (k == key || k.is_empty()) && (e == "NoExecute" || e.is_empty())
+            });
+            if !covered {
+                list.push(
                     json!({"key": key, "operator": "Exists", "effect": "NoExecute",
                     "tolerationSeconds": seconds}),
                 );
             }
         }
-        if add.is_empty() {
-            return;
-        }
-        let mut all = have;
-        all.extend(add);
-        pod["spec"]["tolerations"] = Value::Array(all);
     }
 }
 
