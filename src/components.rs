@@ -295,9 +295,14 @@ pub struct SimArgs {
     /// Milliseconds from binding to Running on a simulated node.
     #[arg(long, default_value_t = 500)]
     pub startup_delay_ms: u64,
-    /// Seconds between renewals of each simulated node's Lease.
+    /// Seconds between renewals of the simulated nodes' Lease.
     #[arg(long, default_value_t = 10)]
     pub node_lease_renew_seconds: u64,
+    /// Give each simulated node a Lease of its own, renewed on its own, as a kubelet keeps
+    /// (kubemark's cost at rest: one write per node per renewal interval). By default the
+    /// nodes of one agent share one Lease, since they live and die with one process.
+    #[arg(long)]
+    pub lease_per_node: bool,
     /// Zones the simulated nodes are spread over (`topology.kubernetes.io/zone=zone-K`,
     /// round robin); 0 for none.
     #[arg(long, default_value_t = 3)]
@@ -315,6 +320,7 @@ impl SimArgs {
             pods: self.node_pods,
             startup_delay: Duration::from_millis(self.startup_delay_ms),
             renew_interval: Duration::from_secs(self.node_lease_renew_seconds.max(1)),
+            shared_lease: !self.lease_per_node,
             zones: self.node_zones,
             ..SimConfig::default()
         }

@@ -1065,11 +1065,14 @@ fn the_federation_benchmark_reports_every_figure() {
             .is_some_and(|s| (2.0..=62.0).contains(&s)),
         "{r}"
     );
-    // At rest the nodes go on renewing their Leases (ten nodes, one renewal each per 10 s).
+    // At rest each shard's hollow nodes renew one shared Lease per 10 s: at most 0.3 writes
+    // a second for two shards over the 10 s window (with a Lease per node, ten nodes would
+    // make 1.0).
     assert!(
         r["idle_writes_per_sec"]["update leases"]
             .as_f64()
-            .is_some_and(|w| w > 0.0),
+            .unwrap_or(0.0)
+            <= 0.3,
         "{r}"
     );
 }

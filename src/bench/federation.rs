@@ -72,6 +72,10 @@ pub struct FederationBenchArgs {
     /// `tessera up --status-batch-period-ms` and `--federation-status-batch-period-ms` set).
     #[arg(long, default_value_t = 100)]
     pub status_batch_period_ms: u64,
+    /// Give every simulated node a Lease of its own, renewed on its own (kubemark's cost at
+    /// rest), instead of one Lease per agent.
+    #[arg(long)]
+    pub lease_per_node: bool,
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
@@ -144,8 +148,9 @@ fn up_args(
     shards: usize,
     nodes: usize,
     status_batch_ms: u64,
+    lease_per_node: bool,
 ) -> anyhow::Result<UpAllArgs> {
-    let args = [
+    let mut args = vec![
         "up".to_owned(),
         format!("--data-dir={}", dir.display()),
         "--api-addr=127.0.0.1:0".into(),
@@ -157,6 +162,9 @@ fn up_args(
         format!("--status-batch-period-ms={status_batch_ms}"),
         format!("--federation-status-batch-period-ms={status_batch_ms}"),
     ];
+    if lease_per_node {
+        args.push("--lease-per-node".into());
+    }
     Ok(Up::try_parse_from(args)?.all)
 }
 
@@ -400,6 +408,7 @@ async fn single(args: &FederationBenchArgs) -> anyhow::Result<Single> {
         0,
         args.shards * args.nodes_per_shard,
         args.status_batch_period_ms,
+        args.lease_per_node,
     )?;
     let shard = crate::up::start(&all.base).await?;
     let mut tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
@@ -441,6 +450,7 @@ async fn single_in_child(args: &FederationBenchArgs) -> anyhow::Result<Single> {
             args.status_batch_period_ms
         ))
         .arg(format!("--timeout={}", args.timeout))
+        .args(args.lease_per_node.then_some("--lease-per-node"))
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
         .kill_on_drop(true)
@@ -531,6 +541,7 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
         args.shards,
         args.nodes_per_shard,
         args.status_batch_period_ms,
+        args.lease_per_node,
     )?;
     let fleet = crate::up::start_federated(&all).await?;
     let fed = fleet.federation.api.component_client("bench");

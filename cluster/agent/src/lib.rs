@@ -1,6 +1,8 @@
 //! Node agents. [`sim`] runs hollow nodes: thousands of simulated nodes in one process, each
-//! with its own Node, Lease and pods, as kubemark and KWOK do — what a shard's control plane
-//! sees is exactly what real agents would show it.
+//! with its own Node and pods, as kubemark and KWOK do — what a shard's control plane sees of
+//! them is what real agents would show it. Their liveness is one Lease for the whole agent by
+//! default (one process, one failure domain; see [`sim::SimConfig::shared_lease`]), or a
+//! Lease per node as a kubelet keeps. [`process`] runs one real node, with its own Lease.
 
 pub mod cgroups;
 pub mod env;

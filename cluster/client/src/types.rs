@@ -172,6 +172,13 @@ pub const PROCESS_TAINT_KEY: &str = "tessera.io/runtime";
 /// Its value.
 pub const PROCESS_TAINT_VALUE: &str = "process";
 
+/// The annotation that names, in `kube-node-lease`, the Lease a node's liveness is read from
+/// when that is not the node's own. Hollow nodes of one simulated agent share one Lease — one
+/// process is one failure domain, so one heartbeat stands for all of them — and the node
+/// lifecycle controller reads each node's liveness from the Lease this names. A node without
+/// it has a Lease of its own, named after it, as a kubelet keeps.
+pub const NODE_LEASE_ANNOTATION: &str = "tessera.io/node-lease";
+
 /// The `k8s_openapi` resource and metadata traits of one of Tessera's kinds, so the
 /// runtime's informers and caches hold it like a built-in kind.
 macro_rules! tessera_kind {

@@ -4,6 +4,10 @@
 //! NoExecute); its pods that do not tolerate the NoExecute taint are evicted after their
 //! `tolerationSeconds` (at once without a toleration), so their controllers replace them
 //! elsewhere. When the node reports Ready again, the taints go.
+//!
+//! A node's Lease is the one in `kube-node-lease` named after it, as a kubelet keeps, or the
+//! one its `tessera.io/node-lease` annotation names: hollow nodes of one simulated agent share
+//! one, and all of them lapse with it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -16,6 +20,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tessera_client::request::PatchType;
 use tessera_client::status::ApiError;
+use tessera_client::types::NODE_LEASE_ANNOTATION;
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
@@ -64,8 +69,18 @@ fn has_taint(n: &Node, effect: &str) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == UNREACHABLE && t.effect == effect))
 }
 
-/// When each node's Lease was last seen renewed (its renewTime, and when on this clock).
+/// When each Lease was last seen renewed (its renewTime, and when on this clock), by name.
 type Renewals = Arc<Mutex<HashMap<String, (String, Instant)>>>;
+
+/// The name of the Lease that stands for `node`.
+fn lease_of(node: &Node) -> &str {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_LEASE_ANNOTATION))
+        .or(node.metadata.name.as_ref())
+        .map_or("", String::as_str)
+}
 
 struct Lifecycle {
     ctx: Context,
@@ -73,9 +88,12 @@ struct Lifecycle {
     nodes: Arc<Cache<Node>>,
     pods: Arc<Cache<Pod>>,
     seen: Renewals,
+    /// Leases a node named before this controller saw them, and when it first looked: their
+    /// grace counts from then (a node and its Lease arrive through two watches, in either
+    /// order).
+    unseen: Arc<Mutex<HashMap<String, Instant>>>,
     /// Pods by node, kept from the pod watch.
     by_node: Arc<Mutex<HashMap<String, HashSet<String>>>>,
-    started: Instant,
     recorder: Recorder,
 }
 
@@ -87,6 +105,7 @@ pub async fn run(ctx: Context, config: NodeLifecycleConfig) {
     let leases = ctx.informer::<Lease>(res("coordination.k8s.io", "leases"));
     let pods = ctx.informer::<Pod>(res("", "pods"));
     let seen: Renewals = Arc::new(Mutex::new(HashMap::new()));
+    let unseen: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
     let by_node: Arc<Mutex<HashMap<String, HashSet<String>>>> =
         Arc::new(Mutex::new(HashMap::new()));
     let r = Arc::new(Lifecycle {
@@ -95,8 +114,8 @@ pub async fn run(ctx: Context, config: NodeLifecycleConfig) {
         nodes: nodes.cache().clone(),
         pods: pods.cache().clone(),
         seen: seen.clone(),
+        unseen: unseen.clone(),
         by_node: by_node.clone(),
-        started: Instant::now(),
         recorder: ctx.recorder(NAME),
     });
     ctx.controller(NAME)
@@ -124,6 +143,7 @@ pub async fn run(ctx: Context, config: NodeLifecycleConfig) {
                 }
                 _ => {
                     if s.get(&name).is_none_or(|(r, _)| *r != renew) {
+                        unseen.lock().remove(&name);
                         s.insert(name, (renew, Instant::now()));
                     }
                 }
@@ -165,12 +185,17 @@ impl Reconciler for Lifecycle {
             return Ok(Action::Done);
         };
         let grace = self.config.grace;
-        // Grace counts from this controller's start for nodes it has not seen renew.
-        let since = self
-            .seen
-            .lock()
-            .get(name)
-            .map_or(self.started, |(_, at)| *at);
+        // Grace counts from the last renewal seen; for a Lease not seen yet, from the first
+        // look at it (so from this controller's start for the nodes it starts with).
+        let lease = lease_of(&node);
+        let seen = self.seen.lock().get(lease).map(|(_, at)| *at);
+        let since = seen.unwrap_or_else(|| {
+            *self
+                .unseen
+                .lock()
+                .entry(lease.to_owned())
+                .or_insert_with(Instant::now)
+        });
         let stale = since.elapsed() > grace;
         let r = ObjectRef::new("v1", "Node", &node.metadata);
         if stale && ready_status(&node) != Some("Unknown") {

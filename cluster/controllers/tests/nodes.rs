@@ -7,6 +7,7 @@ use std::collections::HashSet;
 
 use serde_json::json;
 use support::{list, shard, wait_until};
+use tessera_client::types::NODE_LEASE_ANNOTATION;
 use tessera_controllers::context::res;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,7 +62,7 @@ async fn pods_leave_a_failed_node_and_are_replaced_elsewhere() {
         .max_by_key(|n| running_on(&pods, n))
         .expect("a node");
     assert!(running_on(&pods, victim) > 0);
-    assert!(s.agent.fail_node(victim));
+    assert!(s.agent.fail_node(victim).await.expect("fail the node"));
     wait_until("node NotReady and tainted", || async {
         let n = c.get(res("", "nodes"), None, victim).await.expect("node");
         let unknown = n["status"]["conditions"].as_array().is_some_and(|cs| {
@@ -94,6 +95,108 @@ async fn pods_leave_a_failed_node_and_are_replaced_elsewhere() {
         0,
         "evicted pods are terminating, none new placed there"
     );
+    // The victim left the Lease its mates share for one of its own; they stay Ready.
+    let shared = s.agent.shared_lease().expect("hollow nodes share a Lease");
+    for n in ["sim-node-0", "sim-node-1", "sim-node-2"] {
+        let node = c.get(res("", "nodes"), None, n).await.expect("node");
+        let annotation = &node["metadata"]["annotations"][NODE_LEASE_ANNOTATION];
+        if n == victim {
+            assert!(annotation.is_null(), "{node}");
+            assert_eq!(ready(&node), "Unknown");
+        } else {
+            assert_eq!(annotation, shared, "{node}");
+            assert_eq!(ready(&node), "True", "{node}");
+            assert!(node["spec"]["taints"].is_null(), "{node}");
+        }
+    }
+    let own = c
+        .get(
+            res("coordination.k8s.io", "leases"),
+            Some("kube-node-lease"),
+            victim,
+        )
+        .await
+        .expect("the failed node's own Lease");
+    assert_eq!(own["spec"]["holderIdentity"], victim);
+}
+
+fn ready(node: &serde_json::Value) -> String {
+    node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_agent_takes_its_nodes_down_together_and_its_restart_brings_them_back() {
+    let s = shard(3).await;
+    let c = &s.client;
+    let names = ["sim-node-0", "sim-node-1", "sim-node-2"];
+    let leases = res("coordination.k8s.io", "leases");
+    // One Lease stands for all three; none of them has one of its own.
+    let shared = s.agent.shared_lease().expect("shared").to_owned();
+    let held = c
+        .get(leases, Some("kube-node-lease"), &shared)
+        .await
+        .expect("the shared Lease");
+    assert_eq!(held["spec"]["holderIdentity"], shared.as_str());
+    for n in names {
+        assert_eq!(
+            c.get(leases, Some("kube-node-lease"), n)
+                .await
+                .expect_err("no Lease per node")
+                .code,
+            404
+        );
+    }
+    let states = || async {
+        let mut out = Vec::new();
+        for n in names {
+            let node = c.get(res("", "nodes"), None, n).await.expect("node");
+            let tainted = node["spec"]["taints"]
+                .to_string()
+                .contains("node.kubernetes.io/unreachable");
+            out.push((ready(&node), tainted));
+        }
+        out
+    };
+    // The shared Lease is renewed (1 s here, grace 2 s): the nodes stay Ready past the grace.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        states().await.iter().all(|(r, t)| r == "True" && !t),
+        "{:?}",
+        states().await
+    );
+    s.kill_agent();
+    wait_until(
+        "every node of the dead agent NotReady and tainted",
+        || async { states().await.iter().all(|(r, t)| r == "Unknown" && *t) },
+    )
+    .await;
+    // The agent comes back (a new process): it takes the Lease over, reports Ready, and the
+    // controller lifts the taints.
+    let again = tessera_agent::sim::SimAgent::new(
+        c.clone(),
+        tessera_agent::sim::SimConfig {
+            nodes: 3,
+            cpu: "2".into(),
+            renew_interval: std::time::Duration::from_secs(1),
+            ..Default::default()
+        },
+        None,
+        None,
+    );
+    again.register(|| {}).await.expect("register again");
+    let run = tokio::spawn(again.clone().run());
+    wait_until("every node Ready and untainted again", || async {
+        states().await.iter().all(|(r, t)| r == "True" && !t)
+    })
+    .await;
+    run.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

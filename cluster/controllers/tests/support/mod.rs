@@ -28,6 +28,15 @@ pub struct Shard {
     _dir: tempfile::TempDir,
 }
 
+impl Shard {
+    /// Stops the simulated agent as a killed process stops: no more renewals, nothing more
+    /// written for its pods.
+    #[allow(dead_code)] // not every test binary stops its agent
+    pub fn kill_agent(&self) {
+        self.tasks[0].abort();
+    }
+}
+
 impl Drop for Shard {
     fn drop(&mut self) {
         for t in &self.tasks {
