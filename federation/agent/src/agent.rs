@@ -23,7 +23,7 @@ use tessera_proto::federation::v1 as pb;
 use tessera_proto::federation::v1::federation_client::FederationClient;
 use tessera_runtime::Informers;
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
-use tessera_runtime::informer::{Cache, Informer, Scope, SpecObject, Tasks, key_of};
+use tessera_runtime::informer::{Cache, Change, Informer, Scope, SpecObject, Tasks, key_of};
 use tessera_runtime::metrics::RuntimeMetrics;
 use tokio::sync::{Notify, mpsc};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -121,8 +121,8 @@ struct State {
     /// The federated copies of each placed kind.
     workloads: Vec<(WorkloadKind, Arc<Cache<SpecObject>>)>,
     tenants: Arc<Cache<Tenant>>,
-    nodes: Arc<Cache<Node>>,
-    pods: Arc<Cache<Pod>>,
+    /// The nodes and pods as the capacity summary counts them, kept change by change.
+    ledger: Mutex<summary::Ledger>,
     changed: Notify,
     recorder: Recorder,
     outbox: Mutex<Option<mpsc::UnboundedSender<pb::ShardMessage>>>,
@@ -251,8 +251,7 @@ pub async fn run_with(
             .map(|(k, i)| (*k, i.cache().clone()))
             .collect(),
         tenants: ten_inf.cache().clone(),
-        nodes: node_inf.cache().clone(),
-        pods: pod_inf.cache().clone(),
+        ledger: Mutex::new(summary::Ledger::default()),
         changed: Notify::new(),
         recorder: Recorder::new(client.clone(), "tessera-federation-agent", metrics.clone()),
         outbox: Mutex::new(None),
@@ -260,14 +259,30 @@ pub async fn run_with(
     let mut subscriptions = Vec::new();
     {
         let s = Arc::downgrade(&state);
-        subscriptions.push(node_inf.on_change(move |_| {
+        subscriptions.push(node_inf.on_change(move |c| {
             if let Some(s) = s.upgrade() {
+                match c {
+                    Change::Deleted(n) => s
+                        .ledger
+                        .lock()
+                        .remove_node(n.metadata.name.as_deref().unwrap_or_default()),
+                    Change::Added(n) | Change::Updated { new: n, .. } => {
+                        s.ledger.lock().set_node(n)
+                    }
+                }
                 s.changed.notify_one();
             }
         }));
         let s = Arc::downgrade(&state);
-        subscriptions.push(pod_inf.on_change(move |_| {
+        subscriptions.push(pod_inf.on_change(move |c| {
             if let Some(s) = s.upgrade() {
+                let key = key_of(&c.object().metadata);
+                match c {
+                    Change::Deleted(_) => s.ledger.lock().remove_pod(&key),
+                    Change::Added(p) | Change::Updated { new: p, .. } => {
+                        s.ledger.lock().set_pod(&key, p)
+                    }
+                }
                 s.changed.notify_one();
             }
         }));
@@ -454,13 +469,11 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
                 })
                 .collect()
         };
-        let (s, running, pending) = summary::build(
-            &state.nodes.list(),
-            &state.pods.list(),
-            &promised,
-            &state.config.group_keys,
-            version,
-        );
+        let (s, running, pending) =
+            state
+                .ledger
+                .lock()
+                .summary(&promised, &state.config.group_keys, version);
         send(
             &state,
             pb::shard_message::Message::Summary(pb::CapacitySummary {
