@@ -93,6 +93,23 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
             );
         }
         ("", "Service") => service_spec(spec, &mut e),
+        ("", "Node") => {
+            // The Lease a node's liveness is read from (hollow nodes share their agent's).
+            let key = tessera_client::types::NODE_LEASE_ANNOTATION;
+            let lease = &obj["metadata"]["annotations"][key];
+            if !lease.is_null()
+                && let Some(why) = lease.as_str().map_or(
+                    Some("must be a string".to_owned()),
+                    names::dns1123_subdomain,
+                )
+            {
+                e.invalid(
+                    &format!("metadata.annotations[{key}]"),
+                    lease,
+                    format!("must name a Lease in kube-node-lease (or be left out for the node's own Lease): {why}"),
+                );
+            }
+        }
         ("", "ConfigMap") | ("", "Secret") => {
             for field in ["data", "binaryData", "stringData"] {
                 if let Some(m) = obj[field].as_object() {
@@ -1128,6 +1145,22 @@ mod tests {
 
     #[test]
     fn kinds_have_their_own_rules() {
+        // A node names the Lease its liveness is read from by a valid Lease name, or none.
+        let node = |lease: Value| {
+            check(
+                "",
+                "nodes",
+                json!({"metadata": {"name": "n", "annotations": {"tessera.io/node-lease": lease}}}),
+            )
+        };
+        assert_eq!(node(json!("tessera-sim.rack1")), Vec::<String>::new());
+        let bad = node(json!("Not A Lease"));
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert!(
+            bad[0].starts_with("metadata.annotations[tessera.io/node-lease]")
+                && bad[0].contains("must name a Lease in kube-node-lease"),
+            "{bad:?}"
+        );
         assert_eq!(
             check(
                 "",
