@@ -12,20 +12,16 @@ use tessera_proto::federation::v1 as pb;
 use tessera_scheduler::plugins::affinity::required_node_labels;
 use tessera_scheduler::resources::{Resources, pod_spec_requests};
 
-/// `r` as amounts over a summary's `resources` (cpu, memory, pods, then extended ones).
-fn vector(r: &Resources, resources: &[String]) -> Vec<u64> {
-    resources
-        .iter()
-        .map(|name| {
-            let v = match name.as_str() {
-                "cpu" => r.milli_cpu,
-                "memory" => r.memory,
-                "pods" => r.pods,
-                other => r.extended(other),
-            };
-            v.max(0) as u64
-        })
-        .collect()
+/// The amount of `name` (one of a summary's resources: cpu, memory, pods, then extended
+/// ones) in `r`.
+fn amount(r: &Resources, name: &str) -> u64 {
+    let v = match name {
+        "cpu" => r.milli_cpu,
+        "memory" => r.memory,
+        "pods" => r.pods,
+        other => r.extended(other),
+    };
+    v.max(0) as u64
 }
 
 /// Whether new pods may go to `n`: Ready, not cordoned, no NoSchedule/NoExecute taint.
@@ -171,18 +167,22 @@ impl Ledger {
             .map(str::to_owned)
             .collect();
         let none = Resources::default();
+        // Buffers reused from node to node (only group label values are copied per node).
         let mut values: Vec<String> = Vec::with_capacity(group_keys.len());
+        let mut alloc: Vec<u64> = Vec::with_capacity(resources.len());
+        let mut free: Vec<u64> = Vec::with_capacity(resources.len());
         for (name, row) in &self.nodes {
             if !row.schedulable {
                 continue;
             }
-            let alloc = vector(&row.allocatable, &resources);
-            let used = vector(self.used.get(name).unwrap_or(&none), &resources);
-            let free: Vec<u64> = alloc
-                .iter()
-                .zip(used)
-                .map(|(a, x)| a.saturating_sub(x))
-                .collect();
+            let used = self.used.get(name).unwrap_or(&none);
+            alloc.clear();
+            free.clear();
+            for r in &resources {
+                let a = amount(&row.allocatable, r);
+                alloc.push(a);
+                free.push(a.saturating_sub(amount(used, r)));
+            }
             let labels = row.node.metadata.labels.as_ref();
             values.clear();
             values.extend(
