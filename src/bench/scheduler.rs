@@ -30,7 +30,7 @@ use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::{ApiRequest, Verb, find_resource};
 use tessera_apiserver::types::POD_GROUP_LABEL;
 use tessera_runtime::Informers;
-use tessera_runtime::informer::{Change, Informer, Scope};
+use tessera_runtime::informer::Change;
 use tessera_scheduler::config::SchedulerConfig;
 use tessera_scheduler::metrics::SchedulerMetrics;
 use tessera_scheduler::{Scheduler, SchedulerOptions};
@@ -274,7 +274,17 @@ impl Bench {
         bar.finish_and_clear();
 
         let seen: SeenMap = Arc::new(Mutex::new(HashMap::new()));
-        let informer = Informer::<Pod>::new(client.clone(), pods_res(), Scope::default(), None);
+        let component = |name: &str| -> Arc<dyn Client> {
+            tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
+                api.clone(),
+                User::System(name.into()),
+            )))
+        };
+        // One informer per resource for the whole process, as kube-scheduler's scheduler_perf
+        // shares its informer factory with the scheduler it measures: the bench reads pods off
+        // the scheduler's own cache instead of decoding every change a second time.
+        let informers = Informers::new(component("informers"), None);
+        let informer = informers.get::<Pod>(pods_res());
         // What a node agent does for a pod being deleted: it stops, and goes.
         let (stopping, mut stopped) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
         {
@@ -319,7 +329,7 @@ impl Bench {
                 })
                 .detach();
         }
-        let mut tasks = vec![tokio::spawn(informer.clone().run())];
+        let mut tasks = Vec::new();
         let agent_client = client.clone();
         tasks.push(tokio::spawn(async move {
             while let Some((ns, name)) = stopped.recv().await {
@@ -331,12 +341,6 @@ impl Bench {
             }
         }));
         informer.synced().await;
-        let component = |name: &str| -> Arc<dyn Client> {
-            tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
-                api.clone(),
-                User::System(name.into()),
-            )))
-        };
         let metrics = SchedulerMetrics::unregistered()?;
         let scheduler = Scheduler::new(
             component("scheduler"),
@@ -347,7 +351,7 @@ impl Bench {
                 },
                 metrics: Some(metrics.clone()),
                 runtime_metrics: None,
-                informers: Some(Informers::new(component("informers"), None)),
+                informers: Some(informers),
             },
         )
         .map_err(|e| anyhow::anyhow!(e))?;
