@@ -537,20 +537,20 @@ impl Api {
                 return Err(e);
             }
         };
-        let result = self.commit_create(req, &obj, &name, warnings).await;
-        if let Some(held) = held
-            && result.is_err()
-        {
+        let (e, obj) = match self.commit_create(req, obj, &name, warnings).await {
+            Ok(created) => return Ok(created),
+            Err(failed) => failed,
+        };
+        if let Some(held) = held {
             self.release(held).await;
         }
-        if result.is_err()
-            && tenant_charged
+        if tenant_charged
             && let Some(ns) = req.namespace.as_deref()
             && let Err(e) = self.tenant_quota(ns, res, &obj, false, false, stored).await
         {
             tracing::warn!(error = %e, pod = %name, "could not refund a tenant quota reservation; the quota controller will");
         }
-        result
+        Err(e)
     }
 
     /// The stored bytes `obj` is charged ([`crate::quota::charged_len`]), if the quota of
@@ -563,25 +563,39 @@ impl Api {
         })
     }
 
-    /// Writes a new object, with its ResourceQuota charges in the same transaction.
+    /// Writes a new object, with its ResourceQuota charges in the same transaction. The
+    /// object becomes the answer's body (not copied); a create that fails hands it back with
+    /// the error, for what was reserved for it to be given back.
     pub(super) async fn commit_create(
+        &self,
+        req: &ApiRequest,
+        obj: Value,
+        name: &str,
+        warnings: Vec<String>,
+    ) -> Result<ApiResponse, (ApiError, Value)> {
+        match self.commit_create_at(req, &obj, name).await {
+            Ok(rev) => {
+                self.wrote(req.resource);
+                Ok(ApiResponse::Object {
+                    code: 201,
+                    body: with_rv(obj, rev),
+                    warnings,
+                })
+            }
+            Err(e) => Err((e, obj)),
+        }
+    }
+
+    /// [`Self::commit_create`]'s writing: the revision the object was written at.
+    async fn commit_create_at(
         &self,
         req: &ApiRequest,
         obj: &Value,
         name: &str,
-        warnings: Vec<String>,
-    ) -> Result<ApiResponse, ApiError> {
+    ) -> Result<i64, ApiError> {
         let res = req.resource;
         let key = object_key(res, req.namespace.as_deref(), name);
         let value = encode(obj)?;
-        let created = |rev: i64| {
-            self.wrote(res);
-            Ok(ApiResponse::Object {
-                code: 201,
-                body: with_rv(obj.clone(), rev),
-                warnings: warnings.clone(),
-            })
-        };
         // Pods count against ResourceQuotas in the same transaction that creates them, so
         // that concurrent creates can never overshoot a quota. A create that no quota
         // counts is written together with the writes waiting at the same moment (group
@@ -594,7 +608,7 @@ impl Api {
                 lease: 0,
             };
             match self.write_batched(op).await {
-                group::Written::At(rev) => return created(rev),
+                group::Written::At(rev) => return Ok(rev),
                 group::Written::Precondition => {
                     return Err(ApiError::already_exists(res.group, res.plural, name));
                 }
@@ -617,7 +631,7 @@ impl Api {
                         Some(tessera_store::OpResult::Written(kv)) => kv.mod_revision,
                         _ => t.revision,
                     };
-                    return created(rev);
+                    return Ok(rev);
                 }
                 Err(e) => match e.precondition() {
                     Some(p) if p.index == 0 => {

@@ -219,7 +219,8 @@ impl Mvcc {
         let range = self
             .keys
             .range::<[u8], _>((Bound::Included(start), end.as_ref().map(|e| e.as_slice())));
-        let mut out = Vec::with_capacity(if limit == 0 { 64 } else { limit.min(4096) });
+        // Most lists are short (a namespace's quotas, often none): no room taken up front.
+        let mut out = Vec::with_capacity(limit.min(4096));
         for (_, versions) in range {
             let Some(v) = visible_at(versions, revision) else {
                 continue;
