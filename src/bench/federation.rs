@@ -287,13 +287,11 @@ impl Running {
     }
 }
 
-fn watch_running(
-    client: Arc<dyn Client>,
-    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
-    running: Arc<Running>,
-) -> anyhow::Result<Arc<Informer<Pod>>> {
+/// Counts the pods of `shard` seen Running, off the shard's own shared pod informer (the
+/// cache its scheduler, controllers and agents read), so the bench decodes no change twice.
+fn watch_running(shard: &Shard, running: Arc<Running>) -> anyhow::Result<Arc<Informer<Pod>>> {
     let pods = find_resource("", "v1", "pods").map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let informer = Informer::<Pod>::new(client, pods, Scope::default(), None);
+    let informer = shard.informers.get::<Pod>(pods);
     informer
         .on_change(move |c| {
             let p = match c {
@@ -310,7 +308,6 @@ fn watch_running(
             }
         })
         .detach();
-    tasks.push(tokio::spawn(informer.clone().run()));
     Ok(informer)
 }
 
@@ -411,9 +408,9 @@ async fn single(args: &FederationBenchArgs) -> anyhow::Result<Single> {
         args.lease_per_node,
     )?;
     let shard = crate::up::start(&all.base).await?;
-    let mut tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
+    let tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
     let running = Running::new();
-    let informer = watch_running(admin(&shard), &mut tasks, running.clone())?;
+    let informer = watch_running(&shard, running.clone())?;
     informer.synced().await;
     let started = Instant::now();
     let cpu = cpu_seconds();
@@ -583,9 +580,9 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
     let mut counters = Vec::new();
     let mut tasks = Vec::new();
     let shard_clients: Vec<Arc<dyn Client>> = fleet.shards.iter().map(|(_, s)| admin(s)).collect();
-    for c in &shard_clients {
+    for (_, shard) in &fleet.shards {
         let running = Running::new();
-        let informer = watch_running(c.clone(), &mut tasks, running.clone())?;
+        let informer = watch_running(shard, running.clone())?;
         informer.synced().await;
         counters.push(running);
     }

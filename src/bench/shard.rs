@@ -22,7 +22,7 @@ use tessera_apiserver::auth::User;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::find_resource;
 use tessera_runtime::Informers;
-use tessera_runtime::informer::{Change, Informer, Scope};
+use tessera_runtime::informer::Change;
 use tessera_scheduler::config::SchedulerConfig;
 use tessera_scheduler::{Scheduler, SchedulerOptions};
 use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
@@ -125,7 +125,11 @@ pub async fn run(args: ShardBenchArgs) -> anyhow::Result<()> {
     // Watch pods the way a density test does.
     let seen: Arc<Mutex<HashMap<String, Seen>>> =
         Arc::new(Mutex::new(HashMap::with_capacity(args.pods)));
-    let informer = Informer::<Pod>::new(client.clone(), res("", "pods")?, Scope::default(), None);
+    // The shard's components share their informers, as in `tessera up`; the bench reads pods
+    // off the same cache (as a density test's informer shares the process's factory), so each
+    // change is decoded once.
+    let informers = Informers::new(component("informers"), None);
+    let informer = informers.get::<Pod>(res("", "pods")?);
     let bound_bar = super::progress_bar(args.pods as u64, "pods bound".into());
     {
         let seen = seen.clone();
@@ -153,11 +157,8 @@ pub async fn run(args: ShardBenchArgs) -> anyhow::Result<()> {
             })
             .detach();
     }
-    let mut tasks = vec![tokio::spawn(informer.clone().run())];
     informer.synced().await;
-    // The shard's components share their informers, as in `tessera up`.
-    let informers = Informers::new(component("informers"), None);
-    tasks.push(tokio::spawn(agent.run_with(Some(informers.clone()))));
+    let mut tasks = vec![tokio::spawn(agent.run_with(Some(informers.clone())))];
     let scheduler = Scheduler::new(
         component("scheduler"),
         SchedulerOptions {
