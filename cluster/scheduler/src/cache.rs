@@ -29,6 +29,10 @@ pub struct Cache {
     /// The keys of `pods` by namespace: a new topology counter counts only the pods of the
     /// namespaces its selector can match.
     pods_by_ns: HashMap<String, HashSet<String>>,
+    /// The keys of `pods` by namespace and label (`ns/key=value`): a new counter whose
+    /// selector requires one of some values of a label walks only the pods carrying them,
+    /// not its whole namespace (one new ReplicaSet in a namespace of 100,000 pods).
+    pods_by_label: HashMap<String, HashSet<String>>,
     /// Pending pods nominated to a node by preemption, by key: the node's name and the
     /// victims (keys) evicted for it.
     nominations: HashMap<String, (String, Vec<String>)>,
@@ -77,13 +81,19 @@ impl Cache {
         let mut topo = self.topology.write();
         for (what, key) in needs {
             // A pod matches only if every clause does (and no pod matches no clause), so
-            // only the first clause's namespaces can hold pods to count.
-            let pods = what
-                .0
-                .first()
+            // only the first clause's namespaces can hold pods to count — and of those, only
+            // the pods carrying a value its selector requires, when it requires one.
+            let first = what.0.first();
+            let sets = match first.and_then(|c| self.label_postings(c)) {
+                Some(sets) => sets,
+                None => first
+                    .into_iter()
+                    .flat_map(|c| &c.namespaces)
+                    .filter_map(|ns| self.pods_by_ns.get(ns))
+                    .collect(),
+            };
+            let pods = sets
                 .into_iter()
-                .flat_map(|first| &first.namespaces)
-                .filter_map(|ns| self.pods_by_ns.get(ns))
                 .flatten()
                 .filter_map(|k| self.pods.get(k))
                 .map(|p| (&*p.info.pod, p.node.as_str()));
@@ -91,6 +101,30 @@ impl Cache {
         }
         drop(topo);
         self.sync_domains();
+    }
+
+    /// The pods that can match `clause`, as sets of keys without a key in two of them: for
+    /// the requirement of its selector that names the values a pod must carry (`=`, `in`)
+    /// and has the fewest pods carrying them, those pods of its namespaces. `None` if its
+    /// selector requires no value (`!=`, `notin`, `exists` only): then its namespaces' pods.
+    fn label_postings(&self, clause: &crate::topology::Clause) -> Option<Vec<&HashSet<String>>> {
+        use tessera_core::selector::label::Operator;
+        let selector = clause.selector.as_ref()?;
+        selector
+            .requirements()
+            .iter()
+            .filter(|r| matches!(r.operator, Operator::Equals | Operator::In))
+            .map(|r| {
+                // A pod has one value per key: the sets of two values (or namespaces) are
+                // disjoint.
+                clause
+                    .namespaces
+                    .iter()
+                    .flat_map(|ns| r.values.iter().map(move |v| label_key(ns, &r.key, v)))
+                    .filter_map(|k| self.pods_by_label.get(&k))
+                    .collect::<Vec<_>>()
+            })
+            .min_by_key(|sets| sets.iter().map(|s| s.len()).sum::<usize>())
     }
 
     /// Copies every node's domain ids again once the topology has registered new keys.
@@ -396,8 +430,15 @@ impl Cache {
     /// Keeps `p` under its key, indexed by namespace.
     fn put_pod(&mut self, p: CachedPod) {
         let key = p.info.key.clone();
+        let ns = namespace_of_key(&key);
+        for (k, v) in p.info.pod.metadata.labels.iter().flatten() {
+            self.pods_by_label
+                .entry(label_key(ns, k, v))
+                .or_default()
+                .insert(key.clone());
+        }
         self.pods_by_ns
-            .entry(namespace_of_key(&key).to_owned())
+            .entry(ns.to_owned())
             .or_default()
             .insert(key.clone());
         self.pods.insert(key, p);
@@ -415,6 +456,15 @@ impl Cache {
                 self.pods_by_ns.remove(ns);
             }
         }
+        for (k, v) in p.info.pod.metadata.labels.iter().flatten() {
+            let posting = label_key(ns, k, v);
+            if let Some(keys) = self.pods_by_label.get_mut(&posting) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.pods_by_label.remove(&posting);
+                }
+            }
+        }
         self.topology.write().remove_pod(key, &p.info.pod, &p.node);
         if let Some(&i) = self.index.get(&p.node) {
             self.touch(i);
@@ -429,6 +479,18 @@ impl Cache {
 /// The namespace part of a pod key (`namespace/name`).
 fn namespace_of_key(key: &str) -> &str {
     key.split_once('/').map_or("", |(ns, _)| ns)
+}
+
+/// The posting of label `key`=`value` in namespace `ns`: one string, unambiguous because a
+/// namespace has no `/` and a label key no `=`.
+fn label_key(ns: &str, key: &str, value: &str) -> String {
+    let mut s = String::with_capacity(ns.len() + key.len() + value.len() + 2);
+    s.push_str(ns);
+    s.push('/');
+    s.push_str(key);
+    s.push('=');
+    s.push_str(value);
+    s
 }
 
 #[cfg(test)]
@@ -471,40 +533,63 @@ mod tests {
 
     proptest! {
         /// A counter made after any placements and removals counts exactly the placed pods
-        /// its clauses match, though it walks only its namespaces' pods.
+        /// its clauses match, though it walks only its namespaces' pods carrying a value its
+        /// selector requires (or all its namespaces' pods when it requires none).
         #[test]
         fn new_counters_count_the_pods_of_their_namespaces(
-            ops in proptest::collection::vec((0u8..3, 0u8..8, any::<bool>()), 1..60),
+            ops in proptest::collection::vec((0u8..3, 0u8..8, 0u8..4, any::<bool>()), 1..60),
             wanted in proptest::collection::btree_set(0u8..4, 0..4),
+            selector in proptest::sample::select(vec![
+                "app=x", "app in (x,y)", "app=x,tier=web", "app!=x", "app", "tier in (web),app=y",
+                "app notin (y)",
+            ]),
         ) {
-            let in_ns = |ns: u8, p: u8| {
+            // Labels: 0 app=x, 1 app=y, 2 app=x and tier=web, 3 none. A pod placed again
+            // may carry other labels than before.
+            let labels = |l: u8| match l {
+                0 => json!({"app": "x"}),
+                1 => json!({"app": "y"}),
+                2 => json!({"app": "x", "tier": "web"}),
+                _ => json!({}),
+            };
+            let in_ns = |ns: u8, p: u8, l: u8| {
                 Arc::new(PodInfo::new(Arc::new(
                     serde_json::from_value(json!({"metadata": {"name": format!("p{p}"),
-                        "namespace": format!("ns{ns}"), "labels": {"app": "x"}},
+                        "namespace": format!("ns{ns}"), "labels": labels(l)},
                         "spec": {"containers": [{"name": "c", "image": "x"}]}}))
                     .expect("pod"),
                 )))
             };
             let mut c = Cache::new();
             c.upsert_node(node("n0", "4"));
-            let mut model = std::collections::BTreeSet::new();
-            for (ns, p, place) in ops {
+            let mut model = std::collections::BTreeMap::new();
+            for (ns, p, l, place) in ops {
                 if place {
-                    c.assume(in_ns(ns, p), "n0");
-                    model.insert((ns, p));
+                    c.assume(in_ns(ns, p, l), "n0");
+                    model.insert((ns, p), l);
                 } else {
                     c.remove_pod(&format!("ns{ns}/p{p}"));
                     model.remove(&(ns, p));
                 }
             }
+            let selector: tessera_core::selector::label::LabelSelector =
+                selector.parse().expect("selector");
             let what = crate::topology::Match(vec![crate::topology::Clause {
                 namespaces: wanted.iter().map(|n| format!("ns{n}")).collect(),
-                selector: Some("app=x".parse().expect("selector")),
+                selector: Some(selector.clone()),
             }]);
             c.ensure_counters(&[(what.clone(), "kubernetes.io/hostname".to_owned())]);
             let topo = c.topology().read();
             let id = topo.counter(&what).expect("made");
-            let want = model.iter().filter(|(ns, _)| wanted.contains(ns)).count();
+            // What a scan of every placed pod counts.
+            let want = model
+                .iter()
+                .filter(|((ns, _), l)| {
+                    let labels: std::collections::BTreeMap<String, String> =
+                        serde_json::from_value(labels(**l)).expect("labels");
+                    wanted.contains(ns) && selector.matches(&labels)
+                })
+                .count();
             prop_assert_eq!(topo.total(id), want as i64);
         }
     }
