@@ -508,6 +508,41 @@ fn the_queue_benchmark_reports_its_figures() {
     assert!(r["events_per_sec"].as_f64().is_some_and(|v| v > 0.0), "{r}");
 }
 
+/// `tessera bench shard` runs a whole shard end to end — ReplicaSets of 100 through the
+/// controller, the scheduler and simulated nodes sharing one set of informers — and counts
+/// every pod bound and Running: with a startup delay, no pod is Running sooner after it was
+/// created than the delay, and none is Running before it was bound.
+#[test]
+fn the_shard_benchmark_runs_every_pod_and_reports_its_figures() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "bench",
+            "shard",
+            "--nodes=20",
+            "--pods=250",
+            "--startup-delay-ms=200",
+            "--timeout=120",
+            "--json",
+        ])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("tessera bench shard");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line");
+    assert_eq!(r["pods"], 250, "{r}");
+    assert_eq!(r["nodes"], 20, "{r}");
+    assert!(r["pods_per_sec"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    let ms = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert!(ms("startup_p50_ms") >= 200.0, "{r}");
+    assert!(ms("schedule_p50_ms") <= ms("startup_p50_ms"), "{r}");
+    assert!(ms("schedule_p99_ms") <= ms("startup_p99_ms"), "{r}");
+}
+
 /// `tessera bench scheduler` runs its workloads against the real API and scheduler: every
 /// measured pod is bound, the report has scheduler_perf's figures, and in `tenants` the
 /// refilled shard is split by weight within 5% (weights 1 to 4 over 8 tenants, 1,000 pods).
