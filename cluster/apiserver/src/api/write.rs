@@ -921,9 +921,14 @@ impl Api {
         let mut next = match req.subresource.as_deref() {
             // A binding sets the node and the PodScheduled condition together.
             Some("binding") => proposed,
+            // The status subresource changes the status alone: what the client sent is
+            // taken as it is when nothing else in it differs from the stored object (as a
+            // kubelet's status patch), without copying the stored object again.
+            Some("status") if only_status_differs(current, &proposed) => proposed,
             Some("status") => {
+                let mut proposed = proposed;
                 let mut n = current.clone();
-                n["status"] = proposed["status"].clone();
+                n["status"] = proposed["status"].take();
                 n
             }
             _ => {
