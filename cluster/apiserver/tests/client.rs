@@ -1801,6 +1801,84 @@ async fn creates_see_their_namespace_as_it_is_now() {
     }
 }
 
+/// What the registry fills in on create — a pod's Pending phase and QoS class, a
+/// namespace's phase and `kubernetes` finalizer — is nobody's field, as in kube-apiserver,
+/// whose field manager runs before the strategy's PrepareForCreate. So the creator's
+/// managedFields entry owns no `f:status`, and a kubelet's first status write owns the
+/// status alone and leaves the creator's entry as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_registry_fills_in_on_create_is_nobodys_field() {
+    let s = setup().await;
+    let pods = res("", "pods");
+    let owns = |entry: &Value, path: &[&str]| {
+        path.iter()
+            .try_fold(&entry["fieldsV1"], |v, step| v.get(*step))
+            .is_some()
+    };
+    for (i, (how, c)) in s.clients.iter().enumerate() {
+        let ns = format!("rf{i}");
+        namespace(c, &ns).await;
+        let n = c.get(res("", "namespaces"), None, &ns).await.expect(how);
+        assert_eq!(n["status"]["phase"], "Active", "{how}: {n}");
+        assert_eq!(n["spec"]["finalizers"], json!(["kubernetes"]), "{how}: {n}");
+        for e in n["metadata"]["managedFields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert!(!owns(e, &["f:status"]), "{how}: {e}");
+            assert!(!owns(e, &["f:spec", "f:finalizers"]), "{how}: {e}");
+        }
+        let created = c
+            .create(pods, Some(&ns), &pod("p", "100m"))
+            .await
+            .expect(how);
+        assert_eq!(created["status"]["phase"], "Pending", "{how}");
+        assert_eq!(created["status"]["qosClass"], "Burstable", "{how}");
+        let entries = created["metadata"]["managedFields"].clone();
+        assert_eq!(
+            entries.as_array().map(Vec::len),
+            Some(1),
+            "{how}: {entries}"
+        );
+        assert!(
+            owns(&entries[0], &["f:spec", "f:containers"]),
+            "{how}: {entries}"
+        );
+        assert!(!owns(&entries[0], &["f:status"]), "{how}: {entries}");
+
+        let mut req = ApiRequest::new(Verb::Patch(PatchType::Merge), pods);
+        req.namespace = Some(ns.clone());
+        req.name = Some("p".into());
+        req.subresource = Some("status".into());
+        req.params.field_manager = Some("kubelet".into());
+        req.body = json!({"status": {"phase": "Running", "podIP": "10.0.0.9",
+            "conditions": [{"type": "Ready", "status": "True"}]}})
+        .to_string()
+        .into();
+        c.call(req).await.expect(how);
+        let now = c.get(pods, Some(&ns), "p").await.expect(how);
+        let after = now["metadata"]["managedFields"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(after.len(), 2, "{how}: {after:?}");
+        assert_eq!(after[0], entries[0], "{how}: the creator's entry as it was");
+        assert_eq!(after[1]["manager"], "kubelet", "{how}: {after:?}");
+        for field in ["f:phase", "f:podIP", "f:conditions"] {
+            assert!(
+                owns(&after[1], &["f:status", field]),
+                "{how}: {field}: {after:?}"
+            );
+        }
+        assert!(
+            !owns(&after[1], &["f:status", "f:qosClass"]),
+            "{how}: {after:?}"
+        );
+        assert!(!owns(&after[1], &["f:spec"]), "{how}: {after:?}");
+    }
+}
+
 /// A patch of `pods/status` that changes only the status has only the status decoded into
 /// the Pod type (normalized: nulls dropped, wrong types refused); one that also touches
 /// anything else is decoded whole, so a wrong type there is still refused. Nothing is

@@ -280,15 +280,6 @@ impl Api {
         ] {
             m.remove(server_owned);
         }
-        if res.plural == "namespaces" {
-            obj["status"] = json!({"phase": "Active"});
-            if obj["spec"]["finalizers"].is_null() {
-                obj["spec"]["finalizers"] = json!(["kubernetes"]);
-            }
-        }
-        if res.plural == "pods" && obj["status"]["phase"].is_null() {
-            obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(&obj)});
-        }
         if res.plural == "pods" && obj["spec"]["schedulerName"].is_null() {
             obj["spec"]["schedulerName"] = json!("default-scheduler");
         }
@@ -300,6 +291,20 @@ impl Api {
         match applied {
             Some(managed) => obj["metadata"]["managedFields"] = managed,
             None => apply::record_update(&mut obj, None, &manager, &api_version(res), "Update"),
+        }
+        // What the registry fills in on create comes after managedFields, as in
+        // kube-apiserver (its field manager runs before the strategy's PrepareForCreate): a
+        // new pod's Pending phase and QoS class, and a new namespace's phase and finalizer,
+        // are owned by no manager — the kubelet's first status write then owns the status
+        // alone, and the namespace controller removes the finalizer as nobody's field.
+        if res.plural == "namespaces" {
+            obj["status"] = json!({"phase": "Active"});
+            if obj["spec"]["finalizers"].is_null() {
+                obj["spec"]["finalizers"] = json!(["kubernetes"]);
+            }
+        }
+        if res.plural == "pods" && obj["status"]["phase"].is_null() {
+            obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(&obj)});
         }
         let errors = validation::validate(res, &obj);
         if !errors.is_empty() {
