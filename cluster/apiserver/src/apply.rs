@@ -477,6 +477,21 @@ pub fn record_update(
     api_version: &str,
     operation: &str,
 ) {
+    record_update_of(next, current, manager, api_version, operation, None);
+}
+
+/// [`record_update`] of a write through `subresource` (`status`, `scale`): its fields go to
+/// the manager's entry for that subresource, as Kubernetes keys entries by manager,
+/// operation and subresource (a controller's spec writes and its status writes are two
+/// entries).
+pub fn record_update_of(
+    next: &mut Value,
+    current: Option<&Value>,
+    manager: &str,
+    api_version: &str,
+    operation: &str,
+    subresource: Option<&str>,
+) {
     if current.is_none() && !next["metadata"]["managedFields"].is_array() {
         // A new object sent without managedFields: every field is this manager's.
         record_create(next, manager, api_version, operation);
@@ -515,7 +530,7 @@ pub fn record_update(
     let own = |e: &Value| {
         e["manager"] == manager
             && e["operation"].as_str().unwrap_or("Update") == operation
-            && e["subresource"].is_null()
+            && e["subresource"].as_str() == subresource
     };
     let untouched = |e: &Value| {
         let Some(differing) = &differing else {
@@ -550,7 +565,9 @@ pub fn record_update(
     if !changed.is_empty() {
         let mine = list.iter_mut().find_map(|slot| match slot {
             Slot::Decoded(e)
-                if e.manager == manager && e.operation == operation && e.subresource.is_none() =>
+                if e.manager == manager
+                    && e.operation == operation
+                    && e.subresource.as_deref() == subresource =>
             {
                 Some(e)
             }
@@ -565,7 +582,7 @@ pub fn record_update(
                 manager: manager.to_owned(),
                 operation: operation.to_owned(),
                 api_version: api_version.to_owned(),
-                subresource: None,
+                subresource: subresource.map(str::to_owned),
                 time: json!(rfc3339(now_secs())),
                 fields: changed,
             })),

@@ -1865,6 +1865,7 @@ async fn what_the_registry_fills_in_on_create_is_nobodys_field() {
         assert_eq!(after.len(), 2, "{how}: {after:?}");
         assert_eq!(after[0], entries[0], "{how}: the creator's entry as it was");
         assert_eq!(after[1]["manager"], "kubelet", "{how}: {after:?}");
+        assert_eq!(after[1]["subresource"], "status", "{how}: {after:?}");
         for field in ["f:phase", "f:podIP", "f:conditions"] {
             assert!(
                 owns(&after[1], &["f:status", field]),
@@ -1876,6 +1877,22 @@ async fn what_the_registry_fills_in_on_create_is_nobodys_field() {
             "{how}: {after:?}"
         );
         assert!(!owns(&after[1], &["f:spec"]), "{how}: {after:?}");
+        // The kubelet's next status write goes to the same entry.
+        let mut req = ApiRequest::new(Verb::Patch(PatchType::Merge), pods);
+        req.namespace = Some(ns.clone());
+        req.name = Some("p".into());
+        req.subresource = Some("status".into());
+        req.params.field_manager = Some("kubelet".into());
+        req.body = json!({"status": {"phase": "Succeeded"}}).to_string().into();
+        c.call(req).await.expect(how);
+        let now = c.get(pods, Some(&ns), "p").await.expect(how);
+        let last = now["metadata"]["managedFields"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(last.len(), 2, "{how}: {last:?}");
+        assert_eq!(last[0], entries[0], "{how}: the creator's entry as it was");
+        assert!(owns(&last[1], &["f:status", "f:phase"]), "{how}: {last:?}");
     }
 }
 

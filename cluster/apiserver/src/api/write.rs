@@ -1056,7 +1056,16 @@ impl Api {
         // A binding is not a field manager's write: Kubernetes' registry sets the node and
         // the PodScheduled condition without recording them in managedFields.
         if op == "Update" && req.subresource.as_deref() != Some("binding") {
-            apply::record_update(&mut next, Some(current), &manager, &api_version(res), op);
+            apply::record_update_of(
+                &mut next,
+                Some(current),
+                &manager,
+                &api_version(res),
+                op,
+                req.subresource
+                    .as_deref()
+                    .filter(|s| matches!(*s, "status" | "scale")),
+            );
         }
         Ok(next)
     }
