@@ -486,22 +486,28 @@ fn secrets_are_encrypted_at_rest() {
     assert_eq!(read(&c), encoded, "read back after a kill -9");
 }
 
-/// `tessera bench queue` runs and reports what events cost: none of the parked pods waits
-/// for the node-label changes it sends, so none is woken.
-#[test]
-fn the_queue_benchmark_reports_its_figures() {
+/// Runs `tessera bench ARGS --json` quietly; its one line of JSON (the run must succeed).
+fn bench_json(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["bench", "queue", "--pending=2000", "--events=500", "--json"])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .env("TESSERA_LOG", "warn")
         .output()
-        .expect("tessera bench queue");
+        .expect("tessera bench");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line");
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line")
+}
+
+/// `tessera bench queue` runs and reports what events cost: none of the parked pods waits
+/// for the node-label changes it sends, so none is woken.
+#[test]
+fn the_queue_benchmark_reports_its_figures() {
+    let r = bench_json(&["queue", "--pending=2000", "--events=500"]);
     assert_eq!(r["pending"], 2000);
     assert_eq!(r["events"], 500);
     assert_eq!(r["woken"], 0, "{r}");
@@ -514,26 +520,13 @@ fn the_queue_benchmark_reports_its_figures() {
 /// created than the delay, and none is Running before it was bound.
 #[test]
 fn the_shard_benchmark_runs_every_pod_and_reports_its_figures() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "bench",
-            "shard",
-            "--nodes=20",
-            "--pods=250",
-            "--startup-delay-ms=200",
-            "--timeout=120",
-            "--json",
-        ])
-        .env("TESSERA_LOG", "warn")
-        .output()
-        .expect("tessera bench shard");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line");
+    let r = bench_json(&[
+        "shard",
+        "--nodes=20",
+        "--pods=250",
+        "--startup-delay-ms=200",
+        "--timeout=120",
+    ]);
     assert_eq!(r["pods"], 250, "{r}");
     assert_eq!(r["nodes"], 20, "{r}");
     assert!(r["pods_per_sec"].as_f64().is_some_and(|v| v > 0.0), "{r}");
@@ -549,18 +542,7 @@ fn the_shard_benchmark_runs_every_pod_and_reports_its_figures() {
 #[test]
 fn the_scheduler_benchmark_binds_every_pod_and_shares_by_weight() {
     let run = |args: &[&str]| -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["bench", "scheduler", "--json", "--timeout=300"])
-            .args(args)
-            .env("TESSERA_LOG", "warn")
-            .output()
-            .expect("tessera bench scheduler");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line")
+        bench_json(&[&["scheduler", "--timeout=300"], args].concat())
     };
     let r = run(&[
         "--workload=node-affinity",

@@ -1847,21 +1847,28 @@ async fn what_the_registry_fills_in_on_create_is_nobodys_field() {
         );
         assert!(!owns(&entries[0], &["f:status"]), "{how}: {entries}");
 
-        let mut req = ApiRequest::new(Verb::Patch(PatchType::Merge), pods);
-        req.namespace = Some(ns.clone());
-        req.name = Some("p".into());
-        req.subresource = Some("status".into());
-        req.params.field_manager = Some("kubelet".into());
-        req.body = json!({"status": {"phase": "Running", "podIP": "10.0.0.9",
-            "conditions": [{"type": "Ready", "status": "True"}]}})
-        .to_string()
-        .into();
-        c.call(req).await.expect(how);
-        let now = c.get(pods, Some(&ns), "p").await.expect(how);
-        let after = now["metadata"]["managedFields"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        // A status merge patch of pod p by field manager `kubelet`; the pod's managedFields
+        // after it.
+        let kubelet_writes = |body: Value| {
+            let (c, ns) = (c.clone(), ns.clone());
+            async move {
+                let mut req = ApiRequest::new(Verb::Patch(PatchType::Merge), pods);
+                req.namespace = Some(ns.clone());
+                req.name = Some("p".into());
+                req.subresource = Some("status".into());
+                req.params.field_manager = Some("kubelet".into());
+                req.body = body.to_string().into();
+                c.call(req).await.expect("a status write");
+                let now = c.get(pods, Some(&ns), "p").await.expect("the pod");
+                now["metadata"]["managedFields"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            }
+        };
+        let after = kubelet_writes(json!({"status": {"phase": "Running", "podIP": "10.0.0.9",
+            "conditions": [{"type": "Ready", "status": "True"}]}}))
+        .await;
         assert_eq!(after.len(), 2, "{how}: {after:?}");
         assert_eq!(after[0], entries[0], "{how}: the creator's entry as it was");
         assert_eq!(after[1]["manager"], "kubelet", "{how}: {after:?}");
@@ -1878,18 +1885,7 @@ async fn what_the_registry_fills_in_on_create_is_nobodys_field() {
         );
         assert!(!owns(&after[1], &["f:spec"]), "{how}: {after:?}");
         // The kubelet's next status write goes to the same entry.
-        let mut req = ApiRequest::new(Verb::Patch(PatchType::Merge), pods);
-        req.namespace = Some(ns.clone());
-        req.name = Some("p".into());
-        req.subresource = Some("status".into());
-        req.params.field_manager = Some("kubelet".into());
-        req.body = json!({"status": {"phase": "Succeeded"}}).to_string().into();
-        c.call(req).await.expect(how);
-        let now = c.get(pods, Some(&ns), "p").await.expect(how);
-        let last = now["metadata"]["managedFields"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let last = kubelet_writes(json!({"status": {"phase": "Succeeded"}})).await;
         assert_eq!(last.len(), 2, "{how}: {last:?}");
         assert_eq!(last[0], entries[0], "{how}: the creator's entry as it was");
         assert!(owns(&last[1], &["f:status", "f:phase"]), "{how}: {last:?}");
