@@ -418,10 +418,11 @@ fn entry_json(e: Entry) -> Option<Value> {
         "manager": e.manager,
         "operation": e.operation,
         "apiVersion": e.api_version,
-        "time": e.time,
         "fieldsType": "FieldsV1",
-        "fieldsV1": to_fields_v1(&e.fields),
     });
+    // Values are moved in: `json!` would serialize each into a copy.
+    v["time"] = e.time;
+    v["fieldsV1"] = to_fields_v1(&e.fields);
     if let Some(s) = e.subresource {
         v["subresource"] = json!(s);
     }
@@ -683,14 +684,16 @@ fn record_create(next: &mut Value, manager: &str, api_version: &str, operation: 
         }
         return;
     }
-    next["metadata"]["managedFields"] = json!([{
+    let mut entry = json!({
         "manager": manager,
         "operation": operation,
         "apiVersion": api_version,
         "time": rfc3339(now_secs()),
         "fieldsType": "FieldsV1",
-        "fieldsV1": Value::Object(fields),
-    }]);
+    });
+    // Moved in, not through `json!`: the macro would serialize the set into a copy.
+    entry["fieldsV1"] = Value::Object(fields);
+    next["metadata"]["managedFields"] = Value::Array(vec![entry]);
 }
 
 fn path_string(p: &Path) -> String {

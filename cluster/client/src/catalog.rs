@@ -1,6 +1,9 @@
 //! The kinds the API server serves: group, version, names, scope and subresources of each.
 //! Discovery, routing and storage keys are all derived from this one table.
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
 /// A subresource (`status`, `scale`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Subresource {
@@ -405,12 +408,33 @@ pub fn groups() -> Vec<(&'static str, &'static str)> {
     out
 }
 
+/// The catalog indexed by (group, version, plural) and by (group, version, kind): a lookup
+/// is a hash and one compare, not a walk of every entry's strings (the API looks resources up
+/// on every request, and its admission on every create).
+struct Index {
+    by_plural: HashMap<(&'static str, &'static str, &'static str), &'static Resource>,
+    by_kind: HashMap<(&'static str, &'static str, &'static str), &'static Resource>,
+}
+
+static INDEX: LazyLock<Index> = LazyLock::new(|| {
+    let mut by_plural = HashMap::with_capacity(RESOURCES.len());
+    let mut by_kind = HashMap::with_capacity(RESOURCES.len());
+    for r in RESOURCES {
+        by_plural.entry((r.group, r.version, r.plural)).or_insert(r);
+        by_kind.entry((r.group, r.version, r.kind)).or_insert(r);
+    }
+    Index { by_plural, by_kind }
+});
+
+/// The resource `plural` in `group`/`version` (`""`, `"v1"`, `"pods"`), if served.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    INDEX.by_plural.get(&(group, version, plural)).copied()
+}
+
 /// The resource of `kind` in `api_version` (`apps/v1`, `v1`), as an object names itself.
 pub fn find_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    RESOURCES
-        .iter()
-        .find(|r| r.kind == kind && r.group == group && r.version == version)
+    INDEX.by_kind.get(&(group, version, kind)).copied()
 }
 
 /// The resources of one group-version.
@@ -424,6 +448,28 @@ pub fn resources_of(group: &str, version: &str) -> impl Iterator<Item = &'static
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_index_finds_what_a_walk_of_the_table_finds() {
+        for r in RESOURCES {
+            let walked = RESOURCES
+                .iter()
+                .find(|x| x.group == r.group && x.version == r.version && x.plural == r.plural);
+            assert_eq!(find(r.group, r.version, r.plural), walked);
+            let api_version = if r.group.is_empty() {
+                r.version.to_owned()
+            } else {
+                format!("{}/{}", r.group, r.version)
+            };
+            let walked = RESOURCES
+                .iter()
+                .find(|x| x.group == r.group && x.version == r.version && x.kind == r.kind);
+            assert_eq!(find_kind(&api_version, r.kind), walked);
+        }
+        assert_eq!(find("", "v1", "podz"), None);
+        assert_eq!(find("apps", "v1", "pods"), None);
+        assert_eq!(find_kind("v2", "Pod"), None);
+    }
 
     #[test]
     fn names_are_unique_and_consistent() {

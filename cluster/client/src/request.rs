@@ -340,10 +340,7 @@ pub fn find_resource(
     version: &str,
     plural: &str,
 ) -> Result<&'static Resource, ApiError> {
-    RESOURCES
-        .iter()
-        .find(|r| r.group == group && r.version == version && r.plural == plural)
-        .ok_or_else(|| {
+    crate::catalog::find(group, version, plural).ok_or_else(|| {
             ApiError::new(
                 404,
                 "NotFound",

@@ -90,15 +90,13 @@ pub(super) fn assign(
     pod["spec"]["nodeName"] = json!(node);
     let cond = json!({"type": "PodScheduled", "status": "True",
         "lastTransitionTime": rfc3339(now_secs())});
-    let conds = pod["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c["type"] != "PodScheduled")
-        .chain(std::iter::once(cond))
-        .collect::<Vec<_>>();
-    pod["status"]["conditions"] = json!(conds);
+    let mut conds = match pod["status"]["conditions"].take() {
+        Value::Array(conds) => conds,
+        _ => Vec::new(),
+    };
+    conds.retain(|c| c["type"] != "PodScheduled");
+    conds.push(cond);
+    pod["status"]["conditions"] = Value::Array(conds);
     Ok(pod)
 }
 

@@ -96,12 +96,10 @@ impl Api {
             return self.typed(req, obj);
         }
         let status = obj["status"].take();
-        let part = json!({
-            "apiVersion": obj["apiVersion"],
-            "kind": obj["kind"],
-            "metadata": {},
-            "status": status.clone(),
-        });
+        let mut part = json!({"metadata": {}});
+        part["apiVersion"] = obj["apiVersion"].clone();
+        part["kind"] = obj["kind"].clone();
+        part["status"] = status.clone();
         match self.typed(req, part) {
             Ok((mut part, warnings)) => {
                 obj["status"] = part["status"].take();
