@@ -9,7 +9,9 @@
 #                    etcd processes;
 #   curl, procps   - (tests only) the end-to-end tests call them;
 #   iproute2       - (tests, and process nodes) the sandbox brings a pod's loopback up with
-#                    `ip link set lo up` inside its network namespace.
+#                    `ip link set lo up` inside its network namespace;
+#   iptables       - (tests only) the failover test cuts a shard off from the federation
+#                    with DROP rules inside a network namespace of its own.
 # kubectl 1.32 is expected on the machine already; the kubectl tests say so if it is not.
 # Safe to run again: it installs only what is missing.
 #
@@ -28,6 +30,7 @@ if ! $build_only; then
   command -v curl >/dev/null 2>&1 || need+=(curl)
   command -v kill >/dev/null 2>&1 || need+=(procps)
   command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip || -x /sbin/ip ]] || need+=(iproute2)
+  command -v iptables >/dev/null 2>&1 || [[ -x /usr/sbin/iptables ]] || need+=(iptables)
 fi
 
 if ((${#need[@]})); then

@@ -23,6 +23,11 @@ pub struct FederationTuning {
     /// Seconds a shard's lease runs from each renewal by its agent.
     #[arg(long, default_value_t = 15)]
     pub shard_lease_seconds: u64,
+    /// Seconds an `AtMostOnce` workload (Jobs, StatefulSets) waits, on top of its lost
+    /// shard's lease and its pods' termination grace period, before the federation starts
+    /// it elsewhere: covers clock drift and the shard's agent noticing and stopping it.
+    #[arg(long, default_value_t = 5)]
+    pub failover_margin_seconds: u64,
     /// Milliseconds a federated workload's status writes that only follow its shards'
     /// reports are batched over (a workload at rest is written at once; 0 writes every
     /// report).
@@ -70,6 +75,7 @@ pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<F
     let metrics = FederationMetrics::unregistered()?;
     let token = join_token(&args.data_dir)?;
     let mut config = RegistryConfig::new(token.clone());
+    config.failover_margin = Duration::from_secs(tuning.failover_margin_seconds);
     if tuning.shard_lease_seconds < 3 {
         anyhow::bail!("--shard-lease-seconds must be at least 3");
     }
@@ -196,6 +202,10 @@ pub struct JoinArgs {
     /// The shard's kubeconfig (what the agent applies with).
     #[arg(long)]
     pub kubeconfig: PathBuf,
+    /// The local address the agent connects to the federation from (on a host with
+    /// several; default: the kernel's choice).
+    #[arg(long)]
+    pub bind_address: Option<std::net::IpAddr>,
     /// Address of this process's `/metrics`.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics_addr: SocketAddr,
@@ -271,6 +281,7 @@ pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
     let mut config = AgentConfig::new(&args.federation, &ca, &token, &args.name);
     config.labels = parse_labels(&args.labels)?;
     config.group_keys = parse_label_keys(&args.summary_label_keys)?;
+    config.bind_address = args.bind_address;
     config.api_url = api_url;
     tokio::select! {
         r = tessera_federation_agent::run(config, client, Some(runtime)) => r.map_err(|e| anyhow::anyhow!("{e}")),

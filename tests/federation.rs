@@ -8,7 +8,7 @@ use std::time::Duration;
 
 mod support;
 
-use support::{Cluster, Running, free_addr, wait_for};
+use support::{Cluster, Running, free_addr, join_command, wait_for};
 
 const SHARDS: [&str; 3] = ["shard-0", "shard-1", "shard-2"];
 
@@ -416,23 +416,8 @@ fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
     let fed = Cluster::start_with("federation", &[&format!("--grpc-addr={fed_grpc}")]);
     let shard = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=5"]);
     let _agent = Running(
-        Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args([
-                "join",
-                "--federation",
-                &format!("https://{fed_grpc}"),
-                "--name",
-                "east",
-            ])
+        join_command(&fed, &shard, &fed_grpc, "east")
             .args(["--labels", "region=east"])
-            .arg("--token-file")
-            .arg(fed.dir.path().join("pki/join.token"))
-            .arg("--federation-ca")
-            .arg(fed.dir.path().join("pki/ca.crt"))
-            .arg("--kubeconfig")
-            .arg(&shard.kubeconfig)
-            .env("TESSERA_LOG", "warn")
-            .stdout(Stdio::null())
             .spawn()
             .expect("tessera join"),
     );

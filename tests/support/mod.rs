@@ -43,6 +43,23 @@ pub fn up_command(metrics: &str, grpc: &str, dir: &Path) -> Command {
     cmd
 }
 
+/// `tessera join`: shard `shard`'s federation agent named `name`, joining federation `fed`
+/// at its gRPC address `grpc`.
+pub fn join_command(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(["join", "--federation", &format!("https://{grpc}")])
+        .args(["--name", name])
+        .arg("--token-file")
+        .arg(fed.dir.path().join("pki/join.token"))
+        .arg("--federation-ca")
+        .arg(fed.dir.path().join("pki/ca.crt"))
+        .arg("--kubeconfig")
+        .arg(&shard.kubeconfig)
+        .env("TESSERA_LOG", "warn")
+        .stdout(Stdio::null());
+    cmd
+}
+
 /// A `tessera up` on loopback with its kubeconfig, for kubectl.
 pub struct Cluster {
     child: Running,

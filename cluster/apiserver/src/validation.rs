@@ -236,6 +236,9 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
 /// A Placement's spec: modes and divisions by name, weights that can place something, shard
 /// names and labels that can match a shard (whether such a shard exists is the federation's
 /// to say: shards come and go).
+/// The longest `spec.failover.delaySeconds` a Placement may ask for: a day.
+const MAX_FAILOVER_DELAY: i64 = 86_400;
+
 fn placement(spec: &Value, e: &mut Errors) {
     if spec.is_null() {
         e.required("spec");
@@ -392,6 +395,27 @@ fn placement(spec: &Value, e: &mut Errors) {
                 "is listed twice",
             );
         }
+    }
+    let failover = &spec["failover"];
+    if !failover["mode"].is_null()
+        && !matches!(failover["mode"].as_str(), Some("AtMostOnce" | "Fast"))
+    {
+        e.invalid(
+            "spec.failover.mode",
+            &failover["mode"],
+            "must be AtMostOnce (never in two shards at once) or Fast (re-placed as soon as the lease lapses)",
+        );
+    }
+    if !failover["delaySeconds"].is_null()
+        && failover["delaySeconds"]
+            .as_i64()
+            .is_none_or(|d| !(0..=MAX_FAILOVER_DELAY).contains(&d))
+    {
+        e.invalid(
+            "spec.failover.delaySeconds",
+            &failover["delaySeconds"],
+            format!("must be a whole number of seconds from 0 to {MAX_FAILOVER_DELAY} (a day)"),
+        );
     }
     let spread = spec["spreadConstraints"]
         .as_array()
@@ -931,7 +955,8 @@ mod tests {
             "shardAffinity": {"shardNames": ["shard-0"], "matchLabels": {"region": "eu"}},
             "replicas": {"scheduling": "Divided", "division": "Weighted",
                 "weights": [{"shard": "shard-0", "weight": 1}]},
-            "spreadConstraints": [{"spreadByLabel": "region", "minGroups": 2, "maxGroups": 3}]}});
+            "spreadConstraints": [{"spreadByLabel": "region", "minGroups": 2, "maxGroups": 3}],
+            "failover": {"mode": "AtMostOnce", "delaySeconds": 60}}});
         assert_eq!(check_tessera("placements", good), Vec::<String>::new());
         let bad = json!({"metadata": {"name": "p", "namespace": "t"}, "spec": {
             "resourceSelectors": [{"kind": "Pod", "labelSelector": {"matchExpressions":
@@ -940,7 +965,8 @@ mod tests {
             "replicas": {"scheduling": "Home", "division": "Weighted",
                 "weights": [{"shard": "a", "weight": -1}, {"shard": "a", "weight": 1}]},
             "spreadConstraints": [{"spreadByLabel": "zone", "minGroups": 3, "maxGroups": 2},
-                {"spreadByLabel": "zone", "minGroups": 0}, {"spreadByLabel": "bad key!"}]}});
+                {"spreadByLabel": "zone", "minGroups": 0}, {"spreadByLabel": "bad key!"}],
+            "failover": {"mode": "Eventually", "delaySeconds": -1}}});
         let got = check_tessera("placements", bad);
         for want in [
             "spec.resourceSelectors[0].kind: Invalid value: \"Pod\"",
@@ -955,6 +981,8 @@ mod tests {
             "spec.spreadConstraints[1].spreadByLabel: Invalid value: \"zone\": is listed twice",
             "spec.spreadConstraints[1].minGroups: Invalid value: 0: must be 1 or more",
             "spec.spreadConstraints[2].spreadByLabel: Invalid value: \"bad key!\"",
+            "spec.failover.mode: Invalid value: \"Eventually\": must be AtMostOnce",
+            "spec.failover.delaySeconds: Invalid value: -1: must be a whole number of seconds from 0 to 86400",
         ] {
             assert!(
                 got.iter().any(|g| g.starts_with(want)),

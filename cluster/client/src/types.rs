@@ -430,6 +430,27 @@ pub struct PlacementSpec {
     /// and at most `maxGroups` of them (with `Duplicated` or `Divided`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread_constraints: Option<Vec<SpreadConstraint>>,
+    /// What happens to the workloads when their shard loses the federation (its agent's
+    /// lease lapses). Unset: Jobs, CronJobs and StatefulSets `AtMostOnce`, the others `Fast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverPolicy>,
+}
+
+/// How a workload leaves a shard that lost the federation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.FailoverPolicy")]
+pub struct FailoverPolicy {
+    /// `AtMostOnce`: the cut-off shard stops the workload itself when its lease lapses, and
+    /// the federation starts it elsewhere only after the lease, the pods' termination grace
+    /// period and a margin have passed (never in two shards at once). `Fast`: it is started
+    /// elsewhere as soon as the lease lapses (it may run twice for a while).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Seconds to wait after the lease lapsed before re-placing (for `AtMostOnce`, the least
+    /// wait; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<i64>,
 }
 
 /// Spread over the groups of shards that share a label's value.

@@ -78,6 +78,15 @@ fn condition(kind: &str, reason: &str, message: &str) -> serde_json::Value {
         "lastProbeTime": now, "lastTransitionTime": now})
 }
 
+/// The Job's status says it is suspended (a `Suspended` condition that is True).
+fn suspended_now(status: &k8s_openapi::api::batch::v1::JobStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Suspended" && c.status == "True")
+}
+
 fn finished(job: &Job) -> Option<&str> {
     job.status
         .as_ref()?
@@ -172,7 +181,25 @@ impl Reconciler for Jobs {
             completion_time = Some(rfc3339(now));
             self.recorder
                 .event(&r, EventType::Normal, "Completed", "Job completed");
-        } else if !spec.suspend.unwrap_or(false) && self.expectations.satisfied(key) {
+        } else if spec.suspend.unwrap_or(false) {
+            // Suspended: as Kubernetes' Job controller, its running pods are deleted (each
+            // with its grace period) and none are made until it is resumed.
+            if !active.is_empty() {
+                for p in &active {
+                    pods::delete_pod_if_present(&self.ctx.client, p).await?;
+                }
+                self.recorder
+                    .event(&r, EventType::Normal, "Suspended", "Job suspended");
+            }
+            if !suspended_now(&status) {
+                conditions.push(condition("Suspended", "JobSuspended", "Job suspended"));
+            }
+        } else if self.expectations.satisfied(key) {
+            if suspended_now(&status) {
+                let mut resumed = condition("Suspended", "JobResumed", "Job resumed");
+                resumed["status"] = json!("False");
+                conditions.push(resumed);
+            }
             let want = match completions {
                 Some(c) => parallelism.min(c - succeeded),
                 None if succeeded > 0 => 0,

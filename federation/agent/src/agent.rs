@@ -54,6 +54,9 @@ pub struct AgentConfig {
     pub summary_period: Duration,
     /// The node label keys summaries group nodes by (see [`DEFAULT_GROUP_KEYS`]).
     pub group_keys: Vec<String>,
+    /// The local address to connect to the federation from (a host with several; the
+    /// kernel's choice if unset).
+    pub bind_address: Option<std::net::IpAddr>,
 }
 
 /// The node labels a summary groups nodes by unless told otherwise: zones and instance types,
@@ -76,6 +79,7 @@ impl AgentConfig {
             summary_interval: Duration::from_millis(250),
             summary_period: Duration::from_secs(10),
             group_keys: DEFAULT_GROUP_KEYS.iter().map(|k| (*k).to_owned()).collect(),
+            bind_address: None,
         }
     }
 }
@@ -108,6 +112,8 @@ struct Held {
     object: Arc<Value>,
     dependencies: Arc<[Value]>,
     request: Request,
+    /// Stopped by the agent itself when the shard's lease lapses.
+    at_most_once: bool,
 }
 
 /// How often what failed to apply is tried again, and leftovers looked for.
@@ -126,6 +132,66 @@ struct State {
     changed: Notify,
     recorder: Recorder,
     outbox: Mutex<Option<mpsc::UnboundedSender<pb::ShardMessage>>>,
+    /// The shard's lease with the federation, by the agent's own clock.
+    lease: Mutex<LeaseClock>,
+    /// Woken when the lease lapses: the session in progress ends, to register again.
+    lapsed: Notify,
+    /// `AtMostOnce` copies stopped because the lease lapsed: not reverted as drift, and
+    /// resumed only by the federation assigning them again.
+    fenced: Mutex<std::collections::BTreeSet<(String, String, String)>>,
+}
+
+/// The agent's view of its lease: it runs from when the agent SENT the registration or the
+/// renewal the federation acknowledged — never later than the federation counts it from —
+/// so the agent's lease always ends first.
+#[derive(Debug, Default)]
+struct LeaseClock {
+    /// When the lease ends (`None`: never held since the agent started).
+    until: Option<tokio::time::Instant>,
+    /// The lease's length, as the federation said at registration.
+    length: Duration,
+    /// Renewals sent and not yet acknowledged: (seq, when sent).
+    sent: std::collections::VecDeque<(u64, tokio::time::Instant)>,
+    /// The at-most-once work was stopped for this lapse.
+    fenced: bool,
+}
+
+impl LeaseClock {
+    /// The federation granted the lease at registration (the Register was sent at `sent`).
+    fn registered(&mut self, sent: tokio::time::Instant, length: Duration) {
+        self.length = length;
+        self.sent.clear();
+        self.until = Some(sent + length);
+        self.fenced = false;
+    }
+
+    /// Renewal `seq` is being sent now.
+    fn sending(&mut self, seq: u64, now: tokio::time::Instant) {
+        self.sent.push_back((seq, now));
+        // Unacknowledged renewals beyond a lease's worth are of no use.
+        while self.sent.len() > 64 {
+            self.sent.pop_front();
+        }
+    }
+
+    /// The federation acknowledged renewal `seq`.
+    fn renewed(&mut self, seq: u64) {
+        while let Some(&(s, at)) = self.sent.front() {
+            if s > seq {
+                break;
+            }
+            self.sent.pop_front();
+            if s == seq && !self.fenced {
+                let until = at + self.length;
+                self.until = Some(self.until.map_or(until, |u| u.max(until)));
+            }
+        }
+    }
+
+    /// Whether the lease has lapsed at `now` (and the work is not yet stopped).
+    fn lapsed(&self, now: tokio::time::Instant) -> bool {
+        !self.fenced && self.until.is_some_and(|u| now >= u)
+    }
 }
 
 fn send(state: &State, m: pb::shard_message::Message) {
@@ -214,6 +280,7 @@ pub async fn run_with(
     } else {
         endpoint
     }
+    .local_address(config.bind_address)
     .connect_timeout(Duration::from_secs(5))
     .http2_keep_alive_interval(Duration::from_secs(10))
     .keep_alive_timeout(Duration::from_secs(20))
@@ -255,6 +322,9 @@ pub async fn run_with(
         changed: Notify::new(),
         recorder: Recorder::new(client.clone(), "tessera-federation-agent", metrics.clone()),
         outbox: Mutex::new(None),
+        lease: Mutex::new(LeaseClock::default()),
+        lapsed: Notify::new(),
+        fenced: Mutex::new(Default::default()),
     });
     let mut subscriptions = Vec::new();
     {
@@ -309,6 +379,7 @@ pub async fn run_with(
         .map(|(_, i)| tokio::spawn(i.clone().run()))
         .collect();
     tasks.push(tokio::spawn(ten_inf.clone().run()));
+    tasks.push(tokio::spawn(watch_lease(state.clone())));
     let _tasks = Tasks(tasks);
     for (_, i) in &workload_infs {
         i.synced().await;
@@ -349,6 +420,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     let mut grpc = FederationClient::new(channel).max_decoding_message_size(64 << 20);
     let (tx, rx) = mpsc::unbounded_channel::<pb::ShardMessage>();
     let cfg = &state.config;
+    let register_sent = tokio::time::Instant::now();
     let _ = tx.send(pb::ShardMessage {
         message: Some(pb::shard_message::Message::Register(pb::Register {
             name: cfg.name.clone(),
@@ -372,6 +444,10 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
         ));
     };
     tracing::info!(shard = %cfg.name, lease = reg.lease_seconds, "registered with the federation");
+    state.lease.lock().registered(
+        register_sent,
+        Duration::from_secs(u64::from(reg.lease_seconds.max(1))),
+    );
     *state.outbox.lock() = Some(tx.clone());
     // What was assigned since this stream began (for the leftovers check at Synced).
     let mut assigned: std::collections::BTreeSet<(String, String, String)> = Default::default();
@@ -379,12 +455,14 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     let renew = Duration::from_secs(u64::from(reg.renew_seconds.max(1)));
     let renewer = {
         let tx = tx.clone();
+        let state = state.clone();
         tokio::spawn(async move {
             let mut seq = 0;
             let mut tick = tokio::time::interval(renew);
             loop {
                 tick.tick().await;
                 seq += 1;
+                state.lease.lock().sending(seq, tokio::time::Instant::now());
                 if tx
                     .send(pb::ShardMessage {
                         message: Some(pb::shard_message::Message::Renew(pb::Renew { seq })),
@@ -403,11 +481,22 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     // Reads the federation makes here; they stop with the stream.
     let calls = crate::reads::Calls::default();
     let result = loop {
-        let msg = match inbound.message().await {
-            Ok(Some(m)) => m,
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e),
+        let msg = tokio::select! {
+            m = inbound.message() => match m {
+                Ok(Some(m)) => m,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            },
+            // The lease lapsed (the federation is unreachable or stopped answering): the
+            // at-most-once work is stopped; register again for a fresh start.
+            () = state.lapsed.notified() => {
+                break Err(tonic::Status::unavailable("the shard's lease lapsed"));
+            }
         };
+        if state.lease.lock().fenced {
+            // The lease lapsed while a message was being handled.
+            break Err(tonic::Status::unavailable("the shard's lease lapsed"));
+        }
         match msg.message {
             Some(pb::federation_message::Message::Assignment(a)) => {
                 if let Some(k) = &a.key {
@@ -420,6 +509,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
             Some(pb::federation_message::Message::Synced(s)) => {
                 // What was held before this stream and not assigned again is no longer ours.
                 state.held.lock().retain(|k, _| assigned.contains(k));
+                state.fenced.lock().retain(|k| assigned.contains(k));
                 leftovers(state, &assigned).await;
                 synced.store(true, std::sync::atomic::Ordering::Release);
                 // The federation now knows all it assigned here: report every copy again
@@ -431,6 +521,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 calls.start(state.client.clone(), c, tx.clone());
             }
             Some(pb::federation_message::Message::Cancel(c)) => calls.cancel(c.id),
+            Some(pb::federation_message::Message::Renewed(r)) => state.lease.lock().renewed(r.seq),
             Some(pb::federation_message::Message::Registered(_)) | None => {}
         }
     };
@@ -536,6 +627,7 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
         object: Arc::new(object),
         dependencies,
         request,
+        at_most_once: a.failover == tessera_placement::FailoverMode::AtMostOnce.as_str(),
     };
     state.held.lock().insert(id.clone(), h.clone());
     apply_held(state, &id, &h).await;
@@ -551,12 +643,143 @@ async fn apply_held(state: &Arc<State>, id: &(String, String, String), h: &Held)
         }
     }
     let ns = (!id.1.is_empty()).then_some(id.1.as_str());
-    if let Some(g) = apply(state, h.resource, ns, &id.2, &h.object).await
-        && let Some(now) = state.held.lock().get_mut(id)
+    let Some(g) = apply(state, h.resource, ns, &id.2, &h.object).await else {
+        return;
+    };
+    if state.fenced.lock().remove(id) {
+        // Assigned again by the federation after a lapse: it runs here again.
+        resume_cron_jobs(state, id).await;
+        tracing::info!(resource = %id.0, namespace = %id.1, name = %id.2, "resumed a federated workload the federation assigned again");
+    }
+    if let Some(now) = state.held.lock().get_mut(id)
         && now.generation == h.generation
         && now.replicas == h.replicas
     {
         now.applied_generation = g;
+    }
+}
+
+/// Watches the shard's lease by the agent's own clock: when it lapses (no renewal
+/// acknowledged for a lease), every `AtMostOnce` copy is stopped — scaled to zero, or
+/// suspended — without the federation, and the session ends so the agent registers again.
+/// The federation starts them elsewhere only after lease + grace + margin.
+async fn watch_lease(state: Arc<State>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = tokio::time::Instant::now();
+        let lapsed = {
+            let mut lease = state.lease.lock();
+            let lapsed = lease.lapsed(now);
+            if lapsed {
+                lease.fenced = true;
+            }
+            lapsed
+        };
+        if !lapsed {
+            continue;
+        }
+        tracing::warn!(shard = %state.config.name, "the shard's federation lease lapsed: stopping its at-most-once workloads");
+        state.lapsed.notify_waiters();
+        fence(&state).await;
+    }
+}
+
+/// Stops every held `AtMostOnce` copy: Deployments, ReplicaSets and StatefulSets scaled to
+/// zero, Jobs and CronJobs (and a CronJob's running Jobs) suspended. The change is made
+/// as the federation's field manager, so the federation's own copy, applied again when it
+/// assigns the workload again, restores it.
+async fn fence(state: &Arc<State>) {
+    let targets: Vec<((String, String, String), Held)> = state
+        .held
+        .lock()
+        .iter()
+        .filter(|(_, h)| h.at_most_once)
+        .map(|(k, h)| (k.clone(), h.clone()))
+        .collect();
+    for (id, h) in targets {
+        let Some(kind) = WorkloadKind::from_plural(&id.0) else {
+            continue;
+        };
+        state.fenced.lock().insert(id.clone());
+        let mut stopped = (*h.object).clone();
+        match kind {
+            WorkloadKind::Job | WorkloadKind::CronJob => stopped["spec"]["suspend"] = true.into(),
+            _ => stopped["spec"]["replicas"] = 0.into(),
+        }
+        let ns = (!id.1.is_empty()).then_some(id.1.as_str());
+        if apply(state, h.resource, ns, &id.2, &stopped)
+            .await
+            .is_none()
+        {
+            tracing::error!(resource = %id.0, namespace = %id.1, name = %id.2, "could not stop an at-most-once workload after the lease lapsed; retrying");
+            state.fenced.lock().remove(&id);
+            state.lease.lock().fenced = false;
+            continue;
+        }
+        if kind == WorkloadKind::CronJob {
+            suspend_cron_jobs(state, &id, true).await;
+        }
+        tracing::warn!(resource = %id.0, namespace = %id.1, name = %id.2, "stopped an at-most-once workload: the shard's federation lease lapsed");
+        let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(id.2.clone()),
+            namespace: ns.map(str::to_owned),
+            ..Default::default()
+        };
+        state.recorder.event(
+            &ObjectRef::new(kind.api_version(), kind.kind(), &meta),
+            EventType::Warning,
+            "FederationLeaseLost",
+            &format!(
+                "the shard lost the federation (its lease lapsed): this {kind} fails over AtMostOnce, so it was stopped here before the federation may start it elsewhere"
+            ),
+        );
+    }
+}
+
+/// Suspends (or resumes) the Jobs a fenced CronJob started in the shard.
+async fn suspend_cron_jobs(state: &Arc<State>, id: &(String, String, String), suspend: bool) {
+    let Ok(jobs) = find_resource("batch", "v1", "jobs") else {
+        return;
+    };
+    let mut req =
+        tessera_client::request::ApiRequest::new(tessera_client::request::Verb::List, jobs);
+    req.namespace = Some(id.1.clone());
+    let Ok(list) = state.client.list(req).await else {
+        return;
+    };
+    for job in list["items"].as_array().into_iter().flatten() {
+        let owned = job["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|o| o["kind"] == "CronJob" && o["name"] == id.2.as_str());
+        let Some(name) = job["metadata"]["name"].as_str().filter(|_| owned) else {
+            continue;
+        };
+        let patch = serde_json::json!({"spec": {"suspend": suspend}});
+        if let Err(e) = state
+            .client
+            .patch(
+                jobs,
+                Some(&id.1),
+                name,
+                None,
+                tessera_client::request::PatchType::Merge,
+                &patch,
+            )
+            .await
+        {
+            tracing::warn!(job = name, error = %e.message, "suspending a CronJob's Job");
+        }
+    }
+}
+
+/// A CronJob assigned again resumes the Jobs its fence suspended.
+async fn resume_cron_jobs(state: &Arc<State>, id: &(String, String, String)) {
+    if id.0 == WorkloadKind::CronJob.plural() {
+        suspend_cron_jobs(state, id, false).await;
     }
 }
 
@@ -648,6 +871,10 @@ fn drift(state: &Arc<State>, kind: WorkloadKind, w: &SpecObject) {
     let ns = w.metadata.namespace.clone().unwrap_or_default();
     let name = w.metadata.name.clone().unwrap_or_default();
     let id = (kind.plural().to_owned(), ns.clone(), name.clone());
+    if state.fenced.lock().contains(&id) {
+        // Stopped on purpose while the shard is cut off from the federation.
+        return;
+    }
     let Some(h) = state.held.lock().get(&id).cloned() else {
         return;
     };
@@ -723,6 +950,46 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn the_agents_lease_runs_from_what_it_sent_and_lapses_before_the_federations() {
+        let t0 = tokio::time::Instant::now();
+        let s = Duration::from_secs;
+        let mut lease = LeaseClock::default();
+        assert!(!lease.lapsed(t0 + s(3600)), "never held: nothing to stop");
+        // Registered: the lease runs from when Register was sent.
+        lease.registered(t0, s(15));
+        assert!(!lease.lapsed(t0 + s(14)));
+        assert!(lease.lapsed(t0 + s(15)));
+        // Renewal 1 sent at 5 s, acknowledged (whenever the ack comes): 20 s.
+        lease.sending(1, t0 + s(5));
+        lease.sending(2, t0 + s(10));
+        lease.renewed(1);
+        assert!(!lease.lapsed(t0 + s(19)));
+        assert!(lease.lapsed(t0 + s(20)));
+        // An ack for an older seq never shortens it; renewal 2 moves it to 25 s.
+        lease.renewed(1);
+        lease.renewed(2);
+        assert!(!lease.lapsed(t0 + s(24)));
+        assert!(lease.lapsed(t0 + s(25)));
+        // Renewals sent but never acknowledged (the partition) do not extend it.
+        lease.sending(3, t0 + s(15));
+        lease.sending(4, t0 + s(20));
+        assert!(lease.lapsed(t0 + s(25)));
+        // Once the work is stopped it stays stopped: a late ack does not revive the lease,
+        // only a new registration does.
+        lease.fenced = true;
+        lease.renewed(4);
+        assert!(
+            !lease.lapsed(t0 + s(40)),
+            "already stopped: not stopped twice"
+        );
+        assert_eq!(lease.until, Some(t0 + s(25)));
+        lease.registered(t0 + s(60), s(15));
+        assert!(!lease.fenced);
+        assert!(!lease.lapsed(t0 + s(74)));
+        assert!(lease.lapsed(t0 + s(75)));
+    }
 
     fn copy(generation: i64, status: Value, spec: Value) -> SpecObject {
         SpecObject {

@@ -105,6 +105,9 @@ pub struct Policy {
     pub mode: Mode,
     /// Spread over groups of shards by label (each constraint on its own label).
     pub spread: Vec<Spread>,
+    /// How it fails over, as the Placement says (mode, if given, and delay); `None`: by its
+    /// kind. Not used by placement itself.
+    pub failover: Option<(Option<crate::FailoverMode>, std::time::Duration)>,
 }
 
 /// Spread over the groups of shards sharing a label's value: groups are taken in the

@@ -24,8 +24,8 @@ use tessera_client::types::{FEDERATED_LABEL, Placement, Tenant};
 use tessera_client::workloads::WorkloadKind;
 use tessera_core::quantity::Quantity;
 use tessera_core::time::{now_secs, rfc3339};
-use tessera_placement::{Decision, Request, Workload};
-use tessera_registry::{Held, ObjectKey, Registry, RegistryEvent};
+use tessera_placement::{Decision, Failover, Request, Workload};
+use tessera_registry::{Held, ObjectKey, Registry, RegistryEvent, Standing};
 use tessera_runtime::controller::{self, Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Cache, Change, Informer, Scope, SpecObject, Tasks, key_of};
@@ -315,9 +315,20 @@ pub async fn run(o: Options) {
                         );
                     }
                 }
-                RegistryEvent::Shard(_) => {
+                RegistryEvent::Shard(name) => {
                     for key in p.pending.lock().iter() {
                         q.add(key.clone(), EventClass::Update);
+                    }
+                    // A shard lost: what it holds is looked at, to fail over when due.
+                    if !p.registry.is_ready(name) {
+                        for k in p.registry.held_on(name) {
+                            if let Some(kind) = Kind::of_resource(&k.resource) {
+                                q.add(
+                                    format!("{}:{}", kind.prefix(), k.object_key()),
+                                    EventClass::Update,
+                                );
+                            }
+                        }
                     }
                 }
                 RegistryEvent::Joined(_) => {
@@ -641,6 +652,7 @@ impl Propagation {
             replicas: 0,
             request: Request::default(),
             dependencies: Vec::new(),
+            failover: None,
         };
         let okey = Kind::Tenant.object_key(key);
         for shard in self.registry.shard_names() {
@@ -821,6 +833,49 @@ impl Propagation {
         )
     }
 
+    /// Which of `shares` sit on lost shards, and whether each may fail over yet.
+    fn lost_shares(
+        &self,
+        shares: &BTreeMap<String, u64>,
+        failover: &Failover,
+        template: &Value,
+    ) -> LostShares {
+        let mut lost = LostShares::default();
+        // The pods' termination grace period (Kubernetes' default 30 s).
+        let grace = Duration::from_secs(
+            template["spec"]["terminationGracePeriodSeconds"]
+                .as_u64()
+                .unwrap_or(30),
+        );
+        let margin = self.registry.config().failover_margin;
+        let mut check = |d: Duration| {
+            lost.next_check = Some(lost.next_check.map_or(d, |c: Duration| c.min(d)));
+        };
+        for (shard, n) in shares {
+            let Standing::Lost {
+                since_lease_end,
+                until_lease_end,
+            } = self.registry.standing(shard)
+            else {
+                continue;
+            };
+            match failover.due(since_lease_end, grace, margin) {
+                Ok(()) => {
+                    lost.due.push(shard.clone());
+                    lost.waited
+                        .insert(shard.clone(), since_lease_end.unwrap_or_default());
+                }
+                Err(left) => {
+                    lost.held.insert(shard.clone(), *n);
+                    // Looked at again when it is due (a little after, so that it is).
+                    let left = left.unwrap_or(until_lease_end + failover.wait(grace, margin));
+                    check(left + Duration::from_millis(50));
+                }
+            }
+        }
+        lost
+    }
+
     async fn workload(&self, kind: WorkloadKind, key: &str) -> Result<Action, ReconcileError> {
         let queue_key = format!("{}:{key}", kind.plural());
         let Some(w) = self.workloads.cache(kind).get(key) else {
@@ -879,14 +934,22 @@ impl Propagation {
             None if same_request => recorded.shares.clone(),
             None => BTreeMap::new(),
         };
-        // A decision stands while the workload, its policy and its request stand. A shard that
-        // is not ready keeps its share: moving work off a lost shard is failover's, fenced by
-        // the shard's lease — and after a restart of the federation, shards are not back yet.
+        // Failover: a share on a lost shard stays until this workload's failover mode lets
+        // it move (Fast: at the lease's end plus its delay; AtMostOnce: also after its pods'
+        // grace period and the margin, by when the shard has stopped it itself).
+        let failover = match &pol {
+            Ok(p) => policy::failover_of(p, kind),
+            Err(_) => policy::failover_of(&policy::policy_of(chosen), kind),
+        };
+        let lost = self.lost_shares(&recorded.shares, &failover, template);
+        // A decision stands while the workload, its policy and its request stand, and no
+        // share is due to fail over.
         let still_good = recorded.generation == generation
             && recorded.policy == policy_id
             && recorded.unplaced == 0
             && recorded.why.is_empty()
-            && same_request;
+            && same_request
+            && lost.due.is_empty();
         let obj_ref = ObjectRef::new(kind.api_version(), kind.kind(), &w.metadata);
         let policy_ok = pol.is_ok();
         // What one pod is charged against the tenant's fleet-wide quota; a finished Job's
@@ -935,13 +998,29 @@ impl Propagation {
                 let (allowed, held) = self.admit(
                     &tenant, &queue_key, &per_pod, replicas, &pol, &request, &credit,
                 );
+                // Shares on lost shards not yet due stay where they are; the rest is placed
+                // (a duplicated workload places its full count on every shard anyway).
+                let duplicated = pol.mode == tessera_placement::Mode::Duplicated;
+                let kept: u64 = lost.held.values().sum();
+                let free_credit: BTreeMap<String, u64> = credit
+                    .iter()
+                    .filter(|(s, _)| !lost.held.contains_key(*s))
+                    .map(|(s, n)| (s.clone(), *n))
+                    .collect();
                 let wl = Workload {
                     tenant: &tenant,
-                    replicas: allowed,
+                    replicas: if duplicated {
+                        allowed
+                    } else {
+                        allowed.saturating_sub(kept)
+                    },
                     request: &request,
-                    current: &credit,
+                    current: &free_credit,
                 };
                 let (mut dec, total) = self.registry.place(&wl, &pol);
+                for (shard, n) in &lost.held {
+                    dec.shares.insert(shard.clone(), *n);
+                }
                 let fell = self.ledger.lock().settle(&queue_key, holds(&dec.shares));
                 self.after_charge(&tenant, fell);
                 let mode = policy::mode_name(&pol.mode);
@@ -998,6 +1077,46 @@ impl Propagation {
                 pending.remove(&queue_key);
             }
         }
+        // Shares due to fail over leave their lost shard before anything is assigned
+        // elsewhere (break before make: the shard, cut off, has stopped an AtMostOnce one).
+        // If the shard came back meanwhile nothing moves: the workload is decided again.
+        for shard in &lost.due {
+            if decision.shares.contains_key(shard) {
+                continue;
+            }
+            if !self.registry.release_lost(shard, &okey) {
+                return Ok(Action::RequeueAfter(Duration::ZERO));
+            }
+            let moved = recorded.shares.get(shard).copied().unwrap_or(0);
+            let waited = lost.waited.get(shard).copied().unwrap_or_default();
+            if let Some(m) = self.registry.metrics() {
+                m.failovers
+                    .with_label_values(&[failover.mode.as_str()])
+                    .inc();
+                m.failover_wait
+                    .with_label_values(&[failover.mode.as_str()])
+                    .observe(waited.as_secs_f64());
+            }
+            tracing::warn!(
+                kind = kind.kind(), key, shard = %shard, replicas = moved,
+                mode = failover.mode.as_str(), waited_s = waited.as_secs_f64(),
+                "failing over off a lost shard"
+            );
+            self.recorder.event(
+                &obj_ref,
+                EventType::Warning,
+                "FailedOver",
+                &format!(
+                    "moved {moved} replica(s) off shard {shard}: its lease ended {:.0}s ago ({} failover{})",
+                    waited.as_secs_f64(),
+                    failover.mode.as_str(),
+                    match failover.mode {
+                        tessera_placement::FailoverMode::AtMostOnce => ": waited for the shard to stop it, its pods' grace period and the margin",
+                        tessera_placement::FailoverMode::Fast => "",
+                    }
+                ),
+            );
+        }
         // Record the decision (and take the finalizer, if this is the first) before the
         // shards are told: after a restart the record is what is assigned again.
         let now_recorded = Recorded {
@@ -1047,6 +1166,7 @@ impl Propagation {
                     replicas: *n as i64,
                     request: request.clone(),
                     dependencies: deps.clone(),
+                    failover: Some(failover.mode),
                 },
             );
         }
@@ -1075,7 +1195,9 @@ impl Propagation {
             // The shards were just told: their reports, moments away, bring the status (one
             // write for the decision and the first progress). A shard that does not report
             // has it written without, a moment later.
-            return Ok(Action::RequeueAfter(REPORT_WAIT));
+            return Ok(Action::RequeueAfter(
+                lost.next_check.map_or(REPORT_WAIT, |c| c.min(REPORT_WAIT)),
+            ));
         }
         let previous = &w.status;
         let status = status::aggregate(kind, &placed, &reports, previous, &rfc3339(now_secs()));
@@ -1097,7 +1219,7 @@ impl Propagation {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(Action::Done)
+        Ok(lost.next_check.map_or(Action::Done, Action::RequeueAfter))
     }
 }
 
@@ -1116,6 +1238,19 @@ fn with_finalizer(
 /// How long a workload whose shards were just told waits for their reports before its
 /// status is written without them.
 const REPORT_WAIT: Duration = Duration::from_secs(1);
+
+/// A workload's shares on lost shards (see [`Propagation::lost_shares`]).
+#[derive(Debug, Default)]
+struct LostShares {
+    /// Shards whose share may fail over now.
+    due: Vec<String>,
+    /// How long after its lease ended each due shard is being failed over.
+    waited: BTreeMap<String, Duration>,
+    /// Shares that stay where they are for now.
+    held: BTreeMap<String, u64>,
+    /// When to look again (the first held share falling due).
+    next_check: Option<Duration>,
+}
 
 /// Whether only what this controller writes changed on a federated object: the same spec
 /// (generation), labels, deletion, and annotations and finalizers but for its own.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_client::types::{Placement, Tenant};
 use tessera_client::workloads::WorkloadKind;
-use tessera_placement::{Mode, Policy, Spread, Toleration};
+use tessera_placement::{Failover, FailoverMode, Mode, Policy, Spread, Toleration};
 
 /// Which Tenant owns each namespace, kept from the Tenant informer's changes, so routing a
 /// workload to its tenant is one lookup, not a scan of every Tenant.
@@ -171,6 +171,34 @@ pub fn policy_of(p: Option<&Placement>) -> Policy {
                 max_groups: c.max_groups.map(|m| m.max(0) as u64),
             })
             .collect(),
+        failover: spec.failover.as_ref().map(|f| {
+            (
+                f.mode.as_deref().and_then(FailoverMode::parse),
+                std::time::Duration::from_secs(f.delay_seconds.unwrap_or(0).max(0) as u64),
+            )
+        }),
+    }
+}
+
+/// How a workload of `kind` under `policy` fails over: as its Placement says, or by its
+/// kind — Jobs, CronJobs and StatefulSets at most once (a completion or an ordinal must not
+/// run in two shards), everything else fast.
+pub fn failover_of(policy: &Policy, kind: WorkloadKind) -> Failover {
+    let by_kind = match kind {
+        WorkloadKind::Job | WorkloadKind::CronJob | WorkloadKind::StatefulSet => {
+            FailoverMode::AtMostOnce
+        }
+        _ => FailoverMode::Fast,
+    };
+    match policy.failover {
+        Some((mode, delay)) => Failover {
+            mode: mode.unwrap_or(by_kind),
+            delay,
+        },
+        None => Failover {
+            mode: by_kind,
+            delay: std::time::Duration::ZERO,
+        },
     }
 }
 

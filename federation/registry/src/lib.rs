@@ -11,6 +11,6 @@ pub mod service;
 pub use metrics::FederationMetrics;
 pub use reads::{RegistryShards, ShardClient};
 pub use registry::{
-    Held, ObjectKey, RegisterError, Registry, RegistryConfig, RegistryEvent, Reported,
+    Held, ObjectKey, RegisterError, Registry, RegistryConfig, RegistryEvent, Reported, Standing,
 };
 pub use service::FederationService;

@@ -33,6 +33,11 @@ pub struct FederationMetrics {
     pub assignments: IntCounterVec,
     /// Reads sent to shards through their agents' streams.
     pub shard_reads: IntCounter,
+    /// Shares of workloads moved off a lost shard, by failover mode.
+    pub failovers: IntCounterVec,
+    /// From a lost shard's lease ending to its share of a workload being released for
+    /// placement elsewhere, by failover mode.
+    pub failover_wait: HistogramVec,
 }
 
 impl FederationMetrics {
@@ -58,6 +63,8 @@ impl FederationMetrics {
         registry.register(Box::new(m.decision.clone()))?;
         registry.register(Box::new(m.assignments.clone()))?;
         registry.register(Box::new(m.shard_reads.clone()))?;
+        registry.register(Box::new(m.failovers.clone()))?;
+        registry.register(Box::new(m.failover_wait.clone()))?;
         Ok(())
     }
 
@@ -138,6 +145,21 @@ impl FederationMetrics {
             shard_reads: IntCounter::new(
                 "tessera_federation_shard_reads_total",
                 "Reads (get, list, watch, pod log) sent to shards over their agents' streams.",
+            )?,
+            failovers: IntCounterVec::new(
+                Opts::new(
+                    "tessera_federation_failovers_total",
+                    "Shares of workloads moved off a shard whose lease lapsed, by failover mode (AtMostOnce, Fast).",
+                ),
+                &["mode"],
+            )?,
+            failover_wait: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_federation_failover_wait_seconds",
+                    "From a lost shard's lease ending to its share of a workload being released for placement elsewhere, by failover mode.",
+                )
+                .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0]),
+                &["mode"],
             )?,
         })
     }

@@ -27,6 +27,10 @@ pub struct RegistryConfig {
     pub summary_stale: Duration,
     /// The token shards' agents present to join.
     pub join_token: String,
+    /// What an `AtMostOnce` workload waits on top of its lost shard's lease and its pods'
+    /// grace period before it is started elsewhere: clock drift between the shard and the
+    /// federation, and the agent's time to notice and stop it.
+    pub failover_margin: Duration,
 }
 
 impl RegistryConfig {
@@ -37,6 +41,7 @@ impl RegistryConfig {
             renew: Duration::from_secs(5),
             summary_stale: Duration::from_secs(60),
             join_token: join_token.into(),
+            failover_margin: Duration::from_secs(5),
         }
     }
 }
@@ -109,6 +114,9 @@ pub struct Held {
     pub request: Request,
     /// Objects to apply first (namespace, ...).
     pub dependencies: Vec<Arc<[u8]>>,
+    /// How it fails over (workloads only): the agent stops an `AtMostOnce` one itself when
+    /// its lease lapses.
+    pub failover: Option<tessera_placement::FailoverMode>,
 }
 
 /// What a shard reports of one federated object it runs.
@@ -255,9 +263,27 @@ pub enum RegisterError {
     Duplicate(String),
 }
 
+/// How a shard stands, for failing work over from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Connected and holding its lease.
+    Ready,
+    /// Not ready: disconnected, or its lease lapsed. `since_lease_end` is how long ago its
+    /// lease ended (`None`: not yet — the agent still holds it and runs everything).
+    Lost {
+        /// Time since the lease ended.
+        since_lease_end: Option<Duration>,
+        /// Time until it ends (zero once it has).
+        until_lease_end: Duration,
+    },
+}
+
 /// The registry of shards.
 pub struct Registry {
     config: RegistryConfig,
+    /// When this registry began: a shard that has not registered since held its lease, at
+    /// most, until one lease after this (its renewals went to the federation that ran then).
+    started: Instant,
     inner: Mutex<Inner>,
     listeners: Mutex<Vec<Listener>>,
     metrics: Option<FederationMetrics>,
@@ -287,6 +313,7 @@ impl Registry {
         let map = ShardMap::new(0, &[]).expect("an empty map is valid");
         Arc::new(Registry {
             config,
+            started: Instant::now(),
             inner: Mutex::new(Inner {
                 entries: BTreeMap::new(),
                 tenants: Default::default(),
@@ -412,19 +439,30 @@ impl Registry {
         Ok((id, rx))
     }
 
-    /// Renews `name`'s lease if `session` still holds it.
-    pub fn renew(&self, name: &str, session: u64) -> bool {
+    /// Renews `name`'s lease if `session` still holds it, and tells the agent (`Renewed`,
+    /// with the renewal's `seq`): the agent's own lease clock runs from that renewal.
+    pub fn renew(&self, name: &str, session: u64, seq: u64) -> bool {
         let now = Instant::now();
         let became_ready = {
             let mut inner = self.inner.lock();
             let Some(e) = inner.entries.get_mut(name) else {
                 return false;
             };
-            if e.session.as_ref().map(|s| s.id) != Some(session) {
+            let Some(s) = e.session.as_ref().filter(|s| s.id == session) else {
+                return false;
+            };
+            let was = e.lease_until.is_some_and(|t| t > now);
+            if !was && e.lease_until.is_some() {
+                // A lease that lapsed is not renewed: the agent has stopped its at-most-once
+                // work, and the federation may be moving it. The agent registers again.
                 return false;
             }
-            let was = e.lease_until.is_some_and(|t| t > now);
             e.lease_until = Some(now + self.config.lease);
+            let _ = s.tx.send(pb::FederationMessage {
+                message: Some(pb::federation_message::Message::Renewed(pb::Renewed {
+                    seq,
+                })),
+            });
             if !was {
                 self.refresh(&mut inner, name, now);
             }
@@ -594,6 +632,10 @@ impl Registry {
     /// Makes `shard` drop `key`.
     pub fn unassign(&self, shard: &str, key: &ObjectKey) {
         let mut inner = self.inner.lock();
+        self.unassign_in(&mut inner, shard, key);
+    }
+
+    fn unassign_in(&self, inner: &mut Inner, shard: &str, key: &ObjectKey) {
         let Some(e) = inner.entries.get_mut(shard) else {
             return;
         };
@@ -618,6 +660,55 @@ impl Registry {
                 m.assignments.with_label_values(&["delete"]).inc();
             }
         }
+    }
+
+    /// How shard `name` stands for failover (see [`Standing`]). A shard not registered since
+    /// this registry began counts as lost with a lease that ends one lease after the start.
+    pub fn standing(&self, name: &str) -> Standing {
+        let now = Instant::now();
+        let inner = self.inner.lock();
+        let lease_end = match inner.entries.get(name) {
+            Some(e) => {
+                let ready = e.session.is_some() && e.lease_until.is_some_and(|t| t > now);
+                if ready {
+                    return Standing::Ready;
+                }
+                e.lease_until.unwrap_or(self.started + self.config.lease)
+            }
+            None => self.started + self.config.lease,
+        };
+        Standing::Lost {
+            since_lease_end: now.checked_duration_since(lease_end),
+            until_lease_end: lease_end.saturating_duration_since(now),
+        }
+    }
+
+    /// Takes `key` from lost shard `shard` so that it can be placed elsewhere: only if the
+    /// shard is still not ready (checked under the same lock a registration takes, so a
+    /// shard that comes back meanwhile is sent it again instead, and nothing is moved). A
+    /// shard that registers after this is not sent it: its agent removes its copy as a
+    /// leftover, never resuming it.
+    pub fn release_lost(&self, shard: &str, key: &ObjectKey) -> bool {
+        let now = Instant::now();
+        let mut inner = self.inner.lock();
+        if let Some(e) = inner.entries.get(shard)
+            && e.session.is_some()
+            && e.lease_until.is_some_and(|t| t > now)
+        {
+            return false;
+        }
+        self.unassign_in(&mut inner, shard, key);
+        true
+    }
+
+    /// The objects held on `shard` (for re-deciding them when it is lost).
+    pub fn held_on(&self, shard: &str) -> Vec<ObjectKey> {
+        self.inner
+            .lock()
+            .entries
+            .get(shard)
+            .map(|e| e.held.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Where `key` is held, and what each of those shards (and any other that still runs a
@@ -938,6 +1029,10 @@ fn apply_message(seq: u64, key: &ObjectKey, h: &Held) -> pb::FederationMessage {
                 generation: h.generation,
                 replicas: h.replicas,
                 dependencies_json: h.dependencies.iter().map(|d| d.to_vec()).collect(),
+                failover: h
+                    .failover
+                    .map(|m| m.as_str().to_owned())
+                    .unwrap_or_default(),
             },
         )),
     }
@@ -1052,10 +1147,66 @@ mod tests {
                 Some(pb::federation_message::Message::Synced(_)) => "synced",
                 Some(pb::federation_message::Message::Call(_)) => "call",
                 Some(pb::federation_message::Message::Cancel(_)) => "cancel",
+                Some(pb::federation_message::Message::Renewed(_)) => "renewed",
                 None => "empty",
             });
         }
         out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_shard_stands_by_its_lease_and_gives_up_work_only_while_lost() {
+        let r = registry();
+        let lease = r.config().lease;
+        // Never registered since the start: lost, its lease ending one lease after it.
+        assert_eq!(
+            r.standing("a"),
+            Standing::Lost {
+                since_lease_end: None,
+                until_lease_end: lease
+            }
+        );
+        let (s1, mut rx) = r.register(&reg("a", "sekret")).expect("register");
+        assert_eq!(r.standing("a"), Standing::Ready);
+        r.assign("a", &key(), held());
+        // Renewals are acknowledged with their seq.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(r.renew("a", s1, 1));
+        let acks: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())
+            .filter_map(|m| match m.message {
+                Some(pb::federation_message::Message::Renewed(r)) => Some(r.seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(acks, [1]);
+        // A ready shard keeps its work.
+        assert!(!r.release_lost("a", &key()));
+        assert_eq!(r.held_on("a"), [key()]);
+        // Disconnected: lost at once, but its lease still runs (the agent still runs
+        // everything until then).
+        r.disconnect("a", s1);
+        assert_eq!(
+            r.standing("a"),
+            Standing::Lost {
+                since_lease_end: None,
+                until_lease_end: lease
+            }
+        );
+        tokio::time::advance(lease + Duration::from_secs(2)).await;
+        assert_eq!(
+            r.standing("a"),
+            Standing::Lost {
+                since_lease_end: Some(Duration::from_secs(2)),
+                until_lease_end: Duration::ZERO
+            }
+        );
+        // A renewal on a lapsed lease is refused: the agent must register again.
+        assert!(!r.renew("a", s1, 2));
+        // Released while lost; a registration after it is not sent the object.
+        assert!(r.release_lost("a", &key()));
+        assert!(r.held_on("a").is_empty());
+        let (_s2, mut rx2) = r.register(&reg("a", "sekret")).expect("back");
+        assert_eq!(kinds(&mut rx2), ["registered"]);
     }
 
     fn key() -> ObjectKey {
@@ -1075,6 +1226,7 @@ mod tests {
             replicas: 2,
             request: Request::default(),
             dependencies: Vec::new(),
+            failover: None,
         }
     }
 
@@ -1120,10 +1272,10 @@ mod tests {
             .expect("after the first left");
         assert_ne!(first, second);
         assert!(
-            !r.renew("a", first),
+            !r.renew("a", first, 1),
             "the old session no longer renews the lease"
         );
-        assert!(r.renew("a", second));
+        assert!(r.renew("a", second, 1));
     }
 
     #[test]

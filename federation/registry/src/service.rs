@@ -104,12 +104,20 @@ impl Federation for FederationService {
                     Some(pb::shard_message::Message::Status(s)) => registry
                         .status(&name, session, &s)
                         .map_err(|why| format!("malformed object status: {why}")),
-                    Some(pb::shard_message::Message::Renew(_)) => {
-                        if registry.renew(&name, session) {
-                            Ok(())
-                        } else {
-                            Err("this session no longer holds the shard's lease".into())
+                    Some(pb::shard_message::Message::Renew(r)) => {
+                        if !registry.renew(&name, session, r.seq) {
+                            // Not a malformed message: the lease lapsed (or another session
+                            // took it). The agent registers again, on a new stream, and is
+                            // sent everything it holds from scratch.
+                            tracing::warn!(shard = %name, session, "the shard's lease lapsed; ending its stream");
+                            if let Some(tx) = fail_tx.take() {
+                                let _ = tx.send(Status::aborted(
+                                    "this session no longer holds the shard's lease (it lapsed): register again",
+                                ));
+                            }
+                            break;
                         }
+                        Ok(())
                     }
                     Some(pb::shard_message::Message::Reply(r)) => registry.reply(&name, session, r),
                     Some(pb::shard_message::Message::Register(_)) => {

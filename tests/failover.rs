@@ -1,0 +1,268 @@
+//! Failover under a real partition: a federation and two shards, each in its own process,
+//! inside a network namespace this test makes for itself (its own loopback, its own
+//! iptables). One shard's agent is cut off from the federation with DROP rules on its
+//! address: packets are lost, not refused, as in a real partition.
+
+mod support;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use support::{Cluster, Running, free_addr, join_command, wait_for};
+
+/// Set in the re-executed test process that runs inside the namespace.
+const INSIDE: &str = "TESSERA_TEST_IN_NETNS";
+
+/// Runs test `name` of this binary again inside a new network namespace (loopback up);
+/// true if this process is that inner run.
+fn in_own_network_namespace(name: &str) -> bool {
+    if std::env::var_os(INSIDE).is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let status = Command::new("unshare")
+        .args(["--net", "--", "sh", "-c"])
+        .arg(r#"ip link set lo up && exec "$0" --exact "$1" --nocapture --test-threads=1"#)
+        .arg(&exe)
+        .arg(name)
+        .env(INSIDE, "1")
+        .status()
+        .expect("unshare --net (the test needs root or user namespaces)");
+    assert!(
+        status.success(),
+        "the test inside its network namespace failed"
+    );
+    false
+}
+
+fn iptables(args: &[&str]) {
+    let out = Command::new("iptables")
+        .args(args)
+        .output()
+        .expect("iptables (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "iptables {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Cuts (or heals, with `-D`) the traffic between `addr` and the federation's `port`.
+fn partition(op: &str, addr: &str, port: &str) {
+    iptables(&[
+        op, "INPUT", "-s", addr, "-p", "tcp", "--dport", port, "-j", "DROP",
+    ]);
+    iptables(&[
+        op, "OUTPUT", "-d", addr, "-p", "tcp", "--sport", port, "-j", "DROP",
+    ]);
+}
+
+fn join(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str, bind: &str) -> Running {
+    Running(
+        join_command(fed, shard, grpc, name)
+            .args(["--bind-address", bind])
+            .spawn()
+            .expect("tessera join"),
+    )
+}
+
+/// Pods of Job `etl` Running in `shard`.
+fn running_job_pods(shard: &Cluster) -> usize {
+    let out = shard.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "batch",
+        "-l",
+        "job-name=etl",
+        "--no-headers",
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" Running "))
+        .count()
+}
+
+fn has(shard: &Cluster, kind: &str, name: &str) -> bool {
+    shard
+        .kubectl(&["get", kind, name, "-n", "batch", "-o", "name"])
+        .status
+        .success()
+}
+
+/// Replicas of Deployment `web` ready in `shard`.
+fn ready_web(shard: &Cluster) -> u64 {
+    shard
+        .ok(&[
+            "get",
+            "deploy",
+            "web",
+            "-n",
+            "batch",
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ])
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_partitioned_shard_stops_its_at_most_once_job_before_the_federation_starts_it_elsewhere() {
+    if !in_own_network_namespace(
+        "a_partitioned_shard_stops_its_at_most_once_job_before_the_federation_starts_it_elsewhere",
+    ) {
+        return;
+    }
+    let grpc = free_addr();
+    let port = grpc.rsplit(':').next().expect("a port").to_owned();
+    let fed = Cluster::start_with(
+        "federation",
+        &[
+            &format!("--grpc-addr={grpc}"),
+            "--shard-lease-seconds=3",
+            "--failover-margin-seconds=1",
+        ],
+    );
+    let east = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=4"]);
+    let west = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=4"]);
+    let shards = [("east", "127.0.0.2"), ("west", "127.0.0.3")];
+    let _east_agent = join(&fed, &east, &grpc, shards[0].0, shards[0].1);
+    let _west_agent = join(&fed, &west, &grpc, shards[1].0, shards[1].1);
+    let both_ready = wait_for(Duration::from_secs(60), || {
+        let out = fed.ok(&["get", "shards", "--no-headers"]);
+        (out.lines().filter(|l| l.contains(" True ")).count() == 2).then_some(())
+    });
+    assert!(both_ready.is_some(), "{}", fed.ok(&["get", "shards"]));
+
+    // A Job of one completion that runs for ten minutes (AtMostOnce by its kind; its pods
+    // stop at once) and a Deployment of two (Fast by its kind).
+    fed.ok(&["create", "namespace", "batch"]);
+    let manifest = fed.file(
+        "work.yaml",
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: etl, namespace: batch}\nspec:\n  completions: 1\n  template:\n    metadata:\n      annotations: {tessera.io/sim-run-seconds: \"600\"}\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 0\n      containers: [{name: c, image: busybox}]\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: batch}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      terminationGracePeriodSeconds: 0\n      containers: [{name: c, image: nginx}]\n",
+    );
+    fed.ok(&["apply", "-f", &manifest]);
+    let clusters = [&east, &west];
+    let home = wait_for(Duration::from_secs(60), || {
+        clusters
+            .iter()
+            .position(|c| running_job_pods(c) == 1 && ready_web(c) == 2)
+    })
+    .expect("the Job and the Deployment run in one shard");
+    let (cut, other) = (clusters[home], clusters[1 - home]);
+    let (cut_name, cut_addr) = shards[home];
+
+    // Watch the invariant for the whole run: the Job's pod never Running in both shards.
+    let stop = Arc::new(AtomicBool::new(false));
+    let twice = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, twice) = (stop.clone(), twice.clone());
+        let kubeconfigs = [cut.kubeconfig.clone(), other.kubeconfig.clone()];
+        std::thread::spawn(move || {
+            let mut looks = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                let running: Vec<usize> = kubeconfigs
+                    .iter()
+                    .map(|k| {
+                        let out = Command::new("kubectl")
+                            .arg("--kubeconfig")
+                            .arg(k)
+                            .args(["get", "pods", "-n", "batch", "-l", "job-name=etl"])
+                            .args(["--no-headers"])
+                            .output()
+                            .expect("kubectl");
+                        String::from_utf8_lossy(&out.stdout)
+                            .lines()
+                            .filter(|l| l.contains(" Running "))
+                            .count()
+                    })
+                    .collect();
+                if running.iter().all(|n| *n > 0) {
+                    twice.store(true, Ordering::Release);
+                }
+                looks += 1;
+            }
+            looks
+        })
+    };
+
+    // Cut the home shard's agent off from the federation.
+    partition("-A", cut_addr, &port);
+    // The cut-off shard stops the Job itself (its lease lapses by its own clock) ...
+    let stopped = wait_for(Duration::from_secs(30), || {
+        (running_job_pods(cut) == 0).then_some(())
+    });
+    assert!(
+        stopped.is_some(),
+        "the cut-off shard still runs the Job: {}",
+        cut.ok(&["get", "jobs,pods", "-n", "batch"])
+    );
+    // ... and the federation starts it in the other shard, and the Deployment there too.
+    let moved = wait_for(Duration::from_secs(60), || {
+        (running_job_pods(other) == 1 && ready_web(other) == 2).then_some(())
+    });
+    assert!(
+        moved.is_some(),
+        "not failed over: {}\n{}",
+        other.ok(&["get", "jobs,deploy,pods", "-n", "batch"]),
+        fed.ok(&["get", "shards"])
+    );
+    let shard_state = fed.ok(&["get", "shards", cut_name, "--no-headers"]);
+    assert!(
+        !shard_state.contains(" True "),
+        "the cut-off shard shows not ready: {shard_state}"
+    );
+    // The cut-off shard still has its stopped copies: nothing there is resumed while cut.
+    assert!(has(cut, "job", "etl"));
+    assert_eq!(running_job_pods(cut), 0);
+
+    // Healed: the shard joins again, and its stale copies are removed, never resumed.
+    partition("-D", cut_addr, &port);
+    let removed = wait_for(Duration::from_secs(60), || {
+        (!has(cut, "job", "etl") && !has(cut, "deploy", "web")).then_some(())
+    });
+    assert!(
+        removed.is_some(),
+        "stale copies left in the healed shard: {}",
+        cut.ok(&["get", "jobs,deploy,pods", "-n", "batch"])
+    );
+    let back = wait_for(Duration::from_secs(30), || {
+        let out = fed.ok(&["get", "shards", "--no-headers"]);
+        (out.lines().filter(|l| l.contains(" True ")).count() == 2).then_some(())
+    });
+    assert!(back.is_some(), "{}", fed.ok(&["get", "shards"]));
+    assert_eq!(running_job_pods(other), 1, "the moved Job runs on");
+    // Nothing lost at the federation: both objects are there, placed on the other shard.
+    fed.ok(&["get", "job", "etl", "-n", "batch"]);
+    fed.ok(&["get", "deploy", "web", "-n", "batch"]);
+    let metrics = Command::new("curl")
+        .args(["-s", &format!("http://{}/metrics", fed.metrics_addr)])
+        .output()
+        .expect("curl");
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    for mode in ["AtMostOnce", "Fast"] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&format!(
+                "tessera_federation_failovers_total{{mode=\"{mode}\"}} "
+            ))),
+            "no {mode} failover counted: {}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("failover"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    stop.store(true, Ordering::Release);
+    let looks = watcher.join().expect("watcher");
+    assert!(looks > 10, "the invariant was looked at {looks} times");
+    assert!(
+        !twice.load(Ordering::Acquire),
+        "the Job's pod was Running in both shards at once"
+    );
+}
