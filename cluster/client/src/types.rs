@@ -543,3 +543,11 @@ pub const FEDERATED_LABEL: &str = "tessera.io/federated";
 pub const SHARD_LABEL: &str = "tessera.io/shard";
 /// The field manager the federation applies with.
 pub const FEDERATION_MANAGER: &str = "tessera-federation";
+
+/// The annotation on a federated copy saying how it fails over (`AtMostOnce`, `Fast`): the
+/// shard's fence stops `AtMostOnce` ones when the shard loses the federation.
+pub const FAILOVER_ANNOTATION: &str = "tessera.io/failover";
+
+/// The Lease (in `kube-system`) a shard's federation agent renews while the federation
+/// acknowledges its renewals: when it ends, the shard's fence stops its `AtMostOnce` work.
+pub const FEDERATION_LEASE: &str = "tessera-federation";

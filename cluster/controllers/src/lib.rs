@@ -8,6 +8,7 @@ pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
+pub mod fence;
 pub mod gc;
 pub mod history;
 pub mod job;
@@ -62,6 +63,7 @@ pub fn names(settings: &Settings) -> Vec<&'static str> {
         podgroup::NAME,
         resourcequota::NAME,
         serviceaccount::NAME,
+        fence::NAME,
     ];
     if settings.root_ca.is_some() {
         names.push(rootca::NAME);
@@ -90,6 +92,7 @@ pub async fn run_all_with(ctx: Context, settings: Settings) {
         podgroup::run(ctx.clone()),
         resourcequota::run(ctx.clone(), settings.quota_resync),
         serviceaccount::run(ctx.clone()),
+        fence::run(ctx.clone()),
         async {
             if let Some(bundle) = settings.root_ca {
                 rootca::run(ctx.clone(), bundle).await;

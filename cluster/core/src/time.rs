@@ -25,9 +25,12 @@ pub fn rfc3339(secs: i64) -> String {
 
 /// Now in RFC 3339 with microseconds (`MicroTime`, as Leases carry).
 pub fn rfc3339_micro_now() -> String {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
+    rfc3339_micro(SystemTime::now())
+}
+
+/// `at` in RFC 3339 with microseconds (`MicroTime`).
+pub fn rfc3339_micro(at: SystemTime) -> String {
+    let d = at.duration_since(UNIX_EPOCH).unwrap_or_default();
     format!(
         "{}.{:06}Z",
         rfc3339(d.as_secs() as i64).trim_end_matches('Z'),

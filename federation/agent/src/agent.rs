@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tessera_client::client::Client;
 use tessera_client::request::find_resource;
-use tessera_client::types::{FEDERATED_LABEL, FEDERATION_MANAGER, Tenant};
+use tessera_client::types::{FEDERATED_LABEL, FEDERATION_LEASE, FEDERATION_MANAGER, Tenant};
 use tessera_client::workloads::WorkloadKind;
 use tessera_core::LabelSelector;
 use tessera_placement::Request;
@@ -136,6 +136,8 @@ struct State {
     lease: Mutex<LeaseClock>,
     /// Woken when the lease lapses: the session in progress ends, to register again.
     lapsed: Notify,
+    /// Woken when a renewal is acknowledged: the in-shard Lease is written.
+    lease_renewed: Notify,
     /// `AtMostOnce` copies stopped because the lease lapsed: not reverted as drift, and
     /// resumed only by the federation assigning them again.
     fenced: Mutex<std::collections::BTreeSet<(String, String, String)>>,
@@ -191,6 +193,64 @@ impl LeaseClock {
     /// Whether the lease has lapsed at `now` (and the work is not yet stopped).
     fn lapsed(&self, now: tokio::time::Instant) -> bool {
         !self.fenced && self.until.is_some_and(|u| now >= u)
+    }
+
+    /// Whether the shard's at-most-once work is to stay stopped at `now`: stopped already,
+    /// or the lease has ended (the fence may not have run yet).
+    fn stopping(&self, now: tokio::time::Instant) -> bool {
+        self.fenced || self.until.is_some_and(|u| now >= u)
+    }
+
+    /// The in-shard Lease that says the same: renewed when this lease was, for as long.
+    fn shard_lease(&self, holder: &str) -> Option<Value> {
+        let until = self.until?;
+        let renewed = until.checked_sub(self.length)?;
+        // The monotonic instant as wall-clock time, for the shard's fence to compare with.
+        let ago = tokio::time::Instant::now().saturating_duration_since(renewed);
+        let wall = std::time::SystemTime::now().checked_sub(ago)?;
+        Some(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": FEDERATION_LEASE, "namespace": "kube-system"},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": self.length.as_secs(),
+                "renewTime": tessera_core::time::rfc3339_micro(wall),
+            },
+        }))
+    }
+}
+
+/// Writes the in-shard Lease `kube-system/tessera-federation` as the agent's lease stands:
+/// the shard's own fence (`tessera_controllers::fence`) stops the at-most-once work when it
+/// ends, even if this agent is stopped or gone.
+async fn write_shard_lease(state: &State) {
+    let Some(obj) = state.lease.lock().shard_lease(&state.config.name) else {
+        return;
+    };
+    let Ok(leases) = find_resource("coordination.k8s.io", "v1", "leases") else {
+        return;
+    };
+    if let Err(e) = state
+        .client
+        .apply(
+            leases,
+            Some("kube-system"),
+            FEDERATION_LEASE,
+            "tessera-federation-agent",
+            &obj,
+        )
+        .await
+    {
+        tracing::warn!(error = %e.message, "renewing the shard's federation Lease");
+    }
+}
+
+/// Keeps the in-shard Lease renewed: written when woken (a renewal acknowledged).
+async fn shard_lease_writer(state: Arc<State>) {
+    loop {
+        state.lease_renewed.notified().await;
+        write_shard_lease(&state).await;
     }
 }
 
@@ -324,6 +384,7 @@ pub async fn run_with(
         outbox: Mutex::new(None),
         lease: Mutex::new(LeaseClock::default()),
         lapsed: Notify::new(),
+        lease_renewed: Notify::new(),
         fenced: Mutex::new(Default::default()),
     });
     let mut subscriptions = Vec::new();
@@ -380,6 +441,7 @@ pub async fn run_with(
         .collect();
     tasks.push(tokio::spawn(ten_inf.clone().run()));
     tasks.push(tokio::spawn(watch_lease(state.clone())));
+    tasks.push(tokio::spawn(shard_lease_writer(state.clone())));
     let _tasks = Tasks(tasks);
     for (_, i) in &workload_infs {
         i.synced().await;
@@ -448,6 +510,8 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
         register_sent,
         Duration::from_secs(u64::from(reg.lease_seconds.max(1))),
     );
+    // The shard's fence sees the lease held again before anything is applied.
+    write_shard_lease(state).await;
     *state.outbox.lock() = Some(tx.clone());
     // What was assigned since this stream began (for the leftovers check at Synced).
     let mut assigned: std::collections::BTreeSet<(String, String, String)> = Default::default();
@@ -521,7 +585,10 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 calls.start(state.client.clone(), c, tx.clone());
             }
             Some(pb::federation_message::Message::Cancel(c)) => calls.cancel(c.id),
-            Some(pb::federation_message::Message::Renewed(r)) => state.lease.lock().renewed(r.seq),
+            Some(pb::federation_message::Message::Renewed(r)) => {
+                state.lease.lock().renewed(r.seq);
+                state.lease_renewed.notify_one();
+            }
             Some(pb::federation_message::Message::Registered(_)) | None => {}
         }
     };
@@ -871,8 +938,10 @@ fn drift(state: &Arc<State>, kind: WorkloadKind, w: &SpecObject) {
     let ns = w.metadata.namespace.clone().unwrap_or_default();
     let name = w.metadata.name.clone().unwrap_or_default();
     let id = (kind.plural().to_owned(), ns.clone(), name.clone());
-    if state.fenced.lock().contains(&id) {
-        // Stopped on purpose while the shard is cut off from the federation.
+    if state.fenced.lock().contains(&id) || state.lease.lock().stopping(tokio::time::Instant::now())
+    {
+        // Stopped on purpose while the shard is cut off from the federation (by this agent
+        // or by the shard's own fence).
         return;
     }
     let Some(h) = state.held.lock().get(&id).cloned() else {

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
-use tessera_client::types::{FEDERATED_LABEL, Placement, Tenant};
+use tessera_client::types::{FAILOVER_ANNOTATION, FEDERATED_LABEL, Placement, Tenant};
 use tessera_client::workloads::WorkloadKind;
 use tessera_core::quantity::Quantity;
 use tessera_core::time::{now_secs, rfc3339};
@@ -1156,7 +1156,16 @@ impl Propagation {
         let deps = self.dependencies_of(&ns, template);
         let mut sent = false;
         for (shard, n) in &decision.shares {
-            let m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
+            let mut m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
+            // How it fails over, for the shard's fence; and a suspend the federation owns
+            // (false unless the user suspended it), so that applying this again resumes a
+            // copy the fence suspended.
+            m["metadata"]["annotations"][FAILOVER_ANNOTATION] = json!(failover.mode.as_str());
+            if matches!(kind, WorkloadKind::Job | WorkloadKind::CronJob)
+                && m["spec"]["suspend"].is_null()
+            {
+                m["spec"]["suspend"] = json!(false);
+            }
             sent |= self.registry.assign(
                 shard,
                 &okey,
