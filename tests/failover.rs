@@ -2,7 +2,7 @@
 //! network namespace this test makes for itself (its own loopback, its own iptables). First
 //! one shard's agent is cut off from the federation with DROP rules on its address (packets
 //! lost, not refused, as in a real partition); then the other shard's agent is stopped with
-//! SIGSTOP while its control plane runs on.
+//! SIGSTOP while its control plane runs on; last, a shard's control plane is killed (-9).
 
 mod support;
 
@@ -330,6 +330,29 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         other.ok(&["get", "jobs,deploy,pods", "-n", "batch"])
     );
     assert_eq!(running_job_pods(cut), 1, "the Job runs on where it moved");
+
+    // Last, the shard that runs them dies (kill -9 of its control plane, its agent left
+    // running): the agent stops renewing a lease for a shard whose API does not answer, so
+    // the federation moves them once more.
+    let killed = Command::new("kill")
+        .args(["-KILL", &cut.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let dead_at = std::time::Instant::now();
+    let moved_again = fails_over(
+        "kill -9 of a shard",
+        "(dead with its shard)",
+        dead_at,
+        Duration::ZERO,
+        other,
+    );
+    assert!(
+        moved_again.is_some(),
+        "not failed over from the dead shard: {}\n{}",
+        other.ok(&["get", "jobs,deploy,pods", "-n", "batch"]),
+        fed.ok(&["get", "shards"])
+    );
 
     let metrics = Command::new("curl")
         .args(["-s", &format!("http://{}/metrics", fed.metrics_addr)])

@@ -145,10 +145,20 @@ impl Cluster {
     /// Kills the process with SIGKILL (no shutdown of any kind) and starts it again on the
     /// same data directory.
     pub fn kill_and_restart(&mut self) {
-        let _ = self.child.0.kill();
-        let _ = self.child.0.wait();
+        self.kill();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         (self.child, self.metrics_addr) = Self::spawn(&self.command, &extra, self.dir.path());
+    }
+
+    /// The process id of the `tessera` process.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    /// Kills the process with SIGKILL and leaves it dead.
+    pub fn kill(&mut self) {
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
     }
 
     /// Starts another tessera process (`scheduler`, `controller-manager`, `agent`) against

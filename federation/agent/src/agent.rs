@@ -221,6 +221,17 @@ impl LeaseClock {
     }
 }
 
+/// Whether the shard's API answers a read within `limit` (its `kube-system` namespace).
+async fn shard_answers(state: &State, limit: Duration) -> bool {
+    let Ok(namespaces) = find_resource("", "v1", "namespaces") else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(limit, state.client.get(namespaces, None, "kube-system")).await,
+        Ok(Ok(_))
+    )
+}
+
 /// Writes the in-shard Lease `kube-system/tessera-federation` as the agent's lease stands:
 /// the shard's own fence (`tessera_controllers::fence`) stops the at-most-once work when it
 /// ends, even if this agent is stopped or gone.
@@ -451,6 +462,13 @@ pub async fn run_with(
     pod_inf.synced().await;
     let mut backoff = Duration::from_millis(200);
     loop {
+        // A shard whose API does not answer is not registered: registering would hand it a
+        // lease (and work) it cannot hold.
+        if !shard_answers(&state, Duration::from_secs(2)).await {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        }
         match session(&state, &endpoint).await {
             Ok(()) => backoff = Duration::from_millis(200),
             Err(status) => {
@@ -523,8 +541,23 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
         tokio::spawn(async move {
             let mut seq = 0;
             let mut tick = tokio::time::interval(renew);
+            let mut down = false;
             loop {
                 tick.tick().await;
+                // The lease says the shard runs its work: renewed only while the shard's API
+                // answers. A shard whose control plane died (kill -9) then loses its lease
+                // like a cut-off one, and its work fails over.
+                if !shard_answers(&state, renew / 2).await {
+                    if !down {
+                        tracing::warn!(shard = %state.config.name, "the shard's API does not answer: not renewing its federation lease");
+                    }
+                    down = true;
+                    continue;
+                }
+                if down {
+                    tracing::info!(shard = %state.config.name, "the shard's API answers again: renewing its federation lease");
+                    down = false;
+                }
                 seq += 1;
                 state.lease.lock().sending(seq, tokio::time::Instant::now());
                 if tx
@@ -736,20 +769,22 @@ async fn watch_lease(state: Arc<State>) {
     loop {
         tick.tick().await;
         let now = tokio::time::Instant::now();
-        let lapsed = {
+        let (lapsed, stopping) = {
             let mut lease = state.lease.lock();
             let lapsed = lease.lapsed(now);
             if lapsed {
                 lease.fenced = true;
             }
-            lapsed
+            (lapsed, lease.fenced)
         };
-        if !lapsed {
-            continue;
+        if lapsed {
+            tracing::warn!(shard = %state.config.name, "the shard's federation lease lapsed: stopping its at-most-once workloads");
+            state.lapsed.notify_waiters();
         }
-        tracing::warn!(shard = %state.config.name, "the shard's federation lease lapsed: stopping its at-most-once workloads");
-        state.lapsed.notify_waiters();
-        fence(&state).await;
+        if stopping {
+            // What is not stopped yet (newly lapsed, or a stop that failed: tried again).
+            fence(&state, lapsed).await;
+        }
     }
 }
 
@@ -757,14 +792,17 @@ async fn watch_lease(state: Arc<State>) {
 /// zero, Jobs and CronJobs (and a CronJob's running Jobs) suspended. The change is made
 /// as the federation's field manager, so the federation's own copy, applied again when it
 /// assigns the workload again, restores it.
-async fn fence(state: &Arc<State>) {
-    let targets: Vec<((String, String, String), Held)> = state
-        .held
-        .lock()
-        .iter()
-        .filter(|(_, h)| h.at_most_once)
-        .map(|(k, h)| (k.clone(), h.clone()))
-        .collect();
+async fn fence(state: &Arc<State>, first: bool) {
+    let targets: Vec<((String, String, String), Held)> = {
+        let fenced = state.fenced.lock();
+        state
+            .held
+            .lock()
+            .iter()
+            .filter(|(k, h)| h.at_most_once && !fenced.contains(*k))
+            .map(|(k, h)| (k.clone(), h.clone()))
+            .collect()
+    };
     for (id, h) in targets {
         let Some(kind) = WorkloadKind::from_plural(&id.0) else {
             continue;
@@ -780,9 +818,12 @@ async fn fence(state: &Arc<State>) {
             .await
             .is_none()
         {
-            tracing::error!(resource = %id.0, namespace = %id.1, name = %id.2, "could not stop an at-most-once workload after the lease lapsed; retrying");
+            // The shard's API does not answer (the shard is down: nothing runs there, or
+            // its own fence stops it when it is back). Tried again on the next tick.
+            if first {
+                tracing::error!(resource = %id.0, namespace = %id.1, name = %id.2, "could not stop an at-most-once workload after the lease lapsed; retrying");
+            }
             state.fenced.lock().remove(&id);
-            state.lease.lock().fenced = false;
             continue;
         }
         if kind == WorkloadKind::CronJob {
