@@ -2,7 +2,8 @@
 //! network namespace this test makes for itself (its own loopback, its own iptables). First
 //! one shard's agent is cut off from the federation with DROP rules on its address (packets
 //! lost, not refused, as in a real partition); then the other shard's agent is stopped with
-//! SIGSTOP while its control plane runs on; last, a shard's control plane is killed (-9).
+//! SIGSTOP while its control plane runs on; then a shard's control plane is killed (-9);
+//! last, the federation itself is killed (-9) and started again.
 
 mod support;
 
@@ -145,7 +146,7 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     }
     let grpc = free_addr();
     let port = grpc.rsplit(':').next().expect("a port").to_owned();
-    let fed = Cluster::start_with(
+    let mut fed = Cluster::start_with(
         "federation",
         &[
             &format!("--grpc-addr={grpc}"),
@@ -372,6 +373,27 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
                 .join("\n")
         );
     }
+
+    // And the federation itself killed (-9) and started again: the surviving shard joins it
+    // again and keeps (or resumes) what it runs; nothing placed is lost or doubled.
+    fed.kill_and_restart();
+    let rejoined = wait_for(Duration::from_secs(60), || {
+        let out = fed.ok(&["get", "shards", "--no-headers"]);
+        out.lines()
+            .any(|l| l.contains(shards[1 - home].0) && l.contains(" True "))
+            .then_some(())
+    });
+    assert!(rejoined.is_some(), "{}", fed.ok(&["get", "shards"]));
+    let whole = wait_for(Duration::from_secs(60), || {
+        (running_job_pods(other) == 1 && ready_web(other) == 2).then_some(())
+    });
+    assert!(
+        whole.is_some(),
+        "after the federation's restart: {}",
+        other.ok(&["get", "jobs,deploy,pods", "-n", "batch"])
+    );
+    fed.ok(&["get", "job", "etl", "-n", "batch"]);
+    fed.ok(&["get", "deploy", "web", "-n", "batch"]);
 
     stop.store(true, Ordering::Release);
     let looks = watcher.join().expect("watcher");
