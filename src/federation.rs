@@ -276,12 +276,14 @@ pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
     let client: Arc<dyn Client> = tessera_runtime::client::Retrying::wrap(Arc::new(http));
     let registry = prometheus::Registry::new();
     let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&registry)?;
+    let agent_metrics = tessera_federation_agent::AgentMetrics::register(&registry)?;
     let addr = crate::metrics_server::serve(args.metrics_addr, registry).await?;
     tracing::info!(metrics = %addr, "serving metrics");
     let mut config = AgentConfig::new(&args.federation, &ca, &token, &args.name);
     config.labels = parse_labels(&args.labels)?;
     config.group_keys = parse_label_keys(&args.summary_label_keys)?;
     config.bind_address = args.bind_address;
+    config.metrics = Some(agent_metrics);
     config.api_url = api_url;
     tokio::select! {
         r = tessera_federation_agent::run(config, client, Some(runtime)) => r.map_err(|e| anyhow::anyhow!("{e}")),
@@ -302,6 +304,9 @@ pub fn start_agent(
     let mut config = AgentConfig::new(federation_url, federation_ca, token, name);
     config.labels = labels;
     config.api_url = format!("https://{}", shard.api_addr);
+    config.metrics = Some(tessera_federation_agent::AgentMetrics::register(
+        &shard.registry,
+    )?);
     let runtime = shard.runtime.clone();
     let informers = shard.informers.clone();
     let name = name.to_owned();

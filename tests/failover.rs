@@ -61,13 +61,28 @@ fn partition(op: &str, addr: &str, port: &str) {
     ]);
 }
 
-fn join(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str, bind: &str) -> Running {
-    Running(
+/// Starts shard `shard`'s agent; it and the address of its `/metrics`.
+fn join(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str, bind: &str) -> (Running, String) {
+    let metrics = free_addr();
+    let agent = Running(
         join_command(fed, shard, grpc, name)
-            .args(["--bind-address", bind])
+            .args(["--bind-address", bind, "--metrics-addr", &metrics])
             .spawn()
             .expect("tessera join"),
-    )
+    );
+    (agent, metrics)
+}
+
+/// The value of the sample `series` (name and labels, as exposed) at `addr`'s `/metrics`.
+fn sample(addr: &str, series: &str) -> f64 {
+    let out = Command::new("curl")
+        .args(["-s", &format!("http://{addr}/metrics")])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Pods of Job `etl` Running in `shard`.
@@ -250,6 +265,15 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         !shard_state.contains(" True "),
         "the cut-off shard shows not ready: {shard_state}"
     );
+    // Its agent counts what it did.
+    let cut_metrics = &agents[home].1;
+    assert!(sample(cut_metrics, "tessera_federation_agent_lease_lapses_total ") >= 1.0);
+    assert!(
+        sample(
+            cut_metrics,
+            "tessera_federation_agent_stopped_total{kind=\"Job\"} "
+        ) >= 1.0
+    );
     // The cut-off shard still has its stopped copies: nothing there is resumed while cut.
     assert!(has(cut, "job", "etl"));
     assert_eq!(running_job_pods(cut), 0);
@@ -276,7 +300,7 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     // Now the agent of the shard that runs them is stopped (SIGSTOP), its control plane
     // running on: it cannot stop anything, so the shard's own fence must, when the Lease the
     // agent renewed there ends; then the federation moves them back.
-    let agent_pid = agents[1 - home].0.id().to_string();
+    let agent_pid = agents[1 - home].0.0.id().to_string();
     let signal = |sig: &str| {
         let ok = Command::new("kill")
             .args([sig, &agent_pid])
@@ -347,6 +371,13 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         dead_at,
         Duration::ZERO,
         other,
+    );
+    assert!(
+        sample(
+            &agents[home].1,
+            "tessera_federation_agent_renewals_withheld_total "
+        ) >= 1.0,
+        "the dead shard's agent withheld its renewals"
     );
     assert!(
         moved_again.is_some(),

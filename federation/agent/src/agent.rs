@@ -57,6 +57,8 @@ pub struct AgentConfig {
     /// The local address to connect to the federation from (a host with several; the
     /// kernel's choice if unset).
     pub bind_address: Option<std::net::IpAddr>,
+    /// Where its lease and fence series go (none: not served).
+    pub metrics: Option<crate::AgentMetrics>,
 }
 
 /// The node labels a summary groups nodes by unless told otherwise: zones and instance types,
@@ -80,6 +82,7 @@ impl AgentConfig {
             summary_period: Duration::from_secs(10),
             group_keys: DEFAULT_GROUP_KEYS.iter().map(|k| (*k).to_owned()).collect(),
             bind_address: None,
+            metrics: None,
         }
     }
 }
@@ -548,6 +551,9 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 // answers. A shard whose control plane died (kill -9) then loses its lease
                 // like a cut-off one, and its work fails over.
                 if !shard_answers(&state, renew / 2).await {
+                    if let Some(m) = &state.config.metrics {
+                        m.renewals_withheld.inc();
+                    }
                     if !down {
                         tracing::warn!(shard = %state.config.name, "the shard's API does not answer: not renewing its federation lease");
                     }
@@ -766,6 +772,7 @@ async fn apply_held(state: &Arc<State>, id: &(String, String, String), h: &Held)
 async fn watch_lease(state: Arc<State>) {
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_try = tokio::time::Instant::now();
     loop {
         tick.tick().await;
         let now = tokio::time::Instant::now();
@@ -775,14 +782,27 @@ async fn watch_lease(state: Arc<State>) {
             if lapsed {
                 lease.fenced = true;
             }
+            if let (Some(m), Some(until)) = (&state.config.metrics, lease.until) {
+                let left = if until >= now {
+                    (until - now).as_secs_f64()
+                } else {
+                    -(now - until).as_secs_f64()
+                };
+                m.lease_remaining.set(left);
+            }
             (lapsed, lease.fenced)
         };
         if lapsed {
+            if let Some(m) = &state.config.metrics {
+                m.lease_lapses.inc();
+            }
             tracing::warn!(shard = %state.config.name, "the shard's federation lease lapsed: stopping its at-most-once workloads");
             state.lapsed.notify_waiters();
         }
-        if stopping {
-            // What is not stopped yet (newly lapsed, or a stop that failed: tried again).
+        if stopping && (lapsed || last_try.elapsed() >= RETRY) {
+            // What is not stopped yet (newly lapsed, or a stop that failed: tried again
+            // every RETRY, not every tick, while the shard's API does not answer).
+            last_try = tokio::time::Instant::now();
             fence(&state, lapsed).await;
         }
     }
@@ -830,6 +850,9 @@ async fn fence(state: &Arc<State>, first: bool) {
             suspend_cron_jobs(state, &id, true).await;
         }
         tracing::warn!(resource = %id.0, namespace = %id.1, name = %id.2, "stopped an at-most-once workload: the shard's federation lease lapsed");
+        if let Some(m) = &state.config.metrics {
+            m.stopped.with_label_values(&[kind.kind()]).inc();
+        }
         let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(id.2.clone()),
             namespace: ns.map(str::to_owned),
