@@ -177,6 +177,11 @@ struct Entry {
 }
 
 impl Entry {
+    /// Connected and holding its lease at `now`: ready, in placement's terms.
+    fn holds_lease(&self, now: Instant) -> bool {
+        self.session.is_some() && self.lease_until.is_some_and(|t| t > now)
+    }
+
     fn new() -> Entry {
         Entry {
             labels: BTreeMap::new(),
@@ -669,8 +674,7 @@ impl Registry {
         let inner = self.inner.lock();
         let lease_end = match inner.entries.get(name) {
             Some(e) => {
-                let ready = e.session.is_some() && e.lease_until.is_some_and(|t| t > now);
-                if ready {
+                if e.holds_lease(now) {
                     return Standing::Ready;
                 }
                 e.lease_until.unwrap_or(self.started + self.config.lease)
@@ -691,10 +695,7 @@ impl Registry {
     pub fn release_lost(&self, shard: &str, key: &ObjectKey) -> bool {
         let now = Instant::now();
         let mut inner = self.inner.lock();
-        if let Some(e) = inner.entries.get(shard)
-            && e.session.is_some()
-            && e.lease_until.is_some_and(|t| t > now)
-        {
+        if inner.entries.get(shard).is_some_and(|e| e.holds_lease(now)) {
             return false;
         }
         self.unassign_in(&mut inner, shard, key);
@@ -948,7 +949,7 @@ impl Registry {
             return;
         };
         let state = inner.snapshot.shards.entry(name.to_owned()).or_default();
-        state.ready = e.session.is_some() && e.lease_until.is_some_and(|t| t > now);
+        state.ready = e.holds_lease(now);
         state.stale = e
             .reported
             .as_ref()
