@@ -33,6 +33,10 @@ pub struct FederationTuning {
     /// report).
     #[arg(long, default_value_t = 100)]
     pub federation_status_batch_period_ms: u64,
+    /// Workloads that may move between live shards at once (rebalancing after a shard
+    /// joins, `tessera shard drain`); the others wait their turn.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_moving: u64,
 }
 
 /// A running federation control plane.
@@ -124,6 +128,7 @@ pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<F
         client,
         registry,
         workers: 4,
+        max_moving: tuning.max_moving as usize,
         queue_metrics: Some(queues),
         runtime_metrics: Some(runtime),
         status_batch: std::time::Duration::from_millis(tuning.federation_status_batch_period_ms),

@@ -8,6 +8,7 @@ mod debug;
 mod federation;
 mod health;
 mod metrics_server;
+mod shard;
 mod store_config;
 mod up;
 
@@ -52,6 +53,9 @@ enum Command {
     Scheduler(components::SchedulerArgs),
     /// Run a node agent (simulated nodes) against an API server.
     Agent(components::AgentArgs),
+    /// Cordon, uncordon or drain a shard of a federation.
+    #[command(subcommand)]
+    Shard(shard::ShardCommand),
     /// Bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -110,6 +114,7 @@ fn main() -> anyhow::Result<()> {
             Command::ControllerManager(args) => components::controller_manager(args).await,
             Command::Scheduler(args) => components::scheduler(args).await,
             Command::Agent(args) => components::agent(args).await,
+            Command::Shard(cmd) => shard::run(cmd).await,
             Command::Token(TokenCommand::Create(args)) => up::token_create(args).await,
             Command::Certs(CertsCommand::Rotate { data_dir }) => {
                 let until = tessera_apiserver::pki::rotate_serving(&data_dir.join("pki"))?;

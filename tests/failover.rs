@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use support::{Cluster, Running, free_addr, join_command, wait_for};
+use support::{Cluster, Running, free_addr, join_command, sample, wait_for};
 
 /// Set in the re-executed test process that runs inside the namespace.
 const INSIDE: &str = "TESSERA_TEST_IN_NETNS";
@@ -71,18 +71,6 @@ fn join(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str, bind: &str) -> (
             .expect("tessera join"),
     );
     (agent, metrics)
-}
-
-/// The value of the sample `series` (name and labels, as exposed) at `addr`'s `/metrics`.
-fn sample(addr: &str, series: &str) -> f64 {
-    let out = Command::new("curl")
-        .args(["-s", &format!("http://{addr}/metrics")])
-        .output()
-        .expect("curl");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Pods of Job `etl` Running in `shard`.
@@ -265,6 +253,20 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         !shard_state.contains(" True "),
         "the cut-off shard shows not ready: {shard_state}"
     );
+    // ... and is tainted: no new work goes there.
+    let taints = || {
+        fed.ok(&[
+            "get",
+            "shard",
+            cut_name,
+            "-o",
+            "jsonpath={.spec.taints[*].key}",
+        ])
+    };
+    let tainted = wait_for(Duration::from_secs(10), || {
+        taints().contains("tessera.io/unreachable").then_some(())
+    });
+    assert!(tainted.is_some(), "taints: {}", taints());
     // Its agent counts what it did.
     let cut_metrics = &agents[home].1;
     assert!(sample(cut_metrics, "tessera_federation_agent_lease_lapses_total ") >= 1.0);
@@ -293,6 +295,10 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         (out.lines().filter(|l| l.contains(" True ")).count() == 2).then_some(())
     });
     assert!(back.is_some(), "{}", fed.ok(&["get", "shards"]));
+    let untainted = wait_for(Duration::from_secs(10), || {
+        (!taints().contains("tessera.io/unreachable")).then_some(())
+    });
+    assert!(untainted.is_some(), "taints: {}", taints());
     assert_eq!(running_job_pods(other), 1, "the moved Job runs on");
     // Nothing lost at the federation: both objects are there, placed on the other shard.
     fed.ok(&["get", "job", "etl", "-n", "batch"]);

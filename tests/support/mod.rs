@@ -258,3 +258,15 @@ pub fn pod_group_manifest(ns: &str, name: &str, size: usize, cpu: &str, timeout:
     }
     out
 }
+
+/// The value of the sample `series` (name and labels, as exposed) at `addr`'s `/metrics`.
+pub fn sample(addr: &str, series: &str) -> f64 {
+    let out = Command::new("curl")
+        .args(["-s", &format!("http://{addr}/metrics")])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}

@@ -33,6 +33,9 @@ use crate::metrics::AgentMetrics;
 
 /// How long a pod runs before its containers exit (seconds).
 pub const RUN_SECONDS_ANNOTATION: &str = "tessera.io/sim-run-seconds";
+/// How long its containers take to stop once it is deleted (seconds; at most its grace
+/// period): a process that finishes its work on SIGTERM. Without it they stop at once.
+pub const STOP_SECONDS_ANNOTATION: &str = "tessera.io/sim-stop-seconds";
 /// The exit code its containers exit with.
 pub const EXIT_CODE_ANNOTATION: &str = "tessera.io/sim-exit-code";
 /// The namespace of node Leases.
@@ -508,6 +511,22 @@ impl SimAgent {
 
     /// Containers stopped: the pod object goes away (grace 0, only this very pod).
     async fn stop(&self, pod: &Pod) {
+        let stop_seconds = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(STOP_SECONDS_ANNOTATION))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        let grace = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30)
+            .max(0) as u64;
+        if stop_seconds > 0 {
+            tokio::time::sleep(Duration::from_secs(stop_seconds.min(grace))).await;
+        }
         let r = crate::remove_stopped(&self.client, pod).await;
         self.count(
             "pod_delete",

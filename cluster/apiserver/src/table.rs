@@ -160,6 +160,7 @@ fn columns(res: &Resource) -> Vec<Column> {
             c("CPU", "string", 0),
             c("Memory", "string", 0),
             c("Pods", "string", 0),
+            c("Workloads", "string", 0),
             AGE,
             c("Labels", "string", 1),
         ],
@@ -695,7 +696,7 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
 }
 
 /// A Shard's row: READY from its `Ready` condition, REGION from its label, CPU and MEMORY as
-/// free/allocatable, PODS as running/pending.
+/// free/allocatable, PODS as running/pending, WORKLOADS as held (and moving out).
 fn shard_row(o: &Value, name: Value, age_v: Value) -> Vec<Value> {
     let status = &o["status"];
     let ready = status["conditions"]
@@ -741,6 +742,14 @@ fn shard_row(o: &Value, name: Value, age_v: Value) -> Vec<Value> {
             status["podsRunning"].as_i64().unwrap_or(0),
             status["podsPending"].as_i64().unwrap_or(0)
         )),
+        // Federated workloads held, and those moving off (a drain under way).
+        json!(match status["movingOut"].as_i64().unwrap_or(0) {
+            0 => status["workloads"].as_i64().unwrap_or(0).to_string(),
+            out => format!(
+                "{} ({out} moving out)",
+                status["workloads"].as_i64().unwrap_or(0)
+            ),
+        }),
         age_v,
         json!(
             labels

@@ -298,6 +298,13 @@ pub struct ShardStatus {
     /// Its virtual nodes on the current shard map.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i64>,
+    /// Federated workloads it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<i64>,
+    /// Of those, the ones moving off it (kept until their copies elsewhere are available,
+    /// or stopped here first): a drain is done when `workloads` is zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_out: Option<i64>,
     /// Its schedulable nodes grouped by the label keys its summaries group by (zone,
     /// instance type): per group the labels, nodes and free amounts.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -129,6 +129,12 @@ impl Reconciler for Jobs {
         let succeeded = all.iter().filter(|p| pods::phase(p) == "Succeeded").count() as i32;
         let failed = all.iter().filter(|p| pods::phase(p) == "Failed").count() as i32;
         let ready = active.iter().filter(|p| pods::is_ready(p)).count() as i32;
+        // Pods being deleted that have not finished: still running their grace period
+        // (Kubernetes' `status.terminating`).
+        let terminating = all
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some() && !pods::is_terminal(p))
+            .count() as i32;
         let status = job.status.clone().unwrap_or_default();
         let start = status.start_time.as_ref().map_or(now, |t| t.0.as_second());
         let r = ObjectRef::new("batch/v1", "Job", &job.metadata);
@@ -249,7 +255,7 @@ impl Reconciler for Jobs {
         }
         let mut patch = json!({"status": {
             "active": if failure.is_some() || complete { 0 } else { active.len() as i32 },
-            "succeeded": succeeded, "failed": failed, "ready": ready,
+            "succeeded": succeeded, "failed": failed, "ready": ready, "terminating": terminating,
             "startTime": rfc3339(start),
         }});
         if !conditions.is_empty() {
@@ -263,6 +269,7 @@ impl Reconciler for Jobs {
             && status.succeeded.unwrap_or(0) == succeeded
             && status.failed.unwrap_or(0) == failed
             && status.ready.unwrap_or(0) == ready
+            && status.terminating.unwrap_or(0) == terminating
             && status.start_time.is_some()
             && conditions.is_empty();
         if !same {

@@ -308,7 +308,12 @@ fn status_of(kind: WorkloadKind, w: &SpecObject) -> pb::ObjectStatus {
         } else {
             serde_json::to_vec(&w.status).unwrap_or_default()
         },
-        replicas: kind.replicas(&w.spec) as i64,
+        // What its spec lets run: a suspended Job or CronJob runs nothing (the federation
+        // waits for that before it starts a copy that is moving elsewhere).
+        replicas: match kind {
+            WorkloadKind::Job | WorkloadKind::CronJob if w.spec["suspend"] == true => 0,
+            _ => kind.replicas(&w.spec) as i64,
+        },
     }
 }
 

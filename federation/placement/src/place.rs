@@ -493,6 +493,21 @@ impl Snapshot {
     }
 
     /// How many replicas of `w` shard `name` has room for, or why none may go there.
+    /// Whether what `policy` places may no longer run on shard `name`: the shard left the
+    /// federation, or carries a `NoExecute` taint the policy does not tolerate (a drain).
+    /// Such shares move to other shards (a lost shard is failover's business, not this).
+    pub fn evicts(&self, name: &str, policy: &Policy) -> Option<String> {
+        let Some(s) = self.shards.get(name) else {
+            return Some(format!("shard {name} left the federation"));
+        };
+        s.taints
+            .iter()
+            .find(|t| {
+                t.effect == "NoExecute" && !policy.tolerations.iter().any(|tol| tol.tolerates(t))
+            })
+            .map(|t| format!("shard {name} has taint {t}"))
+    }
+
     fn room(&self, name: &str, s: &ShardState, w: &Workload<'_>, p: &Policy) -> Result<u64, Skip> {
         if !p.shard_names.is_empty() && !p.shard_names.iter().any(|n| n == name) {
             return Err(Skip::NotSelected);
@@ -898,6 +913,39 @@ mod tests {
         let d = snap.place(&w, &policy);
         assert!(d.shares.is_empty());
         assert_eq!(d.unplaced, 40);
+    }
+
+    #[test]
+    fn only_an_untolerated_no_execute_taint_or_a_shard_gone_evicts() {
+        let mut snap = snapshot(&[("a", 2, 8000), ("b", 2, 8000)]);
+        let plain = Policy::default();
+        assert_eq!(snap.evicts("a", &plain), None);
+        snap.shards.get_mut("a").expect("a").taints = vec![Taint {
+            key: "tessera.io/unreachable".into(),
+            value: String::new(),
+            effect: "NoSchedule".into(),
+        }];
+        snap.shards.get_mut("a").expect("a").unschedulable = true;
+        assert_eq!(snap.evicts("a", &plain), None, "cordons keep what runs");
+        snap.shards.get_mut("b").expect("b").taints = vec![Taint {
+            key: "tessera.io/drain".into(),
+            value: String::new(),
+            effect: "NoExecute".into(),
+        }];
+        assert_eq!(
+            snap.evicts("b", &plain).as_deref(),
+            Some("shard b has taint tessera.io/drain:NoExecute")
+        );
+        let tolerant = Policy {
+            tolerations: vec![Toleration {
+                key: "tessera.io/drain".into(),
+                operator: "Exists".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(snap.evicts("b", &tolerant), None);
+        assert!(snap.evicts("c", &plain).is_some(), "a shard that left");
     }
 
     #[test]

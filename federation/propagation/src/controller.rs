@@ -34,6 +34,7 @@ use tessera_runtime::{EventClass, QueueConfig, WorkQueue};
 use tessera_scheduler::resources::pod_spec_requests;
 
 use crate::dependencies;
+use crate::moves;
 use crate::policy;
 use crate::quota;
 use crate::status::{self, Placed};
@@ -72,6 +73,10 @@ pub struct Recorded {
     /// their shard only while it stays the same.
     #[serde(default)]
     pub request: String,
+    /// Shares on live shards kept until the workload's move off them finishes (see
+    /// [`crate::moves`]): after a restart the move goes on from here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub leaving: BTreeMap<String, u64>,
 }
 
 /// What a queue key names: a workload (placed by policy, status aggregated) or a Tenant
@@ -186,6 +191,20 @@ pub struct Propagation {
     ledger: Mutex<quota::Ledger>,
     /// The queue, to wake workloads a freed quota lets in.
     queue: WorkQueue<String>,
+    /// Moves allowed under way at once (`--max-moving`).
+    max_moving: usize,
+    /// Workloads moving between live shards (or holding a slot to): when each move began,
+    /// and whether its beginning was announced (Events, metrics).
+    moving: Mutex<BTreeMap<String, (Instant, bool)>>,
+    /// Workloads to look at again when a shard becomes usable (ready, with a summary): a
+    /// shard ahead of where they run was passed over when they were last looked at.
+    rehome: Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// Workloads whose move waits for a free slot.
+    waiting_to_move: Mutex<BTreeSet<String>>,
+    /// The map version each workload was last looked at under (a newer map may move it).
+    checked_map: Mutex<std::collections::HashMap<String, u64>>,
+    /// The last map version every workload was queued for.
+    last_map: std::sync::atomic::AtomicU64,
 }
 
 /// What the controller runs with.
@@ -196,6 +215,9 @@ pub struct Options {
     pub registry: Arc<Registry>,
     /// Workers.
     pub workers: usize,
+    /// Workloads allowed to move between live shards at once (rebalancing after a shard
+    /// joins, drains): at least 1.
+    pub max_moving: usize,
     /// Queue metrics.
     pub queue_metrics: Option<QueueMetrics>,
     /// Informer and reconcile metrics.
@@ -300,12 +322,43 @@ pub async fn run(o: Options) {
         tenant_index,
         ledger: Mutex::new(quota::Ledger::default()),
         queue: queue.clone(),
+        max_moving: o.max_moving.max(1),
+        moving: Mutex::new(BTreeMap::new()),
+        rehome: Mutex::new(BTreeMap::new()),
+        waiting_to_move: Mutex::new(BTreeSet::new()),
+        checked_map: Mutex::new(std::collections::HashMap::new()),
+        last_map: std::sync::atomic::AtomicU64::new(o.registry.map_version()),
     });
     {
         let q = queue.clone();
         let weak = Arc::downgrade(&p);
         o.registry.on_event(move |e| {
             let Some(p) = weak.upgrade() else { return };
+            // A new map may give tenants another home: every workload is looked at again
+            // (maps change only when shards join, leave or are re-weighted).
+            if matches!(
+                e,
+                RegistryEvent::Shard(_) | RegistryEvent::Joined(_) | RegistryEvent::Spec(_)
+            ) {
+                let v = p.registry.map_version();
+                if p.last_map.swap(v, std::sync::atomic::Ordering::AcqRel) != v {
+                    for key in p.workloads.all_keys() {
+                        q.add(key, EventClass::Resync);
+                    }
+                }
+            }
+            // A shard that is usable now may be the home of workloads placed while it was
+            // not: they are looked at again.
+            if let RegistryEvent::Shard(name) | RegistryEvent::Joined(name) = e
+                && p.registry.is_usable(name)
+                && let Some(keys) = p.rehome.lock().remove(name)
+            {
+                let mut checked = p.checked_map.lock();
+                for key in keys {
+                    checked.remove(&key);
+                    q.add(key, EventClass::Update);
+                }
+            }
             match e {
                 RegistryEvent::Status(k) => {
                     if let Some(kind) = Kind::of_resource(&k.resource) {
@@ -328,6 +381,21 @@ pub async fn run(o: Options) {
                                     EventClass::Update,
                                 );
                             }
+                        }
+                    }
+                }
+                // A cordon lifted or a taint changed: what waits for room may fit; a drain
+                // (a NoExecute taint) moves what the shard holds.
+                RegistryEvent::Spec(name) => {
+                    for key in p.pending.lock().iter() {
+                        q.add(key.clone(), EventClass::Update);
+                    }
+                    for k in p.registry.held_on(name) {
+                        if let Some(kind) = Kind::of_resource(&k.resource) {
+                            q.add(
+                                format!("{}:{}", kind.prefix(), k.object_key()),
+                                EventClass::Update,
+                            );
                         }
                     }
                 }
@@ -653,6 +721,7 @@ impl Propagation {
             request: Request::default(),
             dependencies: Vec::new(),
             failover: None,
+            leaving: false,
         };
         let okey = Kind::Tenant.object_key(key);
         for shard in self.registry.shard_names() {
@@ -880,6 +949,11 @@ impl Propagation {
         let queue_key = format!("{}:{key}", kind.plural());
         let Some(w) = self.workloads.cache(kind).get(key) else {
             self.pending.lock().remove(&queue_key);
+            self.checked_map.lock().remove(&queue_key);
+            self.waiting_to_move.lock().remove(&queue_key);
+            if self.moving.lock().remove(&queue_key).is_some() {
+                self.move_slot_freed();
+            }
             let freed = self.ledger.lock().remove(&queue_key);
             if let Some(tenant) = freed {
                 self.after_charge(&tenant, true);
@@ -929,8 +1003,9 @@ impl Propagation {
         // decision starts from that. The registry knows it as of the last assignment; the
         // recorded annotation is read only after a restart, before anything is assigned (the
         // cache may not show this controller's last record yet).
-        let credit = match self.registry.credit(&okey, &request) {
-            Some(held) => held,
+        let held_now = self.registry.credit(&okey, &request);
+        let credit = match &held_now {
+            Some(held) => held.clone(),
             None if same_request => recorded.shares.clone(),
             None => BTreeMap::new(),
         };
@@ -944,7 +1019,7 @@ impl Propagation {
         let lost = self.lost_shares(&recorded.shares, &failover, template);
         // A decision stands while the workload, its policy and its request stand, and no
         // share is due to fail over.
-        let still_good = recorded.generation == generation
+        let mut still_good = recorded.generation == generation
             && recorded.policy == policy_id
             && recorded.unplaced == 0
             && recorded.why.is_empty()
@@ -963,6 +1038,88 @@ impl Propagation {
                 shares.values().sum::<u64>()
             }
         };
+        // Rebalancing: a decision that stands is looked at again under a newer map (a shard
+        // joined: the tenant may have a new home) and when a shard it uses evicts it (a
+        // drain). It moves only if it can move whole, and only while fewer than
+        // `max_moving` workloads move.
+        let map_version = self.registry.map_version();
+        let mut move_reason = "decision";
+        if still_good
+            && recorded.leaving.is_empty()
+            && !finished
+            && let Ok(p) = &pol
+        {
+            let evicted = recorded
+                .shares
+                .keys()
+                .find_map(|s| self.registry.evicts(s, p));
+            let map_moved = self.checked_map.lock().get(&queue_key) != Some(&map_version);
+            let wanted = if evicted.is_some()
+                || (map_moved && failover.mode == tessera_placement::FailoverMode::Fast)
+            {
+                let preview = self.registry.preview(
+                    &Workload {
+                        tenant: &tenant,
+                        replicas,
+                        request: &request,
+                        current: &credit,
+                    },
+                    p,
+                );
+                // A shard passed over for now (not ready, no summary yet: one that just
+                // joined) is looked at again for it once usable.
+                for (shard, skip) in &preview.skipped {
+                    if matches!(
+                        skip,
+                        tessera_placement::Skip::NotReady | tessera_placement::Skip::NoSummary
+                    ) {
+                        self.rehome
+                            .lock()
+                            .entry(shard.clone())
+                            .or_default()
+                            .insert(queue_key.clone());
+                    }
+                }
+                preview.unplaced == 0 && preview.shares != recorded.shares
+            } else {
+                false
+            };
+            // A slot is taken under the same lock it is counted under: moves decided at
+            // once by several workers never exceed `max_moving`.
+            let slot = wanted && {
+                let mut moving = self.moving.lock();
+                if moving.len() < self.max_moving || moving.contains_key(&queue_key) {
+                    moving
+                        .entry(queue_key.clone())
+                        .or_insert((Instant::now(), false));
+                    true
+                } else {
+                    false
+                }
+            };
+            if !wanted {
+                self.checked_map
+                    .lock()
+                    .insert(queue_key.clone(), map_version);
+                if evicted.is_some() {
+                    // Nowhere to go yet: it stays, and is looked at when a shard changes.
+                    self.pending.lock().insert(queue_key.clone());
+                }
+            } else if !slot {
+                if self.waiting_to_move.lock().insert(queue_key.clone())
+                    && let Some(m) = self.registry.metrics()
+                {
+                    m.moves_deferred.inc();
+                }
+            } else {
+                still_good = false;
+                move_reason = if evicted.is_some() {
+                    "drain"
+                } else {
+                    "rebalance"
+                };
+            }
+        }
         let mut quota_exceeded = false;
         let (decision, why) = match pol {
             _ if still_good => {
@@ -1018,6 +1175,9 @@ impl Propagation {
                     current: &free_credit,
                 };
                 let (mut dec, total) = self.registry.place(&wl, &pol);
+                self.checked_map
+                    .lock()
+                    .insert(queue_key.clone(), map_version);
                 for (shard, n) in &lost.held {
                     dec.shares.insert(shard.clone(), *n);
                 }
@@ -1117,6 +1277,18 @@ impl Propagation {
                 ),
             );
         }
+        // A move between live shards: what each shard is handed while shares leave.
+        let (plan, leaving_check) = self.plan_move(
+            kind,
+            &okey,
+            generation,
+            &recorded,
+            &decision.shares,
+            held_now.as_ref(),
+            &credit,
+            &failover,
+            template,
+        )?;
         // Record the decision (and take the finalizer, if this is the first) before the
         // shards are told: after a restart the record is what is assigned again.
         let now_recorded = Recorded {
@@ -1126,6 +1298,7 @@ impl Propagation {
             unplaced: decision.unplaced,
             why: why.clone(),
             request: request.describe(),
+            leaving: plan.leaving.clone(),
         };
         let (ns_s, name) = key.split_once('/').unwrap_or(("", key));
         if now_recorded != recorded || finalizers.is_some() {
@@ -1155,16 +1328,23 @@ impl Propagation {
         obj["kind"] = json!(kind.kind());
         let deps = self.dependencies_of(&ns, template);
         let mut sent = false;
-        for (shard, n) in &decision.shares {
+        for (shard, copy) in &plan.assign {
+            let (n, stop) = match copy {
+                moves::Copy::Run(n) => (n, false),
+                moves::Copy::Stop(n) => (n, true),
+            };
             let mut m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
             // How it fails over, for the shard's fence; and a suspend the federation owns
             // (false unless the user suspended it), so that applying this again resumes a
             // copy the fence suspended.
             m["metadata"]["annotations"][FAILOVER_ANNOTATION] = json!(failover.mode.as_str());
-            if matches!(kind, WorkloadKind::Job | WorkloadKind::CronJob)
-                && m["spec"]["suspend"].is_null()
-            {
-                m["spec"]["suspend"] = json!(false);
+            if matches!(kind, WorkloadKind::Job | WorkloadKind::CronJob) {
+                if stop {
+                    // Stopped before it starts elsewhere (an AtMostOnce move).
+                    m["spec"]["suspend"] = json!(true);
+                } else if m["spec"]["suspend"].is_null() {
+                    m["spec"]["suspend"] = json!(false);
+                }
             }
             sent |= self.registry.assign(
                 shard,
@@ -1176,15 +1356,33 @@ impl Propagation {
                     request: request.clone(),
                     dependencies: deps.clone(),
                     failover: Some(failover.mode),
+                    leaving: plan.leaving.contains_key(shard),
                 },
             );
         }
         let reports = self.registry.reports(&okey);
         for shard in reports.keys() {
-            if !decision.shares.contains_key(shard) {
+            if !plan.assign.contains_key(shard) {
                 self.registry.unassign(shard, &okey);
             }
         }
+        self.track_move(
+            &queue_key,
+            &obj_ref,
+            &plan,
+            &decision.shares,
+            move_reason,
+            failover.mode,
+        );
+        let next_check = [
+            lost.next_check,
+            leaving_check,
+            // A move is looked at again even if no report comes.
+            (!plan.leaving.is_empty()).then_some(MOVE_CHECK),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         // Aggregate the shards' statuses.
         let placed = Placed {
             generation,
@@ -1205,7 +1403,7 @@ impl Propagation {
             // write for the decision and the first progress). A shard that does not report
             // has it written without, a moment later.
             return Ok(Action::RequeueAfter(
-                lost.next_check.map_or(REPORT_WAIT, |c| c.min(REPORT_WAIT)),
+                next_check.map_or(REPORT_WAIT, |c| c.min(REPORT_WAIT)),
             ));
         }
         let previous = &w.status;
@@ -1228,7 +1426,191 @@ impl Propagation {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(lost.next_check.map_or(Action::Done, Action::RequeueAfter))
+        Ok(next_check.map_or(Action::Done, Action::RequeueAfter))
+    }
+
+    /// What each shard is handed now for `target`, with the shares leaving live shards
+    /// kept (Fast) or stopped first (AtMostOnce) — see [`crate::moves`]. A leaving share on
+    /// a shard that is lost meanwhile is released when its failover is due. Returns the
+    /// plan and when a lost leaving shard is due to be looked at.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_move(
+        &self,
+        kind: WorkloadKind,
+        okey: &ObjectKey,
+        generation: i64,
+        recorded: &Recorded,
+        target: &BTreeMap<String, u64>,
+        held_now: Option<&BTreeMap<String, u64>>,
+        credit: &BTreeMap<String, u64>,
+        failover: &Failover,
+        template: &Value,
+    ) -> Result<(moves::Plan, Option<Duration>), ReconcileError> {
+        let at_most_once = failover.mode == tessera_placement::FailoverMode::AtMostOnce;
+        // What the shards hold now. After a restart the registry holds nothing yet: the
+        // record stands for it, and while an AtMostOnce move had not started its new copy,
+        // only the leaving shards held anything.
+        let before: BTreeMap<String, u64> = match held_now {
+            Some(h) => h.clone(),
+            None => {
+                let mut b = credit.clone();
+                if at_most_once && !recorded.leaving.is_empty() {
+                    b.retain(|s, _| recorded.leaving.contains_key(s));
+                }
+                for (s, n) in &recorded.leaving {
+                    let e = b.entry(s.clone()).or_insert(0);
+                    *e = (*e).max(*n);
+                }
+                b
+            }
+        };
+        let mut leaving = if *target == recorded.shares {
+            recorded.leaving.clone()
+        } else {
+            let mut l = moves::leaving_for(&before, target, |s| self.registry.is_ready(s));
+            for (s, n) in &recorded.leaving {
+                if target.get(s).copied().unwrap_or(0) < *n {
+                    l.entry(s.clone()).or_insert(*n);
+                }
+            }
+            l
+        };
+        let lost = self.lost_shares(&leaving, failover, template);
+        for shard in &lost.due {
+            if !self.registry.release_lost(shard, okey) {
+                return Err(ReconcileError::new(format!(
+                    "shard {shard} came back while its share was released; deciding again"
+                )));
+            }
+            leaving.remove(shard);
+        }
+        let reports = self.registry.reports(okey);
+        let plan = moves::plan(
+            target,
+            &leaving,
+            &before,
+            failover.mode,
+            |s, n| {
+                reports
+                    .get(s)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|r| moves::is_available(kind, r, generation, n))
+            },
+            |s, n| match reports.get(s) {
+                None => true,
+                Some(None) => false,
+                Some(Some(r)) => moves::is_stopped(kind, r, n),
+            },
+        );
+        Ok((plan, lost.next_check))
+    }
+
+    /// Counts a move that begins or ends, with its Events (on the workload, and on the shard
+    /// it leaves), and lets a move waiting for a slot begin.
+    fn track_move(
+        &self,
+        queue_key: &str,
+        obj_ref: &ObjectRef,
+        plan: &moves::Plan,
+        target: &BTreeMap<String, u64>,
+        reason: &'static str,
+        mode: tessera_placement::FailoverMode,
+    ) {
+        let how = match mode {
+            tessera_placement::FailoverMode::Fast => {
+                "make-before-break: kept until the new copies are available"
+            }
+            tessera_placement::FailoverMode::AtMostOnce => {
+                "stop-then-start: stopped before it starts elsewhere"
+            }
+        };
+        if !plan.leaving.is_empty() {
+            let began = {
+                let mut moving = self.moving.lock();
+                let e = moving
+                    .entry(queue_key.to_owned())
+                    .or_insert((Instant::now(), false));
+                !std::mem::replace(&mut e.1, true)
+            };
+            self.waiting_to_move.lock().remove(queue_key);
+            if !began {
+                return;
+            }
+            if let Some(m) = self.registry.metrics() {
+                m.moves.with_label_values(&[reason]).inc();
+                m.moves_in_progress.set(self.moving.lock().len() as i64);
+            }
+            let from: Vec<String> = plan
+                .leaving
+                .iter()
+                .map(|(s, n)| format!("{n} on {s}"))
+                .collect();
+            let to: Vec<String> = target.iter().map(|(s, n)| format!("{n} on {s}")).collect();
+            let message = format!(
+                "moving ({reason}) from {} to {} ({how})",
+                from.join(", "),
+                to.join(", ")
+            );
+            tracing::info!(workload = %queue_key, reason, from = ?plan.leaving, to = ?target, "move begins");
+            self.recorder
+                .event(obj_ref, EventType::Normal, "Moving", &message);
+            for shard in plan.leaving.keys() {
+                let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(shard.clone()),
+                    ..Default::default()
+                };
+                let shard_ref = ObjectRef::new("tessera.io/v1alpha1", "Shard", &meta);
+                self.recorder.event(
+                    &shard_ref,
+                    EventType::Normal,
+                    "MovingOut",
+                    &format!(
+                        "{} {}/{}: {message}",
+                        obj_ref.kind, obj_ref.namespace, obj_ref.name
+                    ),
+                );
+            }
+            return;
+        }
+        let Some((began, announced)) = self.moving.lock().remove(queue_key) else {
+            return;
+        };
+        if !announced {
+            // A slot taken for a move that turned out to need no waiting.
+            self.move_slot_freed();
+            return;
+        }
+        let took = began.elapsed();
+        if let Some(m) = self.registry.metrics() {
+            m.move_duration
+                .with_label_values(&[mode.as_str()])
+                .observe(took.as_secs_f64());
+            m.moves_in_progress.set(self.moving.lock().len() as i64);
+        }
+        let to: Vec<String> = target.iter().map(|(s, n)| format!("{n} on {s}")).collect();
+        tracing::info!(workload = %queue_key, to = ?target, took_s = took.as_secs_f64(), "move done");
+        self.recorder.event(
+            obj_ref,
+            EventType::Normal,
+            "Moved",
+            &format!(
+                "moved to {} in {:.1}s; the old copies are removed",
+                to.join(", "),
+                took.as_secs_f64()
+            ),
+        );
+        self.move_slot_freed();
+    }
+
+    /// A move ended: the moves waiting for a slot are looked at again.
+    fn move_slot_freed(&self) {
+        if let Some(m) = self.registry.metrics() {
+            m.moves_in_progress.set(self.moving.lock().len() as i64);
+        }
+        let waiting = std::mem::take(&mut *self.waiting_to_move.lock());
+        for key in waiting {
+            self.queue.add(key, EventClass::Update);
+        }
     }
 }
 
@@ -1247,6 +1629,8 @@ fn with_finalizer(
 /// How long a workload whose shards were just told waits for their reports before its
 /// status is written without them.
 const REPORT_WAIT: Duration = Duration::from_secs(1);
+/// How often a move is looked at again when no report comes.
+const MOVE_CHECK: Duration = Duration::from_secs(5);
 
 /// A workload's shares on lost shards (see [`Propagation::lost_shares`]).
 #[derive(Debug, Default)]

@@ -3,6 +3,7 @@
 
 pub mod controller;
 pub mod dependencies;
+pub mod moves;
 pub mod policy;
 pub mod quota;
 pub mod status;

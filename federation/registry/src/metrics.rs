@@ -2,7 +2,8 @@
 //! spill-overs, map changes, summary age, propagation latency.
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 /// Every federation metric of a process.
@@ -38,6 +39,14 @@ pub struct FederationMetrics {
     /// From a lost shard's lease ending to its share of a workload being released for
     /// placement elsewhere, by failover mode.
     pub failover_wait: HistogramVec,
+    /// Moves of workloads between live shards begun, by why (rebalance, drain, decision).
+    pub moves: IntCounterVec,
+    /// Moves under way.
+    pub moves_in_progress: IntGauge,
+    /// From a move's start to its leaving shares being gone, by failover mode.
+    pub move_duration: HistogramVec,
+    /// Moves held back by `--max-moving`.
+    pub moves_deferred: IntCounter,
 }
 
 impl FederationMetrics {
@@ -65,6 +74,10 @@ impl FederationMetrics {
         registry.register(Box::new(m.shard_reads.clone()))?;
         registry.register(Box::new(m.failovers.clone()))?;
         registry.register(Box::new(m.failover_wait.clone()))?;
+        registry.register(Box::new(m.moves.clone()))?;
+        registry.register(Box::new(m.moves_in_progress.clone()))?;
+        registry.register(Box::new(m.move_duration.clone()))?;
+        registry.register(Box::new(m.moves_deferred.clone()))?;
         Ok(())
     }
 
@@ -160,6 +173,29 @@ impl FederationMetrics {
                 )
                 .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0]),
                 &["mode"],
+            )?,
+            moves: IntCounterVec::new(
+                Opts::new(
+                    "tessera_federation_moves_total",
+                    "Moves of workloads between live shards begun, by why: rebalance (the shard map gave the tenant another home), drain (a NoExecute taint on the shard), decision (a new placement decision).",
+                ),
+                &["reason"],
+            )?,
+            moves_in_progress: IntGauge::new(
+                "tessera_federation_moves_in_progress",
+                "Workloads moving between live shards now (make-before-break or stop-then-start).",
+            )?,
+            move_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_federation_move_duration_seconds",
+                    "From a move's start to its leaving shares being released, by failover mode.",
+                )
+                .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0]),
+                &["mode"],
+            )?,
+            moves_deferred: IntCounter::new(
+                "tessera_federation_moves_deferred_total",
+                "Moves held back because --max-moving were under way.",
             )?,
         })
     }

@@ -73,6 +73,8 @@ pub fn status_of(v: &ShardView, lease_seconds: u64, renewed: i64) -> Value {
             "renewTime": rfc3339(renewed),
         },
         "apiUrl": v.api_url,
+        "workloads": v.held,
+        "movingOut": v.leaving,
         "weight": v.weight,
         "nodeGroups": v.summary.as_ref().map(|s| {
             s.groups
@@ -96,6 +98,57 @@ pub fn status_of(v: &ShardView, lease_seconds: u64, renewed: i64) -> Value {
                 .collect::<Vec<_>>()
         }).filter(|g| !g.is_empty()),
     })
+}
+
+/// The taint on a shard whose lease has lapsed (kept off it while it is lost).
+pub const UNREACHABLE_TAINT: &str = "tessera.io/unreachable";
+
+/// Adds [`UNREACHABLE_TAINT`] (`NoSchedule`) to `shard` when it is not `ready`, removes it
+/// when it is; the admin's own taints stay. Written only onto the version read.
+async fn taint_if_lost(
+    client: &dyn Client,
+    shards: &'static tessera_client::catalog::Resource,
+    shard: &Shard,
+    ready: bool,
+) {
+    let taints = shard
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let tainted = taints.iter().any(|t| t.key == UNREACHABLE_TAINT);
+    if tainted != ready {
+        return;
+    }
+    let mut want: Vec<Value> = taints
+        .iter()
+        .filter(|t| t.key != UNREACHABLE_TAINT)
+        .filter_map(|t| serde_json::to_value(t).ok())
+        .collect();
+    if !ready {
+        want.push(json!({
+            "key": UNREACHABLE_TAINT,
+            "effect": "NoSchedule",
+            "timeAdded": rfc3339(now_secs()),
+        }));
+    }
+    let name = shard.metadata.name.as_deref().unwrap_or_default();
+    let patch = json!({
+        "metadata": {"resourceVersion": shard.metadata.resource_version},
+        "spec": {"taints": want},
+    });
+    match client
+        .patch(shards, None, name, None, PatchType::Merge, &patch)
+        .await
+    {
+        Ok(_) => tracing::info!(
+            shard = name,
+            tainted = !ready,
+            "shard's unreachable taint set"
+        ),
+        // Written again from the next version read.
+        Err(e) => tracing::debug!(shard = name, error = %e.message, "tainting the Shard"),
+    }
 }
 
 /// Keeps Shard objects and the ShardMap in the federation's API in step with `registry`,
@@ -191,6 +244,11 @@ pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
                         tracing::warn!(shard = %v.name, error = %e.message, "labelling the Shard object");
                     }
                 }
+            }
+            // A lost shard is tainted, as Kubernetes taints an unreachable node: no new
+            // work goes there, and `kubectl get shard -o yaml` says why.
+            if let Some(obj) = cache.get(&v.name) {
+                taint_if_lost(client.as_ref(), shards, &obj, v.ready).await;
             }
             // The renew time shown moves every six renew periods while the lease is held by
             // one session (not at every renewal: an idle fleet is not rewritten each second).

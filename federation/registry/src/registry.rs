@@ -117,6 +117,8 @@ pub struct Held {
     /// How it fails over (workloads only): the agent stops an `AtMostOnce` one itself when
     /// its lease lapses.
     pub failover: Option<tessera_placement::FailoverMode>,
+    /// Kept only until the workload's move off this shard finishes (shown on the Shard).
+    pub leaving: bool,
 }
 
 /// What a shard reports of one federated object it runs.
@@ -141,6 +143,8 @@ pub enum RegistryEvent {
     Joined(String),
     /// A shard left, became (not) ready, or reported new capacity.
     Shard(String),
+    /// An admin changed a shard's spec (cordon, taints, weight).
+    Spec(String),
     /// A shard reported the status of a federated object.
     Status(ObjectKey),
 }
@@ -223,6 +227,11 @@ pub struct ShardView {
     pub weight: u64,
     /// Seconds of lease left.
     pub lease_left: Option<Duration>,
+    /// Federated workloads it holds that still run (Tenants, which every shard holds, and
+    /// finished Jobs, which are not moved, not counted).
+    pub held: u64,
+    /// Of those, the ones held only until their move off it finishes.
+    pub leaving: u64,
 }
 
 struct Inner {
@@ -807,6 +816,16 @@ impl Registry {
         self.inner.lock().entries.keys().cloned().collect()
     }
 
+    /// Whether `name` can take work now: ready, with a current summary.
+    pub fn is_usable(&self, name: &str) -> bool {
+        self.inner
+            .lock()
+            .snapshot
+            .shards
+            .get(name)
+            .is_some_and(|s| s.ready && !s.stale && s.summary.is_some())
+    }
+
     /// Whether `name` is known and ready.
     pub fn is_ready(&self, name: &str) -> bool {
         self.inner
@@ -844,6 +863,12 @@ impl Registry {
                     .find(|w| &w.name == name)
                     .map_or(0, |w| w.weight),
                 lease_left: e.lease_until.map(|t| t.saturating_duration_since(now)),
+                held: e
+                    .held
+                    .keys()
+                    .filter(|k| k.resource != "tenants" && !finished(e.statuses.get(*k)))
+                    .count() as u64,
+                leaving: e.held.values().filter(|h| h.leaving).count() as u64,
             })
             .collect()
     }
@@ -863,6 +888,17 @@ impl Registry {
             Ok(map) => inner.snapshot.map = map,
             Err(e) => tracing::error!(error = %e, "renumbering the shard map"),
         }
+    }
+
+    /// The current map's version.
+    pub fn map_version(&self) -> u64 {
+        self.inner.lock().snapshot.map.version()
+    }
+
+    /// Why what `policy` places may no longer run on `shard` (it left, or a `NoExecute`
+    /// taint the policy does not tolerate: a drain), if so.
+    pub fn evicts(&self, shard: &str, policy: &Policy) -> Option<String> {
+        self.inner.lock().snapshot.evicts(shard, policy)
     }
 
     /// The current map's version and its shards' weights.
@@ -896,7 +932,7 @@ impl Registry {
             changed
         };
         if changed {
-            self.emit(RegistryEvent::Shard(name.to_owned()));
+            self.emit(RegistryEvent::Spec(name.to_owned()));
         }
     }
 
@@ -1017,6 +1053,16 @@ impl Registry {
             Err(e) => tracing::error!(error = %e, "the shard map cannot be built"),
         }
     }
+}
+
+/// A Job's copy that has completed or failed: it runs nothing and is never moved.
+fn finished(r: Option<&Reported>) -> bool {
+    r.and_then(|r| r.status["conditions"].as_array())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True"
+            })
+        })
 }
 
 fn apply_message(seq: u64, key: &ObjectKey, h: &Held) -> pb::FederationMessage {
@@ -1228,6 +1274,7 @@ mod tests {
             request: Request::default(),
             dependencies: Vec::new(),
             failover: None,
+            leaving: false,
         }
     }
 
