@@ -200,7 +200,7 @@ pub struct Propagation {
     /// shard ahead of where they run was passed over when they were last looked at.
     rehome: Mutex<BTreeMap<String, BTreeSet<String>>>,
     /// Workloads whose move waits for a free slot.
-    waiting_to_move: Mutex<BTreeSet<String>>,
+    waiting_to_move: Mutex<moves::Waiting>,
     /// The map version each workload was last looked at under (a newer map may move it).
     checked_map: Mutex<std::collections::HashMap<String, u64>>,
     /// The last map version every workload was queued for.
@@ -325,7 +325,7 @@ pub async fn run(o: Options) {
         max_moving: o.max_moving.max(1),
         moving: Mutex::new(BTreeMap::new()),
         rehome: Mutex::new(BTreeMap::new()),
-        waiting_to_move: Mutex::new(BTreeSet::new()),
+        waiting_to_move: Mutex::new(moves::Waiting::default()),
         checked_map: Mutex::new(std::collections::HashMap::new()),
         last_map: std::sync::atomic::AtomicU64::new(o.registry.map_version()),
     });
@@ -1101,12 +1101,14 @@ impl Propagation {
                 self.checked_map
                     .lock()
                     .insert(queue_key.clone(), map_version);
+                // Woken for a slot it turned out not to need: the next in line gets it.
+                self.wake_movers();
                 if evicted.is_some() {
                     // Nowhere to go yet: it stays, and is looked at when a shard changes.
                     self.pending.lock().insert(queue_key.clone());
                 }
             } else if !slot {
-                if self.waiting_to_move.lock().insert(queue_key.clone())
+                if self.waiting_to_move.lock().push(&queue_key)
                     && let Some(m) = self.registry.metrics()
                 {
                     m.moves_deferred.inc();
@@ -1602,13 +1604,22 @@ impl Propagation {
         self.move_slot_freed();
     }
 
-    /// A move ended: the moves waiting for a slot are looked at again.
+    /// A move ended: as many moves waiting for a slot as there are free slots are looked
+    /// at again, in the order they began waiting (not all of them: a drain of many
+    /// workloads costs one wake-up per move, not one per waiting workload).
     fn move_slot_freed(&self) {
         if let Some(m) = self.registry.metrics() {
             m.moves_in_progress.set(self.moving.lock().len() as i64);
         }
-        let waiting = std::mem::take(&mut *self.waiting_to_move.lock());
-        for key in waiting {
+        self.wake_movers();
+    }
+
+    fn wake_movers(&self) {
+        let free = self.max_moving.saturating_sub(self.moving.lock().len());
+        if free == 0 {
+            return;
+        }
+        for key in self.waiting_to_move.lock().pop(free) {
             self.queue.add(key, EventClass::Update);
         }
     }

@@ -126,6 +126,44 @@ pub fn plan(
     }
 }
 
+/// Workloads waiting for a move slot, in the order they began waiting.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    order: std::collections::VecDeque<String>,
+    members: std::collections::HashSet<String>,
+}
+
+impl Waiting {
+    /// Adds `key` at the back; false if it waits already.
+    pub fn push(&mut self, key: &str) -> bool {
+        if !self.members.insert(key.to_owned()) {
+            return false;
+        }
+        self.order.push_back(key.to_owned());
+        true
+    }
+
+    /// Takes `key` out (it moves, or is gone).
+    pub fn remove(&mut self, key: &str) {
+        self.members.remove(key);
+    }
+
+    /// Takes up to `n` from the front.
+    pub fn pop(&mut self, n: usize) -> Vec<String> {
+        let mut out = Vec::with_capacity(n.min(self.members.len()));
+        while out.len() < n {
+            let Some(k) = self.order.pop_front() else {
+                break;
+            };
+            // Keys taken out meanwhile are skipped here (removal is O(1)).
+            if self.members.remove(&k) {
+                out.push(k);
+            }
+        }
+        out
+    }
+}
+
 fn count(status: &Value, field: &str) -> i64 {
     status[field].as_i64().unwrap_or(0)
 }
@@ -267,6 +305,23 @@ mod tests {
         );
         assert_eq!(p.assign, [("a".to_owned(), Copy::Run(2))].into());
         assert!(p.leaving.is_empty());
+    }
+
+    #[test]
+    fn waiting_moves_are_woken_in_order_once_each() {
+        let mut w = Waiting::default();
+        assert!(w.push("a"));
+        assert!(w.push("b"));
+        assert!(!w.push("a"), "waits once");
+        assert!(w.push("c"));
+        w.remove("b");
+        assert_eq!(w.pop(1), ["a"]);
+        assert_eq!(w.pop(5), ["c"], "b left the line");
+        assert!(w.pop(1).is_empty());
+        // Back in line after leaving it: once, at the back.
+        assert!(w.push("b"));
+        assert!(w.push("a"));
+        assert_eq!(w.pop(2), ["b", "a"]);
     }
 
     fn reported(replicas: i64, observed: bool, status: Value) -> Reported {
