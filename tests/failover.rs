@@ -3,7 +3,8 @@
 //! one shard's agent is cut off from the federation with DROP rules on its address (packets
 //! lost, not refused, as in a real partition); then the other shard's agent is stopped with
 //! SIGSTOP while its control plane runs on; then a shard's control plane is killed (-9);
-//! last, the federation itself is killed (-9) and started again.
+//! then the federation itself is killed (-9) and started again; last, the federation is
+//! frozen (SIGSTOP) past the shards' leases and continued.
 
 mod support;
 
@@ -431,6 +432,51 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     );
     fed.ok(&["get", "job", "etl", "-n", "batch"]);
     fed.ok(&["get", "deploy", "web", "-n", "batch"]);
+
+    // Last, the federation frozen (SIGSTOP) past the shards' leases: the shard cannot tell
+    // that from a partition, so it stops its Job itself while its Deployment runs on
+    // untouched; continued, the federation takes the shard back and the Job resumes — once.
+    let fed_pid = fed.pid().to_string();
+    let fed_signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &fed_pid])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill {sig} {fed_pid}");
+    };
+    fed_signal("-STOP");
+    let frozen_at = std::time::Instant::now();
+    let mut web_dipped = false;
+    let fenced = wait_for(Duration::from_secs(30), || {
+        web_dipped |= ready_web(other) < 2;
+        (running_job_pods(other) == 0).then(|| frozen_at.elapsed())
+    });
+    fed_signal("-CONT");
+    let thawed_at = std::time::Instant::now();
+    assert!(
+        fenced.is_some(),
+        "the Job ran on while the federation was frozen: {}",
+        other.ok(&["get", "jobs,deploy,pods", "-n", "batch"])
+    );
+    assert!(
+        !web_dipped,
+        "the Fast Deployment was touched while the federation was frozen"
+    );
+    let resumed = wait_for(Duration::from_secs(60), || {
+        (running_job_pods(other) == 1 && ready_web(other) == 2).then(|| thawed_at.elapsed())
+    });
+    eprintln!(
+        "federation SIGSTOP: Job stopped by the shard {:.1}s after the freeze; running again {:.1}s after SIGCONT",
+        fenced.unwrap_or_default().as_secs_f64(),
+        resumed.unwrap_or_default().as_secs_f64()
+    );
+    assert!(
+        resumed.is_some(),
+        "after the federation was continued: {}\n{}",
+        other.ok(&["get", "jobs,deploy,pods", "-n", "batch"]),
+        fed.ok(&["get", "shards"])
+    );
+    fed.ok(&["get", "job", "etl", "-n", "batch"]);
 
     stop.store(true, Ordering::Release);
     let looks = watcher.join().expect("watcher");
