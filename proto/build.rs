@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "grpc/health/v1/health.proto",
         "tessera/federation/v1/federation.proto",
+        "tessera/offers/v1/offers.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

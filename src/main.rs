@@ -8,6 +8,7 @@ mod debug;
 mod federation;
 mod health;
 mod metrics_server;
+mod offers;
 mod shard;
 mod store_config;
 mod up;
@@ -53,6 +54,9 @@ enum Command {
     Scheduler(components::SchedulerArgs),
     /// Run a node agent (simulated nodes) against an API server.
     Agent(components::AgentArgs),
+    /// Frameworks that run tasks through a shard's offers (`tessera up --offers-addr`).
+    #[command(subcommand)]
+    Framework(offers::FrameworkCommand),
     /// Cordon, uncordon or drain a shard of a federation.
     #[command(subcommand)]
     Shard(shard::ShardCommand),
@@ -115,6 +119,7 @@ fn main() -> anyhow::Result<()> {
             Command::Scheduler(args) => components::scheduler(args).await,
             Command::Agent(args) => components::agent(args).await,
             Command::Shard(cmd) => shard::run(cmd).await,
+            Command::Framework(cmd) => offers::run(cmd).await,
             Command::Token(TokenCommand::Create(args)) => up::token_create(args).await,
             Command::Certs(CertsCommand::Rotate { data_dir }) => {
                 let until = tessera_apiserver::pki::rotate_serving(&data_dir.join("pki"))?;

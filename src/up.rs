@@ -115,6 +115,10 @@ pub struct UpAllArgs {
     /// This shard's name in the federation.
     #[arg(long, default_value = "shard")]
     pub shard_name: String,
+    /// With `--shards 0`: serve resource offers to frameworks (`tessera.offers.v1`, TLS) on
+    /// this address.
+    #[arg(long)]
+    pub offers_addr: Option<SocketAddr>,
     /// Labels of the shards, `region=eu,zone=a` for all, or one set per shard separated by
     /// `;` (`region=eu;region=eu;region=us`).
     #[arg(long, default_value = "")]
@@ -551,8 +555,17 @@ async fn run_single(all: UpAllArgs) -> anyhow::Result<()> {
             crate::federation::parse_labels(&all.shard_labels)?,
         )?);
     }
+    let offers = match all.offers_addr {
+        Some(addr) => Some(crate::offers::serve(&shard, addr, &args.data_dir).await?),
+        None => None,
+    };
     banner(&shard, args, "").await?;
     println!("  grpc:     {grpc} (grpc.health.v1)");
+    if let Some(o) = offers {
+        println!(
+            "  offers:   https://{o} (tessera.offers.v1: frameworks subscribe with an API token)"
+        );
+    }
     let w = &all.workers;
     let on = |b: bool| {
         if b {

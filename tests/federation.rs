@@ -8,7 +8,7 @@ use std::time::Duration;
 
 mod support;
 
-use support::{Cluster, Running, free_addr, join_command, wait_for};
+use support::{Cluster, Running, free_addr, join_command, tenant_token, wait_for};
 
 const SHARDS: [&str; 3] = ["shard-0", "shard-1", "shard-2"];
 
@@ -74,21 +74,6 @@ fn wait_free_cpu(c: &Cluster, name: &str, cores: f64) {
 fn placed_field(c: &Cluster, kind: &str, ns: &str, name: &str, field: &str) -> String {
     let path = format!("jsonpath={{.status.conditions[?(@.type==\"Placed\")].{field}}}");
     c.ok(&["get", kind, name, "-n", ns, "-o", &path])
-}
-
-/// A token of tenant `name` made with `tessera token create` at the federation.
-fn tenant_token(c: &Cluster, name: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["token", "create", "--tenant", name, "--data-dir"])
-        .arg(c.dir.path())
-        .output()
-        .expect("token create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn start() -> (Cluster, String) {

@@ -18,6 +18,15 @@ pub mod federation {
     }
 }
 
+/// Resource offers for frameworks (`tessera.offers.v1`).
+pub mod offers {
+    /// Version 1.
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("tessera.offers.v1");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message;

@@ -71,6 +71,8 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
     /// Where metrics are served.
     pub metrics_addr: String,
+    /// What it printed up to "Press Ctrl-C" (the addresses it serves).
+    pub banner: Vec<String>,
 }
 
 impl Cluster {
@@ -82,9 +84,10 @@ impl Cluster {
     /// Starts `tessera <command>` (`up` or `apiserver`) with extra flags (a store layout).
     pub fn start_with(command: &str, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (child, metrics_addr) = Self::spawn(command, extra, dir.path());
+        let (child, metrics_addr, banner) = Self::spawn(command, extra, dir.path());
         let kubeconfig = dir.path().join("kubeconfig");
         Cluster {
+            banner,
             child,
             command: command.to_owned(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
@@ -97,7 +100,7 @@ impl Cluster {
     /// Starts the process; it and the address its (first) metrics server listens on, read
     /// from its banner. Every port is the kernel's pick: a port chosen here and released
     /// could be handed to another test's process before this one binds it.
-    fn spawn(command: &str, extra: &[&str], dir: &Path) -> (Running, String) {
+    fn spawn(command: &str, extra: &[&str], dir: &Path) -> (Running, String, Vec<String>) {
         let metrics_addr = "127.0.0.1:0";
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
         cmd.args([command, "--metrics-addr", metrics_addr])
@@ -121,8 +124,10 @@ impl Cluster {
         let out = child.0.stdout.take().expect("stdout");
         let mut lines = BufReader::new(out).lines();
         let mut metrics = None;
+        let mut banner = Vec::new();
         assert!(
             lines.by_ref().map_while(Result::ok).any(|l| {
+                banner.push(l.clone());
                 if metrics.is_none() && l.contains("/metrics") {
                     metrics = l
                         .split("http://")
@@ -139,6 +144,7 @@ impl Cluster {
         (
             child,
             metrics.expect("the banner names the metrics address"),
+            banner,
         )
     }
 
@@ -147,7 +153,8 @@ impl Cluster {
     pub fn kill_and_restart(&mut self) {
         self.kill();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        (self.child, self.metrics_addr) = Self::spawn(&self.command, &extra, self.dir.path());
+        (self.child, self.metrics_addr, self.banner) =
+            Self::spawn(&self.command, &extra, self.dir.path());
     }
 
     /// The process id of the `tessera` process.
@@ -269,4 +276,19 @@ pub fn sample(addr: &str, series: &str) -> f64 {
         .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// A token of tenant `name` made with `tessera token create` in `c`'s data directory.
+pub fn tenant_token(c: &Cluster, name: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["token", "create", "--tenant", name, "--data-dir"])
+        .arg(c.dir.path())
+        .output()
+        .expect("token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }

@@ -1,0 +1,184 @@
+//! Dominant Resource Fairness over offers (Ghodsi et al., NSDI 2011, as Mesos' allocator
+//! applies it): each free node is offered whole to the framework whose role has the least
+//! weighted dominant share — its largest fraction of any one resource of the shard, divided
+//! by its weight — and offered resources count as that framework's until they come back.
+//! Pure: the service hands in nodes and frameworks and sends the offers this decides.
+
+use std::collections::HashMap;
+
+/// cpu (milli) and memory (bytes).
+pub type Amounts = [i64; 2];
+
+/// A node with room to offer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FreeNode {
+    /// Its name.
+    pub name: String,
+    /// What is free on it now (allocatable less what its pods, tasks being launched and
+    /// outstanding offers hold).
+    pub free: Amounts,
+}
+
+/// A framework as the allocator sees it.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// Its id.
+    pub id: String,
+    /// The role its share counts under.
+    pub role: String,
+    /// The role's weight (> 0).
+    pub weight: f64,
+    /// What it holds: its tasks' requests and its outstanding offers.
+    pub holds: Amounts,
+    /// Nodes it declined, not to be offered to it again yet.
+    pub refuses: Vec<String>,
+}
+
+/// The dominant share of `holds` out of `total`.
+pub fn dominant_share(holds: &Amounts, total: &Amounts) -> f64 {
+    holds
+        .iter()
+        .zip(total)
+        .filter(|(_, t)| **t > 0)
+        .map(|(h, t)| *h as f64 / *t as f64)
+        .fold(0.0, f64::max)
+}
+
+/// Offers each node in `nodes` (in order) to one framework: the one whose role's weighted
+/// dominant share is least (then its own share, then its id), among those not refusing the
+/// node; each offer counts toward its framework's share for the next. Nodes with less than
+/// `min` of a resource free are not offered. Returns (candidate index, node index) pairs.
+pub fn allocate(
+    nodes: &[FreeNode],
+    candidates: &[Candidate],
+    total: &Amounts,
+    min: &Amounts,
+) -> Vec<(usize, usize)> {
+    let mut holds: Vec<Amounts> = candidates.iter().map(|c| c.holds).collect();
+    let mut out = Vec::new();
+    for (ni, node) in nodes.iter().enumerate() {
+        if node.free.iter().zip(min).any(|(f, m)| f < m) {
+            continue;
+        }
+        // Each role's holdings, as of the offers made so far.
+        let mut by_role: HashMap<&str, Amounts> = HashMap::new();
+        for (c, h) in candidates.iter().zip(&holds) {
+            let r = by_role.entry(c.role.as_str()).or_default();
+            r[0] += h[0];
+            r[1] += h[1];
+        }
+        let key = |i: usize| {
+            let c = &candidates[i];
+            let role = dominant_share(&by_role[c.role.as_str()], total) / c.weight.max(1e-9);
+            (role, dominant_share(&holds[i], total))
+        };
+        let best = (0..candidates.len())
+            .filter(|i| !candidates[*i].refuses.iter().any(|n| n == &node.name))
+            .min_by(|a, b| {
+                key(*a)
+                    .partial_cmp(&key(*b))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then_with(|| candidates[*a].id.cmp(&candidates[*b].id))
+            });
+        if let Some(i) = best {
+            holds[i][0] += node.free[0];
+            holds[i][1] += node.free[1];
+            out.push((i, ni));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GI: i64 = 1 << 30;
+
+    fn node(name: &str, cpu: i64, mem: i64) -> FreeNode {
+        FreeNode {
+            name: name.into(),
+            free: [cpu, mem],
+        }
+    }
+
+    fn fw(id: &str, role: &str, weight: f64, holds: Amounts) -> Candidate {
+        Candidate {
+            id: id.into(),
+            role: role.into(),
+            weight,
+            holds,
+            refuses: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_dominant_share_is_the_largest_fraction() {
+        let total = [10_000, 100 * GI];
+        assert_eq!(dominant_share(&[1_000, 50 * GI], &total), 0.5);
+        assert_eq!(dominant_share(&[5_000, GI], &total), 0.5);
+        assert_eq!(dominant_share(&[0, 0], &total), 0.0);
+        assert_eq!(dominant_share(&[5, 5], &[0, 0]), 0.0, "nothing to share");
+    }
+
+    #[test]
+    fn the_least_served_framework_gets_each_node_in_turn() {
+        let total = [8_000, 32 * GI];
+        let nodes = [
+            node("a", 2_000, 8 * GI),
+            node("b", 2_000, 8 * GI),
+            node("c", 2_000, 8 * GI),
+        ];
+        let fws = [fw("x", "r1", 1.0, [0, 0]), fw("y", "r2", 1.0, [2_000, 0])];
+        // x holds nothing: it gets a. Then both hold a quarter: the tie goes to x by id,
+        // and x, now at a half, leaves c to y.
+        let got = allocate(&nodes, &fws, &total, &[100, 0]);
+        assert_eq!(got, [(0, 0), (0, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn weights_scale_the_share_a_role_may_reach() {
+        let total = [40_000, 160 * GI];
+        let nodes: Vec<FreeNode> = (0..40)
+            .map(|i| node(&format!("n{i}"), 1_000, 4 * GI))
+            .collect();
+        let fws = [
+            fw("light", "r1", 1.0, [0, 0]),
+            fw("heavy", "r3", 3.0, [0, 0]),
+        ];
+        let got = allocate(&nodes, &fws, &total, &[0, 0]);
+        let heavy = got.iter().filter(|(c, _)| *c == 1).count();
+        assert_eq!(heavy, 30, "three quarters to the weight-3 role");
+    }
+
+    #[test]
+    fn frameworks_of_one_role_share_its_share() {
+        let total = [4_000, 16 * GI];
+        let nodes: Vec<FreeNode> = (0..4)
+            .map(|i| node(&format!("n{i}"), 1_000, 4 * GI))
+            .collect();
+        // Two frameworks in role r, one in role s: r's two get half between them.
+        let fws = [
+            fw("a", "r", 1.0, [0, 0]),
+            fw("b", "r", 1.0, [0, 0]),
+            fw("c", "s", 1.0, [0, 0]),
+        ];
+        let got = allocate(&nodes, &fws, &total, &[0, 0]);
+        let to_c = got.iter().filter(|(c, _)| *c == 2).count();
+        assert_eq!(to_c, 2, "{got:?}");
+    }
+
+    #[test]
+    fn a_refused_node_goes_to_the_next_and_small_nodes_to_nobody() {
+        let total = [4_000, 16 * GI];
+        let nodes = [node("a", 2_000, 8 * GI), node("tiny", 50, GI)];
+        let mut x = fw("x", "r", 1.0, [0, 0]);
+        x.refuses = vec!["a".into()];
+        let fws = [x, fw("y", "r2", 1.0, [3_000, 0])];
+        assert_eq!(allocate(&nodes, &fws, &total, &[100, 0]), [(1, 0)]);
+        // Refused by everyone: not offered.
+        let mut y = fws[1].clone();
+        y.refuses = vec!["a".into()];
+        assert!(allocate(&nodes, &[fws[0].clone(), y], &total, &[100, 0]).is_empty());
+    }
+}
