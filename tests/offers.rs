@@ -474,3 +474,33 @@ fn offers_are_rescinded_over_asks_refused_and_a_lost_framework_s_tasks_killed() 
         "the task was not killed after the failover timeout"
     );
 }
+
+#[test]
+fn the_offers_benchmark_reports_every_figure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "bench",
+            "offers",
+            "--weights",
+            "1,3",
+            "--nodes",
+            "8",
+            "--waves",
+            "3",
+            "--json",
+        ])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("bench offers");
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().expect("a line");
+    let r: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    // 32 cpu: a quarter and three quarters of it, three times over.
+    assert_eq!(r["tasks"], 8 * 3 + 24 * 3);
+    assert_eq!(r["frameworks"], 2);
+    assert!(r["offers"].as_u64().expect("offers") >= r["accepted"].as_u64().expect("accepted"));
+    assert!(r["accept_to_bound_p99_ms"].as_f64().expect("p99") > 0.0);
+    assert!(r["saturated_samples"].as_u64().expect("samples") > 0, "{r}");
+    assert!(r["drf_error"].as_f64().expect("error") <= 0.05, "{r}");
+}

@@ -4,6 +4,7 @@ mod api;
 mod federation;
 mod fill;
 mod latency;
+mod offers;
 mod queue;
 mod reopen;
 mod scheduler;
@@ -46,6 +47,8 @@ pub enum BenchCommand {
     /// A federation of whole shards: routing, utilization against one global pool, and the
     /// same work on one shard and through the federation.
     Federation(federation::FederationBenchArgs),
+    /// Offers for frameworks: offers/s, accept to bound latency, DRF share error.
+    Offers(offers::OffersBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -57,6 +60,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Shard(args) => shard::run(args).await,
         BenchCommand::Federation(args) => federation::run(args).await,
+        BenchCommand::Offers(args) => offers::run(args).await,
         BenchCommand::Queue(args) => queue::run(args).await,
         BenchCommand::Scheduler(args) => scheduler::run(args).await,
     }
