@@ -395,6 +395,19 @@ pub struct Fleet {
     pub shards: Vec<(String, Shard)>,
     /// Their controllers, schedulers, nodes and agents (aborted when the fleet is dropped).
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Which of `tasks` are each shard's (by the shards' order).
+    pub shard_tasks: Vec<std::ops::Range<usize>>,
+}
+
+impl Fleet {
+    /// Stops shard `i` as a crash would, as far as a process can within itself: its
+    /// federation agent, scheduler, controllers and nodes stop at once (its API server
+    /// answers on, with nobody acting; nothing is shut down in order).
+    pub fn kill_shard(&self, i: usize) {
+        for t in &self.tasks[self.shard_tasks[i].clone()] {
+            t.abort();
+        }
+    }
 }
 
 impl Drop for Fleet {
@@ -432,7 +445,9 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
     )];
     let mut shards = Vec::new();
     let mut tasks = Vec::new();
+    let mut shard_tasks = Vec::new();
     for (i, shard_labels) in labels.iter().enumerate() {
+        let first_task = tasks.len();
         let name = format!("shard-{i}");
         bar.set_message(name.clone());
         let data_dir = args.data_dir.join("shards").join(&name);
@@ -469,6 +484,7 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
                 .to_owned(),
         ));
         shards.push((name, shard));
+        shard_tasks.push(first_task..tasks.len());
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -478,6 +494,7 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
         federation: fed,
         shards,
         tasks,
+        shard_tasks,
     })
 }
 

@@ -976,6 +976,43 @@ fn a_workload_takes_what_it_references_along_to_its_shards() {
 
 /// `tessera bench federation` runs end to end on a tiny fleet and reports every figure.
 #[test]
+fn the_federation_benchmark_kills_a_shard_and_loses_nothing() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "bench",
+            "federation",
+            "--fail-shard",
+            "--shards=3",
+            "--nodes-per-shard=10",
+            "--pods=120",
+            "--tenants=24",
+            "--shard-lease-seconds=3",
+            "--timeout=120",
+            "--json",
+        ])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("tessera bench federation --fail-shard");
+    // It fails itself if a pod is lost or doubled.
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let r: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+    assert_eq!(r["pods_lost"], 0, "{r}");
+    assert_eq!(r["pods_duplicated"], 0, "{r}");
+    assert!(
+        r["pods_on_killed_shard"].as_u64().expect("count") > 0,
+        "{r}"
+    );
+    assert!(r["replaced_secs"].as_f64().is_some(), "{r}");
+    assert!(r["killed"].as_str().expect("a name").starts_with("shard-"));
+}
+
+#[test]
 fn the_federation_benchmark_reports_every_figure() {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args([

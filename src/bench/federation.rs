@@ -79,6 +79,15 @@ pub struct FederationBenchArgs {
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
+    /// Instead of the runs above: kill the shard running the most pods once half the pods
+    /// run, and report how long until every Deployment runs whole on the other shards, and
+    /// how many pods were lost or doubled there (both must be 0).
+    #[arg(long)]
+    pub fail_shard: bool,
+    /// The shards' lease (what `tessera up --shard-lease-seconds` sets): a killed shard's
+    /// work moves once it ends.
+    #[arg(long, default_value_t = 15)]
+    pub shard_lease_seconds: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -149,9 +158,11 @@ fn up_args(
     nodes: usize,
     status_batch_ms: u64,
     lease_per_node: bool,
+    shard_lease_seconds: u64,
 ) -> anyhow::Result<UpAllArgs> {
     let mut args = vec![
         "up".to_owned(),
+        format!("--shard-lease-seconds={shard_lease_seconds}"),
         format!("--data-dir={}", dir.display()),
         "--api-addr=127.0.0.1:0".into(),
         "--metrics-addr=127.0.0.1:0".into(),
@@ -406,6 +417,7 @@ async fn single(args: &FederationBenchArgs) -> anyhow::Result<Single> {
         args.shards * args.nodes_per_shard,
         args.status_batch_period_ms,
         args.lease_per_node,
+        args.shard_lease_seconds,
     )?;
     let shard = crate::up::start(&all.base).await?;
     let tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
@@ -529,19 +541,8 @@ async fn propagation(
     Ok(lat)
 }
 
-/// The federation and its shards.
-/// Returns the fleet's directory, to outlive its servers' use of it.
-async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
-    let dir = tempfile::tempdir()?;
-    let all = up_args(
-        dir.path(),
-        args.shards,
-        args.nodes_per_shard,
-        args.status_batch_period_ms,
-        args.lease_per_node,
-    )?;
-    let fleet = crate::up::start_federated(&all).await?;
-    let fed = fleet.federation.api.component_client("bench");
+/// Waits until every shard is connected, Ready and summarized with all its nodes.
+async fn wait_ready(fed: &Arc<dyn Client>, args: &FederationBenchArgs) -> anyhow::Result<()> {
     // Every shard connected and summarized before work arrives.
     let shards_res = find_resource("tessera.io", "v1alpha1", "shards")
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
@@ -577,6 +578,24 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
+}
+
+/// The federation and its shards.
+/// Returns the fleet's directory, to outlive its servers' use of it.
+async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    let all = up_args(
+        dir.path(),
+        args.shards,
+        args.nodes_per_shard,
+        args.status_batch_period_ms,
+        args.lease_per_node,
+        args.shard_lease_seconds,
+    )?;
+    let fleet = crate::up::start_federated(&all).await?;
+    let fed = fleet.federation.api.component_client("bench");
+    wait_ready(&fed, args).await?;
     let mut counters = Vec::new();
     let mut tasks = Vec::new();
     let shard_clients: Vec<Arc<dyn Client>> = fleet.shards.iter().map(|(_, s)| admin(s)).collect();
@@ -622,12 +641,188 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
     Ok(dir)
 }
 
+/// What `--fail-shard` reports.
+#[derive(Serialize, Default)]
+struct Failure {
+    shards: usize,
+    nodes: usize,
+    pods: usize,
+    tenants: usize,
+    shard_lease_seconds: u64,
+    /// The shard killed, and the pods it ran then.
+    killed: String,
+    pods_on_killed_shard: usize,
+    /// Pods Running in all when it was killed.
+    pods_running_at_kill: usize,
+    /// From the kill to every Deployment running whole on the other shards.
+    replaced_secs: Option<f64>,
+    /// Pods missing, and pods beyond a Deployment's replicas, on the other shards at the end.
+    pods_lost: usize,
+    pods_duplicated: usize,
+}
+
+/// Pods Running (not being deleted) per namespace in `shard`, off its shared informer.
+fn running_by_namespace(shard: &Shard) -> anyhow::Result<HashMap<String, usize>> {
+    let pods = find_resource("", "v1", "pods").map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let mut out: HashMap<String, usize> = HashMap::new();
+    for p in shard.informers.get::<Pod>(pods).cache().list() {
+        if p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        {
+            *out.entry(p.metadata.namespace.clone().unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// `--fail-shard`: the federated run, with the shard running the most pods killed once
+/// half the pods run.
+async fn fail_shard(args: &FederationBenchArgs) -> anyhow::Result<Failure> {
+    anyhow::ensure!(args.shards >= 2, "--fail-shard needs at least 2 shards");
+    let dir = tempfile::tempdir()?;
+    let all = up_args(
+        dir.path(),
+        args.shards,
+        args.nodes_per_shard,
+        args.status_batch_period_ms,
+        args.lease_per_node,
+        args.shard_lease_seconds,
+    )?;
+    let fleet = crate::up::start_federated(&all).await?;
+    let fed = fleet.federation.api.component_client("bench");
+    wait_ready(&fed, args).await?;
+    let mut f = Failure {
+        shards: args.shards,
+        nodes: args.shards * args.nodes_per_shard,
+        pods: args.pods,
+        tenants: args.tenants,
+        shard_lease_seconds: args.shard_lease_seconds,
+        ..Failure::default()
+    };
+    create_work(&fed, args.tenants, args.pods).await?;
+    let want = |ns: &str| -> usize {
+        let i: usize = ns
+            .strip_prefix("t-")
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        args.pods / args.tenants + usize::from(i < args.pods % args.tenants)
+    };
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let bar = super::progress_bar(
+        args.pods as u64,
+        "pods running (half, then the kill)".into(),
+    );
+    let (victim, at_kill) = loop {
+        let counts: Vec<usize> = fleet
+            .shards
+            .iter()
+            .map(|(_, s)| running_by_namespace(s).map(|m| m.values().sum()))
+            .collect::<anyhow::Result<_>>()?;
+        let total: usize = counts.iter().sum();
+        bar.set_position(total as u64);
+        if total * 2 >= args.pods {
+            let victim = (0..counts.len()).max_by_key(|i| counts[*i]).unwrap_or(0);
+            break (victim, (counts[victim], total));
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {total} pods Running before the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    fleet.kill_shard(victim);
+    let killed_at = Instant::now();
+    f.killed = fleet.shards[victim].0.clone();
+    (f.pods_on_killed_shard, f.pods_running_at_kill) = at_kill;
+    bar.set_message(format!("pods running without {}", f.killed));
+    let tenants: Vec<String> = (0..args.tenants).map(|i| format!("t-{i}")).collect();
+    loop {
+        let mut by_ns: HashMap<String, usize> = HashMap::new();
+        for (i, (_, s)) in fleet.shards.iter().enumerate() {
+            if i == victim {
+                continue;
+            }
+            for (ns, n) in running_by_namespace(s)? {
+                *by_ns.entry(ns).or_default() += n;
+            }
+        }
+        let have = |ns: &str| by_ns.get(ns).copied().unwrap_or(0);
+        f.pods_lost = tenants
+            .iter()
+            .map(|t| want(t).saturating_sub(have(t)))
+            .sum();
+        f.pods_duplicated = tenants
+            .iter()
+            .map(|t| have(t).saturating_sub(want(t)))
+            .sum();
+        bar.set_position((args.pods - f.pods_lost) as u64);
+        if f.pods_lost == 0 {
+            f.replaced_secs = Some(killed_at.elapsed().as_secs_f64());
+            // Looked at once more, a moment later: nothing doubled after the fact.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let mut later: HashMap<String, usize> = HashMap::new();
+            for (i, (_, s)) in fleet.shards.iter().enumerate() {
+                if i != victim {
+                    for (ns, n) in running_by_namespace(s)? {
+                        *later.entry(ns).or_default() += n;
+                    }
+                }
+            }
+            f.pods_duplicated = tenants
+                .iter()
+                .map(|t| later.get(t).copied().unwrap_or(0).saturating_sub(want(t)))
+                .sum();
+            break;
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bar.finish_and_clear();
+    drop(fleet);
+    drop(dir);
+    Ok(f)
+}
+
 /// Runs the benchmark.
 pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.shards > 0, "--shards must be at least 1");
     anyhow::ensure!(args.tenants > 0, "--tenants must be at least 1");
     if args.single_only {
         println!("{}", serde_json::to_string(&single(&args).await?)?);
+        return Ok(());
+    }
+    if args.fail_shard {
+        let f = fail_shard(&args).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&f)?);
+        } else {
+            println!(
+                "federation bench, a shard killed: {} shards × {} nodes, {} pods from {} tenants, lease {} s",
+                f.shards, args.nodes_per_shard, f.pods, f.tenants, f.shard_lease_seconds
+            );
+            println!(
+                "  killed {} at {} pods running ({} of them there)",
+                f.killed, f.pods_running_at_kill, f.pods_on_killed_shard
+            );
+            println!(
+                "  every Deployment whole on the others after {}",
+                f.replaced_secs
+                    .map_or("- (timed out)".to_owned(), |s| format!("{s:.1} s"))
+            );
+            println!(
+                "  pods lost / duplicated          {} / {}",
+                f.pods_lost, f.pods_duplicated
+            );
+        }
+        anyhow::ensure!(
+            f.pods_lost == 0 && f.pods_duplicated == 0,
+            "{} pods lost and {} duplicated after the shard was killed",
+            f.pods_lost,
+            f.pods_duplicated
+        );
         return Ok(());
     }
     let nodes = args.shards * args.nodes_per_shard;

@@ -543,6 +543,8 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     let mut assigned: std::collections::BTreeSet<(String, String, String)> = Default::default();
     report_all(state);
     let renew = Duration::from_secs(u64::from(reg.renew_seconds.max(1)));
+    // Stopped with this stream — also when the agent itself is cancelled (an in-process
+    // shard killed): a renewer left behind would hold a dead shard's lease.
     let renewer = {
         let tx = tx.clone();
         let state = state.clone();
@@ -586,6 +588,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     let summarizer = tokio::spawn(summaries(state.clone(), seen.clone()));
     let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let retrier = tokio::spawn(retries(state.clone(), synced.clone()));
+    let _stream_tasks = Tasks(vec![renewer, summarizer, retrier]);
     // Reads the federation makes here; they stop with the stream.
     let calls = crate::reads::Calls::default();
     let result = loop {
@@ -637,9 +640,6 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
         }
     };
     drop(calls);
-    renewer.abort();
-    summarizer.abort();
-    retrier.abort();
     result
 }
 
