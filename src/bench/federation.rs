@@ -581,9 +581,12 @@ async fn wait_ready(fed: &Arc<dyn Client>, args: &FederationBenchArgs) -> anyhow
     Ok(())
 }
 
-/// The federation and its shards.
-/// Returns the fleet's directory, to outlive its servers' use of it.
-async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
+/// The federation and `args.shards` shards in this process, every shard Ready with its
+/// nodes; the fleet's directory (to outlive its servers' use of it) and a client of the
+/// federation.
+async fn start_fleet(
+    args: &FederationBenchArgs,
+) -> anyhow::Result<(tempfile::TempDir, crate::up::Fleet, Arc<dyn Client>)> {
     let dir = tempfile::tempdir()?;
     let all = up_args(
         dir.path(),
@@ -596,6 +599,13 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
     let fleet = crate::up::start_federated(&all).await?;
     let fed = fleet.federation.api.component_client("bench");
     wait_ready(&fed, args).await?;
+    Ok((dir, fleet, fed))
+}
+
+/// The federation and its shards.
+/// Returns the fleet's directory, to outlive its servers' use of it.
+async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<tempfile::TempDir> {
+    let (dir, fleet, fed) = start_fleet(args).await?;
     let mut counters = Vec::new();
     let mut tasks = Vec::new();
     let shard_clients: Vec<Arc<dyn Client>> = fleet.shards.iter().map(|(_, s)| admin(s)).collect();
@@ -680,18 +690,7 @@ fn running_by_namespace(shard: &Shard) -> anyhow::Result<HashMap<String, usize>>
 /// half the pods run.
 async fn fail_shard(args: &FederationBenchArgs) -> anyhow::Result<Failure> {
     anyhow::ensure!(args.shards >= 2, "--fail-shard needs at least 2 shards");
-    let dir = tempfile::tempdir()?;
-    let all = up_args(
-        dir.path(),
-        args.shards,
-        args.nodes_per_shard,
-        args.status_batch_period_ms,
-        args.lease_per_node,
-        args.shard_lease_seconds,
-    )?;
-    let fleet = crate::up::start_federated(&all).await?;
-    let fed = fleet.federation.api.component_client("bench");
-    wait_ready(&fed, args).await?;
+    let (dir, fleet, fed) = start_fleet(args).await?;
     let mut f = Failure {
         shards: args.shards,
         nodes: args.shards * args.nodes_per_shard,
