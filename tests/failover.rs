@@ -8,9 +8,12 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use support::{Cluster, Running, free_addr, join_command, sample, wait_for};
@@ -190,38 +193,64 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     let (cut_name, cut_addr) = shards[home];
 
     // Watch the invariant for the whole run: the Job's pod never Running in both shards.
+    // A kubectl watch per shard (started again if its stream ends: a watch's first events
+    // list what is there); each event updates that shard's pods, and every event is a look.
     let stop = Arc::new(AtomicBool::new(false));
     let twice = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (stop, twice) = (stop.clone(), twice.clone());
-        let kubeconfigs = [cut.kubeconfig.clone(), other.kubeconfig.clone()];
-        std::thread::spawn(move || {
-            let mut looks = 0u64;
-            while !stop.load(Ordering::Acquire) {
-                let running: Vec<usize> = kubeconfigs
-                    .iter()
-                    .map(|k| {
-                        let out = Command::new("kubectl")
-                            .arg("--kubeconfig")
-                            .arg(k)
-                            .args(["get", "pods", "-n", "batch", "-l", "job-name=etl"])
-                            .args(["--no-headers"])
-                            .output()
-                            .expect("kubectl");
-                        String::from_utf8_lossy(&out.stdout)
-                            .lines()
-                            .filter(|l| l.contains(" Running "))
-                            .count()
-                    })
-                    .collect();
-                if running.iter().all(|n| *n > 0) {
-                    twice.store(true, Ordering::Release);
+    let pods_by_shard: Arc<Mutex<[BTreeMap<String, String>; 2]>> = Arc::default();
+    let looks = Arc::new(AtomicUsize::new(0));
+    let watchers: Vec<_> = [cut.kubeconfig.clone(), other.kubeconfig.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(i, kubeconfig)| {
+            let (stop, twice) = (stop.clone(), twice.clone());
+            let (pods_by_shard, looks) = (pods_by_shard.clone(), looks.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let child = Command::new("kubectl")
+                        .arg("--kubeconfig")
+                        .arg(&kubeconfig)
+                        .args(["get", "pods", "-n", "batch", "-l", "job-name=etl"])
+                        .args(["--watch", "--output-watch-events", "-o"])
+                        .arg("jsonpath={.type} {.object.metadata.name} {.object.status.phase}{\"\\n\"}")
+                        .stdout(std::process::Stdio::piped())
+                        .stderr(std::process::Stdio::null())
+                        .spawn();
+                    let Ok(mut child) = child else { break };
+                    // A new stream lists the shard's pods afresh; a dead shard runs nothing.
+                    pods_by_shard.lock()[i].clear();
+                    let out = child.stdout.take().expect("stdout");
+                    for line in std::io::BufRead::lines(std::io::BufReader::new(out))
+                        .map_while(Result::ok)
+                    {
+                        let mut f = line.split_whitespace();
+                        let (Some(kind), Some(name)) = (f.next(), f.next()) else {
+                            continue;
+                        };
+                        let phase = f.next().unwrap_or_default().to_owned();
+                        let mut all = pods_by_shard.lock();
+                        if kind == "DELETED" {
+                            all[i].remove(name);
+                        } else {
+                            all[i].insert(name.to_owned(), phase);
+                        }
+                        let running = |m: &BTreeMap<String, String>| m.values().any(|p| p == "Running");
+                        if running(&all[0]) && running(&all[1]) {
+                            twice.store(true, Ordering::Release);
+                        }
+                        looks.fetch_add(1, Ordering::Relaxed);
+                        if stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                    }
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    pods_by_shard.lock()[i].clear();
+                    std::thread::sleep(Duration::from_millis(200));
                 }
-                looks += 1;
-            }
-            looks
+            })
         })
-    };
+        .collect();
 
     // Cut the home shard's agent off from the federation.
     partition("-A", cut_addr, &port);
@@ -479,8 +508,13 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     fed.ok(&["get", "job", "etl", "-n", "batch"]);
 
     stop.store(true, Ordering::Release);
-    let looks = watcher.join().expect("watcher");
-    assert!(looks > 10, "the invariant was looked at {looks} times");
+    // The watches end with their kubectl (killed by the clusters' drop if still open).
+    let looks = looks.load(Ordering::Relaxed);
+    drop(watchers);
+    assert!(
+        looks >= 6,
+        "the watches saw {looks} pod events: every move is several"
+    );
     assert!(
         !twice.load(Ordering::Acquire),
         "the Job's pod was Running in both shards at once"
