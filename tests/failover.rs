@@ -336,14 +336,8 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     // Now the agent of the shard that runs them is stopped (SIGSTOP), its control plane
     // running on: it cannot stop anything, so the shard's own fence must, when the Lease the
     // agent renewed there ends; then the federation moves them back.
-    let agent_pid = agents[1 - home].0.0.id().to_string();
-    let signal = |sig: &str| {
-        let ok = Command::new("kill")
-            .args([sig, &agent_pid])
-            .status()
-            .expect("kill");
-        assert!(ok.success(), "kill {sig} {agent_pid}");
-    };
+    let agent_pid = agents[1 - home].0.0.id();
+    let signal = |sig: &str| support::signal(agent_pid, sig);
     signal("-STOP");
     let stopped_at = std::time::Instant::now();
     let fenced = wait_for(Duration::from_secs(30), || {
@@ -395,11 +389,7 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     // Last, the shard that runs them dies (kill -9 of its control plane, its agent left
     // running): the agent stops renewing a lease for a shard whose API does not answer, so
     // the federation moves them once more.
-    let killed = Command::new("kill")
-        .args(["-KILL", &cut.pid().to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    support::signal(cut.pid(), "-KILL");
     let dead_at = std::time::Instant::now();
     let moved_again = fails_over(
         "kill -9 of a shard",
@@ -465,14 +455,8 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     // Last, the federation frozen (SIGSTOP) past the shards' leases: the shard cannot tell
     // that from a partition, so it stops its Job itself while its Deployment runs on
     // untouched; continued, the federation takes the shard back and the Job resumes — once.
-    let fed_pid = fed.pid().to_string();
-    let fed_signal = |sig: &str| {
-        let ok = Command::new("kill")
-            .args([sig, &fed_pid])
-            .status()
-            .expect("kill");
-        assert!(ok.success(), "kill {sig} {fed_pid}");
-    };
+    let fed_pid = fed.pid();
+    let fed_signal = |sig: &str| support::signal(fed_pid, sig);
     fed_signal("-STOP");
     let frozen_at = std::time::Instant::now();
     let mut web_dipped = false;

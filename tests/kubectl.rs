@@ -760,22 +760,7 @@ fn tenants_see_only_their_own_namespaces() {
     let c = Cluster::start();
     let setup = c.file("tenants.yaml", "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata:\n  name: acme\nspec:\n  namespaces: [acme-dev]\n---\napiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata:\n  name: zeta\nspec:\n  namespaces: [zeta-dev]\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: acme-dev\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: zeta-dev\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: secret-plans\n  namespace: zeta-dev\ndata: {x: \"1\"}\n");
     c.ok(&["create", "-f", &setup]);
-    let token = |tenant: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["token", "create", "--tenant", tenant, "--data-dir"])
-            .arg(c.dir.path())
-            .output()
-            .expect("tessera token create");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .expect("utf8")
-            .trim()
-            .to_owned()
-    };
+    let token = |tenant: &str| support::tenant_token(&c, tenant);
     let acme = format!("--token={}", token("acme"));
     let acme_ok = |args: &[&str]| {
         let mut all = vec![acme.as_str()];

@@ -292,3 +292,12 @@ pub fn tenant_token(c: &Cluster, name: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// Sends signal `sig` (`-STOP`, `-CONT`, …) to process `pid`, which must take it.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success(), "kill {sig} {pid}");
+}

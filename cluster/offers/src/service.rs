@@ -507,7 +507,9 @@ impl Shared {
             add(launching.entry(node.as_str()).or_default(), r, 1);
         }
         let mut free = Vec::new();
-        for n in node_list {
+        // Each free node's place in `node_list` (for its labels, when offered).
+        let mut free_at = Vec::new();
+        for (at, n) in node_list.iter().enumerate() {
             let (Some(name), Some(alloc)) = (n.metadata.name.as_deref(), offerable(n)) else {
                 continue;
             };
@@ -526,6 +528,7 @@ impl Shared {
                 name: name.to_owned(),
                 free: f,
             });
+            free_at.push(at);
         }
         // Candidates: connected frameworks with what they hold.
         let mut ids: Vec<String> = st
@@ -587,10 +590,10 @@ impl Shared {
                     expires: now + self.config.offer_timeout,
                 },
             );
-            let labels = node_list
-                .iter()
-                .find(|n| n.metadata.name.as_deref() == Some(&node.name))
-                .and_then(|n| n.metadata.labels.clone())
+            let labels = node_list[free_at[ni]]
+                .metadata
+                .labels
+                .clone()
                 .unwrap_or_default();
             batches.entry(ci).or_default().push(pb::Offer {
                 id,

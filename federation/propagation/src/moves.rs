@@ -200,8 +200,8 @@ pub fn is_stopped(kind: WorkloadKind, r: &Reported, n: u64) -> bool {
     }
     match kind {
         WorkloadKind::Job => {
-            condition_true(&r.status, "Complete")
-                || condition_true(&r.status, "Failed")
+            // Finished (complete or failed), or suspended with nothing left running.
+            kind.needs_no_room(&r.status)
                 || (r.replicas == 0
                     && condition_true(&r.status, "Suspended")
                     && count(&r.status, "active") == 0

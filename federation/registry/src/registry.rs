@@ -866,7 +866,7 @@ impl Registry {
                 held: e
                     .held
                     .keys()
-                    .filter(|k| k.resource != "tenants" && !finished(e.statuses.get(*k)))
+                    .filter(|k| k.resource != "tenants" && !finished(k, e.statuses.get(*k)))
                     .count() as u64,
                 leaving: e.held.values().filter(|h| h.leaving).count() as u64,
             })
@@ -1056,13 +1056,10 @@ impl Registry {
 }
 
 /// A Job's copy that has completed or failed: it runs nothing and is never moved.
-fn finished(r: Option<&Reported>) -> bool {
-    r.and_then(|r| r.status["conditions"].as_array())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True"
-            })
-        })
+fn finished(key: &ObjectKey, r: Option<&Reported>) -> bool {
+    use tessera_client::workloads::WorkloadKind;
+    WorkloadKind::from_plural(&key.resource) == Some(WorkloadKind::Job)
+        && r.is_some_and(|r| WorkloadKind::Job.needs_no_room(&r.status))
 }
 
 fn apply_message(seq: u64, key: &ObjectKey, h: &Held) -> pb::FederationMessage {
