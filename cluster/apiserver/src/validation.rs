@@ -207,6 +207,15 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
         }
         ("tessera.io", "Placement") => placement(spec, &mut e),
         ("tessera.io", "PodGroup") => {
+            if !spec["scope"].is_null()
+                && !matches!(spec["scope"].as_str(), Some("Shard" | "Federation"))
+            {
+                e.invalid(
+                    "spec.scope",
+                    &spec["scope"],
+                    "must be Shard (the gang fits in one shard) or Federation (it may be divided over shards)",
+                );
+            }
             if spec.is_null() {
                 e.required("spec");
             } else if spec["minMember"].as_i64().unwrap_or(0) < 1 {

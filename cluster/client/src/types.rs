@@ -108,9 +108,15 @@ pub struct PodGroup {
 pub struct PodGroupSpec {
     /// Fewest pods of the group that must be placeable together before any is bound.
     pub min_member: i32,
-    /// How long the scheduler holds a partly placed gang before releasing it.
+    /// How long the scheduler holds a partly placed gang before releasing it. For a gang
+    /// of `Federation` scope, also how long its parts' reservations live before commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule_timeout_seconds: Option<i32>,
+    /// Where the gang must fit: `Shard` (the default: in one shard) or `Federation` (at the
+    /// federation only: divided over shards when no single shard can hold it, and committed
+    /// in all of them or none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// Observed state of a gang.
@@ -127,7 +133,22 @@ pub struct PodGroupStatus {
     /// Pods of the group running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<i32>,
+    /// Members placed and held by the scheduler for a commit that has not come yet (a part
+    /// of a federation-scope gang in its reserve phase); 0 once let go or bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<i32>,
+    /// The `tessera.io/gang-attempt` the reservation was made for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_for: Option<i64>,
 }
+
+/// The gang scope that divides a PodGroup over shards (see [`PodGroupSpec::scope`]).
+pub const GANG_SCOPE_FEDERATION: &str = "Federation";
+/// On a shard's part of a federation-scope gang: `Reserve` (place and hold the members, bind
+/// none) or `Commit` (bind them). Written by the federation.
+pub const GANG_PHASE_ANNOTATION: &str = "tessera.io/gang-phase";
+/// The attempt a part belongs to: a reservation counts only for the attempt it was made for.
+pub const GANG_ATTEMPT_ANNOTATION: &str = "tessera.io/gang-attempt";
 
 /// The label that makes a pod a member of the PodGroup it names (the coscheduling
 /// convention of Kubernetes' scheduler-plugins).

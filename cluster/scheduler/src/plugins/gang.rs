@@ -20,6 +20,12 @@
 //!   one deadline; at it they are all rejected and their reservations released.
 //! - PostFilter and Unreserve: when a member cannot be placed or leaves, the waiting members
 //!   are let go at once instead of holding their nodes until the deadline.
+//! - Hold (a shard's part of a federation-scope gang, `tessera.io/gang-phase: Reserve`): a
+//!   quorum that forms is not let go. Its members stay reserved at Permit, the PodGroup's
+//!   `status.reserved` says so (with the attempt it is for), and they bind only when the
+//!   federation turns the phase to `Commit`. Until then the shared deadline is the
+//!   reservation's TTL: at it the members are let go, `status.reserved` falls to 0, and they
+//!   gather again. A restarted scheduler holds nothing: its members gather anew.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,7 +36,10 @@ use k8s_openapi::api::core::v1::Pod;
 use parking_lot::{Mutex, RwLock};
 use tessera_client::client::Client;
 use tessera_client::request::{ApiRequest, Verb, find_resource};
-use tessera_client::types::{MemberBinding, POD_GROUP_LABEL, PodGroup, PodGroupBinding};
+use tessera_client::types::{
+    GANG_ATTEMPT_ANNOTATION, GANG_PHASE_ANNOTATION, MemberBinding, POD_GROUP_LABEL, PodGroup,
+    PodGroupBinding,
+};
 
 use crate::framework::{
     BindPlugin, ClusterEvent, Code, CycleState, Nomination, PermitPlugin, Plugin, PostFilterInput,
@@ -54,6 +63,9 @@ pub struct GangSpec {
     pub min_member: u32,
     /// How long placed members wait for the rest.
     pub timeout: Duration,
+    /// Held for a commit: the federation's attempt this part's reservation is for (its
+    /// phase is `Reserve`); `None` binds a quorum at once.
+    pub hold: Option<i64>,
 }
 
 impl GangSpec {
@@ -66,15 +78,26 @@ impl GangSpec {
                 .schedule_timeout_seconds
                 .filter(|s| *s > 0)
                 .map_or(DEFAULT_TIMEOUT, |s| Duration::from_secs(s as u64)),
+            hold: g.metadata.annotations.as_ref().and_then(|a| {
+                (a.get(GANG_PHASE_ANNOTATION).map(String::as_str) == Some("Reserve")).then(|| {
+                    a.get(GANG_ATTEMPT_ANNOTATION)
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0)
+                })
+            }),
         }
     }
 }
+
+/// Called with a gang's key when its PodGroup turns from held to committed.
+type CommitHook = Box<dyn Fn(&str) + Send + Sync>;
 
 /// The PodGroups and their member pods as the scheduler's informers see them (written by the
 /// scheduling loop, read by the plugin).
 #[derive(Default)]
 pub struct Gangs {
     inner: RwLock<GangsInner>,
+    on_commit: std::sync::OnceLock<CommitHook>,
 }
 
 #[derive(Default)]
@@ -138,11 +161,18 @@ impl GangsInner {
 impl Gangs {
     /// Sets (or with `None` removes) the spec of the PodGroup `key`.
     pub fn set_spec(&self, key: &str, spec: Option<GangSpec>) {
-        let mut g = self.inner.write();
-        match spec {
-            Some(s) => g.specs.insert(key.to_owned(), s),
-            None => g.specs.remove(key),
+        let old = {
+            let mut g = self.inner.write();
+            match spec {
+                Some(s) => g.specs.insert(key.to_owned(), s),
+                None => g.specs.remove(key),
+            }
         };
+        let committed = old.is_some_and(|o| o.hold.is_some())
+            && spec.is_some_and(|s| s.hold.is_none());
+        if committed && let Some(hook) = self.on_commit.get() {
+            hook(key);
+        }
     }
 
     /// The spec of the PodGroup `key`.
@@ -260,7 +290,33 @@ struct Batch {
 struct State {
     gathering: HashMap<String, Gathering>,
     batches: HashMap<String, Arc<Batch>>,
+    /// Gangs whose quorum is reserved and held for a commit, with the attempt it is for.
+    held: HashMap<String, i64>,
 }
+
+impl State {
+    /// Turns the members gathering for `gang` into a batch on its way to binding.
+    fn form_batch(&mut self, gang: &str) -> Arc<Batch> {
+        self.held.remove(gang);
+        let members = self
+            .gathering
+            .remove(gang)
+            .map(|g| g.members)
+            .unwrap_or_default();
+        let batch = Arc::new(Batch {
+            gang: gang.to_owned(),
+            members,
+            result: tokio::sync::OnceCell::new(),
+        });
+        for m in &batch.members {
+            self.batches.insert(m.uid.clone(), batch.clone());
+        }
+        batch
+    }
+}
+
+/// A write of a held gang's `status.reserved` (and the attempt it is for).
+type Reservation = (String, i32, Option<i64>);
 
 /// The Coscheduling plugin.
 pub struct Coscheduling {
@@ -268,18 +324,41 @@ pub struct Coscheduling {
     waiting: Arc<crate::framework::WaitingPods>,
     client: Arc<dyn Client>,
     metrics: Option<SchedulerMetrics>,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
+    /// To the task that writes `status.reserved`, in order.
+    reservations: Option<tokio::sync::mpsc::UnboundedSender<Reservation>>,
 }
 
 impl Coscheduling {
     /// The plugin over the framework's handles.
     pub fn new(h: &crate::framework::Handle) -> Self {
+        let state: Arc<Mutex<State>> = Arc::default();
+        // A held gang the federation commits is let go as one batch.
+        let (gangs, waiting) = (Arc::downgrade(&h.gangs), h.waiting.clone());
+        let st = state.clone();
+        let _ = h.gangs.on_commit.set(Box::new(move |gang| {
+            if let Some(gangs) = gangs.upgrade() {
+                commit(&st, &gangs, &waiting, gang);
+            }
+        }));
+        let reservations = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            rt.spawn(write_reservations(h.client.clone(), rx));
+            tx
+        });
         Coscheduling {
             gangs: h.gangs.clone(),
             waiting: h.waiting.clone(),
             client: h.client.clone(),
             metrics: h.metrics.clone(),
-            state: Mutex::new(State::default()),
+            state,
+            reservations,
+        }
+    }
+
+    fn report(&self, gang: &str, reserved: i32, attempt: Option<i64>) {
+        if let Some(tx) = &self.reservations {
+            let _ = tx.send((gang.to_owned(), reserved, attempt));
         }
     }
 
@@ -291,7 +370,14 @@ impl Coscheduling {
 
     /// Lets every waiting member of `gang` go back to the queue, except `except`.
     fn release(&self, gang: &str, except: &str, why: &str, outcome: &str) {
-        let Some(g) = self.state.lock().gathering.remove(gang) else {
+        let (g, was_held) = {
+            let mut st = self.state.lock();
+            (st.gathering.remove(gang), st.held.remove(gang).is_some())
+        };
+        if was_held {
+            self.report(gang, 0, None);
+        }
+        let Some(g) = g else {
             return;
         };
         let mut rejected = 0;
@@ -562,20 +648,28 @@ impl PermitPlugin for Coscheduling {
         // gathering members are let go to bind alone; if it fails, they wait on.
         let in_flight = committed > bound;
         let have = committed + g.members.len();
-        if !in_flight && have >= min {
-            let members = st
-                .gathering
-                .remove(&gang)
-                .map(|g| g.members)
-                .unwrap_or_default();
-            let batch = Arc::new(Batch {
-                gang,
-                members,
-                result: tokio::sync::OnceCell::new(),
-            });
-            for m in &batch.members {
-                st.batches.insert(m.uid.clone(), batch.clone());
+        let left = g.deadline.saturating_duration_since(now);
+        // A held part: the quorum stays reserved here until the federation commits.
+        if let Some(attempt) = spec.hold
+            && !in_flight
+            && have >= min
+        {
+            let first = st.held.insert(gang.clone(), attempt) != Some(attempt);
+            drop(st);
+            if first {
+                self.outcome("reserved");
+                self.report(&gang, min as i32, Some(attempt));
             }
+            return (
+                Status::new(
+                    Code::Wait,
+                    format!("gang {gang} is reserved; waiting for the federation to commit it"),
+                ),
+                left.max(Duration::from_millis(1)),
+            );
+        }
+        if !in_flight && have >= min {
+            let batch = st.form_batch(&gang);
             drop(st);
             let ns = pod.pod.metadata.namespace.as_deref().unwrap_or("");
             for m in &batch.members {
@@ -587,7 +681,6 @@ impl PermitPlugin for Coscheduling {
             }
             return (Status::success(), Duration::ZERO);
         }
-        let left = g.deadline.saturating_duration_since(now);
         let why = if in_flight {
             format!("waiting for the binding of gang {gang}")
         } else {
@@ -597,6 +690,62 @@ impl PermitPlugin for Coscheduling {
             Status::new(Code::Wait, why),
             left.max(Duration::from_millis(1)),
         )
+    }
+}
+
+/// A held gang was committed: the members gathered for it bind as one batch now (if they
+/// are a quorum still; otherwise they gather on and bind when they are).
+fn commit(
+    state: &Mutex<State>,
+    gangs: &Gangs,
+    waiting: &crate::framework::WaitingPods,
+    gang: &str,
+) {
+    let Some(spec) = gangs.spec(gang) else {
+        return;
+    };
+    let mut st = state.lock();
+    let Some(g) = st.gathering.get(gang) else {
+        return;
+    };
+    let committed = gangs.committed(gang);
+    if committed > gangs.bound(gang) || committed + g.members.len() < spec.min_member as usize {
+        return;
+    }
+    let batch = st.form_batch(gang);
+    drop(st);
+    let ns = gang.split_once('/').map_or("", |(ns, _)| ns);
+    for m in &batch.members {
+        gangs.set_standing(&format!("{ns}/{}", m.pod), MemberState::Committed);
+        waiting.allow(&m.uid);
+    }
+}
+
+/// Writes held gangs' `status.reserved`, in the order the plugin decided them.
+async fn write_reservations(
+    client: Arc<dyn Client>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Reservation>,
+) {
+    let Ok(groups) = find_resource("tessera.io", "v1alpha1", "podgroups") else {
+        return;
+    };
+    while let Some((gang, reserved, attempt)) = rx.recv().await {
+        let (ns, name) = gang.split_once('/').unwrap_or(("", &gang));
+        let patch = serde_json::json!({"status": {"reserved": reserved, "reservedFor": attempt}});
+        if let Err(e) = client
+            .patch(
+                groups,
+                Some(ns),
+                name,
+                Some("status"),
+                tessera_client::request::PatchType::Merge,
+                &patch,
+            )
+            .await
+            && e.code != 404
+        {
+            tracing::warn!(gang, error = %e.message, "writing a held gang's reservation");
+        }
     }
 }
 

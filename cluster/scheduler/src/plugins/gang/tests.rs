@@ -102,7 +102,104 @@ fn spec(min_member: u32, timeout: Duration) -> Option<GangSpec> {
     Some(GangSpec {
         min_member,
         timeout,
+        hold: None,
     })
+}
+
+/// The `status` bodies written to PodGroups so far.
+fn reservations(w: &World) -> Vec<Value> {
+    w.client
+        .calls
+        .lock()
+        .iter()
+        .filter(|r| r.subresource.as_deref() == Some("status"))
+        .map(|r| serde_json::from_slice::<Value>(&r.body).expect("json")["status"].clone())
+        .collect()
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(60)).await;
+}
+
+#[tokio::test]
+async fn a_held_gang_reserves_its_quorum_and_binds_only_when_committed() {
+    let mut w = world(None);
+    let pods = w.gang(2, 2, Duration::from_secs(30));
+    let held = Some(GangSpec {
+        min_member: 2,
+        timeout: Duration::from_secs(30),
+        hold: Some(7),
+    });
+    w.gangs.set_spec("ns/g", held);
+    let (s0, _, rx0) = w.place(&pods[0], "n0");
+    assert_eq!(s0.code, Code::Wait);
+    let (s1, d1, rx1) = w.place(&pods[1], "n1");
+    assert_eq!(s1.code, Code::Wait, "a held quorum does not bind");
+    assert_eq!(
+        s1.message(),
+        "gang ns/g is reserved; waiting for the federation to commit it"
+    );
+    assert!(d1 <= Duration::from_secs(30), "held until the reservation's TTL");
+    settle().await;
+    assert_eq!(
+        reservations(&w),
+        vec![json!({"reserved": 2, "reservedFor": 7})],
+        "the reservation is reported once, with its attempt"
+    );
+    assert!(w.bindings().iter().all(|b| b.get("members").is_none()));
+    // The same spec seen again changes nothing; the commit lets both go as one batch.
+    w.gangs.set_spec("ns/g", held);
+    w.gangs.set_spec("ns/g", spec(2, Duration::from_secs(30)));
+    for rx in [rx0, rx1] {
+        let verdict = rx.expect("waiting").await.expect("verdict");
+        assert!(verdict.is_success(), "committed members are let go");
+    }
+    let state = CycleState::new();
+    let (a, b) = tokio::join!(
+        BindPlugin::bind(&*w.plugin, &state, &pods[0], "n0"),
+        BindPlugin::bind(&*w.plugin, &state, &pods[1], "n1"),
+    );
+    assert!(a.is_success() && b.is_success());
+    let batches: Vec<Value> = w
+        .bindings()
+        .into_iter()
+        .filter(|b| b.get("members").is_some())
+        .collect();
+    assert_eq!(batches.len(), 1, "one binding for the committed gang");
+    assert_eq!(batches[0]["members"].as_array().map(Vec::len), Some(2));
+    assert_eq!(w.metrics.gang_outcomes("reserved"), 1);
+}
+
+#[tokio::test]
+async fn a_held_gang_not_committed_by_its_ttl_is_let_go_and_says_so() {
+    let mut w = world(None);
+    let pods = w.gang(2, 2, Duration::from_millis(50));
+    w.gangs.set_spec(
+        "ns/g",
+        Some(GangSpec {
+            min_member: 2,
+            timeout: Duration::from_millis(50),
+            hold: Some(1),
+        }),
+    );
+    let (_, d0, rx0) = w.place(&pods[0], "n0");
+    let (_, _, rx1) = w.place(&pods[1], "n1");
+    tokio::time::sleep(d0).await;
+    w.waiting.remove(pods[0].uid());
+    drop(rx0);
+    w.plugin.unreserve(&CycleState::new(), &pods[0], "n0");
+    let verdict = rx1.expect("waiting").await.expect("verdict");
+    assert_eq!(verdict.code, Code::Unschedulable);
+    settle().await;
+    assert_eq!(
+        reservations(&w),
+        vec![
+            json!({"reserved": 2, "reservedFor": 1}),
+            json!({"reserved": 0, "reservedFor": null})
+        ],
+        "the lapsed reservation is withdrawn"
+    );
+    assert!(w.bindings().iter().all(|b| b.get("members").is_none()), "nothing bound");
 }
 
 impl World {
