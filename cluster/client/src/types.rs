@@ -149,6 +149,9 @@ pub const GANG_SCOPE_FEDERATION: &str = "Federation";
 pub const GANG_PHASE_ANNOTATION: &str = "tessera.io/gang-phase";
 /// The attempt a part belongs to: a reservation counts only for the attempt it was made for.
 pub const GANG_ATTEMPT_ANNOTATION: &str = "tessera.io/gang-attempt";
+/// On a shard's part of a federation-scope gang: the Job it is the PodGroup of (a change to
+/// the PodGroup is reported to the federation as the Job's).
+pub const GANG_JOB_ANNOTATION: &str = "tessera.io/gang-job";
 
 /// The label that makes a pod a member of the PodGroup it names (the coscheduling
 /// convention of Kubernetes' scheduler-plugins).

@@ -190,6 +190,13 @@ pub struct Cache<T> {
     inner: RwLock<Indexed<T>>,
 }
 
+impl<T: Object> Default for Cache<T> {
+    /// An empty cache no informer fills (for code that reads one, where there is none).
+    fn default() -> Self {
+        Cache::new()
+    }
+}
+
 impl<T: Object> Cache<T> {
     pub(crate) fn new() -> Self {
         Cache {

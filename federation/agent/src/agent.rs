@@ -15,7 +15,10 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tessera_client::client::Client;
 use tessera_client::request::find_resource;
-use tessera_client::types::{FEDERATED_LABEL, FEDERATION_LEASE, FEDERATION_MANAGER, Tenant};
+use tessera_client::types::{
+    FEDERATED_LABEL, FEDERATION_LEASE, FEDERATION_MANAGER, GANG_JOB_ANNOTATION, GANG_PHASE_ANNOTATION,
+    POD_GROUP_LABEL, PodGroup, Tenant,
+};
 use tessera_client::workloads::WorkloadKind;
 use tessera_core::LabelSelector;
 use tessera_placement::Request;
@@ -130,6 +133,8 @@ struct State {
     /// The federated copies of each placed kind.
     workloads: Vec<(WorkloadKind, Arc<Cache<SpecObject>>)>,
     tenants: Arc<Cache<Tenant>>,
+    /// The parts of federation-scope gangs this shard holds (their PodGroups).
+    gangs: Arc<Cache<PodGroup>>,
     /// The nodes and pods as the capacity summary counts them, kept change by change.
     ledger: Mutex<summary::Ledger>,
     changed: Notify,
@@ -278,7 +283,24 @@ fn tenants_res() -> &'static tessera_client::catalog::Resource {
     find_resource("tessera.io", "v1alpha1", "tenants").expect("served")
 }
 
-fn status_of(kind: WorkloadKind, w: &SpecObject) -> pb::ObjectStatus {
+/// Where the PodGroup of Job `w` stands, if the Job is a shard's part of a federation-scope
+/// gang.
+fn gang_status(w: &SpecObject, gangs: &Cache<PodGroup>) -> Option<pb::GangStatus> {
+    let group = WorkloadKind::Job.template(&w.spec)["metadata"]["labels"][POD_GROUP_LABEL].as_str()?;
+    let g = gangs.get(&format!(
+        "{}/{group}",
+        w.metadata.namespace.as_deref().unwrap_or_default()
+    ))?;
+    g.metadata.annotations.as_ref()?.get(GANG_PHASE_ANNOTATION)?;
+    let st = g.status.clone().unwrap_or_default();
+    Some(pb::GangStatus {
+        reserved: st.reserved.unwrap_or(0).into(),
+        reserved_for: st.reserved_for.unwrap_or(0),
+        scheduled: st.scheduled.unwrap_or(0).into(),
+    })
+}
+
+fn status_of(kind: WorkloadKind, w: &SpecObject, gangs: &Cache<PodGroup>) -> pb::ObjectStatus {
     let meta = &w.metadata;
     let fed_gen = meta
         .annotations
@@ -314,6 +336,9 @@ fn status_of(kind: WorkloadKind, w: &SpecObject) -> pb::ObjectStatus {
             WorkloadKind::Job | WorkloadKind::CronJob if w.spec["suspend"] == true => 0,
             _ => kind.replicas(&w.spec) as i64,
         },
+        gang: (kind == WorkloadKind::Job)
+            .then(|| gang_status(w, gangs))
+            .flatten(),
     }
 }
 
@@ -323,7 +348,7 @@ fn report_all(state: &State) {
         for w in cache.list() {
             send(
                 state,
-                pb::shard_message::Message::Status(status_of(*kind, &w)),
+                pb::shard_message::Message::Status(status_of(*kind, &w, &state.gangs)),
             );
         }
     }
@@ -384,6 +409,12 @@ pub async fn run_with(
             (k, inf)
         })
         .collect();
+    let gang_inf = Informer::<PodGroup>::new(
+        client.clone(),
+        find_resource("tessera.io", "v1alpha1", "podgroups").expect("served"),
+        federated.clone(),
+        metrics.clone(),
+    );
     let ten_inf =
         Informer::<Tenant>::new(client.clone(), tenants_res(), federated, metrics.clone());
     let node_inf = informers.get::<Node>(find_resource("", "v1", "nodes").expect("served"));
@@ -397,6 +428,7 @@ pub async fn run_with(
             .map(|(k, i)| (*k, i.cache().clone()))
             .collect(),
         tenants: ten_inf.cache().clone(),
+        gangs: gang_inf.cache().clone(),
         ledger: Mutex::new(summary::Ledger::default()),
         changed: Notify::new(),
         recorder: Recorder::new(client.clone(), "tessera-federation-agent", metrics.clone()),
@@ -436,18 +468,48 @@ pub async fn run_with(
                 s.changed.notify_one();
             }
         }));
+        // A gang part's PodGroup changed (reserved, bound): the federation hears it as its
+        // Job's status.
+        let s = Arc::downgrade(&state);
+        subscriptions.push(gang_inf.on_change(move |c| {
+            let Some(s) = s.upgrade() else { return };
+            let g = c.object();
+            let Some(job) = g
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(GANG_JOB_ANNOTATION))
+            else {
+                return;
+            };
+            let key = format!("{}/{job}", g.metadata.namespace.as_deref().unwrap_or_default());
+            let jobs = s
+                .workloads
+                .iter()
+                .find(|(k, _)| *k == WorkloadKind::Job)
+                .map(|(_, c)| c.clone());
+            if let Some(w) = jobs.and_then(|c| c.get(&key)) {
+                send(
+                    &s,
+                    pb::shard_message::Message::Status(status_of(WorkloadKind::Job, &w, &s.gangs)),
+                );
+            }
+        }));
         for (kind, inf) in &workload_infs {
             let (s, kind) = (Arc::downgrade(&state), *kind);
             subscriptions.push(inf.on_change(move |c| {
                 let Some(s) = s.upgrade() else { return };
                 let w = c.object();
                 if matches!(c, tessera_runtime::informer::Change::Deleted(_)) {
-                    let mut st = status_of(kind, w);
+                    let mut st = status_of(kind, w, &s.gangs);
                     st.present = false;
                     st.status_json.clear();
                     send(&s, pb::shard_message::Message::Status(st));
                 } else {
-                    send(&s, pb::shard_message::Message::Status(status_of(kind, w)));
+                    send(
+                        &s,
+                        pb::shard_message::Message::Status(status_of(kind, w, &s.gangs)),
+                    );
                     drift(&s, kind, w);
                 }
                 s.changed.notify_one();
@@ -459,6 +521,7 @@ pub async fn run_with(
         .map(|(_, i)| tokio::spawn(i.clone().run()))
         .collect();
     tasks.push(tokio::spawn(ten_inf.clone().run()));
+    tasks.push(tokio::spawn(gang_inf.clone().run()));
     tasks.push(tokio::spawn(watch_lease(state.clone())));
     tasks.push(tokio::spawn(shard_lease_writer(state.clone())));
     let _tasks = Tasks(tasks);
@@ -466,6 +529,7 @@ pub async fn run_with(
         i.synced().await;
     }
     ten_inf.synced().await;
+    gang_inf.synced().await;
     node_inf.synced().await;
     pod_inf.synced().await;
     let mut backoff = Duration::from_millis(200);
@@ -701,6 +765,7 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
     let ns = (!k.namespace.is_empty()).then_some(k.namespace.as_str());
     if a.op == pb::assignment::Op::Delete as i32 {
         state.held.lock().remove(&id);
+        remove_gang_part(state, &k.namespace, &k.name).await;
         match state.client.delete(res, ns, &k.name, None).await {
             Ok(_) => {
                 tracing::info!(object = %k.name, namespace = %k.namespace, "removed a federated object")
@@ -742,6 +807,26 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
     };
     state.held.lock().insert(id.clone(), h.clone());
     apply_held(state, &id, &h).await;
+}
+
+/// Removes the PodGroup that made Job `ns/job` a part of a federation-scope gang: the next
+/// attempt's part starts from a PodGroup made for it, never from this one's phase.
+async fn remove_gang_part(state: &Arc<State>, ns: &str, job: &str) {
+    let part = state.gangs.in_namespace(ns).into_iter().find(|g| {
+        g.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(GANG_JOB_ANNOTATION))
+            .is_some_and(|j| j == job)
+    });
+    let Some(g) = part else { return };
+    let name = g.metadata.name.clone().unwrap_or_default();
+    let res = find_resource("tessera.io", "v1alpha1", "podgroups").expect("served");
+    match state.client.delete(res, Some(ns), &name, None).await {
+        Ok(_) => tracing::info!(gang = %name, namespace = ns, "removed a gang part's PodGroup"),
+        Err(e) if e.code == 404 => {}
+        Err(e) => tracing::warn!(gang = %name, error = %e.message, "removing a gang part's PodGroup"),
+    }
 }
 
 /// Applies a held object (its dependencies first) and notes the copy's generation, unless
@@ -1071,7 +1156,10 @@ async fn leftovers(
             gone.push((tenants_res(), id));
         }
     }
-    for (res, (_, ns, name)) in gone {
+    for (res, (plural, ns, name)) in gone {
+        if plural == WorkloadKind::Job.plural() {
+            remove_gang_part(state, &ns, &name).await;
+        }
         let ns = (!ns.is_empty()).then_some(ns);
         tracing::info!(resource = res.plural, name = %name, "removing a federated object the federation no longer assigns");
         match state.client.delete(res, ns.as_deref(), &name, None).await {
@@ -1150,7 +1238,7 @@ mod tests {
             json!({"observedGeneration": 3, "replicas": 2}),
             json!({"replicas": 2}),
         );
-        let s = status_of(WorkloadKind::Deployment, &d);
+        let s = status_of(WorkloadKind::Deployment, &d, &Cache::default());
         assert_eq!(s.federation_generation, 7);
         assert!(
             !s.observed,
@@ -1161,7 +1249,7 @@ mod tests {
             json!({"observedGeneration": 4, "replicas": 2}),
             json!({"replicas": 2}),
         );
-        let s = status_of(WorkloadKind::Deployment, &d);
+        let s = status_of(WorkloadKind::Deployment, &d, &Cache::default());
         assert!(s.observed);
         let st: Value = serde_json::from_slice(&s.status_json).expect("json");
         assert_eq!(st["replicas"], 2);
@@ -1179,7 +1267,7 @@ mod tests {
             json!({"active": 3}),
             json!({"parallelism": 3, "completions": 6}),
         );
-        let s = status_of(WorkloadKind::Job, &j);
+        let s = status_of(WorkloadKind::Job, &j, &Cache::default());
         let key = s.key.clone().expect("key");
         assert_eq!(
             (key.group.as_str(), key.resource.as_str()),
@@ -1189,7 +1277,7 @@ mod tests {
         assert_eq!(s.replicas, 3);
         // A StatefulSet without an observed generation has not been seen by its controller.
         let sts = copy(1, Value::Null, json!({"replicas": 2}));
-        let s = status_of(WorkloadKind::StatefulSet, &sts);
+        let s = status_of(WorkloadKind::StatefulSet, &sts, &Cache::default());
         assert!(!s.observed);
         assert!(s.status_json.is_empty());
     }

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
-use tessera_client::types::{FAILOVER_ANNOTATION, FEDERATED_LABEL, Placement, Tenant};
+use tessera_client::types::{FAILOVER_ANNOTATION, FEDERATED_LABEL, Placement, PodGroup, Tenant};
 use tessera_client::workloads::WorkloadKind;
 use tessera_core::quantity::Quantity;
 use tessera_core::time::{now_secs, rfc3339};
@@ -34,6 +34,7 @@ use tessera_runtime::{EventClass, QueueConfig, WorkQueue};
 use tessera_scheduler::resources::pod_spec_requests;
 
 use crate::dependencies;
+use crate::gang;
 use crate::moves;
 use crate::policy;
 use crate::quota;
@@ -77,6 +78,9 @@ pub struct Recorded {
     /// [`crate::moves`]): after a restart the move goes on from here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub leaving: BTreeMap<String, u64>,
+    /// A federation-scope gang's two-phase commit (see [`crate::gang`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<gang::Record>,
 }
 
 /// What a queue key names: a workload (placed by policy, status aggregated) or a Tenant
@@ -182,6 +186,8 @@ pub struct Propagation {
     secrets: Arc<Cache<Secret>>,
     service_accounts: Arc<Cache<ServiceAccount>>,
     services: Arc<Cache<Service>>,
+    /// PodGroups: a gang's is carried to its shard, or divided over shards.
+    pod_groups: Arc<Cache<PodGroup>>,
     recorder: Recorder,
     /// Workloads with replicas waiting for room: placed again when a shard changes.
     pending: Mutex<BTreeSet<String>>,
@@ -255,6 +261,7 @@ pub async fn run(o: Options) {
     let secrets = informer::<Secret>(&o, "", "v1", "secrets");
     let service_accounts = informer::<ServiceAccount>(&o, "", "v1", "serviceaccounts");
     let services = informer::<Service>(&o, "", "v1", "services");
+    let pod_groups = informer::<PodGroup>(&o, "tessera.io", "v1alpha1", "podgroups");
     let tenant_index = Arc::new(Mutex::new(policy::TenantIndex::default()));
     let queue: WorkQueue<String> = WorkQueue::new(
         QueueConfig::new(NAME).with_throttle(o.status_batch),
@@ -305,6 +312,7 @@ pub async fn run(o: Options) {
         requeue_namespace_on(&secrets, &queue, &workloads);
         requeue_namespace_on(&service_accounts, &queue, &workloads);
         requeue_namespace_on(&services, &queue, &workloads);
+        requeue_namespace_on(&pod_groups, &queue, &workloads);
     }
     let p = Arc::new(Propagation {
         client: o.client.clone(),
@@ -317,6 +325,7 @@ pub async fn run(o: Options) {
         secrets: secrets.cache().clone(),
         service_accounts: service_accounts.cache().clone(),
         services: services.cache().clone(),
+        pod_groups: pod_groups.cache().clone(),
         recorder: Recorder::new(o.client.clone(), NAME, o.runtime_metrics.clone()),
         pending: Mutex::new(BTreeSet::new()),
         tenant_index,
@@ -426,6 +435,7 @@ pub async fn run(o: Options) {
         tokio::spawn(secrets.clone().run()),
         tokio::spawn(service_accounts.clone().run()),
         tokio::spawn(services.clone().run()),
+        tokio::spawn(pod_groups.clone().run()),
     ]);
     let _tasks = Tasks(tasks);
     for (_, i) in &workload_informers {
@@ -438,6 +448,7 @@ pub async fn run(o: Options) {
     secrets.synced().await;
     service_accounts.synced().await;
     services.synced().await;
+    pod_groups.synced().await;
     wait_for_known_shards(&o.client, &o.registry).await;
     // What every workload placed before holds is counted before anything new is admitted
     // against a tenant's quota.
@@ -568,7 +579,11 @@ impl Propagation {
         };
         let mut push = |obj: Value, kind: &str| {
             let mut obj = obj;
-            obj["apiVersion"] = json!("v1");
+            obj["apiVersion"] = json!(if kind == "PodGroup" {
+                "tessera.io/v1alpha1"
+            } else {
+                "v1"
+            });
             obj["kind"] = json!(kind);
             let m = if kind == "Service" {
                 dependencies::service_manifest(&obj)
@@ -609,6 +624,19 @@ impl Propagation {
             .as_ref()
             .and_then(|m| m.labels.clone())
             .unwrap_or_default();
+        // A gang's PodGroup goes along whole; a federation-scope one is divided, and each
+        // shard gets its own part instead (see [`crate::gang`]).
+        if let Some(g) = labels
+            .get(tessera_client::types::POD_GROUP_LABEL)
+            .and_then(|g| self.pod_groups.get(&format!("{ns}/{g}")))
+            && g.spec.as_ref().and_then(|s| s.scope.as_deref())
+                != Some(tessera_client::types::GANG_SCOPE_FEDERATION)
+        {
+            push(
+                serde_json::to_value(g.as_ref()).unwrap_or_default(),
+                "PodGroup",
+            );
+        }
         for svc in self.services.in_namespace(ns) {
             if dependencies::selects(&svc, &labels) {
                 push(
@@ -990,7 +1018,26 @@ impl Propagation {
                 p.metadata.resource_version.as_deref().unwrap_or_default()
             )
         });
-        let pol = policy::for_kind(policy::policy_of(chosen), kind, chosen);
+        let mut pol = policy::for_kind(policy::policy_of(chosen), kind, chosen);
+        // A Job whose pods form a federation-scope gang is divided over shards when no one
+        // shard holds it, and started in all of them or none (see [`crate::gang`]).
+        let gang_spec = if kind == WorkloadKind::Job {
+            let group = gang::group_named(template, &ns).and_then(|k| self.pod_groups.get(&k));
+            match gang::of_job(&w.spec, group.as_deref()) {
+                Ok(g) => g,
+                Err(why) => {
+                    pol = Err(why);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if gang_spec.is_some()
+            && let Ok(p) = &mut pol
+        {
+            p.mode = tessera_placement::Mode::Home;
+        }
         let pod_spec: Option<PodSpec> = serde_json::from_value(template["spec"].clone()).ok();
         let request = Request {
             amounts: pod_spec_requests(pod_spec.as_ref()).amounts(),
@@ -1042,9 +1089,46 @@ impl Propagation {
         // joined: the tenant may have a new home) and when a shard it uses evicts it (a
         // drain). It moves only if it can move whole, and only while fewer than
         // `max_moving` workloads move.
+        // A gang's two phases: what its parts report moves it on (commit, bound), or aborts
+        // it; an aborted gang holds nothing until its back-off is over.
+        let now_ms = gang::now_millis();
+        let mut gang_record = recorded.gang.clone().filter(|_| gang_spec.is_some());
+        let mut gang_check = None;
+        if let (Some(g), Some(r)) = (&gang_spec, &recorded.gang)
+            && !finished
+            && recorded.generation == generation
+        {
+            gang_check = self.gang_step(
+                g,
+                r,
+                &recorded.shares,
+                &okey,
+                &obj_ref,
+                now_ms,
+                lost.next_check,
+                &mut gang_record,
+            );
+            if gang_record.is_none() {
+                // The back-off is over: placed afresh, as a new attempt.
+                still_good = false;
+            }
+        } else if gang_spec.is_some() && recorded.gang.is_none() {
+            // Placed before its PodGroup said it is a federation-scope gang.
+            still_good = false;
+        }
+        let gang_parked = gang_record
+            .as_ref()
+            .filter(|r| r.phase == gang::Phase::Backoff)
+            .map(|r| {
+                format!(
+                    "attempt {} of the gang was aborted ({}); it is placed again after its back-off",
+                    r.attempt, r.why
+                )
+            });
         let map_version = self.registry.map_version();
         let mut move_reason = "decision";
         if still_good
+            && gang_spec.is_none()
             && recorded.leaving.is_empty()
             && !finished
             && let Ok(p) = &pol
@@ -1124,6 +1208,14 @@ impl Propagation {
         }
         let mut quota_exceeded = false;
         let (decision, why) = match pol {
+            _ if gang_parked.is_some() => {
+                self.charge(&tenant, &queue_key, per_pod, 0);
+                let parked = Decision {
+                    unplaced: replicas,
+                    ..Default::default()
+                };
+                (parked, gang_parked.clone().unwrap_or_default())
+            }
             _ if still_good => {
                 self.charge(&tenant, &queue_key, per_pod, holds(&recorded.shares));
                 let kept = Decision {
@@ -1176,7 +1268,25 @@ impl Propagation {
                     request: &request,
                     current: &free_credit,
                 };
-                let (mut dec, total) = self.registry.place(&wl, &pol);
+                let (mut dec, total) = match &gang_spec {
+                    None => self.registry.place(&wl, &pol),
+                    // A gang the quota cuts short is not placed at all.
+                    Some(_) if allowed < replicas => (
+                        Decision {
+                            unplaced: allowed,
+                            ..Default::default()
+                        },
+                        0,
+                    ),
+                    Some(_) => self.registry.place_whole(&wl, &pol),
+                };
+                gang_record = match &gang_spec {
+                    Some(_) if !dec.shares.is_empty() => {
+                        Some(gang::Record::reserving(recorded.gang.as_ref(), now_ms))
+                    }
+                    Some(_) => recorded.gang.clone(),
+                    None => None,
+                };
                 self.checked_map
                     .lock()
                     .insert(queue_key.clone(), map_version);
@@ -1301,6 +1411,7 @@ impl Propagation {
             why: why.clone(),
             request: request.describe(),
             leaving: plan.leaving.clone(),
+            gang: gang_record.clone(),
         };
         let (ns_s, name) = key.split_once('/').unwrap_or(("", key));
         if now_recorded != recorded || finalizers.is_some() {
@@ -1336,6 +1447,18 @@ impl Propagation {
                 moves::Copy::Stop(n) => (n, true),
             };
             let mut m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
+            let mut deps = deps.clone();
+            if let (Some(g), Some(r)) = (&gang_spec, &gang_record) {
+                // This shard's part of the gang: its share of the pods, and a PodGroup of
+                // that many in the gang's phase.
+                m["spec"]["parallelism"] = json!(n);
+                m["spec"]["completions"] = json!(n);
+                deps.push(Arc::from(
+                    gang::part_manifest(g, &ns, name, *n, r)
+                        .to_string()
+                        .into_bytes(),
+                ));
+            }
             // How it fails over, for the shard's fence; and a suspend the federation owns
             // (false unless the user suspended it), so that applying this again resumes a
             // copy the fence suspended.
@@ -1356,7 +1479,7 @@ impl Propagation {
                     generation,
                     replicas: *n as i64,
                     request: request.clone(),
-                    dependencies: deps.clone(),
+                    dependencies: deps,
                     failover: Some(failover.mode),
                     leaving: plan.leaving.contains_key(shard),
                 },
@@ -1381,6 +1504,7 @@ impl Propagation {
             leaving_check,
             // A move is looked at again even if no report comes.
             (!plan.leaving.is_empty()).then_some(MOVE_CHECK),
+            gang_check,
         ]
         .into_iter()
         .flatten()
@@ -1429,6 +1553,123 @@ impl Propagation {
             }
         }
         Ok(next_check.map_or(Action::Done, Action::RequeueAfter))
+    }
+
+    /// Moves gang `record` on from what its parts on `shares` report: sets `record` to its
+    /// next phase (`None`: place it afresh), with Events, and returns when to look again.
+    /// `fence` is when the last lost shard's part is surely stopped by its own fence.
+    #[allow(clippy::too_many_arguments)]
+    fn gang_step(
+        &self,
+        spec: &gang::Gang,
+        record: &gang::Record,
+        shares: &BTreeMap<String, u64>,
+        okey: &ObjectKey,
+        obj_ref: &ObjectRef,
+        now_ms: u64,
+        fence: Option<Duration>,
+        out: &mut Option<gang::Record>,
+    ) -> Option<Duration> {
+        let reports = self.registry.reports(okey);
+        let lost = |s: &str| matches!(self.registry.standing(s), Standing::Lost { .. });
+        let parts: BTreeMap<String, gang::Part> = shares
+            .iter()
+            .map(|(s, n)| {
+                let part = gang::Part {
+                    share: *n,
+                    lost: lost(s),
+                    gang: reports.get(s).and_then(Option::as_ref).and_then(|r| r.gang),
+                };
+                (s.clone(), part)
+            })
+            .collect();
+        let live_copies = reports
+            .iter()
+            .any(|(s, r)| r.as_ref().is_some_and(|r| r.present) && !lost(s));
+        let describe = || {
+            shares
+                .iter()
+                .map(|(s, n)| format!("{n} on {s}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let outcome = |o: &str| {
+            if let Some(m) = self.registry.metrics() {
+                m.gangs.with_label_values(&[o]).inc();
+            }
+        };
+        match gang::next(record, &parts, spec.ttl, now_ms, live_copies) {
+            gang::Next::Stay(d) => d,
+            gang::Next::Commit => {
+                *out = Some(gang::Record {
+                    phase: gang::Phase::Committed,
+                    since: now_ms,
+                    ..record.clone()
+                });
+                outcome("committed");
+                if let Some(m) = self.registry.metrics() {
+                    m.gang_reserve_seconds
+                        .observe(now_ms.saturating_sub(record.since) as f64 / 1000.0);
+                }
+                tracing::info!(gang = %spec.group, attempt = record.attempt, parts = %describe(), "every part of the gang is reserved: committing");
+                self.recorder.event(
+                    obj_ref,
+                    EventType::Normal,
+                    "GangCommitted",
+                    &format!(
+                        "every part of gang {} is reserved ({}): attempt {} committed",
+                        spec.group,
+                        describe(),
+                        record.attempt
+                    ),
+                );
+                Some(spec.ttl + gang::SLACK)
+            }
+            gang::Next::Bound => {
+                *out = Some(gang::Record {
+                    phase: gang::Phase::Bound,
+                    since: now_ms,
+                    ..record.clone()
+                });
+                outcome("bound");
+                self.recorder.event(
+                    obj_ref,
+                    EventType::Normal,
+                    "GangBound",
+                    &format!("gang {} is bound whole ({})", spec.group, describe()),
+                );
+                None
+            }
+            gang::Next::Abort(why) => {
+                let wait = gang::BACKOFF.max(fence.unwrap_or_default());
+                *out = Some(gang::Record {
+                    phase: gang::Phase::Backoff,
+                    since: now_ms,
+                    until: now_ms + wait.as_millis() as u64,
+                    why: why.clone(),
+                    attempt: record.attempt,
+                });
+                outcome("aborted");
+                tracing::warn!(gang = %spec.group, attempt = record.attempt, why = %why, "gang aborted: every part is removed");
+                self.recorder.event(
+                    obj_ref,
+                    EventType::Warning,
+                    "GangAborted",
+                    &format!(
+                        "attempt {} of gang {} aborted: {why}; every part ({}) is removed and the gang is placed again in {:.0}s",
+                        record.attempt,
+                        spec.group,
+                        describe(),
+                        wait.as_secs_f64()
+                    ),
+                );
+                Some(wait)
+            }
+            gang::Next::Place => {
+                *out = None;
+                None
+            }
+        }
     }
 
     /// What each shard is handed now for `target`, with the shares leaving live shards

@@ -133,6 +133,7 @@ pub fn fields_of(kind: &str) -> &'static [&'static str] {
         "ConfigMap" => &["data", "binaryData", "immutable"],
         "Secret" => &["data", "type", "immutable"],
         "ServiceAccount" => &["imagePullSecrets", "automountServiceAccountToken"],
+        "PodGroup" => &["spec"],
         _ => &[],
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod controller;
 pub mod dependencies;
+pub mod gang;
 pub mod moves;
 pub mod policy;
 pub mod quota;

@@ -327,6 +327,7 @@ mod tests {
     fn reported(replicas: i64, observed: bool, status: Value) -> Reported {
         Reported {
             present: true,
+            gang: None,
             federation_generation: 2,
             observed,
             status,

@@ -422,6 +422,7 @@ mod tests {
     ) -> Reported {
         Reported {
             present: true,
+            gang: None,
             federation_generation: gen_,
             observed,
             replicas,
@@ -493,6 +494,7 @@ mod tests {
         // Just applied: the shard reports it before its controller wrote any status.
         let fresh = Reported {
             present: true,
+            gang: None,
             federation_generation: 3,
             observed: false,
             replicas: 2,
@@ -541,6 +543,7 @@ mod tests {
     fn raw(status: Value) -> Reported {
         Reported {
             present: true,
+            gang: None,
             federation_generation: 3,
             observed: true,
             replicas: 1,

@@ -47,6 +47,10 @@ pub struct FederationMetrics {
     pub move_duration: HistogramVec,
     /// Moves held back by `--max-moving`.
     pub moves_deferred: IntCounter,
+    /// Federation-scope gangs' steps, by outcome (committed, bound, aborted).
+    pub gangs: IntCounterVec,
+    /// From a gang's parts being assigned to every part reporting its reservation.
+    pub gang_reserve_seconds: Histogram,
 }
 
 impl FederationMetrics {
@@ -78,6 +82,8 @@ impl FederationMetrics {
         registry.register(Box::new(m.moves_in_progress.clone()))?;
         registry.register(Box::new(m.move_duration.clone()))?;
         registry.register(Box::new(m.moves_deferred.clone()))?;
+        registry.register(Box::new(m.gangs.clone()))?;
+        registry.register(Box::new(m.gang_reserve_seconds.clone()))?;
         Ok(())
     }
 
@@ -196,6 +202,20 @@ impl FederationMetrics {
             moves_deferred: IntCounter::new(
                 "tessera_federation_moves_deferred_total",
                 "Moves held back because --max-moving were under way.",
+            )?,
+            gangs: IntCounterVec::new(
+                Opts::new(
+                    "tessera_federation_gangs_total",
+                    "Steps of federation-scope gangs divided over shards, by outcome: committed (every part reserved), bound (every part bound), aborted (every part removed, placed again after a back-off).",
+                ),
+                &["outcome"],
+            )?,
+            gang_reserve_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "tessera_federation_gang_reserve_seconds",
+                    "From a federation-scope gang's parts being assigned to every part reporting its members reserved (the commit).",
+                )
+                .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0]),
             )?,
         })
     }

@@ -134,6 +134,9 @@ pub struct Reported {
     pub status: serde_json::Value,
     /// Its `spec.replicas`.
     pub replicas: i64,
+    /// A gang part's standing: (members reserved, the attempt they are reserved for,
+    /// members bound).
+    pub gang: Option<(i64, i64, i64)>,
 }
 
 /// Something that happened in the registry, for the controllers that act on it.
@@ -580,6 +583,7 @@ impl Registry {
                 observed: st.observed,
                 status,
                 replicas: st.replicas,
+                gang: st.gang.map(|g| (g.reserved, g.reserved_for, g.scheduled)),
             };
             if st.present {
                 e.statuses.insert(key.clone(), r);
@@ -756,6 +760,24 @@ impl Registry {
         inner.snapshot.commit(w, &d);
         let total = inner.snapshot.shards.len();
         (d, total)
+    }
+
+    /// Places `w` all together or not at all (a gang divided over shards): as
+    /// [`Registry::place`] when every replica fits, otherwise nothing is committed and the
+    /// decision holds no share.
+    pub fn place_whole(&self, w: &Workload<'_>, policy: &Policy) -> (Decision, usize) {
+        let mut inner = self.inner.lock();
+        if !inner.tenants.contains(w.tenant) {
+            inner.tenants.insert(w.tenant.to_owned());
+        }
+        let mut d = inner.snapshot.place(w, policy);
+        if d.unplaced == 0 {
+            inner.snapshot.commit(w, &d);
+        } else {
+            d.shares.clear();
+            d.unplaced = w.replicas;
+        }
+        (d, inner.snapshot.shards.len())
     }
 
     /// What each shard holds of `key` with replicas asking `request`: the credit a new
