@@ -152,6 +152,11 @@ impl Cluster {
     /// same data directory.
     pub fn kill_and_restart(&mut self) {
         self.kill();
+        self.restart();
+    }
+
+    /// Starts the (killed) process again on the same data directory.
+    pub fn restart(&mut self) {
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         (self.child, self.metrics_addr, self.banner) =
             Self::spawn(&self.command, &extra, self.dir.path());

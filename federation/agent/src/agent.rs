@@ -16,8 +16,8 @@ use serde_json::Value;
 use tessera_client::client::Client;
 use tessera_client::request::find_resource;
 use tessera_client::types::{
-    FEDERATED_LABEL, FEDERATION_LEASE, FEDERATION_MANAGER, GANG_JOB_ANNOTATION, GANG_PHASE_ANNOTATION,
-    POD_GROUP_LABEL, PodGroup, Tenant,
+    FEDERATED_LABEL, FEDERATION_LEASE, FEDERATION_MANAGER, GANG_JOB_ANNOTATION,
+    GANG_PHASE_ANNOTATION, POD_GROUP_LABEL, PodGroup, Tenant,
 };
 use tessera_client::workloads::WorkloadKind;
 use tessera_core::LabelSelector;
@@ -286,12 +286,16 @@ fn tenants_res() -> &'static tessera_client::catalog::Resource {
 /// Where the PodGroup of Job `w` stands, if the Job is a shard's part of a federation-scope
 /// gang.
 fn gang_status(w: &SpecObject, gangs: &Cache<PodGroup>) -> Option<pb::GangStatus> {
-    let group = WorkloadKind::Job.template(&w.spec)["metadata"]["labels"][POD_GROUP_LABEL].as_str()?;
+    let group =
+        WorkloadKind::Job.template(&w.spec)["metadata"]["labels"][POD_GROUP_LABEL].as_str()?;
     let g = gangs.get(&format!(
         "{}/{group}",
         w.metadata.namespace.as_deref().unwrap_or_default()
     ))?;
-    g.metadata.annotations.as_ref()?.get(GANG_PHASE_ANNOTATION)?;
+    g.metadata
+        .annotations
+        .as_ref()?
+        .get(GANG_PHASE_ANNOTATION)?;
     let st = g.status.clone().unwrap_or_default();
     Some(pb::GangStatus {
         reserved: st.reserved.unwrap_or(0).into(),
@@ -482,7 +486,10 @@ pub async fn run_with(
             else {
                 return;
             };
-            let key = format!("{}/{job}", g.metadata.namespace.as_deref().unwrap_or_default());
+            let key = format!(
+                "{}/{job}",
+                g.metadata.namespace.as_deref().unwrap_or_default()
+            );
             let jobs = s
                 .workloads
                 .iter()
@@ -668,8 +675,11 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 break Err(tonic::Status::unavailable("the shard's lease lapsed"));
             }
         };
-        if state.lease.lock().fenced {
-            // The lease lapsed while a message was being handled.
+        if state.lease.lock().stopping(tokio::time::Instant::now()) {
+            // The lease ended (by this agent's clock) before the message was handled: a
+            // message that waited in the stream while the agent was frozen or cut off (a
+            // gang's commit, an assignment) is never applied late; the federation sends
+            // what still holds when the agent registers again.
             break Err(tonic::Status::unavailable("the shard's lease lapsed"));
         }
         match msg.message {
@@ -825,7 +835,9 @@ async fn remove_gang_part(state: &Arc<State>, ns: &str, job: &str) {
     match state.client.delete(res, Some(ns), &name, None).await {
         Ok(_) => tracing::info!(gang = %name, namespace = ns, "removed a gang part's PodGroup"),
         Err(e) if e.code == 404 => {}
-        Err(e) => tracing::warn!(gang = %name, error = %e.message, "removing a gang part's PodGroup"),
+        Err(e) => {
+            tracing::warn!(gang = %name, error = %e.message, "removing a gang part's PodGroup")
+        }
     }
 }
 

@@ -199,6 +199,8 @@ pub struct Propagation {
     queue: WorkQueue<String>,
     /// Moves allowed under way at once (`--max-moving`).
     max_moving: usize,
+    /// See [`Options::gang_commit_delay`].
+    gang_commit_delay: Duration,
     /// Workloads moving between live shards (or holding a slot to): when each move began,
     /// and whether its beginning was announced (Events, metrics).
     moving: Mutex<BTreeMap<String, (Instant, bool)>>,
@@ -224,6 +226,9 @@ pub struct Options {
     /// Workloads allowed to move between live shards at once (rebalancing after a shard
     /// joins, drains): at least 1.
     pub max_moving: usize,
+    /// A federation-scope gang is committed no sooner than this after its attempt began (a
+    /// fault-injection seam for tests; zero in production).
+    pub gang_commit_delay: Duration,
     /// Queue metrics.
     pub queue_metrics: Option<QueueMetrics>,
     /// Informer and reconcile metrics.
@@ -332,6 +337,7 @@ pub async fn run(o: Options) {
         ledger: Mutex::new(quota::Ledger::default()),
         queue: queue.clone(),
         max_moving: o.max_moving.max(1),
+        gang_commit_delay: o.gang_commit_delay,
         moving: Mutex::new(BTreeMap::new()),
         rehome: Mutex::new(BTreeMap::new()),
         waiting_to_move: Mutex::new(moves::Waiting::default()),
@@ -1598,8 +1604,12 @@ impl Propagation {
                 m.gangs.with_label_values(&[o]).inc();
             }
         };
+        let not_before = record.since + self.gang_commit_delay.as_millis() as u64;
         match gang::next(record, &parts, spec.ttl, now_ms, live_copies) {
             gang::Next::Stay(d) => d,
+            gang::Next::Commit if now_ms < not_before => {
+                Some(Duration::from_millis(not_before - now_ms))
+            }
             gang::Next::Commit => {
                 *out = Some(gang::Record {
                     phase: gang::Phase::Committed,

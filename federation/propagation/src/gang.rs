@@ -158,13 +158,7 @@ pub fn group_named(template: &Value, ns: &str) -> Option<String> {
 }
 
 /// The PodGroup that is a shard's part of `gang`: `share` members, in `phase` of `attempt`.
-pub fn part_manifest(
-    gang: &Gang,
-    ns: &str,
-    job: &str,
-    share: u64,
-    record: &Record,
-) -> Value {
+pub fn part_manifest(gang: &Gang, ns: &str, job: &str, share: u64, record: &Record) -> Value {
     json!({
         "apiVersion": "tessera.io/v1alpha1",
         "kind": "PodGroup",
@@ -235,9 +229,7 @@ pub fn next(
     match record.phase {
         Phase::Reserving => {
             if let Some(s) = lost {
-                return Next::Abort(format!(
-                    "shard {s} was lost before the gang was committed"
-                ));
+                return Next::Abort(format!("shard {s} was lost before the gang was committed"));
             }
             if !parts.is_empty() && parts.values().all(|p| p.reserved_for(record.attempt)) {
                 return Next::Commit;

@@ -168,8 +168,8 @@ impl Gangs {
                 None => g.specs.remove(key),
             }
         };
-        let committed = old.is_some_and(|o| o.hold.is_some())
-            && spec.is_some_and(|s| s.hold.is_none());
+        let committed =
+            old.is_some_and(|o| o.hold.is_some()) && spec.is_some_and(|s| s.hold.is_none());
         if committed && let Some(hook) = self.on_commit.get() {
             hook(key);
         }

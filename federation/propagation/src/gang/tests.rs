@@ -20,18 +20,33 @@ fn part(share: u64, gang: Option<(i64, i64, i64)>, lost: bool) -> Part {
     Part { share, lost, gang }
 }
 
+/// One row: what, the record, its parts, now, whether a live shard holds a copy, the step.
+type Case = (
+    &'static str,
+    Record,
+    BTreeMap<String, Part>,
+    u64,
+    bool,
+    Next,
+);
+
 fn parts(list: &[(&str, Part)]) -> BTreeMap<String, Part> {
-    list.iter().map(|(s, p)| (s.to_string(), p.clone())).collect()
+    list.iter()
+        .map(|(s, p)| (s.to_string(), p.clone()))
+        .collect()
 }
 
 #[test]
 fn the_two_phases() {
     let reserved = |n| Some((n, 2, 0));
-    let cases: Vec<(&str, Record, BTreeMap<String, Part>, u64, bool, Next)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "every part reserved for this attempt: commit",
             rec(Phase::Reserving, 2),
-            parts(&[("a", part(4, reserved(4), false)), ("b", part(2, reserved(2), false))]),
+            parts(&[
+                ("a", part(4, reserved(4), false)),
+                ("b", part(2, reserved(2), false)),
+            ]),
             1_000,
             true,
             Next::Commit,
@@ -39,7 +54,10 @@ fn the_two_phases() {
         (
             "one part short: wait until the deadline",
             rec(Phase::Reserving, 2),
-            parts(&[("a", part(4, reserved(4), false)), ("b", part(2, reserved(1), false))]),
+            parts(&[
+                ("a", part(4, reserved(4), false)),
+                ("b", part(2, reserved(1), false)),
+            ]),
             1_000,
             true,
             Next::Stay(Some(Duration::from_millis(DEADLINE - 1_000))),
@@ -47,7 +65,10 @@ fn the_two_phases() {
         (
             "a reservation left from an older attempt does not count",
             rec(Phase::Reserving, 2),
-            parts(&[("a", part(4, reserved(4), false)), ("b", part(2, Some((2, 1, 0)), false))]),
+            parts(&[
+                ("a", part(4, reserved(4), false)),
+                ("b", part(2, Some((2, 1, 0)), false)),
+            ]),
             1_000,
             true,
             Next::Stay(Some(Duration::from_millis(DEADLINE - 1_000))),
@@ -55,7 +76,10 @@ fn the_two_phases() {
         (
             "past the deadline: abort, naming what was short",
             rec(Phase::Reserving, 2),
-            parts(&[("a", part(4, reserved(4), false)), ("b", part(2, Some((2, 1, 0)), false))]),
+            parts(&[
+                ("a", part(4, reserved(4), false)),
+                ("b", part(2, Some((2, 1, 0)), false)),
+            ]),
             DEADLINE,
             true,
             Next::Abort("not every part was reserved within 30s (b reserved 0 of 2)".into()),
@@ -63,7 +87,10 @@ fn the_two_phases() {
         (
             "a shard lost while reserving: abort",
             rec(Phase::Reserving, 2),
-            parts(&[("a", part(4, reserved(4), false)), ("b", part(2, reserved(2), true))]),
+            parts(&[
+                ("a", part(4, reserved(4), false)),
+                ("b", part(2, reserved(2), true)),
+            ]),
             1_000,
             true,
             Next::Abort("shard b was lost before the gang was committed".into()),
@@ -71,7 +98,10 @@ fn the_two_phases() {
         (
             "committed, every part bound",
             rec(Phase::Committed, 2),
-            parts(&[("a", part(4, Some((4, 2, 4)), false)), ("b", part(2, Some((0, 0, 2)), false))]),
+            parts(&[
+                ("a", part(4, Some((4, 2, 4)), false)),
+                ("b", part(2, Some((0, 0, 2)), false)),
+            ]),
             1_000,
             true,
             Next::Bound,
@@ -79,7 +109,10 @@ fn the_two_phases() {
         (
             "committed, one part not bound yet",
             rec(Phase::Committed, 2),
-            parts(&[("a", part(4, Some((4, 2, 4)), false)), ("b", part(2, reserved(2), false))]),
+            parts(&[
+                ("a", part(4, Some((4, 2, 4)), false)),
+                ("b", part(2, reserved(2), false)),
+            ]),
             1_000,
             true,
             Next::Stay(Some(Duration::from_millis(DEADLINE - 1_000))),
@@ -87,7 +120,10 @@ fn the_two_phases() {
         (
             "committed, a shard cut off before its part was bound: abort",
             rec(Phase::Committed, 2),
-            parts(&[("a", part(4, Some((4, 2, 4)), false)), ("b", part(2, reserved(2), true))]),
+            parts(&[
+                ("a", part(4, Some((4, 2, 4)), false)),
+                ("b", part(2, reserved(2), true)),
+            ]),
             1_000,
             true,
             Next::Abort("shard b was lost before its part of the gang was bound".into()),
@@ -95,7 +131,10 @@ fn the_two_phases() {
         (
             "committed, a part never bound by the deadline: abort",
             rec(Phase::Committed, 2),
-            parts(&[("a", part(4, Some((4, 2, 4)), false)), ("b", part(2, Some((0, 2, 1)), false))]),
+            parts(&[
+                ("a", part(4, Some((4, 2, 4)), false)),
+                ("b", part(2, Some((0, 2, 1)), false)),
+            ]),
             DEADLINE + 1,
             true,
             Next::Abort("shard b bound 1 of its 2 members within 30s of the commit".into()),
@@ -103,7 +142,10 @@ fn the_two_phases() {
         (
             "bound and whole: nothing to do",
             rec(Phase::Bound, 2),
-            parts(&[("a", part(4, Some((0, 0, 4)), false)), ("b", part(2, Some((0, 0, 2)), false))]),
+            parts(&[
+                ("a", part(4, Some((0, 0, 4)), false)),
+                ("b", part(2, Some((0, 0, 2)), false)),
+            ]),
             DEADLINE * 10,
             true,
             Next::Stay(None),
@@ -111,7 +153,10 @@ fn the_two_phases() {
         (
             "bound, then a shard lost: torn down whole",
             rec(Phase::Bound, 2),
-            parts(&[("a", part(4, Some((0, 0, 4)), false)), ("b", part(2, None, true))]),
+            parts(&[
+                ("a", part(4, Some((0, 0, 4)), false)),
+                ("b", part(2, None, true)),
+            ]),
             1_000,
             true,
             Next::Abort("shard b was lost: the gang runs whole or not at all".into()),
@@ -149,7 +194,10 @@ fn the_two_phases() {
 #[test]
 fn a_new_attempt_is_numbered_after_the_last() {
     let first = Record::reserving(None, 10);
-    assert_eq!((first.attempt, first.phase, first.since), (1, Phase::Reserving, 10));
+    assert_eq!(
+        (first.attempt, first.phase, first.since),
+        (1, Phase::Reserving, 10)
+    );
     let mut aborted = first.clone();
     aborted.phase = Phase::Backoff;
     assert_eq!(Record::reserving(Some(&aborted), 20).attempt, 2);
@@ -169,9 +217,7 @@ fn group(scope: Option<&str>, min: i32, ttl: Option<i32>) -> PodGroup {
 #[test]
 fn which_jobs_are_federation_gangs() {
     let fed = group(Some("Federation"), 6, Some(15));
-    let job = |p: u64, c: Option<u64>, mode: &str| {
-        json!({"parallelism": p, "completions": c, "completionMode": mode})
-    };
+    let job = |p: u64, c: Option<u64>, mode: &str| json!({"parallelism": p, "completions": c, "completionMode": mode});
     assert_eq!(
         of_job(&job(6, Some(6), "NonIndexed"), Some(&fed)),
         Ok(Some(Gang {
@@ -181,8 +227,11 @@ fn which_jobs_are_federation_gangs() {
         }))
     );
     assert_eq!(
-        of_job(&job(6, None, "NonIndexed"), Some(&group(Some("Federation"), 6, None)))
-            .map(|g| g.map(|g| g.ttl)),
+        of_job(
+            &job(6, None, "NonIndexed"),
+            Some(&group(Some("Federation"), 6, None))
+        )
+        .map(|g| g.map(|g| g.ttl)),
         Ok(Some(DEFAULT_TTL))
     );
     assert_eq!(of_job(&job(6, Some(6), "NonIndexed"), None), Ok(None));
@@ -201,7 +250,7 @@ fn which_jobs_are_federation_gangs() {
     );
     assert!(
         of_job(&job(6, Some(6), "Indexed"), Some(&fed))
-            .unwrap_err()
+            .expect_err("an Indexed Job is refused")
             .contains("use completionMode NonIndexed")
     );
 }
@@ -215,8 +264,14 @@ fn a_part_is_a_podgroup_of_its_share_in_the_recorded_phase() {
     };
     let m = part_manifest(&gang, "t", "train", 4, &rec(Phase::Committed, 3));
     assert_eq!(m["metadata"]["name"], "g");
-    assert_eq!(m["spec"], json!({"minMember": 4, "scheduleTimeoutSeconds": 15}));
-    assert_eq!(m["metadata"]["annotations"][GANG_PHASE_ANNOTATION], "Commit");
+    assert_eq!(
+        m["spec"],
+        json!({"minMember": 4, "scheduleTimeoutSeconds": 15})
+    );
+    assert_eq!(
+        m["metadata"]["annotations"][GANG_PHASE_ANNOTATION],
+        "Commit"
+    );
     assert_eq!(m["metadata"]["annotations"][GANG_ATTEMPT_ANNOTATION], "3");
     assert_eq!(m["metadata"]["annotations"][GANG_JOB_ANNOTATION], "train");
     assert_eq!(m["metadata"]["labels"][FEDERATED_LABEL], "true");

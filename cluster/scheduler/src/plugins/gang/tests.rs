@@ -139,7 +139,10 @@ async fn a_held_gang_reserves_its_quorum_and_binds_only_when_committed() {
         s1.message(),
         "gang ns/g is reserved; waiting for the federation to commit it"
     );
-    assert!(d1 <= Duration::from_secs(30), "held until the reservation's TTL");
+    assert!(
+        d1 <= Duration::from_secs(30),
+        "held until the reservation's TTL"
+    );
     settle().await;
     assert_eq!(
         reservations(&w),
@@ -199,7 +202,10 @@ async fn a_held_gang_not_committed_by_its_ttl_is_let_go_and_says_so() {
         ],
         "the lapsed reservation is withdrawn"
     );
-    assert!(w.bindings().iter().all(|b| b.get("members").is_none()), "nothing bound");
+    assert!(
+        w.bindings().iter().all(|b| b.get("members").is_none()),
+        "nothing bound"
+    );
 }
 
 impl World {
