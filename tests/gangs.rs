@@ -127,7 +127,7 @@ fn watch(
 }
 
 /// The Events of namespace `gangs` at the federation, one `REASON message` per line.
-fn events(fed: &Cluster) -> String {
+fn gang_events(fed: &Cluster) -> String {
     fed.ok(&[
         "get",
         "events",
@@ -255,7 +255,7 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
             "shard {s} had part of its part bound: {counts:?} (share {share})"
         );
     }
-    let events = events(&fed);
+    let events = gang_events(&fed);
     assert!(events.contains("GangCommitted"), "{events}");
     fed.ok(&["delete", "job", "first", "-n", "gangs", "--wait=false"]);
     let freed = wait_for(Duration::from_secs(60), || {
@@ -317,7 +317,7 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
     });
     let gang = whole.expect("the gang is placed again whole on the live shards");
     assert_eq!(gang["attempt"], 2, "{gang}");
-    let events = events(&fed);
+    let events = gang_events(&fed);
     assert!(
         events.lines().any(|l| l.starts_with("GangAborted")
             && l.contains(&format!(
