@@ -37,6 +37,11 @@ pub struct FederationTuning {
     /// joins, `tessera shard drain`); the others wait their turn.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_moving: u64,
+    /// Seconds a move between live shards may hold one of the `--max-moving` slots: a move
+    /// not finished by then (its new copy never becomes available) is reported
+    /// (`MoveStalled`) and goes on without its slot, so it holds up no other move.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub move_timeout_seconds: u64,
     /// Fault-injection seam for tests: a federation-scope gang is committed no sooner than
     /// this many milliseconds after its attempt began, even when every part is reserved
     /// before (0: at once). Widens the window between the two phases.
@@ -135,6 +140,7 @@ pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<F
         workers: 4,
         max_moving: tuning.max_moving as usize,
         gang_commit_delay: std::time::Duration::from_millis(tuning.gang_commit_delay_ms),
+        move_timeout: std::time::Duration::from_secs(tuning.move_timeout_seconds),
         queue_metrics: Some(queues),
         runtime_metrics: Some(runtime),
         status_batch: std::time::Duration::from_millis(tuning.federation_status_batch_period_ms),

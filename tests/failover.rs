@@ -168,11 +168,7 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         join(&fed, &east, &grpc, shards[0].0, shards[0].1),
         join(&fed, &west, &grpc, shards[1].0, shards[1].1),
     ];
-    let both_ready = wait_for(Duration::from_secs(60), || {
-        let out = fed.ok(&["get", "shards", "--no-headers"]);
-        (out.lines().filter(|l| l.contains(" True ")).count() == 2).then_some(())
-    });
-    assert!(both_ready.is_some(), "{}", fed.ok(&["get", "shards"]));
+    fed.wait_for_ready_shards(2);
 
     // A Job of one completion that runs for ten minutes (AtMostOnce by its kind; its pods
     // stop at once) and a Deployment of two (Fast by its kind).

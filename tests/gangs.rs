@@ -12,7 +12,7 @@ use std::time::Duration;
 
 mod support;
 
-use support::{Cluster, Running, free_addr, join_command, signal, wait_for};
+use support::{Cluster, Running, free_addr, join_agent, signal, wait_for};
 
 /// A gang of `size` one-cpu pods of PodGroup `group`, `Federation` scope, with a
 /// reservation TTL of 10 s (longer than the commit delay below), run by Job `job` in namespace `gangs`.
@@ -138,15 +138,6 @@ fn gang_events(fed: &Cluster) -> String {
     ])
 }
 
-fn join(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str) -> Running {
-    Running(
-        join_command(fed, shard, grpc, name)
-            .args(["--metrics-addr", &free_addr()])
-            .spawn()
-            .expect("tessera join"),
-    )
-}
-
 #[test]
 fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
     let grpc = free_addr();
@@ -168,13 +159,9 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
     let mut agents: Vec<Running> = names
         .iter()
         .zip(&shards)
-        .map(|(n, s)| join(&fed, s, &grpc, n))
+        .map(|(n, s)| join_agent(&fed, s, &grpc, n))
         .collect();
-    let ready = wait_for(Duration::from_secs(60), || {
-        let out = fed.ok(&["get", "shards", "--no-headers"]);
-        (out.lines().filter(|l| l.contains(" True ")).count() == 3).then_some(())
-    });
-    assert!(ready.is_some(), "{}", fed.ok(&["get", "shards"]));
+    fed.wait_for_ready_shards(3);
     let shard = |n: &str| &shards[names.iter().position(|x| *x == n).expect("a shard")];
     fed.ok(&["create", "namespace", "gangs"]);
 
@@ -194,6 +181,7 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
         .map(|(n, s)| (n.to_string(), s.kubeconfig.clone()))
         .collect();
     let (watcher, seen) = watch(targets.clone(), "first", stop.clone());
+    let applied = std::time::Instant::now();
     fed.ok(&[
         "apply",
         "-f",
@@ -208,6 +196,10 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
         (all && gang["phase"] == "Reserving").then_some(shares)
     })
     .expect("the gang is divided over two shards and every part reserved");
+    println!(
+        "gang of 6 divided {parts:?}: every part reserved {:.1}s after kubectl apply",
+        applied.elapsed().as_secs_f64()
+    );
     assert_eq!(parts.values().sum::<u64>(), 6, "{parts:?}");
     for s in parts.keys() {
         assert_eq!(
@@ -305,6 +297,7 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
         .expect("a part");
     let cut_at = names.iter().position(|n| *n == cut).expect("a shard");
     signal(agents[cut_at].0.id(), "-STOP");
+    let frozen = std::time::Instant::now();
     let whole = wait_for(Duration::from_secs(90), || {
         let (shares, gang) = record(&fed, "second")?;
         let bound: usize = names
@@ -316,6 +309,10 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
         (gang["phase"] == "Bound" && bound == 6 && !shares.contains_key(&cut)).then_some(gang)
     });
     let gang = whole.expect("the gang is placed again whole on the live shards");
+    println!(
+        "shard {cut} cut off mid-commit: the gang bound whole on the live shards {:.1}s later",
+        frozen.elapsed().as_secs_f64()
+    );
     assert_eq!(gang["attempt"], 2, "{gang}");
     let events = gang_events(&fed);
     assert!(

@@ -156,11 +156,7 @@ fn a_drained_shard_hands_its_workloads_over_without_a_gap_or_a_second_run() {
             "--max-moving=1",
         ],
     );
-    let ready = wait_for(Duration::from_secs(60), || {
-        let out = c.ok(&["get", "shards", "--no-headers"]);
-        (out.lines().filter(|l| l.contains(" True ")).count() == 3).then_some(())
-    });
-    assert!(ready.is_some(), "{}", c.ok(&["get", "shards"]));
+    c.wait_for_ready_shards(3);
     c.ok(&["create", "namespace", "mv"]);
     for (name, n) in [("web", "4"), ("api", "2")] {
         c.ok(&[
@@ -444,4 +440,104 @@ fn a_shard_that_joins_takes_over_its_tenants_without_a_gap() {
         "tessera_federation_moves_total{reason=\"rebalance\"}",
     );
     assert_eq!(moved as usize, on_b.len(), "one move per tenant moved");
+}
+
+#[test]
+fn a_move_that_cannot_finish_gives_its_slot_up_after_the_move_timeout() {
+    let c = Cluster::start_with(
+        "up",
+        &[
+            "--shards=2",
+            "--nodes-per-shard=4",
+            "--max-moving=1",
+            "--move-timeout-seconds=2",
+        ],
+    );
+    c.wait_for_ready_shards(2);
+    c.ok(&["create", "namespace", "st"]);
+    // Two Deployments that never become available (a pod counts only after an hour Ready)
+    // and one that does: with one move slot, a stuck move must not hold up the others.
+    let stuck = |name: &str| {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: st}}\nspec:\n  replicas: 1\n  minReadySeconds: 3600\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec: {{containers: [{{name: c, image: nginx}}]}}\n"
+        )
+    };
+    for name in ["slow-1", "slow-2"] {
+        c.ok(&[
+            "apply",
+            "-f",
+            &c.file(&format!("{name}.yaml"), &stuck(name)),
+        ]);
+    }
+    c.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "-n",
+        "st",
+        "--image=nginx",
+        "--replicas=2",
+    ]);
+    c.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "st",
+        "--timeout=90s",
+    ]);
+    let shards: Vec<Target> = (0..2)
+        .map(|i| Target {
+            kubeconfig: c.kubeconfig.clone(),
+            context: Some(format!("shard-{i}")),
+            name: format!("shard-{i}"),
+        })
+        .collect();
+    let home = shards
+        .iter()
+        .find(|s| s.available().is_some_and(|a| a.get("st/web") == Some(&2)))
+        .map(|s| s.name.clone())
+        .expect("web runs in one shard");
+    let other = shards
+        .iter()
+        .find(|s| s.name != home)
+        .expect("another shard");
+    let out = tessera(&["shard", "drain", &home, "--no-wait"], &c.kubeconfig);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stalled = wait_for(Duration::from_secs(60), || {
+        let events = c.ok(&[
+            "get",
+            "events",
+            "-n",
+            "st",
+            "--field-selector",
+            "reason=MoveStalled",
+            "-o",
+            "jsonpath={range .items[*]}{.involvedObject.name} {.message}{\"\\n\"}{end}",
+        ]);
+        let web_moved = other
+            .available()
+            .is_some_and(|a| a.get("st/web") == Some(&2));
+        (web_moved && events.contains("slow-1 ") && events.contains("slow-2 ")).then_some(events)
+    });
+    let events = stalled.expect("both stuck moves stalled and gave their slot up; web moved");
+    assert!(
+        events.contains("the new copies (1 on ") && events.contains("are not available yet"),
+        "{events}"
+    );
+    assert!(sample(&c.metrics_addr, "tessera_federation_moves_stalled_total") >= 2.0);
+    // Make-before-break holds for a stalled move: the old copies stay in the drained shard.
+    let left = shards
+        .iter()
+        .find(|s| s.name == home)
+        .and_then(|s| s.kubectl(&["get", "deploy", "-n", "st", "-o", "name"]))
+        .unwrap_or_default();
+    assert!(
+        left.contains("slow-1") && left.contains("slow-2") && !left.contains("/web"),
+        "{left}"
+    );
 }

@@ -43,6 +43,17 @@ pub fn up_command(metrics: &str, grpc: &str, dir: &Path) -> Command {
     cmd
 }
 
+/// Starts shard `shard`'s federation agent `name` (`tessera join`), serving its metrics on a
+/// port of its own; killed when dropped.
+pub fn join_agent(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str) -> Running {
+    Running(
+        join_command(fed, shard, grpc, name)
+            .args(["--metrics-addr", &free_addr()])
+            .spawn()
+            .expect("tessera join"),
+    )
+}
+
 /// `tessera join`: shard `shard`'s federation agent named `name`, joining federation `fed`
 /// at its gRPC address `grpc`.
 pub fn join_command(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str) -> Command {
@@ -153,6 +164,16 @@ impl Cluster {
     pub fn kill_and_restart(&mut self) {
         self.kill();
         self.restart();
+    }
+
+    /// Waits (up to a minute) until `n` shards of this federation are ready; panics with the
+    /// shard list if they are not.
+    pub fn wait_for_ready_shards(&self, n: usize) {
+        let ready = wait_for(Duration::from_secs(60), || {
+            let out = self.ok(&["get", "shards", "--no-headers"]);
+            (out.lines().filter(|l| l.contains(" True ")).count() == n).then_some(())
+        });
+        assert!(ready.is_some(), "{}", self.ok(&["get", "shards"]));
     }
 
     /// Starts the (killed) process again on the same data directory.

@@ -6,6 +6,7 @@
 
 pub mod cgroups;
 pub mod env;
+pub mod fence;
 pub mod isolation;
 pub mod logs;
 pub mod metrics;

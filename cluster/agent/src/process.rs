@@ -24,7 +24,7 @@ use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::status::ApiError;
-use tessera_client::types::{PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
+use tessera_client::types::{FEDERATION_LEASE, PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Change, Informer, Scope, Tasks};
@@ -112,6 +112,12 @@ pub struct ProcessAgent {
     stats: crate::usage::Stats,
     events: Recorder,
     cgroups: Cgroups,
+    /// The node's own federation fence (see [`crate::fence`]).
+    fence: Mutex<crate::fence::NodeFence>,
+    /// The running pods of federated `AtMostOnce` workloads, by UID: their grace period.
+    at_most_once: Mutex<HashMap<String, i64>>,
+    /// Pods stopped by the node's fence.
+    fenced_pods: prometheus::IntCounter,
 }
 
 fn host_memory() -> String {
@@ -230,6 +236,13 @@ impl ProcessAgent {
             stats: crate::usage::Stats::default(),
             events: Recorder::new(client.clone(), "kubelet", None),
             cgroups: Cgroups::detect(&config.cgroup_mount),
+            fence: Mutex::default(),
+            at_most_once: Mutex::default(),
+            fenced_pods: prometheus::IntCounter::new(
+                "tessera_agent_fenced_pods_total",
+                "Pods of federated AtMostOnce workloads a process node stopped itself because its shard's federation lease ended without a renewal it could read (the shard's control plane frozen or unreachable).",
+            )
+            .expect("a valid metric"),
             config,
             client,
         })
@@ -238,10 +251,98 @@ impl ProcessAgent {
     /// Serves the resource usage of this node's containers in `registry`
     /// ([`crate::usage`]).
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.fenced_pods.clone()))?;
         registry.register(Box::new(crate::usage::ContainerUsage::new(
             &self.config.node,
             self.usage.clone(),
         )?))
+    }
+
+    /// Reads the shard's federation Lease every [`crate::fence::PERIOD`] (each read bounded
+    /// by it: a frozen API never holds the fence up) and stops the node's `AtMostOnce` pods
+    /// once the lease it last read has ended.
+    async fn fence_loop(self: Arc<Self>) {
+        let leases = res("coordination.k8s.io", "leases");
+        let mut tick = tokio::time::interval(crate::fence::PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let read = tokio::time::timeout(
+                crate::fence::PERIOD,
+                self.client
+                    .get(leases, Some("kube-system"), FEDERATION_LEASE),
+            )
+            .await;
+            let (wall, now) = (std::time::SystemTime::now(), std::time::Instant::now());
+            match read {
+                Ok(Ok(lease)) => self.fence.lock().observe(Some(&lease), wall, now),
+                Ok(Err(e)) if e.code == 404 => self.fence.lock().observe(None, wall, now),
+                // No answer: what was read last stands.
+                _ => {}
+            }
+            if !self.fence.lock().lapsed(std::time::Instant::now()) {
+                continue;
+            }
+            let targets: Vec<(String, i64)> = self
+                .at_most_once
+                .lock()
+                .iter()
+                .map(|(u, g)| (u.clone(), *g))
+                .collect();
+            for (uid, grace) in targets {
+                let stop = self.running.lock().get(&uid).cloned();
+                if let Some(stop) = stop {
+                    let _ = stop.send(Some(grace));
+                    self.fenced_pods.inc();
+                    tracing::warn!(node = %self.config.node, pod_uid = %uid, "stopped an at-most-once pod: the shard's federation lease ended and no renewal could be read");
+                }
+            }
+        }
+    }
+
+    /// Whether `pod` belongs to a federated `AtMostOnce` workload: its owner (or the owner's
+    /// owner: a CronJob's Job, a Deployment's ReplicaSet) says so. Asked only in a shard that
+    /// is in a federation, once per pod start.
+    async fn is_at_most_once(&self, pod: &Pod) -> bool {
+        let ns = pod.metadata.namespace.as_deref();
+        let mut owner = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| (o.kind.clone(), o.name.clone()));
+        for _ in 0..2 {
+            let Some((kind, name)) = owner.take() else {
+                return false;
+            };
+            let res = match kind.as_str() {
+                "Job" => res("batch", "jobs"),
+                "CronJob" => res("batch", "cronjobs"),
+                "ReplicaSet" => res("apps", "replicasets"),
+                "Deployment" => res("apps", "deployments"),
+                "StatefulSet" => res("apps", "statefulsets"),
+                _ => return false,
+            };
+            let Ok(obj) = self.client.get(res, ns, &name).await else {
+                return false;
+            };
+            if let Some(amo) = crate::fence::at_most_once(&obj) {
+                return amo;
+            }
+            owner = obj["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|o| o["controller"] == true)
+                .and_then(|o| {
+                    Some((
+                        o["kind"].as_str()?.to_owned(),
+                        o["name"].as_str()?.to_owned(),
+                    ))
+                });
+        }
+        false
     }
 
     /// Where the host's pods claim their id ranges (shared by every node using `state_dir`).
@@ -448,7 +549,8 @@ impl ProcessAgent {
             }
         });
         // The Lease renewals, usage reports and the watch stop with the agent.
-        let _tasks = Tasks(vec![reporter, renewer, tokio::spawn(informer.run())]);
+        let fence = tokio::spawn(self.clone().fence_loop());
+        let _tasks = Tasks(vec![reporter, renewer, fence, tokio::spawn(informer.run())]);
         // The pods' tasks live as long as this one: when the agent stops, so do its
         // containers (their process groups are killed as the tasks are dropped).
         let mut pods = tokio::task::JoinSet::new();
@@ -500,7 +602,18 @@ impl ProcessAgent {
             self.running.lock().insert(uid.clone(), tx);
             let this = self.clone();
             pods.spawn(async move {
+                // In a federated shard, which pods the node's own fence must stop.
+                let federated = this.fence.lock().knows_federation();
+                if federated && this.is_at_most_once(&pod).await {
+                    let grace = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.termination_grace_period_seconds)
+                        .unwrap_or(30);
+                    this.at_most_once.lock().insert(uid.clone(), grace);
+                }
                 let deleted = this.run_pod(&pod, rx).await;
+                this.at_most_once.lock().remove(&uid);
                 this.running.lock().remove(&uid);
                 this.done.lock().insert(uid);
                 if deleted {

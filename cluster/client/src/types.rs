@@ -582,3 +582,14 @@ pub const FAILOVER_ANNOTATION: &str = "tessera.io/failover";
 /// The Lease (in `kube-system`) a shard's federation agent renews while the federation
 /// acknowledges its renewals: when it ends, the shard's fence stops its `AtMostOnce` work.
 pub const FEDERATION_LEASE: &str = "tessera-federation";
+
+/// When the shard's federation Lease ends (seconds since the epoch, with fractions), if it is
+/// one a federation agent wrote (holder, renew time and duration all set). The shard's fence
+/// controller and its process nodes both stop `AtMostOnce` work from that instant.
+pub fn federation_lease_end(lease: &serde_json::Value) -> Option<f64> {
+    let spec = &lease["spec"];
+    spec["holderIdentity"].as_str().filter(|h| !h.is_empty())?;
+    let renewed: jiff::Timestamp = spec["renewTime"].as_str()?.parse().ok()?;
+    let duration = spec["leaseDurationSeconds"].as_i64()?;
+    Some(renewed.as_microsecond() as f64 / 1e6 + duration as f64)
+}

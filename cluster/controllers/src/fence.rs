@@ -30,15 +30,7 @@ const MANAGER: &str = "tessera-federation-fence";
 /// How often the Lease is looked at.
 const PERIOD: Duration = Duration::from_millis(500);
 
-/// When the Lease ends (seconds since the epoch, with fractions), if it is one the agent
-/// wrote (holder, renew time and duration all set).
-pub fn lease_end(lease: &Value) -> Option<f64> {
-    let spec = &lease["spec"];
-    spec["holderIdentity"].as_str().filter(|h| !h.is_empty())?;
-    let renewed: jiff::Timestamp = spec["renewTime"].as_str()?.parse().ok()?;
-    let duration = spec["leaseDurationSeconds"].as_i64()?;
-    Some(renewed.as_microsecond() as f64 / 1e6 + duration as f64)
-}
+pub use tessera_client::types::federation_lease_end as lease_end;
 
 /// What stops `kind`, as a merge patch (`None`: `spec` already stopped).
 fn stop_patch(kind: WorkloadKind, spec: &Value) -> Option<Value> {

@@ -206,7 +206,8 @@ impl SchedulerMetrics {
                      (minMember reached, members bound in one transaction), failed (the API \
                      refused the group binding), timeout (scheduleTimeoutSeconds passed with \
                      too few members placed), released (a member could not be placed, or left, \
-                     and the waiting members were let go).",
+                     and the waiting members were let go), reserved (a part of a federation-scope \
+                     gang placed and held for the federation's commit).",
                 ),
                 &["result"],
             )?,

@@ -204,6 +204,11 @@ pub struct Propagation {
     /// Workloads moving between live shards (or holding a slot to): when each move began,
     /// and whether its beginning was announced (Events, metrics).
     moving: Mutex<BTreeMap<String, (Instant, bool)>>,
+    /// Moves that ran past `move_timeout`: they go on (the old copy stays until the new one
+    /// is available) but no longer hold a slot, so one stuck move does not hold up the rest.
+    stalled: Mutex<BTreeMap<String, Instant>>,
+    /// See [`Options::move_timeout`].
+    move_timeout: Duration,
     /// Workloads to look at again when a shard becomes usable (ready, with a summary): a
     /// shard ahead of where they run was passed over when they were last looked at.
     rehome: Mutex<BTreeMap<String, BTreeSet<String>>>,
@@ -229,6 +234,9 @@ pub struct Options {
     /// A federation-scope gang is committed no sooner than this after its attempt began (a
     /// fault-injection seam for tests; zero in production).
     pub gang_commit_delay: Duration,
+    /// How long a move may hold its `max_moving` slot: one still unfinished then (a new copy
+    /// that never becomes available) is reported stalled and gives its slot up.
+    pub move_timeout: Duration,
     /// Queue metrics.
     pub queue_metrics: Option<QueueMetrics>,
     /// Informer and reconcile metrics.
@@ -339,6 +347,8 @@ pub async fn run(o: Options) {
         max_moving: o.max_moving.max(1),
         gang_commit_delay: o.gang_commit_delay,
         moving: Mutex::new(BTreeMap::new()),
+        stalled: Mutex::new(BTreeMap::new()),
+        move_timeout: o.move_timeout,
         rehome: Mutex::new(BTreeMap::new()),
         waiting_to_move: Mutex::new(moves::Waiting::default()),
         checked_map: Mutex::new(std::collections::HashMap::new()),
@@ -985,6 +995,7 @@ impl Propagation {
             self.pending.lock().remove(&queue_key);
             self.checked_map.lock().remove(&queue_key);
             self.waiting_to_move.lock().remove(&queue_key);
+            self.stalled.lock().remove(&queue_key);
             if self.moving.lock().remove(&queue_key).is_some() {
                 self.move_slot_freed();
             }
@@ -1778,15 +1789,21 @@ impl Propagation {
             }
         };
         if !plan.leaving.is_empty() {
-            let began = {
+            if self.stalled.lock().contains_key(queue_key) {
+                return;
+            }
+            let (began, since) = {
                 let mut moving = self.moving.lock();
                 let e = moving
                     .entry(queue_key.to_owned())
                     .or_insert((Instant::now(), false));
-                !std::mem::replace(&mut e.1, true)
+                (!std::mem::replace(&mut e.1, true), e.0)
             };
             self.waiting_to_move.lock().remove(queue_key);
             if !began {
+                if since.elapsed() >= self.move_timeout {
+                    self.stall(queue_key, obj_ref, plan, target, since);
+                }
                 return;
             }
             if let Some(m) = self.registry.metrics() {
@@ -1825,7 +1842,13 @@ impl Propagation {
             }
             return;
         }
-        let Some((began, announced)) = self.moving.lock().remove(queue_key) else {
+        let stalled = self.stalled.lock().remove(queue_key);
+        let Some((began, announced)) = self
+            .moving
+            .lock()
+            .remove(queue_key)
+            .or(stalled.map(|t| (t, true)))
+        else {
             return;
         };
         if !announced {
@@ -1852,6 +1875,38 @@ impl Propagation {
                 took.as_secs_f64()
             ),
         );
+        self.move_slot_freed();
+    }
+
+    /// A move past its timeout: it goes on without its slot, and says why it is stuck.
+    fn stall(
+        &self,
+        queue_key: &str,
+        obj_ref: &ObjectRef,
+        plan: &moves::Plan,
+        target: &BTreeMap<String, u64>,
+        since: Instant,
+    ) {
+        if self.moving.lock().remove(queue_key).is_none() {
+            return;
+        }
+        self.stalled.lock().insert(queue_key.to_owned(), since);
+        if let Some(m) = self.registry.metrics() {
+            m.moves_stalled.inc();
+        }
+        let waiting: Vec<String> = target
+            .iter()
+            .filter(|(s, _)| !plan.leaving.contains_key(*s))
+            .map(|(s, n)| format!("{n} on {s}"))
+            .collect();
+        let message = format!(
+            "the move has not finished after {:.0}s: the new copies ({}) are not available yet; the old ones stay until they are, and the move no longer holds one of the --max-moving slots",
+            since.elapsed().as_secs_f64(),
+            waiting.join(", ")
+        );
+        tracing::warn!(workload = %queue_key, "{message}");
+        self.recorder
+            .event(obj_ref, EventType::Warning, "MoveStalled", &message);
         self.move_slot_freed();
     }
 

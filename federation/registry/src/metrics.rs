@@ -47,6 +47,8 @@ pub struct FederationMetrics {
     pub move_duration: HistogramVec,
     /// Moves held back by `--max-moving`.
     pub moves_deferred: IntCounter,
+    /// Moves that ran past `--move-timeout-seconds` and gave their slot up.
+    pub moves_stalled: IntCounter,
     /// Federation-scope gangs' steps, by outcome (committed, bound, aborted).
     pub gangs: IntCounterVec,
     /// From a gang's parts being assigned to every part reporting its reservation.
@@ -82,6 +84,7 @@ impl FederationMetrics {
         registry.register(Box::new(m.moves_in_progress.clone()))?;
         registry.register(Box::new(m.move_duration.clone()))?;
         registry.register(Box::new(m.moves_deferred.clone()))?;
+        registry.register(Box::new(m.moves_stalled.clone()))?;
         registry.register(Box::new(m.gangs.clone()))?;
         registry.register(Box::new(m.gang_reserve_seconds.clone()))?;
         Ok(())
@@ -202,6 +205,10 @@ impl FederationMetrics {
             moves_deferred: IntCounter::new(
                 "tessera_federation_moves_deferred_total",
                 "Moves held back because --max-moving were under way.",
+            )?,
+            moves_stalled: IntCounter::new(
+                "tessera_federation_moves_stalled_total",
+                "Moves not finished after --move-timeout-seconds (a new copy that does not become available): they go on, without holding a --max-moving slot.",
             )?,
             gangs: IntCounterVec::new(
                 Opts::new(
