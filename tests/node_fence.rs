@@ -30,6 +30,28 @@ fn processes(args: &[&str]) -> Vec<u32> {
         .collect()
 }
 
+/// A process node of its own (`tessera agent --process-nodes=1`, no isolation) for `shard`,
+/// its metrics on `metrics`; killed when dropped.
+fn process_node(shard: &Cluster, metrics: &str) -> Running {
+    let dir = shard.dir.path();
+    Running(
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["agent", "--sim-nodes=0", "--process-nodes=1"])
+            .args(["--process-isolation=off", "--prefix=box"])
+            .arg("--kubeconfig")
+            .arg(&shard.kubeconfig)
+            .arg("--log-dir")
+            .arg(dir.join("node-logs"))
+            .arg("--state-dir")
+            .arg(dir.join("node-pods"))
+            .args(["--metrics-addr", metrics])
+            .env("TESSERA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("tessera agent"),
+    )
+}
+
 #[test]
 fn a_process_node_stops_its_at_most_once_pod_when_its_frozen_shard_loses_the_federation() {
     let grpc = free_addr();
@@ -46,23 +68,7 @@ fn a_process_node_stops_its_at_most_once_pod_when_its_frozen_shard_loses_the_fed
     // process node is tainted), and the pod prefers the process node within the shard.
     let frozen = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=1"]);
     let node_metrics = free_addr();
-    let dir = frozen.dir.path();
-    let _node = Running(
-        Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["agent", "--sim-nodes=0", "--process-nodes=1"])
-            .args(["--process-isolation=off", "--prefix=box"])
-            .arg("--kubeconfig")
-            .arg(&frozen.kubeconfig)
-            .arg("--log-dir")
-            .arg(dir.join("node-logs"))
-            .arg("--state-dir")
-            .arg(dir.join("node-pods"))
-            .args(["--metrics-addr", &node_metrics])
-            .env("TESSERA_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("tessera agent"),
-    );
+    let _node = process_node(&frozen, &node_metrics);
     let _a = join_agent(&fed, &frozen, &grpc, "a");
     fed.wait_for_ready_shards(1);
     fed.ok(&["create", "namespace", "batch"]);
@@ -124,4 +130,67 @@ fn a_process_node_stops_its_at_most_once_pod_when_its_frozen_shard_loses_the_fed
     );
     assert!(processes(&["sleep", "617"]).is_empty());
     assert!(sample(&node_metrics, "tessera_agent_fenced_pods_total") >= 1.0);
+}
+
+#[test]
+fn a_federated_job_that_must_run_on_process_nodes_goes_to_the_shard_that_has_them() {
+    let grpc = free_addr();
+    let fed = Cluster::start_with("federation", &[&format!("--grpc-addr={grpc}")]);
+    // Shard a: simulated nodes only. Shard b: one process node (tainted) and nothing else.
+    let a = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=2"]);
+    let b = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=0"]);
+    let _node = process_node(&b, &free_addr());
+    let _agents = [
+        join_agent(&fed, &a, &grpc, "a"),
+        join_agent(&fed, &b, &grpc, "b"),
+    ];
+    fed.wait_for_ready_shards(2);
+    fed.ok(&["create", "namespace", "tools"]);
+    let job = fed.file(
+        "job.yaml",
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: probe, namespace: tools}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 0\n      nodeSelector: {tessera.io/runtime: process}\n      tolerations: [{key: tessera.io/runtime, operator: Exists}]\n      containers: [{name: c, image: busybox, command: [sleep, \"618\"], resources: {requests: {cpu: 100m}}}]\n",
+    );
+    fed.ok(&["apply", "-f", &job]);
+    let running = wait_for(Duration::from_secs(60), || {
+        let p = processes(&["sleep", "618"]);
+        (!p.is_empty()).then_some(p)
+    });
+    let placement = fed.ok(&[
+        "get",
+        "job",
+        "probe",
+        "-n",
+        "tools",
+        "-o",
+        "jsonpath={.metadata.annotations.tessera\\.io/placement}",
+    ]);
+    assert!(
+        running.is_some(),
+        "the Job runs on the process node: {placement}"
+    );
+    assert!(placement.contains(r#""shares":{"b":1}"#), "{placement}");
+    // More than the process node holds waits, saying so.
+    let big = fed.file(
+        "big.yaml",
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: big, namespace: tools}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      nodeSelector: {tessera.io/runtime: process}\n      tolerations: [{key: tessera.io/runtime, operator: Exists}]\n      containers: [{name: c, image: busybox, command: [sleep, \"1\"], resources: {requests: {cpu: \"1000\"}}}]\n",
+    );
+    fed.ok(&["apply", "-f", &big]);
+    let why = wait_for(Duration::from_secs(30), || {
+        let s = fed.ok(&[
+            "get",
+            "job",
+            "big",
+            "-n",
+            "tools",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Placed\")].message}",
+        ]);
+        s.contains("lack room").then_some(s)
+    });
+    assert!(why.is_some(), "the oversized Job waits for room");
+    fed.ok(&["delete", "job", "probe", "-n", "tools", "--wait=false"]);
+    let gone = wait_for(Duration::from_secs(60), || {
+        processes(&["sleep", "618"]).is_empty().then_some(())
+    });
+    assert!(gone.is_some(), "deleting the Job stops its process");
 }

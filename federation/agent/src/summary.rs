@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use tessera_client::types::{PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
 use tessera_placement::{Request, Summary, SummaryBuilder};
 use tessera_proto::federation::v1 as pb;
 use tessera_scheduler::plugins::affinity::required_node_labels;
@@ -42,6 +43,28 @@ pub fn schedulable(n: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Whether new pods that tolerate the process taint may go to `n`: Ready, not cordoned, and
+/// its only NoSchedule/NoExecute taint is `tessera.io/runtime=process:NoSchedule`.
+pub fn process_pool(n: &Node) -> bool {
+    let spec = n.spec.as_ref();
+    if spec.and_then(|s| s.unschedulable).unwrap_or(false) {
+        return false;
+    }
+    let mut process = false;
+    for t in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
+        if t.key == PROCESS_TAINT_KEY && t.value.as_deref() == Some(PROCESS_TAINT_VALUE) {
+            process = true;
+        } else if t.effect == "NoSchedule" || t.effect == "NoExecute" {
+            return false;
+        }
+    }
+    process
+        && n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Whether `p` still holds (or will hold) resources.
 pub fn active(p: &Pod) -> bool {
     !matches!(
@@ -56,6 +79,8 @@ struct NodeRow {
     node: Arc<Node>,
     allocatable: Resources,
     schedulable: bool,
+    /// In the process pool (see [`process_pool`]).
+    process: bool,
 }
 
 /// Where an active pod's request is counted.
@@ -95,6 +120,7 @@ impl Ledger {
                 node: node.clone(),
                 allocatable,
                 schedulable: schedulable(node),
+                process: process_pool(node),
             },
         );
     }
@@ -171,8 +197,11 @@ impl Ledger {
         let mut values: Vec<String> = Vec::with_capacity(group_keys.len());
         let mut alloc: Vec<u64> = Vec::with_capacity(resources.len());
         let mut free: Vec<u64> = Vec::with_capacity(resources.len());
+        // Process nodes: a pool of their own, for replicas that must run on one.
+        let mut pool = SummaryBuilder::new(&ext);
+        let mut any = false;
         for (name, row) in &self.nodes {
-            if !row.schedulable {
+            if !row.schedulable && !row.process {
                 continue;
             }
             let used = self.used.get(name).unwrap_or(&none);
@@ -182,6 +211,11 @@ impl Ledger {
                 let a = amount(&row.allocatable, r);
                 alloc.push(a);
                 free.push(a.saturating_sub(amount(used, r)));
+            }
+            if row.process {
+                any = true;
+                pool.node_in(&[], &alloc, &free);
+                continue;
             }
             let labels = row.node.metadata.labels.as_ref();
             values.clear();
@@ -193,6 +227,9 @@ impl Ledger {
             b.node_in(&values, &alloc, &free);
         }
         let mut s = b.build(version);
+        if any {
+            s.process = Some(Box::new(pool.build(version)));
+        }
         for key in &self.pending {
             if let Some(Counted::Pending(r)) = self.pods.get(key)
                 && let Ok(v) = r.vector_for(&s)
@@ -260,6 +297,7 @@ pub fn to_pb(s: &Summary) -> pb::CapacitySummary {
                 nodes: g.summary.nodes,
             })
             .collect(),
+        process: s.process.as_deref().map(|p| Box::new(to_pb(p))),
         ..Default::default()
     }
 }
@@ -328,6 +366,50 @@ mod tests {
             }),
             status: None,
         })
+    }
+
+    /// `n` with the process nodes' taint (and `extra`, another NoSchedule taint).
+    fn process_node(name: &str, cpu: &str, extra: bool) -> Arc<Node> {
+        let mut n = Arc::unwrap_or_clone(node(name, cpu, true, extra));
+        let spec = n.spec.get_or_insert_with(Default::default);
+        spec.taints.get_or_insert_with(Vec::new).push(Taint {
+            key: PROCESS_TAINT_KEY.into(),
+            value: Some(PROCESS_TAINT_VALUE.into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        });
+        Arc::new(n)
+    }
+
+    #[test]
+    fn process_nodes_are_a_pool_of_their_own() {
+        let nodes = vec![
+            node("plain", "4", true, false),
+            process_node("box-0", "2", false),
+            process_node("box-1", "2", true),
+        ];
+        let mut on_box = Arc::unwrap_or_clone(pod(Some("box-0"), "1"));
+        on_box.metadata.name = Some("on-box".into());
+        let (s, _, _) = build(&nodes, &[Arc::new(on_box)], &[], &[], 1);
+        assert_eq!(
+            (s.nodes, s.free[0]),
+            (1, 4000),
+            "process nodes are not the shard's room"
+        );
+        let pool = s.process.as_deref().expect("a process pool");
+        assert_eq!(
+            pool.nodes, 1,
+            "a process node with another taint is in neither"
+        );
+        assert_eq!(pool.free[0], 1000, "its pods' requests are taken out");
+        pool.validate().expect("valid");
+        assert!(
+            to_pb(&s)
+                .process
+                .is_some_and(|p| p.nodes == 1 && p.free[0] == 1000)
+        );
+        let (none, _, _) = build(&nodes[..1], &[], &[], &[], 1);
+        assert!(none.process.is_none(), "no process nodes: no pool");
     }
 
     #[test]

@@ -56,6 +56,22 @@ pub struct Summary {
     /// One group per distinct tuple of values of `group_keys` among the schedulable nodes
     /// (`""` for a node without the label); their nodes add up to `nodes`.
     pub groups: Vec<Group>,
+    /// The shard's process nodes: tainted `tessera.io/runtime=process:NoSchedule`, so not
+    /// counted above, and room only for a replica that must run on one (its `on` asks for
+    /// `tessera.io/runtime: process`). Same resources, no groups, no pool of its own.
+    pub process: Option<Box<Summary>>,
+}
+
+/// The label (and taint key) of process nodes, and its value.
+pub const PROCESS_LABEL: (&str, &str) = ("tessera.io/runtime", "process");
+
+/// For a replica that must run on process nodes (`on` asks for [`PROCESS_LABEL`] only), the
+/// rest of `on`: it is judged by the shard's process pool.
+pub fn on_process_nodes(on: &[(String, Vec<String>)]) -> Option<Vec<(String, Vec<String>)>> {
+    let (key, value) = PROCESS_LABEL;
+    on.iter()
+        .any(|(k, vs)| k == key && vs.len() == 1 && vs[0] == value)
+        .then(|| on.iter().filter(|(k, _)| k != key).cloned().collect())
 }
 
 /// The schedulable nodes of a shard with the same values of the summary's group keys.
@@ -220,6 +236,7 @@ impl SummaryBuilder {
             version,
             group_keys,
             groups,
+            process: None,
         }
     }
 }
@@ -345,6 +362,9 @@ impl Summary {
     /// How many replicas of `req` (a vector over this summary's resources) that must run
     /// on nodes labelled as `on` says fit (a lower bound, as [`Summary::fits`]).
     pub fn fits_on(&self, req: &[u64], on: &[(String, Vec<String>)]) -> u64 {
+        if let Some(rest) = on_process_nodes(on) {
+            return self.process.as_deref().map_or(0, |p| p.fits_on(req, &rest));
+        }
         match self.matching(on) {
             None => self.fits(req),
             Some(groups) => groups
@@ -360,6 +380,12 @@ impl Summary {
     /// every group, fullest first, as best fit would), so the groups stay lower bounds;
     /// returns how many were taken.
     pub fn reserve_on(&mut self, req: &[u64], n: u64, on: &[(String, Vec<String>)]) -> u64 {
+        if let Some(rest) = on_process_nodes(on) {
+            return self
+                .process
+                .as_deref_mut()
+                .map_or(0, |p| p.reserve_on(req, n, &rest));
+        }
         if self.groups.is_empty() {
             return self.reserve(req, n);
         }
@@ -516,6 +542,15 @@ impl Summary {
         if self.group_keys.is_empty() != self.groups.is_empty() && self.nodes > 0 {
             return Err("groups need group keys, and group keys groups".into());
         }
+        if let Some(p) = &self.process {
+            if p.resources != self.resources || !p.groups.is_empty() || p.process.is_some() {
+                return Err(
+                    "the process pool must have the shard's resources, no groups and no pool"
+                        .into(),
+                );
+            }
+            p.validate().map_err(|e| format!("process pool: {e}"))?;
+        }
         let mut in_groups = 0u64;
         for (i, g) in self.groups.iter().enumerate() {
             if g.values.len() != self.group_keys.len() {
@@ -598,6 +633,46 @@ mod tests {
         let tiny = Request::cpu_memory(1, 1).vector_for(&s).expect("known");
         assert_eq!(s.fits(&tiny), 20);
         s.validate().expect("valid");
+    }
+
+    #[test]
+    fn process_nodes_hold_only_replicas_that_must_run_on_them() {
+        let mut s = shard(&[(4000, 8 * GI, 10)]);
+        s.process = Some(Box::new(shard(&[(2000, 8 * GI, 10)])));
+        s.validate().expect("valid");
+        let one = Request::cpu_memory(1000, GI).vector_for(&s).expect("known");
+        let plain: Vec<(String, Vec<String>)> = Vec::new();
+        let process = vec![("tessera.io/runtime".to_owned(), vec!["process".to_owned()])];
+        let either = vec![(
+            "tessera.io/runtime".to_owned(),
+            vec!["process".to_owned(), "sim".to_owned()],
+        )];
+        assert_eq!(
+            s.fits_on(&one, &plain),
+            4,
+            "the pool is not counted for others"
+        );
+        assert_eq!(s.fits_on(&one, &process), 2, "only the pool counts");
+        assert_eq!(
+            s.fits_on(&one, &either),
+            4,
+            "not only process nodes: the shard's room"
+        );
+        assert_eq!(s.reserve_on(&one, 3, &process), 2, "the pool holds 2");
+        assert_eq!(s.fits_on(&one, &process), 0);
+        assert_eq!(
+            s.fits_on(&one, &plain),
+            4,
+            "taken from the pool, not the shard"
+        );
+        let mut none = shard(&[(4000, 8 * GI, 10)]);
+        assert_eq!(none.fits_on(&one, &process), 0, "no process nodes: no room");
+        assert_eq!(none.reserve_on(&one, 1, &process), 0);
+        none.process = Some(Box::new(zoned(&[("a", 2000)])));
+        assert!(
+            none.validate().is_err(),
+            "a pool with groups of its own is refused"
+        );
     }
 
     fn zoned(nodes: &[(&str, u64)]) -> Summary {

@@ -1113,6 +1113,7 @@ fn synced_message(seq: u64) -> pb::FederationMessage {
 /// A shard's summary as the stream carries it, read into the placement's form (validated
 /// by the caller: a shard is not trusted).
 pub fn summary_of(s: &pb::CapacitySummary) -> Summary {
+    let process = s.process.as_deref().map(|p| Box::new(summary_of(p)));
     let slots = |slots: &[pb::Slot]| {
         slots
             .iter()
@@ -1146,6 +1147,7 @@ pub fn summary_of(s: &pb::CapacitySummary) -> Summary {
                 },
             })
             .collect(),
+        process,
     }
 }
 
