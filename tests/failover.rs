@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::{Cluster, Running, free_addr, join_command, sample, wait_for};
 
@@ -94,6 +94,20 @@ fn running_job_pods(shard: &Cluster) -> usize {
         .count()
 }
 
+/// `field` of every `FederationLeaseLost` Event in the shard's `batch` namespace.
+fn lease_lost_events(shard: &Cluster, field: &str) -> String {
+    shard.ok(&[
+        "get",
+        "events",
+        "-n",
+        "batch",
+        "--field-selector",
+        "reason=FederationLeaseLost",
+        "-o",
+        &format!("jsonpath={{.items[*].{field}}}"),
+    ])
+}
+
 fn has(shard: &Cluster, kind: &str, name: &str) -> bool {
     shard
         .kubectl(&["get", kind, name, "-n", "batch", "-o", "name"])
@@ -153,14 +167,7 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     }
     let grpc = free_addr();
     let port = grpc.rsplit(':').next().expect("a port").to_owned();
-    let mut fed = Cluster::start_with(
-        "federation",
-        &[
-            &format!("--grpc-addr={grpc}"),
-            "--shard-lease-seconds=3",
-            "--failover-margin-seconds=2",
-        ],
-    );
+    let mut fed = support::quick_federation(&grpc, &[]);
     let east = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=4"]);
     let west = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=4"]);
     let shards = [("east", "127.0.0.2"), ("west", "127.0.0.3")];
@@ -175,7 +182,7 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
     fed.ok(&["create", "namespace", "batch"]);
     let manifest = fed.file(
         "work.yaml",
-        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: etl, namespace: batch}\nspec:\n  completions: 1\n  template:\n    metadata:\n      annotations: {tessera.io/sim-run-seconds: \"600\"}\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 0\n      containers: [{name: c, image: busybox}]\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: batch}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      terminationGracePeriodSeconds: 0\n      containers: [{name: c, image: nginx}]\n",
+        &[ETL_JOB, "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: batch}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      terminationGracePeriodSeconds: 0\n      containers: [{name: c, image: nginx}]\n"].concat(),
     );
     fed.ok(&["apply", "-f", &manifest]);
     let clusters = [&east, &west];
@@ -344,16 +351,7 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         "the shard whose agent is stopped still runs the Job: {}",
         other.ok(&["get", "jobs,pods", "-n", "batch"])
     );
-    let fence_event = other.ok(&[
-        "get",
-        "events",
-        "-n",
-        "batch",
-        "--field-selector",
-        "reason=FederationLeaseLost",
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
+    let fence_event = lease_lost_events(other, "message");
     assert!(
         fence_event.contains("its agent did not stop this"),
         "the shard's fence stopped it: {fence_event}"
@@ -499,4 +497,80 @@ fn a_cut_off_shard_stops_its_at_most_once_job_before_the_federation_starts_it_el
         !twice.load(Ordering::Acquire),
         "the Job's pod was Running in both shards at once"
     );
+}
+
+/// A Job of one completion that runs for ten minutes, its pods stopping at once.
+const ETL_JOB: &str = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: etl, namespace: batch}\nspec:\n  completions: 1\n  template:\n    metadata:\n      annotations: {tessera.io/sim-run-seconds: \"600\"}\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 0\n      containers: [{name: c, image: busybox}]\n";
+
+/// The last fault of the matrix: a shard's federation agent killed (kill -9) while the shard
+/// runs on. Nothing renews the shard's federation Lease, so the shard's own `federation-fence`
+/// controller suspends the Job when it ends; the federation starts it elsewhere only after
+/// lease + grace + margin, and the agent, started again, removes the stale copy.
+#[test]
+fn a_killed_agent_leaves_the_shard_to_fence_itself_and_the_job_runs_once() {
+    let grpc = free_addr();
+    let fed = support::quick_federation(&grpc, &[]);
+    let shards = [
+        Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=2"]),
+        Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=2"]),
+    ];
+    let names = ["east", "west"];
+    let mut agents: Vec<Option<Running>> = names
+        .iter()
+        .zip(&shards)
+        .map(|(n, s)| Some(support::join_agent(&fed, s, &grpc, n)))
+        .collect();
+    fed.wait_for_ready_shards(2);
+    fed.ok(&["create", "namespace", "batch"]);
+    let job = fed.file("job.yaml", ETL_JOB);
+    fed.ok(&["apply", "-f", &job]);
+    let home = wait_for(Duration::from_secs(60), || {
+        shards.iter().position(|s| running_job_pods(s) == 1)
+    })
+    .expect("the Job runs in one shard");
+    let other = 1 - home;
+    // kill -9: the agent renews nothing more and stops nothing.
+    agents[home] = None;
+    let killed = Instant::now();
+    let mut most = 0;
+    let moved = wait_for(Duration::from_secs(60), || {
+        let (h, o) = (
+            running_job_pods(&shards[home]),
+            running_job_pods(&shards[other]),
+        );
+        most = most.max(h + o);
+        (o == 1).then(|| (killed.elapsed(), h))
+    });
+    let (after, still_home) = moved.expect("the Job runs in the other shard");
+    println!(
+        "agent killed: the Job ran in the other shard {:.1}s after",
+        after.as_secs_f64()
+    );
+    assert_eq!(
+        (most, still_home),
+        (1, 0),
+        "the Job's pod ran in both shards"
+    );
+    assert_eq!(
+        shards[home].ok(&[
+            "get",
+            "job",
+            "etl",
+            "-n",
+            "batch",
+            "-o",
+            "jsonpath={.spec.suspend}"
+        ]),
+        "true",
+        "the shard suspended its copy itself"
+    );
+    let events = lease_lost_events(&shards[home], "source.component");
+    assert!(events.contains("federation-fence"), "{events}");
+    // The agent back: the federation no longer assigns the Job there; its copy goes.
+    agents[home] = Some(support::join_agent(&fed, &shards[home], &grpc, names[home]));
+    let gone = wait_for(Duration::from_secs(60), || {
+        (!has(&shards[home], "job", "etl")).then_some(())
+    });
+    assert!(gone.is_some(), "the stale copy is removed, never resumed");
+    assert_eq!(running_job_pods(&shards[other]), 1);
 }

@@ -55,14 +55,7 @@ fn process_node(shard: &Cluster, metrics: &str) -> Running {
 #[test]
 fn a_process_node_stops_its_at_most_once_pod_when_its_frozen_shard_loses_the_federation() {
     let grpc = free_addr();
-    let fed = Cluster::start_with(
-        "federation",
-        &[
-            &format!("--grpc-addr={grpc}"),
-            "--shard-lease-seconds=3",
-            "--failover-margin-seconds=2",
-        ],
-    );
+    let fed = support::quick_federation(&grpc, &[]);
     // The shard's control plane, and its process node as a process of its own.
     // One simulated node as well: the federation counts untainted nodes' room only (the
     // process node is tainted), and the pod prefers the process node within the shard.

@@ -43,6 +43,19 @@ pub fn up_command(metrics: &str, grpc: &str, dir: &Path) -> Command {
     cmd
 }
 
+/// A federation process (`tessera federation`) on `grpc` with a 3 s shard lease and a 2 s
+/// failover margin — faults play out in seconds — and `extra` flags.
+pub fn quick_federation(grpc: &str, extra: &[&str]) -> Cluster {
+    let addr = format!("--grpc-addr={grpc}");
+    let mut args = vec![
+        addr.as_str(),
+        "--shard-lease-seconds=3",
+        "--failover-margin-seconds=2",
+    ];
+    args.extend_from_slice(extra);
+    Cluster::start_with("federation", &args)
+}
+
 /// Starts shard `shard`'s federation agent `name` (`tessera join`), serving its metrics on a
 /// port of its own; killed when dropped.
 pub fn join_agent(fed: &Cluster, shard: &Cluster, grpc: &str, name: &str) -> Running {
