@@ -2,8 +2,9 @@
 //! shard with 4 cpu, and a gang of 6 one-cpu pods that no single shard can hold. It is
 //! divided over two shards and must be bound in all of them or none — first with the
 //! federation killed (kill -9) between the reserve and commit phases, then with a shard cut
-//! off (its agent frozen) after its part was reserved. A watcher reads every shard's gang
-//! pods all through and the invariants are asserted on everything it saw.
+//! off (its agent frozen) mid-commit, then with one of its shards drained. A watcher reads
+//! every shard's gang pods through the faults and the invariants are asserted on everything
+//! it saw.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -357,5 +358,46 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
     for (s, counts) in seen.iter() {
         assert!(counts.iter().all(|(_, n)| *n <= 4), "shard {s}: {counts:?}");
     }
+
+    // 3. A shard of the running gang drained: the gang cannot move piecemeal, so it is
+    // stopped and placed again whole on the other shards, and the drain completes.
+    let (shares, _) = record(&fed, "second").expect("a record");
+    let drained = shares.keys().next().expect("a part").clone();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "shard",
+            "drain",
+            &drained,
+            "--timeout-seconds=120",
+            "--kubeconfig",
+        ])
+        .arg(&fed.kubeconfig)
+        .output()
+        .expect("tessera shard drain");
+    assert!(
+        out.status.success(),
+        "drain: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let moved = wait_for(Duration::from_secs(90), || {
+        let (shares, gang) = record(&fed, "second")?;
+        let bound: usize = names
+            .iter()
+            .filter_map(|n| gang_pods(shard(n), "second"))
+            .map(|p| p.0)
+            .sum();
+        (gang["phase"] == "Bound" && bound == 6 && !shares.contains_key(&drained)).then_some(gang)
+    });
+    let gang = moved.expect("the gang runs whole without the drained shard");
+    assert_eq!(gang["attempt"], 3, "{gang}");
+    assert_eq!(gang_pods(shard(&drained), "second"), Some((0, 0)));
+    assert!(
+        gang_events(&fed)
+            .lines()
+            .any(|l| l.starts_with("GangAborted") && l.contains("tessera.io/drain:NoExecute")),
+        "{}",
+        gang_events(&fed)
+    );
     drop(agents.drain(..));
 }

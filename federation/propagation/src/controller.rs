@@ -1118,6 +1118,7 @@ impl Propagation {
             gang_check = self.gang_step(
                 g,
                 r,
+                pol.as_ref().ok(),
                 &recorded.shares,
                 &okey,
                 &obj_ref,
@@ -1580,6 +1581,7 @@ impl Propagation {
         &self,
         spec: &gang::Gang,
         record: &gang::Record,
+        policy: Option<&tessera_placement::Policy>,
         shares: &BTreeMap<String, u64>,
         okey: &ObjectKey,
         obj_ref: &ObjectRef,
@@ -1595,6 +1597,7 @@ impl Propagation {
                 let part = gang::Part {
                     share: *n,
                     lost: lost(s),
+                    evicted: policy.and_then(|p| self.registry.evicts(s, p)),
                     gang: reports.get(s).and_then(Option::as_ref).and_then(|r| r.gang),
                 };
                 (s.clone(), part)

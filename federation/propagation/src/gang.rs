@@ -183,6 +183,9 @@ pub struct Part {
     pub share: u64,
     /// The shard's lease lapsed: it is cut off or gone.
     pub lost: bool,
+    /// The shard evicts the gang (a `NoExecute` taint it does not tolerate: a drain), and
+    /// why.
+    pub evicted: Option<String>,
     /// Members reserved, the attempt they are for, members bound (none reported: `None`).
     pub gang: Option<(i64, i64, i64)>,
 }
@@ -226,6 +229,16 @@ pub fn next(
     let deadline = record.since + (ttl + SLACK).as_millis() as u64;
     let left = || Some(Duration::from_millis(deadline.saturating_sub(now).max(1)));
     let lost = parts.iter().find(|(_, p)| p.lost).map(|(s, _)| s);
+    // A drained shard: the gang moves whole, stopped before it starts elsewhere.
+    if record.phase != Phase::Backoff
+        && let Some((s, why)) = parts
+            .iter()
+            .find_map(|(s, p)| p.evicted.as_ref().map(|w| (s, w)))
+    {
+        return Next::Abort(format!(
+            "{why}; the gang is stopped and placed again whole without shard {s}"
+        ));
+    }
     match record.phase {
         Phase::Reserving => {
             if let Some(s) = lost {

@@ -17,7 +17,19 @@ fn rec(phase: Phase, attempt: i64) -> Record {
 }
 
 fn part(share: u64, gang: Option<(i64, i64, i64)>, lost: bool) -> Part {
-    Part { share, lost, gang }
+    Part {
+        share,
+        lost,
+        gang,
+        evicted: None,
+    }
+}
+
+fn drained(share: u64) -> Part {
+    Part {
+        evicted: Some("shard b has taint tessera.io/drain:NoExecute".into()),
+        ..part(share, Some((0, 0, share as i64)), false)
+    }
 }
 
 /// One row: what, the record, its parts, now, whether a live shard holds a copy, the step.
@@ -160,6 +172,22 @@ fn the_two_phases() {
             1_000,
             true,
             Next::Abort("shard b was lost: the gang runs whole or not at all".into()),
+        ),
+        (
+            "bound, then a shard drained: moved whole",
+            rec(Phase::Bound, 2),
+            parts(&[("a", part(4, Some((0, 0, 4)), false)), ("b", drained(2))]),
+            1_000,
+            true,
+            Next::Abort("shard b has taint tessera.io/drain:NoExecute; the gang is stopped and placed again whole without shard b".into()),
+        ),
+        (
+            "reserving on a shard being drained: aborted at once",
+            rec(Phase::Reserving, 2),
+            parts(&[("a", part(4, reserved(4), false)), ("b", drained(2))]),
+            1_000,
+            true,
+            Next::Abort("shard b has taint tessera.io/drain:NoExecute; the gang is stopped and placed again whole without shard b".into()),
         ),
         (
             "backing off: wait for its end",
