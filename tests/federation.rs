@@ -1012,6 +1012,39 @@ fn the_federation_benchmark_kills_a_shard_and_loses_nothing() {
     assert!(r["killed"].as_str().expect("a name").starts_with("shard-"));
 }
 
+/// `--gangs`: gangs larger than one shard are divided and each ends bound whole.
+#[test]
+fn the_federation_benchmark_binds_every_gang_whole() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["bench", "federation", "--gangs=2", "--gang-size=30"])
+        .args([
+            "--shards=3",
+            "--nodes-per-shard=3",
+            "--timeout=120",
+            "--json",
+        ])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("tessera bench federation --gangs");
+    // It fails itself unless every gang ends with exactly its members bound.
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON line");
+    assert_eq!(
+        (r["gangs"].as_u64(), r["wrong"].as_u64()),
+        (Some(2), Some(0)),
+        "{r}"
+    );
+    // 24 cpu per shard and 30 per gang: every gang is divided.
+    assert_eq!(r["divided"], 2, "{r}");
+    assert!(r["bound_p99_ms"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+}
+
 #[test]
 fn the_federation_benchmark_reports_every_figure() {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))

@@ -84,6 +84,15 @@ pub struct FederationBenchArgs {
     /// how many pods were lost or doubled there (both must be 0).
     #[arg(long)]
     pub fail_shard: bool,
+    /// Instead of the runs above: create this many federation-scope gangs at once (each a
+    /// PodGroup and a Job of `--gang-size` one-cpu pods, in a namespace of its own), and
+    /// report how long until each is bound whole, how many were divided over shards, and
+    /// attempts aborted. A gang that did not end bound with exactly its members fails it.
+    #[arg(long, default_value_t = 0)]
+    pub gangs: usize,
+    /// Members of each gang (at most 128: a part is bound in one store transaction).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=128))]
+    pub gang_size: u64,
     /// The shards' lease (what `tessera up --shard-lease-seconds` sets): a killed shard's
     /// work moves once it ends.
     #[arg(long, default_value_t = 15)]
@@ -785,12 +794,167 @@ async fn fail_shard(args: &FederationBenchArgs) -> anyhow::Result<Failure> {
     Ok(f)
 }
 
+/// What `--gangs` reports.
+#[derive(Serialize, Default)]
+struct Gangs {
+    shards: usize,
+    nodes: usize,
+    gangs: usize,
+    gang_size: u64,
+    /// From the creates to the last gang bound.
+    all_bound_secs: f64,
+    /// Per gang, from its create to its record saying Bound.
+    bound_p50_ms: f64,
+    bound_p99_ms: f64,
+    /// Gangs divided over two shards or more.
+    divided: usize,
+    /// Attempts aborted (a gang's attempt number less one, summed).
+    aborted: i64,
+    /// Gangs whose bound members over the shards are not exactly `gang_size`.
+    wrong: usize,
+}
+
+/// `--gangs`: federation-scope gangs created at once, followed until each is bound whole.
+async fn gangs(args: &FederationBenchArgs) -> anyhow::Result<Gangs> {
+    let (dir, fleet, fed) = start_fleet(args).await?;
+    let res = |g: &str, v: &str, p: &str| {
+        find_resource(g, v, p).map_err(|e| anyhow::anyhow!("{}", e.message))
+    };
+    let (ns_res, pg_res, job_res) = (
+        res("", "v1", "namespaces")?,
+        res("tessera.io", "v1alpha1", "podgroups")?,
+        res("batch", "v1", "jobs")?,
+    );
+    let size = args.gang_size;
+    let mut g = Gangs {
+        shards: args.shards,
+        nodes: args.shards * args.nodes_per_shard,
+        gangs: args.gangs,
+        gang_size: size,
+        ..Gangs::default()
+    };
+    let started = Instant::now();
+    let creates = (0..args.gangs).map(|i| {
+        let fed = fed.clone();
+        async move {
+            let ns = format!("g-{i}");
+            fed.create(ns_res, None, &json!({"metadata": {"name": ns}}))
+                .await?;
+            let pg = json!({"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroup",
+                "metadata": {"name": "gang", "namespace": ns},
+                "spec": {"minMember": size, "scope": "Federation", "scheduleTimeoutSeconds": 30}});
+            fed.create(pg_res, Some(&ns), &pg).await?;
+            let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "gang", "namespace": ns},
+                "spec": {"parallelism": size, "completions": size,
+                    "template": {"metadata": {
+                            "labels": {"scheduling.x-k8s.io/pod-group": "gang"},
+                            "annotations": {"tessera.io/sim-run-seconds": "3600"}},
+                        "spec": {"restartPolicy": "Never", "containers": [{"name": "c",
+                            "image": "pause", "resources": {"requests": {"cpu": "1"}}}]}}}});
+            fed.create(job_res, Some(&ns), &job).await?;
+            Ok::<_, tessera_apiserver::status::ApiError>(Instant::now())
+        }
+    });
+    let mut created = Vec::new();
+    for r in futures::future::join_all(creates).await {
+        created.push(r.map_err(|e| anyhow::anyhow!("creating a gang: {}", e.message))?);
+    }
+    let bar = super::progress_bar(args.gangs as u64, "gangs bound whole".into());
+    let deadline = started + Duration::from_secs(args.timeout);
+    let mut bound: Vec<Option<(Instant, usize, i64)>> = vec![None; args.gangs];
+    let mut lat = Latencies::with_capacity(args.gangs);
+    while bound.iter().any(Option::is_none) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} of {} gangs bound after {} s",
+            bound.iter().flatten().count(),
+            args.gangs,
+            args.timeout
+        );
+        for (i, b) in bound.iter_mut().enumerate().filter(|(_, b)| b.is_none()) {
+            let job = fed.get(job_res, Some(&format!("g-{i}")), "gang").await;
+            let Ok(job) = job else { continue };
+            let record: serde_json::Value = job["metadata"]["annotations"]["tessera.io/placement"]
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or_default();
+            if record["gang"]["phase"] == "Bound" {
+                let shards = record["shares"].as_object().map_or(0, |m| m.len());
+                let attempt = record["gang"]["attempt"].as_i64().unwrap_or(1);
+                *b = Some((Instant::now(), shards, attempt));
+                lat.record(Instant::now() - created[i]);
+                bar.inc(1);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bar.finish_and_clear();
+    g.all_bound_secs = started.elapsed().as_secs_f64();
+    g.bound_p50_ms = lat.percentile_ms(50.0);
+    g.bound_p99_ms = lat.percentile_ms(99.0);
+    for (_, shards, attempt) in bound.iter().flatten() {
+        g.divided += usize::from(*shards > 1);
+        g.aborted += attempt - 1;
+    }
+    // Every gang bound with exactly its members, over all shards.
+    let pods = find_resource("", "v1", "pods").map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let mut members: HashMap<String, u64> = HashMap::new();
+    for (_, s) in &fleet.shards {
+        for p in s.informers.get::<Pod>(pods).cache().list() {
+            let on_node = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+            if on_node && p.metadata.deletion_timestamp.is_none() {
+                *members
+                    .entry(p.metadata.namespace.clone().unwrap_or_default())
+                    .or_default() += 1;
+            }
+        }
+    }
+    g.wrong = (0..args.gangs)
+        .filter(|i| members.get(&format!("g-{i}")).copied().unwrap_or(0) != size)
+        .count();
+    drop(fleet);
+    drop(dir);
+    Ok(g)
+}
+
 /// Runs the benchmark.
 pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.shards > 0, "--shards must be at least 1");
     anyhow::ensure!(args.tenants > 0, "--tenants must be at least 1");
     if args.single_only {
         println!("{}", serde_json::to_string(&single(&args).await?)?);
+        return Ok(());
+    }
+    if args.gangs > 0 {
+        let g = gangs(&args).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&g)?);
+        } else {
+            println!(
+                "federation bench, gangs: {} shards × {} nodes, {} gangs of {} one-cpu pods",
+                g.shards, args.nodes_per_shard, g.gangs, g.gang_size
+            );
+            println!(
+                "  all bound whole after           {:.1} s",
+                g.all_bound_secs
+            );
+            println!(
+                "  create → bound, per gang        p50 {:.0} ms, p99 {:.0} ms",
+                g.bound_p50_ms, g.bound_p99_ms
+            );
+            println!(
+                "  divided over shards             {} of {}",
+                g.divided, g.gangs
+            );
+            println!("  attempts aborted                {}", g.aborted);
+        }
+        anyhow::ensure!(
+            g.wrong == 0,
+            "{} gangs did not end with exactly {} members bound",
+            g.wrong,
+            g.gang_size
+        );
         return Ok(());
     }
     if args.fail_shard {

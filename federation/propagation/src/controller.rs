@@ -1590,7 +1590,17 @@ impl Propagation {
         out: &mut Option<gang::Record>,
     ) -> Option<Duration> {
         let reports = self.registry.reports(okey);
-        let lost = |s: &str| matches!(self.registry.standing(s), Standing::Lost { .. });
+        // Lost once its lease has ended: a shard that only disconnected still holds its lease,
+        // runs its part, and may be back before it ends.
+        let lost = |s: &str| {
+            matches!(
+                self.registry.standing(s),
+                Standing::Lost {
+                    since_lease_end: Some(_),
+                    ..
+                }
+            )
+        };
         let parts: BTreeMap<String, gang::Part> = shares
             .iter()
             .map(|(s, n)| {
