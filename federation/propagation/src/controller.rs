@@ -1102,10 +1102,6 @@ impl Propagation {
                 shares.values().sum::<u64>()
             }
         };
-        // Rebalancing: a decision that stands is looked at again under a newer map (a shard
-        // joined: the tenant may have a new home) and when a shard it uses evicts it (a
-        // drain). It moves only if it can move whole, and only while fewer than
-        // `max_moving` workloads move.
         // A gang's two phases: what its parts report moves it on (commit, bound), or aborts
         // it; an aborted gang holds nothing until its back-off is over.
         let now_ms = gang::now_millis();
@@ -1143,6 +1139,11 @@ impl Propagation {
                     r.attempt, r.why
                 )
             });
+        // Rebalancing: a decision that stands is looked at again under a newer map (a shard
+        // joined: the tenant may have a new home) and when a shard it uses evicts it (a
+        // drain). It moves only if it can move whole, and only while fewer than
+        // `max_moving` workloads move. A gang is not moved here: a drain aborts it whole
+        // (`gang_step`) and it is placed again.
         let map_version = self.registry.map_version();
         let mut move_reason = "decision";
         if still_good
