@@ -1300,9 +1300,11 @@ impl Propagation {
                     Some(_) => self.registry.place_whole(&wl, &pol),
                 };
                 gang_record = match &gang_spec {
-                    Some(_) if !dec.shares.is_empty() => {
-                        Some(gang::Record::reserving(recorded.gang.as_ref(), now_ms))
-                    }
+                    Some(_) if !dec.shares.is_empty() => Some(gang::Record::start(
+                        recorded.gang.as_ref(),
+                        now_ms,
+                        dec.shares.len(),
+                    )),
                     Some(_) => recorded.gang.clone(),
                     None => None,
                 };
@@ -1608,7 +1610,7 @@ impl Propagation {
                 let part = gang::Part {
                     share: *n,
                     lost: lost(s),
-                    evicted: policy.and_then(|p| self.registry.evicts(s, p)),
+                    evicted: policy.and_then(|p| self.registry.taint_evicts(s, p)),
                     gang: reports.get(s).and_then(Option::as_ref).and_then(|r| r.gang),
                 };
                 (s.clone(), part)

@@ -90,6 +90,17 @@ impl Record {
         }
     }
 
+    /// A new attempt placed on `parts` shards from `now`: reserving in each, or — a gang
+    /// whole in one shard — committed at once, as the shard's own transaction binds it whole
+    /// (no second phase to wait for, so no reservation held for one).
+    pub fn start(previous: Option<&Record>, now: u64, parts: usize) -> Record {
+        let mut r = Record::reserving(previous, now);
+        if parts == 1 {
+            r.phase = Phase::Committed;
+        }
+        r
+    }
+
     /// The PodGroup phase its parts are assigned with.
     pub fn part_phase(&self) -> &'static str {
         match self.phase {

@@ -923,6 +923,15 @@ impl Registry {
         self.inner.lock().snapshot.evicts(shard, policy)
     }
 
+    /// As [`Registry::evicts`], but only for a taint of a shard the registry knows: a shard
+    /// it does not know yet (a restarted federation, before the shard registers again) is
+    /// left to its lease.
+    pub fn taint_evicts(&self, shard: &str, policy: &Policy) -> Option<String> {
+        let inner = self.inner.lock();
+        inner.snapshot.shards.contains_key(shard).then_some(())?;
+        inner.snapshot.evicts(shard, policy)
+    }
+
     /// The current map's version and its shards' weights.
     pub fn map(&self) -> (u64, Vec<ShardWeight>) {
         let inner = self.inner.lock();
@@ -1161,6 +1170,22 @@ mod tests {
 
     fn registry() -> Arc<Registry> {
         Registry::new(RegistryConfig::new("sekret"), None)
+    }
+
+    #[test]
+    fn a_shard_not_registered_yet_is_not_taken_for_a_drained_one() {
+        let r = registry();
+        let p = Policy::default();
+        assert!(
+            r.evicts("a", &p)
+                .is_some_and(|w| w.contains("left the federation")),
+            "a workload moves off a shard that left"
+        );
+        assert_eq!(
+            r.taint_evicts("a", &p),
+            None,
+            "only a known shard's taint counts"
+        );
     }
 
     fn reg(name: &str, token: &str) -> pb::Register {

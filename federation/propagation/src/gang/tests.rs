@@ -152,6 +152,14 @@ fn the_two_phases() {
             Next::Abort("shard b bound 1 of its 2 members within 30s of the commit".into()),
         ),
         (
+            "whole in one shard, committed at once, not bound by the deadline: aborted",
+            rec(Phase::Committed, 2),
+            parts(&[("a", part(6, Some((0, 0, 1)), false))]),
+            DEADLINE,
+            true,
+            Next::Abort("shard a bound 1 of its 6 members within 30s of the commit".into()),
+        ),
+        (
             "bound and whole: nothing to do",
             rec(Phase::Bound, 2),
             parts(&[
@@ -230,6 +238,14 @@ fn a_new_attempt_is_numbered_after_the_last() {
     aborted.phase = Phase::Backoff;
     assert_eq!(Record::reserving(Some(&aborted), 20).attempt, 2);
     assert_eq!(first.part_phase(), "Reserve");
+    let divided = Record::start(Some(&aborted), 30, 2);
+    assert_eq!((divided.phase, divided.attempt), (Phase::Reserving, 2));
+    let whole = Record::start(None, 30, 1);
+    assert_eq!(
+        (whole.phase, whole.part_phase()),
+        (Phase::Committed, "Commit"),
+        "a gang in one shard needs no second phase"
+    );
     assert_eq!(rec(Phase::Committed, 1).part_phase(), "Commit");
     assert_eq!(rec(Phase::Bound, 1).part_phase(), "Commit");
 }
