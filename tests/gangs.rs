@@ -231,7 +231,10 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
         record(&fed, "first").filter(|(_, g)| g["phase"] == "Bound")
     })
     .expect("recorded bound");
-    assert_eq!(gang["attempt"], 1, "{gang}");
+    // Attempt 1 committed, or — if the shards' leases ran out while the federation was
+    // away and their fences stopped the parts before it saw them again — a later attempt
+    // placed whole: either way whole, never partial.
+    assert!(gang["attempt"].as_i64().is_some_and(|a| a >= 1), "{gang}");
     stop.store(true, Ordering::Release);
     watcher.join().expect("watcher");
     for (s, counts) in seen.lock().expect("seen").iter() {
@@ -307,7 +310,8 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
         "shard {cut} cut off mid-commit: the gang bound whole on the live shards {:.1}s later",
         frozen.elapsed().as_secs_f64()
     );
-    assert_eq!(gang["attempt"], 2, "{gang}");
+    let attempt = gang["attempt"].as_i64().unwrap_or(0);
+    assert!(attempt >= 2, "the cut attempt was aborted: {gang}");
     let events = gang_events(&fed);
     assert!(
         events.lines().any(|l| l.starts_with("GangAborted")
@@ -390,7 +394,10 @@ fn a_gang_divided_over_shards_is_bound_whole_or_not_at_all_under_faults() {
         (gang["phase"] == "Bound" && bound == 6 && !shares.contains_key(&drained)).then_some(gang)
     });
     let gang = moved.expect("the gang runs whole without the drained shard");
-    assert_eq!(gang["attempt"], 3, "{gang}");
+    assert!(
+        gang["attempt"].as_i64().is_some_and(|a| a > attempt),
+        "the drained attempt was aborted: {gang}"
+    );
     assert_eq!(gang_pods(shard(&drained), "second"), Some((0, 0)));
     assert!(
         gang_events(&fed)
