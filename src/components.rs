@@ -392,6 +392,9 @@ pub async fn register_sim(agent: &SimAgent) -> anyhow::Result<()> {
     Ok(())
 }
 
+use tessera_agent::loans::{Lendable, Loans};
+use tessera_runtime::informer::Tasks;
+
 /// `tessera agent`.
 pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let registry = Registry::new();
@@ -402,17 +405,18 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         .token()
         .to_owned();
     let mut tasks = Vec::new();
+    // Every node this agent runs may be lent to another shard (elastic shards).
+    let mut lendable = std::collections::HashMap::new();
     for i in 0..args.process_nodes {
         let name = format!("{}-proc-{i}", args.prefix);
-        let node = ProcessAgent::new(
-            client.clone(),
-            ProcessConfig {
-                tokens: Some(Tokens::new(&token)),
-                isolation: args.process_isolation.isolation(),
-                state_dir: args.state_dir.clone(),
-                ..ProcessConfig::new(&name, args.log_dir.clone())
-            },
-        );
+        let config = ProcessConfig {
+            tokens: Some(Tokens::new(&token)),
+            isolation: args.process_isolation.isolation(),
+            state_dir: args.state_dir.clone(),
+            ..ProcessConfig::new(&name, args.log_dir.clone())
+        };
+        lendable.insert(name.clone(), Lendable::Process(Box::new(config.clone())));
+        let node = ProcessAgent::new(client.clone(), config);
         node.register()
             .await
             .map_err(|e| anyhow::anyhow!("registering process node {name}: {}", e.message))?;
@@ -427,13 +431,18 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
             args.log_dir.display()
         );
     }
+    let sim_config = args.sim.config(&args.prefix, args.sim_nodes);
     let agent = SimAgent::new(
         client.clone(),
-        args.sim.config(&args.prefix, args.sim_nodes),
+        sim_config.clone(),
         Some(AgentMetrics::register(&registry)?),
         Some(RuntimeMetrics::register(&registry)?),
     );
     register_sim(&agent).await?;
+    for name in agent.node_names() {
+        lendable.insert(name.clone(), Lendable::Sim(Box::new(sim_config.clone())));
+    }
+    let loans = tokio::spawn(Loans::new(client.clone(), lendable).run());
     println!(
         "{} simulated nodes registered ({}-0 ...)",
         args.sim_nodes, args.prefix
@@ -445,6 +454,7 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
             std::future::pending::<()>().await;
         }
     };
+    let _loans = Tasks(vec![loans]);
     tokio::select! {
         () = sim => Ok(()),
         _ = tokio::signal::ctrl_c() => Ok(()),

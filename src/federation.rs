@@ -290,6 +290,9 @@ pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
     let http = HttpClient::from_kubeconfig(&args.kubeconfig)
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let api_url = http.server().to_owned();
+    let api_ca = http.ca_pem().to_owned();
+    // The shard checks lent nodes' credentials with a key derived from its admin token.
+    let loan_key = tessera_apiserver::auth::Tokens::new(http.token()).loan_key_hex();
     let client: Arc<dyn Client> = tessera_runtime::client::Retrying::wrap(Arc::new(http));
     let registry = prometheus::Registry::new();
     let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&registry)?;
@@ -302,6 +305,8 @@ pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
     config.bind_address = args.bind_address;
     config.metrics = Some(agent_metrics);
     config.api_url = api_url;
+    config.api_ca = api_ca;
+    config.loan_key = loan_key;
     tokio::select! {
         r = tessera_federation_agent::run(config, client, Some(runtime)) => r.map_err(|e| anyhow::anyhow!("{e}")),
         _ = tokio::signal::ctrl_c() => Ok(()),
@@ -321,6 +326,8 @@ pub fn start_agent(
     let mut config = AgentConfig::new(federation_url, federation_ca, token, name);
     config.labels = labels;
     config.api_url = format!("https://{}", shard.api_addr);
+    config.api_ca = shard.ca_pem.clone();
+    config.loan_key = shard.tokens.loan_key_hex();
     config.metrics = Some(tessera_federation_agent::AgentMetrics::register(
         &shard.registry,
     )?);

@@ -60,6 +60,11 @@ pub struct WorkerArgs {
     /// Nodes whose containers run as real local processes (`proc-0`, ...; logs in DIR/logs).
     #[arg(long, default_value_t = 0)]
     pub process_nodes: usize,
+    /// What one shard's node names begin with: simulated nodes `PREFIX-0`, ...; process nodes
+    /// `PREFIX-proc-0`, ... (`proc-0` with the default). Shards that lend each other nodes need
+    /// names unique across the federation.
+    #[arg(long, default_value = "sim-node")]
+    pub node_prefix: String,
     /// How process nodes isolate containers: `sandbox` (user, mount, PID, IPC, UTS and
     /// network namespaces, a per-pod id range, cgroup limits; needs root) or `off` (plain
     /// child processes with the agent's rights — trusted code on a developer machine only).
@@ -164,6 +169,8 @@ impl Shard {
 /// Namespaces every cluster has.
 const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
+use tessera_agent::loans::{Lendable, Loans};
+
 /// Opens the store and serves the API and metrics.
 pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
     start_with(args, None).await
@@ -266,12 +273,15 @@ fn usage(shard: &Shard, args: &UpArgs) {
     println!();
 }
 
-/// Starts the controllers, scheduler and simulated nodes `workers` asks for, in process.
+/// Starts the controllers, scheduler and simulated nodes `workers` asks for, in process:
+/// simulated nodes `{node_prefix}-{i}`, process nodes `{process_prefix}proc-{i}` (node names
+/// are unique in a federation: a node lent to another shard keeps its name there).
 pub async fn start_workers(
     shard: &Shard,
     workers: &WorkerArgs,
     data_dir: &std::path::Path,
     node_prefix: &str,
+    process_prefix: &str,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     use crate::components;
     let mut tasks = Vec::new();
@@ -308,37 +318,45 @@ pub async fn start_workers(
             ctx, settings,
         )));
     }
+    // Every node this process runs may be lent to another shard (elastic shards).
+    let mut lendable = std::collections::HashMap::new();
     if workers.nodes_per_shard > 0 {
+        let config = workers.sim.config(node_prefix, workers.nodes_per_shard);
         let agent = tessera_agent::sim::SimAgent::new(
             shard.component_client("node-agent"),
-            workers.sim.config(node_prefix, workers.nodes_per_shard),
+            config.clone(),
             Some(tessera_agent::metrics::AgentMetrics::register(
                 &shard.registry,
             )?),
             Some(runtime),
         );
         components::register_sim(&agent).await?;
+        for name in agent.node_names() {
+            lendable.insert(name.clone(), Lendable::Sim(Box::new(config.clone())));
+        }
         tasks.push(tokio::spawn(agent.run_with(Some(shard.informers.clone()))));
     }
     for i in 0..workers.process_nodes {
-        let agent = tessera_agent::process::ProcessAgent::new(
-            shard.component_client("node-agent"),
-            tessera_agent::process::ProcessConfig {
-                tokens: Some(shard.tokens.clone()),
-                isolation: workers.process_isolation.isolation(),
-                state_dir: data_dir.join("pods"),
-                ..tessera_agent::process::ProcessConfig::new(
-                    &format!("proc-{i}"),
-                    data_dir.join("logs"),
-                )
-            },
-        );
+        let name = format!("{process_prefix}proc-{i}");
+        let config = tessera_agent::process::ProcessConfig {
+            tokens: Some(shard.tokens.clone()),
+            isolation: workers.process_isolation.isolation(),
+            state_dir: data_dir.join("pods"),
+            ..tessera_agent::process::ProcessConfig::new(&name, data_dir.join("logs"))
+        };
+        lendable.insert(name.clone(), Lendable::Process(Box::new(config.clone())));
+        let agent =
+            tessera_agent::process::ProcessAgent::new(shard.component_client("node-agent"), config);
         agent
             .register()
             .await
-            .map_err(|e| anyhow::anyhow!("registering process node proc-{i}: {}", e.message))?;
+            .map_err(|e| anyhow::anyhow!("registering process node {name}: {}", e.message))?;
         agent.register_metrics(&shard.registry)?;
         tasks.push(tokio::spawn(agent.run()));
+    }
+    if !lendable.is_empty() {
+        let loans = Loans::new(shard.component_client("node-agent"), lendable);
+        tasks.push(tokio::spawn(loans.run()));
     }
     Ok(tasks)
 }
@@ -465,8 +483,16 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
             },
         };
         let shard = start(&shard_args).await?;
-        tasks
-            .extend(start_workers(&shard, &all.workers, &data_dir, &format!("{name}-node")).await?);
+        tasks.extend(
+            start_workers(
+                &shard,
+                &all.workers,
+                &data_dir,
+                &format!("{name}-node"),
+                &format!("{name}-"),
+            )
+            .await?,
+        );
         tasks.push(crate::federation::start_agent(
             &shard,
             &name,
@@ -554,7 +580,14 @@ async fn run_single(all: UpAllArgs) -> anyhow::Result<()> {
     let args = &all.base;
     let shard = start(args).await?;
     let grpc = crate::health::serve(args.grpc_addr, shard.store.clone()).await?;
-    let mut _tasks = start_workers(&shard, &all.workers, &args.data_dir, "sim-node").await?;
+    let w = &all.workers;
+    let process_prefix = if w.node_prefix == "sim-node" {
+        String::new()
+    } else {
+        format!("{}-", w.node_prefix)
+    };
+    let mut _tasks =
+        start_workers(&shard, w, &args.data_dir, &w.node_prefix, &process_prefix).await?;
     if let Some(url) = &all.federation {
         let (Some(ca), Some(token)) = (&all.federation_ca, &all.join_token_file) else {
             anyhow::bail!("--federation needs --federation-ca and --join-token-file");

@@ -705,12 +705,7 @@ fn drive(c: &Cluster) {
     );
 
     // YAML bodies, as curl or any HTTP client may send them: a create, and a server-side apply.
-    let kubeconfig = std::fs::read_to_string(&c.kubeconfig).expect("kubeconfig");
-    let server = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("server")
-        .to_owned();
+    let server = c.server();
     let curl = |method: &str, path: &str, ct: &str, body: &str| {
         let out = std::process::Command::new("curl")
             .args(["-sS", "-X", method, "--cacert"])

@@ -429,7 +429,7 @@ async fn single(args: &FederationBenchArgs) -> anyhow::Result<Single> {
         args.shard_lease_seconds,
     )?;
     let shard = crate::up::start(&all.base).await?;
-    let tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
+    let tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node", "").await?;
     let running = Running::new();
     let informer = watch_running(&shard, running.clone())?;
     informer.synced().await;

@@ -116,7 +116,7 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
     ])?
     .all;
     let shard = crate::up::start(&all.base).await?;
-    let _tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node").await?;
+    let _tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node", "").await?;
     let addr = crate::offers::serve(&shard, "127.0.0.1:0".parse()?, dir.path()).await?;
     let client = shard.component_client("bench");
     let namespaces =

@@ -268,6 +268,16 @@ impl Cluster {
         path.to_string_lossy().into_owned()
     }
 
+    /// The API's URL, from the kubeconfig.
+    pub fn server(&self) -> String {
+        let kubeconfig = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        kubeconfig
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: "))
+            .expect("server")
+            .to_owned()
+    }
+
     /// The admin token from the kubeconfig.
     pub fn admin_token(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("pki/admin.token"))

@@ -8,6 +8,7 @@ pub mod cgroups;
 pub mod env;
 pub mod fence;
 pub mod isolation;
+pub mod loans;
 pub mod logs;
 pub mod metrics;
 pub mod probe;

@@ -24,7 +24,7 @@ use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::status::ApiError;
-use tessera_client::types::{FEDERATION_LEASE, PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
+use tessera_client::types::{FEDERATION_LEASE, LentMark, PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::informer::{Change, Informer, Scope, Tasks};
@@ -73,6 +73,9 @@ pub struct ProcessConfig {
     pub cgroup_mount: PathBuf,
     /// Most processes (and threads) one container may have (`pids.max`); `None`: no limit.
     pub pids_limit: Option<u64>,
+    /// The node is lent by another shard: labelled with its loan and tainted
+    /// `tessera.io/borrowed=<lender>:NoSchedule` besides the process taint.
+    pub lent: Option<LentMark>,
 }
 
 impl ProcessConfig {
@@ -94,6 +97,7 @@ impl ProcessConfig {
             state_dir: log_dir.with_file_name("pods"),
             cgroup_mount: PathBuf::from("/sys/fs/cgroup"),
             pids_limit: Some(4096),
+            lent: None,
             log_dir,
         }
     }
@@ -420,7 +424,7 @@ impl ProcessAgent {
         let resources = json!({"cpu": cpus.to_string(), "memory": host_memory(), "pods": "110"});
         // Scheduling here is opt-in: the taint keeps pods off unless they tolerate it (and a
         // tenant's pods may tolerate it only if its Tenant allows process nodes).
-        let node = json!({"apiVersion": "v1", "kind": "Node",
+        let mut node = json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": self.config.node, "labels": {"kubernetes.io/hostname": self.config.node,
                 "kubernetes.io/os": "linux", PROCESS_TAINT_KEY: PROCESS_TAINT_VALUE}},
             "spec": {"taints": [{"key": PROCESS_TAINT_KEY, "value": PROCESS_TAINT_VALUE, "effect": "NoSchedule"}]},
@@ -435,6 +439,15 @@ impl ProcessAgent {
                     "operatingSystem": "linux", "architecture": std::env::consts::ARCH,
                     "containerRuntimeVersion": "process://1", "kernelVersion": "", "osImage": "",
                     "machineID": "", "systemUUID": "", "bootID": ""}}});
+        if let Some(mark) = &self.config.lent {
+            for (k, v) in mark.labels() {
+                node["metadata"]["labels"][k] = json!(v);
+            }
+            node["spec"]["taints"]
+                .as_array_mut()
+                .expect("taints")
+                .push(mark.taint());
+        }
         match self.client.create(res("", "nodes"), None, &node).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {

@@ -22,7 +22,7 @@ use tessera_client::catalog::Resource;
 use tessera_client::client::{Client, resource_version_of};
 use tessera_client::request::{Decoded, PatchType, find_resource};
 use tessera_client::status::ApiError;
-use tessera_client::types::NODE_LEASE_ANNOTATION;
+use tessera_client::types::{LentMark, NODE_LEASE_ANNOTATION};
 use tessera_core::time::{now_secs, rfc3339, rfc3339_micro_now};
 use tessera_runtime::Informers;
 use tessera_runtime::informer::{Change, Tasks};
@@ -76,6 +76,9 @@ pub struct SimConfig {
     /// agent per interval, not one per node: 100,000 hollow nodes at 10 s were 10,000 writes
     /// a second.
     pub shared_lease: bool,
+    /// The nodes are lent by another shard ([`SimAgent::lent`]): labelled with their loan
+    /// and tainted `tessera.io/borrowed=<lender>:NoSchedule`.
+    pub lent: Option<LentMark>,
 }
 
 impl Default for SimConfig {
@@ -93,6 +96,7 @@ impl Default for SimConfig {
             lease_duration_seconds: 40,
             renew_interval: Duration::from_secs(10),
             shared_lease: true,
+            lent: None,
         }
     }
 }
@@ -148,6 +152,27 @@ impl SimAgent {
             metrics,
             runtime_metrics,
         })
+    }
+
+    /// Node `name` of `template`'s shape, lent by another shard and joining the borrower
+    /// through `client` (the loan's credential): one node, a Lease of its own.
+    pub fn lent(
+        client: Arc<dyn Client>,
+        template: &SimConfig,
+        name: &str,
+        mark: LentMark,
+    ) -> Arc<SimAgent> {
+        let config = SimConfig {
+            nodes: 1,
+            shared_lease: false,
+            lent: Some(mark),
+            ..template.clone()
+        };
+        let agent = SimAgent::new(client, config, None, None);
+        // One node, named as it is at home (the agent's names are otherwise `{prefix}-{i}`).
+        let mut agent = Arc::into_inner(agent).expect("just made");
+        agent.names = vec![name.to_owned()];
+        Arc::new(agent)
     }
 
     /// The node names.
@@ -209,6 +234,13 @@ impl SimAgent {
         for (k, v) in &self.config.labels {
             labels[k] = json!(v);
         }
+        let mut spec = json!({"podCIDR": format!("10.{}.{}.0/24", 64 + (i / 256) % 64, i % 256)});
+        if let Some(mark) = &self.config.lent {
+            for (k, v) in mark.labels() {
+                labels[k] = json!(v);
+            }
+            spec["taints"] = json!([mark.taint()]);
+        }
         let c = &self.config;
         let resources = json!({"cpu": c.cpu, "memory": c.memory, "pods": c.pods.to_string(),
             "ephemeral-storage": "100Gi"});
@@ -220,7 +252,7 @@ impl SimAgent {
         json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels, "annotations": annotations},
-            "spec": {"podCIDR": format!("10.{}.{}.0/24", 64 + (i / 256) % 64, i % 256)},
+            "spec": spec,
             "status": {
                 "capacity": resources, "allocatable": resources,
                 "conditions": [
@@ -267,11 +299,11 @@ impl SimAgent {
             self.renew(shared).await?;
         }
         let results: Vec<Result<(), ApiError>> =
-            futures::stream::iter(self.names.iter().enumerate())
+            futures::stream::iter(self.names.clone().into_iter().enumerate())
                 .map(|(i, name)| {
                     let progress = &progress;
                     async move {
-                        let obj = self.node_object(name, i);
+                        let obj = self.node_object(&name, i);
                         match self.client.create(nodes, None, &obj).await {
                             Ok(_) => {}
                             Err(e) if e.code == 409 => {
@@ -280,7 +312,7 @@ impl SimAgent {
                                 let meta =
                                     json!({"metadata": {"annotations": self.lease_annotation()}});
                                 self.client
-                                    .patch(nodes, None, name, None, PatchType::Merge, &meta)
+                                    .patch(nodes, None, &name, None, PatchType::Merge, &meta)
                                     .await?;
                                 let patch =
                                     json!({"status": {"conditions": obj["status"]["conditions"]}});
@@ -288,7 +320,7 @@ impl SimAgent {
                                     .patch(
                                         nodes,
                                         None,
-                                        name,
+                                        &name,
                                         Some("status"),
                                         PatchType::StrategicMerge,
                                         &patch,
@@ -300,7 +332,7 @@ impl SimAgent {
                         self.count("node", true);
                         if self.shared.is_none() {
                             // Its first renewal's failure is retried by the renewal loop.
-                            let _ = self.renew(name).await;
+                            let _ = self.renew(&name).await;
                         }
                         progress();
                         Ok(())

@@ -64,6 +64,10 @@ pub async fn review(
                     false,
                     format!("tenant {t} may act only on resources in its own namespaces"),
                 ),
+                User::LentNode { node, .. } => (
+                    false,
+                    format!("lent node {node} may act only on its own Node, Lease and pods"),
+                ),
             }
         } else {
             match (
@@ -99,8 +103,9 @@ pub async fn review(
     } else if let Some(path) = spec["nonResourceAttributes"]["path"].as_str() {
         match user {
             User::Admin | User::System(_) => (true, String::new()),
-            User::Tenant(_) if public_path(path) => (true, String::new()),
+            User::Tenant(_) | User::LentNode { .. } if public_path(path) => (true, String::new()),
             User::Tenant(_) => (false, format!("tenants may not access {path}")),
+            User::LentNode { .. } => (false, format!("lent nodes may not access {path}")),
         }
     } else {
         return Err(ApiError::invalid(

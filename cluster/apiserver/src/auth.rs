@@ -20,6 +20,8 @@ use tessera_store::Store;
 
 pub use tessera_client::auth::*;
 
+use tessera_client::types::{BORROWED_TAINT_KEY, LOAN_LABEL, LOANS_CONFIGMAP};
+
 use crate::request::{ApiRequest, Verb};
 use crate::status::ApiError;
 
@@ -40,6 +42,19 @@ pub const MIN_TENANT_WATCHES: usize = 16;
 
 /// Watches the admin and the shard's components may hold (each informer holds one).
 pub const ADMIN_WATCHES: usize = 100_000;
+
+/// Request seats of a node lent by another shard (one agent's worth of calls).
+pub const LENT_NODE_INFLIGHT: usize = 50;
+
+/// Whether a Node a lent node registers is marked as lent: labelled with its loan and
+/// tainted `tessera.io/borrowed:NoSchedule`.
+fn lent_node_marked(node: &Value, loan: &str) -> bool {
+    node["metadata"]["labels"][LOAN_LABEL].as_str() == Some(loan)
+        && node["spec"]["taints"].as_array().is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t["key"] == BORROWED_TAINT_KEY && t["effect"] == "NoSchedule")
+        })
+}
 
 /// Decides what tenants may do, from their `Tenant` objects.
 #[derive(Clone)]
@@ -78,18 +93,110 @@ impl Authorizer {
         Authorizer { store }
     }
 
+    async fn get(&self, key: String, what: &str) -> Result<Option<Value>, ApiError> {
+        let kv = self
+            .store
+            .get(key.as_bytes())
+            .await
+            .map_err(|e| ApiError::internal(format!("reading {what}: {e}")))?;
+        Ok(kv.and_then(|kv| serde_json::from_slice(&kv.value).ok()))
+    }
+
+    /// What a node lent by another shard may do: what a kubelet does for itself, and no
+    /// more — read what it runs, write its own Node and Lease, the status of pods bound to
+    /// it (and delete them once stopped), and events. Nothing at all once the loan is over.
+    async fn lent_node(
+        &self,
+        user: &User,
+        req: &ApiRequest,
+        node: &str,
+        loan: &str,
+    ) -> Result<Scope, ApiError> {
+        let (ns, name) = LOANS_CONFIGMAP;
+        let key = tessera_core::keys::object_key("configmaps", Some(ns), name);
+        let ledger = self.get(key, "the loan ledger").await?;
+        if ledger.as_ref().and_then(|l| l["data"][node].as_str()) != Some(loan) {
+            return Err(forbidden(
+                user,
+                req,
+                &format!(
+                    "loan {loan} of node {node} is not (or no longer) admitted by this shard: the node went back to its own shard"
+                ),
+            ));
+        }
+        let scope = Scope {
+            namespaces: None,
+            max_inflight: LENT_NODE_INFLIGHT,
+            max_watches: MIN_TENANT_WATCHES * 4,
+        };
+        let res = req.resource;
+        let read = matches!(req.verb, Verb::Get | Verb::List | Verb::Watch);
+        if read {
+            // Secrets are read one at a time, by name (those its pods reference), never listed.
+            if (res.group, res.plural) == ("", "secrets") && req.verb != Verb::Get {
+                return Err(forbidden(
+                    user,
+                    req,
+                    "a lent node may read a secret its pods name, not list or watch secrets",
+                ));
+            }
+            return Ok(scope);
+        }
+        let named = || match (&req.name, req.verb) {
+            (Some(n), _) => Some(n.clone()),
+            (None, Verb::Create) => req
+                .body_value()
+                .ok()
+                .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned)),
+            _ => None,
+        };
+        let allowed = match (res.group, res.plural, req.subresource.as_deref()) {
+            ("", "nodes", Some("status")) => named().as_deref() == Some(node),
+            // Its Node's spec and labels are the borrower's to say: created carrying the
+            // borrowed taint and its loan, never changed after (it cannot untaint itself
+            // to take pods the borrower's tenants did not allow onto it).
+            ("", "nodes", None) if req.verb == Verb::Create => {
+                named().as_deref() == Some(node)
+                    && req.body_value().is_ok_and(|b| lent_node_marked(&b, loan))
+            }
+            ("", "nodes", None) => req.verb == Verb::Delete && named().as_deref() == Some(node),
+            ("coordination.k8s.io", "leases", None) => {
+                req.namespace.as_deref() == Some("kube-node-lease")
+                    && named().as_deref() == Some(node)
+            }
+            ("", "events", None) | ("events.k8s.io", "events", None) => true,
+            ("", "pods", Some("status")) => self.bound_to(req, node).await?,
+            ("", "pods", None) if req.verb == Verb::Delete => self.bound_to(req, node).await?,
+            _ => false,
+        };
+        if allowed {
+            Ok(scope)
+        } else {
+            Err(forbidden(
+                user,
+                req,
+                "a lent node may write only its own Node and Lease, the status of pods bound to it (and delete them), and events",
+            ))
+        }
+    }
+
+    /// Whether the pod `req` names is bound to `node`.
+    async fn bound_to(&self, req: &ApiRequest, node: &str) -> Result<bool, ApiError> {
+        let (Some(ns), Some(n)) = (&req.namespace, &req.name) else {
+            return Ok(false);
+        };
+        let key = tessera_core::keys::object_key("pods", Some(ns), n);
+        let pod = self.get(key, "the pod").await?;
+        Ok(pod.is_some_and(|p| p["spec"]["nodeName"].as_str() == Some(node)))
+    }
+
     async fn tenant(&self, name: &str) -> Result<Option<Value>, ApiError> {
         let key = tessera_core::keys::object_key(
             &tessera_core::keys::resource_segment("tessera.io", "tenants"),
             None,
             name,
         );
-        let kv = self
-            .store
-            .get(key.as_bytes())
-            .await
-            .map_err(|e| ApiError::internal(format!("reading tenant {name}: {e}")))?;
-        Ok(kv.and_then(|kv| serde_json::from_slice(&kv.value).ok()))
+        self.get(key, &format!("tenant {name}")).await
     }
 
     /// How many request seats `user` has (read before its request body is, so that a body
@@ -97,6 +204,7 @@ impl Authorizer {
     pub async fn seats(&self, user: &User) -> Result<usize, ApiError> {
         match user {
             User::Admin | User::System(_) => Ok(ADMIN_INFLIGHT),
+            User::LentNode { .. } => Ok(LENT_NODE_INFLIGHT),
             User::Tenant(t) => Ok(self
                 .tenant(t)
                 .await?
@@ -118,6 +226,7 @@ impl Authorizer {
                     max_watches: ADMIN_WATCHES,
                 });
             }
+            User::LentNode { node, loan } => return self.lent_node(user, req, node, loan).await,
             User::Tenant(t) => t,
         };
         let Some(obj) = self.tenant(tenant).await? else {

@@ -133,11 +133,32 @@ pub fn apply(res: &Resource, obj: &mut Value) {
                 }
             }
         }
-        ("", "Secret") => set(obj, "type", json!("Opaque")),
+        ("", "Secret") => {
+            set(obj, "type", json!("Opaque"));
+            string_data(obj);
+        }
         ("scheduling.k8s.io", "PriorityClass") => {
             set(obj, "preemptionPolicy", json!("PreemptLowerPriority"))
         }
         _ => {}
+    }
+}
+
+/// A Secret's `stringData` is write-only, as in Kubernetes: each key is merged into `data`
+/// (base64, over a key of the same name there) and the field is dropped.
+fn string_data(obj: &mut Value) {
+    use base64::Engine;
+    let Some(Value::Object(plain)) = obj.as_object_mut().and_then(|o| o.remove("stringData"))
+    else {
+        return;
+    };
+    if !obj["data"].is_object() {
+        obj["data"] = json!({});
+    }
+    for (k, v) in plain {
+        if let Some(text) = v.as_str() {
+            obj["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+        }
     }
 }
 
@@ -216,6 +237,17 @@ pub(crate) fn requests_from_limits(c: &mut Value) {
 mod tests {
     use super::*;
     use crate::request::find_resource;
+
+    #[test]
+    fn a_secrets_string_data_is_merged_into_data_and_dropped() {
+        let res = crate::request::find_resource("", "v1", "secrets").expect("served");
+        let mut s =
+            json!({"data": {"a": "b2xk", "keep": "eA=="}, "stringData": {"a": "new", "b": "two"}});
+        apply(res, &mut s);
+        assert_eq!(s["data"], json!({"a": "bmV3", "keep": "eA==", "b": "dHdv"}));
+        assert!(s.get("stringData").is_none());
+        assert_eq!(s["type"], "Opaque");
+    }
 
     #[test]
     fn deployments_get_kubernetes_defaults_once() {

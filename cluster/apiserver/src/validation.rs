@@ -172,6 +172,19 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                 }
             }
             quantities(&spec["quota"], "spec.quota", &mut e);
+            for (i, shard) in spec["borrowFrom"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let field = format!("spec.borrowFrom[{i}]");
+                match shard.as_str().map(names::dns1123_label) {
+                    None => e.invalid(&field, shard, "must be a shard's name"),
+                    Some(Some(why)) => e.invalid(&field, shard, why),
+                    Some(None) => {}
+                }
+            }
             if let Some(level) = spec["podSecurity"].as_str()
                 && crate::api::pod_security::Level::parse(level).is_none()
             {
@@ -183,6 +196,16 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
             }
         }
         ("tessera.io", "Shard") => {
+            for f in ["minNodes", "maxLend", "maxBorrow"] {
+                let v = &spec["lending"][f];
+                if !v.is_null() && v.as_i64().is_none_or(|n| n < 0) {
+                    e.invalid(
+                        &format!("spec.lending.{f}"),
+                        v,
+                        "must be a whole number of nodes, 0 or more",
+                    );
+                }
+            }
             if let Some(w) = spec["weight"].as_i64()
                 && !(1..=10_240).contains(&w)
             {

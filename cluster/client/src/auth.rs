@@ -32,6 +32,15 @@ pub enum User {
     /// agents): the admin's rights, with seats of its own so that one component's burst
     /// never takes another's (or the admin's) seats.
     System(String),
+    /// A node lent by another shard, acting through the credential the federation brokered
+    /// for its loan ([`mint_loan_token`]): good while this shard's loan ledger
+    /// (`kube-system/tessera-loans`) still names this loan for this node.
+    LentNode {
+        /// The node's name.
+        node: String,
+        /// The loan's id.
+        loan: String,
+    },
 }
 
 impl User {
@@ -41,6 +50,7 @@ impl User {
             User::Admin => "admin".into(),
             User::Tenant(t) => format!("tenant:{t}"),
             User::System(c) => format!("system:{c}"),
+            User::LentNode { node, .. } => format!("system:node:{node}"),
         }
     }
 
@@ -50,6 +60,7 @@ impl User {
             User::Admin => "tessera-admin".into(),
             User::Tenant(t) => format!("tenant-{t}"),
             User::System(c) => c.clone(),
+            User::LentNode { .. } => "tessera-node-agent".into(),
         }
     }
 
@@ -114,6 +125,8 @@ pub struct Tokens {
     admin: String,
     tenant_key: hmac::Key,
     node_key: hmac::Key,
+    loan_key: hmac::Key,
+    loan_secret: [u8; 32],
 }
 
 impl std::fmt::Debug for Tokens {
@@ -140,11 +153,22 @@ impl Tokens {
 
     /// Tokens with tenant tokens keyed from `root` (the API server's `pki/token.key`).
     pub fn with_root(admin_token: &str, root: &[u8]) -> Tokens {
+        let loan_secret = loan_secret(admin_token);
         Tokens {
             admin: admin_token.to_owned(),
             tenant_key: derive(root, "tessera/tenant-tokens/v1"),
             node_key: derive(admin_token.as_bytes(), "tessera/node-credentials/v1"),
+            loan_key: hmac::Key::new(hmac::HMAC_SHA256, &loan_secret),
+            loan_secret,
         }
+    }
+
+    /// The key this shard's lent-node credentials are signed with, hex-encoded: its
+    /// federation agent hands it to the federation, which brokers loans
+    /// ([`mint_loan_token`]). It opens nothing by itself: a credential is only good for a
+    /// loan this shard's own ledger admits.
+    pub fn loan_key_hex(&self) -> String {
+        hex(&self.loan_secret)
     }
 
     fn tenant_message(c: &TenantClaims) -> String {
@@ -225,6 +249,9 @@ impl Tokens {
         if constant_time_eq(token.as_bytes(), self.admin.as_bytes()) {
             return Some((User::Admin, None));
         }
+        if let Some(rest) = token.strip_prefix("loan.") {
+            return self.authenticate_loan(rest, now).map(|u| (u, None));
+        }
         let rest = token.strip_prefix("tenant.")?;
         // Names may hold dots; the other fields may not: read from the right.
         let (rest, hex) = rest.rsplit_once('.')?;
@@ -249,6 +276,69 @@ impl Tokens {
         }
         Some((User::Tenant(claims.name.clone()), Some(claims)))
     }
+}
+
+impl Tokens {
+    fn authenticate_loan(&self, rest: &str, now: i64) -> Option<User> {
+        let (node, loan, expires, tag) = parse_loan(rest)?;
+        hmac::verify(
+            &self.loan_key,
+            loan_message(node, loan, expires).as_bytes(),
+            &tag,
+        )
+        .ok()?;
+        (expires >= now).then(|| User::LentNode {
+            node: node.to_owned(),
+            loan: loan.to_owned(),
+        })
+    }
+}
+
+/// The longest a lent node's credential may live; the federation brokers a new one before.
+pub const LOAN_TOKEN_MAX_SECONDS: i64 = 7 * 24 * 3600;
+
+fn loan_secret(admin_token: &str) -> [u8; 32] {
+    let tag = hmac::sign(
+        &hmac::Key::new(hmac::HMAC_SHA256, admin_token.as_bytes()),
+        b"tessera/loan-credentials/v1",
+    );
+    let mut out = [0u8; 32];
+    out.copy_from_slice(tag.as_ref());
+    out
+}
+
+fn loan_message(node: &str, loan: &str, expires: i64) -> String {
+    format!("loan/{node}/{loan}/{expires}")
+}
+
+/// `node.loan.expires.hex` read from the right (node names may hold dots, the rest may not).
+fn parse_loan(rest: &str) -> Option<(&str, &str, i64, Vec<u8>)> {
+    let (rest, hex) = rest.rsplit_once('.')?;
+    let (rest, expires) = rest.rsplit_once('.')?;
+    let (node, loan) = rest.rsplit_once('.')?;
+    if node.is_empty() || loan.is_empty() {
+        return None;
+    }
+    Some((node, loan, expires.parse().ok()?, unhex(hex)?))
+}
+
+/// A credential for node `node` to act in the borrowing shard for loan `loan` until
+/// `expires`: `loan.<node>.<loan>.<expires>.<HMAC-SHA256>`, signed with the borrower's
+/// [`Tokens::loan_key_hex`]. `None` if the key is not 64 hex digits or the loan id holds a
+/// dot.
+pub fn mint_loan_token(key_hex: &str, node: &str, loan: &str, expires: i64) -> Option<String> {
+    let key = unhex(key_hex)?;
+    if loan.contains('.') || loan.is_empty() || node.is_empty() {
+        return None;
+    }
+    let tag = hmac::sign(
+        &hmac::Key::new(hmac::HMAC_SHA256, &key),
+        loan_message(node, loan, expires).as_bytes(),
+    );
+    Some(format!(
+        "loan.{node}.{loan}.{expires}.{}",
+        hex(tag.as_ref())
+    ))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -279,6 +369,43 @@ mod tests {
             uid: "5d1c-9f".into(),
             generation: 0,
             expires,
+        }
+    }
+
+    #[test]
+    fn loan_tokens_are_bound_to_their_node_loan_expiry_and_shard() {
+        let t = Tokens::new("borrower-admin");
+        let key = t.loan_key_hex();
+        let token = mint_loan_token(&key, "a-node-3.zone", "l7f3", 2_000).expect("minted");
+        assert_eq!(
+            t.authenticate(&token, 1_000),
+            Some((
+                User::LentNode {
+                    node: "a-node-3.zone".into(),
+                    loan: "l7f3".into()
+                },
+                None
+            ))
+        );
+        assert_eq!(t.authenticate(&token, 2_001), None, "expired");
+        for forged in [
+            token.replace("a-node-3.zone.", "a-node-4.zone."),
+            token.replace(".l7f3.", ".l7f4."),
+            token.replace(".2000.", ".9999."),
+        ] {
+            assert_ne!(forged, token);
+            assert_eq!(t.authenticate(&forged, 1_000), None, "{forged}");
+        }
+        // Another shard's key, or the admin token's other keys, do not sign it.
+        assert_eq!(
+            Tokens::new("lender-admin").authenticate(&token, 1_000),
+            None
+        );
+        assert_ne!(key, Tokens::new("lender-admin").loan_key_hex());
+        assert_eq!(mint_loan_token("zz", "n", "l", 1), None);
+        assert_eq!(mint_loan_token(&key, "n", "l.1", 1), None);
+        for junk in ["loan.", "loan.n.l.5", "loan..l.5.00", "loan.n..5.00"] {
+            assert_eq!(t.authenticate(junk, 0), None, "{junk}");
         }
     }
 

@@ -64,6 +64,11 @@ pub struct TenantSpec {
     /// Bumped by an admin to revoke every token minted for this tenant before (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_generation: Option<i64>,
+    /// The shards whose nodes its federated pods may run on when those nodes are lent to the
+    /// shard the pods are in (elastic shards): unset, any shard's; empty, none (its pods stay
+    /// on their own shard's nodes, and never make their shard borrow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow_from: Option<Vec<String>>,
 }
 
 /// Observed state of a tenant.
@@ -279,6 +284,26 @@ pub struct ShardSpec {
     /// Virtual nodes on the shard map, overriding the weight its capacity gives (1..10240).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,
+    /// Whether and how much this shard lends idle nodes to shards whose pending work cannot
+    /// fit, and borrows from others (elastic shards). Unset: it neither lends nor borrows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lending: Option<ShardLending>,
+}
+
+/// A shard's lending policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(rename = "io.tessera.v1alpha1.ShardLending")]
+pub struct ShardLending {
+    /// Nodes it keeps for itself whatever it lends (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_nodes: Option<i64>,
+    /// Most of its nodes lent out at once (default 0: it lends none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lend: Option<i64>,
+    /// Most nodes it borrows at once (default 0: it borrows none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_borrow: Option<i64>,
 }
 
 /// What a shard's agent reports, as the federation last saw it.
@@ -333,6 +358,15 @@ pub struct ShardStatus {
     /// instance type): per group the labels, nodes and free amounts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_groups: Option<Vec<ShardNodeGroup>>,
+    /// Its nodes lent to other shards now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lent_nodes: Option<i64>,
+    /// Other shards' nodes it borrows now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed_nodes: Option<i64>,
+    /// Pods pending here that no node has room for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmet_pods: Option<i64>,
 }
 
 /// Nodes of a shard with the same values of its summary's group keys.
@@ -592,4 +626,49 @@ pub fn federation_lease_end(lease: &serde_json::Value) -> Option<f64> {
     let renewed: jiff::Timestamp = spec["renewTime"].as_str()?.parse().ok()?;
     let duration = spec["leaseDurationSeconds"].as_i64()?;
     Some(renewed.as_microsecond() as f64 / 1e6 + duration as f64)
+}
+
+// --- Elastic shards: nodes lent from one shard to another ---
+
+/// The taint a lent node carries in the borrowing shard (`tessera.io/borrowed=<lender>:
+/// NoSchedule`): only pods whose tenant may use the lender's nodes tolerate it.
+pub const BORROWED_TAINT_KEY: &str = "tessera.io/borrowed";
+/// The label naming a lent node's loan (on the node in both shards).
+pub const LOAN_LABEL: &str = "tessera.io/loan";
+/// The label naming the shard a borrowed node belongs to (in the borrowing shard).
+pub const LENT_FROM_LABEL: &str = "tessera.io/lent-from";
+/// The annotation naming the shard a node is lent to (in the lending shard).
+pub const LENT_TO_ANNOTATION: &str = "tessera.io/lent-to";
+/// The taint a lent node carries at home while away (`tessera.io/lent=<borrower>:NoSchedule`).
+pub const LENT_TAINT_KEY: &str = "tessera.io/lent";
+/// Where a shard keeps the loans it admits (namespace, name): a ConfigMap whose `data` maps a
+/// lent node's name to its loan's id. Only the shard's federation agent writes it; a lent
+/// node's credential is good while its entry is there.
+pub const LOANS_CONFIGMAP: (&str, &str) = ("kube-system", "tessera-loans");
+
+/// The Secret (in `kube-system` of the lending shard) holding what node `node` needs to join
+/// the borrower: `server`, `ca.crt`, `token`.
+pub fn loan_secret_name(node: &str) -> String {
+    format!("tessera-loan.{node}")
+}
+
+/// A node lent to another shard, as it registers there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LentMark {
+    /// The shard it belongs to.
+    pub lender: String,
+    /// The loan's id.
+    pub loan: String,
+}
+
+impl LentMark {
+    /// The labels it adds to its Node.
+    pub fn labels(&self) -> [(&'static str, &str); 2] {
+        [(LOAN_LABEL, &self.loan), (LENT_FROM_LABEL, &self.lender)]
+    }
+
+    /// The taint it adds to its Node.
+    pub fn taint(&self) -> serde_json::Value {
+        serde_json::json!({"key": BORROWED_TAINT_KEY, "value": self.lender, "effect": "NoSchedule"})
+    }
 }

@@ -33,6 +33,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::summary;
 
+mod lending;
+
 /// The annotation on a copy: the federation generation it was made from.
 const GENERATION_ANNOTATION: &str = "tessera.io/federation-generation";
 
@@ -62,6 +64,11 @@ pub struct AgentConfig {
     pub bind_address: Option<std::net::IpAddr>,
     /// Where its lease and fence series go (none: not served).
     pub metrics: Option<crate::AgentMetrics>,
+    /// The CA (PEM) of the shard's API, for nodes lent here to trust it.
+    pub api_ca: String,
+    /// The key the shard checks lent nodes' credentials with (`Tokens::loan_key_hex`);
+    /// empty: the shard takes no part in lending.
+    pub loan_key: String,
 }
 
 /// The node labels a summary groups nodes by unless told otherwise: zones and instance types,
@@ -86,6 +93,8 @@ impl AgentConfig {
             group_keys: DEFAULT_GROUP_KEYS.iter().map(|k| (*k).to_owned()).collect(),
             bind_address: None,
             metrics: None,
+            api_ca: String::new(),
+            loan_key: String::new(),
         }
     }
 }
@@ -149,6 +158,11 @@ struct State {
     /// `AtMostOnce` copies stopped because the lease lapsed: not reverted as drift, and
     /// resumed only by the federation assigning them again.
     fenced: Mutex<std::collections::BTreeSet<(String, String, String)>>,
+    /// The shard's nodes and pods (the informers the summary's ledger is fed from).
+    nodes: Arc<Cache<Node>>,
+    pods: Arc<Cache<Pod>>,
+    /// The loans it takes part in.
+    loans: lending::Loans,
 }
 
 /// The agent's view of its lease: it runs from when the agent SENT the registration or the
@@ -441,6 +455,9 @@ pub async fn run_with(
         lapsed: Notify::new(),
         lease_renewed: Notify::new(),
         fenced: Mutex::new(Default::default()),
+        nodes: node_inf.cache().clone(),
+        pods: pod_inf.cache().clone(),
+        loans: lending::Loans::default(),
     });
     let mut subscriptions = Vec::new();
     {
@@ -539,6 +556,9 @@ pub async fn run_with(
     gang_inf.synced().await;
     node_inf.synced().await;
     pod_inf.synced().await;
+    if !state.config.loan_key.is_empty() {
+        lending::load(&state).await;
+    }
     let mut backoff = Duration::from_millis(200);
     loop {
         // A shard whose API does not answer is not registered: registering would hand it a
@@ -586,6 +606,8 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
             token: cfg.token.clone(),
             labels: cfg.labels.clone().into_iter().collect(),
             api_url: cfg.api_url.clone(),
+            api_ca: cfg.api_ca.clone(),
+            loan_key: cfg.loan_key.clone(),
         })),
     });
     let response = grpc
@@ -710,6 +732,10 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 state.lease.lock().renewed(r.seq);
                 state.lease_renewed.notify_one();
             }
+            Some(pb::federation_message::Message::Loan(l)) => {
+                let state = state.clone();
+                tokio::spawn(async move { lending::handle(&state, l).await });
+            }
             Some(pb::federation_message::Message::Registered(_)) | None => {}
         }
     };
@@ -745,17 +771,20 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
                 })
                 .collect()
         };
-        let (s, running, pending) =
+        let (s, running, pending, view) =
             state
                 .ledger
                 .lock()
-                .summary(&promised, &state.config.group_keys, version);
+                .summary_with_lending(&promised, &state.config.group_keys, version);
+        let lending =
+            (!state.config.loan_key.is_empty()).then(|| lending::to_pb(view, &state.loans));
         send(
             &state,
             pb::shard_message::Message::Summary(pb::CapacitySummary {
                 assignments_seen: seen_now,
                 pods_running: running,
                 pods_pending: pending,
+                lending,
                 ..summary::to_pb(&s)
             }),
         );

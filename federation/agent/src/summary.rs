@@ -7,7 +7,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use tessera_client::types::{PROCESS_TAINT_KEY, PROCESS_TAINT_VALUE};
+use tessera_client::types::{
+    BORROWED_TAINT_KEY, LENT_FROM_LABEL, LENT_TO_ANNOTATION, LOAN_LABEL, PROCESS_TAINT_KEY,
+    PROCESS_TAINT_VALUE,
+};
+use tessera_placement::summary::on_process_nodes;
 use tessera_placement::{Request, Summary, SummaryBuilder};
 use tessera_proto::federation::v1 as pb;
 use tessera_scheduler::plugins::affinity::required_node_labels;
@@ -65,6 +69,30 @@ pub fn process_pool(n: &Node) -> bool {
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Whether `n` is another shard's node lent here: Ready, not cordoned, and its only
+/// NoSchedule/NoExecute taints the borrowed one (and the process one, for a process node).
+pub fn borrowed_pool(n: &Node) -> bool {
+    let spec = n.spec.as_ref();
+    if spec.and_then(|s| s.unschedulable).unwrap_or(false) {
+        return false;
+    }
+    let mut borrowed = false;
+    for t in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
+        if t.key == BORROWED_TAINT_KEY && t.effect == "NoSchedule" {
+            borrowed = true;
+        } else if t.key != PROCESS_TAINT_KEY
+            && (t.effect == "NoSchedule" || t.effect == "NoExecute")
+        {
+            return false;
+        }
+    }
+    borrowed
+        && n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Whether `p` still holds (or will hold) resources.
 pub fn active(p: &Pod) -> bool {
     !matches!(
@@ -81,14 +109,59 @@ struct NodeRow {
     schedulable: bool,
     /// In the process pool (see [`process_pool`]).
     process: bool,
+    /// This shard's node lent out: (borrower, loan).
+    lent: Option<(String, String)>,
+    /// Another shard's node borrowed here: its loan.
+    borrowed: Option<String>,
+}
+
+/// The lending side of a summary: what [`Ledger::summary_with_lending`] finds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LendingView {
+    /// Pending pods no node has room for that may run on a borrowed node, and their
+    /// requests in all (the summary's resources, in order).
+    pub unmet_pods: u64,
+    /// Their requests in all.
+    pub unmet: Vec<u64>,
+    /// Of those, the ones that must run on a process node (not counted above), and their
+    /// requests.
+    pub unmet_process_pods: u64,
+    /// Their requests in all.
+    pub unmet_process: Vec<u64>,
+    /// Pending pods no node has room for, whatever they tolerate.
+    pub own_unmet_pods: u64,
+    /// Nodes with no active pod that may be lent: (name, allocatable, process), at most
+    /// [`MAX_IDLE_REPORTED`].
+    pub idle: Vec<(String, Vec<u64>, bool)>,
+    /// Nodes new pods may go to (its own and borrowed ones), process nodes included.
+    pub schedulable_nodes: u64,
+    /// This shard's nodes lent out: (node, borrower, loan).
+    pub lent: Vec<(String, String, String)>,
+    /// Nodes registered here for a loan: (node, loan, idle).
+    pub borrowed: Vec<(String, String, bool)>,
+}
+
+/// Most idle nodes a summary names (the federation lends a few at a time).
+pub const MAX_IDLE_REPORTED: usize = 64;
+
+/// Whether pod `spec` tolerates the taint borrowed nodes carry (any lender's).
+pub fn tolerates_borrowed(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> bool {
+    spec.and_then(|s| s.tolerations.as_ref()).is_some_and(|ts| {
+        ts.iter().any(|t| {
+            (t.key.as_deref() == Some(BORROWED_TAINT_KEY)
+                || (t.key.is_none() && t.operator.as_deref() == Some("Exists")))
+                && t.effect.as_deref().is_none_or(|e| e == "NoSchedule")
+        })
+    })
 }
 
 /// Where an active pod's request is counted.
 enum Counted {
     /// On its node (by name).
     On(String, Resources),
-    /// Not on a node yet: demand the summary takes out best-fit.
-    Pending(Request),
+    /// Not on a node yet: demand the summary takes out best-fit (and whether it may go to a
+    /// borrowed node).
+    Pending(Request, bool),
 }
 
 /// A shard's nodes and pods as its capacity summary counts them, kept up to date one change
@@ -114,15 +187,47 @@ impl Ledger {
         let name = node.metadata.name.clone().unwrap_or_default();
         let allocatable =
             Resources::from_list(node.status.as_ref().and_then(|s| s.allocatable.as_ref()));
+        let labels = node.metadata.labels.as_ref();
+        let loan = labels.and_then(|l| l.get(LOAN_LABEL)).cloned();
+        let borrowed = loan
+            .clone()
+            .filter(|_| labels.is_some_and(|l| l.contains_key(LENT_FROM_LABEL)));
+        let lent = match (
+            &borrowed,
+            loan,
+            node.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(LENT_TO_ANNOTATION)),
+        ) {
+            (None, Some(loan), Some(to)) => Some((to.clone(), loan)),
+            _ => None,
+        };
+        // A borrowed node counts as the borrower's own (its room is what the borrower's
+        // waiting replicas are placed on), a process one in the process pool.
+        let borrowing = borrowed_pool(node);
+        let is_process = labels
+            .and_then(|l| l.get(PROCESS_TAINT_KEY))
+            .map(String::as_str)
+            == Some(PROCESS_TAINT_VALUE);
         self.nodes.insert(
             name,
             NodeRow {
                 node: node.clone(),
                 allocatable,
-                schedulable: schedulable(node),
-                process: process_pool(node),
+                schedulable: schedulable(node) || (borrowing && !is_process),
+                process: process_pool(node) || (borrowing && is_process),
+                lent,
+                borrowed,
             },
         );
+    }
+
+    /// Whether node `name` runs no active pod (as counted).
+    pub fn idle(&self, name: &str) -> bool {
+        self.used
+            .get(name)
+            .is_none_or(|u| u.milli_cpu <= 0 && u.memory <= 0 && u.pods <= 0)
     }
 
     /// Forgets the node `name` (its pods' requests stay counted until they go).
@@ -146,10 +251,13 @@ impl Ledger {
             }
             None => {
                 self.pending.insert(key.to_owned());
-                Counted::Pending(Request {
-                    amounts: req.amounts(),
-                    on: required_node_labels(spec),
-                })
+                Counted::Pending(
+                    Request {
+                        amounts: req.amounts(),
+                        on: required_node_labels(spec),
+                    },
+                    tolerates_borrowed(spec),
+                )
             }
         };
         self.pods.insert(key.to_owned(), counted);
@@ -163,7 +271,7 @@ impl Ledger {
                     u.sub(&req);
                 }
             }
-            Some(Counted::Pending(_)) => {
+            Some(Counted::Pending(..)) => {
                 self.pending.remove(key);
             }
             None => {}
@@ -178,6 +286,18 @@ impl Ledger {
         group_keys: &[String],
         version: u64,
     ) -> (Summary, u64, u64) {
+        let (s, running, pending, _) = self.summary_with_lending(promised, group_keys, version);
+        (s, running, pending)
+    }
+
+    /// [`Ledger::summary`], and what elastic shards need to know: the demand no node has
+    /// room for, idle nodes, and the nodes lent and borrowed.
+    pub fn summary_with_lending(
+        &self,
+        promised: &[(Request, u64)],
+        group_keys: &[String],
+        version: u64,
+    ) -> (Summary, u64, u64, LendingView) {
         let mut extended: BTreeSet<&str> = BTreeSet::new();
         for row in self.nodes.values() {
             for (k, _) in &row.allocatable.extended {
@@ -200,11 +320,31 @@ impl Ledger {
         // Process nodes: a pool of their own, for replicas that must run on one.
         let mut pool = SummaryBuilder::new(&ext);
         let mut any = false;
+        let mut view = LendingView::default();
         for (name, row) in &self.nodes {
+            let used = self.used.get(name).unwrap_or(&none);
+            let idle = self.idle(name);
+            if let Some((to, loan)) = &row.lent {
+                view.lent.push((name.clone(), to.clone(), loan.clone()));
+            }
+            if let Some(loan) = &row.borrowed {
+                view.borrowed.push((name.clone(), loan.clone(), idle));
+            }
             if !row.schedulable && !row.process {
                 continue;
             }
-            let used = self.used.get(name).unwrap_or(&none);
+            view.schedulable_nodes += 1;
+            if idle
+                && row.lent.is_none()
+                && row.borrowed.is_none()
+                && view.idle.len() < MAX_IDLE_REPORTED
+            {
+                let alloc = resources
+                    .iter()
+                    .map(|r| amount(&row.allocatable, r))
+                    .collect();
+                view.idle.push((name.clone(), alloc, row.process));
+            }
             alloc.clear();
             free.clear();
             for r in &resources {
@@ -230,20 +370,36 @@ impl Ledger {
         if any {
             s.process = Some(Box::new(pool.build(version)));
         }
+        view.unmet = vec![0; s.resources.len()];
+        view.unmet_process = vec![0; s.resources.len()];
         for key in &self.pending {
-            if let Some(Counted::Pending(r)) = self.pods.get(key)
+            if let Some(Counted::Pending(r, borrows)) = self.pods.get(key)
                 && let Ok(v) = r.vector_for(&s)
+                && s.reserve_on(&v, 1, &r.on) == 0
             {
-                s.reserve_on(&v, 1, &r.on);
+                view.own_unmet_pods += 1;
+                if *borrows {
+                    let (pods, unmet) = if on_process_nodes(&r.on).is_some() {
+                        (&mut view.unmet_process_pods, &mut view.unmet_process)
+                    } else {
+                        (&mut view.unmet_pods, &mut view.unmet)
+                    };
+                    *pods += 1;
+                    for (u, x) in unmet.iter_mut().zip(&v) {
+                        *u += x;
+                    }
+                }
             }
         }
+        view.lent.sort_unstable();
+        view.borrowed.sort_unstable();
         for (r, n) in promised {
             if let Ok(v) = r.vector_for(&s) {
                 s.reserve_on(&v, *n, &r.on);
             }
         }
         let running = (self.pods.len() - self.pending.len()) as u64;
-        (s, running, self.pending.len() as u64)
+        (s, running, self.pending.len() as u64, view)
     }
 }
 

@@ -551,6 +551,14 @@ async fn wait_for_known_shards(client: &Arc<dyn Client>, registry: &Registry) {
     }
 }
 
+/// Whether tenant `name`'s Tenant says its pods may use no borrowed node (`borrowFrom: []`).
+fn borrow_none(tenants: &Cache<Tenant>, name: &str) -> bool {
+    tenants
+        .get(name)
+        .and_then(|t| t.spec.as_ref()?.borrow_from.as_ref().map(Vec::is_empty))
+        .unwrap_or(false)
+}
+
 /// The object as a shard should hold it: its identity, labels, annotations and spec — not
 /// the federation's bookkeeping (uid, resourceVersion, finalizers, status, decisions).
 pub fn manifest(obj: &Value, generation: i64, replicas: Option<u64>) -> Value {
@@ -993,6 +1001,7 @@ impl Propagation {
         let queue_key = format!("{}:{key}", kind.plural());
         let Some(w) = self.workloads.cache(kind).get(key) else {
             self.pending.lock().remove(&queue_key);
+            self.registry.set_waiting(&queue_key, None);
             self.checked_map.lock().remove(&queue_key);
             self.waiting_to_move.lock().remove(&queue_key);
             self.stalled.lock().remove(&queue_key);
@@ -1370,6 +1379,34 @@ impl Propagation {
                 pending.remove(&queue_key);
             }
         }
+        // Replicas held back for room are demand the shard they would go to first may
+        // borrow nodes for (elastic shards) — if the tenant may use borrowed nodes at all.
+        let first_full = decision
+            .skipped
+            .iter()
+            .find(|(_, why)| matches!(why, tessera_placement::Skip::Full { .. }))
+            .map(|(shard, _)| shard.clone());
+        let waiting = match first_full {
+            Some(shard)
+                if decision.unplaced > 0 && policy_ok && !borrow_none(&self.tenants, &tenant) =>
+            {
+                let amount = |name: &str| {
+                    request
+                        .amounts
+                        .iter()
+                        .find(|(r, _)| r == name)
+                        .map_or(0, |(_, v)| *v)
+                };
+                Some(tessera_registry::lending::Waiting {
+                    shard,
+                    per_replica: [amount("cpu"), amount("memory"), amount("pods").max(1)],
+                    replicas: decision.unplaced,
+                    process: tessera_placement::summary::on_process_nodes(&request.on).is_some(),
+                })
+            }
+            _ => None,
+        };
+        self.registry.set_waiting(&queue_key, waiting);
         // Shares due to fail over leave their lost shard before anything is assigned
         // elsewhere (break before make: the shard, cut off, has stopped an AtMostOnce one).
         // If the shard came back meanwhile nothing moves: the workload is decided again.
@@ -1461,6 +1498,8 @@ impl Propagation {
         obj["apiVersion"] = json!(kind.api_version());
         obj["kind"] = json!(kind.kind());
         let deps = self.dependencies_of(&ns, template);
+        // Its pods may use nodes other shards lend theirs, as its Tenant allows.
+        let borrow = policy::borrow_tolerations(self.tenants.get(&tenant).as_deref());
         let mut sent = false;
         for (shard, copy) in &plan.assign {
             let (n, stop) = match copy {
@@ -1468,6 +1507,7 @@ impl Propagation {
                 moves::Copy::Stop(n) => (n, true),
             };
             let mut m = manifest(&obj, generation, kind.has_replicas().then_some(*n));
+            policy::add_tolerations(kind, &mut m["spec"], &borrow);
             let mut deps = deps.clone();
             if let (Some(g), Some(r)) = (&gang_spec, &gang_record) {
                 // This shard's part of the gang: its share of the pods, and a PodGroup of

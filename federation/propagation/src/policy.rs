@@ -47,6 +47,54 @@ impl TenantIndex {
     }
 }
 
+/// The tolerations a tenant's pods get for nodes lent to their shard by other shards
+/// (`tessera.io/borrowed=<lender>:NoSchedule`): every lender's when its Tenant says nothing
+/// (or there is no Tenant), the lenders `spec.borrowFrom` lists otherwise (none if empty).
+pub fn borrow_tolerations(t: Option<&Tenant>) -> Vec<serde_json::Value> {
+    use tessera_client::types::BORROWED_TAINT_KEY;
+    match t
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.borrow_from.as_ref())
+    {
+        None => vec![
+            serde_json::json!({"key": BORROWED_TAINT_KEY, "operator": "Exists",
+            "effect": "NoSchedule"}),
+        ],
+        Some(lenders) => lenders
+            .iter()
+            .map(|l| {
+                serde_json::json!({"key": BORROWED_TAINT_KEY, "operator": "Equal", "value": l,
+                    "effect": "NoSchedule"})
+            })
+            .collect(),
+    }
+}
+
+/// Adds `tolerations` to the pod template of `kind` in `spec` (those it has already stay).
+pub fn add_tolerations(
+    kind: WorkloadKind,
+    spec: &mut serde_json::Value,
+    tolerations: &[serde_json::Value],
+) {
+    if tolerations.is_empty() {
+        return;
+    }
+    let template = match kind {
+        WorkloadKind::CronJob => &mut spec["jobTemplate"]["spec"]["template"],
+        _ => &mut spec["template"],
+    };
+    let list = &mut template["spec"]["tolerations"];
+    if !list.is_array() {
+        *list = serde_json::json!([]);
+    }
+    let list = list.as_array_mut().expect("an array");
+    for t in tolerations {
+        if !list.contains(t) {
+            list.push(t.clone());
+        }
+    }
+}
+
 /// Whether `p` selects the workload of `kind` with `meta`.
 pub fn selects(p: &Placement, api_version: &str, kind: &str, meta: &ObjectMeta) -> bool {
     let Some(spec) = &p.spec else { return false };

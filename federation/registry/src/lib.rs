@@ -2,6 +2,7 @@
 //! stream per shard), each shard's lease, capacity summary and assignments, and the `Shard`
 //! and `ShardMap` objects that show it all through the federation's Kubernetes API.
 
+pub mod lending;
 pub mod metrics;
 pub mod objects;
 pub mod reads;

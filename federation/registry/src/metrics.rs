@@ -53,6 +53,12 @@ pub struct FederationMetrics {
     pub gangs: IntCounterVec,
     /// From a gang's parts being assigned to every part reporting its reservation.
     pub gang_reserve_seconds: Histogram,
+    /// Loans of nodes between shards now, by phase (lending, active, returning).
+    pub loans: IntGaugeVec,
+    /// Loans' steps, by outcome (lent: the node joined its borrower; returning; returned).
+    pub loan_outcomes: IntCounterVec,
+    /// From a loan starting to return to its node being back home.
+    pub loan_duration: Histogram,
 }
 
 impl FederationMetrics {
@@ -87,6 +93,9 @@ impl FederationMetrics {
         registry.register(Box::new(m.moves_stalled.clone()))?;
         registry.register(Box::new(m.gangs.clone()))?;
         registry.register(Box::new(m.gang_reserve_seconds.clone()))?;
+        registry.register(Box::new(m.loans.clone()))?;
+        registry.register(Box::new(m.loan_outcomes.clone()))?;
+        registry.register(Box::new(m.loan_duration.clone()))?;
         Ok(())
     }
 
@@ -223,6 +232,27 @@ impl FederationMetrics {
                     "From a federation-scope gang's parts being assigned to every part reporting its members reserved (the commit).",
                 )
                 .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0]),
+            )?,
+            loans: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_federation_loans",
+                    "Nodes lent from one shard to another now, by phase: lending (handed over, not joined yet), active, returning.",
+                ),
+                &["phase"],
+            )?,
+            loan_outcomes: IntCounterVec::new(
+                Opts::new(
+                    "tessera_federation_loans_total",
+                    "Steps of node loans between shards, by outcome: lent (the node joined its borrower), returning (asked back), returned (back home).",
+                ),
+                &["outcome"],
+            )?,
+            loan_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "tessera_federation_loan_return_seconds",
+                    "From a loan being asked back to its node being schedulable at home again (the borrower's drain included).",
+                )
+                .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0]),
             )?,
         })
     }

@@ -13,7 +13,8 @@ use tessera_client::request::{PatchType, find_resource};
 use tessera_client::types::Shard;
 use tessera_core::time::{now_secs, rfc3339};
 use tessera_placement::Taint;
-use tessera_runtime::informer::{Informer, Scope};
+use tessera_runtime::events::{EventType, ObjectRef, Recorder};
+use tessera_runtime::informer::{Cache, Informer, Scope};
 
 use crate::registry::{Registry, ShardView};
 
@@ -75,6 +76,9 @@ pub fn status_of(v: &ShardView, lease_seconds: u64, renewed: i64) -> Value {
         "apiUrl": v.api_url,
         "workloads": v.held,
         "movingOut": v.leaving,
+        "lentNodes": v.lent,
+        "borrowedNodes": v.borrowed,
+        "unmetPods": v.unmet_pods,
         "weight": v.weight,
         "nodeGroups": v.summary.as_ref().map(|s| {
             s.groups
@@ -151,6 +155,58 @@ async fn taint_if_lost(
     }
 }
 
+/// An event on the Shards a loan concerns.
+fn loan_event(recorder: &Recorder, cache: &Cache<Shard>, o: &crate::lending::Outcome) {
+    use crate::lending::Outcome;
+    let on = |shard: &str, kind: EventType, reason: &str, message: &str| {
+        if let Some(s) = cache.get(shard) {
+            recorder.event(
+                &ObjectRef::new("tessera.io/v1alpha1", "Shard", &s.metadata),
+                kind,
+                reason,
+                message,
+            );
+        }
+    };
+    match o {
+        Outcome::Lent {
+            loan,
+            node,
+            lender,
+            borrower,
+        } => {
+            let m = format!("node {node} of shard {lender} joined shard {borrower} (loan {loan})");
+            on(lender, EventType::Normal, "NodeLent", &m);
+            on(borrower, EventType::Normal, "NodeBorrowed", &m);
+        }
+        Outcome::Returning {
+            loan,
+            node,
+            lender,
+            borrower,
+            why,
+        } => {
+            let m = format!(
+                "node {node} of shard {lender} goes back from shard {borrower} (loan {loan}): {why}"
+            );
+            on(lender, EventType::Normal, "NodeReturning", &m);
+            on(borrower, EventType::Normal, "NodeReturning", &m);
+        }
+        Outcome::Returned {
+            loan,
+            node,
+            lender,
+            away,
+        } => {
+            let m = format!(
+                "node {node} is back (loan {loan}), {:.1}s after it was asked back",
+                away.as_secs_f64()
+            );
+            on(lender, EventType::Normal, "NodeReturned", &m);
+        }
+    }
+}
+
 /// Keeps Shard objects and the ShardMap in the federation's API in step with `registry`,
 /// and the registry in step with what admins write in Shard specs. Runs until dropped.
 pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
@@ -182,10 +238,21 @@ pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
                     taints,
                     spec.weight.map(|w| w.clamp(1, 10_240) as u64),
                 );
+                let lending = spec.lending.unwrap_or_default();
+                let n = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
+                registry.set_lending(
+                    name,
+                    crate::lending::LendingPolicy {
+                        min_nodes: n(lending.min_nodes),
+                        max_lend: n(lending.max_lend),
+                        max_borrow: n(lending.max_borrow),
+                    },
+                );
             })
             .detach();
     }
     let cache = informer.cache().clone();
+    let recorder = Recorder::new(client.clone(), "tessera-federation", None);
     let _watch = tessera_runtime::informer::Tasks(vec![tokio::spawn(informer.clone().run())]);
     informer.synced().await;
     // Map versions go on from the stored map's (a restarted federation does not start at 1
@@ -215,6 +282,9 @@ pub async fn run(registry: Arc<Registry>, client: Arc<dyn Client>) {
     loop {
         tick.tick().await;
         registry.tick();
+        for o in registry.lending_tick() {
+            loan_event(&recorder, &cache, &o);
+        }
         for v in registry.views() {
             if cache.get(&v.name).is_none() && !written.contains_key(&v.name) {
                 let obj = json!({

@@ -31,6 +31,8 @@ pub struct RegistryConfig {
     /// grace period before it is started elsewhere: clock drift between the shard and the
     /// federation, and the agent's time to notice and stop it.
     pub failover_margin: Duration,
+    /// How nodes are lent between shards.
+    pub lending: crate::lending::LendingConfig,
 }
 
 impl RegistryConfig {
@@ -42,6 +44,7 @@ impl RegistryConfig {
             summary_stale: Duration::from_secs(60),
             join_token: join_token.into(),
             failover_margin: Duration::from_secs(5),
+            lending: crate::lending::LendingConfig::default(),
         }
     }
 }
@@ -181,6 +184,14 @@ struct Entry {
     /// When each (object, generation) was sent, for the propagation latency.
     sent: HashMap<(ObjectKey, i64), Instant>,
     spec_weight: Option<u64>,
+    /// Its API's CA and its loan key (empty: it takes no part in lending).
+    api_ca: String,
+    loan_key: String,
+    /// Its Shard's lending policy.
+    lending_policy: crate::lending::LendingPolicy,
+    /// Its last lending report, and the resources its summary counts.
+    lending: Option<pb::Lending>,
+    resources: Vec<String>,
 }
 
 impl Entry {
@@ -203,6 +214,11 @@ impl Entry {
             statuses: BTreeMap::new(),
             sent: HashMap::new(),
             spec_weight: None,
+            api_ca: String::new(),
+            loan_key: String::new(),
+            lending_policy: Default::default(),
+            lending: None,
+            resources: Vec::new(),
         }
     }
 }
@@ -235,6 +251,12 @@ pub struct ShardView {
     pub held: u64,
     /// Of those, the ones held only until their move off it finishes.
     pub leaving: u64,
+    /// Its nodes lent out, and other shards' nodes it borrows.
+    pub lent: u64,
+    /// Other shards' nodes it borrows.
+    pub borrowed: u64,
+    /// Pending pods no node of it has room for.
+    pub unmet_pods: u64,
 }
 
 struct Inner {
@@ -305,6 +327,10 @@ pub struct Registry {
     listeners: Mutex<Vec<Listener>>,
     metrics: Option<FederationMetrics>,
     pub(crate) calls: Mutex<crate::reads::Calls>,
+    planner: Mutex<crate::lending::Planner>,
+    /// Replicas the federation could not place for want of room, by workload: the shard
+    /// they would go to first, and what they ask for (demand the shard may borrow for).
+    waiting: Mutex<BTreeMap<String, crate::lending::Waiting>>,
 }
 
 /// The virtual nodes a shard of `cpu_milli` allocatable cpu gets: a quarter of the standard
@@ -345,6 +371,8 @@ impl Registry {
             listeners: Mutex::new(Vec::new()),
             metrics,
             calls: Mutex::new(crate::reads::Calls::default()),
+            planner: Mutex::new(crate::lending::Planner::default()),
+            waiting: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -411,6 +439,8 @@ impl Registry {
             }
             entry.labels = reg.labels.clone().into_iter().collect();
             entry.api_url = reg.api_url.clone();
+            entry.api_ca = reg.api_ca.clone();
+            entry.loan_key = reg.loan_key.clone();
             entry.session = Some(Session { id, tx: tx.clone() });
             entry.lease_until = Some(now + self.config.lease);
             // The agent re-applies from scratch: every held object goes out again.
@@ -536,8 +566,10 @@ impl Registry {
             }
             e.reservations
                 .retain(|(seq, _, _)| *seq > s.assignments_seen);
+            e.resources = summary.resources.clone();
             e.reported = Some((summary, now));
             e.pods = (s.pods_running, s.pods_pending);
+            e.lending = s.lending.clone();
             self.refresh(&mut inner, name, now);
             self.rebuild_map(&mut inner);
         }
@@ -891,6 +923,12 @@ impl Registry {
                     .filter(|k| k.resource != "tenants" && !finished(k, e.statuses.get(*k)))
                     .count() as u64,
                 leaving: e.held.values().filter(|h| h.leaving).count() as u64,
+                lent: e.lending.as_ref().map_or(0, |l| l.lent.len() as u64),
+                borrowed: e
+                    .lending
+                    .as_ref()
+                    .map_or(0, |l| l.borrowed.iter().filter(|b| b.ready).count() as u64),
+                unmet_pods: e.lending.as_ref().map_or(0, |l| l.own_unmet_pods),
             })
             .collect()
     }
@@ -965,6 +1003,136 @@ impl Registry {
         if changed {
             self.emit(RegistryEvent::Spec(name.to_owned()));
         }
+    }
+
+    /// Records (or, `None`, forgets) the replicas of workload `key` the federation holds
+    /// back for want of room.
+    pub fn set_waiting(&self, key: &str, waiting: Option<crate::lending::Waiting>) {
+        let mut w = self.waiting.lock();
+        match waiting {
+            Some(x) => {
+                w.insert(key.to_owned(), x);
+            }
+            None => {
+                w.remove(key);
+            }
+        }
+    }
+
+    /// Sets what the Shard object's `spec.lending` says.
+    pub fn set_lending(&self, name: &str, policy: crate::lending::LendingPolicy) {
+        if let Some(e) = self.inner.lock().entries.get_mut(name) {
+            e.lending_policy = policy;
+        }
+    }
+
+    /// One round of lending (every second or so): moves loans on and decides new ones from
+    /// the shards' last reports, and sends the steps due. Returns what happened, for events.
+    pub fn lending_tick(&self) -> Vec<crate::lending::Outcome> {
+        use crate::lending::{ShardLending, Step};
+        let now = Instant::now();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let held_back = self.waiting.lock().clone();
+        let mut waiting: BTreeMap<&str, Vec<&crate::lending::Waiting>> = BTreeMap::new();
+        for w in held_back.values() {
+            waiting.entry(w.shard.as_str()).or_default().push(w);
+        }
+        let shards: Vec<ShardLending> = {
+            let inner = self.inner.lock();
+            inner
+                .entries
+                .iter()
+                .map(|(name, e)| ShardLending {
+                    name: name.clone(),
+                    ready: e.holds_lease(now),
+                    capable: !e.loan_key.is_empty()
+                        && !e.api_ca.is_empty()
+                        && !e.api_url.is_empty(),
+                    policy: e.lending_policy,
+                    resources: e.resources.clone(),
+                    report: e.lending.clone().map(|r| {
+                        let w = waiting.get(name.as_str()).map_or(&[][..], Vec::as_slice);
+                        crate::lending::with_waiting(r, &e.resources, w)
+                    }),
+                })
+                .collect()
+        };
+        if shards.iter().all(|s| s.report.is_none()) && self.planner.lock().loans().next().is_none()
+        {
+            return Vec::new();
+        }
+        let (steps, outcomes) =
+            self.planner
+                .lock()
+                .plan(&shards, &self.config.lending, now, now_ms);
+        let expires = (now_ms / 1000) as i64 + tessera_client::auth::LOAN_TOKEN_MAX_SECONDS;
+        for Step {
+            to,
+            op,
+            loan,
+            node,
+            peer,
+        } in steps
+        {
+            let mut msg = pb::Loan {
+                op: op as i32,
+                loan,
+                node,
+                peer,
+                ..Default::default()
+            };
+            if op == pb::loan::Op::Lend {
+                // The borrower's address and a credential for this node and loan only.
+                let inner = self.inner.lock();
+                let Some(b) = inner.entries.get(&msg.peer) else {
+                    continue;
+                };
+                let Some(token) = tessera_client::auth::mint_loan_token(
+                    &b.loan_key,
+                    &msg.node,
+                    &msg.loan,
+                    expires,
+                ) else {
+                    tracing::warn!(shard = %msg.peer, "the shard's loan key is malformed: nothing is lent to it");
+                    continue;
+                };
+                msg.server = b.api_url.clone();
+                msg.ca_pem = b.api_ca.clone();
+                msg.token = token;
+            }
+            if let Some((_, tx)) = self.session_sender(&to) {
+                let _ = tx.send(pb::FederationMessage {
+                    message: Some(pb::federation_message::Message::Loan(msg)),
+                });
+            }
+        }
+        if let Some(m) = &self.metrics {
+            let planner = self.planner.lock();
+            for phase in ["lending", "active", "returning"] {
+                let n = planner.loans().filter(|l| l.phase.name() == phase).count();
+                m.loans.with_label_values(&[phase]).set(n as i64);
+            }
+            for o in &outcomes {
+                match o {
+                    crate::lending::Outcome::Lent { .. } => {
+                        m.loan_outcomes.with_label_values(&["lent"]).inc();
+                    }
+                    crate::lending::Outcome::Returning { .. } => {
+                        m.loan_outcomes.with_label_values(&["returning"]).inc();
+                    }
+                    crate::lending::Outcome::Returned { away, .. } => {
+                        m.loan_outcomes.with_label_values(&["returned"]).inc();
+                        m.loan_duration.observe(away.as_secs_f64());
+                    }
+                }
+            }
+        }
+        for o in &outcomes {
+            tracing::info!(outcome = ?o, "lending");
+        }
+        outcomes
     }
 
     /// Looks at every lease and summary age: shards whose lease lapsed or whose summary went
@@ -1241,6 +1409,7 @@ mod tests {
                 Some(pb::federation_message::Message::Call(_)) => "call",
                 Some(pb::federation_message::Message::Cancel(_)) => "cancel",
                 Some(pb::federation_message::Message::Renewed(_)) => "renewed",
+                Some(pb::federation_message::Message::Loan(_)) => "loan",
                 None => "empty",
             });
         }
