@@ -47,6 +47,15 @@ pub struct FederationTuning {
     /// before (0: at once). Widens the window between the two phases.
     #[arg(long, default_value_t = 0, hide = true)]
     pub gang_commit_delay_ms: u64,
+    /// Seconds a shard's work must wait for room before the federation lends it idle nodes
+    /// of other shards (elastic shards; a Shard's `spec.lending` says whether it lends or
+    /// borrows at all).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub borrow_after_seconds: u64,
+    /// Seconds a borrowed node may sit idle, its borrower with nothing waiting, before it
+    /// goes back to its shard.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub lend_idle_seconds: u64,
 }
 
 /// A running federation control plane.
@@ -95,6 +104,8 @@ pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<F
     }
     config.lease = Duration::from_secs(tuning.shard_lease_seconds);
     config.renew = Duration::from_secs((tuning.shard_lease_seconds / 3).max(1));
+    config.lending.borrow_after = Duration::from_secs(tuning.borrow_after_seconds);
+    config.lending.idle_return = Duration::from_secs(tuning.lend_idle_seconds);
     let registry = Registry::new(config, Some(metrics.clone()));
     // Pods, nodes and events are read across the shards, over their agents' streams.
     let shards = Arc::new(tessera_registry::RegistryShards(registry.clone()));

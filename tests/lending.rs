@@ -11,7 +11,7 @@ use std::time::Duration;
 
 mod support;
 
-use support::{Cluster, free_addr, join_agent, sample, wait_for};
+use support::{Cluster, free_addr, join_agent, process_node, processes, sample, wait_for};
 
 /// Pods of namespace `ns` in shard `c`: (name, node, phase) per pod.
 fn pods(c: &Cluster, ns: &str) -> Vec<(String, String, String)> {
@@ -69,23 +69,37 @@ fn refused(c: &Cluster, token: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Shard `prefix` of the test fleet: `nodes` simulated 2-cpu nodes named `{prefix}-{i}`.
+fn shard(prefix: &str, nodes: usize) -> Cluster {
+    Cluster::start_with(
+        "up",
+        &[
+            "--shards=0",
+            &format!("--nodes-per-shard={nodes}"),
+            "--node-cpu=2",
+            &format!("--node-prefix={prefix}"),
+        ],
+    )
+}
+
+/// Sets Shard `name`'s `spec.lending` at the federation.
+fn lending(fed: &Cluster, name: &str, policy: &str) {
+    fed.ok(&[
+        "patch",
+        "shard",
+        name,
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{{"lending":{policy}}}}}"#),
+    ]);
+}
+
 #[test]
 fn an_idle_node_is_lent_to_a_full_shard_and_goes_home_when_its_lender_needs_it() {
     let grpc = free_addr();
     let fed = support::quick_federation(&grpc, &[]);
-    let shard = |prefix: &str, nodes: &str| {
-        Cluster::start_with(
-            "up",
-            &[
-                "--shards=0",
-                nodes,
-                "--node-cpu=2",
-                &format!("--node-prefix={prefix}"),
-            ],
-        )
-    };
-    let a = shard("a", "--nodes-per-shard=3");
-    let b = shard("b", "--nodes-per-shard=1");
+    let a = shard("a", 3);
+    let b = shard("b", 1);
     let _agents = [
         join_agent(&fed, &a, &grpc, "a"),
         join_agent(&fed, &b, &grpc, "b"),
@@ -101,22 +115,8 @@ fn an_idle_node_is_lent_to_a_full_shard_and_goes_home_when_its_lender_needs_it()
         r#"{"spec":{"lending":{"maxLend":-1}}}"#,
     ]);
     assert!(err.contains("spec.lending.maxLend"), "{err}");
-    fed.ok(&[
-        "patch",
-        "shard",
-        "a",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"lending":{"maxLend":2,"minNodes":1}}}"#,
-    ]);
-    fed.ok(&[
-        "patch",
-        "shard",
-        "b",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"lending":{"maxBorrow":2}}}"#,
-    ]);
+    lending(&fed, "a", r#"{"maxLend":2,"minNodes":1}"#);
+    lending(&fed, "b", r#"{"maxBorrow":2}"#);
 
     // Three one-cpu pods pinned to b, which has room for two.
     let started = std::time::Instant::now();
@@ -171,15 +171,21 @@ fn an_idle_node_is_lent_to_a_full_shard_and_goes_home_when_its_lender_needs_it()
         at_home.starts_with("b ") && at_home.contains("tessera.io/lent"),
         "{at_home}"
     );
-    assert_eq!(
-        fed.ok(&[
+    // The Shard's status says so (written once a second).
+    let counted = wait_for(Duration::from_secs(10), || {
+        let n = fed.ok(&[
             "get",
             "shard",
             "b",
             "-o",
-            "jsonpath={.status.borrowedNodes}"
-        ]),
-        "1"
+            "jsonpath={.status.borrowedNodes}",
+        ]);
+        (n == "1").then_some(())
+    });
+    assert!(
+        counted.is_some(),
+        "{}",
+        fed.ok(&["get", "shard", "b", "-o", "yaml"])
     );
 
     // The node's credential, as an attacker who stole it from a's kube-system would use it.
@@ -325,4 +331,72 @@ fn an_idle_node_is_lent_to_a_full_shard_and_goes_home_when_its_lender_needs_it()
         ),
         1.0
     );
+}
+
+#[test]
+fn a_process_node_is_lent_runs_the_borrowers_process_and_goes_home_once_idle() {
+    let grpc = free_addr();
+    let fed = support::quick_federation(&grpc, &["--lend-idle-seconds=3"]);
+    // a: one simulated node, and a process node run by an agent of its own (`pa-proc-0`).
+    let a = shard("a", 1);
+    let _node = process_node(&a, &free_addr(), "pa");
+    let b = shard("b", 1);
+    let _agents = [
+        join_agent(&fed, &a, &grpc, "a"),
+        join_agent(&fed, &b, &grpc, "b"),
+    ];
+    fed.wait_for_ready_shards(2);
+    lending(&fed, "a", r#"{"maxLend":1,"minNodes":1}"#);
+    lending(&fed, "b", r#"{"maxBorrow":1}"#);
+    // A real process that must run on a process node, pinned to b, which has none.
+    let manifest = "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: hot}\nspec: {namespaces: [hot], processNodes: true}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: hot}\n---\napiVersion: tessera.io/v1alpha1\nkind: Placement\nmetadata: {name: runner, namespace: hot}\nspec:\n  resourceSelectors: [{kind: Deployment, name: runner}]\n  shardAffinity: {shardNames: [b]}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: runner, namespace: hot}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: runner}}\n  template:\n    metadata: {labels: {app: runner}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      nodeSelector: {tessera.io/runtime: process}\n      tolerations: [{key: tessera.io/runtime, operator: Exists}]\n      containers: [{name: c, image: busybox, command: [sleep, \"619\"], resources: {requests: {cpu: 100m}}}]\n";
+    let started = std::time::Instant::now();
+    fed.ok(&["apply", "-f", &fed.file("runner.yaml", manifest)]);
+    let ran = wait_for(Duration::from_secs(90), || {
+        let ps = pods(&b, "hot");
+        let on = ps
+            .iter()
+            .any(|(_, n, p)| n == "pa-proc-0" && p == "Running");
+        (on && !processes(&["sleep", "619"]).is_empty()).then_some(())
+    });
+    assert!(
+        ran.is_some(),
+        "b never ran the process on a's node: {:?}\n{}",
+        pods(&b, "hot"),
+        fed.ok(&["get", "events", "-A"])
+    );
+    eprintln!(
+        "process node pa-proc-0 of a ran b's process {:.1}s after kubectl apply",
+        started.elapsed().as_secs_f64()
+    );
+    let labels = b.ok(&[
+        "get",
+        "node",
+        "pa-proc-0",
+        "-o",
+        "jsonpath={.metadata.labels.tessera\\.io/runtime} {.metadata.labels.tessera\\.io/lent-from}",
+    ]);
+    assert_eq!(labels, "process a");
+    // Scaled to nothing: the process stops, and once idle the node goes home.
+    fed.ok(&["scale", "deployment", "runner", "-n", "hot", "--replicas=0"]);
+    let home = wait_for(Duration::from_secs(60), || {
+        let gone = !b.ok(&["get", "nodes"]).contains("pa-proc-0");
+        let taints = a.ok(&[
+            "get",
+            "node",
+            "pa-proc-0",
+            "-o",
+            "jsonpath={.spec.taints[*].key}",
+        ]);
+        (gone && !taints.contains("tessera.io/lent")).then_some(())
+    });
+    assert!(
+        home.is_some(),
+        "the node never went home: b {}\na {}",
+        b.ok(&["get", "nodes"]),
+        a.ok(&["get", "node", "pa-proc-0", "-o", "yaml"])
+    );
+    assert!(processes(&["sleep", "619"]).is_empty());
+    let events = fed.ok(&["get", "events", "-A"]);
+    assert!(events.contains("idle for 3s"), "{events}");
 }

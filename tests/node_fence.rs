@@ -4,53 +4,11 @@
 //! machine) stops its `AtMostOnce` pod itself when the shard's federation lease ends, so the
 //! Job's process is gone before the other shard starts it.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
 
-use support::{Cluster, Running, free_addr, join_agent, sample, signal, wait_for};
-
-/// Pids of live processes whose command line is exactly `args` (read from /proc).
-fn processes(args: &[&str]) -> Vec<u32> {
-    let want: Vec<u8> = args
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want)
-                && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
-        })
-        .collect()
-}
-
-/// A process node of its own (`tessera agent --process-nodes=1`, no isolation) for `shard`,
-/// its metrics on `metrics`; killed when dropped.
-fn process_node(shard: &Cluster, metrics: &str) -> Running {
-    let dir = shard.dir.path();
-    Running(
-        Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["agent", "--sim-nodes=0", "--process-nodes=1"])
-            .args(["--process-isolation=off", "--prefix=box"])
-            .arg("--kubeconfig")
-            .arg(&shard.kubeconfig)
-            .arg("--log-dir")
-            .arg(dir.join("node-logs"))
-            .arg("--state-dir")
-            .arg(dir.join("node-pods"))
-            .args(["--metrics-addr", metrics])
-            .env("TESSERA_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("tessera agent"),
-    )
-}
+use support::{Cluster, free_addr, join_agent, process_node, processes, sample, signal, wait_for};
 
 #[test]
 fn a_process_node_stops_its_at_most_once_pod_when_its_frozen_shard_loses_the_federation() {
@@ -61,7 +19,7 @@ fn a_process_node_stops_its_at_most_once_pod_when_its_frozen_shard_loses_the_fed
     // process node is tainted), and the pod prefers the process node within the shard.
     let frozen = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=1"]);
     let node_metrics = free_addr();
-    let _node = process_node(&frozen, &node_metrics);
+    let _node = process_node(&frozen, &node_metrics, "box");
     let _a = join_agent(&fed, &frozen, &grpc, "a");
     fed.wait_for_ready_shards(1);
     fed.ok(&["create", "namespace", "batch"]);
@@ -132,7 +90,7 @@ fn a_federated_job_that_must_run_on_process_nodes_goes_to_the_shard_that_has_the
     // Shard a: simulated nodes only. Shard b: one process node (tainted) and nothing else.
     let a = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=2"]);
     let b = Cluster::start_with("up", &["--shards=0", "--nodes-per-shard=0"]);
-    let _node = process_node(&b, &free_addr());
+    let _node = process_node(&b, &free_addr(), "box");
     let _agents = [
         join_agent(&fed, &a, &grpc, "a"),
         join_agent(&fed, &b, &grpc, "b"),

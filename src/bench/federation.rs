@@ -84,6 +84,12 @@ pub struct FederationBenchArgs {
     /// how many pods were lost or doubled there (both must be 0).
     #[arg(long)]
     pub fail_shard: bool,
+    /// Instead of the runs above: a skewed workload — `--tenants` hot tenants (at most 20)
+    /// whose Deployments are pinned to shard-0 and ask for twice its cpu, every other shard
+    /// idle — run twice on a fresh fleet, without lending and with every shard lending and
+    /// borrowing; reports the fleet's cpu utilization once each run settles.
+    #[arg(long)]
+    pub skew: bool,
     /// Instead of the runs above: create this many federation-scope gangs at once (each a
     /// PodGroup and a Job of `--gang-size` one-cpu pods, in a namespace of its own), and
     /// report how long until each is bound whole, how many were divided over shards, and
@@ -660,6 +666,168 @@ async fn sharded(args: &FederationBenchArgs, r: &mut Report) -> anyhow::Result<t
     Ok(dir)
 }
 
+/// One `--skew` run, once settled.
+#[derive(Serialize, Default)]
+struct SkewRun {
+    /// Cpu requested by Running pods ÷ the fleet's cpu.
+    cpu_utilization: f64,
+    /// Hot pods Running, of those wanted.
+    hot_pods_running: usize,
+    /// Nodes borrowed by shard-0 at the end.
+    nodes_borrowed: u64,
+    /// From the creates to the last change in Running pods.
+    settled_secs: f64,
+}
+
+/// What `--skew` reports.
+#[derive(Serialize, Default)]
+struct Skew {
+    shards: usize,
+    nodes_per_shard: usize,
+    node_cpu: u64,
+    hot_tenants: usize,
+    hot_pods: usize,
+    without_lending: SkewRun,
+    with_lending: SkewRun,
+}
+
+/// Cpu of each simulated node in the bench's fleet (`tessera up`'s default).
+const SKEW_NODE_CPU: u64 = 8;
+
+/// One `--skew` run on a fresh fleet: the hot tenants' one-cpu pods pinned to shard-0,
+/// `lend` deciding whether the shards lend and borrow.
+async fn skew_run(
+    args: &FederationBenchArgs,
+    lend: bool,
+    hot: usize,
+    pods: usize,
+) -> anyhow::Result<SkewRun> {
+    let (_dir, fleet, fed) = start_fleet(args).await?;
+    let res = |g: &str, v: &str, p: &str| {
+        find_resource(g, v, p).map_err(|e| anyhow::anyhow!("{}", e.message))
+    };
+    if lend {
+        let shards = res("tessera.io", "v1alpha1", "shards")?;
+        let all = (args.shards * args.nodes_per_shard) as u64;
+        for (name, _) in &fleet.shards {
+            let patch = json!({"spec": {"lending": {"minNodes": 0,
+                "maxLend": args.nodes_per_shard, "maxBorrow": all}}});
+            fed.patch(
+                shards,
+                None,
+                name,
+                None,
+                tessera_apiserver::request::PatchType::Merge,
+                &patch,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("setting {name}'s lending: {}", e.message))?;
+        }
+    }
+    let (ns_res, pl_res, deploy_res) = (
+        res("", "v1", "namespaces")?,
+        res("tessera.io", "v1alpha1", "placements")?,
+        res("apps", "v1", "deployments")?,
+    );
+    let started = Instant::now();
+    for i in 0..hot {
+        let ns = format!("hot-{i}");
+        let replicas = pods / hot + usize::from(i < pods % hot);
+        fed.create(ns_res, None, &json!({"metadata": {"name": ns}}))
+            .await
+            .map_err(|e| anyhow::anyhow!("creating {ns}: {}", e.message))?;
+        let pl = json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Placement",
+            "metadata": {"name": "pin", "namespace": ns},
+            "spec": {"resourceSelectors": [{"kind": "Deployment"}],
+                "shardAffinity": {"shardNames": ["shard-0"]}}});
+        fed.create(pl_res, Some(&ns), &pl)
+            .await
+            .map_err(|e| anyhow::anyhow!("creating {ns}'s Placement: {}", e.message))?;
+        let d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "app", "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "app"}},
+                "template": {"metadata": {"labels": {"app": "app"}},
+                    "spec": {"containers": [{"name": "c", "image": "pause",
+                        "resources": {"requests": {"cpu": "1"}}}]}}}});
+        fed.create(deploy_res, Some(&ns), &d)
+            .await
+            .map_err(|e| anyhow::anyhow!("creating {ns}'s Deployment: {}", e.message))?;
+    }
+    // Settled: every hot pod Running, or no change for 20 s (long enough for a lending
+    // round: demand lasting --borrow-after-seconds, nodes handed over and joined).
+    let bar = super::progress_bar(
+        pods as u64,
+        format!(
+            "hot pods running ({})",
+            if lend { "lending" } else { "no lending" }
+        ),
+    );
+    let deadline = started + Duration::from_secs(args.timeout);
+    let mut last = (0usize, Instant::now());
+    loop {
+        let running: usize = fleet
+            .shards
+            .iter()
+            .map(|(_, s)| running_by_namespace(s))
+            .collect::<anyhow::Result<Vec<_>>>()?
+            .iter()
+            .flat_map(|m| m.iter())
+            .filter(|(ns, _)| ns.starts_with("hot-"))
+            .map(|(_, n)| *n)
+            .sum();
+        bar.set_position(running as u64);
+        if running != last.0 {
+            last = (running, Instant::now());
+        }
+        if running >= pods
+            || last.1.elapsed() >= Duration::from_secs(20)
+            || Instant::now() > deadline
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bar.finish_and_clear();
+    let shards = fed
+        .list(tessera_apiserver::request::ApiRequest::new(
+            tessera_apiserver::request::Verb::List,
+            res("tessera.io", "v1alpha1", "shards")?,
+        ))
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let borrowed = shards["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["metadata"]["name"] == "shard-0")
+        .filter_map(|s| s["status"]["borrowedNodes"].as_u64())
+        .sum();
+    let fleet_cpu = (args.shards * args.nodes_per_shard) as u64 * SKEW_NODE_CPU;
+    Ok(SkewRun {
+        cpu_utilization: last.0 as f64 / fleet_cpu as f64,
+        hot_pods_running: last.0,
+        nodes_borrowed: borrowed,
+        settled_secs: (last.1 - started).as_secs_f64(),
+    })
+}
+
+/// `--skew`: the skewed workload without lending, then with.
+async fn skew(args: &FederationBenchArgs) -> anyhow::Result<Skew> {
+    let hot = args.tenants.clamp(1, 20);
+    let pods = 2 * args.nodes_per_shard * SKEW_NODE_CPU as usize;
+    let without_lending = skew_run(args, false, hot, pods).await?;
+    let with_lending = skew_run(args, true, hot, pods).await?;
+    Ok(Skew {
+        shards: args.shards,
+        nodes_per_shard: args.nodes_per_shard,
+        node_cpu: SKEW_NODE_CPU,
+        hot_tenants: hot,
+        hot_pods: pods,
+        without_lending,
+        with_lending,
+    })
+}
+
 /// What `--fail-shard` reports.
 #[derive(Serialize, Default)]
 struct Failure {
@@ -955,6 +1123,34 @@ pub async fn run(args: FederationBenchArgs) -> anyhow::Result<()> {
             g.wrong,
             g.gang_size
         );
+        return Ok(());
+    }
+    if args.skew {
+        anyhow::ensure!(
+            args.shards >= 2,
+            "--skew needs at least 2 shards (one to borrow, one to lend)"
+        );
+        let k = skew(&args).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&k)?);
+        } else {
+            println!(
+                "federation bench, skewed: {} shards × {} nodes of {} cpu; {} hot tenants pinned to shard-0 want {} one-cpu pods (twice its cpu)",
+                k.shards, k.nodes_per_shard, k.node_cpu, k.hot_tenants, k.hot_pods
+            );
+            for (what, r) in [
+                ("without lending", &k.without_lending),
+                ("with lending", &k.with_lending),
+            ] {
+                println!(
+                    "  {what:<16} cpu utilization {:>5.1}%  hot pods running {:>5}  nodes borrowed {:>4}  settled after {:.1} s",
+                    r.cpu_utilization * 100.0,
+                    r.hot_pods_running,
+                    r.nodes_borrowed,
+                    r.settled_secs
+                );
+            }
+        }
         return Ok(());
     }
     if args.fail_shard {

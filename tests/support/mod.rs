@@ -350,3 +350,45 @@ pub fn signal(pid: u32, sig: &str) {
         .expect("kill");
     assert!(ok.success(), "kill {sig} {pid}");
 }
+
+/// Pids of live processes whose command line is exactly `args` (read from /proc).
+pub fn processes(args: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want)
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+        })
+        .collect()
+}
+
+/// A process node of its own (`tessera agent --process-nodes=1`, no isolation) for `shard`,
+/// its metrics on `metrics`; killed when dropped.
+pub fn process_node(shard: &Cluster, metrics: &str, prefix: &str) -> Running {
+    let dir = shard.dir.path();
+    Running(
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["agent", "--sim-nodes=0", "--process-nodes=1"])
+            .arg("--process-isolation=off")
+            .arg(format!("--prefix={prefix}"))
+            .arg("--kubeconfig")
+            .arg(&shard.kubeconfig)
+            .arg("--log-dir")
+            .arg(dir.join(format!("{prefix}-logs")))
+            .arg("--state-dir")
+            .arg(dir.join(format!("{prefix}-pods")))
+            .args(["--metrics-addr", metrics])
+            .env("TESSERA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("tessera agent"),
+    )
+}
