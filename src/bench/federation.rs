@@ -788,20 +788,22 @@ async fn skew_run(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     bar.finish_and_clear();
-    let shards = fed
-        .list(tessera_apiserver::request::ApiRequest::new(
-            tessera_apiserver::request::Verb::List,
-            res("tessera.io", "v1alpha1", "shards")?,
-        ))
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let borrowed = shards["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["metadata"]["name"] == "shard-0")
-        .filter_map(|s| s["status"]["borrowedNodes"].as_u64())
-        .sum();
+    // Nodes of other shards registered with shard-0 now.
+    let nodes = res("", "v1", "nodes")?;
+    let borrowed = fleet.shards[0]
+        .1
+        .informers
+        .get::<k8s_openapi::api::core::v1::Node>(nodes)
+        .cache()
+        .list()
+        .iter()
+        .filter(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(tessera_apiserver::types::LENT_FROM_LABEL))
+        })
+        .count() as u64;
     let fleet_cpu = (args.shards * args.nodes_per_shard) as u64 * SKEW_NODE_CPU;
     Ok(SkewRun {
         cpu_utilization: last.0 as f64 / fleet_cpu as f64,

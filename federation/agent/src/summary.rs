@@ -139,6 +139,9 @@ pub struct LendingView {
     pub lent: Vec<(String, String, String)>,
     /// Nodes registered here for a loan: (node, loan, idle).
     pub borrowed: Vec<(String, String, bool)>,
+    /// Cpu (millicores) of this shard's own nodes as the summary counts them with no loan at
+    /// all: borrowed ones out, lent ones in.
+    pub own_cpu_milli: u64,
 }
 
 /// Most idle nodes a summary names (the federation lends a few at a time).
@@ -321,11 +324,14 @@ impl Ledger {
         let mut pool = SummaryBuilder::new(&ext);
         let mut any = false;
         let mut view = LendingView::default();
+        let (mut lent_cpu, mut borrowed_cpu) = (0u64, 0u64);
         for (name, row) in &self.nodes {
             let used = self.used.get(name).unwrap_or(&none);
             let idle = self.idle(name);
+            let cpu = row.allocatable.milli_cpu.max(0) as u64;
             if let Some((to, loan)) = &row.lent {
                 view.lent.push((name.clone(), to.clone(), loan.clone()));
+                lent_cpu += cpu;
             }
             if let Some(loan) = &row.borrowed {
                 view.borrowed.push((name.clone(), loan.clone(), idle));
@@ -334,6 +340,9 @@ impl Ledger {
                 continue;
             }
             view.schedulable_nodes += 1;
+            if row.borrowed.is_some() && !row.process {
+                borrowed_cpu += cpu;
+            }
             if idle
                 && row.lent.is_none()
                 && row.borrowed.is_none()
@@ -367,6 +376,8 @@ impl Ledger {
             b.node_in(&values, &alloc, &free);
         }
         let mut s = b.build(version);
+        view.own_cpu_milli =
+            (s.allocatable.first().copied().unwrap_or(0) + lent_cpu).saturating_sub(borrowed_cpu);
         if any {
             s.process = Some(Box::new(pool.build(version)));
         }
@@ -535,6 +546,96 @@ mod tests {
             ..Default::default()
         });
         Arc::new(n)
+    }
+
+    /// `n` marked as one of this shard's nodes lent to `to` (loan `loan`), or — `borrowed` —
+    /// as another shard's node lent here.
+    fn on_loan(n: Arc<Node>, loan: &str, to: &str, borrowed: bool) -> Arc<Node> {
+        let mut n = Arc::unwrap_or_clone(n);
+        let labels = n.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(LOAN_LABEL.into(), loan.into());
+        let taint = if borrowed {
+            labels.insert(LENT_FROM_LABEL.into(), to.into());
+            Taint {
+                key: BORROWED_TAINT_KEY.into(),
+                value: Some(to.into()),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            }
+        } else {
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(LENT_TO_ANNOTATION.into(), to.into());
+            Taint {
+                key: tessera_client::types::LENT_TAINT_KEY.into(),
+                value: Some(to.into()),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }
+        };
+        n.spec
+            .get_or_insert_with(Default::default)
+            .taints
+            .get_or_insert_with(Vec::new)
+            .push(taint);
+        Arc::new(n)
+    }
+
+    #[test]
+    fn the_lending_view_names_idle_nodes_unmet_demand_and_loans() {
+        let nodes = vec![
+            node("busy", "4", true, false),
+            node("idle", "4", true, false),
+            on_loan(node("away", "4", true, false), "l1", "b", false),
+            on_loan(node("guest", "2", true, false), "l2", "c", true),
+        ];
+        let mut borrows = Arc::unwrap_or_clone(pod(None, "4"));
+        borrows
+            .spec
+            .as_mut()
+            .expect("spec")
+            .tolerations
+            .get_or_insert_with(Vec::new)
+            .push(k8s_openapi::api::core::v1::Toleration {
+                key: Some(BORROWED_TAINT_KEY.into()),
+                operator: Some("Exists".into()),
+                ..Default::default()
+            });
+        // Pending pods are taken out in key order: the first 4-cpu one fits on `idle`, then
+        // neither of the others fits anywhere (busy has 3 left, the guest 2): unmet, and one
+        // of them may use a borrowed node.
+        let pods: Vec<(String, Arc<Pod>)> = vec![
+            ("on-busy".into(), pod(Some("busy"), "1")),
+            ("a-fits".into(), pod(None, "4")),
+            ("b-borrows".into(), Arc::new(borrows)),
+            ("c-stays".into(), pod(None, "4")),
+        ];
+        let mut l = Ledger::default();
+        for n in &nodes {
+            l.set_node(n);
+        }
+        for (k, p) in &pods {
+            l.set_pod(k, p);
+        }
+        let (s, _, pending, v) = l.summary_with_lending(&[], &[], 1);
+        assert_eq!(pending, 3);
+        // busy, idle and the borrowed guest count; the node lent away does not.
+        assert_eq!((s.nodes, v.schedulable_nodes), (3, 3));
+        assert_eq!(v.own_unmet_pods, 2);
+        assert_eq!(
+            v.unmet_pods, 1,
+            "only the pod that tolerates borrowed nodes"
+        );
+        assert_eq!(v.unmet[0], 4000);
+        // Idle and ours: `idle` only (not the guest, not the node away).
+        let idle: Vec<&str> = v.idle.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(idle, vec!["idle"]);
+        assert_eq!(v.lent, vec![("away".into(), "b".into(), "l1".into())]);
+        assert_eq!(v.borrowed, vec![("guest".into(), "l2".into(), true)]);
+        // The map weight is reckoned from our own nodes: the guest out, the node away in.
+        assert_eq!(v.own_cpu_milli, 4000 + 4000 + 4000);
+        assert_eq!(s.allocatable[0], 4000 + 4000 + 2000);
     }
 
     #[test]

@@ -1213,10 +1213,16 @@ impl Registry {
             .entries
             .iter()
             .map(|(name, e)| {
+                // Its own nodes' cpu (a loan moves no tenant), else what its summary counts.
                 let cpu = e
-                    .reported
+                    .lending
                     .as_ref()
-                    .map_or(0, |(s, _)| s.allocatable.first().copied().unwrap_or(0));
+                    .and_then(|l| l.own_cpu_milli)
+                    .unwrap_or_else(|| {
+                        e.reported
+                            .as_ref()
+                            .map_or(0, |(s, _)| s.allocatable.first().copied().unwrap_or(0))
+                    });
                 ShardWeight::new(
                     name.clone(),
                     e.spec_weight.unwrap_or_else(|| weight_for_capacity(cpu)),

@@ -425,6 +425,7 @@ pub(super) fn to_pb(view: crate::summary::LendingView, loans: &Loans) -> pb::Len
         unmet: view.unmet,
         unmet_process_pods: view.unmet_process_pods,
         unmet_process: view.unmet_process,
+        own_cpu_milli: Some(view.own_cpu_milli),
         own_unmet_pods: view.own_unmet_pods,
         idle: view
             .idle
