@@ -397,6 +397,32 @@ async fn pod_security_holds_a_tenant_to_baseline() {
         .expect_err("invalid level");
     assert_eq!(e.code, 422);
     assert!(e.message.contains("spec.podSecurity"), "{}", e.message);
+    // So is a lender that is not a shard's name; a good list is kept.
+    let e = admin
+        .patch(
+            res("tessera.io", "tenants"),
+            None,
+            "acme",
+            None,
+            PatchType::Merge,
+            &json!({"spec": {"borrowFrom": ["shard-1", "Not_A_Shard"]}}),
+        )
+        .await
+        .expect_err("invalid lender");
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("spec.borrowFrom[1]"), "{}", e.message);
+    let t = admin
+        .patch(
+            res("tessera.io", "tenants"),
+            None,
+            "acme",
+            None,
+            PatchType::Merge,
+            &json!({"spec": {"borrowFrom": ["shard-1"]}}),
+        )
+        .await
+        .expect("a valid list");
+    assert_eq!(t["spec"]["borrowFrom"], json!(["shard-1"]));
     // Namespaces no Tenant owns are privileged by default, as in Kubernetes.
     admin
         .create(pods, Some("default"), &risky("admin-pod")[0].1)

@@ -3,7 +3,11 @@
 //! `Ready=Unknown` and is tainted `node.kubernetes.io/unreachable` (NoSchedule and
 //! NoExecute); its pods that do not tolerate the NoExecute taint are evicted after their
 //! `tolerationSeconds` (at once without a toleration), so their controllers replace them
-//! elsewhere. When the node reports Ready again, the taints go.
+//! elsewhere. When the node reports Ready again, the taints go. Every other NoExecute taint
+//! (an admin's `kubectl taint ... :NoExecute`, a node lent to another shard) evicts the same
+//! way, as Kubernetes' taint manager does: at once without a toleration, after the
+//! toleration's seconds from the taint's `timeAdded` (a taint without one evicts only the
+//! pods that do not tolerate it).
 //!
 //! A node's Lease is the one in `kube-node-lease` named after it, as a kubelet keeps, or the
 //! one its `tessera.io/node-lease` annotation names: hollow nodes of one simulated agent share
@@ -67,6 +71,14 @@ fn has_taint(n: &Node, effect: &str) -> bool {
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|t| t.iter().any(|t| t.key == UNREACHABLE && t.effect == effect))
+}
+
+/// Whether `n` has any NoExecute taint (its pods that do not tolerate it must go).
+fn any_no_execute(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.effect == "NoExecute"))
 }
 
 /// When each Lease was last seen renewed (its renewTime, and when on this clock), by name.
@@ -217,13 +229,14 @@ impl Reconciler for Lifecycle {
                 &format!("Node {name} status is now: NodeReady"),
             );
         }
-        if has_taint(&node, "NoExecute") {
+        let no_execute = any_no_execute(&node);
+        if no_execute {
             self.evict_due(&node, name).await;
         }
         // Look again when the Lease would lapse without a renewal — a renewal meanwhile moves
         // that moment, which the look then finds — or every period while the node is
         // unreachable or tainted (it may come back; evictions fall due).
-        let next = if stale || has_taint(&node, "NoExecute") || has_taint(&node, "NoSchedule") {
+        let next = if stale || no_execute || has_taint(&node, "NoSchedule") {
             self.config.period
         } else {
             (since + grace)
@@ -246,16 +259,23 @@ impl Lifecycle {
             .flatten()
             .cloned()
             .collect();
-        let added = node
+        // Every NoExecute taint counts (the controller's own `unreachable`, an admin's, a
+        // node lent away): a pod goes once the first it does not tolerate (long enough) is due.
+        let taints: Vec<(Taint, i64)> = node
             .spec
             .as_ref()
             .and_then(|s| s.taints.as_ref())
-            .and_then(|t| {
-                t.iter()
-                    .find(|t| t.key == UNREACHABLE && t.effect == "NoExecute")
+            .into_iter()
+            .flatten()
+            .filter(|t| t.effect == "NoExecute")
+            .map(|t| {
+                let added = t
+                    .time_added
+                    .as_ref()
+                    .map_or(now_secs(), |t| t.0.as_second());
+                (t.clone(), added)
             })
-            .and_then(|t| t.time_added.as_ref())
-            .map_or(now_secs(), |t| t.0.as_second());
+            .collect();
         for key in keys {
             let Some(p) = self.pods.get(&key) else {
                 continue;
@@ -263,22 +283,19 @@ impl Lifecycle {
             if p.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            if let Some(after) = eviction_delay(&p)
-                && now_secs() >= added + after
-            {
+            let due = taints.iter().any(|(t, added)| {
+                eviction_delay(&p, t).is_some_and(|after| now_secs() >= added + after)
+            });
+            if due {
                 evict(&self.ctx, &self.recorder, &p, name).await;
             }
         }
     }
 }
 
-/// Seconds after the NoExecute taint a pod is evicted (None: it tolerates it for ever).
-fn eviction_delay(p: &Pod) -> Option<i64> {
-    let taint = Taint {
-        key: UNREACHABLE.into(),
-        effect: "NoExecute".into(),
-        ..Default::default()
-    };
+/// Seconds after NoExecute taint `taint` was added that a pod is evicted for it (None: it
+/// tolerates it for ever).
+fn eviction_delay(p: &Pod, taint: &Taint) -> Option<i64> {
     let tols = p
         .spec
         .as_ref()
@@ -286,7 +303,7 @@ fn eviction_delay(p: &Pod) -> Option<i64> {
         .unwrap_or_default();
     let matching: Vec<_> = tols
         .iter()
-        .filter(|t| tessera_runtime::taints::toleration_matches(t, &taint))
+        .filter(|t| tessera_runtime::taints::toleration_matches(t, taint))
         .collect();
     if matching.is_empty() {
         return Some(0);
@@ -427,8 +444,34 @@ mod tests {
                 Some(0),
             ),
         ];
+        let taint = Taint {
+            key: UNREACHABLE.into(),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        };
         for (what, tolerations, want) in cases {
-            assert_eq!(eviction_delay(&pod(tolerations)), want, "{what}");
+            assert_eq!(eviction_delay(&pod(tolerations), &taint), want, "{what}");
         }
+        // Any NoExecute taint is judged the same way: a node lent away evicts a pod that
+        // tolerates only `unreachable` at once.
+        let lent = Taint {
+            key: "tessera.io/lent".into(),
+            value: Some("b".into()),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            eviction_delay(&pod(json!([unreachable(Some(300))])), &lent),
+            Some(0)
+        );
+        assert_eq!(
+            eviction_delay(
+                &pod(
+                    json!([{"key": "tessera.io/lent", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 7}])
+                ),
+                &lent
+            ),
+            Some(7)
+        );
     }
 }

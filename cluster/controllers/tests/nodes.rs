@@ -284,3 +284,71 @@ async fn endpoints_list_ready_pods() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_no_execute_taint_on_a_ready_node_evicts_the_pods_that_do_not_tolerate_it() {
+    let s = shard(2).await;
+    let c = &s.client;
+    // Two pods pinned to sim-node-0: one tolerates `drain`, one does not.
+    for (name, tolerations) in [
+        (
+            "stays",
+            json!([{"key": "drain", "operator": "Exists", "effect": "NoExecute"}]),
+        ),
+        ("goes", json!([])),
+    ] {
+        c.create(
+            res("", "pods"),
+            Some("default"),
+            &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"nodeName": "sim-node-0", "tolerations": tolerations,
+                    "containers": [{"name": "c", "image": "x"}]}}),
+        )
+        .await
+        .expect("pod");
+    }
+    wait_until("both running", || async {
+        list(c, "", "pods")
+            .await
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count()
+            == 2
+    })
+    .await;
+    // An admin's taint on a node that stays Ready (no lease lapses).
+    c.patch(
+        res("", "nodes"),
+        None,
+        "sim-node-0",
+        None,
+        tessera_client::request::PatchType::Merge,
+        &json!({"spec": {"taints": [{"key": "drain", "value": "now", "effect": "NoExecute",
+            "timeAdded": tessera_core::time::rfc3339(tessera_core::time::now_secs())}]}}),
+    )
+    .await
+    .expect("taint");
+    wait_until("the pod that does not tolerate it evicted", || async {
+        let pods = list(c, "", "pods").await;
+        pods.iter().all(|p| {
+            p["metadata"]["name"] != "goes" || !p["metadata"]["deletionTimestamp"].is_null()
+        })
+    })
+    .await;
+    let stays = c
+        .get(res("", "pods"), Some("default"), "stays")
+        .await
+        .expect("the tolerating pod");
+    assert!(stays["metadata"]["deletionTimestamp"].is_null(), "{stays}");
+    // The node kept its Ready condition and the admin's taint: nothing took it off.
+    let node = c
+        .get(res("", "nodes"), None, "sim-node-0")
+        .await
+        .expect("node");
+    assert_eq!(ready(&node), "True");
+    assert!(
+        node["spec"]["taints"].to_string().contains("drain"),
+        "{node}"
+    );
+}

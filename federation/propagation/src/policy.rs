@@ -328,6 +328,62 @@ mod tests {
     }
 
     #[test]
+    fn pods_tolerate_the_lenders_their_tenant_allows_and_keep_their_own_tolerations() {
+        let tenant = |borrow_from: Option<Vec<&str>>| Tenant {
+            metadata: meta("t", &[]),
+            spec: Some(TenantSpec {
+                borrow_from: borrow_from.map(|v| v.into_iter().map(str::to_owned).collect()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let keys = |ts: &[serde_json::Value]| -> Vec<String> {
+            ts.iter()
+                .map(|t| {
+                    format!(
+                        "{}={}",
+                        t["operator"].as_str().unwrap_or(""),
+                        t["value"].as_str().unwrap_or("*")
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            keys(&borrow_tolerations(None)),
+            vec!["Exists=*"],
+            "no Tenant: any lender"
+        );
+        assert_eq!(
+            keys(&borrow_tolerations(Some(&tenant(None)))),
+            vec!["Exists=*"]
+        );
+        assert_eq!(
+            keys(&borrow_tolerations(Some(&tenant(Some(vec!["a", "c"]))))),
+            vec!["Equal=a", "Equal=c"]
+        );
+        assert!(
+            borrow_tolerations(Some(&tenant(Some(vec![])))).is_empty(),
+            "[]: none"
+        );
+        // Added to the pod template (a CronJob's one level down), once, beside its own.
+        let own = serde_json::json!({"key": "gpu", "operator": "Exists"});
+        let add = borrow_tolerations(None);
+        let mut spec = serde_json::json!({"template": {"spec": {"tolerations": [own]}}});
+        add_tolerations(WorkloadKind::Deployment, &mut spec, &add);
+        add_tolerations(WorkloadKind::Deployment, &mut spec, &add);
+        assert_eq!(
+            spec["template"]["spec"]["tolerations"],
+            serde_json::json!([own, add[0]])
+        );
+        let mut cron = serde_json::json!({"jobTemplate": {"spec": {"template": {"spec": {}}}}});
+        add_tolerations(WorkloadKind::CronJob, &mut cron, &add);
+        assert_eq!(
+            cron["jobTemplate"]["spec"]["template"]["spec"]["tolerations"],
+            serde_json::json!([add[0]])
+        );
+    }
+
+    #[test]
     fn a_namespace_routes_as_its_tenant_or_as_itself() {
         let t = Arc::new(Tenant {
             metadata: meta("acme", &[]),

@@ -256,7 +256,8 @@ async fn lend(state: &Arc<State>, l: &pb::Loan) -> Result<(), ApiError> {
             &secret,
         )
         .await?;
-    let taint = json!({"key": LENT_TAINT_KEY, "value": l.peer, "effect": "NoExecute"});
+    let taint = json!({"key": LENT_TAINT_KEY, "value": l.peer, "effect": "NoExecute",
+        "timeAdded": tessera_core::time::rfc3339(tessera_core::time::now_secs())});
     retaint(
         state,
         &l.node,
@@ -313,7 +314,8 @@ fn give_back(state: &Arc<State>, l: &pb::Loan) {
 
 async fn drain_and_remove(state: &Arc<State>, node: &str, loan: &str) -> Result<(), ApiError> {
     if state.nodes.get(node).is_some() {
-        let taint = json!({"key": RETURNING_TAINT_KEY, "effect": "NoExecute"});
+        let taint = json!({"key": RETURNING_TAINT_KEY, "effect": "NoExecute",
+            "timeAdded": tessera_core::time::rfc3339(tessera_core::time::now_secs())});
         retaint(state, node, json!({}), |ts| {
             if !ts.iter().any(|t| t["key"] == RETURNING_TAINT_KEY) {
                 ts.push(taint.clone());
