@@ -4,11 +4,16 @@
 //! agent registers it with b through a credential good for that node and loan only, and the
 //! pod held back runs there. The credential is then used as an attacker holding it would;
 //! and when a's own work needs the node, b drains it, the node goes home, a's pod runs on it,
-//! and the credential is dead.
+//! and the credential is dead. The federation is killed (kill -9) mid-loan on the way: the
+//! loan lives in the shards and goes on. A watch of both shards' pods checks throughout that no
+//! node — the lent one counted in both shards at once — ever holds more than its allocatable,
+//! and that no pod is bound twice.
 
 use std::process::Command;
 use std::time::Duration;
 
+#[path = "support/invariants.rs"]
+mod invariants;
 mod support;
 
 use support::{Cluster, free_addr, join_agent, process_node, processes, sample, wait_for};
@@ -97,9 +102,10 @@ fn lending(fed: &Cluster, name: &str, policy: &str) {
 #[test]
 fn an_idle_node_is_lent_to_a_full_shard_and_goes_home_when_its_lender_needs_it() {
     let grpc = free_addr();
-    let fed = support::quick_federation(&grpc, &[]);
+    let mut fed = support::quick_federation(&grpc, &[]);
     let a = shard("a", 3);
     let b = shard("b", 1);
+    let watch = invariants::Invariants::watch_all(vec![a.kubeconfig.clone(), b.kubeconfig.clone()]);
     let _agents = [
         join_agent(&fed, &a, &grpc, "a"),
         join_agent(&fed, &b, &grpc, "b"),
@@ -267,6 +273,21 @@ fn an_idle_node_is_lent_to_a_full_shard_and_goes_home_when_its_lender_needs_it()
     let taints = b.ok(&["get", "node", &node, "-o", "jsonpath={.spec.taints[*].key}"]);
     assert!(taints.contains("tessera.io/borrowed"), "{taints}");
 
+    // The federation dies mid-loan and comes back: the loan is in the shards (a's node
+    // labels, b's ledger), and the restarted federation takes it back as it is.
+    fed.kill_and_restart();
+    fed.wait_for_ready_shards(2);
+    std::thread::sleep(Duration::from_secs(3));
+    let still = pods(&b, "hot");
+    assert!(
+        still.iter().filter(|(_, _, p)| p == "Running").count() == 3
+            && still.iter().any(|(_, n, _)| n == &node),
+        "the loan did not survive the federation's restart: {still:?}\nb:\n{}\nfederation:\n{}",
+        b.ok(&["get", "events", "-A"]),
+        fed.ok(&["get", "events", "-A"])
+    );
+    assert!(b.ok(&["get", "nodes"]).contains(&node));
+
     // a's own work now wants five cpu of its six: the lender comes first.
     let asked = std::time::Instant::now();
     fed.ok(&[
@@ -330,6 +351,12 @@ fn an_idle_node_is_lent_to_a_full_shard_and_goes_home_when_its_lender_needs_it()
             "tessera_federation_loans_total{outcome=\"returned\"}"
         ),
         1.0
+    );
+    let (events, bindings, _) = watch.finish();
+    eprintln!("invariants held over {events} pod events and {bindings} bindings in both shards");
+    assert!(
+        bindings >= 8,
+        "the watch saw {bindings} bindings, fewer than the run made"
     );
 }
 

@@ -239,33 +239,45 @@ fn resource(plural: &str) -> &'static Resource {
 pub struct Invariants {
     stop: Arc<AtomicBool>,
     checker: Arc<Mutex<Checker>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Invariants {
     /// Starts watching the cluster whose kubeconfig is at `kubeconfig`; returns once the
     /// first list is in.
     pub fn watch(kubeconfig: PathBuf) -> Invariants {
+        Invariants::watch_all(vec![kubeconfig])
+    }
+
+    /// Watches several clusters as one: a node that is in more than one of them (lent by
+    /// one shard to another) is checked against the pods bound to it in all of them.
+    pub fn watch_all(kubeconfigs: Vec<PathBuf>) -> Invariants {
         let stop = Arc::new(AtomicBool::new(false));
         let checker = Arc::new(Mutex::new(Checker::default()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = {
-            let (stop, checker) = (stop.clone(), checker.clone());
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                rt.block_on(follow(kubeconfig, stop, checker, ready_tx));
+        let n = kubeconfigs.len();
+        let threads: Vec<_> = kubeconfigs
+            .into_iter()
+            .map(|kubeconfig| {
+                let (stop, checker, ready_tx) = (stop.clone(), checker.clone(), ready_tx.clone());
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("runtime");
+                    rt.block_on(follow(kubeconfig, stop, checker, ready_tx));
+                })
             })
-        };
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the invariant watch started");
+            .collect();
+        for _ in 0..n {
+            ready_rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the invariant watch started");
+        }
         Invariants {
             stop,
             checker,
-            thread: Some(thread),
+            threads,
         }
     }
 
@@ -284,7 +296,7 @@ impl Invariants {
     /// (pod events, bindings, resumes).
     pub fn finish(mut self) -> (usize, usize, usize) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
         let mut c = self.checker.lock();
@@ -392,9 +404,14 @@ async fn follow(
             {
                 learn_nodes(&client, &checker).await;
             }
-            let mut c = checker.lock();
-            c.pod(ty, pod);
-            from = Some(c.revision);
+            let rv = pod["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|r| r.parse::<i64>().ok());
+            checker.lock().pod(ty, pod);
+            // This server's own revision (several servers may share the checker).
+            if let Some(rv) = rv {
+                from = Some(from.map_or(rv, |f| f.max(rv)));
+            }
         }
     }
 }

@@ -283,11 +283,11 @@ impl Lifecycle {
             if p.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            let due = taints.iter().any(|(t, added)| {
+            let due = taints.iter().find(|(t, added)| {
                 eviction_delay(&p, t).is_some_and(|after| now_secs() >= added + after)
             });
-            if due {
-                evict(&self.ctx, &self.recorder, &p, name).await;
+            if let Some((t, _)) = due {
+                evict(&self.ctx, &self.recorder, &p, name, t).await;
             }
         }
     }
@@ -377,7 +377,7 @@ async fn set_taints(ctx: &Context, node: &Node, on: bool) -> Result<(), ApiError
         .map(|_| ())
 }
 
-async fn evict(ctx: &Context, recorder: &Recorder, p: &Pod, node: &str) {
+async fn evict(ctx: &Context, recorder: &Recorder, p: &Pod, node: &str, taint: &Taint) {
     let r = ctx
         .client
         .delete(
@@ -393,8 +393,16 @@ async fn evict(ctx: &Context, recorder: &Recorder, p: &Pod, node: &str) {
             EventType::Normal,
             "TaintManagerEviction",
             &format!(
-                "Marking for deletion Pod {}: node {node} is unreachable",
-                key_of(&p.metadata)
+                "Marking for deletion Pod {}: node {node} {}",
+                key_of(&p.metadata),
+                if taint.key == UNREACHABLE {
+                    "is unreachable".to_owned()
+                } else {
+                    format!(
+                        "has taint {}:NoExecute, which it does not tolerate",
+                        taint.key
+                    )
+                }
             ),
         );
     }

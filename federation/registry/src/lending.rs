@@ -16,7 +16,8 @@
 //!
 //! Loans live in the shards (node labels, the borrower's loan ledger), not in the federation:
 //! after a restart the planner takes back what the summaries report — a loan both sides
-//! report is active, one only one side reports is returned.
+//! report is active, one only one side reports is returned (once both sides have reported,
+//! or after `lend_timeout` if one never does).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -239,6 +240,8 @@ pub struct Planner {
     unmet_since: HashMap<String, Instant>,
     own_unmet_since: HashMap<String, Instant>,
     next: u64,
+    /// The first round (a restarted federation waits for both sides of a loan to report).
+    started: Option<Instant>,
 }
 
 fn amount(resources: &[String], v: &[u64], name: &str) -> u64 {
@@ -273,7 +276,14 @@ impl Planner {
         let by_name: BTreeMap<&str, &ShardLending> =
             shards.iter().map(|s| (s.name.as_str(), s)).collect();
         let mut outcomes = Vec::new();
-        self.adopt(shards, now);
+        let started = *self.started.get_or_insert(now);
+        // A half-reported loan is only judged once both sides have reported, or after
+        // `lend_timeout` (the other side is gone for good).
+        self.adopt(
+            shards,
+            now,
+            now.duration_since(started) >= config.lend_timeout,
+        );
         // How long demand has lasted.
         for s in shards {
             let Some(r) = &s.report else { continue };
@@ -470,7 +480,12 @@ impl Planner {
 
     /// Takes in the loans the shards report that the planner does not know (it restarted):
     /// reported by both sides, active; by one, returned.
-    fn adopt(&mut self, shards: &[ShardLending], now: Instant) {
+    fn adopt(&mut self, shards: &[ShardLending], now: Instant, give_up_waiting: bool) {
+        let reported: BTreeSet<&str> = shards
+            .iter()
+            .filter(|s| s.report.is_some())
+            .map(|s| s.name.as_str())
+            .collect();
         // Per loan: (node, "lender>borrower") as the lender and as the borrower report it.
         type Sides = (Option<(String, String)>, Option<(String, String)>);
         let mut seen: BTreeMap<String, Sides> = BTreeMap::new();
@@ -494,6 +509,13 @@ impl Planner {
             };
             let (lender, borrower) = pair.split_once('>').expect("formatted above");
             let both = lent.is_some() && borrowed.is_some();
+            if !both
+                && !give_up_waiting
+                && !(reported.contains(lender) && reported.contains(borrower))
+            {
+                // The other side has not reported since this federation started: wait.
+                continue;
+            }
             self.loans.insert(
                 id.clone(),
                 Loan {

@@ -187,8 +187,6 @@ struct Entry {
     /// Its API's CA and its loan key (empty: it takes no part in lending).
     api_ca: String,
     loan_key: String,
-    /// Its Shard's lending policy.
-    lending_policy: crate::lending::LendingPolicy,
     /// Its last lending report, and the resources its summary counts.
     lending: Option<pb::Lending>,
     resources: Vec<String>,
@@ -216,7 +214,6 @@ impl Entry {
             spec_weight: None,
             api_ca: String::new(),
             loan_key: String::new(),
-            lending_policy: Default::default(),
             lending: None,
             resources: Vec::new(),
         }
@@ -331,6 +328,8 @@ pub struct Registry {
     /// Replicas the federation could not place for want of room, by workload: the shard
     /// they would go to first, and what they ask for (demand the shard may borrow for).
     waiting: Mutex<BTreeMap<String, crate::lending::Waiting>>,
+    /// Each Shard's `spec.lending`, by name.
+    lending_policies: Mutex<HashMap<String, crate::lending::LendingPolicy>>,
 }
 
 /// The virtual nodes a shard of `cpu_milli` allocatable cpu gets: a quarter of the standard
@@ -373,6 +372,7 @@ impl Registry {
             calls: Mutex::new(crate::reads::Calls::default()),
             planner: Mutex::new(crate::lending::Planner::default()),
             waiting: Mutex::new(BTreeMap::new()),
+            lending_policies: Mutex::new(HashMap::new()),
         })
     }
 
@@ -1021,9 +1021,9 @@ impl Registry {
 
     /// Sets what the Shard object's `spec.lending` says.
     pub fn set_lending(&self, name: &str, policy: crate::lending::LendingPolicy) {
-        if let Some(e) = self.inner.lock().entries.get_mut(name) {
-            e.lending_policy = policy;
-        }
+        // Kept by name: the Shard objects are read before their shards register again
+        // (a restarted federation), and a loan must not be judged on a policy of zeros.
+        self.lending_policies.lock().insert(name.to_owned(), policy);
     }
 
     /// One round of lending (every second or so): moves loans on and decides new ones from
@@ -1039,6 +1039,7 @@ impl Registry {
         for w in held_back.values() {
             waiting.entry(w.shard.as_str()).or_default().push(w);
         }
+        let policies = self.lending_policies.lock().clone();
         let shards: Vec<ShardLending> = {
             let inner = self.inner.lock();
             inner
@@ -1050,7 +1051,7 @@ impl Registry {
                     capable: !e.loan_key.is_empty()
                         && !e.api_ca.is_empty()
                         && !e.api_url.is_empty(),
-                    policy: e.lending_policy,
+                    policy: policies.get(name).copied().unwrap_or_default(),
                     resources: e.resources.clone(),
                     report: e.lending.clone().map(|r| {
                         let w = waiting.get(name.as_str()).map_or(&[][..], Vec::as_slice);

@@ -332,3 +332,55 @@ fn after_a_restart_loans_are_taken_back_from_the_reports() {
     let phases: Vec<(&str, &str)> = p.loans().map(|l| (l.id.as_str(), l.phase.name())).collect();
     assert_eq!(phases, vec![("x", "active"), ("y", "returning")]);
 }
+
+#[test]
+fn after_a_restart_a_loan_one_side_reports_waits_for_the_other_side() {
+    let cfg = LendingConfig::default();
+    let t0 = Instant::now();
+    let mut a = spare(&[], 4);
+    a.lent = vec![loan_state("a-1", "b", "x", true, true)];
+    let mut b = waiting(0);
+    b.borrowed = vec![loan_state("a-1", "a", "x", true, false)];
+    // Only a has reported since the federation came back: nothing is decided about x.
+    let mut silent = shard("b", borrows(8), b.clone());
+    silent.report = None;
+    let mut p = Planner::default();
+    let (steps, _) = p.plan(
+        &[shard("a", lends(8), a.clone()), silent.clone()],
+        &cfg,
+        t0,
+        1,
+    );
+    assert!(steps.is_empty(), "{steps:?}");
+    assert_eq!(p.loans().count(), 0);
+    // b reports: both sides have it, it is active.
+    let (steps, _) = p.plan(
+        &[shard("a", lends(8), a.clone()), shard("b", borrows(8), b)],
+        &cfg,
+        t0 + Duration::from_secs(1),
+        2,
+    );
+    assert!(steps.is_empty(), "{steps:?}");
+    assert_eq!(
+        p.loans().map(|l| l.phase.name()).collect::<Vec<_>>(),
+        vec!["active"]
+    );
+    // A borrower that never reports again: after lend_timeout the lender takes it back.
+    let mut p = Planner::default();
+    p.plan(
+        &[shard("a", lends(8), a.clone()), silent.clone()],
+        &cfg,
+        t0,
+        1,
+    );
+    let (steps, _) = p.plan(
+        &[shard("a", lends(8), a), silent],
+        &cfg,
+        t0 + cfg.lend_timeout,
+        2,
+    );
+    assert_eq!(
+        ops(&steps),
+        vec![("a".into(), pb::loan::Op::Reclaim, "a-1".into())]
+    );
+}
