@@ -12,6 +12,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+#[allow(dead_code)]
 #[path = "support/invariants.rs"]
 mod invariants;
 mod support;

@@ -509,10 +509,8 @@ impl Planner {
             };
             let (lender, borrower) = pair.split_once('>').expect("formatted above");
             let both = lent.is_some() && borrowed.is_some();
-            if !both
-                && !give_up_waiting
-                && !(reported.contains(lender) && reported.contains(borrower))
-            {
+            let both_reported = reported.contains(lender) && reported.contains(borrower);
+            if !(both || give_up_waiting || both_reported) {
                 // The other side has not reported since this federation started: wait.
                 continue;
             }
