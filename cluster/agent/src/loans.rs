@@ -101,18 +101,6 @@ impl Loans {
         })
     }
 
-    /// The nodes running with a borrower now, with their loans.
-    pub fn lent(&self) -> Vec<(String, String)> {
-        let mut v: Vec<_> = self
-            .running
-            .lock()
-            .iter()
-            .map(|(n, r)| (n.clone(), r.loan.clone()))
-            .collect();
-        v.sort();
-        v
-    }
-
     /// Watches the home shard's labelled nodes until dropped; a loan that could not start
     /// yet (its Secret not there) is tried again every second.
     pub async fn run(self: Arc<Self>) {

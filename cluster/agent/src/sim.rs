@@ -298,49 +298,53 @@ impl SimAgent {
         if let Some(shared) = &self.shared {
             self.renew(shared).await?;
         }
-        let results: Vec<Result<(), ApiError>> =
-            futures::stream::iter(self.names.clone().into_iter().enumerate())
-                .map(|(i, name)| {
-                    let progress = &progress;
-                    async move {
-                        let obj = self.node_object(&name, i);
-                        match self.client.create(nodes, None, &obj).await {
-                            Ok(_) => {}
-                            Err(e) if e.code == 409 => {
-                                // Known from an earlier run: name this run's Lease (the
-                                // earlier may have kept Leases apart) and report Ready again.
-                                let meta =
-                                    json!({"metadata": {"annotations": self.lease_annotation()}});
-                                self.client
-                                    .patch(nodes, None, &name, None, PatchType::Merge, &meta)
-                                    .await?;
-                                let patch =
-                                    json!({"status": {"conditions": obj["status"]["conditions"]}});
-                                self.client
-                                    .patch(
-                                        nodes,
-                                        None,
-                                        &name,
-                                        Some("status"),
-                                        PatchType::StrategicMerge,
-                                        &patch,
-                                    )
-                                    .await?;
-                            }
-                            Err(e) => return Err(e),
+        let results: Vec<Result<(), ApiError>> = futures::stream::iter(
+            self.names.clone().into_iter().enumerate(),
+        )
+        .map(|(i, name)| {
+            let progress = &progress;
+            async move {
+                let obj = self.node_object(&name, i);
+                match self.client.create(nodes, None, &obj).await {
+                    Ok(_) => {}
+                    Err(e) if e.code == 409 => {
+                        // Known from an earlier run: name this run's Lease (the
+                        // earlier may have kept Leases apart) and report Ready again.
+                        // A lent node's own Lease is the default, and its Node is
+                        // the borrower's to change (it may write its status only).
+                        if self.config.lent.is_none() {
+                            let meta =
+                                json!({"metadata": {"annotations": self.lease_annotation()}});
+                            self.client
+                                .patch(nodes, None, &name, None, PatchType::Merge, &meta)
+                                .await?;
                         }
-                        self.count("node", true);
-                        if self.shared.is_none() {
-                            // Its first renewal's failure is retried by the renewal loop.
-                            let _ = self.renew(&name).await;
-                        }
-                        progress();
-                        Ok(())
+                        let patch = json!({"status": {"conditions": obj["status"]["conditions"]}});
+                        self.client
+                            .patch(
+                                nodes,
+                                None,
+                                &name,
+                                Some("status"),
+                                PatchType::StrategicMerge,
+                                &patch,
+                            )
+                            .await?;
                     }
-                })
-                .buffer_unordered(32)
-                .collect()
-                .await;
+                    Err(e) => return Err(e),
+                }
+                self.count("node", true);
+                if self.shared.is_none() {
+                    // Its first renewal's failure is retried by the renewal loop.
+                    let _ = self.renew(&name).await;
+                }
+                progress();
+                Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
         results.into_iter().collect::<Result<(), ApiError>>()?;
         if let Some(m) = &self.metrics {
             m.nodes.set(self.names.len() as i64);
