@@ -1380,7 +1380,8 @@ impl Propagation {
             }
         }
         // Replicas held back for room are demand the shard they would go to first may
-        // borrow nodes for (elastic shards) — if the tenant may use borrowed nodes at all.
+        // borrow nodes for (elastic shards) — if the tenant may use borrowed nodes at all,
+        // and not when its quota holds them back (room would not help).
         let first_full = decision
             .skipped
             .iter()
@@ -1388,7 +1389,10 @@ impl Propagation {
             .map(|(shard, _)| shard.clone());
         let waiting = match first_full {
             Some(shard)
-                if decision.unplaced > 0 && policy_ok && !borrow_none(&self.tenants, &tenant) =>
+                if decision.unplaced > 0
+                    && policy_ok
+                    && !quota_exceeded
+                    && !borrow_none(&self.tenants, &tenant) =>
             {
                 let amount = |name: &str| {
                     request
