@@ -248,7 +248,7 @@ pub struct ShardView {
     pub held: u64,
     /// Of those, the ones held only until their move off it finishes.
     pub leaving: u64,
-    /// Its nodes lent out, and other shards' nodes it borrows.
+    /// Its nodes lent out now.
     pub lent: u64,
     /// Other shards' nodes it borrows.
     pub borrowed: u64,
