@@ -160,8 +160,9 @@ pub fn tolerates_borrowed(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) ->
 
 /// Where an active pod's request is counted.
 enum Counted {
-    /// On its node (by name).
-    On(String, Resources),
+    /// On its node (by name); whether a DaemonSet runs it (such pods do not keep a node
+    /// from counting as idle).
+    On(String, Resources, bool),
     /// Not on a node yet: demand the summary takes out best-fit (and whether it may go to a
     /// borrowed node).
     Pending(Request, bool),
@@ -180,6 +181,8 @@ pub struct Ledger {
     used: HashMap<String, Resources>,
     /// Each counted pod by its key.
     pods: HashMap<String, Counted>,
+    /// Active pods on each node that a DaemonSet does not run, by node name.
+    work: HashMap<String, u32>,
     /// The pending pods' keys, in order (the summary reserves their demand in this order).
     pending: BTreeSet<String>,
 }
@@ -226,11 +229,10 @@ impl Ledger {
         );
     }
 
-    /// Whether node `name` runs no active pod (as counted).
+    /// Whether node `name` runs no active pod but a DaemonSet's (those run on every node
+    /// and are evicted with the node's other pods when it is lent).
     pub fn idle(&self, name: &str) -> bool {
-        self.used
-            .get(name)
-            .is_none_or(|u| u.milli_cpu <= 0 && u.memory <= 0 && u.pods <= 0)
+        !self.work.contains_key(name)
     }
 
     /// Forgets the node `name` (its pods' requests stay counted until they go).
@@ -250,7 +252,15 @@ impl Ledger {
         let counted = match spec.and_then(|s| s.node_name.as_deref()) {
             Some(node) => {
                 self.used.entry(node.to_owned()).or_default().add(&req);
-                Counted::On(node.to_owned(), req)
+                let daemon = pod
+                    .metadata
+                    .owner_references
+                    .as_ref()
+                    .is_some_and(|os| os.iter().any(|o| o.kind == "DaemonSet"));
+                if !daemon {
+                    *self.work.entry(node.to_owned()).or_default() += 1;
+                }
+                Counted::On(node.to_owned(), req, daemon)
             }
             None => {
                 self.pending.insert(key.to_owned());
@@ -269,7 +279,13 @@ impl Ledger {
     /// Stops counting the pod `key`.
     pub fn remove_pod(&mut self, key: &str) {
         match self.pods.remove(key) {
-            Some(Counted::On(node, req)) => {
+            Some(Counted::On(node, req, daemon)) => {
+                if !daemon && let Some(n) = self.work.get_mut(&node) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.work.remove(&node);
+                    }
+                }
                 if let Some(u) = self.used.get_mut(&node) {
                     u.sub(&req);
                 }
@@ -605,8 +621,18 @@ mod tests {
         // Pending pods are taken out in key order: the first 4-cpu one fits on `idle`, then
         // neither of the others fits anywhere (busy has 3 left, the guest 2): unmet, and one
         // of them may use a borrowed node.
+        // A DaemonSet's pod does not keep a node from being idle.
+        let mut daemon = Arc::unwrap_or_clone(pod(Some("idle"), "0"));
+        daemon.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                kind: "DaemonSet".into(),
+                name: "logs".into(),
+                ..Default::default()
+            },
+        ]);
         let pods: Vec<(String, Arc<Pod>)> = vec![
             ("on-busy".into(), pod(Some("busy"), "1")),
+            ("daemon".into(), Arc::new(daemon)),
             ("a-fits".into(), pod(None, "4")),
             ("b-borrows".into(), Arc::new(borrows)),
             ("c-stays".into(), pod(None, "4")),
