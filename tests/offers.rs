@@ -62,8 +62,8 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// One look at every pod: (framework label, node, phase, cpu milli).
-fn pods(kubeconfig: &std::path::Path) -> Vec<(String, String, String, i64)> {
+/// One look at every pod: (framework label, node, phase, cpu milli, name).
+fn pods(kubeconfig: &std::path::Path) -> Vec<(String, String, String, i64, String)> {
     let out = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(kubeconfig)
@@ -72,7 +72,7 @@ fn pods(kubeconfig: &std::path::Path) -> Vec<(String, String, String, i64)> {
         "pods",
         "-A",
         "-o",
-        "jsonpath={range .items[*]}{.metadata.labels.tessera\\.io/framework}|{.spec.nodeName}|{.status.phase}|{.spec.containers[0].resources.requests.cpu}{\"\\n\"}{end}",
+        "jsonpath={range .items[*]}{.metadata.labels.tessera\\.io/framework}|{.spec.nodeName}|{.status.phase}|{.spec.containers[0].resources.requests.cpu}|{.metadata.name}{\"\\n\"}{end}",
         ])
         .output()
         .expect("kubectl");
@@ -80,7 +80,7 @@ fn pods(kubeconfig: &std::path::Path) -> Vec<(String, String, String, i64)> {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split('|').collect();
-            let [fw, node, phase, cpu] = f.as_slice() else {
+            let [fw, node, phase, cpu, name] = f.as_slice() else {
                 return None;
             };
             let cpu = match cpu.strip_suffix('m') {
@@ -92,18 +92,23 @@ fn pods(kubeconfig: &std::path::Path) -> Vec<(String, String, String, i64)> {
                 (*node).to_owned(),
                 (*phase).to_owned(),
                 cpu,
+                (*name).to_owned(),
             ))
         })
         .collect()
 }
+
+/// Tasks of the two frameworks of the DRF test.
+const LIGHT_TASKS: usize = 30;
+const HEAVY_TASKS: usize = 90;
 
 #[derive(Debug, Default)]
 struct Seen {
     looks: usize,
     /// The most cpu (milli) any node held at one look.
     most_on_a_node: i64,
-    /// light / (light + heavy) running cpu, at each look where the frameworks ran at least
-    /// `full` between them.
+    /// light / (light + heavy) running cpu, at each look at saturation: the frameworks ran
+    /// at least 16 cpu between them and each still had tasks it had not launched.
     light_share: Vec<f64>,
     /// Task pods seen running on a node.
     tasks_running: usize,
@@ -185,18 +190,26 @@ fn frameworks_share_a_shards_nodes_through_offers_by_drf_beside_its_pods() {
         let lines: String = (0..n).map(|i| format!("{name}-{i} 1 256Mi 3\n")).collect();
         c.file(&format!("{name}.txt"), &lines)
     };
-    let (light_file, heavy_file) = (tasks("light", 30), tasks("heavy", 90));
+    let (light_file, heavy_file) = (tasks("light", LIGHT_TASKS), tasks("heavy", HEAVY_TASKS));
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
         let stop = stop.clone();
         let kubeconfig = c.kubeconfig.clone();
         std::thread::spawn(move || {
             let mut seen = Seen::default();
+            // Task pods seen so far, by framework: once one has launched all of its tasks
+            // its share falls as they finish — no longer saturation.
+            let mut launched: [std::collections::HashSet<String>; 2] = Default::default();
             while !stop.load(Ordering::Acquire) {
                 let all = pods(&kubeconfig);
                 let mut on_node: BTreeMap<&str, i64> = BTreeMap::new();
                 let (mut light, mut heavy) = (0i64, 0i64);
-                for (fw, node, phase, cpu) in &all {
+                for (fw, node, phase, cpu, name) in &all {
+                    if fw.starts_with("light-") {
+                        launched[0].insert(name.clone());
+                    } else if fw.starts_with("heavy-") {
+                        launched[1].insert(name.clone());
+                    }
                     if node.is_empty() || phase == "Succeeded" || phase == "Failed" {
                         continue;
                     }
@@ -216,7 +229,8 @@ fn frameworks_share_a_shards_nodes_through_offers_by_drf_beside_its_pods() {
                     .max(on_node.values().copied().max().unwrap_or(0));
                 // The frameworks have 24 cpu between them, 20 once the Deployment grew; a
                 // look with 16 or more running is at saturation.
-                if light + heavy >= 16_000 {
+                let pending = launched[0].len() < LIGHT_TASKS && launched[1].len() < HEAVY_TASKS;
+                if light + heavy >= 16_000 && pending {
                     seen.light_share.push(light as f64 / (light + heavy) as f64);
                 }
                 seen.looks += 1;
