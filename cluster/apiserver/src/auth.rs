@@ -46,6 +46,18 @@ pub const ADMIN_WATCHES: usize = 100_000;
 /// Request seats of a node lent by another shard (one agent's worth of calls).
 pub const LENT_NODE_INFLIGHT: usize = 50;
 
+/// The name of the object `req` acts on: the one in its path, or a create's body's.
+fn target_name(req: &ApiRequest) -> Option<String> {
+    match (&req.name, req.verb) {
+        (Some(n), _) => Some(n.clone()),
+        (None, Verb::Create) => req
+            .body_value()
+            .ok()
+            .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned)),
+        _ => None,
+    }
+}
+
 /// Whether a Node a lent node registers is marked as lent: labelled with its loan and
 /// tainted `tessera.io/borrowed:NoSchedule`.
 fn lent_node_marked(node: &Value, loan: &str) -> bool {
@@ -142,23 +154,15 @@ impl Authorizer {
             }
             return Ok(scope);
         }
-        let named = || match (&req.name, req.verb) {
-            (Some(n), _) => Some(n.clone()),
-            (None, Verb::Create) => req
-                .body_value()
-                .ok()
-                .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned)),
-            _ => None,
-        };
+        let named = || target_name(req);
         let allowed = match (res.group, res.plural, req.subresource.as_deref()) {
             ("", "nodes", Some("status")) => named().as_deref() == Some(node),
             // Its Node's spec and labels are the borrower's to say: created carrying the
             // borrowed taint and its loan, never changed after (it cannot untaint itself
             // to take pods the borrower's tenants did not allow onto it).
-            ("", "nodes", None) if req.verb == Verb::Create => {
-                named().as_deref() == Some(node)
-                    && req.body_value().is_ok_and(|b| lent_node_marked(&b, loan))
-            }
+            ("", "nodes", None) if req.verb == Verb::Create => req.body_value().is_ok_and(|b| {
+                b["metadata"]["name"].as_str() == Some(node) && lent_node_marked(&b, loan)
+            }),
             ("", "nodes", None) => req.verb == Verb::Delete && named().as_deref() == Some(node),
             ("coordination.k8s.io", "leases", None) => {
                 req.namespace.as_deref() == Some("kube-node-lease")
@@ -302,14 +306,7 @@ impl Authorizer {
         }
         match (res.group, res.plural) {
             ("", "namespaces") => {
-                let name = match (&req.name, req.verb) {
-                    (Some(n), _) => Some(n.clone()),
-                    (None, Verb::Create) => req
-                        .body_value()
-                        .ok()
-                        .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned)),
-                    _ => None,
-                };
+                let name = target_name(req);
                 match (name, req.verb) {
                     (Some(n), _) if owned.contains(&n) => Ok(scope(None)),
                     (Some(n), _) => Err(not_theirs(&n)),

@@ -486,30 +486,31 @@ impl Planner {
             .filter(|s| s.report.is_some())
             .map(|s| s.name.as_str())
             .collect();
-        // Per loan: (node, "lender>borrower") as the lender and as the borrower report it.
-        type Sides = (Option<(String, String)>, Option<(String, String)>);
-        let mut seen: BTreeMap<String, Sides> = BTreeMap::new();
+        // Per loan: (node, lender, borrower) as the lender and as the borrower report it.
+        type Side = (String, String, String);
+        let mut seen: BTreeMap<String, (Option<Side>, Option<Side>)> = BTreeMap::new();
         for s in shards {
             let Some(r) = &s.report else { continue };
             for x in &r.lent {
                 seen.entry(x.loan.clone()).or_default().0 =
-                    Some((x.node.clone(), format!("{}>{}", s.name, x.peer)));
+                    Some((x.node.clone(), s.name.clone(), x.peer.clone()));
             }
             for x in &r.borrowed {
                 seen.entry(x.loan.clone()).or_default().1 =
-                    Some((x.node.clone(), format!("{}>{}", x.peer, s.name)));
+                    Some((x.node.clone(), x.peer.clone(), s.name.clone()));
             }
         }
         for (id, (lent, borrowed)) in seen {
             if self.loans.contains_key(&id) {
                 continue;
             }
-            let Some((node, pair)) = lent.clone().or(borrowed.clone()) else {
+            let Some((node, lender, borrower)) = lent.as_ref().or(borrowed.as_ref()).cloned()
+            else {
                 continue;
             };
-            let (lender, borrower) = pair.split_once('>').expect("formatted above");
             let both = lent.is_some() && borrowed.is_some();
-            let both_reported = reported.contains(lender) && reported.contains(borrower);
+            let both_reported =
+                reported.contains(lender.as_str()) && reported.contains(borrower.as_str());
             if !(both || give_up_waiting || both_reported) {
                 // The other side has not reported since this federation started: wait.
                 continue;
@@ -519,8 +520,8 @@ impl Planner {
                 Loan {
                     id,
                     node,
-                    lender: lender.to_owned(),
-                    borrower: borrower.to_owned(),
+                    lender,
+                    borrower,
                     phase: if both {
                         Phase::Active
                     } else {
