@@ -66,6 +66,8 @@ pub struct Federation {
     pub grpc_url: String,
     /// The token they present.
     pub join_token: String,
+    /// Where frameworks subscribe for offers across the fleet, if served.
+    pub offers: Option<SocketAddr>,
 }
 
 /// The join token of the federation in `data_dir` (made once, kept in `pki/join.token`).
@@ -94,7 +96,11 @@ pub fn join_token(data_dir: &Path) -> anyhow::Result<String> {
 /// Starts the federation: its API on `args` (store, TLS, kubeconfig in its data dir), the
 /// gRPC endpoint on `args.grpc_addr` (TLS with the API's certificate), the Shard objects'
 /// writer and the propagation controller.
-pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<Federation> {
+pub async fn start(
+    args: &UpArgs,
+    tuning: &FederationTuning,
+    offers_addr: Option<SocketAddr>,
+) -> anyhow::Result<Federation> {
     let metrics = FederationMetrics::unregistered()?;
     let token = join_token(&args.data_dir)?;
     let mut config = RegistryConfig::new(token.clone());
@@ -138,6 +144,12 @@ pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<F
             tracing::error!(error = %e, "the federation's gRPC endpoint stopped");
         }
     });
+    let offers = match offers_addr {
+        Some(addr) => Some(
+            crate::offers::serve_federation(&api, registry.clone(), addr, &args.data_dir).await?,
+        ),
+        None => None,
+    };
     let client = api.component_client("federation");
     tokio::spawn(tessera_registry::objects::run(
         registry.clone(),
@@ -160,6 +172,7 @@ pub async fn start(args: &UpArgs, tuning: &FederationTuning) -> anyhow::Result<F
         api,
         grpc_url: format!("https://{grpc_addr}"),
         join_token: token,
+        offers,
     })
 }
 
@@ -170,11 +183,16 @@ pub struct FederationArgs {
     pub base: UpArgs,
     #[command(flatten)]
     pub lease: FederationTuning,
+    /// Serve resource offers to frameworks (`tessera.offers.v1`, TLS) on this address:
+    /// frameworks subscribe with a token of the federation's API and are offered the nodes
+    /// of every shard, by DRF over the whole fleet.
+    #[arg(long)]
+    pub offers_addr: Option<SocketAddr>,
 }
 
 /// `tessera federation`: the federation control plane alone, until Ctrl-C.
 pub async fn run(args: FederationArgs) -> anyhow::Result<()> {
-    let f = start(&args.base, &args.lease).await?;
+    let f = start(&args.base, &args.lease, args.offers_addr).await?;
     println!("Tessera federation is up.");
     println!(
         "  api:      https://{} (kubectl: {})",
@@ -182,6 +200,11 @@ pub async fn run(args: FederationArgs) -> anyhow::Result<()> {
         f.api.kubeconfig.display()
     );
     println!("  grpc:     {} (shards' agents join here)", f.grpc_url);
+    if let Some(o) = f.offers {
+        println!(
+            "  offers:   https://{o} (tessera.offers.v1: frameworks subscribe with a federation token)"
+        );
+    }
     println!("  metrics:  http://{}/metrics", f.api.metrics_addr);
     println!(
         "  join:     tessera join --federation {} --federation-ca {} --token-file {} --name NAME --kubeconfig SHARD_KUBECONFIG",
@@ -244,13 +267,13 @@ pub fn parse_labels(s: &str) -> anyhow::Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((k, v)) = part.split_once('=') else {
-            anyhow::bail!("--labels: {part:?} is not key=value");
+            anyhow::bail!("{part:?} is not key=value");
         };
         if let Some(why) = tessera_core::names::qualified_name(k) {
-            anyhow::bail!("--labels: key {k:?}: {why}");
+            anyhow::bail!("key {k:?}: {why}");
         }
         if let Some(why) = tessera_core::names::label_value(v) {
-            anyhow::bail!("--labels: value {v:?} of {k}: {why}");
+            anyhow::bail!("value {v:?} of {k}: {why}");
         }
         out.insert(k.to_owned(), v.to_owned());
     }
@@ -308,13 +331,15 @@ pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
     let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&registry)?;
     let agent_metrics = tessera_federation_agent::AgentMetrics::register(&registry)?;
+    let offer_metrics = tessera_offers::OfferMetrics::register(&registry, "federation")?;
     let addr = crate::metrics_server::serve(args.metrics_addr, registry).await?;
     tracing::info!(metrics = %addr, "serving metrics");
     let mut config = AgentConfig::new(&args.federation, &ca, &token, &args.name);
-    config.labels = parse_labels(&args.labels)?;
+    config.labels = parse_labels(&args.labels).map_err(|e| anyhow::anyhow!("--labels: {e}"))?;
     config.group_keys = parse_label_keys(&args.summary_label_keys)?;
     config.bind_address = args.bind_address;
     config.metrics = Some(agent_metrics);
+    config.offer_metrics = Some(offer_metrics);
     config.api_url = api_url;
     config.api_ca = api_ca;
     config.loan_key = loan_key;
@@ -341,6 +366,10 @@ pub fn start_agent(
     config.loan_key = shard.tokens.loan_key_hex();
     config.metrics = Some(tessera_federation_agent::AgentMetrics::register(
         &shard.registry,
+    )?);
+    config.offer_metrics = Some(tessera_offers::OfferMetrics::register(
+        &shard.registry,
+        "federation",
     )?);
     let runtime = shard.runtime.clone();
     let informers = shard.informers.clone();

@@ -13,16 +13,12 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::up::Shard;
 
-/// Serves the offers service over `shard`'s nodes on `addr` (TLS with the API's
-/// certificate; frameworks present API tokens); returns the bound address.
-pub async fn serve(
-    shard: &Shard,
-    addr: SocketAddr,
-    data_dir: &std::path::Path,
-) -> anyhow::Result<SocketAddr> {
-    let metrics = OfferMetrics::register(&shard.registry)?;
-    let (api, tokens) = (shard.api.clone(), shard.tokens.clone());
-    let authenticate: tessera_offers::Authenticate = Arc::new(move |token: String| {
+/// Authenticates frameworks' bearer tokens against `api`'s tokens (a tenant token only
+/// while its Tenant is as it was when the token was made): a client acting as the token's
+/// user.
+pub fn authenticator(api: &Shard) -> tessera_offers::Authenticate {
+    let (api, tokens) = (api.api.clone(), api.tokens.clone());
+    Arc::new(move |token: String| {
         let (api, tokens) = (api.clone(), tokens.clone());
         Box::pin(async move {
             let (user, claims) =
@@ -36,13 +32,16 @@ pub async fn serve(
                 tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(api, user)));
             Some(client)
         })
-    });
-    let offers = Offers::new(
-        OffersConfig::default(),
-        shard.informers.clone(),
-        authenticate,
-        Some(metrics),
-    );
+    })
+}
+
+/// Serves `routes` (an offers endpoint) on `addr` with TLS, the certificate of the API in
+/// `data_dir`; returns the bound address.
+async fn serve_tls(
+    addr: SocketAddr,
+    data_dir: &std::path::Path,
+    routes: tonic::service::Routes,
+) -> anyhow::Result<SocketAddr> {
     let credentials = tessera_apiserver::pki::Credentials::load_or_create(&data_dir.join("pki"))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -53,13 +52,54 @@ pub async fn serve(
             &credentials.cert_pem,
             &credentials.key_pem,
         )))?
-        .add_service(offers.server())
+        .add_routes(routes)
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     tokio::spawn(async move {
         if let Err(e) = server.await {
             tracing::error!(error = %e, "the offers endpoint stopped");
         }
     });
+    Ok(bound)
+}
+
+/// Serves the offers service over `shard`'s nodes on `addr` (TLS with the API's
+/// certificate; frameworks present API tokens); returns the bound address.
+pub async fn serve(
+    shard: &Shard,
+    addr: SocketAddr,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<SocketAddr> {
+    let metrics = OfferMetrics::register(&shard.registry, "shard")?;
+    let offers = Offers::new(
+        OffersConfig::default(),
+        shard.informers.clone(),
+        authenticator(shard),
+        Some(metrics),
+    );
+    let bound = serve_tls(addr, data_dir, tonic::service::Routes::new(offers.server())).await?;
+    tokio::spawn(offers.run());
+    Ok(bound)
+}
+
+/// Serves the federation's offers endpoint on `addr`: frameworks subscribe with tokens of
+/// the federation's API and are offered the nodes of every shard, by DRF over the fleet.
+pub async fn serve_federation(
+    federation: &Shard,
+    registry: Arc<tessera_registry::Registry>,
+    addr: SocketAddr,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<SocketAddr> {
+    let metrics = OfferMetrics::register(&federation.registry, "federation")?;
+    // A framework's token must reach its namespace's ConfigMaps: the federation keeps
+    // those itself (its pods are read across the shards).
+    let probe = tessera_apiserver::request::find_resource("", "v1", "configmaps").expect("served");
+    let offers = tessera_registry::offers::FleetOffers::new(
+        registry,
+        authenticator(federation),
+        probe,
+        Some(metrics),
+    );
+    let bound = serve_tls(addr, data_dir, tonic::service::Routes::new(offers.server())).await?;
     tokio::spawn(offers.run());
     Ok(bound)
 }
@@ -77,10 +117,10 @@ pub struct BatchArgs {
     /// The task file: one `name cpu memory seconds` per line.
     #[arg(long)]
     pub file: PathBuf,
-    /// The shard's offers endpoint (`https://127.0.0.1:9466`).
+    /// The offers endpoint: a shard's or the federation's (`https://127.0.0.1:9466`).
     #[arg(long)]
     pub offers: String,
-    /// The CA of the shard's certificate (its `pki/ca.crt`).
+    /// The CA of the endpoint's certificate (its data dir's `pki/ca.crt`).
     #[arg(long)]
     pub ca: PathBuf,
     /// A file holding a token allowed to run pods in `--namespace`.
@@ -104,6 +144,10 @@ pub struct BatchArgs {
     /// Seconds its tasks outlive a disconnection.
     #[arg(long, default_value_t = 0)]
     pub failover_timeout_seconds: i64,
+    /// Only nodes with these labels (`k=v,k2=v2`); offers of others are declined. Offers
+    /// from the federation carry `tessera.io/shard=<shard>`.
+    #[arg(long, default_value = "")]
+    pub node_selector: String,
 }
 
 /// Runs `tessera framework …`.
@@ -128,6 +172,8 @@ pub async fn run(cmd: FrameworkCommand) -> anyhow::Result<()> {
         namespace: a.namespace.clone(),
         image: a.image.clone(),
         failover_timeout_seconds: a.failover_timeout_seconds,
+        node_selector: crate::federation::parse_labels(&a.node_selector)
+            .map_err(|e| anyhow::anyhow!("--node-selector: {e}"))?,
     };
     let bar = indicatif::ProgressBar::new(tasks.len() as u64).with_style(
         indicatif::ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} tasks done")

@@ -120,8 +120,9 @@ pub struct UpAllArgs {
     /// This shard's name in the federation.
     #[arg(long, default_value = "shard")]
     pub shard_name: String,
-    /// With `--shards 0`: serve resource offers to frameworks (`tessera.offers.v1`, TLS) on
-    /// this address.
+    /// Serve resource offers to frameworks (`tessera.offers.v1`, TLS) on this address: with
+    /// `--shards 0` the shard's nodes; with `--shards N` the federation's endpoint, offering
+    /// every shard's nodes by DRF over the whole fleet.
     #[arg(long)]
     pub offers_addr: Option<SocketAddr>,
     /// Labels of the shards, `region=eu,zone=a` for all, or one set per shard separated by
@@ -391,7 +392,8 @@ fn shard_label_sets(
 ) -> anyhow::Result<Vec<std::collections::BTreeMap<String, String>>> {
     let sets: Vec<&str> = s.split(';').collect();
     if sets.len() == 1 {
-        let one = crate::federation::parse_labels(s)?;
+        let one = crate::federation::parse_labels(s)
+            .map_err(|e| anyhow::anyhow!("--shard-labels: {e}"))?;
         return Ok(vec![one; shards]);
     }
     if sets.len() != shards {
@@ -401,7 +403,9 @@ fn shard_label_sets(
         );
     }
     sets.iter()
-        .map(|set| crate::federation::parse_labels(set))
+        .map(|set| {
+            crate::federation::parse_labels(set).map_err(|e| anyhow::anyhow!("--shard-labels: {e}"))
+        })
         .collect()
 }
 
@@ -451,7 +455,7 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
             .progress_chars("=> "),
     );
     bar.set_message("federation");
-    let fed = crate::federation::start(args, &all.lease).await?;
+    let fed = crate::federation::start(args, &all.lease, all.offers_addr).await?;
     bar.inc(1);
     let mut contexts = vec![(
         "federation".to_owned(),
@@ -543,6 +547,11 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
         "              grpc {} (shards' agents), metrics http://{}/metrics",
         fed.grpc_url, fed.api.metrics_addr
     );
+    if let Some(o) = fed.offers {
+        println!(
+            "  offers:     https://{o} (tessera.offers.v1: frameworks subscribe with a federation token and are offered every shard's nodes)"
+        );
+    }
     let w = &all.workers;
     for (name, s) in shards {
         println!(
@@ -602,7 +611,8 @@ async fn run_single(all: UpAllArgs) -> anyhow::Result<()> {
             url,
             &ca,
             token.trim(),
-            crate::federation::parse_labels(&all.shard_labels)?,
+            crate::federation::parse_labels(&all.shard_labels)
+                .map_err(|e| anyhow::anyhow!("--shard-labels: {e}"))?,
         )?);
     }
     let offers = match all.offers_addr {

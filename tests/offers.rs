@@ -4,24 +4,18 @@
 //! same nodes. A watcher reads every pod throughout: no node ever holds more than it has.
 
 use std::collections::BTreeMap;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+#[path = "support/frameworks.rs"]
+mod frameworks;
 mod support;
 
+use frameworks::{call, framework, next, offers_url, pods, task, text};
 use support::{Cluster, tenant_token, wait_for};
 use tessera_proto::offers::v1 as pb;
-
-fn offers_url(c: &Cluster) -> String {
-    c.banner
-        .iter()
-        .find_map(|l| l.trim().strip_prefix("offers:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the banner names the offers endpoint")
-        .to_owned()
-}
 
 /// A tenant `team` owning namespace `team-a`, and a file with its token.
 fn tenant(c: &Cluster) -> std::path::PathBuf {
@@ -34,68 +28,6 @@ fn tenant(c: &Cluster) -> std::path::PathBuf {
     let path = c.dir.path().join("team.token");
     std::fs::write(&path, tenant_token(c, "team")).expect("token file");
     path
-}
-
-fn framework(c: &Cluster, token: &std::path::Path, file: &str, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.args([
-        "framework",
-        "batch",
-        "--offers",
-        &offers_url(c),
-        "--file",
-        file,
-    ])
-    .arg("--ca")
-    .arg(c.dir.path().join("pki/ca.crt"))
-    .arg("--token-file")
-    .arg(token)
-    .args(extra);
-    cmd
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// One look at every pod: (framework label, node, phase, cpu milli, name).
-fn pods(kubeconfig: &std::path::Path) -> Vec<(String, String, String, i64, String)> {
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args([
-        "get",
-        "pods",
-        "-A",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.labels.tessera\\.io/framework}|{.spec.nodeName}|{.status.phase}|{.spec.containers[0].resources.requests.cpu}|{.metadata.name}{\"\\n\"}{end}",
-        ])
-        .output()
-        .expect("kubectl");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split('|').collect();
-            let [fw, node, phase, cpu, name] = f.as_slice() else {
-                return None;
-            };
-            let cpu = match cpu.strip_suffix('m') {
-                Some(m) => m.parse().ok()?,
-                None => (cpu.parse::<f64>().ok()? * 1000.0) as i64,
-            };
-            Some((
-                (*fw).to_owned(),
-                (*node).to_owned(),
-                (*phase).to_owned(),
-                cpu,
-                (*name).to_owned(),
-            ))
-        })
-        .collect()
 }
 
 /// Tasks of the two frameworks of the DRF test.
@@ -139,23 +71,7 @@ fn frameworks_share_a_shards_nodes_through_offers_by_drf_beside_its_pods() {
         "{}",
         text(&out)
     );
-    let one = c.file("one.txt", "t1 500m 128Mi 1\n");
-    let out = framework(&c, &token, &one, &["--namespace", "default"])
-        .output()
-        .expect("framework");
-    assert!(!out.status.success());
-    assert!(
-        text(&out).contains("may not use namespace default"),
-        "a tenant's framework runs only in its namespaces: {}",
-        text(&out)
-    );
-    let forged = c.dir.path().join("forged.token");
-    std::fs::write(&forged, "not-a-token").expect("write");
-    let out = framework(&c, &forged, &one, &["--namespace", "team-a"])
-        .output()
-        .expect("framework");
-    assert!(!out.status.success());
-    assert!(text(&out).contains("token is not valid"), "{}", text(&out));
+    frameworks::refuses_strangers(&c, &token, "this shard");
 
     // An ordinary Deployment takes a quarter of the nodes: 8 pods of 1 cpu.
     c.ok(&[
@@ -201,10 +117,17 @@ fn frameworks_share_a_shards_nodes_through_offers_by_drf_beside_its_pods() {
             // its share falls as they finish — no longer saturation.
             let mut launched: [std::collections::HashSet<String>; 2] = Default::default();
             while !stop.load(Ordering::Acquire) {
-                let all = pods(&kubeconfig);
+                let all = pods(&kubeconfig, None);
                 let mut on_node: BTreeMap<&str, i64> = BTreeMap::new();
                 let (mut light, mut heavy) = (0i64, 0i64);
-                for (fw, node, phase, cpu, name) in &all {
+                for frameworks::TaskPod {
+                    framework: fw,
+                    node,
+                    phase,
+                    cpu,
+                    name,
+                } in &all
+                {
                     if fw.starts_with("light-") {
                         launched[0].insert(name.clone());
                     } else if fw.starts_with("heavy-") {
@@ -303,16 +226,16 @@ fn frameworks_share_a_shards_nodes_through_offers_by_drf_beside_its_pods() {
     );
     assert!((mean - 0.25).abs() <= 0.05, "light share {mean}: {seen:?}");
     // Finished tasks' pods are removed once reported; the Deployment's stay.
-    let left = pods(&c.kubeconfig);
+    let left = pods(&c.kubeconfig, None);
     assert_eq!(
-        left.iter().filter(|p| !p.0.is_empty()).count(),
+        left.iter().filter(|p| !p.framework.is_empty()).count(),
         0,
         "{left:?}"
     );
     let web = wait_for(Duration::from_secs(60), || {
-        (pods(&c.kubeconfig)
+        (pods(&c.kubeconfig, None)
             .iter()
-            .filter(|p| p.2 == "Running")
+            .filter(|p| p.phase == "Running")
             .count()
             == 12)
             .then_some(())
@@ -320,7 +243,7 @@ fn frameworks_share_a_shards_nodes_through_offers_by_drf_beside_its_pods() {
     assert!(
         web.is_some(),
         "the Deployment's 12 pods run: {:?}",
-        pods(&c.kubeconfig)
+        pods(&c.kubeconfig, None)
     );
 }
 
@@ -345,52 +268,24 @@ fn offers_are_rescinded_over_asks_refused_and_a_lost_framework_s_tasks_killed() 
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(url.clone())
-            .expect("url")
-            .tls_config(
-                tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(&ca)),
-            )
-            .expect("tls")
-            .connect()
-            .await
-            .expect("connect");
-        let mut client = pb::scheduler_client::SchedulerClient::new(channel);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<pb::Call>();
-        let call = |c: pb::call::Call| pb::Call { call: Some(c) };
-        tx.send(call(pb::call::Call::Subscribe(pb::call::Subscribe {
-            framework: Some(pb::FrameworkInfo {
+        let (tx, mut events) = frameworks::session(
+            &url,
+            &ca,
+            &token,
+            pb::FrameworkInfo {
                 name: "raw".into(),
                 namespace: "team-a".into(),
                 weight: 1.0,
                 failover_timeout_seconds: 3,
                 ..Default::default()
-            }),
-        })))
-        .expect("send");
-        let mut req = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-        req.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {}", token.trim()).parse().expect("header"),
-        );
-        let mut events = client.session(req).await.expect("session").into_inner();
-        let mut next = async || {
-            loop {
-                let e = tokio::time::timeout(Duration::from_secs(30), events.message())
-                    .await
-                    .expect("an event in time")
-                    .expect("stream")
-                    .expect("open");
-                if !matches!(e.event, Some(pb::event::Event::Heartbeat(_))) {
-                    return e.event.expect("an event");
-                }
-            }
-        };
-        let pb::event::Event::Subscribed(s) = next().await else {
+            },
+        )
+        .await;
+        let pb::event::Event::Subscribed(s) = next(&mut events).await else {
             panic!("subscribed first")
         };
         assert!(s.framework_id.starts_with("raw-"));
-        let pb::event::Event::Offers(first) = next().await else {
+        let pb::event::Event::Offers(first) = next(&mut events).await else {
             panic!("offers next")
         };
         assert_eq!(first.offers.len(), 2, "both nodes: {first:?}");
@@ -398,7 +293,7 @@ fn offers_are_rescinded_over_asks_refused_and_a_lost_framework_s_tasks_killed() 
         let mut rescinded = 0;
         let mut fresh = None;
         while rescinded < 2 || fresh.is_none() {
-            match next().await {
+            match next(&mut events).await {
                 pb::event::Event::Rescind(r) => {
                     assert!(r.reason.contains("not answered"), "{r:?}");
                     rescinded += 1;
@@ -410,23 +305,13 @@ fn offers_are_rescinded_over_asks_refused_and_a_lost_framework_s_tasks_killed() 
         let offer = fresh.expect("offered again").offers.remove(0);
         let free = offer.resources.expect("resources");
         // Asking for more than the offer holds launches nothing and says why.
-        let task = |name: &str, cpu: i64, secs: &str| pb::TaskInfo {
-            name: name.into(),
-            resources: Some(pb::Resources {
-                cpu_milli: cpu,
-                memory_bytes: 64 << 20,
-            }),
-            image: "busybox".into(),
-            annotations: [("tessera.io/sim-run-seconds".to_owned(), secs.to_owned())].into(),
-            ..Default::default()
-        };
         tx.send(call(pb::call::Call::Accept(pb::call::Accept {
             offer_id: offer.id.clone(),
             tasks: vec![task("greedy", free.cpu_milli + 1, "1")],
         })))
         .expect("send");
         loop {
-            match next().await {
+            match next(&mut events).await {
                 pb::event::Event::Update(u) => {
                     assert_eq!(u.task, "greedy");
                     assert_eq!(u.state, pb::TaskState::TaskFailed as i32);
@@ -442,7 +327,7 @@ fn offers_are_rescinded_over_asks_refused_and_a_lost_framework_s_tasks_killed() 
         }
         // A long task on the next offer; then the framework goes away.
         let offer = loop {
-            if let pb::event::Event::Offers(mut o) = next().await {
+            if let pb::event::Event::Offers(mut o) = next(&mut events).await {
                 break o.offers.remove(0);
             }
         };
@@ -452,7 +337,7 @@ fn offers_are_rescinded_over_asks_refused_and_a_lost_framework_s_tasks_killed() 
         })))
         .expect("send");
         loop {
-            if let pb::event::Event::Update(u) = next().await
+            if let pb::event::Event::Update(u) = next(&mut events).await
                 && u.state == pb::TaskState::TaskRunning as i32
             {
                 assert_eq!(u.node, offer.node, "on the offered node");

@@ -28,9 +28,13 @@ pub struct OffersBenchArgs {
     /// The frameworks' weights, comma separated (`1,3`); overrides `--frameworks`.
     #[arg(long, value_delimiter = ',')]
     pub weights: Vec<f64>,
-    /// Simulated nodes (4 cpu, 16 GiB each).
+    /// Simulated nodes (4 cpu, 16 GiB each), per shard.
     #[arg(long, default_value_t = 50)]
     pub nodes: usize,
+    /// 0: one shard serves the offers. N: a federation of N shards serves them, offering
+    /// every shard's nodes by DRF over the whole fleet.
+    #[arg(long, default_value_t = 0)]
+    pub shards: usize,
     /// Seconds each task runs.
     #[arg(long, default_value_t = 2)]
     pub task_seconds: u64,
@@ -52,6 +56,7 @@ struct Up {
 #[derive(Serialize)]
 struct Result {
     frameworks: usize,
+    shards: usize,
     nodes: usize,
     tasks: usize,
     seconds: f64,
@@ -93,6 +98,30 @@ fn quantile(h: &prometheus::proto::Histogram, q: f64) -> f64 {
     lower
 }
 
+/// What serves the offers: one shard (and its nodes' tasks), or a federation of shards.
+enum Served {
+    One {
+        shard: crate::up::Shard,
+        _workers: Vec<tokio::task::JoinHandle<()>>,
+    },
+    Fleet(crate::up::Fleet),
+}
+
+/// Histograms of the same buckets added up.
+fn merged(hs: &[prometheus::proto::Histogram]) -> prometheus::proto::Histogram {
+    let mut out = hs.first().cloned().unwrap_or_default();
+    for h in hs.iter().skip(1) {
+        out.set_sample_count(out.get_sample_count() + h.get_sample_count());
+        out.set_sample_sum(out.get_sample_sum() + h.get_sample_sum());
+        let mut buckets = out.get_bucket().to_vec();
+        for (b, add) in buckets.iter_mut().zip(h.get_bucket()) {
+            b.set_cumulative_count(b.cumulative_count() + add.cumulative_count());
+        }
+        out.set_bucket(buckets);
+    }
+    out
+}
+
 /// Runs the benchmark.
 pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.frameworks >= 1, "--frameworks must be at least 1");
@@ -108,17 +137,40 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
         "--api-addr=127.0.0.1:0".into(),
         "--metrics-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
-        "--shards=0".into(),
+        format!("--shards={}", args.shards),
         format!("--nodes-per-shard={}", args.nodes),
         "--node-cpu=4".into(),
         "--node-memory=16Gi".into(),
         "--startup-delay-ms=0".into(),
+        "--offers-addr=127.0.0.1:0".into(),
     ])?
     .all;
-    let shard = crate::up::start(&all.base).await?;
-    let _tasks = crate::up::start_workers(&shard, &all.workers, dir.path(), "node", "").await?;
-    let addr = crate::offers::serve(&shard, "127.0.0.1:0".parse()?, dir.path()).await?;
-    let client = shard.component_client("bench");
+    // Where frameworks subscribe, the API their namespace is made in, the shards whose
+    // pods and histograms are read, and the registry the offers made are counted in.
+    let (served, addr) = if args.shards == 0 {
+        let shard = crate::up::start(&all.base).await?;
+        let workers =
+            crate::up::start_workers(&shard, &all.workers, dir.path(), "node", "").await?;
+        let addr = crate::offers::serve(&shard, "127.0.0.1:0".parse()?, dir.path()).await?;
+        let served = Served::One {
+            shard,
+            _workers: workers,
+        };
+        (served, addr)
+    } else {
+        let fleet = crate::up::start_federated(&all).await?;
+        let addr = fleet
+            .federation
+            .offers
+            .ok_or_else(|| anyhow::anyhow!("the federation serves no offers"))?;
+        (Served::Fleet(fleet), addr)
+    };
+    let (api, shards): (&crate::up::Shard, Vec<&crate::up::Shard>) = match &served {
+        Served::One { shard, .. } => (shard, vec![shard]),
+        Served::Fleet(f) => (&f.federation.api, f.shards.iter().map(|(_, s)| s).collect()),
+    };
+    let counted = &api.registry;
+    let client = api.component_client("bench");
     let namespaces =
         find_resource("", "v1", "namespaces").map_err(|e| anyhow::anyhow!("{}", e.message))?;
     client
@@ -132,7 +184,7 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
     // Frameworks run as the admin here (tenancy is what tests/offers.rs checks).
     let token =
         tessera_apiserver::pki::Credentials::load_or_create(&dir.path().join("pki"))?.admin_token;
-    let ca_pem = shard.ca_pem.clone();
+    let ca_pem = api.ca_pem.clone();
     let weights: Vec<f64> = if args.weights.is_empty() {
         (1..=args.frameworks).map(|w| w as f64).collect()
     } else {
@@ -140,7 +192,7 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
     };
     let frameworks = weights.len();
     let sum_w: f64 = weights.iter().sum();
-    let total_cpu = 4 * args.nodes;
+    let total_cpu = 4 * args.nodes * args.shards.max(1);
     // Tasks of 1 cpu: each framework's share of the nodes, `waves` times over.
     let mut total_tasks = 0;
     let mut runs = Vec::new();
@@ -168,6 +220,7 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
             namespace: "bench".into(),
             image: "busybox".into(),
             failover_timeout_seconds: 0,
+            node_selector: Default::default(),
         };
         let (bar, done_first) = (bar.clone(), done_first.clone());
         runs.push(tokio::spawn(async move {
@@ -184,15 +237,17 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
         }));
     }
     bar.set_length(total_tasks as u64);
-    // Shares at saturation: sampled from the shard's pods until the first framework is done.
-    let pods = shard
-        .informers
-        .get::<Pod>(find_resource("", "v1", "pods").map_err(|e| anyhow::anyhow!("{}", e.message))?);
+    // Shares at saturation: sampled from the shards' pods until the first framework is done.
+    let pods_res = find_resource("", "v1", "pods").map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let pods: Vec<_> = shards
+        .iter()
+        .map(|s| s.informers.get::<Pod>(pods_res))
+        .collect();
     let mut samples: Vec<Vec<f64>> = Vec::new();
     while done_first.lock().is_none() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut by_fw: BTreeMap<usize, f64> = BTreeMap::new();
-        for p in pods.cache().list() {
+        for p in pods.iter().flat_map(|i| i.cache().list()) {
             let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
             let fw = p
                 .metadata
@@ -228,7 +283,7 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
     }
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let families = shard.registry.gather();
+    let families = counted.gather();
     let counter = |name: &str| {
         families
             .iter()
@@ -236,11 +291,18 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
             .and_then(|f| f.get_metric().first().map(|m| m.get_counter().get_value()))
             .unwrap_or(0.0) as u64
     };
-    let hist = families
+    // Accept → bound is timed in each shard: their histograms, added up bucket by bucket.
+    let hists: Vec<prometheus::proto::Histogram> = shards
         .iter()
-        .find(|f| f.name() == "tessera_offers_accept_to_bound_seconds")
-        .and_then(|f| f.get_metric().first().map(|m| m.get_histogram().clone()))
-        .unwrap_or_default();
+        .filter_map(|s| {
+            s.registry
+                .gather()
+                .into_iter()
+                .find(|f| f.name() == "tessera_offers_accept_to_bound_seconds")
+                .and_then(|f| f.get_metric().first().map(|m| m.get_histogram().clone()))
+        })
+        .collect();
+    let hist = merged(&hists);
     let shares: Vec<(f64, f64, f64)> = weights
         .iter()
         .enumerate()
@@ -261,6 +323,7 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
     let accepted = counter("tessera_offers_accepted_total");
     let result = Result {
         frameworks,
+        shards: args.shards,
         nodes: args.nodes,
         tasks: total_tasks,
         seconds,
@@ -278,8 +341,9 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         println!(
-            "{} frameworks, {} nodes, {} tasks in {:.1}s: {:.0} offers/s ({} offers, {} accepted), {:.0} tasks/s",
+            "{} frameworks, {} shard(s) of {} nodes, {} tasks in {:.1}s: {:.0} offers/s ({} offers, {} accepted), {:.0} tasks/s",
             result.frameworks,
+            result.shards.max(1),
             result.nodes,
             result.tasks,
             result.seconds,

@@ -28,8 +28,11 @@ pub struct Candidate {
     pub role: String,
     /// The role's weight (> 0).
     pub weight: f64,
-    /// What it holds: its tasks' requests and its outstanding offers.
+    /// What it holds: its tasks' requests and its outstanding offers (in every shard, for a
+    /// framework of the fleet).
     pub holds: Amounts,
+    /// What its share is a share of: the shard's offerable total, or the fleet's.
+    pub total: Amounts,
     /// Nodes it declined, not to be offered to it again yet.
     pub refuses: Vec<String>,
 }
@@ -46,12 +49,12 @@ pub fn dominant_share(holds: &Amounts, total: &Amounts) -> f64 {
 
 /// Offers each node in `nodes` (in order) to one framework: the one whose role's weighted
 /// dominant share is least (then its own share, then its id), among those not refusing the
-/// node; each offer counts toward its framework's share for the next. Nodes with less than
-/// `min` of a resource free are not offered. Returns (candidate index, node index) pairs.
+/// node; each offer counts toward its framework's share for the next. Frameworks of one role
+/// should share one `total`. Nodes with less than `min` of a resource free are not offered.
+/// Returns (candidate index, node index) pairs.
 pub fn allocate(
     nodes: &[FreeNode],
     candidates: &[Candidate],
-    total: &Amounts,
     min: &Amounts,
 ) -> Vec<(usize, usize)> {
     let mut holds: Vec<Amounts> = candidates.iter().map(|c| c.holds).collect();
@@ -69,8 +72,8 @@ pub fn allocate(
         }
         let key = |i: usize| {
             let c = &candidates[i];
-            let role = dominant_share(&by_role[c.role.as_str()], total) / c.weight.max(1e-9);
-            (role, dominant_share(&holds[i], total))
+            let role = dominant_share(&by_role[c.role.as_str()], &c.total) / c.weight.max(1e-9);
+            (role, dominant_share(&holds[i], &c.total))
         };
         let best = (0..candidates.len())
             .filter(|i| !candidates[*i].refuses.iter().any(|n| n == &node.name))
@@ -102,12 +105,13 @@ mod tests {
         }
     }
 
-    fn fw(id: &str, role: &str, weight: f64, holds: Amounts) -> Candidate {
+    fn fw(id: &str, role: &str, weight: f64, holds: Amounts, total: Amounts) -> Candidate {
         Candidate {
             id: id.into(),
             role: role.into(),
             weight,
             holds,
+            total,
             refuses: Vec::new(),
         }
     }
@@ -129,10 +133,13 @@ mod tests {
             node("b", 2_000, 8 * GI),
             node("c", 2_000, 8 * GI),
         ];
-        let fws = [fw("x", "r1", 1.0, [0, 0]), fw("y", "r2", 1.0, [2_000, 0])];
+        let fws = [
+            fw("x", "r1", 1.0, [0, 0], total),
+            fw("y", "r2", 1.0, [2_000, 0], total),
+        ];
         // x holds nothing: it gets a. Then both hold a quarter: the tie goes to x by id,
         // and x, now at a half, leaves c to y.
-        let got = allocate(&nodes, &fws, &total, &[100, 0]);
+        let got = allocate(&nodes, &fws, &[100, 0]);
         assert_eq!(got, [(0, 0), (0, 1), (1, 2)]);
     }
 
@@ -143,10 +150,10 @@ mod tests {
             .map(|i| node(&format!("n{i}"), 1_000, 4 * GI))
             .collect();
         let fws = [
-            fw("light", "r1", 1.0, [0, 0]),
-            fw("heavy", "r3", 3.0, [0, 0]),
+            fw("light", "r1", 1.0, [0, 0], total),
+            fw("heavy", "r3", 3.0, [0, 0], total),
         ];
-        let got = allocate(&nodes, &fws, &total, &[0, 0]);
+        let got = allocate(&nodes, &fws, &[0, 0]);
         let heavy = got.iter().filter(|(c, _)| *c == 1).count();
         assert_eq!(heavy, 30, "three quarters to the weight-3 role");
     }
@@ -159,11 +166,11 @@ mod tests {
             .collect();
         // Two frameworks in role r, one in role s: r's two get half between them.
         let fws = [
-            fw("a", "r", 1.0, [0, 0]),
-            fw("b", "r", 1.0, [0, 0]),
-            fw("c", "s", 1.0, [0, 0]),
+            fw("a", "r", 1.0, [0, 0], total),
+            fw("b", "r", 1.0, [0, 0], total),
+            fw("c", "s", 1.0, [0, 0], total),
         ];
-        let got = allocate(&nodes, &fws, &total, &[0, 0]);
+        let got = allocate(&nodes, &fws, &[0, 0]);
         let to_c = got.iter().filter(|(c, _)| *c == 2).count();
         assert_eq!(to_c, 2, "{got:?}");
     }
@@ -172,13 +179,38 @@ mod tests {
     fn a_refused_node_goes_to_the_next_and_small_nodes_to_nobody() {
         let total = [4_000, 16 * GI];
         let nodes = [node("a", 2_000, 8 * GI), node("tiny", 50, GI)];
-        let mut x = fw("x", "r", 1.0, [0, 0]);
+        let mut x = fw("x", "r", 1.0, [0, 0], total);
         x.refuses = vec!["a".into()];
-        let fws = [x, fw("y", "r2", 1.0, [3_000, 0])];
-        assert_eq!(allocate(&nodes, &fws, &total, &[100, 0]), [(1, 0)]);
+        let fws = [x, fw("y", "r2", 1.0, [3_000, 0], total)];
+        assert_eq!(allocate(&nodes, &fws, &[100, 0]), [(1, 0)]);
         // Refused by everyone: not offered.
         let mut y = fws[1].clone();
         y.refuses = vec!["a".into()];
-        assert!(allocate(&nodes, &[fws[0].clone(), y], &total, &[100, 0]).is_empty());
+        assert!(allocate(&nodes, &[fws[0].clone(), y], &[100, 0]).is_empty());
+    }
+
+    #[test]
+    fn a_fleet_framework_holding_much_elsewhere_yields_this_shards_nodes() {
+        // The fleet offers 8 cpu, half of it here. x already holds 4 cpu in another shard,
+        // y nothing: equal weights, so the fleet is even once y holds 4 too — every node
+        // here goes to y, where a shard ranking by its own share alone would split them.
+        let fleet = [8_000, 32 * GI];
+        let nodes: Vec<FreeNode> = (0..4)
+            .map(|i| node(&format!("n{i}"), 1_000, 4 * GI))
+            .collect();
+        let fws = [
+            fw("x", "r1", 1.0, [4_000, 4 * GI], fleet),
+            fw("y", "r2", 1.0, [0, 0], fleet),
+        ];
+        let got = allocate(&nodes, &fws, &[0, 0]);
+        assert_eq!(got, [(1, 0), (1, 1), (1, 2), (1, 3)]);
+        // Ranked by this shard alone, they split.
+        let local = [4_000, 16 * GI];
+        let fws = [
+            fw("x", "r1", 1.0, [0, 0], local),
+            fw("y", "r2", 1.0, [0, 0], local),
+        ];
+        let got = allocate(&nodes, &fws, &[0, 0]);
+        assert_eq!(got.iter().filter(|(c, _)| *c == 1).count(), 2);
     }
 }

@@ -88,6 +88,9 @@ pub struct BatchConfig {
     pub image: String,
     /// Seconds its tasks outlive a disconnection.
     pub failover_timeout_seconds: i64,
+    /// Only nodes with these labels will do (`tessera.io/shard` names a node's shard in
+    /// offers from the federation); others are declined for a minute.
+    pub node_selector: BTreeMap<String, String>,
 }
 
 /// How a run went.
@@ -186,6 +189,18 @@ pub async fn run(
                 report.running_cpu_samples.push(running.values().sum());
                 for offer in o.offers {
                     report.offers += 1;
+                    let fits = cfg
+                        .node_selector
+                        .iter()
+                        .all(|(k, v)| offer.node_labels.get(k) == Some(v));
+                    if !fits {
+                        report.declined += 1;
+                        let _ = tx.send(call(pb::call::Call::Decline(pb::call::Decline {
+                            offer_id: offer.id,
+                            refuse_seconds: 60.0,
+                        })));
+                        continue;
+                    }
                     let r = offer.resources.unwrap_or_default();
                     let (mut cpu, mut mem) = (r.cpu_milli, r.memory_bytes);
                     let mut launch = Vec::new();

@@ -10,4 +10,7 @@ pub mod metrics;
 pub mod service;
 
 pub use metrics::OfferMetrics;
-pub use service::{Authenticate, Offers, OffersConfig};
+pub use service::{
+    Authenticate, EventTx, FleetView, Offers, OffersConfig, admit, bearer, first_subscribe,
+    framework_id, may_resubscribe,
+};

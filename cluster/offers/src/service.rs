@@ -80,7 +80,17 @@ impl Default for OffersConfig {
     }
 }
 
-type EventTx = mpsc::UnboundedSender<Result<pb::Event, Status>>;
+/// Where a framework's events go.
+pub type EventTx = mpsc::UnboundedSender<Result<pb::Event, Status>>;
+
+/// What the federation says of the fleet, for the frameworks it attaches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetView {
+    /// What the fleet's shards offer in all.
+    pub total: Amounts,
+    /// What each framework holds in the other shards.
+    pub elsewhere: HashMap<String, Amounts>,
+}
 
 struct Task {
     node: String,
@@ -98,6 +108,8 @@ struct Framework {
     gone_since: Option<Instant>,
     refused: HashMap<String, Instant>,
     tasks: HashMap<String, Task>,
+    /// Attached by the federation: ranked by its share of the fleet.
+    fleet: bool,
 }
 
 fn send_to(tx: &Option<EventTx>, e: pb::event::Event) {
@@ -141,6 +153,31 @@ struct State {
     usage: HashMap<String, Amounts>,
     /// Tasks launched and not yet bound: (framework, task) → (node, requests).
     launching: HashMap<(String, String), (String, Amounts)>,
+    /// The fleet as the federation last described it.
+    fleet: FleetView,
+    /// What this shard offered in all at the last round.
+    total: Amounts,
+}
+
+impl State {
+    /// What framework `id` holds here: its live tasks' requests and its outstanding offers.
+    fn holding(&self, id: &str) -> Amounts {
+        let mut holds: Amounts = [0, 0];
+        if let Some(f) = self.frameworks.get(id) {
+            for t in f.tasks.values() {
+                if matches!(
+                    t.state,
+                    pb::TaskState::TaskStaging | pb::TaskState::TaskRunning
+                ) {
+                    add(&mut holds, &t.resources, 1);
+                }
+            }
+        }
+        for o in self.offers.values().filter(|o| o.framework == id) {
+            add(&mut holds, &o.resources, 1);
+        }
+        holds
+    }
 }
 
 /// The offers service of one shard.
@@ -186,6 +223,82 @@ fn holding(p: &Pod) -> Option<(String, Amounts)> {
 fn add(a: &mut Amounts, b: &Amounts, sign: i64) {
     a[0] += sign * b[0];
     a[1] += sign * b[1];
+}
+
+/// Checks a subscription: the bearer `token` must be one `authenticate` takes (`what` names
+/// the endpoint in the refusal), the framework's fields valid, and the token allowed to
+/// list `probe` in the framework's namespace (asked of the API itself). Returns the client
+/// acting as the token's user, and the info with its weight defaulted.
+pub async fn admit(
+    authenticate: &Authenticate,
+    mut info: pb::FrameworkInfo,
+    token: Option<String>,
+    what: &str,
+    probe: &'static tessera_client::catalog::Resource,
+) -> Result<(Arc<dyn Client>, pb::FrameworkInfo), Status> {
+    let token = token.ok_or_else(|| {
+        Status::unauthenticated("send the framework's bearer token in `authorization: Bearer …`")
+    })?;
+    let client = authenticate(token)
+        .await
+        .ok_or_else(|| Status::unauthenticated(format!("the token is not valid for {what}")))?;
+    if info.name.is_empty() {
+        return Err(Status::invalid_argument("framework.name: required"));
+    }
+    if info.namespace.is_empty() {
+        return Err(Status::invalid_argument(
+            "framework.namespace: required (the namespace its tasks run in)",
+        ));
+    }
+    if !(info.weight >= 0.0 && info.weight.is_finite()) {
+        return Err(Status::invalid_argument(format!(
+            "framework.weight: {} is not a positive number",
+            info.weight
+        )));
+    }
+    if info.failover_timeout_seconds < 0 {
+        return Err(Status::invalid_argument(
+            "framework.failover_timeout_seconds: must be 0 or more",
+        ));
+    }
+    let mut req = ApiRequest::new(Verb::List, probe);
+    req.namespace = Some(info.namespace.clone());
+    req.params.limit = 1;
+    if let Err(e) = client.list(req).await {
+        return Err(match e.code {
+            403 => Status::permission_denied(format!(
+                "the token may not use namespace {}: {}",
+                info.namespace, e.message
+            )),
+            404 => Status::not_found(format!("namespace {}: {}", info.namespace, e.message)),
+            _ => Status::unavailable(e.message),
+        });
+    }
+    if info.weight == 0.0 {
+        info.weight = 1.0;
+    }
+    Ok((client, info))
+}
+
+/// Whether framework `id` may subscribe again now: not while `connected` on another
+/// stream, and only in the namespace it ran in.
+pub fn may_resubscribe(id: &str, connected: bool, was: &str, now: &str) -> Result<(), Status> {
+    if connected {
+        return Err(Status::already_exists(format!(
+            "framework {id} is connected on another stream"
+        )));
+    }
+    if was != now {
+        return Err(Status::invalid_argument(format!(
+            "framework {id} runs in namespace {was}, not {now}"
+        )));
+    }
+    Ok(())
+}
+
+/// A new framework's id: its name made fit for a pod name, a sequence number and a stamp.
+pub fn framework_id(name: &str, seq: u64, stamp: u32) -> String {
+    format!("{}-{:x}{:x}", dns_part(name, 24), seq, stamp % 4096)
 }
 
 /// A name fit for a pod name's first part: lower-case letters, digits and dashes.
@@ -237,6 +350,118 @@ impl Offers {
     /// The gRPC server of this service.
     pub fn server(&self) -> SchedulerServer<Offers> {
         SchedulerServer::new(self.clone())
+    }
+
+    /// Attaches a framework the federation relays, under the id the federation gave it
+    /// (`info.id`), its tasks created through `client` and its events sent to `tx`. The
+    /// federation has authenticated it and checked its namespace; it is ranked by its share
+    /// of the fleet ([`Offers::set_fleet`]). Attached again (the federation's stream came
+    /// back, or the framework subscribed there again), it keeps its tasks and is told where
+    /// they stand.
+    pub fn attach(&self, info: pb::FrameworkInfo, client: Arc<dyn Client>, tx: EventTx) {
+        let mut st = self.shared.state.lock();
+        let id = info.id.clone();
+        if let Some(f) = st.frameworks.get_mut(&id) {
+            if !f.fleet {
+                tracing::warn!(framework = %id, "the federation attached a framework whose id a local one has; ignored");
+                return;
+            }
+            f.tx = Some(tx);
+            f.gone_since = None;
+            f.client = client;
+            f.info = info;
+            for (name, t) in &f.tasks {
+                f.update(name, t, "reconciled on attachment");
+            }
+            return;
+        }
+        st.frameworks.insert(
+            id.clone(),
+            Framework {
+                info,
+                client,
+                tx: Some(tx),
+                gone_since: None,
+                refused: HashMap::new(),
+                tasks: HashMap::new(),
+                fleet: true,
+            },
+        );
+        if let Some(m) = &self.shared.metrics {
+            m.frameworks.inc();
+        }
+        tracing::info!(framework = %id, "framework of the fleet attached");
+    }
+
+    /// The framework disconnected from the federation (or the federation from this shard):
+    /// its offers here come back, and its tasks are killed after its failover timeout unless
+    /// it is attached again.
+    pub fn detach(&self, id: &str) {
+        if self.of_fleet(id, true) {
+            self.shared.disconnected(id);
+        }
+    }
+
+    /// Whether `id` is a framework the federation attached (and, if `connected`, is
+    /// attached now).
+    fn of_fleet(&self, id: &str, connected: bool) -> bool {
+        self.shared
+            .state
+            .lock()
+            .frameworks
+            .get(id)
+            .is_some_and(|f| f.fleet && (!connected || f.tx.is_some()))
+    }
+
+    /// Every framework the federation attached is detached (the shard lost the federation).
+    pub fn detach_fleet(&self) {
+        let ids: Vec<String> = {
+            let st = self.shared.state.lock();
+            st.frameworks
+                .iter()
+                .filter(|(_, f)| f.fleet && f.tx.is_some())
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        for id in ids {
+            self.shared.disconnected(&id);
+        }
+    }
+
+    /// A call of framework `id` relayed by the federation (offer ids are this shard's).
+    pub async fn call(&self, id: &str, call: pb::call::Call) {
+        if !self.of_fleet(id, false) {
+            return;
+        }
+        match call {
+            pb::call::Call::Accept(a) => self.shared.accept(id, a).await,
+            pb::call::Call::Decline(d) => self.shared.decline(id, d),
+            pb::call::Call::Kill(k) => self.shared.kill(id, &k.task).await,
+            pb::call::Call::Subscribe(_) => {}
+        }
+    }
+
+    /// What the federation says of the fleet now.
+    pub fn set_fleet(&self, fleet: FleetView) {
+        self.shared.state.lock().fleet = fleet;
+    }
+
+    /// What this shard offered in all at the last round, and what each framework of the
+    /// fleet attached here holds here (its running tasks and outstanding offers); `None`
+    /// when no framework of the fleet is attached.
+    pub fn ledger(&self) -> Option<(Amounts, Vec<(String, Amounts)>)> {
+        let st = self.shared.state.lock();
+        let mut holds: Vec<(String, Amounts)> = st
+            .frameworks
+            .iter()
+            .filter(|(_, f)| f.fleet)
+            .map(|(id, _)| (id.clone(), st.holding(id)))
+            .collect();
+        if holds.is_empty() {
+            return None;
+        }
+        holds.sort();
+        Some((st.total, holds))
     }
 
     /// Makes offers, rescinds expired ones and kills the tasks of frameworks gone past their
@@ -416,6 +641,9 @@ impl Shared {
     /// Rescinds offers past their time or on nodes no longer offerable.
     fn expire(&self, now: Instant, node_list: &[Arc<Node>]) {
         let mut st = self.state.lock();
+        if st.offers.is_empty() {
+            return;
+        }
         let live: std::collections::HashSet<&str> = node_list
             .iter()
             .filter(|n| offerable(n).is_some())
@@ -497,6 +725,9 @@ impl Shared {
     /// One round of offers.
     fn offer(&self, now: Instant, node_list: &[Arc<Node>]) {
         let mut st = self.state.lock();
+        if st.frameworks.values().all(|f| f.tx.is_none()) {
+            return;
+        }
         let mut total: Amounts = [0, 0];
         let mut offered: HashMap<&str, Amounts> = HashMap::new();
         for o in st.offers.values() {
@@ -530,6 +761,7 @@ impl Shared {
             });
             free_at.push(at);
         }
+        st.total = total;
         // Candidates: connected frameworks with what they hold.
         let mut ids: Vec<String> = st
             .frameworks
@@ -545,27 +777,32 @@ impl Shared {
             .iter()
             .map(|id| {
                 let f = &st.frameworks[id];
-                let mut holds: Amounts = [0, 0];
-                for t in f.tasks.values() {
-                    if matches!(
-                        t.state,
-                        pb::TaskState::TaskStaging | pb::TaskState::TaskRunning
-                    ) {
-                        add(&mut holds, &t.resources, 1);
+                let mut holds = st.holding(id);
+                let role = if f.info.role.is_empty() {
+                    id.clone()
+                } else {
+                    f.info.role.clone()
+                };
+                // A framework of the fleet is ranked among the fleet's: by what it holds
+                // everywhere, out of what the fleet offers (never less than this shard).
+                let (role, total) = if f.fleet {
+                    if let Some(e) = st.fleet.elsewhere.get(id) {
+                        add(&mut holds, e, 1);
                     }
-                }
-                for o in st.offers.values().filter(|o| &o.framework == id) {
-                    add(&mut holds, &o.resources, 1);
-                }
+                    let fleet = st.fleet.total;
+                    (
+                        format!("fleet/{role}"),
+                        [fleet[0].max(total[0]), fleet[1].max(total[1])],
+                    )
+                } else {
+                    (role, total)
+                };
                 Candidate {
                     id: id.clone(),
-                    role: if f.info.role.is_empty() {
-                        id.clone()
-                    } else {
-                        f.info.role.clone()
-                    },
+                    role,
                     weight: f.info.weight,
                     holds,
+                    total,
                     refuses: f
                         .refused
                         .iter()
@@ -575,7 +812,7 @@ impl Shared {
                 }
             })
             .collect();
-        let decided = allocator::allocate(&free, &candidates, &total, &self.config.min);
+        let decided = allocator::allocate(&free, &candidates, &self.config.min);
         let mut batches: HashMap<usize, Vec<pb::Offer>> = HashMap::new();
         for (ci, ni) in decided {
             st.next += 1;
@@ -625,51 +862,7 @@ impl Shared {
         token: Option<String>,
         tx: &EventTx,
     ) -> Result<String, Status> {
-        let token = token.ok_or_else(|| {
-            Status::unauthenticated(
-                "send the framework's bearer token in `authorization: Bearer …`",
-            )
-        })?;
-        let client = (self.authenticate)(token)
-            .await
-            .ok_or_else(|| Status::unauthenticated("the token is not valid for this shard"))?;
-        if info.name.is_empty() {
-            return Err(Status::invalid_argument("framework.name: required"));
-        }
-        if info.namespace.is_empty() {
-            return Err(Status::invalid_argument(
-                "framework.namespace: required (the namespace its tasks run in)",
-            ));
-        }
-        if !(info.weight >= 0.0 && info.weight.is_finite()) {
-            return Err(Status::invalid_argument(format!(
-                "framework.weight: {} is not a positive number",
-                info.weight
-            )));
-        }
-        if info.failover_timeout_seconds < 0 {
-            return Err(Status::invalid_argument(
-                "framework.failover_timeout_seconds: must be 0 or more",
-            ));
-        }
-        // The token must let it run pods in the namespace: asked of the API itself.
-        let mut probe = ApiRequest::new(Verb::List, pods());
-        probe.namespace = Some(info.namespace.clone());
-        probe.params.limit = 1;
-        if let Err(e) = client.list(probe).await {
-            return Err(match e.code {
-                403 => Status::permission_denied(format!(
-                    "the token may not use namespace {}: {}",
-                    info.namespace, e.message
-                )),
-                404 => Status::not_found(format!("namespace {}: {}", info.namespace, e.message)),
-                _ => Status::unavailable(e.message),
-            });
-        }
-        let mut info = info;
-        if info.weight == 0.0 {
-            info.weight = 1.0;
-        }
+        let (client, info) = admit(&self.authenticate, info, token, "this shard", pods()).await?;
         let mut st = self.state.lock();
         if !info.id.is_empty() {
             let id = info.id.clone();
@@ -678,17 +871,12 @@ impl Shared {
                     "no framework {id}: its failover timeout passed (its tasks were killed), or it never was; subscribe without an id"
                 )));
             };
-            if f.tx.is_some() {
-                return Err(Status::already_exists(format!(
-                    "framework {id} is connected on another stream"
+            if f.fleet {
+                return Err(Status::failed_precondition(format!(
+                    "framework {id} is subscribed at the federation: subscribe there again"
                 )));
             }
-            if f.info.namespace != info.namespace {
-                return Err(Status::invalid_argument(format!(
-                    "framework {id} runs in namespace {}, not {}",
-                    f.info.namespace, info.namespace
-                )));
-            }
+            may_resubscribe(&id, f.tx.is_some(), &f.info.namespace, &info.namespace)?;
             f.tx = Some(tx.clone());
             f.gone_since = None;
             f.client = client;
@@ -708,12 +896,8 @@ impl Shared {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let id = format!(
-            "{}-{:x}{:x}",
-            dns_part(&info.name, 24),
-            st.next,
-            stamp % 4096
-        );
+        let id = framework_id(&info.name, st.next, stamp);
+        let mut info = info;
         info.id = id.clone();
         let f = Framework {
             info,
@@ -722,6 +906,7 @@ impl Shared {
             gone_since: None,
             refused: HashMap::new(),
             tasks: HashMap::new(),
+            fleet: false,
         };
         f.send(pb::event::Event::Subscribed(pb::event::Subscribed {
             framework_id: id.clone(),
@@ -947,6 +1132,28 @@ fn task_pod(fw: &str, ns: &str, node: &str, t: &pb::TaskInfo) -> Value {
     })
 }
 
+/// The bearer token in a call's `authorization` metadata.
+pub fn bearer(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+}
+
+/// The framework of a session's first call, which must be `subscribe`.
+pub async fn first_subscribe(calls: &mut Streaming<pb::Call>) -> Result<pb::FrameworkInfo, Status> {
+    let first = calls
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("the stream ended before subscribe"))?;
+    let Some(pb::call::Call::Subscribe(sub)) = first.call else {
+        return Err(Status::invalid_argument("the first call must be subscribe"));
+    };
+    sub.framework
+        .ok_or_else(|| Status::invalid_argument("subscribe.framework: required"))
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -957,23 +1164,9 @@ impl Scheduler for Offers {
         &self,
         request: Request<Streaming<pb::Call>>,
     ) -> Result<Response<EventStream>, Status> {
-        let token = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::to_owned);
+        let token = bearer(request.metadata());
         let mut calls = request.into_inner();
-        let first = calls
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("the stream ended before subscribe"))?;
-        let Some(pb::call::Call::Subscribe(sub)) = first.call else {
-            return Err(Status::invalid_argument("the first call must be subscribe"));
-        };
-        let info = sub
-            .framework
-            .ok_or_else(|| Status::invalid_argument("subscribe.framework: required"))?;
+        let info = first_subscribe(&mut calls).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let id = self.shared.subscribe(info, token, &tx).await?;
         let shared = self.shared.clone();

@@ -34,6 +34,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::summary;
 
 mod lending;
+mod offers;
 
 /// The annotation on a copy: the federation generation it was made from.
 const GENERATION_ANNOTATION: &str = "tessera.io/federation-generation";
@@ -69,6 +70,9 @@ pub struct AgentConfig {
     /// The key the shard checks lent nodes' credentials with (`Tokens::loan_key_hex`);
     /// empty: the shard takes no part in lending.
     pub loan_key: String,
+    /// Where the offers this shard makes to frameworks of the fleet are counted (none: not
+    /// served).
+    pub offer_metrics: Option<tessera_offers::OfferMetrics>,
 }
 
 /// The node labels a summary groups nodes by unless told otherwise: zones and instance types,
@@ -95,6 +99,7 @@ impl AgentConfig {
             metrics: None,
             api_ca: String::new(),
             loan_key: String::new(),
+            offer_metrics: None,
         }
     }
 }
@@ -163,6 +168,8 @@ struct State {
     pods: Arc<Cache<Pod>>,
     /// The loans it takes part in.
     loans: lending::Loans,
+    /// The shard's allocator for frameworks subscribed at the federation.
+    offers: tessera_offers::Offers,
 }
 
 /// The agent's view of its lease: it runs from when the agent SENT the registration or the
@@ -458,6 +465,13 @@ pub async fn run_with(
         nodes: node_inf.cache().clone(),
         pods: pod_inf.cache().clone(),
         loans: lending::Loans::default(),
+        offers: tessera_offers::Offers::new(
+            tessera_offers::OffersConfig::default(),
+            informers.clone(),
+            // Frameworks come only through the federation here, never with a token.
+            Arc::new(|_| Box::pin(async { None })),
+            config.offer_metrics.clone(),
+        ),
     });
     let mut subscriptions = Vec::new();
     {
@@ -548,6 +562,7 @@ pub async fn run_with(
     tasks.push(tokio::spawn(gang_inf.clone().run()));
     tasks.push(tokio::spawn(watch_lease(state.clone())));
     tasks.push(tokio::spawn(shard_lease_writer(state.clone())));
+    tasks.push(tokio::spawn(state.offers.clone().run()));
     let _tasks = Tasks(tasks);
     for (_, i) in &workload_infs {
         i.synced().await;
@@ -681,7 +696,8 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
     let summarizer = tokio::spawn(summaries(state.clone(), seen.clone()));
     let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let retrier = tokio::spawn(retries(state.clone(), synced.clone()));
-    let _stream_tasks = Tasks(vec![renewer, summarizer, retrier]);
+    let ledger = tokio::spawn(offers::ledger(state.clone(), state.offers.clone()));
+    let _stream_tasks = Tasks(vec![renewer, summarizer, retrier, ledger]);
     // Reads the federation makes here; they stop with the stream.
     let calls = crate::reads::Calls::default();
     let result = loop {
@@ -736,10 +752,19 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 let state = state.clone();
                 tokio::spawn(async move { lending::handle(&state, l).await });
             }
+            Some(pb::federation_message::Message::Offers(m)) => {
+                let state = state.clone();
+                let offers = state.offers.clone();
+                tokio::spawn(async move { offers::handle(&state, &offers, m).await });
+            }
+            Some(pb::federation_message::Message::Fleet(f)) => offers::fleet(&state.offers, f),
             Some(pb::federation_message::Message::Registered(_)) | None => {}
         }
     };
     drop(calls);
+    // Frameworks of the fleet lost their way here: their tasks wait out their failover
+    // timeout, and are theirs again if the federation attaches them in time.
+    state.offers.detach_fleet();
     result
 }
 

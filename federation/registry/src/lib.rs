@@ -5,6 +5,7 @@
 pub mod lending;
 pub mod metrics;
 pub mod objects;
+pub mod offers;
 pub mod reads;
 pub mod registry;
 pub mod service;

@@ -330,7 +330,12 @@ pub struct Registry {
     waiting: Mutex<BTreeMap<String, crate::lending::Waiting>>,
     /// Each Shard's `spec.lending`, by name.
     lending_policies: Mutex<HashMap<String, crate::lending::LendingPolicy>>,
+    /// Where shards' messages about frameworks of the fleet go (the offers endpoint).
+    offers_relay: Mutex<Option<OffersRelay>>,
 }
+
+/// Takes a shard's message about frameworks of the fleet (`OffersUp`, `OffersLedger`).
+pub(crate) type OffersRelay = Arc<dyn Fn(&str, pb::shard_message::Message) + Send + Sync>;
 
 /// The virtual nodes a shard of `cpu_milli` allocatable cpu gets: a quarter of the standard
 /// weight per 64 cores (at least one quarter), so a shard's weight moves only when its
@@ -368,6 +373,7 @@ impl Registry {
                 map_floor: 0,
             }),
             listeners: Mutex::new(Vec::new()),
+            offers_relay: Mutex::new(None),
             metrics,
             calls: Mutex::new(crate::reads::Calls::default()),
             planner: Mutex::new(crate::lending::Planner::default()),
@@ -852,6 +858,34 @@ impl Registry {
         let inner = self.inner.lock();
         let s = inner.entries.get(name)?.session.as_ref()?;
         (!s.tx.is_closed()).then(|| (s.id, s.tx.clone()))
+    }
+
+    /// Sends `m` to shard `name`'s agent; false if it is not connected.
+    pub(crate) fn send_to(&self, name: &str, m: pb::federation_message::Message) -> bool {
+        self.session_sender(name)
+            .is_some_and(|(_, tx)| tx.send(pb::FederationMessage { message: Some(m) }).is_ok())
+    }
+
+    /// Whether shard `name`'s agent is connected now.
+    pub fn is_connected(&self, name: &str) -> bool {
+        self.session_sender(name).is_some()
+    }
+
+    /// Where shards' messages about frameworks of the fleet go from now on.
+    pub(crate) fn set_offers_relay(&self, relay: OffersRelay) {
+        *self.offers_relay.lock() = Some(relay);
+    }
+
+    /// A message about frameworks of the fleet from `session` of shard `name`: handed to
+    /// the offers endpoint if the session still holds the shard (and there is one).
+    pub(crate) fn offers_message(&self, name: &str, session: u64, m: pb::shard_message::Message) {
+        if self.session_sender(name).map(|(id, _)| id) != Some(session) {
+            return;
+        }
+        let relay = self.offers_relay.lock().clone();
+        if let Some(relay) = relay {
+            relay(name, m);
+        }
     }
 
     /// The shards whose agents are connected now, in name order.
@@ -1417,6 +1451,8 @@ mod tests {
                 Some(pb::federation_message::Message::Cancel(_)) => "cancel",
                 Some(pb::federation_message::Message::Renewed(_)) => "renewed",
                 Some(pb::federation_message::Message::Loan(_)) => "loan",
+                Some(pb::federation_message::Message::Offers(_)) => "offers",
+                Some(pb::federation_message::Message::Fleet(_)) => "fleet",
                 None => "empty",
             });
         }

@@ -120,6 +120,13 @@ impl Federation for FederationService {
                         Ok(())
                     }
                     Some(pb::shard_message::Message::Reply(r)) => registry.reply(&name, session, r),
+                    Some(
+                        m @ (pb::shard_message::Message::Offers(_)
+                        | pb::shard_message::Message::Ledger(_)),
+                    ) => {
+                        registry.offers_message(&name, session, m);
+                        Ok(())
+                    }
                     Some(pb::shard_message::Message::Register(_)) => {
                         Err("Register may be sent only once per stream".into())
                     }
