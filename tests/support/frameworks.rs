@@ -194,3 +194,28 @@ pub fn task(name: &str, cpu: i64, secs: &str) -> pb::TaskInfo {
         ..Default::default()
     }
 }
+
+/// `tessera bench offers --shards SHARDS --weights 1,3 --nodes 8 --waves 3`: its JSON, after
+/// checking the figures every run must have — offers made, accept → bound timed, samples
+/// at saturation, and DRF between the weights within the 5 %.
+pub fn bench_offers(shards: usize) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["bench", "offers", "--shards", &shards.to_string()])
+        .args(["--weights", "1,3", "--nodes", "8", "--waves", "3", "--json"])
+        .env("TESSERA_LOG", "warn")
+        .output()
+        .expect("bench offers");
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().expect("a line");
+    let r: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    assert_eq!(r["frameworks"], 2);
+    assert!(r["offers"].as_u64().expect("offers") >= r["accepted"].as_u64().expect("accepted"));
+    assert!(
+        r["accept_to_bound_p99_ms"].as_f64().expect("p99") > 0.0,
+        "{r}"
+    );
+    assert!(r["saturated_samples"].as_u64().expect("samples") > 0, "{r}");
+    assert!(r["drf_error"].as_f64().expect("error") <= 0.05, "{r}");
+    r
+}

@@ -33,6 +33,11 @@ pub struct Candidate {
     pub holds: Amounts,
     /// What its share is a share of: the shard's offerable total, or the fleet's.
     pub total: Amounts,
+    /// How much a node offered here in this round counts towards its share, per resource:
+    /// 1, or for a framework of the fleet the fleet's total over this shard's — every shard
+    /// offers its free nodes in the same round, each from the same (slightly old) ledger, so
+    /// each corrects its own part of an imbalance, not all of it.
+    pub scale: [f64; 2],
     /// Nodes it declined, not to be offered to it again yet.
     pub refuses: Vec<String>,
 }
@@ -84,8 +89,9 @@ pub fn allocate(
                     .then_with(|| candidates[*a].id.cmp(&candidates[*b].id))
             });
         if let Some(i) = best {
-            holds[i][0] += node.free[0];
-            holds[i][1] += node.free[1];
+            let scale = candidates[i].scale;
+            holds[i][0] += (node.free[0] as f64 * scale[0]) as i64;
+            holds[i][1] += (node.free[1] as f64 * scale[1]) as i64;
             out.push((i, ni));
         }
     }
@@ -112,6 +118,7 @@ mod tests {
             weight,
             holds,
             total,
+            scale: [1.0, 1.0],
             refuses: Vec::new(),
         }
     }
@@ -212,5 +219,28 @@ mod tests {
         ];
         let got = allocate(&nodes, &fws, &[0, 0]);
         assert_eq!(got.iter().filter(|(c, _)| *c == 1).count(), 2);
+    }
+
+    #[test]
+    fn a_shard_corrects_only_its_part_of_a_fleet_imbalance_in_one_round() {
+        // Four equal shards; x holds nothing, y holds 8 cpu elsewhere, out of a fleet of 32.
+        // Here 8 nodes of 1 cpu are free.
+        let fleet = [32_000, 128 * GI];
+        let nodes: Vec<FreeNode> = (0..8)
+            .map(|i| node(&format!("n{i}"), 1_000, 4 * GI))
+            .collect();
+        let x = fw("x", "r1", 1.0, [0, 0], fleet);
+        let y = fw("y", "r2", 1.0, [8_000, 8 * GI], fleet);
+        // Counted at face value, x gets all 8 here — and so in every shard at once: 32.
+        let got = allocate(&nodes, &[x.clone(), y.clone()], &[0, 0]);
+        assert_eq!(got.iter().filter(|(c, _)| *c == 0).count(), 8);
+        // Counted at the fleet's scale (×4), x is level with y after 2 nodes (8 across the
+        // four shards); the rest alternate, x first on ties.
+        let (mut x, mut y) = (x, y);
+        x.scale = [4.0, 4.0];
+        y.scale = [4.0, 4.0];
+        let got = allocate(&nodes, &[x, y], &[0, 0]);
+        let to: Vec<usize> = got.iter().map(|(c, _)| *c).collect();
+        assert_eq!(to, [0, 0, 0, 1, 0, 1, 0, 1]);
     }
 }

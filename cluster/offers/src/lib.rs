@@ -11,6 +11,6 @@ pub mod service;
 
 pub use metrics::OfferMetrics;
 pub use service::{
-    Authenticate, EventTx, FleetView, Offers, OffersConfig, admit, bearer, first_subscribe,
+    Authenticate, EventTx, FleetView, Ledger, Offers, OffersConfig, admit, bearer, first_subscribe,
     framework_id, may_resubscribe,
 };

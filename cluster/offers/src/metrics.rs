@@ -50,7 +50,7 @@ impl OfferMetrics {
             rescinded: IntCounterVec::new(
                 opts(
                     "tessera_offers_rescinded_total",
-                    "Offers rescinded, by why: timeout (not answered in time) or node (gone or no longer taking pods).",
+                    "Offers rescinded, by why: timeout (not answered in time), node (gone or no longer taking pods) or shard (its shard lost the federation).",
                 ),
                 &["reason"],
             )?,

@@ -83,6 +83,16 @@ impl Default for OffersConfig {
 /// Where a framework's events go.
 pub type EventTx = mpsc::UnboundedSender<Result<pb::Event, Status>>;
 
+/// A shard's part of the fleet's ledger ([`Offers::ledger`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// What the shard offered in all at its last round.
+    pub total: Amounts,
+    /// Each framework of the fleet attached here: its id, what it holds here, and what it
+    /// could be offered here.
+    pub frameworks: Vec<(String, Amounts, Amounts)>,
+}
+
 /// What the federation says of the fleet, for the frameworks it attaches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FleetView {
@@ -90,6 +100,8 @@ pub struct FleetView {
     pub total: Amounts,
     /// What each framework holds in the other shards.
     pub elsewhere: HashMap<String, Amounts>,
+    /// What each framework may be offered in the whole fleet (the nodes it does not refuse).
+    pub usable: HashMap<String, Amounts>,
 }
 
 struct Task {
@@ -157,6 +169,9 @@ struct State {
     fleet: FleetView,
     /// What this shard offered in all at the last round.
     total: Amounts,
+    /// What each framework of the fleet could be offered here at the last round (the nodes
+    /// it did not refuse).
+    usable: HashMap<String, Amounts>,
 }
 
 impl State {
@@ -446,22 +461,29 @@ impl Offers {
         self.shared.state.lock().fleet = fleet;
     }
 
-    /// What this shard offered in all at the last round, and what each framework of the
-    /// fleet attached here holds here (its running tasks and outstanding offers); `None`
-    /// when no framework of the fleet is attached.
-    pub fn ledger(&self) -> Option<(Amounts, Vec<(String, Amounts)>)> {
+    /// This shard's part of the fleet's ledger: what it offered in all at the last round,
+    /// and for each framework of the fleet attached here what it holds here (its running
+    /// tasks and outstanding offers) and what it could be offered here (the nodes it does not
+    /// refuse); `None` when no framework of the fleet is attached.
+    pub fn ledger(&self) -> Option<Ledger> {
         let st = self.shared.state.lock();
-        let mut holds: Vec<(String, Amounts)> = st
+        let mut frameworks: Vec<(String, Amounts, Amounts)> = st
             .frameworks
             .iter()
             .filter(|(_, f)| f.fleet)
-            .map(|(id, _)| (id.clone(), st.holding(id)))
+            .map(|(id, _)| {
+                let usable = st.usable.get(id).copied().unwrap_or(st.total);
+                (id.clone(), st.holding(id), usable)
+            })
             .collect();
-        if holds.is_empty() {
+        if frameworks.is_empty() {
             return None;
         }
-        holds.sort();
-        Some((st.total, holds))
+        frameworks.sort();
+        Some(Ledger {
+            total: st.total,
+            frameworks,
+        })
     }
 
     /// Makes offers, rescinds expired ones and kills the tasks of frameworks gone past their
@@ -740,11 +762,13 @@ impl Shared {
         let mut free = Vec::new();
         // Each free node's place in `node_list` (for its labels, when offered).
         let mut free_at = Vec::new();
+        let mut allocatable: HashMap<&str, Amounts> = HashMap::new();
         for (at, n) in node_list.iter().enumerate() {
             let (Some(name), Some(alloc)) = (n.metadata.name.as_deref(), offerable(n)) else {
                 continue;
             };
             add(&mut total, &alloc, 1);
+            allocatable.insert(name, alloc);
             if offered.contains_key(name) {
                 continue;
             }
@@ -773,6 +797,23 @@ impl Shared {
         if ids.is_empty() || free.is_empty() {
             return;
         }
+        // What each framework of the fleet may be offered here: the nodes it does not
+        // refuse now (reported in the ledger; see the scale below).
+        let usable: HashMap<String, Amounts> = ids
+            .iter()
+            .filter(|id| st.frameworks[id.as_str()].fleet)
+            .map(|id| {
+                let mut u = total;
+                for (node, until) in &st.frameworks[id.as_str()].refused {
+                    if *until > now
+                        && let Some(a) = allocatable.get(node.as_str())
+                    {
+                        add(&mut u, a, -1);
+                    }
+                }
+                (id.clone(), u)
+            })
+            .collect();
         let candidates: Vec<Candidate> = ids
             .iter()
             .map(|id| {
@@ -785,17 +826,29 @@ impl Shared {
                 };
                 // A framework of the fleet is ranked among the fleet's: by what it holds
                 // everywhere, out of what the fleet offers (never less than this shard).
-                let (role, total) = if f.fleet {
+                let (role, total, scale) = if f.fleet {
                     if let Some(e) = st.fleet.elsewhere.get(id) {
                         add(&mut holds, e, 1);
                     }
                     let fleet = st.fleet.total;
-                    (
-                        format!("fleet/{role}"),
-                        [fleet[0].max(total[0]), fleet[1].max(total[1])],
-                    )
+                    let fleet = [fleet[0].max(total[0]), fleet[1].max(total[1])];
+                    // Every shard the framework takes offers from offers its free nodes in
+                    // this same round, each ranking by the same ledger: a node offered here
+                    // counts as much as this shard's part of what the framework may use in
+                    // the fleet — here, 1; in one of N like shards, N — so the shards
+                    // together correct an imbalance once, not N times.
+                    let here = usable.get(id).copied().unwrap_or(total);
+                    let there = st.fleet.usable.get(id).copied().unwrap_or(here);
+                    let ratio = |k: usize| {
+                        if here[k] > 0 && there[k] > here[k] {
+                            there[k] as f64 / here[k] as f64
+                        } else {
+                            1.0
+                        }
+                    };
+                    (format!("fleet/{role}"), fleet, [ratio(0), ratio(1)])
                 } else {
-                    (role, total)
+                    (role, total, [1.0, 1.0])
                 };
                 Candidate {
                     id: id.clone(),
@@ -803,6 +856,7 @@ impl Shared {
                     weight: f.info.weight,
                     holds,
                     total,
+                    scale,
                     refuses: f
                         .refused
                         .iter()
@@ -812,6 +866,7 @@ impl Shared {
                 }
             })
             .collect();
+        st.usable = usable;
         let decided = allocator::allocate(&free, &candidates, &self.config.min);
         let mut batches: HashMap<usize, Vec<pb::Offer>> = HashMap::new();
         for (ci, ni) in decided {

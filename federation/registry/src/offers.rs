@@ -76,6 +76,19 @@ pub struct Ledger {
     pub total: Amounts,
     /// What each framework of the fleet holds there.
     pub holds: HashMap<String, Amounts>,
+    /// What each could be offered there (the nodes it does not refuse).
+    pub usable: HashMap<String, Amounts>,
+}
+
+/// The fleet as one shard is to see it ([`fleet_for`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetFor {
+    /// What all shards offer in all.
+    pub total: Amounts,
+    /// What each framework holds in the other shards.
+    pub elsewhere: HashMap<String, Amounts>,
+    /// What each framework could be offered in the whole fleet.
+    pub usable: HashMap<String, Amounts>,
 }
 
 #[derive(Default)]
@@ -86,27 +99,26 @@ struct State {
     next: u64,
 }
 
-/// The fleet as shard `shard` is to see it: what all shards with a ledger offer, and what
-/// each framework holds in the others.
-pub fn fleet_for(
-    ledgers: &HashMap<String, Ledger>,
-    shard: &str,
-) -> (Amounts, HashMap<String, Amounts>) {
-    let mut total = [0, 0];
-    let mut elsewhere: HashMap<String, Amounts> = HashMap::new();
-    for (name, l) in ledgers {
-        total[0] += l.total[0];
-        total[1] += l.total[1];
-        if name == shard {
-            continue;
+/// The fleet as shard `shard` is to see it: what all shards with a ledger offer, what each
+/// framework holds in the others, and what each could be offered anywhere.
+pub fn fleet_for(ledgers: &HashMap<String, Ledger>, shard: &str) -> FleetFor {
+    let mut out = FleetFor::default();
+    let sum = |into: &mut HashMap<String, Amounts>, from: &HashMap<String, Amounts>| {
+        for (f, a) in from {
+            let e = into.entry(f.clone()).or_default();
+            e[0] += a[0];
+            e[1] += a[1];
         }
-        for (f, h) in &l.holds {
-            let e = elsewhere.entry(f.clone()).or_default();
-            e[0] += h[0];
-            e[1] += h[1];
+    };
+    for (name, l) in ledgers {
+        out.total[0] += l.total[0];
+        out.total[1] += l.total[1];
+        sum(&mut out.usable, &l.usable);
+        if name != shard {
+            sum(&mut out.elsewhere, &l.holds);
         }
     }
-    (total, elsewhere)
+    out
 }
 
 fn resources(a: Amounts) -> opb::Resources {
@@ -449,10 +461,8 @@ impl Shared {
             }
             opb::event::Event::Rescind(mut r) => {
                 r.offer_id = format!("{shard}/{}", r.offer_id);
+                // Counted by the shard (timeout, node).
                 offers.remove(&r.offer_id);
-                if let Some(met) = &self.metrics {
-                    met.rescinded.with_label_values(&["shard"]).inc();
-                }
                 opb::event::Event::Rescind(r)
             }
             opb::event::Event::Update(u) => {
@@ -478,34 +488,30 @@ impl Shared {
 
     /// Shard `shard`'s ledger: kept, and answered with the fleet as it is to see it.
     fn ledger(&self, shard: &str, l: pb::OffersLedger) {
-        let amounts =
-            |r: Option<opb::Resources>| r.map_or([0, 0], |r| [r.cpu_milli, r.memory_bytes]);
         let fleet = {
             let mut st = self.state.lock();
-            let holds = l
-                .holds
-                .into_iter()
-                .filter(|(f, _)| st.frameworks.contains_key(f))
-                .map(|(f, r)| (f, amounts(Some(r))))
-                .collect();
-            st.ledgers.insert(
-                shard.to_owned(),
-                Ledger {
-                    total: amounts(l.total),
-                    holds,
-                },
-            );
+            let known = |m: HashMap<String, opb::Resources>| -> HashMap<String, Amounts> {
+                m.into_iter()
+                    .filter(|(f, _)| st.frameworks.contains_key(f))
+                    .map(|(f, r)| (f, [r.cpu_milli, r.memory_bytes]))
+                    .collect()
+            };
+            let ledger = Ledger {
+                total: l.total.map_or([0, 0], |r| [r.cpu_milli, r.memory_bytes]),
+                holds: known(l.holds),
+                usable: known(l.usable),
+            };
+            st.ledgers.insert(shard.to_owned(), ledger);
             fleet_for(&st.ledgers, shard)
         };
+        let each =
+            |m: HashMap<String, Amounts>| m.into_iter().map(|(f, a)| (f, resources(a))).collect();
         self.registry.send_to(
             shard,
             pb::federation_message::Message::Fleet(pb::OffersFleet {
-                total: Some(resources(fleet.0)),
-                elsewhere: fleet
-                    .1
-                    .into_iter()
-                    .map(|(f, a)| (f, resources(a)))
-                    .collect(),
+                total: Some(resources(fleet.total)),
+                elsewhere: each(fleet.elsewhere),
+                usable: each(fleet.usable),
             }),
         );
     }
@@ -540,6 +546,9 @@ impl Shared {
                     offer_id: id,
                     reason: format!("shard {shard} lost its connection to the federation"),
                 }));
+            }
+            if let Some(m) = &self.metrics {
+                m.rescinded.with_label_values(&["shard"]).inc();
             }
         }
     }
@@ -587,34 +596,54 @@ impl Scheduler for FleetOffers {
 mod tests {
     use super::*;
 
-    fn ledger(total: i64, holds: &[(&str, i64)]) -> Ledger {
+    fn ledger(total: i64, holds: &[(&str, i64)], usable: &[(&str, i64)]) -> Ledger {
+        let map = |xs: &[(&str, i64)]| {
+            xs.iter()
+                .map(|(f, h)| ((*f).to_owned(), [*h, *h << 20]))
+                .collect()
+        };
         Ledger {
             total: [total, total << 20],
-            holds: holds
-                .iter()
-                .map(|(f, h)| ((*f).to_owned(), [*h, *h << 20]))
-                .collect(),
+            holds: map(holds),
+            usable: map(usable),
         }
     }
 
     #[test]
     fn each_shard_sees_the_fleets_total_and_what_frameworks_hold_in_the_others() {
         let ledgers: HashMap<String, Ledger> = [
-            ("a".to_owned(), ledger(8_000, &[("x", 3_000), ("y", 1_000)])),
-            ("b".to_owned(), ledger(4_000, &[("x", 2_000)])),
-            ("c".to_owned(), ledger(4_000, &[])),
+            (
+                "a".to_owned(),
+                ledger(
+                    8_000,
+                    &[("x", 3_000), ("y", 1_000)],
+                    &[("x", 8_000), ("y", 8_000)],
+                ),
+            ),
+            // y refuses b's nodes.
+            (
+                "b".to_owned(),
+                ledger(4_000, &[("x", 2_000)], &[("x", 4_000), ("y", 0)]),
+            ),
+            (
+                "c".to_owned(),
+                ledger(4_000, &[], &[("x", 4_000), ("y", 4_000)]),
+            ),
         ]
         .into();
-        let (total, elsewhere) = fleet_for(&ledgers, "a");
-        assert_eq!(total, [16_000, 16_000 << 20]);
-        assert_eq!(elsewhere.get("x"), Some(&[2_000, 2_000 << 20]));
-        assert_eq!(elsewhere.get("y"), None, "y holds nothing outside a");
-        let (_, elsewhere) = fleet_for(&ledgers, "c");
-        assert_eq!(elsewhere["x"], [5_000, 5_000 << 20]);
-        assert_eq!(elsewhere["y"], [1_000, 1_000 << 20]);
+        let a = fleet_for(&ledgers, "a");
+        assert_eq!(a.total, [16_000, 16_000 << 20]);
+        assert_eq!(a.elsewhere.get("x"), Some(&[2_000, 2_000 << 20]));
+        assert_eq!(a.elsewhere.get("y"), None, "y holds nothing outside a");
+        assert_eq!(a.usable["x"][0], 16_000);
+        assert_eq!(a.usable["y"][0], 12_000, "the fleet less what y refuses");
+        let c = fleet_for(&ledgers, "c");
+        assert_eq!(c.elsewhere["x"], [5_000, 5_000 << 20]);
+        assert_eq!(c.elsewhere["y"], [1_000, 1_000 << 20]);
+        assert_eq!(c.usable, a.usable, "the same fleet from every shard");
         // A shard not yet in the ledgers still sees the whole fleet.
-        let (total, elsewhere) = fleet_for(&ledgers, "d");
-        assert_eq!(total[0], 16_000);
-        assert_eq!(elsewhere["x"][0], 5_000);
+        let d = fleet_for(&ledgers, "d");
+        assert_eq!(d.total[0], 16_000);
+        assert_eq!(d.elsewhere["x"][0], 5_000);
     }
 }

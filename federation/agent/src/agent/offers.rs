@@ -9,6 +9,7 @@
 //! tagged with its id (`OffersUp`). When the stream ends, every framework of the fleet is
 //! detached: its tasks here live on for its failover timeout, as if it had disconnected.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use tokio::sync::mpsc;
 use super::{State, ensure, send};
 
 /// How often the agent reports what frameworks of the fleet hold here.
-pub(super) const LEDGER_PERIOD: Duration = Duration::from_millis(500);
+pub(super) const LEDGER_PERIOD: Duration = Duration::from_millis(250);
 
 fn amounts(r: Option<opb::Resources>) -> [i64; 2] {
     r.map_or([0, 0], |r| [r.cpu_milli, r.memory_bytes])
@@ -75,13 +76,15 @@ pub(super) async fn handle(state: &Arc<State>, offers: &Offers, m: pb::OffersDow
 
 /// What the federation says of the fleet.
 pub(super) fn fleet(offers: &Offers, f: pb::OffersFleet) {
+    let each = |m: HashMap<String, opb::Resources>| {
+        m.into_iter()
+            .map(|(id, r)| (id, amounts(Some(r))))
+            .collect()
+    };
     offers.set_fleet(FleetView {
         total: amounts(f.total),
-        elsewhere: f
-            .elsewhere
-            .into_iter()
-            .map(|(id, r)| (id, amounts(Some(r))))
-            .collect(),
+        elsewhere: each(f.elsewhere),
+        usable: each(f.usable),
     });
 }
 
@@ -90,15 +93,18 @@ pub(super) async fn ledger(state: Arc<State>, offers: Offers) {
     let mut tick = tokio::time::interval(LEDGER_PERIOD);
     loop {
         tick.tick().await;
-        if let Some((total, holds)) = offers.ledger() {
+        if let Some(l) = offers.ledger() {
+            let (mut holds, mut usable) = (HashMap::new(), HashMap::new());
+            for (id, h, u) in l.frameworks {
+                holds.insert(id.clone(), resources(h));
+                usable.insert(id, resources(u));
+            }
             send(
                 &state,
                 pb::shard_message::Message::Ledger(pb::OffersLedger {
-                    total: Some(resources(total)),
-                    holds: holds
-                        .into_iter()
-                        .map(|(id, h)| (id, resources(h)))
-                        .collect(),
+                    total: Some(resources(l.total)),
+                    holds,
+                    usable,
                 }),
             );
         }
