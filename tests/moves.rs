@@ -531,11 +531,19 @@ fn a_move_that_cannot_finish_gives_its_slot_up_after_the_move_timeout() {
     );
     assert!(sample(&c.metrics_addr, "tessera_federation_moves_stalled_total") >= 2.0);
     // Make-before-break holds for a stalled move: the old copies stay in the drained shard.
-    let left = shards
-        .iter()
-        .find(|s| s.name == home)
-        .and_then(|s| s.kubectl(&["get", "deploy", "-n", "st", "-o", "name"]))
-        .unwrap_or_default();
+    // web's old copy goes once its new one is available — a moment after that was seen.
+    let left_in_home = || {
+        shards
+            .iter()
+            .find(|s| s.name == home)
+            .and_then(|s| s.kubectl(&["get", "deploy", "-n", "st", "-o", "name"]))
+            .unwrap_or_default()
+    };
+    let left = wait_for(Duration::from_secs(30), || {
+        let left = left_in_home();
+        (!left.contains("/web")).then_some(left)
+    })
+    .unwrap_or_else(left_in_home);
     assert!(
         left.contains("slow-1") && left.contains("slow-2") && !left.contains("/web"),
         "{left}"

@@ -381,6 +381,18 @@ impl Offers {
                 tracing::warn!(framework = %id, "the federation attached a framework whose id a local one has; ignored");
                 return;
             }
+            // A restarted federation takes frameworks back by the id they present: the
+            // namespace they ran in here is the one they may have back.
+            if f.info.namespace != info.namespace {
+                let e = pb::event::Event::Error(pb::event::Error {
+                    message: format!(
+                        "framework {id} runs in namespace {} here, not {}: not attached",
+                        f.info.namespace, info.namespace
+                    ),
+                });
+                let _ = tx.send(Ok(pb::Event { event: Some(e) }));
+                return;
+            }
             f.tx = Some(tx);
             f.gone_since = None;
             f.client = client;

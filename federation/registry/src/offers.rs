@@ -247,14 +247,40 @@ impl Shared {
     /// A subscription: a new framework, or one coming back by its id.
     fn subscribe(&self, info: opb::FrameworkInfo, tx: &EventTx) -> Result<String, Status> {
         let mut st = self.state.lock();
-        let id = if info.id.is_empty() {
-            st.next += 1;
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            let id = tessera_offers::framework_id(&info.name, st.next, stamp);
-            let mut info = info;
-            info.id = id.clone();
+        let mut info = info;
+        let known = st
+            .frameworks
+            .get_mut(&info.id)
+            .filter(|_| !info.id.is_empty());
+        let id = if let Some(f) = known {
+            let id = info.id.clone();
+            tessera_offers::may_resubscribe(
+                &id,
+                f.tx.is_some(),
+                &f.info.namespace,
+                &info.namespace,
+            )?;
+            f.tx = Some(tx.clone());
+            f.gone_since = None;
+            f.info = info;
+            tracing::info!(framework = %id, "framework subscribed at the federation again");
+            id
+        } else {
+            if info.id.is_empty() {
+                st.next += 1;
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                info.id = tessera_offers::framework_id(&info.name, st.next, stamp);
+                tracing::info!(framework = %info.id, "framework subscribed at the federation");
+            } else {
+                // Not known here: the federation restarted since (it keeps frameworks in
+                // memory; their tasks, and their records, live in the shards). Taken back
+                // under its id: each shard that holds a framework of that id attaches it
+                // again only in the namespace it ran in there, and says so otherwise.
+                tracing::info!(framework = %info.id, "framework unknown here subscribed again by its id; attaching it in every shard");
+            }
+            let id = info.id.clone();
             st.frameworks.insert(
                 id.clone(),
                 Framework {
@@ -267,25 +293,6 @@ impl Shared {
             if let Some(m) = &self.metrics {
                 m.frameworks.inc();
             }
-            tracing::info!(framework = %id, "framework subscribed at the federation");
-            id
-        } else {
-            let id = info.id.clone();
-            let Some(f) = st.frameworks.get_mut(&id) else {
-                return Err(Status::not_found(format!(
-                    "no framework {id}: its failover timeout passed (its tasks were killed), or it never was; subscribe without an id"
-                )));
-            };
-            tessera_offers::may_resubscribe(
-                &id,
-                f.tx.is_some(),
-                &f.info.namespace,
-                &info.namespace,
-            )?;
-            f.tx = Some(tx.clone());
-            f.gone_since = None;
-            f.info = info;
-            tracing::info!(framework = %id, "framework subscribed at the federation again");
             id
         };
         let f = &st.frameworks[&id];
@@ -645,5 +652,111 @@ mod tests {
         let d = fleet_for(&ledgers, "d");
         assert_eq!(d.total[0], 16_000);
         assert_eq!(d.elsewhere["x"][0], 5_000);
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<pb::FederationMessage>) -> Vec<pb::OffersDown> {
+        let mut out = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            if let Some(pb::federation_message::Message::Offers(o)) = m.message {
+                out.push(o);
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_framework_is_attached_in_every_shard_and_taken_back_by_its_id_after_a_restart() {
+        let registry = Registry::new(crate::RegistryConfig::new("sekret"), None);
+        let mut shards = Vec::new();
+        for name in ["a", "b"] {
+            let (_, rx) = registry
+                .register(&pb::Register {
+                    name: name.into(),
+                    token: "sekret".into(),
+                    ..Default::default()
+                })
+                .expect("registered");
+            shards.push(rx);
+        }
+        let probe = tessera_client::request::find_resource("", "v1", "configmaps").expect("served");
+        let offers = FleetOffers::new(
+            registry.clone(),
+            Arc::new(|_| Box::pin(async { None })),
+            probe,
+            None,
+        );
+        let info = |id: &str, ns: &str| opb::FrameworkInfo {
+            name: "batch".into(),
+            namespace: ns.into(),
+            weight: 1.0,
+            id: id.into(),
+            ..Default::default()
+        };
+        // A new framework: an id of its name, attached in both shards.
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let id = offers.shared.subscribe(info("", "jobs"), &tx).expect("new");
+        assert!(id.starts_with("batch-"), "{id}");
+        for rx in &mut shards {
+            let sent = drain(rx);
+            assert_eq!(sent.len(), 1, "{sent:?}");
+            assert_eq!(sent[0].framework, id);
+            let Some(pb::offers_down::Op::Attach(a)) = &sent[0].op else {
+                panic!("attach: {sent:?}")
+            };
+            assert_eq!(
+                a.framework.as_ref().map(|f| f.namespace.as_str()),
+                Some("jobs")
+            );
+        }
+        let Ok(Ok(opb::Event {
+            event: Some(opb::event::Event::Subscribed(s)),
+        })) = events.try_recv()
+        else {
+            panic!("subscribed first")
+        };
+        assert_eq!(s.framework_id, id);
+        // Connected: not again on another stream; gone: detached everywhere.
+        let (tx2, _events2) = mpsc::unbounded_channel();
+        let err = offers
+            .shared
+            .subscribe(info(&id, "jobs"), &tx2)
+            .expect_err("connected");
+        assert_eq!(err.code(), tonic::Code::AlreadyExists);
+        offers.shared.disconnected(&id);
+        for rx in &mut shards {
+            let sent = drain(rx);
+            assert!(
+                matches!(sent[0].op, Some(pb::offers_down::Op::Detach(_))),
+                "{sent:?}"
+            );
+        }
+        // Back in another namespace: refused, naming both.
+        let err = offers
+            .shared
+            .subscribe(info(&id, "other"), &tx2)
+            .expect_err("namespace");
+        assert!(
+            err.message().contains("runs in namespace jobs, not other"),
+            "{err:?}"
+        );
+        // A federation that restarted does not know the id: it takes it back and attaches
+        // it everywhere (each shard checks the namespace it ran in).
+        let restarted = FleetOffers::new(
+            registry.clone(),
+            Arc::new(|_| Box::pin(async { None })),
+            probe,
+            None,
+        );
+        let (tx3, _events3) = mpsc::unbounded_channel();
+        let again = restarted
+            .shared
+            .subscribe(info("batch-7f3", "jobs"), &tx3)
+            .expect("taken back");
+        assert_eq!(again, "batch-7f3");
+        for rx in &mut shards {
+            let sent = drain(rx);
+            assert_eq!(sent.len(), 1, "{sent:?}");
+            assert_eq!(sent[0].framework, "batch-7f3");
+        }
     }
 }
