@@ -91,32 +91,46 @@ struct Seen {
     looks: usize,
 }
 
-/// Reads every shard (all at once) until stopped: the invariants are checked on every
-/// look.
+/// Reads the shards until stopped, checking the invariants on every look.
+///
+/// Work moves out of `source` into the `others`. Two reads of different shards are never
+/// one snapshot, so each invariant is read in the order that makes its check sound:
+/// - make-before-break (the new copy is available before the old one goes): the source
+///   is read *before* the others; if that read finds the old copy gone, the new one was
+///   available already when the others are read;
+/// - stop-then-start (the Job's pod stops before it starts elsewhere): the source is read
+///   *after* the others; if they find the new pod, the old one had stopped already.
+///
+/// A look is therefore source, others (at once), source again.
 fn watch(
-    shards: Vec<Target>,
+    source: Target,
+    others: Vec<Target>,
     job: Option<&'static str>,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<Seen> {
     std::thread::spawn(move || {
         let mut seen = Seen::default();
         while !stop.load(Ordering::Acquire) {
-            let looks: Vec<Option<Look>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = shards.iter().map(|s| scope.spawn(|| s.look())).collect();
+            let before = source.look();
+            let elsewhere: Vec<Option<Look>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = others.iter().map(|s| scope.spawn(|| s.look())).collect();
                 handles
                     .into_iter()
                     .map(|h| h.join().ok().flatten())
                     .collect()
             });
-            let pods: usize = looks
+            let after = source.look();
+            let job_pods = |l: &Look| job.and_then(|j| l.job_pods.get(j)).copied().unwrap_or(0);
+            let pods: usize = elsewhere
                 .iter()
+                .chain(std::iter::once(&after))
                 .flatten()
-                .map(|l| job.and_then(|j| l.job_pods.get(j)).copied().unwrap_or(0))
+                .map(job_pods)
                 .sum();
             seen.most_job_pods = seen.most_job_pods.max(pods);
-            if looks.iter().all(Option::is_some) {
+            if before.is_some() && elsewhere.iter().all(Option::is_some) {
                 let mut sum: BTreeMap<String, u64> = BTreeMap::new();
-                for l in looks.into_iter().flatten() {
+                for l in std::iter::once(before).chain(elsewhere).flatten() {
                     for (k, n) in l.available {
                         *sum.entry(k).or_default() += n;
                     }
@@ -210,7 +224,10 @@ fn a_drained_shard_hands_its_workloads_over_without_a_gap_or_a_second_run() {
     }
 
     let stop = Arc::new(AtomicBool::new(false));
-    let watcher = watch(shards.clone(), Some("mv/once"), stop.clone());
+    let (source, others): (Vec<Target>, Vec<Target>) =
+        shards.iter().cloned().partition(|s| s.name == home);
+    let source = source.into_iter().next().expect("home");
+    let watcher = watch(source, others, Some("mv/once"), stop.clone());
     std::thread::sleep(Duration::from_millis(500));
     let out = tessera(
         &["shard", "drain", &home, "--timeout-seconds=120"],
@@ -380,7 +397,7 @@ fn a_shard_that_joins_takes_over_its_tenants_without_a_gap() {
         ]);
     }
     let b = Cluster::start_with("up", &shard_args);
-    let targets = vec![
+    let targets = [
         Target {
             kubeconfig: a.kubeconfig.clone(),
             context: None,
@@ -393,7 +410,12 @@ fn a_shard_that_joins_takes_over_its_tenants_without_a_gap() {
         },
     ];
     let stop = Arc::new(AtomicBool::new(false));
-    let watcher = watch(targets.clone(), None, stop.clone());
+    let watcher = watch(
+        targets[0].clone(),
+        vec![targets[1].clone()],
+        None,
+        stop.clone(),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let _agent_b = Running(join_command(&fed, &b, &grpc, "b").spawn().expect("join b"));
     // The tenants the new map homes on b move there, and only those.
