@@ -11,7 +11,13 @@
 #   iproute2       - (tests, and process nodes) the sandbox brings a pod's loopback up with
 #                    `ip link set lo up` inside its network namespace;
 #   iptables       - (tests only) the failover test cuts a shard off from the federation
-#                    with DROP rules inside a network namespace of its own.
+#                    with DROP rules inside a network namespace of its own;
+#   prometheus     - (tests only) the monitoring test scrapes a running fleet with a real
+#                    Prometheus (Debian's 2.42; its service is not started) and checks the
+#                    metrics, rules and alert tests with promtool;
+#   .tools/venv    - (tests only) a Python virtualenv with the pinned tools of
+#                    scripts/requirements.txt: the Grafana foundation SDK the dashboard is
+#                    generated with (python3-venv is installed if `python3 -m venv` fails).
 # kubectl 1.32 is expected on the machine already; the kubectl tests say so if it is not.
 # Safe to run again: it installs only what is missing.
 #
@@ -31,6 +37,11 @@ if ! $build_only; then
   command -v kill >/dev/null 2>&1 || need+=(procps)
   command -v ip >/dev/null 2>&1 || [[ -x /usr/sbin/ip || -x /sbin/ip ]] || need+=(iproute2)
   command -v iptables >/dev/null 2>&1 || [[ -x /usr/sbin/iptables ]] || need+=(iptables)
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  command -v python3 >/dev/null 2>&1 || need+=(python3)
+  if [[ ! -x .tools/venv/bin/python ]] && ! python3 -m venv --without-pip "$(mktemp -d)/probe" >/dev/null 2>&1; then
+    need+=(python3-venv)
+  fi
 fi
 
 if ((${#need[@]})); then
@@ -40,8 +51,25 @@ if ((${#need[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   # Debian starts an etcd service on install; the tests start their own on free ports.
-  if [[ " ${need[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1; then
-    $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
+  # Debian starts etcd and Prometheus services on install (where an init system runs);
+  # the tests start their own, on loopback and free ports.
+  for service in etcd prometheus; do
+    if [[ " ${need[*]} " == *" $service"* ]] && command -v systemctl >/dev/null 2>&1; then
+      $SUDO systemctl disable --now "$service" >/dev/null 2>&1 || true
+    fi
+  done
+fi
+
+# The Python tools, pinned, in a virtualenv of the project's own (made again when the pins
+# change).
+if ! $build_only; then
+  venv=.tools/venv
+  if [[ ! -x $venv/bin/python ]] || [[ scripts/requirements.txt -nt $venv/.installed ]]; then
+    echo "setup: installing scripts/requirements.txt into $venv" >&2
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements.txt
+    touch "$venv/.installed"
   fi
 fi
 
@@ -61,4 +89,4 @@ if ! "$protoc" --include_imports -o "$check/set" -I "$check" "$check/m.proto"; t
   exit 1
 fi
 
-echo "setup: cc $(cc -dumpversion); protoc stand-in $protoc; etcd $(etcd --version 2>/dev/null | head -1 | cut -d' ' -f3 || echo 'not installed'); kubectl $(kubectl version --client -o json 2>/dev/null | grep -m1 gitVersion | cut -d'"' -f4 || echo 'not installed')" >&2
+echo "setup: cc $(cc -dumpversion); protoc stand-in $protoc; etcd $(etcd --version 2>/dev/null | head -1 | cut -d' ' -f3 || echo 'not installed'); kubectl $(kubectl version --client -o json 2>/dev/null | grep -m1 gitVersion | cut -d'"' -f4 || echo 'not installed'); promtool $(promtool --version 2>/dev/null | head -1 | cut -d' ' -f3 || echo 'not installed')" >&2

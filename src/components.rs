@@ -32,6 +32,10 @@ pub struct RemoteArgs {
     /// Address of this process's `/metrics` and health endpoints.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics_addr: SocketAddr,
+    /// The token that reads every sample of `/metrics`, tenants' included (without it they
+    /// are left out).
+    #[arg(long)]
+    pub metrics_token_file: Option<PathBuf>,
 }
 
 /// Leader election flags (active/standby through a Lease in kube-system).
@@ -91,7 +95,12 @@ impl ElectionArgs {
 async fn connect(args: &RemoteArgs, registry: &Registry) -> anyhow::Result<Arc<dyn Client>> {
     let client = HttpClient::from_kubeconfig(&args.kubeconfig)
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let addr = crate::metrics_server::serve(args.metrics_addr, registry.clone()).await?;
+    let token = args
+        .metrics_token_file
+        .as_deref()
+        .map(crate::metrics_server::read_token)
+        .transpose()?;
+    let addr = crate::metrics_server::serve(args.metrics_addr, registry.clone(), token).await?;
     tracing::info!(metrics = %addr, "serving metrics");
     Ok(tessera_runtime::client::Retrying::wrap(Arc::new(client)))
 }

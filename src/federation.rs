@@ -260,6 +260,10 @@ pub struct JoinArgs {
     /// Address of this process's `/metrics`.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics_addr: SocketAddr,
+    /// The token that reads every sample of `/metrics`, tenants' included (without it they
+    /// are left out).
+    #[arg(long)]
+    pub metrics_token_file: Option<std::path::PathBuf>,
 }
 
 /// `key=value,key=value` as a map.
@@ -332,7 +336,12 @@ pub async fn join(args: JoinArgs) -> anyhow::Result<()> {
     let runtime = tessera_runtime::metrics::RuntimeMetrics::register(&registry)?;
     let agent_metrics = tessera_federation_agent::AgentMetrics::register(&registry)?;
     let offer_metrics = tessera_offers::OfferMetrics::register(&registry, "federation")?;
-    let addr = crate::metrics_server::serve(args.metrics_addr, registry).await?;
+    let metrics_token = args
+        .metrics_token_file
+        .as_deref()
+        .map(crate::metrics_server::read_token)
+        .transpose()?;
+    let addr = crate::metrics_server::serve(args.metrics_addr, registry, metrics_token).await?;
     tracing::info!(metrics = %addr, "serving metrics");
     let mut config = AgentConfig::new(&args.federation, &ca, &token, &args.name);
     config.labels = parse_labels(&args.labels).map_err(|e| anyhow::anyhow!("--labels: {e}"))?;

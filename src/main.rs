@@ -8,6 +8,7 @@ mod debug;
 mod federation;
 mod health;
 mod metrics_server;
+mod monitoring;
 mod offers;
 mod shard;
 mod store_config;

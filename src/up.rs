@@ -30,6 +30,10 @@ pub struct UpArgs {
     /// Address of the metrics and health endpoint.
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub metrics_addr: SocketAddr,
+    /// The token that reads every sample of the metrics endpoint, tenants' included (without
+    /// a token they are left out). Default: DATA/pki/metrics.token, made on first use.
+    #[arg(long)]
+    pub metrics_token_file: Option<PathBuf>,
     /// Address of the gRPC endpoint (grpc.health.v1 today).
     #[arg(long, default_value = "127.0.0.1:9465")]
     pub grpc_addr: SocketAddr,
@@ -49,6 +53,15 @@ pub struct UpArgs {
     pub default_unreachable_toleration_seconds: i64,
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+impl UpArgs {
+    /// The metrics token's file: `--metrics-token-file`, or DATA/pki/metrics.token.
+    pub fn metrics_token_path(&self) -> PathBuf {
+        self.metrics_token_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("pki").join("metrics.token"))
+    }
 }
 
 /// What `tessera up` runs besides the API server.
@@ -191,7 +204,13 @@ pub async fn start_with(
         store.clone(),
         args.store.compaction_interval,
     ));
-    let metrics_addr = crate::metrics_server::serve(args.metrics_addr, registry.clone()).await?;
+    let metrics_token = match &args.metrics_token_file {
+        Some(f) => crate::metrics_server::read_token(f)?,
+        None => tessera_apiserver::pki::metrics_token(&args.data_dir.join("pki"))?,
+    };
+    let metrics_addr =
+        crate::metrics_server::serve(args.metrics_addr, registry.clone(), Some(metrics_token))
+            .await?;
     let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
     let root = tessera_apiserver::pki::token_root(&args.data_dir.join("pki"))?;
     let tokens = Tokens::with_root(&credentials.admin_token, &root);
@@ -476,6 +495,8 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
         let shard_args = UpArgs {
             data_dir: data_dir.clone(),
             metrics_addr: offset(args.metrics_addr, 2 + i)?,
+            // One token reads every endpoint of the fleet: one `credentials_file` scrapes all.
+            metrics_token_file: Some(args.metrics_token_path()),
             grpc_addr: offset(args.grpc_addr, 0)?,
             api_addr: offset(args.api_addr, 1 + i)?,
             watch_cache: args.watch_cache,
@@ -536,6 +557,18 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
     let fleet = start_federated(&all).await?;
     let (fed, shards) = (&fleet.federation, &fleet.shards);
     let kubeconfig = args.data_dir.join("kubeconfig");
+    let mut targets = vec![crate::monitoring::Target {
+        job: "tessera-federation",
+        addr: fed.api.metrics_addr,
+        shard: None,
+    }];
+    targets.extend(shards.iter().map(|(name, s)| crate::monitoring::Target {
+        job: "tessera-shard",
+        addr: s.metrics_addr,
+        shard: Some(name.clone()),
+    }));
+    let prometheus =
+        crate::monitoring::write(&args.data_dir, &targets, &args.metrics_token_path())?;
     println!("Tessera is up: a federation and {} shards.", all.shards);
     println!(
         "  federation: https://{} (Kubernetes 1.32 API; store {} in {})",
@@ -572,6 +605,10 @@ async fn run_federated(all: UpAllArgs) -> anyhow::Result<()> {
     );
     println!("  kubectl get shardmap default -o yaml                 # the tenant -> shard map");
     println!("  kubectl --context shard-0 get pods -A                # one shard's own view");
+    println!(
+        "  prometheus --config.file={} --web.listen-address=127.0.0.1:9090   # every endpoint, with Tessera's rules and alerts",
+        prometheus.display()
+    );
     println!(
         "  tessera token create --tenant NAME --data-dir {}      # a tenant's token at the federation",
         args.data_dir.display()
@@ -620,7 +657,20 @@ async fn run_single(all: UpAllArgs) -> anyhow::Result<()> {
         None => None,
     };
     banner(&shard, args, "").await?;
+    let prometheus = crate::monitoring::write(
+        &args.data_dir,
+        &[crate::monitoring::Target {
+            job: "tessera-shard",
+            addr: shard.metrics_addr,
+            shard: Some(all.shard_name.clone()),
+        }],
+        &args.metrics_token_path(),
+    )?;
     println!("  grpc:     {grpc} (grpc.health.v1)");
+    println!(
+        "  prometheus: prometheus --config.file={} (scrape configuration and Tessera's rules)",
+        prometheus.display()
+    );
     if let Some(o) = offers {
         println!(
             "  offers:   https://{o} (tessera.offers.v1: frameworks subscribe with an API token)"

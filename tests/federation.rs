@@ -670,23 +670,7 @@ fn pods_nodes_and_events_are_read_across_shards() {
             && refused.contains("region=mars"),
         "{refused}"
     );
-    c.ok(&[
-        "create",
-        "deployment",
-        "web",
-        "-n",
-        "reads",
-        "--image=nginx",
-        "--replicas=6",
-    ]);
-    c.ok(&[
-        "rollout",
-        "status",
-        "deployment/web",
-        "-n",
-        "reads",
-        "--timeout=90s",
-    ]);
+    c.deploy("reads", "web", 6);
     let all = c.ok(&["get", "pods", "-A", "--no-headers"]);
     let ours: Vec<&str> = all.lines().filter(|l| l.starts_with("reads ")).collect();
     assert_eq!(ours.len(), 6, "{all}");

@@ -239,6 +239,27 @@ impl Cluster {
         self.command(args).output().expect("run kubectl")
     }
 
+    /// Creates Deployment `ns/name` of nginx with `replicas` and waits until it rolled out.
+    pub fn deploy(&self, ns: &str, name: &str, replicas: u32) {
+        let replicas = format!("--replicas={replicas}");
+        self.ok(&[
+            "create",
+            "deployment",
+            name,
+            "-n",
+            ns,
+            "--image=nginx",
+            &replicas,
+        ]);
+        self.rollout(ns, name);
+    }
+
+    /// Waits (90 s at most) until Deployment `ns/name` rolled out.
+    pub fn rollout(&self, ns: &str, name: &str) {
+        let what = format!("deployment/{name}");
+        self.ok(&["rollout", "status", &what, "-n", ns, "--timeout=90s"]);
+    }
+
     /// Runs kubectl, which must succeed; its standard output.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);

@@ -181,21 +181,34 @@ fn private_dir(dir: &Path) -> Result<(), PkiError> {
 /// hex, 0600), made on first use. Replacing the file revokes every tenant token; the admin
 /// token is separate and rotates without touching them.
 pub fn token_root(dir: &Path) -> Result<Vec<u8>, PkiError> {
-    let path = dir.join("token.key");
+    Ok(secret(dir, "token.key", "the token key")?.into_bytes())
+}
+
+/// The bearer token that reads every sample of a metrics port (`dir/metrics.token`, 32
+/// random bytes in hex, 0600), made on first use. Without it a metrics port leaves out the
+/// samples that identify a tenant; with it (Prometheus' `credentials_file`) it serves all.
+/// It grants nothing else.
+pub fn metrics_token(dir: &Path) -> Result<String, PkiError> {
+    secret(dir, "metrics.token", "the metrics token")
+}
+
+/// `dir/name`: 32 random bytes in hex, written 0600 on first use.
+fn secret(dir: &Path, name: &str, what: &str) -> Result<String, PkiError> {
+    let path = dir.join(name);
     if path.exists() {
-        return Ok(read(&path)?.trim().as_bytes().to_vec());
+        return Ok(read(&path)?.trim().to_owned());
     }
     private_dir(dir)?;
     let mut bytes = [0u8; 32];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).map_err(|_| {
         PkiError::File {
             path: path.clone(),
-            source: std::io::Error::other("no randomness for the token key"),
+            source: std::io::Error::other(format!("no randomness for {what}")),
         }
     })?;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     write_private(&path, &hex)?;
-    Ok(hex.into_bytes())
+    Ok(hex)
 }
 
 impl Credentials {

@@ -355,7 +355,8 @@ fn unhex(hex: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Whether `a == b`, in a time that depends on their lengths only (for secrets).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

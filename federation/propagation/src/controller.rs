@@ -249,6 +249,15 @@ pub struct Options {
 
 /// Runs the controller until dropped.
 pub async fn run(o: Options) {
+    if let Some(m) = o.registry.metrics() {
+        // Every mode and outcome from the start, at 0: the first decisions then count in
+        // `rate()` (a counter first seen at 1 shows no increase).
+        for mode in policy::MODE_NAMES {
+            for outcome in ["placed", "partial", "pending"] {
+                m.placements.with_label_values(&[mode, outcome]);
+            }
+        }
+    }
     let workload_informers: Vec<(WorkloadKind, Arc<Informer<SpecObject>>)> = WorkloadKind::ALL
         .into_iter()
         .map(|k| {

@@ -281,6 +281,9 @@ pub fn for_kind(
     }
 }
 
+/// Every mode's name, as [`mode_name`] gives it.
+pub const MODE_NAMES: [&str; 5] = ["home", "duplicated", "weighted", "capacity", "whole"];
+
 /// The name of a mode, for metrics and messages.
 pub fn mode_name(m: &Mode) -> &'static str {
     match m {
@@ -301,6 +304,19 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn every_mode_name_is_listed() {
+        let modes = [
+            Mode::Home,
+            Mode::Duplicated,
+            Mode::Weighted(Default::default()),
+            Mode::ByCapacity,
+            Mode::Whole,
+        ];
+        let names: Vec<&str> = modes.iter().map(mode_name).collect();
+        assert_eq!(names, MODE_NAMES);
+    }
 
     fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
         ObjectMeta {

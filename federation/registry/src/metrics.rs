@@ -11,6 +11,8 @@ use prometheus::{
 pub struct FederationMetrics {
     /// Shards by state (`ready`, `not_ready`).
     pub shards: IntGaugeVec,
+    /// Per shard: 1 while it is ready (its lease held and its summary fresh), else 0.
+    pub shard_ready: IntGaugeVec,
     /// Placement decisions by mode and outcome (`placed`, `partial`, `pending`).
     pub placements: IntCounterVec,
     /// Replicas placed beyond a workload's first-choice shard.
@@ -73,6 +75,7 @@ impl FederationMetrics {
     pub fn register_into(&self, registry: &Registry) -> prometheus::Result<()> {
         let m = self;
         registry.register(Box::new(m.shards.clone()))?;
+        registry.register(Box::new(m.shard_ready.clone()))?;
         registry.register(Box::new(m.placements.clone()))?;
         registry.register(Box::new(m.spilled_replicas.clone()))?;
         registry.register(Box::new(m.quota_held_replicas.clone()))?;
@@ -85,6 +88,14 @@ impl FederationMetrics {
         registry.register(Box::new(m.assignments.clone()))?;
         registry.register(Box::new(m.shard_reads.clone()))?;
         registry.register(Box::new(m.failovers.clone()))?;
+        // Both modes from the start, at 0: a dashboard or an alert on failovers then sees
+        // "none yet" rather than no series at all.
+        for mode in [
+            tessera_placement::FailoverMode::Fast,
+            tessera_placement::FailoverMode::AtMostOnce,
+        ] {
+            m.failovers.with_label_values(&[mode.as_str()]);
+        }
         registry.register(Box::new(m.failover_wait.clone()))?;
         registry.register(Box::new(m.moves.clone()))?;
         registry.register(Box::new(m.moves_in_progress.clone()))?;
@@ -112,6 +123,14 @@ impl FederationMetrics {
                 ),
                 &["state"],
             )?,
+            shard_ready: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_federation_shard_ready",
+                    "1 while the shard is ready (its agent holds the lease and its summary is \
+                     fresh), 0 while it is known but not ready.",
+                ),
+                &["shard"],
+            )?,
             placements: IntCounterVec::new(
                 Opts::new(
                     "tessera_federation_placements_total",
@@ -135,10 +154,13 @@ impl FederationMetrics {
                 "tessera_federation_tenants_moved_total",
                 "Tenants with workloads whose home shard changed with a new map.",
             )?,
+            // Not `..._summary_age_seconds`: Prometheus' conventions (and `promtool check
+            // metrics`) keep the names of metric types out of metric names.
             summary_age: IntGaugeVec::new(
                 Opts::new(
-                    "tessera_federation_summary_age_seconds",
-                    "Seconds since each shard's last capacity summary.",
+                    "tessera_federation_shard_report_age_seconds",
+                    "Seconds since each shard's last capacity report (its summary of nodes, \
+                     room and pending work).",
                 ),
                 &["shard"],
             )?,

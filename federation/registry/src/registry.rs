@@ -1208,6 +1208,11 @@ impl Registry {
         let inner = self.inner.lock();
         let ready = inner.snapshot.shards.values().filter(|s| s.ready).count();
         m.shards.with_label_values(&["ready"]).set(ready as i64);
+        for (name, s) in &inner.snapshot.shards {
+            m.shard_ready
+                .with_label_values(&[name])
+                .set(i64::from(s.ready));
+        }
         m.shards
             .with_label_values(&["not_ready"])
             .set((inner.snapshot.shards.len() - ready) as i64);

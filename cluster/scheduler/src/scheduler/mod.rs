@@ -159,6 +159,13 @@ impl Scheduler {
         };
         if let Some(m) = &opts.metrics {
             m.workers.set(workers as i64);
+            // Every profile's attempt counters exist from the start, at 0, so the first pods
+            // scheduled count in `rate()` (a series first seen at 6 shows no increase).
+            for p in &profiles {
+                for outcome in ["scheduled", "unschedulable", "error"] {
+                    m.attempts.with_label_values(&[outcome, &p.scheduler_name]);
+                }
+            }
         }
         Ok(Scheduler {
             workers,
