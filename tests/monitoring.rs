@@ -235,18 +235,21 @@ fn a_real_prometheus_scrapes_the_fleet_and_every_key_series_and_panel_has_data()
     );
     c.ok(&["apply", "-f", &tenant]);
     c.ok(&["create", "namespace", "acme"]);
+    // The Tenant in every shard first, so each shard's scheduler counts its pods as acme's.
+    for shard in ["shard-0", "shard-1", "shard-2"] {
+        let there = wait_for(Duration::from_secs(30), || {
+            c.kubectl(&["--context", shard, "get", "tenant", "acme"])
+                .status
+                .success()
+                .then_some(())
+        });
+        assert!(there.is_some(), "the Tenant reached {shard}");
+    }
     c.deploy("acme", "web", 6);
     // Then more, once Prometheus has seen the first: rates need an increase to show.
     std::thread::sleep(Duration::from_secs(3));
     c.ok(&["scale", "deployment/web", "-n", "acme", "--replicas=9"]);
     c.rollout("acme", "web");
-    let there = wait_for(Duration::from_secs(30), || {
-        c.kubectl(&["--context", "shard-0", "get", "tenant", "acme"])
-            .status
-            .success()
-            .then_some(())
-    });
-    assert!(there.is_some(), "the Tenant reached shard-0");
     in_shard(
         &c,
         "shard-0",

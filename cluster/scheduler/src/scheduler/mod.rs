@@ -574,7 +574,9 @@ impl Scheduler {
                     }
                     Some(node) => {
                         self.queue.remove(&key);
-                        self.enqueued_at.remove(&key);
+                        // `enqueued_at` stays: the pod's binding (ours, still in flight when
+                        // the API's event comes first) observes its wait when its outcome
+                        // arrives; a pod bound by someone else leaves it with PodGone.
                         self.cache.clear_nomination(&key);
                         let cached = self.cache.pod(&key);
                         let terminating = p.metadata.deletion_timestamp.is_some()
@@ -1111,6 +1113,37 @@ mod tests {
         assert_eq!(
             small_first.next_start, 200,
             "100 small nodes skipped, 100 feasible found"
+        );
+    }
+
+    /// The API's event for a pod bound by this scheduler may come before the binding's own
+    /// outcome: the pod's time in the queue is still there for the outcome to observe (it
+    /// was dropped, and the per-tenant and end-to-end wait histograms missed such pods).
+    #[test]
+    fn a_bound_pods_event_before_its_binding_outcome_keeps_its_queue_time() {
+        let mut s = parallel(1, None);
+        s.handle(Msg::Node(host("n0", "4")));
+        s.handle(Msg::Pod(labelled_pod("p", None, json!({}), json!({}))));
+        assert!(s.enqueued_at.contains_key("t/p"), "queued: its wait starts");
+        s.handle(Msg::Pod(labelled_pod(
+            "p",
+            Some("n0"),
+            json!({}),
+            json!({}),
+        )));
+        assert!(
+            s.enqueued_at.contains_key("t/p"),
+            "bound, its outcome not yet in: the wait is kept for it"
+        );
+        s.handle(Msg::PodGone(labelled_pod(
+            "p",
+            Some("n0"),
+            json!({}),
+            json!({}),
+        )));
+        assert!(
+            s.enqueued_at.is_empty(),
+            "a deleted pod leaves nothing behind"
         );
     }
 
