@@ -11,6 +11,7 @@ mod metrics_server;
 mod monitoring;
 mod offers;
 mod shard;
+mod status;
 mod store_config;
 mod up;
 
@@ -58,6 +59,8 @@ enum Command {
     /// Frameworks that run tasks through a shard's offers (`tessera up --offers-addr`).
     #[command(subcommand)]
     Framework(offers::FrameworkCommand),
+    /// The fleet at a glance: shards, tenants and the latest failovers (`--watch`, `-o json`).
+    Status(status::StatusArgs),
     /// Cordon, uncordon or drain a shard of a federation.
     #[command(subcommand)]
     Shard(shard::ShardCommand),
@@ -120,6 +123,7 @@ fn main() -> anyhow::Result<()> {
             Command::Scheduler(args) => components::scheduler(args).await,
             Command::Agent(args) => components::agent(args).await,
             Command::Shard(cmd) => shard::run(cmd).await,
+            Command::Status(args) => status::run(args).await,
             Command::Framework(cmd) => offers::run(cmd).await,
             Command::Token(TokenCommand::Create(args)) => up::token_create(args).await,
             Command::Certs(CertsCommand::Rotate { data_dir }) => {

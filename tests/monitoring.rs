@@ -405,4 +405,117 @@ fn a_real_prometheus_scrapes_the_fleet_and_every_key_series_and_panel_has_data()
             .replace("\"$shard\"", "\".+\"");
         data(&addr, &e, |_, v| !v.is_nan());
     }
+
+    tessera_status_shows_the_fleet(&c);
+}
+
+/// `tessera status` against the fleet of the Prometheus test: three ready shards of four
+/// nodes, tenant acme's nine pods placed, two pods of acme pending in shard-0.
+fn tessera_status_shows_the_fleet(c: &Cluster) {
+    let status = |kubeconfig: &Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .arg("status")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .output()
+            .expect("tessera status")
+    };
+    let out = status(&c.kubeconfig, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(": 3 shards (3 ready), 12 nodes,"), "{text}");
+    for want in [
+        "SHARD",
+        "shard-0",
+        "shard-2",
+        "TENANT",
+        "acme",
+        "No failovers.",
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(want)), "{want}: {text}");
+    }
+
+    let out = status(&c.kubeconfig, &["-o", "json"]);
+    let fleet: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let shards = fleet["shards"].as_array().expect("shards");
+    assert_eq!(shards.len(), 3, "{fleet}");
+    assert!(
+        shards.iter().all(|s| s["ready"] == true && s["nodes"] == 4),
+        "{fleet}"
+    );
+    let shard0 = shards
+        .iter()
+        .find(|s| s["name"] == "shard-0")
+        .expect("shard-0");
+    assert_eq!(shard0["podsPending"], 2, "acme's hungry pods: {fleet}");
+    let placed: f64 = shards
+        .iter()
+        .map(|s| s["podsPlacedPerSecond"].as_f64().unwrap_or(0.0))
+        .sum();
+    assert!(placed > 0.0, "nine pods placed within the minute: {fleet}");
+    let acme = fleet["tenants"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == "acme"))
+        .expect("acme");
+    assert_eq!(
+        (acme["pods"].as_u64(), acme["pending"].as_u64()),
+        (Some(9), Some(0)),
+        "{acme}"
+    );
+    assert_eq!(acme["fairShare"], 1.0, "the only tenant with work: {acme}");
+
+    // --watch looks again and again; each look is one JSON line.
+    let mut watch = Running(
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "status",
+                "--watch",
+                "-o",
+                "json",
+                "--interval-seconds",
+                "1",
+                "--kubeconfig",
+            ])
+            .arg(&c.kubeconfig)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("watch"),
+    );
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(
+        watch.0.stdout.take().expect("stdout"),
+    ));
+    let looks: Vec<String> = lines.take(2).map(|l| l.expect("line")).collect();
+    assert_eq!(looks.len(), 2);
+    for l in &looks {
+        let v: serde_json::Value = serde_json::from_str(l).expect("a JSON look");
+        assert_eq!(v["shards"].as_array().map(Vec::len), Some(3));
+    }
+    drop(watch);
+
+    // Pointed at a shard rather than the federation, it says what to fix.
+    let at_shard = c.dir.path().join("shard-0.kubeconfig");
+    std::fs::copy(&c.kubeconfig, &at_shard).expect("copy");
+    let switched = Command::new("kubectl")
+        .args(["config", "use-context", "shard-0", "--kubeconfig"])
+        .arg(&at_shard)
+        .output()
+        .expect("kubectl");
+    assert!(switched.status.success());
+    let out = status(&at_shard, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("serves no shards"),
+        "{err}"
+    );
+    let out = status(&c.kubeconfig, &["--watch", "--interval-seconds", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--interval-seconds"),
+        "{err}"
+    );
 }

@@ -329,6 +329,10 @@ pub struct ShardStatus {
     /// Pods waiting for a node in the shard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_pending: Option<i64>,
+    /// Pods the shard's scheduler placed (seen pending, then on a node) in about the last
+    /// minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_placed_last_minute: Option<i64>,
     /// Free-slot histogram entries in its last summary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<i64>,

@@ -796,11 +796,12 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
                 })
                 .collect()
         };
-        let (s, running, pending, view) =
-            state
-                .ledger
-                .lock()
-                .summary_with_lending(&promised, &state.config.group_keys, version);
+        let (s, running, pending, view, bound) = {
+            let ledger = state.ledger.lock();
+            let (s, running, pending, view) =
+                ledger.summary_with_lending(&promised, &state.config.group_keys, version);
+            (s, running, pending, view, ledger.pods_bound())
+        };
         let lending =
             (!state.config.loan_key.is_empty()).then(|| lending::to_pb(view, &state.loans));
         send(
@@ -809,6 +810,7 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
                 assignments_seen: seen_now,
                 pods_running: running,
                 pods_pending: pending,
+                pods_bound: bound,
                 lending,
                 ..summary::to_pb(&s)
             }),

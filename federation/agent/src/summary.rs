@@ -185,6 +185,9 @@ pub struct Ledger {
     work: HashMap<String, u32>,
     /// The pending pods' keys, in order (the summary reserves their demand in this order).
     pending: BTreeSet<String>,
+    /// Pods seen pending and then on a node, since the ledger began: the shard's placements
+    /// (a counter the federation turns into a rate).
+    bound: u64,
 }
 
 impl Ledger {
@@ -243,11 +246,15 @@ impl Ledger {
     /// Counts the pod `key` as `pod` now is (added or changed): its request on its node, or
     /// as pending demand; nothing once it has finished or is being deleted.
     pub fn set_pod(&mut self, key: &str, pod: &Pod) {
+        let was_pending = self.pending.contains(key);
         self.remove_pod(key);
         if !active(pod) || pod.metadata.deletion_timestamp.is_some() {
             return;
         }
         let spec = pod.spec.as_ref();
+        if was_pending && spec.and_then(|s| s.node_name.as_deref()).is_some() {
+            self.bound += 1;
+        }
         let req = pod_spec_requests(spec);
         let counted = match spec.and_then(|s| s.node_name.as_deref()) {
             Some(node) => {
@@ -295,6 +302,11 @@ impl Ledger {
             }
             None => {}
         }
+    }
+
+    /// Pods seen pending and then on a node since the ledger began.
+    pub fn pods_bound(&self) -> u64 {
+        self.bound
     }
 
     /// Pods running and pending, and the summary, with `promised` (request, count) taken
@@ -549,6 +561,25 @@ mod tests {
             }),
             status: None,
         })
+    }
+
+    #[test]
+    fn a_placement_is_a_pod_seen_pending_then_on_a_node() {
+        let mut l = Ledger::default();
+        l.set_node(&node("n1", "8", true, false));
+        l.set_pod("a", &pod(None, "1"));
+        l.set_pod("b", &pod(Some("n1"), "1"));
+        assert_eq!(
+            l.pods_bound(),
+            0,
+            "first seen bound: placed before the ledger began"
+        );
+        l.set_pod("a", &pod(Some("n1"), "1"));
+        assert_eq!(l.pods_bound(), 1);
+        // Later changes of a bound pod are not placements again.
+        l.set_pod("a", &pod(Some("n1"), "1"));
+        l.remove_pod("a");
+        assert_eq!(l.pods_bound(), 1);
     }
 
     /// `n` with the process nodes' taint (and `extra`, another NoSchedule taint).

@@ -66,6 +66,7 @@ pub fn status_of(v: &ShardView, lease_seconds: u64, renewed: i64) -> Value {
         "free": free,
         "podsRunning": v.pods.0,
         "podsPending": v.pods.1,
+        "podsPlacedLastMinute": v.placed_last_minute,
         "slots": v.summary.as_ref().map_or(0, |s| s.slots.len()),
         "summaryVersion": v.summary.as_ref().map_or(0, |s| s.version),
         "lease": {

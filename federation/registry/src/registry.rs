@@ -167,6 +167,34 @@ type Reservation = (u64, Request, u64);
 /// A function called on every registry event.
 type Listener = Box<dyn Fn(&RegistryEvent) + Send + Sync>;
 
+/// The window a shard's placement rate is counted over.
+const PLACED_WINDOW: Duration = Duration::from_secs(60);
+
+/// Records a shard's placement counter `total` at `now` (a counter lower than the last
+/// one, from an agent that started again, begins the window anew) and drops the samples
+/// the window no longer needs: one at or before its start is kept, so it is whole.
+fn record_bound(
+    samples: &mut std::collections::VecDeque<(Instant, u64)>,
+    now: Instant,
+    total: u64,
+) {
+    if samples.back().is_some_and(|(_, t)| *t > total) {
+        samples.clear();
+    }
+    samples.push_back((now, total));
+    while samples.len() > 1 && samples[1].0 + PLACED_WINDOW <= now {
+        samples.pop_front();
+    }
+}
+
+/// Pods placed between the window's first sample and its last.
+fn placed_in_window(samples: &std::collections::VecDeque<(Instant, u64)>) -> u64 {
+    match (samples.front(), samples.back()) {
+        (Some(first), Some(last)) => last.1.saturating_sub(first.1),
+        _ => 0,
+    }
+}
+
 /// Everything but the placement view of one shard.
 struct Entry {
     labels: BTreeMap<String, String>,
@@ -176,6 +204,8 @@ struct Entry {
     /// The summary as the shard sent it, and when.
     reported: Option<(Summary, Instant)>,
     pods: (u64, u64),
+    /// Its placement counter as its summaries reported it, over the last minute or so.
+    bound: std::collections::VecDeque<(Instant, u64)>,
     seq: u64,
     /// Reservations made since the shard's summary: (the seq they ride on, request, count).
     reservations: Vec<Reservation>,
@@ -206,6 +236,7 @@ impl Entry {
             lease_until: None,
             reported: None,
             pods: (0, 0),
+            bound: std::collections::VecDeque::new(),
             seq: 0,
             reservations: Vec::new(),
             held: BTreeMap::new(),
@@ -239,6 +270,8 @@ pub struct ShardView {
     pub summary_age: Option<Duration>,
     /// Pods running and pending.
     pub pods: (u64, u64),
+    /// Pods its scheduler placed in about the last minute.
+    pub placed_last_minute: u64,
     /// Its virtual nodes on the map.
     pub weight: u64,
     /// Seconds of lease left.
@@ -575,6 +608,7 @@ impl Registry {
             e.resources = summary.resources.clone();
             e.reported = Some((summary, now));
             e.pods = (s.pods_running, s.pods_pending);
+            record_bound(&mut e.bound, now, s.pods_bound);
             e.lending = s.lending.clone();
             self.refresh(&mut inner, name, now);
             self.rebuild_map(&mut inner);
@@ -943,6 +977,7 @@ impl Registry {
                     .as_ref()
                     .map(|(_, at)| now.saturating_duration_since(*at)),
                 pods: e.pods,
+                placed_last_minute: placed_in_window(&e.bound),
                 weight: inner
                     .snapshot
                     .map
@@ -1384,6 +1419,29 @@ mod tests {
 
     fn registry() -> Arc<Registry> {
         Registry::new(RegistryConfig::new("sekret"), None)
+    }
+
+    #[test]
+    fn the_placement_rate_counts_the_last_minute_and_starts_again_with_a_new_agent() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut w = std::collections::VecDeque::new();
+        assert_eq!(placed_in_window(&w), 0);
+        record_bound(&mut w, at(0), 100);
+        assert_eq!(placed_in_window(&w), 0, "one sample: no rate yet");
+        record_bound(&mut w, at(30), 130);
+        record_bound(&mut w, at(60), 190);
+        assert_eq!(placed_in_window(&w), 90);
+        // At 90 s the sample at 30 s opens the window; the one at 0 s is gone.
+        record_bound(&mut w, at(90), 200);
+        assert_eq!(w.len(), 3);
+        assert_eq!(placed_in_window(&w), 70);
+        // The agent started again: its counter is back near 0.
+        record_bound(&mut w, at(91), 4);
+        assert_eq!(w.len(), 1);
+        assert_eq!(placed_in_window(&w), 0);
+        record_bound(&mut w, at(92), 10);
+        assert_eq!(placed_in_window(&w), 6);
     }
 
     #[test]
