@@ -12,6 +12,7 @@ mod monitoring;
 mod offers;
 mod shard;
 mod status;
+mod store_cmd;
 mod store_config;
 mod up;
 
@@ -64,6 +65,10 @@ enum Command {
     /// Cordon, uncordon or drain a shard of a federation.
     #[command(subcommand)]
     Shard(shard::ShardCommand),
+    /// Backups of the embedded store: `backup` (online, or of a stopped data directory)
+    /// and `restore` (into a new data directory).
+    #[command(subcommand)]
+    Store(store_cmd::StoreCommand),
     /// Bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -124,6 +129,7 @@ fn main() -> anyhow::Result<()> {
             Command::Agent(args) => components::agent(args).await,
             Command::Shard(cmd) => shard::run(cmd).await,
             Command::Status(args) => status::run(args).await,
+            Command::Store(cmd) => store_cmd::run(cmd).await,
             Command::Framework(cmd) => offers::run(cmd).await,
             Command::Token(TokenCommand::Create(args)) => up::token_create(args).await,
             Command::Certs(CertsCommand::Rotate { data_dir }) => {

@@ -182,6 +182,65 @@ async fn metrics(State(api): State<Api>, request: Request) -> Response {
     }
 }
 
+/// Where the admin takes a backup of the API server's store (`tessera store backup`).
+pub const BACKUP_PATH: &str = "/tessera/v1/store/backup";
+
+/// A consistent copy of the whole store as of now, in the embedded store's snapshot format
+/// (`tessera store restore` makes a data directory of it): for the admin token only. It is
+/// written to a private file in the temporary directory, which is unlinked once open and
+/// streamed, so memory does not grow with the store and nothing is left behind.
+async fn store_backup(State(api): State<Api>, request: Request) -> Response {
+    if !matches!(request.extensions().get::<User>(), Some(User::Admin)) {
+        return error_response(&ApiError::forbidden(
+            "a backup holds every tenant's objects: it is for the admin token",
+        ));
+    }
+    let path = std::env::temp_dir().join(format!(
+        "tessera-backup-{}-{}.snap",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let info = match api.store().backup(&path).await {
+        Ok(info) => info,
+        Err(tessera_store::StoreError::Unsupported(why)) => {
+            return error_response(&ApiError::new(501, "NotImplemented", &why));
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return error_response(&ApiError::internal(format!("taking the backup: {e}")));
+        }
+    };
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) => return error_response(&ApiError::internal(format!("reading the backup: {e}"))),
+    };
+    let _ = std::fs::remove_file(&path);
+    let chunks = futures::stream::unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 1 << 20];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), file))
+            }
+            Err(e) => Some((Err(e), file)),
+        }
+    });
+    let mut response = Body::from_stream(chunks).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(info.bytes));
+    headers.insert("x-tessera-revision", HeaderValue::from(info.revision));
+    headers.insert("x-tessera-keys", HeaderValue::from(info.keys as u64));
+    response
+}
+
 /// The longest a request body may take to arrive.
 const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -368,6 +427,7 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
     let stateful = Router::new()
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
+        .route(BACKUP_PATH, get(store_backup))
         .route(
             "/apis/metrics.k8s.io/v1beta1/{*rest}",
             get(resource_metrics),

@@ -264,6 +264,49 @@ impl HttpClient {
     pub fn token(&self) -> &str {
         &self.token
     }
+
+    /// GETs `path`, a path outside the resource API (`/metrics`, a backup), with the token:
+    /// the answer's headers and its body as it arrives, or the error its `Status` says.
+    pub async fn get_raw(
+        &self,
+        path: &str,
+    ) -> Result<
+        (
+            hyper::HeaderMap,
+            futures::stream::BoxStream<'static, std::io::Result<Bytes>>,
+        ),
+        ApiError,
+    > {
+        let request = hyper::Request::builder()
+            .method("GET")
+            .uri(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("user-agent", "tessera/0.1")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ApiError::bad_request(format!("building the request: {e}")))?;
+        let resp = self.client.request(request).await.map_err(|e| {
+            ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!("cannot reach the API server at {}: {e}", self.base),
+            )
+        })?;
+        let code = resp.status().as_u16();
+        let (parts, body) = resp.into_parts();
+        if code >= 400 {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| ApiError::internal(format!("reading the answer: {e}")))?
+                .to_bytes();
+            return Err(status_error(code, &bytes));
+        }
+        let stream = body
+            .into_data_stream()
+            .map(|r| r.map_err(std::io::Error::other))
+            .boxed();
+        Ok((parts.headers, stream))
+    }
 }
 
 /// Well-known reasons, so that a `Status` read off the wire becomes the same `ApiError`.
@@ -429,6 +472,14 @@ fn percent_encode(s: &str) -> String {
 impl HttpClient {
     /// A client from a kubeconfig file: its current context's server, CA and bearer token.
     pub fn from_kubeconfig(path: &std::path::Path) -> Result<HttpClient, ApiError> {
+        HttpClient::from_kubeconfig_context(path, None)
+    }
+
+    /// A client of `context` of the kubeconfig at `path` (its current context if `None`).
+    pub fn from_kubeconfig_context(
+        path: &std::path::Path,
+        context: Option<&str>,
+    ) -> Result<HttpClient, ApiError> {
         use base64::Engine;
         let text = std::fs::read(path).map_err(|e| {
             ApiError::bad_request(format!("cannot read kubeconfig {}: {e}", path.display()))
@@ -438,9 +489,12 @@ impl HttpClient {
         })?;
         let bad =
             |what: &str| ApiError::bad_request(format!("kubeconfig {}: {what}", path.display()));
-        let current = kc["current-context"]
-            .as_str()
-            .ok_or_else(|| bad("no current-context"))?;
+        let current = match context {
+            Some(c) => c,
+            None => kc["current-context"]
+                .as_str()
+                .ok_or_else(|| bad("no current-context"))?,
+        };
         let named = |list: &str, name: &str| {
             kc[list]
                 .as_array()
@@ -449,8 +503,8 @@ impl HttpClient {
                 .find(|e| e["name"].as_str() == Some(name))
                 .cloned()
         };
-        let ctx =
-            named("contexts", current).ok_or_else(|| bad("the current context is not listed"))?;
+        let ctx = named("contexts", current)
+            .ok_or_else(|| bad(&format!("the context {current:?} is not listed")))?;
         let cluster_name = ctx["context"]["cluster"].as_str().unwrap_or_default();
         let user_name = ctx["context"]["user"].as_str().unwrap_or_default();
         let cluster =

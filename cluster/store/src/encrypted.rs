@@ -420,6 +420,12 @@ impl Store for Encrypted {
         self.inner.compact(revision).await
     }
 
+    /// The backup holds the stored values as they are stored: encrypted ones stay encrypted,
+    /// and need the same encryption config to be read after a restore.
+    async fn backup(&self, out: &std::path::Path) -> Result<crate::embedded::BackupInfo> {
+        self.inner.backup(out).await
+    }
+
     async fn current_revision(&self) -> Result<Revision> {
         self.inner.current_revision().await
     }

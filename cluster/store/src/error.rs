@@ -155,6 +155,9 @@ pub enum StoreError {
     /// A backend answered in a way the protocol does not allow (a bug, not bad input).
     #[error("internal store error: {0}")]
     Internal(String),
+    /// The backend does not do this (it says what to use instead).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Wraps an I/O error with the step of the embedded store that failed.
@@ -195,6 +198,7 @@ impl StoreError {
             StoreError::Io { .. } | StoreError::Corrupt { .. } => "io",
             StoreError::Closed(_) => "closed",
             StoreError::Internal(_) => "internal",
+            StoreError::Unsupported(_) => "unsupported",
         }
     }
 }

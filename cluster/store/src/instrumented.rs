@@ -130,6 +130,13 @@ impl Store for Instrumented {
         r
     }
 
+    async fn backup(&self, out: &std::path::Path) -> Result<crate::embedded::BackupInfo> {
+        let t = Instant::now();
+        let r = self.inner.backup(out).await;
+        self.record("backup", t, &r);
+        r
+    }
+
     async fn compact(&self, revision: &Revision) -> Result<()> {
         let t = Instant::now();
         let r = self.inner.compact(revision).await;

@@ -81,6 +81,15 @@ pub trait Store: Send + Sync + 'static {
     /// The current revision.
     async fn current_revision(&self) -> Result<Revision>;
 
+    /// Writes a consistent copy of the whole store, as of now, to the new file `out` (the
+    /// embedded store's snapshot format). Backends that cannot say what to use instead.
+    async fn backup(&self, _out: &std::path::Path) -> Result<embedded::BackupInfo> {
+        Err(StoreError::Unsupported(format!(
+            "the {} store takes no backups here; back its data up with its own tools (etcd: `etcdctl snapshot save`)",
+            self.backend()
+        )))
+    }
+
     /// Creates a key that must not exist.
     async fn create(&self, key: Bytes, value: Bytes) -> Result<KeyValue> {
         written(

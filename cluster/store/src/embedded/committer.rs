@@ -42,6 +42,10 @@ pub(crate) enum Request {
         revision: i64,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// A copy of the whole state as of the last durable record (for a backup).
+    Capture {
+        reply: oneshot::Sender<Result<snapshot::Image>>,
+    },
     Shutdown {
         reply: oneshot::Sender<()>,
     },
@@ -115,6 +119,14 @@ impl Committer {
                         }
                         Request::Compact { revision, reply } => {
                             let _ = reply.send(self.compact(revision));
+                        }
+                        Request::Capture { reply } => {
+                            let index = self.wal.next_index() - 1;
+                            let _ = reply.send(Ok(snapshot::Image::capture(
+                                index,
+                                self.next_lease_id,
+                                &self.state.read(),
+                            )));
                         }
                         Request::Shutdown { reply } => shutdown = Some(reply),
                         Request::Txn { .. } => {}

@@ -8,6 +8,7 @@ mod codec;
 mod committer;
 mod mvcc;
 mod snapshot;
+pub use snapshot::{BackupInfo, restore_backup, verify_backup};
 mod wal;
 
 use std::collections::HashMap;
@@ -179,6 +180,17 @@ impl EmbeddedStore {
         Ok(())
     }
 
+    /// Writes a consistent copy of the whole store as of now to `out` (whole or absent: it
+    /// is written beside and renamed), in the snapshot format: [`restore_backup`] makes a
+    /// store directory of it. Writes wait only while the key map is copied.
+    pub async fn backup(&self, out: &Path) -> Result<BackupInfo> {
+        let image = self.call(|reply| Request::Capture { reply }).await?;
+        let out = out.to_owned();
+        tokio::task::spawn_blocking(move || snapshot::backup(&image, &out))
+            .await
+            .map_err(|e| StoreError::Closed(format!("the backup writer stopped: {e}")))?
+    }
+
     /// Keys that exist now.
     pub fn len(&self) -> usize {
         self.shared.state.read().live_keys()
@@ -285,6 +297,10 @@ async fn expire_leases(shared: Weak<Shared>) {
 
 #[async_trait]
 impl Store for EmbeddedStore {
+    async fn backup(&self, out: &Path) -> Result<BackupInfo> {
+        EmbeddedStore::backup(self, out).await
+    }
+
     fn backend(&self) -> &'static str {
         "embedded"
     }

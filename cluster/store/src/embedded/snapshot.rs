@@ -85,7 +85,30 @@ impl Image {
 pub(crate) fn write(dir: &Path, image: &Image) -> Result<u64> {
     let index = image.index;
     let tmp = dir.join("snap.tmp");
-    let file = super::wal::private_file(&tmp).map_err(io("creating a snapshot"))?;
+    let written = encode(&tmp, image)?;
+    fs::rename(&tmp, snapshot_path(dir, index)).map_err(io("installing a snapshot"))?;
+    sync_dir(dir)?;
+
+    for (old, path) in snapshots(dir)? {
+        if old < index {
+            fs::remove_file(path).map_err(io("removing an old snapshot"))?;
+        }
+    }
+    // The log was rotated at `index`: segments starting at or before it end at or before it.
+    for (first, path) in super::wal::segments(dir)? {
+        if first <= index {
+            fs::remove_file(path).map_err(io("removing a covered log segment"))?;
+        }
+    }
+    sync_dir(dir)?;
+    Ok(written)
+}
+
+/// Writes `image` to the new file `path` (owner-only) and syncs it: the snapshot format, a
+/// checksum last. Returns the bytes written.
+fn encode(path: &Path, image: &Image) -> Result<u64> {
+    let index = image.index;
+    let file = super::wal::private_file(path).map_err(io("creating a snapshot"))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let mut crc = crc32fast::Hasher::new();
     let mut buf = Vec::with_capacity(1 << 16);
@@ -137,23 +160,95 @@ pub(crate) fn write(dir: &Path, image: &Image) -> Result<u64> {
         source: e.into_error(),
     })?;
     file.sync_all().map_err(io("syncing a snapshot"))?;
-    drop(file);
-    fs::rename(&tmp, snapshot_path(dir, index)).map_err(io("installing a snapshot"))?;
-    sync_dir(dir)?;
-
-    for (old, path) in snapshots(dir)? {
-        if old < index {
-            fs::remove_file(path).map_err(io("removing an old snapshot"))?;
-        }
-    }
-    // The log was rotated at `index`: segments starting at or before it end at or before it.
-    for (first, path) in super::wal::segments(dir)? {
-        if first <= index {
-            fs::remove_file(path).map_err(io("removing a covered log segment"))?;
-        }
-    }
-    sync_dir(dir)?;
     Ok(written + 4)
+}
+
+/// What a backup holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupInfo {
+    /// The store's revision when it was taken.
+    pub revision: i64,
+    /// Keys that exist in it (deleted ones not counted).
+    pub keys: usize,
+    /// Size of the file.
+    pub bytes: u64,
+}
+
+/// Writes `image` to `out` as a backup (a snapshot file): written beside it first, synced,
+/// then renamed, so `out` is whole or absent.
+pub(crate) fn backup(image: &Image, out: &Path) -> Result<BackupInfo> {
+    let tmp = out.with_extension("partial");
+    let bytes = encode(&tmp, image)?;
+    fs::rename(&tmp, out).map_err(io("installing the backup"))?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    Ok(BackupInfo {
+        revision: image.revision,
+        keys: image
+            .keys
+            .values()
+            .filter(|h| h.last().is_some_and(|v| !v.tombstone))
+            .count(),
+        bytes,
+    })
+}
+
+/// Checks that `path` is a whole backup (snapshot format, checksum) and says what it holds.
+pub fn verify_backup(path: &Path) -> Result<BackupInfo> {
+    load_backup(path).map(|l| l.info())
+}
+
+fn load_backup(path: &Path) -> Result<Loaded> {
+    load(path).map_err(|reason| StoreError::Io {
+        step: "reading the backup",
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {reason}", path.display()),
+        ),
+    })
+}
+
+impl Loaded {
+    fn info(&self) -> BackupInfo {
+        BackupInfo {
+            revision: self.mvcc.revision(),
+            keys: self.mvcc.live_keys(),
+            bytes: self.bytes,
+        }
+    }
+}
+
+/// Makes `dir` a store directory holding the backup `from`, as of its revision: the store
+/// opens there as it was. `dir` must hold no store yet (no snapshot, no log).
+pub fn restore_backup(from: &Path, dir: &Path) -> Result<BackupInfo> {
+    let loaded = load_backup(from)?;
+    std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)
+        .map_err(io("creating the store directory"))?;
+    if !snapshots(dir)?.is_empty() || !super::wal::segments(dir)?.is_empty() {
+        return Err(StoreError::Io {
+            step: "restoring a backup",
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} holds a store already; restore into a new directory",
+                    dir.display()
+                ),
+            ),
+        });
+    }
+    let tmp = dir.join("snap.tmp");
+    fs::copy(from, &tmp).map_err(io("copying the backup"))?;
+    fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(io("copying the backup"))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io("syncing the restored snapshot"))?;
+    fs::rename(&tmp, snapshot_path(dir, loaded.index))
+        .map_err(io("installing the restored snapshot"))?;
+    sync_dir(dir)?;
+    Ok(loaded.info())
 }
 
 /// Loads the newest intact snapshot, if any. A damaged newest snapshot (a crash while writing
