@@ -19,6 +19,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use tessera_apiserver::pki::AGENT_CA_ANNOTATION;
 use tessera_client::auth::Tokens;
 use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
@@ -354,22 +355,47 @@ impl ProcessAgent {
         self.config.state_dir.join("uids")
     }
 
-    /// Starts the log endpoint, if the node has credentials for it; the port it serves on.
-    async fn serve_logs(&self) -> Result<Option<u16>, ApiError> {
+    /// Patches this node's object (or its `subresource`).
+    async fn patch_node(
+        &self,
+        subresource: Option<&str>,
+        kind: PatchType,
+        patch: &Value,
+    ) -> Result<(), ApiError> {
+        self.client
+            .patch(
+                res("", "nodes"),
+                None,
+                &self.config.node,
+                subresource,
+                kind,
+                patch,
+            )
+            .await
+            .map(drop)
+    }
+
+    /// The address the API server reaches this node at (its `InternalIP`).
+    fn address(&self) -> String {
+        match self.config.serve_addr.ip() {
+            ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+            ip => ip.to_string(),
+        }
+    }
+
+    /// Starts the endpoint (logs, usage) over TLS, if the node has credentials for it: the
+    /// port it serves on and the CA of its certificate, for the Node to publish.
+    async fn serve_logs(&self) -> Result<Option<(u16, String)>, ApiError> {
         let Some(tokens) = self.config.tokens.clone() else {
             return Ok(None);
         };
-        let listener = tokio::net::TcpListener::bind(self.config.serve_addr)
-            .await
-            .map_err(|e| {
+        let tls =
+            tessera_apiserver::pki::agent_tls(&self.address(), &self.config.node).map_err(|e| {
                 ApiError::internal(format!(
-                    "node {}: serving logs on {}: {e}",
-                    self.config.node, self.config.serve_addr
+                    "node {}: the endpoint's certificate: {e}",
+                    self.config.node
                 ))
             })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| ApiError::internal(e.to_string()))?;
         let router = AgentServer::new(
             &self.config.node,
             self.config.log_dir.clone(),
@@ -378,13 +404,22 @@ impl ProcessAgent {
             self.stats.clone(),
         )
         .router();
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!(error = %e, "the log endpoint stopped");
-            }
-        });
-        tracing::info!(node = %self.config.node, %addr, "serving container logs");
-        Ok(Some(addr.port()))
+        let addr = tessera_apiserver::serve::serve_tls_pem(
+            self.config.serve_addr,
+            &tls.cert_pem,
+            &tls.key_pem,
+            router,
+            tessera_apiserver::serve::ConnectionLimits::default(),
+        )
+        .await
+        .map_err(|e| {
+            ApiError::internal(format!(
+                "node {}: serving its endpoint on {}: {e}",
+                self.config.node, self.config.serve_addr
+            ))
+        })?;
+        tracing::info!(node = %self.config.node, %addr, "serving container logs and usage over TLS");
+        Ok(Some((addr.port(), tls.ca_pem)))
     }
 
     /// Registers the Node (this machine's cpus and memory, its log endpoint) and its Lease.
@@ -414,11 +449,8 @@ impl ProcessAgent {
             tracing::warn!(node = %self.config.node,
                 "process isolation is off: containers run with the agent's rights");
         }
-        let port = self.serve_logs().await?.unwrap_or(0);
-        let ip = match self.config.serve_addr.ip() {
-            ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
-            ip => ip.to_string(),
-        };
+        let (port, agent_ca) = self.serve_logs().await?.unwrap_or_default();
+        let ip = self.address();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let now = rfc3339(now_secs());
         let resources = json!({"cpu": cpus.to_string(), "memory": host_memory(), "pods": "110"});
@@ -426,7 +458,8 @@ impl ProcessAgent {
         // tenant's pods may tolerate it only if its Tenant allows process nodes).
         let mut node = json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": self.config.node, "labels": {"kubernetes.io/hostname": self.config.node,
-                "kubernetes.io/os": "linux", PROCESS_TAINT_KEY: PROCESS_TAINT_VALUE}},
+                "kubernetes.io/os": "linux", PROCESS_TAINT_KEY: PROCESS_TAINT_VALUE},
+                "annotations": {AGENT_CA_ANNOTATION: agent_ca}},
             "spec": {"taints": [{"key": PROCESS_TAINT_KEY, "value": PROCESS_TAINT_VALUE, "effect": "NoSchedule"}]},
             "status": {"capacity": resources, "allocatable": resources,
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -451,19 +484,15 @@ impl ProcessAgent {
         match self.client.create(res("", "nodes"), None, &node).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {
-                // Registered before: the endpoint moved with this start.
+                // Registered before: the endpoint moved with this start. Its new CA first,
+                // then its new port (the API server reaches the old port, gone, meanwhile;
+                // never the new port with the old CA).
+                let patch = json!({"metadata": {"annotations": {AGENT_CA_ANNOTATION: agent_ca}}});
+                self.patch_node(None, PatchType::Merge, &patch).await?;
                 let st = &node["status"];
                 let patch = json!({"status": {"conditions": st["conditions"],
                     "addresses": st["addresses"], "daemonEndpoints": st["daemonEndpoints"]}});
-                self.client
-                    .patch(
-                        res("", "nodes"),
-                        None,
-                        &self.config.node,
-                        Some("status"),
-                        PatchType::StrategicMerge,
-                        &patch,
-                    )
+                self.patch_node(Some("status"), PatchType::StrategicMerge, &patch)
                     .await?;
                 // A node registered before it carried the taint gets it (added to whatever
                 // taints an administrator set since).
@@ -479,16 +508,7 @@ impl ProcessAgent {
                     taints.push(node["spec"]["taints"][0].clone());
                     let patch = json!({"metadata": {"resourceVersion": now["metadata"]["resourceVersion"]},
                         "spec": {"taints": taints}});
-                    self.client
-                        .patch(
-                            res("", "nodes"),
-                            None,
-                            &self.config.node,
-                            None,
-                            PatchType::Merge,
-                            &patch,
-                        )
-                        .await?;
+                    self.patch_node(None, PatchType::Merge, &patch).await?;
                 }
             }
             Err(e) => return Err(e),

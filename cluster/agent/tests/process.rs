@@ -123,24 +123,59 @@ async fn containers_run_as_processes() {
         "{}",
         e.message
     );
-    // The agent's endpoint itself refuses anyone but its API server.
-    for auth in ["", "Authorization: Bearer test-admin-token\r\n"] {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port as u16))
-            .await
-            .expect("connect");
-        let uid = p["metadata"]["uid"].as_str().expect("uid");
-        let req = format!(
-            "GET /containerLogs/default/hello/main?podUID={uid} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+    // The agent's endpoint speaks TLS only: a plain HTTP request gets no HTTP answer.
+    let uid = p["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port as u16))
+        .await
+        .expect("connect");
+    let req = format!(
+        "GET /containerLogs/default/hello/main?podUID={uid} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut s, &mut answer).await;
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    // Over TLS, trusting the CA the node published (and nothing else), it refuses anyone
+    // but its API server: no credential, or the admin token itself.
+    let ca = node["metadata"]["annotations"]["tessera.io/agent-ca"]
+        .as_str()
+        .expect("the node publishes its endpoint's CA");
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+    let ca_file = dir.path().join("agent-ca.pem");
+    std::fs::write(&ca_file, ca).expect("write the CA");
+    let url = format!("https://127.0.0.1:{port}/containerLogs/default/hello/main?podUID={uid}");
+    for auth in [None, Some("Authorization: Bearer test-admin-token")] {
+        let mut curl = std::process::Command::new("curl");
+        curl.args(["-sS", "-w", "\n%{http_code}", "--cacert"])
+            .arg(&ca_file)
+            .arg(&url);
+        if let Some(h) = auth {
+            curl.args(["-H", h]);
+        }
+        let out = curl.output().expect("curl (installed by scripts/setup.sh)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.ends_with("\n401"),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
-            .await
-            .expect("write");
-        let mut answer = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut s, &mut answer)
-            .await
-            .expect("read");
-        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     }
+    // Without that CA (the system's roots alone), its certificate is not trusted.
+    let out = std::process::Command::new("curl")
+        .args(["-sS", &url])
+        .output()
+        .expect("curl");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("certificate"),
+        "{err}"
+    );
 
     // Probes. Readiness follows an exec probe; a failing liveness probe restarts the
     // container; a startup probe holds readiness back until it passes.

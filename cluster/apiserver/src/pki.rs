@@ -92,18 +92,30 @@ fn ca_params() -> Result<CertificateParams, PkiError> {
 /// A serving certificate for loopback signed by `issuer`: its PEM, its key's PEM and the
 /// last date it is valid (`YYYY-MM-DD`).
 fn serving(issuer: &Issuer<'_, KeyPair>) -> Result<(String, String, String), PkiError> {
+    serving_for(
+        issuer,
+        &["localhost", "127.0.0.1", "::1"].map(str::to_owned),
+        "tessera-apiserver",
+        SERVING_YEARS,
+    )
+}
+
+/// A serving certificate for `names` (DNS names or IP addresses) signed by `issuer`, valid
+/// for `years`: its PEM, its key's PEM and its last day (`YYYY-MM-DD`).
+fn serving_for(
+    issuer: &Issuer<'_, KeyPair>,
+    names: &[String],
+    common_name: &str,
+    years: i32,
+) -> Result<(String, String, String), PkiError> {
     let generate = |what| move |source| PkiError::Generate { what, source };
     let key = KeyPair::generate().map_err(generate("the serving key"))?;
-    let mut params = CertificateParams::new(vec![
-        "localhost".to_owned(),
-        "127.0.0.1".to_owned(),
-        "::1".to_owned(),
-    ])
-    .map_err(generate("the serving certificate"))?;
+    let mut params =
+        CertificateParams::new(names.to_vec()).map_err(generate("the serving certificate"))?;
     params
         .distinguished_name
-        .push(DnType::CommonName, "tessera-apiserver");
-    let (from, to) = validity(SERVING_YEARS);
+        .push(DnType::CommonName, common_name);
+    let (from, to) = validity(years);
     params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
     params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
     let cert = params
@@ -114,6 +126,49 @@ fn serving(issuer: &Issuer<'_, KeyPair>) -> Result<(String, String, String), Pki
         key.serialize_pem(),
         format!("{:04}-{:02}-{:02}", to.0, to.1, to.2),
     ))
+}
+
+/// What a node agent serves its endpoint (logs, usage) with: a CA of its own, made at each
+/// start (its key never leaves memory and is dropped once the certificate is signed), and a
+/// serving certificate for the node's address and name signed by it. The agent publishes
+/// the CA on its Node ([`AGENT_CA_ANNOTATION`]); the API server trusts that CA alone when
+/// it reaches that node, as it trusts the Node's address and port.
+pub struct AgentTls {
+    /// The agent's CA (PEM), to publish.
+    pub ca_pem: String,
+    /// The serving certificate (PEM).
+    pub cert_pem: String,
+    /// Its key (PEM).
+    pub key_pem: String,
+}
+
+/// The Node annotation where a process agent publishes the CA of its endpoint.
+pub const AGENT_CA_ANNOTATION: &str = "tessera.io/agent-ca";
+
+/// Fresh [`AgentTls`] for the node `node` reached at `address`.
+pub fn agent_tls(address: &str, node: &str) -> Result<AgentTls, PkiError> {
+    let ca_key = KeyPair::generate().map_err(|source| PkiError::Generate {
+        what: "the agent's CA key",
+        source,
+    })?;
+    let ca_cert = ca_params()?
+        .self_signed(&ca_key)
+        .map_err(|source| PkiError::Generate {
+            what: "the agent's CA certificate",
+            source,
+        })?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let (cert_pem, key_pem, _) = serving_for(
+        &issuer,
+        &[address.to_owned(), node.to_owned()],
+        "tessera-agent",
+        SERVING_YEARS,
+    )?;
+    Ok(AgentTls {
+        ca_pem: ca_cert.pem(),
+        cert_pem,
+        key_pem,
+    })
 }
 
 /// Issues a new serving certificate and key into `dir` from its kept CA key (the CA, and so

@@ -124,11 +124,30 @@ pub async fn serve_tls_with(
     router: Router,
     limits: ConnectionLimits,
 ) -> Result<SocketAddr, ServeError> {
+    serve_tls_pem(
+        addr,
+        &credentials.cert_pem,
+        &credentials.key_pem,
+        router,
+        limits,
+    )
+    .await
+}
+
+/// Binds `addr` and serves `router` over TLS with the certificate and key given as PEM (a
+/// node agent's endpoint); returns the bound address.
+pub async fn serve_tls_pem(
+    addr: SocketAddr,
+    cert_pem: &str,
+    key_pem: &str,
+    router: Router,
+    limits: ConnectionLimits,
+) -> Result<SocketAddr, ServeError> {
     let certs = vec![
-        CertificateDer::from_pem_slice(credentials.cert_pem.as_bytes())
+        CertificateDer::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e| ServeError::Tls(format!("serving certificate: {e}")))?,
     ];
-    let key = PrivateKeyDer::from_pem_slice(credentials.key_pem.as_bytes())
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
         .map_err(|e| ServeError::Tls(format!("serving key: {e}")))?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),

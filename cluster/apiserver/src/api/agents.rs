@@ -1,38 +1,90 @@
 //! Reaching node agents, as kube-apiserver reaches kubelets: the agent's address is the
-//! Node's `InternalIP` and `status.daemonEndpoints.kubeletEndpoint.Port`, and each request
+//! Node's `InternalIP` and `status.daemonEndpoints.kubeletEndpoint.Port`, over TLS trusting
+//! only the CA the agent published on its Node ([`AGENT_CA_ANNOTATION`]), and each request
 //! carries a short-lived credential for that one node ([`Tokens::node_token`]). Used by
 //! `pods/log` and `metrics.k8s.io`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
+use parking_lot::Mutex;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use serde_json::Value;
 
 use super::{Api, now_secs};
 use crate::auth::Tokens;
+use crate::pki::AGENT_CA_ANNOTATION;
 use crate::request::ApiRequest;
 use crate::status::ApiError;
 
 /// How long a node credential minted for one proxied request stays good.
 const NODE_TOKEN_SECONDS: i64 = 60;
 
+type AgentClient = HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// Clients kept, one per agent CA; past this many (agents restarted often) they are all
+/// dropped and made again as needed.
+const MAX_AGENT_CLIENTS: usize = 4096;
+
 /// What the API server needs to reach node agents.
 #[derive(Clone)]
 pub struct NodeProxy {
     tokens: Tokens,
-    http: HyperClient<HttpConnector, Empty<Bytes>>,
+    /// A client per agent CA (the PEM an agent published).
+    clients: Arc<Mutex<HashMap<String, AgentClient>>>,
 }
 
 impl NodeProxy {
     /// Node agents reached with credentials rooted in `tokens`.
     pub fn new(tokens: Tokens) -> NodeProxy {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
         NodeProxy {
             tokens,
-            http: HyperClient::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
+            clients: Arc::default(),
         }
+    }
+
+    /// A client that trusts `ca_pem` alone.
+    fn client(&self, ca_pem: &str) -> Result<AgentClient, String> {
+        if let Some(c) = self.clients.lock().get(ca_pem) {
+            return Ok(c.clone());
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            let cert = cert.map_err(|e| format!("its CA is not PEM: {e}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("its CA is not a certificate: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err("its CA holds no certificate".into());
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_only()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = HyperClient::builder(hyper_util::rt::TokioExecutor::new()).build(https);
+        let mut clients = self.clients.lock();
+        if clients.len() >= MAX_AGENT_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(ca_pem.to_owned(), client.clone());
+        Ok(client)
     }
 }
 
@@ -93,11 +145,25 @@ impl Api {
                 "node {node_name} has no agent endpoint (simulated nodes run no processes: their pods have no output or usage)"
             )));
         };
+        let Some(ca) = node["metadata"]["annotations"][AGENT_CA_ANNOTATION].as_str() else {
+            return Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "node {node_name} publishes no CA for its agent's endpoint ({AGENT_CA_ANNOTATION}): its agent predates TLS on that endpoint; upgrade it"
+                ),
+            ));
+        };
+        let http = proxy.client(ca).map_err(|why| {
+            ApiError::internal(format!(
+                "node {node_name}'s {AGENT_CA_ANNOTATION} cannot be used: {why}"
+            ))
+        })?;
         let token =
             proxy
                 .tokens
                 .node_token(node_name, now_secs() + NODE_TOKEN_SECONDS, "GET", path);
-        let request = hyper::Request::get(format!("http://{addr}{path}"))
+        let request = hyper::Request::get(format!("https://{addr}{path}"))
             .header("authorization", format!("Bearer {token}"))
             .body(Empty::new())
             .map_err(|e| ApiError::internal(format!("building the agent request: {e}")))?;
@@ -110,11 +176,7 @@ impl Api {
             err.retry_after = Some(1);
             err
         };
-        let resp = proxy
-            .http
-            .request(request)
-            .await
-            .map_err(|e| unreachable(&e))?;
+        let resp = http.request(request).await.map_err(|e| unreachable(&e))?;
         let code = resp.status().as_u16();
         if code == 200 {
             return Ok(resp);
