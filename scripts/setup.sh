@@ -49,7 +49,17 @@ if ((${#need[@]})); then
   SUDO=""
   if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
   $SUDO apt-get update -qq
+  # Packages with services (etcd, Prometheus) must not start them: on a machine without
+  # systemd, Debian's scripts would start them at once, listening on every interface.
+  # policy-rc.d says no to every start while this install runs (kept if one was there).
+  made_policy=false
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+    made_policy=true
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  if $made_policy; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
   # Debian starts an etcd service on install; the tests start their own on free ports.
   # Debian starts etcd and Prometheus services on install (where an init system runs);
   # the tests start their own, on loopback and free ports.

@@ -45,8 +45,12 @@ pub fn config(targets: &[Target], rules: &str, token_file: &Path) -> String {
          scrape_configs:\n",
         quote(rules)
     );
-    let mut jobs: Vec<&'static str> = targets.iter().map(|t| t.job).collect();
-    jobs.dedup();
+    let mut jobs: Vec<&'static str> = Vec::new();
+    for t in targets {
+        if !jobs.contains(&t.job) {
+            jobs.push(t.job);
+        }
+    }
     for job in jobs {
         out.push_str(&format!(
             "  - job_name: {}\n    authorization:\n      credentials_file: {}\n    static_configs:\n",

@@ -1,5 +1,8 @@
 //! `tessera bench reopen`: how long the embedded store takes to open a directory holding N
-//! keys (newest snapshot plus the log after it), stated as seconds per million keys.
+//! keys (newest snapshot plus the log after it), stated as seconds per million keys; then
+//! how long a backup of it takes while a writer goes on (and the longest that writer's
+//! writes waited meanwhile: the capture holds the writer), and how long a store restored
+//! from that backup takes to open.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +38,13 @@ struct ReopenResult {
     disk_bytes: u64,
     reopen_seconds: f64,
     seconds_per_million_keys: f64,
+    backup_seconds: f64,
+    backup_bytes: u64,
+    backup_mib_per_second: f64,
+    /// The slowest write of a writer running during the backup, in milliseconds.
+    slowest_write_during_backup_ms: f64,
+    /// Restoring the backup into a new directory and opening it.
+    restore_and_open_seconds: f64,
 }
 
 fn dir_size(dir: &std::path::Path) -> std::io::Result<u64> {
@@ -109,12 +119,63 @@ pub async fn run(args: ReopenBenchArgs) -> anyhow::Result<()> {
         reopened.len(),
         args.keys
     );
+    // A backup while a writer goes on (its keys are outside the backed-up set's count).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, stop, value) = (reopened.clone(), stop.clone(), value.clone());
+        tokio::spawn(async move {
+            let mut slowest = std::time::Duration::ZERO;
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                store
+                    .put(
+                        Bytes::from(format!("/registry/events/bench/e-{i}")),
+                        value.clone(),
+                    )
+                    .await?;
+                slowest = slowest.max(t.elapsed());
+                i += 1;
+            }
+            anyhow::Ok(slowest)
+        })
+    };
+    let backup_file = dir.path().join("bench.backup");
+    let started = Instant::now();
+    let info = reopened.backup(&backup_file).await?;
+    let backup_secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let slowest = writer.await??;
+    let restored = dir.path().join("restored");
+    let started = Instant::now();
+    tessera_store::embedded::restore_backup(&backup_file, &restored)?;
+    let back = EmbeddedStore::open(
+        &restored,
+        EmbeddedOptions::default(),
+        StoreMetrics::detached(),
+    )
+    .await?;
+    let restore_secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        back.len() == info.keys && info.keys >= args.keys,
+        "the restored store has {} keys, the backup {} (of {} written before it)",
+        back.len(),
+        info.keys,
+        args.keys
+    );
+    back.close().await?;
+    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
     let result = ReopenResult {
         keys: args.keys,
         value_bytes: args.value_size,
         disk_bytes,
-        reopen_seconds: (secs * 1000.0).round() / 1000.0,
-        seconds_per_million_keys: (secs / args.keys as f64 * 1e6 * 1000.0).round() / 1000.0,
+        reopen_seconds: r3(secs),
+        seconds_per_million_keys: r3(secs / args.keys as f64 * 1e6),
+        backup_seconds: r3(backup_secs),
+        backup_bytes: info.bytes,
+        backup_mib_per_second: r3(info.bytes as f64 / (1 << 20) as f64 / backup_secs),
+        slowest_write_during_backup_ms: r3(slowest.as_secs_f64() * 1000.0),
+        restore_and_open_seconds: r3(restore_secs),
     };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
@@ -125,6 +186,14 @@ pub async fn run(args: ReopenBenchArgs) -> anyhow::Result<()> {
             disk_bytes as f64 / (1 << 20) as f64,
             result.reopen_seconds,
             result.seconds_per_million_keys
+        );
+        println!(
+            "backup: {:.0} MiB in {:.3} s ({:.0} MiB/s), a concurrent writer's slowest write {:.1} ms; restore + open: {:.3} s",
+            result.backup_bytes as f64 / (1 << 20) as f64,
+            result.backup_seconds,
+            result.backup_mib_per_second,
+            result.slowest_write_during_backup_ms,
+            result.restore_and_open_seconds
         );
     }
     reopened.close().await?;
