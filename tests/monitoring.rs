@@ -130,6 +130,101 @@ fn the_dashboard_is_what_its_generator_prints() {
     assert!(exprs.len() >= 25, "{exprs:?}");
 }
 
+/// `promtool check metrics` of the exposition at `url`, read with `token`: what it said.
+fn promtool_on(url: &str, token: &str) -> String {
+    let body = Command::new("curl")
+        .args(["-sSf", "-H", &format!("Authorization: Bearer {token}"), url])
+        .output()
+        .expect("curl");
+    assert!(
+        body.status.success(),
+        "{url}: {}",
+        String::from_utf8_lossy(&body.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&body.stdout).contains("# TYPE "),
+        "{url} serves no metrics"
+    );
+    let mut check = tool("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    use std::io::Write;
+    check
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&body.stdout)
+        .expect("write");
+    let out = check.wait_with_output().expect("promtool");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{url}: {said}");
+    said
+}
+
+/// Each component run as a process of its own — the API server, the scheduler, the
+/// controller manager, a node agent — serves metrics that `promtool` accepts, to the metrics
+/// token given with `--metrics-token-file`.
+#[test]
+fn every_component_process_serves_metrics_promtool_accepts() {
+    let c = Cluster::start_with("apiserver", &[]);
+    let token_file = c.dir.path().join("pki/metrics.token");
+    let token = std::fs::read_to_string(&token_file).expect("the API server made its token");
+    let mut processes = Vec::new();
+    let mut urls = vec![format!("http://{}/metrics", c.metrics_addr)];
+    for (what, extra) in [
+        ("scheduler", vec!["--identity", "sched-0"]),
+        ("controller-manager", vec!["--identity", "cm-0"]),
+        ("agent", vec!["--sim-nodes", "2", "--prefix", "m"]),
+    ] {
+        let addr = free_addr();
+        processes.push(Running(
+            Command::new(env!("CARGO_BIN_EXE_tessera"))
+                .arg(what)
+                .args(&extra)
+                .arg("--kubeconfig")
+                .arg(&c.kubeconfig)
+                .args(["--metrics-addr", &addr])
+                .arg("--metrics-token-file")
+                .arg(&token_file)
+                .env("TESSERA_LOG", "warn")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("start a component"),
+        ));
+        urls.push(format!("http://{addr}/metrics"));
+    }
+    // Work for them: a Deployment scheduled onto the agent's nodes.
+    c.ok(&["create", "namespace", "m"]);
+    c.deploy("m", "web", 3);
+    for url in &urls {
+        let said = wait_for(Duration::from_secs(30), || {
+            let out = Command::new("curl").args(["-sf", url]).output().ok()?;
+            out.status.success().then_some(())
+        });
+        assert!(said.is_some(), "{url} answers");
+        let said = promtool_on(url, token.trim());
+        assert!(said.trim().is_empty(), "{url}: {said}");
+    }
+    // Another token is refused by each of them.
+    for url in &urls {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(["-H", "Authorization: Bearer not-the-token", url])
+            .output()
+            .expect("curl");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "401", "{url}");
+    }
+    drop(processes);
+}
+
 /// One PromQL query: its result's samples (label sets and values), or why not.
 fn query(prometheus: &str, expr: &str) -> Result<Vec<(serde_json::Value, f64)>, String> {
     let out = Command::new("curl")
@@ -299,38 +394,13 @@ fn a_real_prometheus_scrapes_the_fleet_and_every_key_series_and_panel_has_data()
         "{forged}"
     );
 
-    // Every endpoint's exposition passes promtool (names, units, `_total`, help).
+    // Every endpoint's whole exposition (tenants' samples included) passes promtool: names,
+    // units, `_total`, help.
+    let token = std::fs::read_to_string(c.dir.path().join("pki/metrics.token")).expect("token");
     for t in &targets {
         let url = t["scrapeUrl"].as_str().expect("url");
-        let body = Command::new("curl")
-            .args(["-sSf", url])
-            .output()
-            .expect("curl");
-        assert!(body.status.success(), "{url}");
-        let mut check = tool("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("promtool");
-        use std::io::Write;
-        check
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(&body.stdout)
-            .expect("write");
-        let out = check.wait_with_output().expect("promtool");
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success() && said.trim().is_empty(),
-            "{url}: {said}"
-        );
+        let said = promtool_on(url, token.trim());
+        assert!(said.trim().is_empty(), "{url}: {said}");
     }
 
     // The key series, through the recording rules.
