@@ -262,8 +262,12 @@ async fn bodies_are_read_on_seats_and_watches_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_answer_holds_seats_until_written_and_a_non_reader_is_closed() {
+    // The seats are held from the answer's start until the write timeout ends the stalled
+    // connection: long enough that a loaded machine (CI runs this beside the other tests
+    // of the file) still sees it, where 2 s once was not.
+    let write_timeout = Duration::from_secs(4);
     let limits = ConnectionLimits {
-        write_timeout: Duration::from_secs(2),
+        write_timeout,
         ..ConnectionLimits::default()
     };
     let (addr, creds, _dir, api) = server_with_api(limits).await;
@@ -304,8 +308,9 @@ async fn a_large_answer_holds_seats_until_written_and_a_non_reader_is_closed() {
         req.name = Some("c0".into());
         c.call(req)
     };
+    // Building a 10 MB answer takes a while under load: looked for over 10 s at most.
     let mut refused = None;
-    for _ in 0..100 {
+    for _ in 0..1000 {
         match one().await {
             Err(e) if e.code == 429 => {
                 refused = Some(e);
@@ -326,7 +331,7 @@ async fn a_large_answer_holds_seats_until_written_and_a_non_reader_is_closed() {
     let mut got = 0usize;
     let mut buf = vec![0u8; 64 << 10];
     let ended = tokio::time::timeout(Duration::from_secs(30), async {
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        tokio::time::sleep(write_timeout + Duration::from_secs(2)).await;
         loop {
             match stalled.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
