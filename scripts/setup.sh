@@ -17,7 +17,9 @@
 #                    metrics, rules and alert tests with promtool;
 #   .tools/venv    - (tests only) a Python virtualenv with the pinned tools of
 #                    scripts/requirements.txt: the Grafana foundation SDK the dashboard is
-#                    generated with (python3-venv is installed if `python3 -m venv` fails).
+#                    generated with, and Helm's engine, kubernetes-validate and yamllint
+#                    for the chart's checks (python3-venv is installed if `python3 -m venv`
+#                    fails).
 # kubectl 1.32 is expected on the machine already; the kubectl tests say so if it is not.
 # Safe to run again: it installs only what is missing.
 #

@@ -350,6 +350,15 @@ pub struct AgentArgs {
     /// Nodes whose containers run as real local processes (`{prefix}-proc-{i}`).
     #[arg(long, default_value_t = 0)]
     process_nodes: usize,
+    /// The address process nodes serve their endpoint (logs, usage) on and publish as the
+    /// Node's `InternalIP`: where the API server reaches them (a host's address when the
+    /// agent runs in a pod with the host's network).
+    #[arg(long, default_value = "127.0.0.1")]
+    node_address: std::net::IpAddr,
+    /// The port of the first process node's endpoint (the next node takes the next port);
+    /// 0 for any free port.
+    #[arg(long, default_value_t = 0)]
+    node_port: u16,
     /// Where process nodes keep container logs.
     #[arg(long, default_value = "./logs")]
     log_dir: PathBuf,
@@ -422,6 +431,15 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
             tokens: Some(Tokens::new(&token)),
             isolation: args.process_isolation.isolation(),
             state_dir: args.state_dir.clone(),
+            serve_addr: SocketAddr::new(
+                args.node_address,
+                match args.node_port {
+                    0 => 0,
+                    p => p.checked_add(i as u16).ok_or_else(|| {
+                        anyhow::anyhow!("--node-port {p} + {i} process nodes passes 65535")
+                    })?,
+                },
+            ),
             ..ProcessConfig::new(&name, args.log_dir.clone())
         };
         lendable.insert(name.clone(), Lendable::Process(Box::new(config.clone())));

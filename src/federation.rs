@@ -70,16 +70,17 @@ pub struct Federation {
     pub offers: Option<SocketAddr>,
 }
 
-/// The join token of the federation in `data_dir` (made once, kept in `pki/join.token`).
-pub fn join_token(data_dir: &Path) -> anyhow::Result<String> {
-    let path = data_dir.join("pki/join.token");
+/// The join token of the federation whose credentials are in `pki` (made once, kept in
+/// `join.token`).
+pub fn join_token(pki: &Path) -> anyhow::Result<String> {
+    let path = pki.join("join.token");
     if let Ok(t) = std::fs::read_to_string(&path) {
         return Ok(t.trim().to_owned());
     }
     let mut bytes = [0u8; 32];
     rand::fill(&mut bytes);
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::create_dir_all(data_dir.join("pki"))?;
+    std::fs::create_dir_all(pki)?;
     {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
@@ -102,7 +103,7 @@ pub async fn start(
     offers_addr: Option<SocketAddr>,
 ) -> anyhow::Result<Federation> {
     let metrics = FederationMetrics::unregistered()?;
-    let token = join_token(&args.data_dir)?;
+    let token = join_token(&args.pki_dir())?;
     let mut config = RegistryConfig::new(token.clone());
     config.failover_margin = Duration::from_secs(tuning.failover_margin_seconds);
     if tuning.shard_lease_seconds < 3 {
@@ -117,8 +118,7 @@ pub async fn start(
     let shards = Arc::new(tessera_registry::RegistryShards(registry.clone()));
     let api = crate::up::start_with(args, Some(shards)).await?;
     metrics.register_into(&api.registry)?;
-    let credentials =
-        tessera_apiserver::pki::Credentials::load_or_create(&args.data_dir.join("pki"))?;
+    let credentials = tessera_apiserver::pki::Credentials::load_or_create(&args.pki_dir())?;
     let listener = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
         .map_err(|e| {
@@ -146,7 +146,7 @@ pub async fn start(
     });
     let offers = match offers_addr {
         Some(addr) => Some(
-            crate::offers::serve_federation(&api, registry.clone(), addr, &args.data_dir).await?,
+            crate::offers::serve_federation(&api, registry.clone(), addr, &args.pki_dir()).await?,
         ),
         None => None,
     };
@@ -209,8 +209,8 @@ pub async fn run(args: FederationArgs) -> anyhow::Result<()> {
     println!(
         "  join:     tessera join --federation {} --federation-ca {} --token-file {} --name NAME --kubeconfig SHARD_KUBECONFIG",
         f.grpc_url,
-        args.base.data_dir.join("pki/ca.crt").display(),
-        args.base.data_dir.join("pki/join.token").display()
+        args.base.pki_dir().join("ca.crt").display(),
+        args.base.pki_dir().join("join.token").display()
     );
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;

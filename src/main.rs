@@ -2,6 +2,7 @@
 //! line and its wiring only; the parts live in the workspace crates.
 
 mod bench;
+mod certs;
 mod components;
 mod data_dir;
 mod debug;
@@ -91,12 +92,19 @@ enum TokenCommand {
 
 #[derive(Subcommand)]
 enum CertsCommand {
+    /// Make the credentials of an API server ahead of time, for processes that share them
+    /// (a shard's API server replicas, scheduler, controller manager and etcd members):
+    /// into a directory, or as a Kubernetes Secret (the Helm chart's pre-install Job).
+    Init(certs::InitArgs),
     /// Issue a new serving certificate (one year) from the kept CA key; the CA and every
     /// kubeconfig stay valid. Restart the API server to serve it.
     Rotate {
         /// The data directory whose `pki/` holds the CA.
         #[arg(long, default_value = "./data")]
         data_dir: std::path::PathBuf,
+        /// The credentials' directory, if not DATA/pki (`--pki-dir` of the API server).
+        #[arg(long)]
+        pki_dir: Option<std::path::PathBuf>,
     },
 }
 
@@ -132,11 +140,13 @@ fn main() -> anyhow::Result<()> {
             Command::Store(cmd) => store_cmd::run(cmd).await,
             Command::Framework(cmd) => offers::run(cmd).await,
             Command::Token(TokenCommand::Create(args)) => up::token_create(args).await,
-            Command::Certs(CertsCommand::Rotate { data_dir }) => {
-                let until = tessera_apiserver::pki::rotate_serving(&data_dir.join("pki"))?;
+            Command::Certs(CertsCommand::Init(args)) => certs::init(args).await,
+            Command::Certs(CertsCommand::Rotate { data_dir, pki_dir }) => {
+                let pki = pki_dir.unwrap_or_else(|| data_dir.join("pki"));
+                let until = tessera_apiserver::pki::rotate_serving(&pki)?;
                 println!(
                     "new serving certificate in {}, valid until {until}; restart tessera to serve it",
-                    data_dir.join("pki/server.crt").display()
+                    pki.join("server.crt").display()
                 );
                 Ok(())
             }

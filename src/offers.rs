@@ -36,13 +36,13 @@ pub fn authenticator(api: &Shard) -> tessera_offers::Authenticate {
 }
 
 /// Serves `routes` (an offers endpoint) on `addr` with TLS, the certificate of the API in
-/// `data_dir`; returns the bound address.
+/// `pki` (its `--pki-dir`); returns the bound address.
 async fn serve_tls(
     addr: SocketAddr,
-    data_dir: &std::path::Path,
+    pki: &std::path::Path,
     routes: tonic::service::Routes,
 ) -> anyhow::Result<SocketAddr> {
-    let credentials = tessera_apiserver::pki::Credentials::load_or_create(&data_dir.join("pki"))?;
+    let credentials = tessera_apiserver::pki::Credentials::load_or_create(pki)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("binding the offers endpoint {addr}: {e}"))?;
@@ -67,7 +67,7 @@ async fn serve_tls(
 pub async fn serve(
     shard: &Shard,
     addr: SocketAddr,
-    data_dir: &std::path::Path,
+    pki: &std::path::Path,
 ) -> anyhow::Result<SocketAddr> {
     let metrics = OfferMetrics::register(&shard.registry, "shard")?;
     let offers = Offers::new(
@@ -76,7 +76,7 @@ pub async fn serve(
         authenticator(shard),
         Some(metrics),
     );
-    let bound = serve_tls(addr, data_dir, tonic::service::Routes::new(offers.server())).await?;
+    let bound = serve_tls(addr, pki, tonic::service::Routes::new(offers.server())).await?;
     tokio::spawn(offers.run());
     Ok(bound)
 }
@@ -87,7 +87,7 @@ pub async fn serve_federation(
     federation: &Shard,
     registry: Arc<tessera_registry::Registry>,
     addr: SocketAddr,
-    data_dir: &std::path::Path,
+    pki: &std::path::Path,
 ) -> anyhow::Result<SocketAddr> {
     let metrics = OfferMetrics::register(&federation.registry, "federation")?;
     // A framework's token must reach its namespace's ConfigMaps: the federation keeps
@@ -99,7 +99,7 @@ pub async fn serve_federation(
         probe,
         Some(metrics),
     );
-    let bound = serve_tls(addr, data_dir, tonic::service::Routes::new(offers.server())).await?;
+    let bound = serve_tls(addr, pki, tonic::service::Routes::new(offers.server())).await?;
     tokio::spawn(offers.run());
     Ok(bound)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tessera_store::{
-    EmbeddedOptions, EmbeddedStore, EtcdOptions, EtcdStore, Instrumented, ShardedStore,
+    EmbeddedOptions, EmbeddedStore, EtcdOptions, EtcdStore, EtcdTls, Instrumented, ShardedStore,
     ShardingConfig, Store, StoreMetrics,
 };
 
@@ -34,6 +34,16 @@ pub struct StoreArgs {
         default_value = "http://127.0.0.1:2379"
     )]
     pub etcd_servers: String,
+    /// The CA (PEM) that signs the etcd members' serving certificates; needed for
+    /// `https://` members (every etcd cluster given here shares it).
+    #[arg(long, env = "TESSERA_ETCD_CAFILE")]
+    pub etcd_cafile: Option<PathBuf>,
+    /// A client certificate (PEM) for etcd members run with `--client-cert-auth`.
+    #[arg(long, requires_all = ["etcd_keyfile", "etcd_cafile"])]
+    pub etcd_certfile: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, requires = "etcd_certfile")]
+    pub etcd_keyfile: Option<PathBuf>,
     /// Per-resource etcd clusters: `group/resource#url;url`, comma-separated
     /// (e.g. `/events#http://127.0.0.1:2381`).
     #[arg(long)]
@@ -97,8 +107,13 @@ pub async fn open(
 ) -> anyhow::Result<Arc<dyn Store>> {
     let inner: Arc<dyn Store> = match args.store {
         Backend::Embedded => {
-            if args.etcd_servers_overrides.is_some() || args.tenant_shards.is_some() {
-                anyhow::bail!("--etcd-servers-overrides and --tenant-shards need --store etcd");
+            if args.etcd_servers_overrides.is_some()
+                || args.tenant_shards.is_some()
+                || args.etcd_cafile.is_some()
+            {
+                anyhow::bail!(
+                    "--etcd-servers-overrides, --tenant-shards and --etcd-cafile need --store etcd"
+                );
             }
             let dir: PathBuf = data_dir.join("store");
             Arc::new(
@@ -113,10 +128,13 @@ pub async fn open(
                 args.etcd_servers_overrides.as_deref(),
                 args.tenant_shards.as_deref(),
             )?;
+            let tls = etcd_tls(args)?;
             let connect = |urls: Vec<String>| {
                 let metrics = metrics.clone();
+                let mut options = EtcdOptions::new(urls);
+                options.tls = tls.clone();
                 async move {
-                    EtcdStore::connect(EtcdOptions::new(urls), metrics)
+                    EtcdStore::connect(options, metrics)
                         .await
                         .map(|s| Arc::new(s) as Arc<dyn Store>)
                 }
@@ -151,6 +169,26 @@ pub async fn open(
             Ok(Arc::new(tessera_store::Encrypted::new(store, config)))
         }
     }
+}
+
+/// The etcd client TLS the flags describe, read from its files.
+fn etcd_tls(args: &StoreArgs) -> anyhow::Result<Option<EtcdTls>> {
+    let read = |p: &PathBuf, what: &str| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {what} {}", p.display()))
+    };
+    let Some(ca) = &args.etcd_cafile else {
+        return Ok(None);
+    };
+    let identity = match (&args.etcd_certfile, &args.etcd_keyfile) {
+        (Some(cert), Some(key)) => {
+            Some((read(cert, "--etcd-certfile")?, read(key, "--etcd-keyfile")?))
+        }
+        _ => None,
+    };
+    Ok(Some(EtcdTls {
+        ca_pem: read(ca, "--etcd-cafile")?,
+        identity,
+    }))
 }
 
 /// Reads an `EncryptionConfiguration` file.

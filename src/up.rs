@@ -27,6 +27,10 @@ pub struct UpArgs {
     /// Where state is kept.
     #[arg(long, default_value = "./data")]
     pub data_dir: PathBuf,
+    /// Where the CA, serving certificate and tokens are (default: DATA/pki, made on first
+    /// use). A directory made by `tessera certs init` (e.g. a mounted Secret) is only read.
+    #[arg(long)]
+    pub pki_dir: Option<PathBuf>,
     /// Address of the metrics and health endpoint.
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub metrics_addr: SocketAddr,
@@ -56,11 +60,18 @@ pub struct UpArgs {
 }
 
 impl UpArgs {
-    /// The metrics token's file: `--metrics-token-file`, or DATA/pki/metrics.token.
+    /// The metrics token's file: `--metrics-token-file`, or PKI/metrics.token.
     pub fn metrics_token_path(&self) -> PathBuf {
         self.metrics_token_file
             .clone()
-            .unwrap_or_else(|| self.data_dir.join("pki").join("metrics.token"))
+            .unwrap_or_else(|| self.pki_dir().join("metrics.token"))
+    }
+
+    /// The credentials' directory: `--pki-dir`, or DATA/pki.
+    pub fn pki_dir(&self) -> PathBuf {
+        self.pki_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("pki"))
     }
 }
 
@@ -206,13 +217,13 @@ pub async fn start_with(
     ));
     let metrics_token = match &args.metrics_token_file {
         Some(f) => crate::metrics_server::read_token(f)?,
-        None => tessera_apiserver::pki::metrics_token(&args.data_dir.join("pki"))?,
+        None => tessera_apiserver::pki::metrics_token(&args.pki_dir())?,
     };
     let metrics_addr =
         crate::metrics_server::serve(args.metrics_addr, registry.clone(), Some(metrics_token))
             .await?;
-    let credentials = Credentials::load_or_create(&args.data_dir.join("pki"))?;
-    let root = tessera_apiserver::pki::token_root(&args.data_dir.join("pki"))?;
+    let credentials = Credentials::load_or_create(&args.pki_dir())?;
+    let root = tessera_apiserver::pki::token_root(&args.pki_dir())?;
     let tokens = Tokens::with_root(&credentials.admin_token, &root);
     let mut api = Api::new(store.clone(), Some(api_metrics))
         .with_node_proxy(tokens.clone())
@@ -494,6 +505,7 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
         let data_dir = args.data_dir.join("shards").join(&name);
         let shard_args = UpArgs {
             data_dir: data_dir.clone(),
+            pki_dir: None,
             metrics_addr: offset(args.metrics_addr, 2 + i)?,
             // One token reads every endpoint of the fleet: one `credentials_file` scrapes all.
             metrics_token_file: Some(args.metrics_token_path()),
@@ -504,6 +516,9 @@ pub async fn start_federated(all: &UpAllArgs) -> anyhow::Result<Fleet> {
             default_unreachable_toleration_seconds: args.default_unreachable_toleration_seconds,
             store: crate::store_config::StoreArgs {
                 store: crate::store_config::Backend::Embedded,
+                etcd_cafile: None,
+                etcd_certfile: None,
+                etcd_keyfile: None,
                 ..args.store.clone()
             },
         };
@@ -653,7 +668,7 @@ async fn run_single(all: UpAllArgs) -> anyhow::Result<()> {
         )?);
     }
     let offers = match all.offers_addr {
-        Some(addr) => Some(crate::offers::serve(&shard, addr, &args.data_dir).await?),
+        Some(addr) => Some(crate::offers::serve(&shard, addr, &args.pki_dir()).await?),
         None => None,
     };
     banner(&shard, args, "").await?;

@@ -9,7 +9,10 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 /// Why credentials could not be made or read.
 #[derive(Debug, thiserror::Error)]
@@ -69,15 +72,18 @@ fn validity(years: i32) -> ((i32, u8, u8), (i32, u8, u8)) {
 /// The CA's certificate parameters (the same each time: a serving certificate issued later
 /// by the kept key names the same issuer).
 fn ca_params() -> Result<CertificateParams, PkiError> {
+    ca_params_named("tessera-ca")
+}
+
+/// [`ca_params`] with the common name `name`.
+fn ca_params_named(name: &str) -> Result<CertificateParams, PkiError> {
     let mut ca_params =
         CertificateParams::new(Vec::<String>::new()).map_err(|source| PkiError::Generate {
             what: "the CA certificate",
             source,
         })?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "tessera-ca");
+    ca_params.distinguished_name.push(DnType::CommonName, name);
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -89,15 +95,27 @@ fn ca_params() -> Result<CertificateParams, PkiError> {
     Ok(ca_params)
 }
 
-/// A serving certificate for loopback signed by `issuer`: its PEM, its key's PEM and the
-/// last date it is valid (`YYYY-MM-DD`).
-fn serving(issuer: &Issuer<'_, KeyPair>) -> Result<(String, String, String), PkiError> {
-    serving_for(
-        issuer,
-        &["localhost", "127.0.0.1", "::1"].map(str::to_owned),
-        "tessera-apiserver",
-        SERVING_YEARS,
-    )
+/// The names an API server's serving certificate always carries.
+const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// The file beside `server.crt` that lists the names it was issued for besides loopback
+/// (one per line), so that `tessera certs rotate` issues the next one for the same names.
+pub const SERVER_NAMES_FILE: &str = "server.names";
+
+/// A serving certificate for loopback and `extra` names signed by `issuer`: its PEM, its
+/// key's PEM and the last date it is valid (`YYYY-MM-DD`).
+fn serving(
+    issuer: &Issuer<'_, KeyPair>,
+    extra: &[String],
+) -> Result<(String, String, String), PkiError> {
+    let mut names: Vec<String> = LOOPBACK.map(str::to_owned).to_vec();
+    names.extend(
+        extra
+            .iter()
+            .filter(|n| !LOOPBACK.contains(&n.as_str()))
+            .cloned(),
+    );
+    serving_for(issuer, &names, "tessera-apiserver", SERVING_YEARS)
 }
 
 /// A serving certificate for `names` (DNS names or IP addresses) signed by `issuer`, valid
@@ -190,10 +208,83 @@ pub fn rotate_serving(dir: &Path) -> Result<String, PkiError> {
         source,
     })?;
     let issuer = Issuer::new(ca_params()?, ca_key);
-    let (cert, key, until) = serving(&issuer)?;
+    let names: Vec<String> = fs::read_to_string(dir.join(SERVER_NAMES_FILE))
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let (cert, key, until) = serving(&issuer, &names)?;
     write_private(&dir.join("server.key"), &key)?;
     write_private(&dir.join("server.crt"), &cert)?;
     Ok(until)
+}
+
+/// The credentials of one etcd cluster run with TLS between its members and towards its
+/// clients: a CA of its own, one certificate every member serves and peers with, and the
+/// client certificate the API server presents (etcd's `--client-cert-auth`). All PEM.
+#[derive(Clone, Debug)]
+pub struct EtcdPki {
+    /// The etcd CA (`--trusted-ca-file`, `--peer-trusted-ca-file`, `--etcd-cafile`).
+    pub ca_pem: String,
+    /// Its key (kept to issue the next certificates).
+    pub ca_key_pem: String,
+    /// The members' certificate, for server and client use (`--cert-file`, `--peer-cert-file`).
+    pub member_pem: String,
+    /// Its key.
+    pub member_key_pem: String,
+    /// The API server's client certificate (`--etcd-certfile`).
+    pub client_pem: String,
+    /// Its key (`--etcd-keyfile`).
+    pub client_key_pem: String,
+}
+
+/// Fresh [`EtcdPki`], the members' certificate naming `names` (wildcards such as
+/// `*.shard-0-etcd.tessera.svc` cover every member of a StatefulSet).
+pub fn etcd_pki(names: &[String]) -> Result<EtcdPki, PkiError> {
+    let generate = |what| move |source| PkiError::Generate { what, source };
+    let ca_key = KeyPair::generate().map_err(generate("the etcd CA key"))?;
+    let ca_key_pem = ca_key.serialize_pem();
+    let ca_pem = ca_params_named("tessera-etcd-ca")?
+        .self_signed(&ca_key)
+        .map_err(generate("the etcd CA certificate"))?
+        .pem();
+    let issuer = Issuer::new(ca_params_named("tessera-etcd-ca")?, ca_key);
+    let issue = |names: Vec<String>, cn: &str, usages: Vec<ExtendedKeyUsagePurpose>| {
+        let key = KeyPair::generate().map_err(generate("an etcd key"))?;
+        let mut params = CertificateParams::new(names).map_err(generate("an etcd certificate"))?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = usages;
+        let (from, to) = validity(SERVING_YEARS);
+        params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+        params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(generate("an etcd certificate"))?;
+        Ok::<_, PkiError>((cert.pem(), key.serialize_pem()))
+    };
+    let (member_pem, member_key_pem) = issue(
+        names.to_vec(),
+        "tessera-etcd",
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    )?;
+    let (client_pem, client_key_pem) = issue(
+        Vec::new(),
+        "tessera-apiserver",
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    )?;
+    Ok(EtcdPki {
+        ca_pem,
+        ca_key_pem,
+        member_pem,
+        member_key_pem,
+        client_pem,
+        client_key_pem,
+    })
 }
 
 fn read(path: &Path) -> Result<String, PkiError> {
@@ -247,6 +338,12 @@ pub fn metrics_token(dir: &Path) -> Result<String, PkiError> {
     secret(dir, "metrics.token", "the metrics token")
 }
 
+/// 32 random bytes in hex: a token or token key.
+pub fn random_hex() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// `dir/name`: 32 random bytes in hex, written 0600 on first use.
 fn secret(dir: &Path, name: &str, what: &str) -> Result<String, PkiError> {
     let path = dir.join(name);
@@ -294,6 +391,12 @@ impl Credentials {
     /// Fresh credentials: a CA, a serving certificate for `localhost`, `127.0.0.1` and `::1`,
     /// and a random admin token.
     pub fn generate() -> Result<Credentials, PkiError> {
+        Credentials::generate_for(&[])
+    }
+
+    /// [`Credentials::generate`], the serving certificate also naming `extra` (DNS names,
+    /// wildcards or IP addresses: a Service's names, a load balancer's address).
+    pub fn generate_for(extra: &[String]) -> Result<Credentials, PkiError> {
         let ca_key = KeyPair::generate().map_err(|source| PkiError::Generate {
             what: "the CA key",
             source,
@@ -306,7 +409,7 @@ impl Credentials {
                 source,
             })?;
         let issuer = Issuer::new(ca_params()?, ca_key);
-        let (cert_pem, key_pem, _) = serving(&issuer)?;
+        let (cert_pem, key_pem, _) = serving(&issuer, extra)?;
         let token: [u8; 32] = rand::random();
         Ok(Credentials {
             ca_pem: ca_cert.pem(),

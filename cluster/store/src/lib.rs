@@ -24,7 +24,7 @@ use bytes::Bytes;
 pub use embedded::{EmbeddedOptions, EmbeddedStore};
 pub use encrypted::{Encrypted, EncryptionConfig};
 pub use error::{PreconditionFailure, PreconditionKind, Result, StoreError};
-pub use etcd::{EtcdOptions, EtcdStore};
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
 pub use instrumented::Instrumented;
 pub use metrics::StoreMetrics;
 pub use sharded::{ShardedStore, ShardingConfig};

@@ -35,6 +35,26 @@ pub struct EtcdOptions {
     pub retry_for: Duration,
     /// How often an idle watch asks etcd for a progress notification.
     pub progress_interval: Duration,
+    /// Client TLS for `https://` members; `None` for plain `http://`.
+    pub tls: Option<EtcdTls>,
+}
+
+/// Client TLS towards etcd (kube-apiserver's `--etcd-cafile`, `--etcd-certfile`,
+/// `--etcd-keyfile`), all PEM.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The CA that signs the members' serving certificates.
+    pub ca_pem: String,
+    /// A client certificate and its key, for members run with `--client-cert-auth`.
+    pub identity: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("client_certificate", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl EtcdOptions {
@@ -45,6 +65,7 @@ impl EtcdOptions {
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(15),
             progress_interval: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -68,11 +89,29 @@ impl EtcdStore {
                 source: "no etcd endpoints given".into(),
             });
         }
-        let connect = ConnectOptions::new()
+        let mut connect = ConnectOptions::new()
             .with_timeout(options.request_timeout)
             .with_connect_timeout(Duration::from_secs(2))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_keep_alive_while_idle(true);
+        if let Some(tls) = &options.tls {
+            if let Some(plain) = options.endpoints.iter().find(|e| e.starts_with("http://")) {
+                return Err(StoreError::Unavailable {
+                    backend: options.endpoints.join(","),
+                    op: "connect",
+                    source: format!(
+                        "{plain}: etcd TLS is configured, so every member must be an https:// URL"
+                    )
+                    .into(),
+                });
+            }
+            let mut config = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            connect = connect.with_tls(config);
+        }
         let client = Client::connect(&options.endpoints, Some(connect))
             .await
             .map_err(|e| StoreError::Unavailable {
