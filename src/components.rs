@@ -44,6 +44,13 @@ pub struct ElectionArgs {
     /// Run only while holding the leader Lease (run several processes for standbys).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    #[command(flatten)]
+    pub timing: ElectionTiming,
+}
+
+/// The leader Lease's timings and this candidate's identity.
+#[derive(Args, Debug)]
+pub struct ElectionTiming {
     /// Seconds a Lease stays held without renewal.
     #[arg(long, default_value_t = 15.0)]
     pub lease_duration: f64,
@@ -58,8 +65,9 @@ pub struct ElectionArgs {
     pub identity: Option<String>,
 }
 
-impl ElectionArgs {
-    fn config(&self, lease: &str) -> anyhow::Result<LeaderConfig> {
+impl ElectionTiming {
+    /// The elector's configuration for the Lease `lease`.
+    pub fn config(&self, lease: &str) -> anyhow::Result<LeaderConfig> {
         let d = |s: f64, what: &str| {
             if s.is_finite() && s > 0.0 {
                 Ok(Duration::from_secs_f64(s))
@@ -118,7 +126,7 @@ async fn elected<F: std::future::Future<Output = ()>>(
         work.await;
         return Ok(());
     }
-    let config = election.config(lease)?;
+    let config = election.timing.config(lease)?;
     tracing::info!(lease, identity = %config.identity, "waiting for the leader lease");
     let elector = LeaderElector::new(client, config, Some(metrics));
     tokio::select! {

@@ -94,15 +94,62 @@ pub fn join_token(pki: &Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
-/// Starts the federation: its API on `args` (store, TLS, kubeconfig in its data dir), the
-/// gRPC endpoint on `args.grpc_addr` (TLS with the API's certificate), the Shard objects'
-/// writer and the propagation controller.
-pub async fn start(
+/// The federation's shards as its API reads pods, nodes and events across them: none until
+/// this process leads (a standby has no registry; it is not ready, so nothing is sent to it).
+#[derive(Default)]
+struct LateShards(std::sync::OnceLock<Arc<dyn tessera_apiserver::client::ShardSet>>);
+
+impl tessera_apiserver::client::ShardSet for LateShards {
+    fn shards(&self) -> Vec<(String, Arc<dyn Client>)> {
+        self.0.get().map(|s| s.shards()).unwrap_or_default()
+    }
+}
+
+/// The federation's API, before it leads: its store, API and metrics.
+struct Standby {
+    api: Shard,
+    metrics: FederationMetrics,
+    queues: tessera_runtime::metrics::QueueMetrics,
+    shards: Arc<LateShards>,
+}
+
+/// Starts the federation's API on `args` (store, TLS, kubeconfig in its data dir), ready
+/// only while `gate` is true if one is given.
+async fn start_api(
+    args: &UpArgs,
+    gate: Option<Arc<std::sync::atomic::AtomicBool>>,
+) -> anyhow::Result<Standby> {
+    let metrics = FederationMetrics::unregistered()?;
+    let shards = Arc::new(LateShards::default());
+    let api = crate::up::start_with(args, Some(shards.clone()), gate).await?;
+    metrics.register_into(&api.registry)?;
+    let queues = tessera_runtime::metrics::QueueMetrics::register(&api.registry)?;
+    Ok(Standby {
+        api,
+        metrics,
+        queues,
+        shards,
+    })
+}
+
+/// What a leading federation serves besides its API.
+struct Leading {
+    grpc_url: String,
+    join_token: String,
+    offers: Option<SocketAddr>,
+}
+
+/// Makes the federation lead: a registry of shards (rebuilt from what they report and
+/// what is stored, as after a restart), the gRPC endpoint on `args.grpc_addr` (TLS with
+/// the API's certificate), the offers endpoint, the Shard objects' writer and the
+/// propagation controller.
+async fn lead(
     args: &UpArgs,
     tuning: &FederationTuning,
     offers_addr: Option<SocketAddr>,
-) -> anyhow::Result<Federation> {
-    let metrics = FederationMetrics::unregistered()?;
+    standby: &Standby,
+) -> anyhow::Result<Leading> {
+    let api = &standby.api;
     let token = join_token(&args.pki_dir())?;
     let mut config = RegistryConfig::new(token.clone());
     config.failover_margin = Duration::from_secs(tuning.failover_margin_seconds);
@@ -113,11 +160,12 @@ pub async fn start(
     config.renew = Duration::from_secs((tuning.shard_lease_seconds / 3).max(1));
     config.lending.borrow_after = Duration::from_secs(tuning.borrow_after_seconds);
     config.lending.idle_return = Duration::from_secs(tuning.lend_idle_seconds);
-    let registry = Registry::new(config, Some(metrics.clone()));
+    let registry = Registry::new(config, Some(standby.metrics.clone()));
     // Pods, nodes and events are read across the shards, over their agents' streams.
-    let shards = Arc::new(tessera_registry::RegistryShards(registry.clone()));
-    let api = crate::up::start_with(args, Some(shards)).await?;
-    metrics.register_into(&api.registry)?;
+    let _ = standby
+        .shards
+        .0
+        .set(Arc::new(tessera_registry::RegistryShards(registry.clone())));
     let credentials = tessera_apiserver::pki::Credentials::load_or_create(&args.pki_dir())?;
     let listener = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -146,7 +194,7 @@ pub async fn start(
     });
     let offers = match offers_addr {
         Some(addr) => Some(
-            crate::offers::serve_federation(&api, registry.clone(), addr, &args.pki_dir()).await?,
+            crate::offers::serve_federation(api, registry.clone(), addr, &args.pki_dir()).await?,
         ),
         None => None,
     };
@@ -155,8 +203,6 @@ pub async fn start(
         registry.clone(),
         client.clone(),
     ));
-    let runtime = api.runtime.clone();
-    let queues = tessera_runtime::metrics::QueueMetrics::register(&api.registry)?;
     tokio::spawn(tessera_propagation::run(tessera_propagation::Options {
         client,
         registry,
@@ -164,15 +210,30 @@ pub async fn start(
         max_moving: tuning.max_moving as usize,
         gang_commit_delay: std::time::Duration::from_millis(tuning.gang_commit_delay_ms),
         move_timeout: std::time::Duration::from_secs(tuning.move_timeout_seconds),
-        queue_metrics: Some(queues),
-        runtime_metrics: Some(runtime),
+        queue_metrics: Some(standby.queues.clone()),
+        runtime_metrics: Some(api.runtime.clone()),
         status_batch: std::time::Duration::from_millis(tuning.federation_status_batch_period_ms),
     }));
-    Ok(Federation {
-        api,
+    Ok(Leading {
         grpc_url: format!("https://{grpc_addr}"),
         join_token: token,
         offers,
+    })
+}
+
+/// Starts the federation, leading at once (one federation process, or `tessera up`).
+pub async fn start(
+    args: &UpArgs,
+    tuning: &FederationTuning,
+    offers_addr: Option<SocketAddr>,
+) -> anyhow::Result<Federation> {
+    let standby = start_api(args, None).await?;
+    let leading = lead(args, tuning, offers_addr, &standby).await?;
+    Ok(Federation {
+        api: standby.api,
+        grpc_url: leading.grpc_url,
+        join_token: leading.join_token,
+        offers: leading.offers,
     })
 }
 
@@ -188,10 +249,21 @@ pub struct FederationArgs {
     /// of every shard, by DRF over the whole fleet.
     #[arg(long)]
     pub offers_addr: Option<SocketAddr>,
+    /// Run as one of several federation processes on one etcd store: each serves its API,
+    /// but only the holder of the Lease `kube-system/tessera-federation` leads (registry,
+    /// gRPC endpoint, propagation) and is ready (`/readyz`); a standby takes over when the
+    /// leader's Lease lapses, as a restarted federation. A leader that cannot renew stops.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[command(flatten)]
+    pub election: crate::components::ElectionTiming,
 }
 
 /// `tessera federation`: the federation control plane alone, until Ctrl-C.
 pub async fn run(args: FederationArgs) -> anyhow::Result<()> {
+    if args.leader_elect {
+        return run_elected(args).await;
+    }
     let f = start(&args.base, &args.lease, args.offers_addr).await?;
     println!("Tessera federation is up.");
     println!(
@@ -199,28 +271,76 @@ pub async fn run(args: FederationArgs) -> anyhow::Result<()> {
         f.api.api_addr,
         f.api.kubeconfig.display()
     );
-    println!("  grpc:     {} (shards' agents join here)", f.grpc_url);
-    if let Some(o) = f.offers {
-        println!(
-            "  offers:   https://{o} (tessera.offers.v1: frameworks subscribe with a federation token)"
-        );
-    }
+    print_leading(&args, &f.grpc_url, f.offers);
     println!("  metrics:  http://{}/metrics", f.api.metrics_addr);
-    println!(
-        "  join:     tessera join --federation {} --federation-ca {} --token-file {} --name NAME --kubeconfig SHARD_KUBECONFIG",
-        f.grpc_url,
-        args.base.pki_dir().join("ca.crt").display(),
-        args.base.pki_dir().join("join.token").display()
-    );
     println!("Press Ctrl-C to stop.");
     tokio::signal::ctrl_c().await?;
     Ok(())
 }
 
+fn print_leading(args: &FederationArgs, grpc_url: &str, offers: Option<SocketAddr>) {
+    println!("  grpc:     {grpc_url} (shards' agents join here)");
+    if let Some(o) = offers {
+        println!(
+            "  offers:   https://{o} (tessera.offers.v1: frameworks subscribe with a federation token)"
+        );
+    }
+    println!(
+        "  join:     tessera join --federation {grpc_url} --federation-ca {} --token-file {} --name NAME --kubeconfig SHARD_KUBECONFIG",
+        args.base.pki_dir().join("ca.crt").display(),
+        args.base.pki_dir().join("join.token").display()
+    );
+}
+
+/// The federation's leader Lease (in `kube-system` of its own API).
+pub const LEADER_LEASE: &str = "tessera-federation";
+
+/// `tessera federation --leader-elect`: the API at once (not ready), the rest while this
+/// process holds the leader Lease. Losing it ends the process (its supervisor restarts it
+/// as a standby), so two processes never lead at once for longer than the renew deadline.
+async fn run_elected(args: FederationArgs) -> anyhow::Result<()> {
+    let config = args.election.config(LEADER_LEASE)?;
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let standby = start_api(&args.base, Some(gate.clone())).await?;
+    println!(
+        "Tessera federation is up (standby until it holds the Lease kube-system/{LEADER_LEASE})."
+    );
+    println!(
+        "  api:      https://{} (kubectl: {})",
+        standby.api.api_addr,
+        standby.api.kubeconfig.display()
+    );
+    println!("  metrics:  http://{}/metrics", standby.api.metrics_addr);
+    println!("  identity: {}", config.identity);
+    println!("Press Ctrl-C to stop.");
+    let elector = tessera_runtime::leader::LeaderElector::new(
+        standby.api.component_client("federation-leader-election"),
+        config,
+        Some(standby.api.runtime.clone()),
+    );
+    let work = async {
+        let leading = lead(&args.base, &args.lease, args.offers_addr, &standby).await?;
+        gate.store(true, std::sync::atomic::Ordering::Release);
+        tracing::info!(grpc = %leading.grpc_url, "leading the federation");
+        println!("Leading.");
+        print_leading(&args, &leading.grpc_url, leading.offers);
+        std::future::pending::<anyhow::Result<()>>().await
+    };
+    tokio::select! {
+        r = elector.lead(work) => match r {
+            Ok(result) => result,
+            Err(lost) => Err(anyhow::anyhow!("{lost}")),
+        },
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
 /// Flags of `tessera join`.
 #[derive(Args, Debug)]
 pub struct JoinArgs {
-    /// The federation's gRPC endpoint (`https://127.0.0.1:9465`).
+    /// The federation's gRPC endpoint (`https://127.0.0.1:9465`); several, comma separated,
+    /// for the processes of a leader-elected federation without a Service in front (the
+    /// agent tries them in turn until the leader answers).
     #[arg(long)]
     pub federation: String,
     /// The federation's join token.

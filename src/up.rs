@@ -198,13 +198,14 @@ use tessera_agent::loans::{Lendable, Loans};
 
 /// Opens the store and serves the API and metrics.
 pub async fn start(args: &UpArgs) -> anyhow::Result<Shard> {
-    start_with(args, None).await
+    start_with(args, None, None).await
 }
 
 /// [`start`], the API reading pods, nodes and events across `shards` (the federation's).
 pub async fn start_with(
     args: &UpArgs,
     shards: Option<Arc<dyn tessera_apiserver::client::ShardSet>>,
+    ready_gate: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) -> anyhow::Result<Shard> {
     let registry = Registry::new();
     let metrics = StoreMetrics::register(&registry)?;
@@ -237,6 +238,9 @@ pub async fn start_with(
     );
     if let Some(shards) = shards {
         api = api.with_shards(shards);
+    }
+    if let Some(gate) = ready_gate {
+        api = api.with_ready_gate(gate);
     }
     let client: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
     let namespaces = tessera_apiserver::request::find_resource("", "v1", "namespaces")

@@ -99,9 +99,17 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
 
     // Each values file's layout is what it asks for.
     let kinds = |name: &str| report[name]["kinds"].clone();
-    assert_eq!(kinds("default")["StatefulSet"], 1, "{report:#}");
+    assert_eq!(
+        kinds("default")["StatefulSet"],
+        2,
+        "the shard's etcd and the federation's: {report:#}"
+    );
     assert_eq!(kinds("default")["DaemonSet"], 1, "{report:#}");
-    assert_eq!(kinds("default")["PersistentVolumeClaim"], 1, "{report:#}");
+    assert_eq!(
+        kinds("minimal-values")["PersistentVolumeClaim"],
+        1,
+        "the federation's embedded store: {report:#}"
+    );
     assert_eq!(
         kinds("production-values")["StatefulSet"],
         4,
@@ -158,7 +166,7 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
         "{invalid:#}"
     );
     assert!(
-        said("invalid-external-without-endpoints.yaml").contains("etcdEndpoints"),
+        said("invalid-external-without-endpoints.yaml").contains("/shards/0"),
         "{invalid:#}"
     );
     assert!(
@@ -813,4 +821,156 @@ impl Kubectl {
         );
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
+}
+
+/// Whether the API behind `kubeconfig` says it is ready.
+fn ready(kubeconfig: &Path) -> bool {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["get", "--raw", "/readyz"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn two_federation_processes_on_one_etcd_lead_one_at_a_time() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let etcd = rt
+        .block_on(tessera_store::testing::EtcdProcess::start())
+        .expect("etcd");
+    let work = tempfile::tempdir().expect("tmp");
+    let path = |p: &str| work.path().join(p).to_string_lossy().into_owned();
+    // The chart's federation Deployment: replicas share the credentials Secret.
+    let pki = path("federation-pki");
+    tessera_ok(&["certs", "init", "--pki-dir", &pki, "--federation"]);
+    let grpc = [free_addr(), free_addr()];
+    let start = |i: usize| {
+        let data = path(&format!("fed-{i}"));
+        let args: Vec<String> = vec![
+            "federation".into(),
+            format!("--data-dir={data}"),
+            format!("--pki-dir={pki}"),
+            "--api-addr=127.0.0.1:0".into(),
+            "--metrics-addr=127.0.0.1:0".into(),
+            format!("--grpc-addr={}", grpc[i]),
+            "--store=etcd".into(),
+            format!("--etcd-servers={}", etcd.url()),
+            "--leader-elect=true".into(),
+            format!("--identity=fed-{i}"),
+            "--lease-duration=3".into(),
+            "--renew-deadline=2".into(),
+            "--retry-period=0.5".into(),
+            "--shard-lease-seconds=6".into(),
+        ];
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let running = tessera_until(&argv, "Press Ctrl-C");
+        (running, PathBuf::from(data).join("kubeconfig"))
+    };
+    let (fed0, kc0) = start(0);
+    let (fed1, kc1) = start(1);
+    let leader = wait_for(Duration::from_secs(30), || {
+        match (ready(&kc0), ready(&kc1)) {
+            (true, false) => Some(0),
+            (false, true) => Some(1),
+            _ => None,
+        }
+    })
+    .expect("exactly one federation process is ready");
+    // The standby's /readyz says why.
+    let standby_kc = if leader == 0 { &kc1 } else { &kc0 };
+    let o = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(standby_kc)
+        .args(["get", "--raw", "/readyz"])
+        .output()
+        .expect("kubectl");
+    assert!(!o.status.success());
+    let lease = Kubectl(standby_kc.clone()).ok(&[
+        "get",
+        "lease",
+        "tessera-federation",
+        "-n",
+        "kube-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(lease, format!("fed-{leader}"));
+
+    // A shard joins with both processes' addresses; the leader takes it.
+    let shard = Cluster::start_with("up", &["--nodes-per-shard=4", "--node-zones=0"]);
+    let urls = format!("https://{},https://{}", grpc[0], grpc[1]);
+    let _join = Running(
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["join", &format!("--federation={urls}")])
+            .arg(format!("--federation-ca={pki}/ca.crt"))
+            .arg(format!("--token-file={pki}/join.token"))
+            .args(["--name=shard-a", "--metrics-addr=127.0.0.1:0"])
+            .arg("--kubeconfig")
+            .arg(&shard.kubeconfig)
+            .env("TESSERA_LOG", "error")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("join"),
+    );
+    let (leader_kc, other_kc, leader_proc, _other_proc) = if leader == 0 {
+        (kc0, kc1, fed0, fed1)
+    } else {
+        (kc1, kc0, fed1, fed0)
+    };
+    let fed = Kubectl(leader_kc);
+    let joined = |fed: &Kubectl| {
+        wait_for(Duration::from_secs(60), || {
+            let s = fed.ok(&["get", "shards", "--no-headers"]);
+            (s.contains("shard-a") && s.contains(" True ")).then_some(())
+        })
+    };
+    assert!(joined(&fed).is_some(), "{}", fed.ok(&["get", "shards"]));
+    fed.ok(&["create", "namespace", "demo"]);
+    fed.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "-n",
+        "demo",
+        "--image=nginx",
+        "--replicas=2",
+    ]);
+    fed.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "demo",
+        "--timeout=90s",
+    ]);
+
+    // The leader dies without a word; the standby takes the Lease, the shard joins it, and
+    // the federation carries on from the store: the Deployment is there and scales.
+    drop(leader_proc);
+    let next = Kubectl(other_kc.clone());
+    let took_over = wait_for(Duration::from_secs(30), || ready(&other_kc).then_some(()));
+    assert!(took_over.is_some(), "the standby did not take over");
+    assert!(joined(&next).is_some(), "{}", next.ok(&["get", "shards"]));
+    next.ok(&["scale", "deployment/web", "-n", "demo", "--replicas=4"]);
+    let scaled = wait_for(Duration::from_secs(90), || {
+        let out = shard.ok(&["get", "pods", "-n", "demo", "--no-headers"]);
+        (out.lines().filter(|l| l.contains("Running")).count() == 4).then_some(())
+    });
+    assert!(
+        scaled.is_some(),
+        "{}",
+        shard.ok(&["get", "pods", "-n", "demo", "-o", "wide"])
+    );
+    // One copy of the workload on the shard, not one per leader.
+    let copies = shard.ok(&["get", "deployments", "-n", "demo", "--no-headers"]);
+    assert_eq!(copies.lines().count(), 1, "{copies}");
+    next.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "demo",
+        "--timeout=60s",
+    ]);
 }

@@ -411,6 +411,13 @@ async fn resource_metrics(
 }
 
 async fn ready(State(api): State<Api>) -> Response {
+    if let Some(why) = api.not_ready_because() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("[-]leader: {why}\nreadyz check failed"),
+        )
+            .into_response();
+    }
     match api.store().current_revision().await {
         Ok(_) => "ok".into_response(),
         Err(e) => (

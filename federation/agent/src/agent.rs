@@ -42,7 +42,8 @@ const GENERATION_ANNOTATION: &str = "tessera.io/federation-generation";
 /// How the agent reaches the federation and names its shard.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// The federation's gRPC endpoint (`https://127.0.0.1:9465`).
+    /// The federation's gRPC endpoint (`https://127.0.0.1:9465`), or several, comma
+    /// separated (processes of a leader-elected federation: the one that leads listens).
     pub federation: String,
     /// The CA (PEM) that signs the federation's certificate.
     pub ca_pem: String,
@@ -398,22 +399,38 @@ pub async fn run_with(
     metrics: Option<RuntimeMetrics>,
     informers: Arc<Informers>,
 ) -> Result<(), AgentError> {
-    let endpoint = Endpoint::from_shared(config.federation.clone())
-        .map_err(|e| AgentError::Url(config.federation.clone(), e.to_string()))?;
-    let endpoint = if config.federation.starts_with("https://") {
-        endpoint
-            .tls_config(
-                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&config.ca_pem)),
-            )
-            .map_err(|e| AgentError::Url(config.federation.clone(), e.to_string()))?
-    } else {
-        endpoint
+    // Several URLs: the federation's processes (one leads and listens); tried in turn.
+    let mut endpoints = Vec::new();
+    for url in config
+        .federation
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+    {
+        let endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| AgentError::Url(url.to_owned(), e.to_string()))?;
+        let endpoint = if url.starts_with("https://") {
+            endpoint
+                .tls_config(
+                    ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&config.ca_pem)),
+                )
+                .map_err(|e| AgentError::Url(url.to_owned(), e.to_string()))?
+        } else {
+            endpoint
+        }
+        .local_address(config.bind_address)
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+        endpoints.push(endpoint);
     }
-    .local_address(config.bind_address)
-    .connect_timeout(Duration::from_secs(5))
-    .http2_keep_alive_interval(Duration::from_secs(10))
-    .keep_alive_timeout(Duration::from_secs(20))
-    .keep_alive_while_idle(true);
+    if endpoints.is_empty() {
+        return Err(AgentError::Url(
+            config.federation.clone(),
+            "no URL given".into(),
+        ));
+    }
     let federated = Scope {
         label_selector: Some(
             format!("{FEDERATED_LABEL}=true")
@@ -575,6 +592,7 @@ pub async fn run_with(
         lending::load(&state).await;
     }
     let mut backoff = Duration::from_millis(200);
+    let mut at = 0;
     loop {
         // A shard whose API does not answer is not registered: registering would hand it a
         // lease (and work) it cannot hold.
@@ -583,7 +601,7 @@ pub async fn run_with(
             backoff = (backoff * 2).min(Duration::from_secs(5));
             continue;
         }
-        match session(&state, &endpoint).await {
+        match session(&state, &endpoints[at]).await {
             Ok(()) => backoff = Duration::from_millis(200),
             Err(status) => {
                 let refused = matches!(
@@ -597,6 +615,8 @@ pub async fn run_with(
                     });
                 }
                 tracing::warn!(shard = %config.name, code = ?status.code(), error = %status.message(), "federation stream ended; reconnecting");
+                // The next of the federation's processes (it may lead now).
+                at = (at + 1) % endpoints.len();
             }
         }
         *state.outbox.lock() = None;

@@ -98,6 +98,9 @@ pub struct Api {
     namespaces: Arc<parking_lot::Mutex<std::collections::HashMap<String, NamespaceFacts>>>,
     /// The NoExecute tolerations every new pod gets unless it has its own.
     default_tolerations: admission::DefaultTolerations,
+    /// Set by a process that serves only while it leads (a standby federation): `/readyz`
+    /// fails while it is false, so a Service sends nothing to a standby.
+    ready_gate: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What a create checks of its namespace: whether it is terminating, and its labels (for
@@ -254,6 +257,7 @@ impl Api {
             metrics_registry: None,
             shards: None,
             default_tolerations: admission::DefaultTolerations::default(),
+            ready_gate: None,
         }
     }
 
@@ -302,6 +306,20 @@ impl Api {
     /// The store behind the API.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The same API, ready (`/readyz`) only while `gate` is true.
+    pub fn with_ready_gate(mut self, gate: Arc<std::sync::atomic::AtomicBool>) -> Api {
+        self.ready_gate = Some(gate);
+        self
+    }
+
+    /// Why the API is not ready to take requests through a load balancer, if it is not:
+    /// a standby that does not lead.
+    pub fn not_ready_because(&self) -> Option<&'static str> {
+        let gate = self.ready_gate.as_ref()?;
+        (!gate.load(std::sync::atomic::Ordering::Acquire))
+            .then_some("standby: another process leads")
     }
 
     /// Serves one request for `user`.
