@@ -5,6 +5,7 @@
 # there, is printed. Run from the repository root after `cargo build --release`:
 #   scripts/federation_takeover.sh [runs]           # the default Lease timings (15/10/2 s)
 #   LD=3 RD=2 RP=0.5 scripts/federation_takeover.sh # --lease-duration/--renew-deadline/--retry-period
+#   SIGNAL=TERM scripts/federation_takeover.sh      # the leader stopped (as on pod deletion), not killed
 # Needs etcd and kubectl; binds loopback ports 24790, 24800, 29460 and 29461.
 set -euo pipefail
 tessera=$PWD/target/release/tessera
@@ -49,13 +50,13 @@ one_run() {
   until shard_ready "$leader"; do sleep 0.2; done
   local start t_ready t_shard
   start=$(date +%s.%N)
-  kill -9 "${fed[$leader]}"
+  kill -"${SIGNAL:-KILL}" "${fed[$leader]}"
   until ready "$other"; do sleep 0.05; done
   t_ready=$(date +%s.%N)
   until shard_ready "$other"; do sleep 0.05; done
   t_shard=$(date +%s.%N)
-  printf 'lease %ss, renew %ss, retry %ss: standby ready after %.2f s; the shard Ready there after %.2f s\n' \
-    "$LD" "$RD" "$RP" "$(echo "$t_ready - $start" | bc)" "$(echo "$t_shard - $start" | bc)"
+  printf 'SIG%s, lease %ss, renew %ss, retry %ss: standby ready after %.2f s; the shard Ready there after %.2f s\n' \
+    "${SIGNAL:-KILL}" "$LD" "$RD" "$RP" "$(echo "$t_ready - $start" | bc)" "$(echo "$t_shard - $start" | bc)"
   cd - >/dev/null
 }
 

@@ -129,10 +129,11 @@ async fn elected<F: std::future::Future<Output = ()>>(
     let config = election.timing.config(lease)?;
     tracing::info!(lease, identity = %config.identity, "waiting for the leader lease");
     let elector = LeaderElector::new(client, config, Some(metrics));
-    tokio::select! {
-        r = elector.lead(work) => r.map_err(|e| anyhow::anyhow!("{e}")),
-        _ = tokio::signal::ctrl_c() => Ok(()),
-    }
+    crate::signals::lead_until_stopped(elector, async {
+        work.await;
+        Ok(())
+    })
+    .await
 }
 
 /// Flags of `tessera controller-manager`.

@@ -326,13 +326,7 @@ async fn run_elected(args: FederationArgs) -> anyhow::Result<()> {
         print_leading(&args, &leading.grpc_url, leading.offers);
         std::future::pending::<anyhow::Result<()>>().await
     };
-    tokio::select! {
-        r = elector.lead(work) => match r {
-            Ok(result) => result,
-            Err(lost) => Err(anyhow::anyhow!("{lost}")),
-        },
-        _ = tokio::signal::ctrl_c() => Ok(()),
-    }
+    crate::signals::lead_until_stopped(elector, work).await
 }
 
 /// Flags of `tessera join`.

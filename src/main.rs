@@ -12,6 +12,7 @@ mod metrics_server;
 mod monitoring;
 mod offers;
 mod shard;
+mod signals;
 mod status;
 mod store_cmd;
 mod store_config;

@@ -974,3 +974,66 @@ fn two_federation_processes_on_one_etcd_lead_one_at_a_time() {
         "--timeout=60s",
     ]);
 }
+
+/// Sends SIGTERM (what Kubernetes sends when it deletes a pod) to `child`.
+fn terminate(child: &std::process::Child) {
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success());
+}
+
+#[test]
+fn a_leader_stopped_by_sigterm_hands_its_lease_over_before_it_lapses() {
+    // A shard without its own scheduler; two schedulers with a Lease of 60 s, so a standby
+    // that waited for it to lapse would take a minute.
+    let c = Cluster::start_with("up", &["--scheduler=false", "--nodes-per-shard=2"]);
+    let scheduler = |name: &str| {
+        Running(
+            Command::new(env!("CARGO_BIN_EXE_tessera"))
+                .args(["scheduler", "--leader-elect=true", "--identity", name])
+                .args([
+                    "--lease-duration=60",
+                    "--renew-deadline=40",
+                    "--retry-period=1",
+                ])
+                .arg("--kubeconfig")
+                .arg(&c.kubeconfig)
+                .args(["--metrics-addr", "127.0.0.1:0"])
+                .env("TESSERA_LOG", "error")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("scheduler"),
+        )
+    };
+    let a = scheduler("sched-a");
+    let holder = || {
+        c.ok(&[
+            "get",
+            "lease",
+            "tessera-scheduler",
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+    };
+    let first = wait_for(Duration::from_secs(30), || {
+        (holder() == "sched-a").then_some(())
+    });
+    assert!(first.is_some(), "sched-a never led: {:?}", holder());
+    let _b = scheduler("sched-b");
+    terminate(&a.0);
+    let next = wait_for(Duration::from_secs(30), || {
+        (holder() == "sched-b").then_some(())
+    });
+    assert!(
+        next.is_some(),
+        "the Lease was not handed over within 30 s of a 60 s Lease (holder {:?})",
+        holder()
+    );
+    // The new leader schedules.
+    c.ok(&["create", "namespace", "demo"]);
+    c.deploy("demo", "web", 2);
+}
