@@ -129,6 +129,18 @@ pub async fn open(
                 args.tenant_shards.as_deref(),
             )?;
             let tls = etcd_tls(args)?;
+            let mut all = config
+                .default
+                .iter()
+                .chain(config.overrides.iter().flat_map(|(_, urls)| urls))
+                .chain(config.tenant_shards.iter().flatten());
+            if let Some(url) = all.find(|u| u.starts_with("https://"))
+                && tls.is_none()
+            {
+                anyhow::bail!(
+                    "{url}: an https:// etcd member needs --etcd-cafile (the CA of the members' certificates)"
+                );
+            }
             let connect = |urls: Vec<String>| {
                 let metrics = metrics.clone();
                 let mut options = EtcdOptions::new(urls);
@@ -239,5 +251,48 @@ mod tests {
                 .expect("refused");
             assert!(err.to_string().contains("--wal-segment-mib"), "{err}");
         }
+    }
+
+    #[test]
+    fn etcd_tls_and_urls_must_agree() {
+        use clap::Parser;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = tempfile::tempdir().expect("tmp");
+        let ca = dir.path().join("ca.crt");
+        let pki = tessera_apiserver::pki::etcd_pki(&["localhost".into()]).expect("pki");
+        std::fs::write(&ca, pki.ca_pem).expect("write");
+        let open_with = |flags: &[&str]| {
+            let args = Cli::try_parse_from(
+                ["t", "--store", "etcd"]
+                    .iter()
+                    .copied()
+                    .chain(flags.iter().copied()),
+            )
+            .expect("parses");
+            rt.block_on(open(&args.store, dir.path(), StoreMetrics::detached()))
+                .err()
+                .map(|e| e.to_string())
+        };
+        let no_ca = open_with(&["--etcd-servers", "https://127.0.0.1:1"]).expect("refused");
+        assert!(no_ca.contains("needs --etcd-cafile"), "{no_ca}");
+        let ca_flag = format!("--etcd-cafile={}", ca.display());
+        let plain =
+            open_with(&["--etcd-servers", "http://127.0.0.1:1", &ca_flag]).expect("refused");
+        assert!(plain.contains("must be an https:// URL"), "{plain}");
+        let missing = open_with(&[
+            "--etcd-servers",
+            "https://127.0.0.1:1",
+            "--etcd-cafile=/nonexistent/ca.crt",
+        ])
+        .expect("refused");
+        assert!(missing.contains("--etcd-cafile"), "{missing}");
+        // A client certificate needs its key.
+        assert!(
+            Cli::try_parse_from(["t", "--etcd-certfile", "c.crt", "--etcd-cafile", "ca.crt"])
+                .is_err()
+        );
     }
 }
