@@ -132,3 +132,50 @@ async fn an_unreachable_etcd_is_reported_after_retrying() {
         .expect("unreachable");
     assert!(matches!(err, StoreError::Unavailable { .. }), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_could_not_be_sent_go_to_a_member_that_answers() {
+    // One member of the two the client knows refuses connections (down, or not started
+    // yet): a write the client tried to send there never left, so it is sent again, and
+    // every write lands exactly once.
+    let etcd = EtcdProcess::start().await.expect("etcd");
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let registry = Registry::new();
+    let metrics = StoreMetrics::register(&registry).expect("metrics");
+    let options = EtcdOptions::new(vec![format!("http://127.0.0.2:{port}"), etcd.url()]);
+    let store = EtcdStore::connect(options, metrics).await.expect("lazy");
+    for i in 0..40 {
+        store
+            .create(pod(i), Bytes::from_static(b"{}"))
+            .await
+            .unwrap_or_else(|e| panic!("create {i}: {e}"));
+    }
+    for i in 40..60 {
+        store
+            .txn(vec![tessera_store::Op::Put {
+                key: pod(i),
+                value: Bytes::from_static(b"{}"),
+                lease: 0,
+            }])
+            .await
+            .unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    let listed = store
+        .list(tessera_store::ListRequest {
+            prefix: Bytes::from_static(b"/registry/pods/"),
+            revision: None,
+            limit: 0,
+            continue_token: None,
+        })
+        .await
+        .expect("list");
+    assert_eq!(listed.kvs.len(), 60, "each write once");
+    eprintln!(
+        "writes sent again after a refused connection: {}",
+        counter(&registry, "tessera_store_retries_total")
+    );
+}

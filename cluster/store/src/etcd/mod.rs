@@ -132,6 +132,32 @@ impl EtcdStore {
         self.client.clone()
     }
 
+    /// Runs a write `call`, again only while it fails without having been sent
+    /// ([`never_sent`]), for at most `retry_for`.
+    async fn unsent_retry<T, F, Fut>(
+        &self,
+        op: &'static str,
+        mut call: F,
+    ) -> std::result::Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.options.retry_for;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match call(self.client.clone()).await {
+                Err(e) if never_sent(&e) && tokio::time::Instant::now() < deadline => {
+                    self.metrics.retries.with_label_values(&["etcd", op]).inc();
+                    tracing::warn!(op, error = %e, backoff_ms = backoff.as_millis() as u64, endpoints = %self.name, "etcd member not reachable, the write not sent; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Runs `call` until it succeeds, fails for a reason other than reachability, or
     /// `retry_for` has passed. Only for requests that are safe to repeat.
     async fn retry<T, F, Fut>(&self, op: &'static str, mut call: F) -> Result<T>
@@ -154,6 +180,26 @@ impl EtcdStore {
             }
         }
     }
+}
+
+/// True when `e` says the request never left this process: no connection to the member could
+/// be made (refused, unreachable), so nothing can have been applied and a write may be sent
+/// again. A connection lost after sending is not this.
+pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    if s.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let mut source = std::error::Error::source(s);
+    while let Some(cause) = source {
+        if format!("{cause:?}").contains("ConnectError") {
+            return true;
+        }
+        source = cause.source();
+    }
+    s.message().contains("tcp connect error")
 }
 
 /// True for failures of reachability (worth retrying), false for answers. A `Cancelled`
@@ -395,16 +441,22 @@ impl Store for EtcdStore {
             then = otherwise.clone();
         }
         let txn = Txn::new().when(compares).and_then(then).or_else(otherwise);
-        // Writes are not retried: after a lost connection the outcome is unknown, and the
-        // caller must read before deciding (Kubernetes' storage layer does the same).
-        let resp = self.client.kv_client().txn(txn).await.map_err(|e| {
-            match map_error(&self.name, "txn", e) {
+        // Writes are not retried once sent: after a lost connection the outcome is unknown,
+        // and the caller must read before deciding (Kubernetes' storage layer does the same).
+        // One that could not be sent at all (no connection to the member the client picked)
+        // is tried again.
+        let resp = self
+            .unsent_retry("txn", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|e| match map_error(&self.name, "txn", e) {
                 StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(
                     ops.iter().map(Op::lease).find(|l| *l != 0).unwrap_or(0),
                 ),
                 e => e,
-            }
-        })?;
+            })?;
         let revision = header_revision(resp.header());
         let responses = resp.op_responses();
         if !resp.succeeded() {
@@ -553,9 +605,10 @@ impl Store for EtcdStore {
 impl EtcdStore {
     async fn single_put(&self, key: Bytes, value: Bytes, lease: LeaseId) -> Result<TxnResponse> {
         let resp = self
-            .client
-            .kv_client()
-            .put(key.to_vec(), value.to_vec(), Some(put_opts(lease)))
+            .unsent_retry("txn", |mut c| {
+                let (key, value) = (key.to_vec(), value.to_vec());
+                async move { c.put(key, value, Some(put_opts(lease))).await }
+            })
             .await
             .map_err(|e| match map_error(&self.name, "txn", e) {
                 StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease),
