@@ -151,7 +151,8 @@ pub async fn run(args: OffersBenchArgs) -> anyhow::Result<()> {
         let shard = crate::up::start(&all.base).await?;
         let workers =
             crate::up::start_workers(&shard, &all.workers, dir.path(), "node", "").await?;
-        let addr = crate::offers::serve(&shard, "127.0.0.1:0".parse()?, dir.path()).await?;
+        let addr =
+            crate::offers::serve(&shard, "127.0.0.1:0".parse()?, &all.base.pki_dir()).await?;
         let served = Served::One {
             shard,
             _workers: workers,
