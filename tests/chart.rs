@@ -195,6 +195,54 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
         String::from_utf8_lossy(&o.stderr)
     );
 
+    // Every command the chart gives the tessera image parses (the values the kubelet fills
+    // in, such as $(POD_NAME), stand in as plain values).
+    for name in [
+        "default",
+        "minimal-values",
+        "production-values",
+        "external-etcd-values",
+    ] {
+        for d in documents(&out.path().join(format!("{name}.yaml"))) {
+            let containers = d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .cloned();
+            for c in containers.unwrap_or_default() {
+                if !c["image"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("tessera:")
+                {
+                    continue;
+                }
+                let args: Vec<String> = c["args"]
+                    .as_array()
+                    .expect("args")
+                    .iter()
+                    .map(|a| {
+                        a.as_str()
+                            .expect("string")
+                            .replace("$(HOST_IP)", "127.0.0.1")
+                            .replace("$(POD_NAME)", "pod")
+                            .replace("$(NODE_NAME)", "node")
+                    })
+                    .collect();
+                let o = Command::new(env!("CARGO_BIN_EXE_tessera"))
+                    .args(&args)
+                    .arg("--help")
+                    .output()
+                    .expect("tessera");
+                assert!(
+                    o.status.success(),
+                    "{name}: {} {}: tessera {args:?}: {}",
+                    d["kind"],
+                    d["metadata"]["name"],
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
+    }
+
     // Every rendered object, sent to Tessera's API with a server-side dry run.
     let c = Cluster::start_with("up", &["--nodes-per-shard=0"]);
     c.ok(&["create", "namespace", "tessera"]);
