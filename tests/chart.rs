@@ -28,6 +28,14 @@ use support::{Cluster, Running, free_addr, wait_for};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/tessera");
 
+/// The rendered layouts: the chart's defaults and each values file of `charts/tessera/ci`.
+const LAYOUTS: [&str; 4] = [
+    "default",
+    "minimal-values",
+    "production-values",
+    "external-etcd-values",
+];
+
 fn python() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/python");
     assert!(
@@ -99,32 +107,40 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
 
     // Each values file's layout is what it asks for.
     let kinds = |name: &str| report[name]["kinds"].clone();
-    assert_eq!(
-        kinds("default")["StatefulSet"],
-        2,
-        "the shard's etcd and the federation's: {report:#}"
-    );
-    assert_eq!(kinds("default")["DaemonSet"], 1, "{report:#}");
-    assert_eq!(
-        kinds("minimal-values")["PersistentVolumeClaim"],
-        1,
-        "the federation's embedded store: {report:#}"
-    );
-    assert_eq!(
-        kinds("production-values")["StatefulSet"],
-        4,
-        "3 shards and the federation on etcd: {report:#}"
-    );
-    assert_eq!(
-        kinds("production-values")["ServiceMonitor"],
-        4,
-        "{report:#}"
-    );
-    assert_eq!(
-        kinds("production-values")["PrometheusRule"],
-        1,
-        "{report:#}"
-    );
+    for (layout, kind, count, why) in [
+        (
+            "default",
+            "StatefulSet",
+            2,
+            "the shard's etcd and the federation's",
+        ),
+        ("default", "DaemonSet", 1, "one shard's node agents"),
+        (
+            "minimal-values",
+            "PersistentVolumeClaim",
+            1,
+            "the federation's embedded store",
+        ),
+        (
+            "production-values",
+            "StatefulSet",
+            4,
+            "3 shards and the federation on etcd",
+        ),
+        (
+            "production-values",
+            "ServiceMonitor",
+            4,
+            "the federation and 3 API servers",
+        ),
+        ("production-values", "PrometheusRule", 1, "the rules"),
+    ] {
+        assert_eq!(
+            kinds(layout)[kind],
+            count,
+            "{layout} {kind}: {why}: {report:#}"
+        );
+    }
     assert!(
         kinds("minimal-values").get("PodDisruptionBudget").is_none(),
         "{report:#}"
@@ -197,12 +213,7 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
 
     // Every command the chart gives the tessera image parses (the values the kubelet fills
     // in, such as $(POD_NAME), stand in as plain values).
-    for name in [
-        "default",
-        "minimal-values",
-        "production-values",
-        "external-etcd-values",
-    ] {
+    for name in LAYOUTS {
         for d in documents(&out.path().join(format!("{name}.yaml"))) {
             let containers = d["spec"]["template"]["spec"]["containers"]
                 .as_array()
@@ -257,12 +268,7 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
         "PrometheusRule",
     ]
     .into();
-    for name in [
-        "default",
-        "minimal-values",
-        "production-values",
-        "external-etcd-values",
-    ] {
+    for name in LAYOUTS {
         let file = out.path().join(format!("{name}.yaml"));
         let (accepted, unserved, errors) = dry_run(&c, &file);
         assert!(errors.is_empty(), "{name}: refused by Tessera: {errors:#?}");

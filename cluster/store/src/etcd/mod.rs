@@ -137,6 +137,40 @@ impl EtcdStore {
     async fn unsent_retry<T, F, Fut>(
         &self,
         op: &'static str,
+        call: F,
+    ) -> std::result::Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.retry_while(
+            op,
+            never_sent,
+            "etcd member not reachable, the write not sent; retrying",
+            call,
+        )
+        .await
+    }
+
+    /// Runs `call` until it succeeds, fails for a reason other than reachability, or
+    /// `retry_for` has passed. Only for requests that are safe to repeat.
+    async fn retry<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.retry_while(op, is_transient, "etcd unreachable; retrying", call)
+            .await
+            .map_err(|e| map_error(&self.name, op, e))
+    }
+
+    /// Runs `call` again, with backoff (50 ms doubling to 1 s), while it fails with an error
+    /// `worth` retrying and `retry_for` has not passed; counts and logs each retry.
+    async fn retry_while<T, F, Fut>(
+        &self,
+        op: &'static str,
+        worth: fn(&etcd_client::Error) -> bool,
+        what: &'static str,
         mut call: F,
     ) -> std::result::Result<T, etcd_client::Error>
     where
@@ -147,36 +181,13 @@ impl EtcdStore {
         let mut backoff = Duration::from_millis(50);
         loop {
             match call(self.client.clone()).await {
-                Err(e) if never_sent(&e) && tokio::time::Instant::now() < deadline => {
+                Err(e) if worth(&e) && tokio::time::Instant::now() < deadline => {
                     self.metrics.retries.with_label_values(&["etcd", op]).inc();
-                    tracing::warn!(op, error = %e, backoff_ms = backoff.as_millis() as u64, endpoints = %self.name, "etcd member not reachable, the write not sent; retrying");
+                    tracing::warn!(op, error = %e, backoff_ms = backoff.as_millis() as u64, endpoints = %self.name, "{what}");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
                 r => return r,
-            }
-        }
-    }
-
-    /// Runs `call` until it succeeds, fails for a reason other than reachability, or
-    /// `retry_for` has passed. Only for requests that are safe to repeat.
-    async fn retry<T, F, Fut>(&self, op: &'static str, mut call: F) -> Result<T>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        let deadline = tokio::time::Instant::now() + self.options.retry_for;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match call(self.client.clone()).await {
-                Ok(v) => return Ok(v),
-                Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
-                    self.metrics.retries.with_label_values(&["etcd", op]).inc();
-                    tracing::warn!(op, error = %e, backoff_ms = backoff.as_millis() as u64, endpoints = %self.name, "etcd unreachable; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-                Err(e) => return Err(map_error(&self.name, op, e)),
             }
         }
     }
