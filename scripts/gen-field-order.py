@@ -45,6 +45,11 @@ KINDS = [
     ("scheduling.k8s.io", "PriorityClass", "api.scheduling.v1.PriorityClass"),
     ("policy", "PodDisruptionBudget", "api.policy.v1.PodDisruptionBudget"),
     ("policy", "Eviction", "api.policy.v1.Eviction"),
+    ("rbac.authorization.k8s.io", "Role", "api.rbac.v1.Role"),
+    ("rbac.authorization.k8s.io", "RoleBinding", "api.rbac.v1.RoleBinding"),
+    ("rbac.authorization.k8s.io", "ClusterRole", "api.rbac.v1.ClusterRole"),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding", "api.rbac.v1.ClusterRoleBinding"),
+    ("authentication.k8s.io", "TokenRequest", "api.authentication.v1.TokenRequest"),
 ]
 
 

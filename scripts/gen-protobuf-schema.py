@@ -20,6 +20,9 @@ ROOTS = [
     "api.batch.v1.CronJob", "api.scheduling.v1.PriorityClass",
     "api.policy.v1.PodDisruptionBudget", "api.authorization.v1.SelfSubjectAccessReview",
     "apimachinery.pkg.apis.meta.v1.DeleteOptions", "api.policy.v1.Eviction",
+    "api.rbac.v1.Role", "api.rbac.v1.RoleBinding", "api.rbac.v1.ClusterRole",
+    "api.rbac.v1.ClusterRoleBinding", "api.authorization.v1.SelfSubjectRulesReview",
+    "api.authentication.v1.TokenRequest", "api.authentication.v1.SelfSubjectReview",
 ]
 
 ATTR = re.compile(r'#\[prost\((.*)\)\]')

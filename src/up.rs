@@ -253,6 +253,9 @@ pub async fn start_with(
             Err(e) => anyhow::bail!("creating namespace {ns}: {}", e.message),
         }
     }
+    tessera_apiserver::rbac::defaults::ensure(&*client)
+        .await
+        .map_err(|e| anyhow::anyhow!("putting the default RBAC roles in place: {}", e.message))?;
     let router = http::router(api.clone(), tokens.clone());
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;
     let kubeconfig = args.data_dir.join("kubeconfig");
@@ -742,8 +745,17 @@ pub async fn run_apiserver(args: UpArgs) -> anyhow::Result<()> {
 #[derive(Args, Debug)]
 pub struct TokenArgs {
     /// The tenant the token acts for: it may touch only the namespaces its Tenant lists.
+    /// Alone, the token is the tenant's own (everything within its namespaces); with
+    /// `--user`, it names a user within the tenant, who may do what RBAC grants it there.
+    #[arg(long, required_unless_present = "user")]
+    pub tenant: Option<String>,
+    /// A user token for this user name: RBAC decides what it may do (bind it with a
+    /// RoleBinding or ClusterRoleBinding whose subject is `kind: User`).
     #[arg(long)]
-    pub tenant: String,
+    pub user: Option<String>,
+    /// Groups the user is in (RBAC subjects of `kind: Group`); repeat for more.
+    #[arg(long = "group", requires = "user")]
+    pub groups: Vec<String>,
     /// How long the token is good for (`30m`, `24h`, `90d`; at most a year).
     #[arg(long, default_value = "24h", value_parser = crate::store_config::parse_duration)]
     pub ttl: std::time::Duration,
@@ -756,11 +768,20 @@ pub struct TokenArgs {
 /// `tessera token create`: prints a tenant's bearer token, bound to the Tenant as it is now
 /// (its uid and `spec.tokenGeneration`) and to an expiry.
 pub async fn token_create(args: TokenArgs) -> anyhow::Result<()> {
-    if let Some(why) = tessera_core::names::dns1123_subdomain(&args.tenant) {
-        anyhow::bail!(
-            "--tenant {:?} is not a valid tenant name: {why}",
-            args.tenant
-        );
+    if let Some(tenant) = &args.tenant
+        && let Some(why) = tessera_core::names::dns1123_subdomain(tenant)
+    {
+        anyhow::bail!("--tenant {tenant:?} is not a valid tenant name: {why}");
+    }
+    for (flag, name) in args
+        .user
+        .iter()
+        .map(|u| ("--user", u))
+        .chain(args.groups.iter().map(|g| ("--group", g)))
+    {
+        if let Some(why) = tessera_apiserver::auth::reserved_name_problem(name) {
+            anyhow::bail!("{flag} {name:?} cannot be used: it {why}");
+        }
     }
     let ttl = args.ttl.as_secs() as i64;
     if !(60..=tessera_apiserver::auth::TENANT_TOKEN_MAX_SECONDS).contains(&ttl) {
@@ -775,24 +796,48 @@ pub async fn token_create(args: TokenArgs) -> anyhow::Result<()> {
         )
     })?;
     let root = tessera_apiserver::pki::token_root(&pki)?;
+    let tokens = Tokens::with_root(admin.trim(), &root);
+    let expires = tessera_apiserver::api::now_secs() + ttl;
+    let Some(tenant_name) = &args.tenant else {
+        let user = args.user.clone().unwrap_or_default();
+        let claims = tessera_apiserver::auth::UserClaims {
+            name: user,
+            groups: args.groups.clone(),
+            tenant: None,
+            expires,
+        };
+        println!("{}", tokens.mint_user(&claims));
+        return Ok(());
+    };
     let kubeconfig = args.data_dir.join("kubeconfig");
     let client = tessera_apiserver::client::HttpClient::from_kubeconfig(&kubeconfig)
         .map_err(|e| anyhow::anyhow!("{} ({})", e.message, kubeconfig.display()))?;
     let tenants = tessera_apiserver::request::find_resource("tessera.io", "v1alpha1", "tenants")
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let tenant = tessera_apiserver::client::Client::get(&client, tenants, None, &args.tenant)
+    let tenant = tessera_apiserver::client::Client::get(&client, tenants, None, tenant_name)
         .await
         .map_err(|e| {
             anyhow::anyhow!(
-                "reading Tenant {:?} through the API (is `tessera up` running?): {}",
-                args.tenant,
+                "reading Tenant {tenant_name:?} through the API (is `tessera up` running?): {}",
                 e.message
             )
         })?;
-    let claims = tessera_apiserver::auth::TenantClaims::of(
-        &tenant,
-        tessera_apiserver::api::now_secs() + ttl,
-    );
-    println!("{}", Tokens::with_root(admin.trim(), &root).mint(&claims));
+    let claims = tessera_apiserver::auth::TenantClaims::of(&tenant, expires);
+    match &args.user {
+        None => println!("{}", tokens.mint(&claims)),
+        Some(user) => {
+            let claims = tessera_apiserver::auth::UserClaims {
+                name: user.clone(),
+                groups: args.groups.clone(),
+                tenant: Some(tessera_apiserver::auth::UserTenant {
+                    name: claims.name,
+                    uid: claims.uid,
+                    generation: claims.generation,
+                }),
+                expires,
+            };
+            println!("{}", tokens.mint_user(&claims));
+        }
+    }
     Ok(())
 }

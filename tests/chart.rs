@@ -257,11 +257,9 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
     // Every rendered object, sent to Tessera's API with a server-side dry run.
     let c = Cluster::start_with("up", &["--nodes-per-shard=0"]);
     c.ok(&["create", "namespace", "tessera"]);
-    // RBAC and PersistentVolumeClaims are issue 16's; the Prometheus operator's kinds are
-    // CRDs Tessera does not serve.
+    // PersistentVolumeClaims are issue 16's; the Prometheus operator's kinds are CRDs
+    // Tessera does not serve.
     let unserved_allowed: BTreeSet<&str> = [
-        "Role",
-        "RoleBinding",
         "PersistentVolumeClaim",
         "ServiceMonitor",
         "PodMonitor",

@@ -350,8 +350,15 @@ pub fn sample(addr: &str, series: &str) -> f64 {
 
 /// A token of tenant `name` made with `tessera token create` in `c`'s data directory.
 pub fn tenant_token(c: &Cluster, name: &str) -> String {
+    token(c, &["--tenant", name])
+}
+
+/// A token from `tessera token create ARGS` for cluster `c`.
+pub fn token(c: &Cluster, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["token", "create", "--tenant", name, "--data-dir"])
+        .args(["token", "create"])
+        .args(args)
+        .arg("--data-dir")
         .arg(c.dir.path())
         .output()
         .expect("token create");

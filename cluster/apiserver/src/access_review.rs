@@ -1,21 +1,39 @@
-//! `SelfSubjectAccessReview` (`POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`):
-//! "may I do this?", answered by the same authorizer that guards every request. This is what
-//! `kubectl auth can-i` asks.
+//! The reviews a caller makes of itself, answered by the same authorizer that guards every
+//! request:
+//! - `SelfSubjectAccessReview` (`kubectl auth can-i VERB RESOURCE`): may I do this?
+//! - `SelfSubjectRulesReview` (`kubectl auth can-i --list`): what may I do in a namespace?
+//! - `SelfSubjectReview` (`kubectl auth whoami`): who am I?
+//!
+//! Every authenticated caller may make them (Kubernetes grants them through
+//! `system:basic-user`, bound to `system:authenticated`).
 
 use serde_json::{Value, json};
 
 use crate::api::{Api, ApiResponse};
-use crate::auth::User;
+use crate::auth::{User, tenant_may_not_write};
 use crate::catalog::RESOURCES;
+use crate::rbac::{Attributes, Rule, tenant_owner_rules};
 use crate::request::{ApiRequest, PatchType, Verb};
-use crate::status::ApiError;
+use crate::status::{ApiError, Cause};
+
+/// The paths of the three reviews.
+pub const ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+/// `kubectl auth can-i --list`.
+pub const RULES_REVIEWS: &str = "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews";
+/// `kubectl auth whoami`.
+pub const SELF_REVIEWS: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+
+/// Whether `path` is one of the reviews.
+pub fn is_review(path: &str) -> bool {
+    [ACCESS_REVIEWS, RULES_REVIEWS, SELF_REVIEWS].contains(&path)
+}
 
 fn verb(v: &str) -> Option<Verb> {
     Some(match v {
         "get" => Verb::Get,
         "list" => Verb::List,
         "watch" => Verb::Watch,
-        "create" | "*" => Verb::Create,
+        "create" => Verb::Create,
         "update" => Verb::Update,
         "patch" => Verb::Patch(PatchType::Merge),
         "delete" => Verb::Delete,
@@ -33,10 +51,15 @@ fn public_path(path: &str) -> bool {
     .any(|p| path == *p || path.starts_with(&format!("{p}/")))
 }
 
-/// Answers a review for `user`.
+fn governed_by_rbac(user: &User) -> bool {
+    matches!(user, User::Named { .. } | User::ServiceAccount(_))
+}
+
+/// Answers a review at `path` for `user`.
 pub async fn review(
     api: &Api,
     user: &User,
+    path: &str,
     method: &str,
     body: &[u8],
 ) -> Result<ApiResponse, ApiError> {
@@ -44,75 +67,56 @@ pub async fn review(
         return Err(ApiError::new(
             405,
             "MethodNotAllowed",
-            "selfsubjectaccessreviews are only created (POST)",
+            format!("{path} is only created (POST)"),
         ));
     }
-    let review: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "the SelfSubjectAccessReview is not valid JSON: {e}"
-        ))
-    })?;
+    let review: Value = if body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the review is not valid JSON: {e}")))?
+    };
+    let answer = match path {
+        RULES_REVIEWS => rules_review(api, user, &review).await?,
+        SELF_REVIEWS => self_review(user),
+        _ => access_review(api, user, &review).await?,
+    };
+    Ok(ApiResponse::Object {
+        code: 201,
+        body: answer,
+        warnings: Vec::new(),
+    })
+}
+
+async fn access_review(api: &Api, user: &User, review: &Value) -> Result<Value, ApiError> {
     let spec = &review["spec"];
     let (allowed, reason) = if let Some(attrs) = spec["resourceAttributes"].as_object() {
-        let s = |k: &str| attrs.get(k).and_then(Value::as_str).unwrap_or_default();
-        let group = s("group");
-        let plural = s("resource");
-        if plural == "*" || group == "*" {
-            match user {
-                User::Admin | User::System(_) => (true, String::new()),
-                User::Tenant(t) => (
-                    false,
-                    format!("tenant {t} may act only on resources in its own namespaces"),
-                ),
-                User::LentNode { node, .. } => (
-                    false,
-                    format!("lent node {node} may act only on its own Node, Lease and pods"),
-                ),
-            }
-        } else {
-            match (
-                RESOURCES
-                    .iter()
-                    .find(|r| r.group == group && r.plural == plural),
-                verb(s("verb")),
-            ) {
-                (None, _) => (
-                    false,
-                    format!("the server does not serve resource {plural:?} in group {group:?}"),
-                ),
-                (_, None) => (false, format!("unknown verb {:?}", s("verb"))),
-                (Some(res), Some(v)) => {
-                    let mut req = ApiRequest::new(v, res);
-                    req.namespace =
-                        Some(s("namespace").to_owned()).filter(|n| !n.is_empty() && res.namespaced);
-                    req.name = Some(s("name").to_owned()).filter(|n| !n.is_empty());
-                    req.subresource = Some(s("subresource").to_owned()).filter(|n| !n.is_empty());
-                    if v == Verb::Create && res.plural == "namespaces" {
-                        req.body = serde_json::to_vec(&json!({"metadata": {"name": s("name")}}))
-                            .unwrap_or_default()
-                            .into();
-                        req.name = None;
-                    }
-                    match api.authorizer().authorize(user, &req).await {
-                        Ok(_) => (true, String::new()),
-                        Err(e) => (false, e.message),
-                    }
-                }
-            }
-        }
+        resource_decision(api, user, attrs).await?
     } else if let Some(path) = spec["nonResourceAttributes"]["path"].as_str() {
+        let verb = spec["nonResourceAttributes"]["verb"]
+            .as_str()
+            .unwrap_or("get");
         match user {
             User::Admin | User::System(_) => (true, String::new()),
-            User::Tenant(_) | User::LentNode { .. } if public_path(path) => (true, String::new()),
-            User::Tenant(_) => (false, format!("tenants may not access {path}")),
+            _ if public_path(path) => (true, String::new()),
+            u if governed_by_rbac(u) => {
+                let a = Attributes {
+                    verb,
+                    path,
+                    ..Attributes::default()
+                };
+                let d = api.authorizer().rbac().decide(user, &a).await?;
+                (d.allowed, d.reason)
+            }
             User::LentNode { .. } => (false, format!("lent nodes may not access {path}")),
+            _ => (false, format!("tenants may not access {path}")),
         }
     } else {
         return Err(ApiError::invalid(
             "authorization.k8s.io",
             "SelfSubjectAccessReview",
             "",
-            vec![crate::status::Cause {
+            vec![Cause {
                 reason: "FieldValueRequired",
                 field: "spec.resourceAttributes".into(),
                 message:
@@ -125,15 +129,240 @@ pub async fn review(
     if !reason.is_empty() {
         status["reason"] = json!(reason);
     }
-    Ok(ApiResponse::Object {
-        code: 201,
-        body: json!({
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SelfSubjectAccessReview",
-            "metadata": {},
-            "spec": spec,
-            "status": status,
-        }),
-        warnings: Vec::new(),
+    Ok(json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "metadata": {},
+        "spec": spec,
+        "status": status,
+    }))
+}
+
+/// May `user` do what `s` (the resourceAttributes' fields) says?
+async fn resource_decision(
+    api: &Api,
+    user: &User,
+    attrs: &serde_json::Map<String, Value>,
+) -> Result<(bool, String), ApiError> {
+    let s = |k: &str| attrs.get(k).and_then(Value::as_str).unwrap_or_default();
+    let (group, plural) = (s("group"), s("resource"));
+    let served = RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural);
+    let Some((res, v)) = served.zip(verb(s("verb"))) else {
+        // A wildcard, a special verb (`bind`, `escalate`, `impersonate`) or a resource this
+        // server does not serve: RBAC alone can grant it, and only to a caller outside any
+        // tenant (isolation cannot place it within a tenant's reach).
+        return Ok(match user {
+            User::Admin | User::System(_) => (true, String::new()),
+            User::Named { .. } | User::ServiceAccount(_) => {
+                match api.authorizer().tenant_of_user(user).await? {
+                    Some(t)
+                        if !owned_namespace(api, &t, s("namespace")).await? || served.is_none() =>
+                    {
+                        (
+                            false,
+                            format!(
+                                "tenant {t}'s callers act only on served resources in its namespaces"
+                            ),
+                        )
+                    }
+                    _ => {
+                        let a = Attributes {
+                            verb: s("verb"),
+                            group,
+                            resource: plural,
+                            subresource: s("subresource"),
+                            name: s("name"),
+                            namespace: s("namespace"),
+                            path: "",
+                        };
+                        let d = api.authorizer().rbac().decide(user, &a).await?;
+                        (d.allowed, d.reason)
+                    }
+                }
+            }
+            User::Tenant(_) if served.is_none() => (
+                false,
+                format!("the server does not serve resource {plural:?} in group {group:?}"),
+            ),
+            User::Tenant(t) => (
+                false,
+                format!("tenant {t} may act only on resources in its own namespaces"),
+            ),
+            User::LentNode { node, .. } => (
+                false,
+                format!("lent node {node} may act only on its own Node, Lease and pods"),
+            ),
+        });
+    };
+    let mut req = ApiRequest::new(v, res);
+    req.namespace = Some(s("namespace").to_owned()).filter(|n| !n.is_empty() && res.namespaced);
+    req.name = Some(s("name").to_owned()).filter(|n| !n.is_empty());
+    req.subresource = Some(s("subresource").to_owned()).filter(|n| !n.is_empty());
+    if v == Verb::Create && res.plural == "namespaces" && req.name.is_some() {
+        req.body = serde_json::to_vec(&json!({"metadata": {"name": s("name")}}))
+            .unwrap_or_default()
+            .into();
+        req.name = None;
+    }
+    api.authorizer().review(user, &req).await
+}
+
+async fn owned_namespace(api: &Api, tenant: &str, ns: &str) -> Result<bool, ApiError> {
+    Ok(!ns.is_empty() && api.authorizer().tenant_owning(ns).await?.as_deref() == Some(tenant))
+}
+
+/// The rules as a review reports them: (resourceRules, nonResourceRules).
+fn split(rules: &[Rule]) -> (Vec<Value>, Vec<Value>) {
+    let (paths, resources): (Vec<&Rule>, Vec<&Rule>) =
+        rules.iter().partition(|r| !r.non_resource_urls.is_empty());
+    (
+        resources.iter().map(|r| r.to_json()).collect(),
+        paths.iter().map(|r| r.to_json()).collect(),
+    )
+}
+
+/// Within a tenant's isolation: what of `rules` still holds in a namespace the tenant owns
+/// (`owned`) or not. Writes of what only admins write are taken out; a wildcard that
+/// isolation narrows is kept and reported as incomplete.
+fn within_isolation(rules: Vec<Rule>, owned: bool) -> (Vec<Rule>, bool) {
+    const CLUSTER_READ: &[&str] = &["nodes", "nodes/status", "priorityclasses", "tenants"];
+    let mut narrowed = false;
+    let mut out = Vec::new();
+    for mut rule in rules {
+        if !rule.non_resource_urls.is_empty() {
+            out.push(rule);
+            continue;
+        }
+        let writes = rule
+            .verbs
+            .iter()
+            .any(|v| !matches!(v.as_str(), "get" | "list" | "watch"));
+        narrowed |=
+            rule.resources.iter().any(|r| r == "*") || rule.api_groups.iter().any(|g| g == "*");
+        rule.resources.retain(|r| {
+            let (plural, sub) = r
+                .split_once('/')
+                .map_or((r.as_str(), None), |(p, s)| (p, Some(s)));
+            let namespaced = RESOURCES.iter().any(|x| x.plural == plural && x.namespaced);
+            let reachable = plural == "*"
+                || plural == "namespaces"
+                || plural.starts_with("selfsubject")
+                || (namespaced && owned)
+                || (!writes && CLUSTER_READ.contains(&r.as_str()));
+            let admin_only = writes
+                && rule
+                    .api_groups
+                    .iter()
+                    .any(|g| tenant_may_not_write(g, plural, sub).is_some());
+            reachable && !admin_only
+        });
+        if !rule.resources.is_empty() {
+            out.push(rule);
+        }
+    }
+    (out, narrowed)
+}
+
+async fn rules_review(api: &Api, user: &User, review: &Value) -> Result<Value, ApiError> {
+    let ns = review["spec"]["namespace"].as_str().unwrap_or_default();
+    let rbac = api.authorizer().rbac();
+    let (rules, missing) = rbac.rules_for(user, ns).await?;
+    let mut errors = missing;
+    let (rules, incomplete) = match user {
+        User::Admin | User::System(_) => {
+            let mut all = vec![
+                Rule::resource(&["*"], &["*"], &["*"]),
+                Rule::paths(&["*"], &["*"]),
+            ];
+            all.extend(rules);
+            (all, false)
+        }
+        User::Tenant(t) => {
+            let owned = owned_namespace(api, t, ns).await?;
+            let mut own: Vec<Rule> = tenant_owner_rules(t);
+            if !owned {
+                // Outside its namespaces only the cluster-scoped part holds.
+                let namespaced: Vec<Rule> = own
+                    .iter()
+                    .filter(|r| {
+                        r.resources.iter().all(|x| {
+                            let plural = x.split('/').next().unwrap_or_default();
+                            RESOURCES
+                                .iter()
+                                .any(|res| res.plural == plural && res.namespaced)
+                        })
+                    })
+                    .cloned()
+                    .collect();
+                own.retain(|r| !namespaced.contains(r));
+            }
+            own.extend(
+                rules
+                    .into_iter()
+                    .filter(|r| !r.non_resource_urls.is_empty()),
+            );
+            (own, false)
+        }
+        User::LentNode { node, .. } => {
+            errors.push(format!(
+                "lent node {node} may write only its own Node and Lease, the status of pods bound to it, and events"
+            ));
+            (Vec::new(), true)
+        }
+        User::Named { .. } | User::ServiceAccount(_) => {
+            match api.authorizer().tenant_of_user(user).await? {
+                Some(t) => {
+                    let owned = owned_namespace(api, &t, ns).await?;
+                    let (kept, narrowed) = within_isolation(rules, owned);
+                    if narrowed {
+                        errors.push(format!(
+                            "tenant {t}'s isolation narrows wildcard rules: only its namespaces, and never writes of quotas, limit ranges, pods' status or bindings"
+                        ));
+                    }
+                    (kept, narrowed)
+                }
+                None => (rules, false),
+            }
+        }
+    };
+    let (resource_rules, non_resource_rules) = split(&rules);
+    let mut status = json!({
+        "resourceRules": resource_rules,
+        "nonResourceRules": non_resource_rules,
+        "incomplete": incomplete,
+    });
+    if !errors.is_empty() {
+        status["evaluationError"] = json!(errors.join("; "));
+    }
+    Ok(json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "metadata": {},
+        "spec": review["spec"],
+        "status": status,
+    }))
+}
+
+fn self_review(user: &User) -> Value {
+    let mut info = json!({"username": user.name(), "groups": user.groups()});
+    if let User::ServiceAccount(sa) = user {
+        info["uid"] = json!(sa.uid);
+        let mut extra =
+            json!({"authentication.kubernetes.io/credential-id": [format!("JTI={}", sa.id)]});
+        if let Some((kind, name, uid)) = &sa.bound
+            && kind == "Pod"
+        {
+            extra["authentication.kubernetes.io/pod-name"] = json!([name]);
+            extra["authentication.kubernetes.io/pod-uid"] = json!([uid]);
+        }
+        info["extra"] = extra;
+    }
+    json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "SelfSubjectReview",
+        "metadata": {"creationTimestamp": null},
+        "status": {"userInfo": info},
     })
 }

@@ -22,6 +22,7 @@ pub use tessera_client::auth::*;
 
 use tessera_client::types::{BORROWED_TAINT_KEY, LOAN_LABEL, LOANS_CONFIGMAP};
 
+use crate::rbac::{Attributes, Rbac};
 use crate::request::{ApiRequest, Verb};
 use crate::status::ApiError;
 
@@ -68,10 +69,71 @@ fn lent_node_marked(node: &Value, loan: &str) -> bool {
         })
 }
 
-/// Decides what tenants may do, from their `Tenant` objects.
+/// What only an admin or the shard's components may write in a tenant's namespace, and
+/// why, whatever RBAC says: quotas and limits an admin set (deleting them would lift the
+/// limit), pods' status (a pod reported finished gives its quota back while it still runs),
+/// and bindings to nodes (a binding names any node: a tenant could put its pod where
+/// admission would not let it go, a process node).
+pub fn tenant_may_not_write(group: &str, plural: &str, sub: Option<&str>) -> Option<&'static str> {
+    match (group, plural, sub) {
+        ("", "resourcequotas" | "limitranges", _) => Some("only an admin may change it"),
+        ("", "pods", Some("status")) => {
+            Some("only node agents and the shard's components write a pod's status")
+        }
+        ("", "pods", Some("binding")) | ("tessera.io", "podgroups", Some("binding")) => {
+            Some("only the shard's scheduler binds pods to nodes")
+        }
+        _ => None,
+    }
+}
+
+/// Decides what a caller may do: tenant isolation from the `Tenant` objects first (a
+/// tenant's callers never leave its namespaces), then RBAC for the callers it governs.
 #[derive(Clone)]
 pub struct Authorizer {
     store: Arc<dyn Store>,
+    rbac: Rbac,
+    /// Which tenant owns a namespace, for ServiceAccounts (read at most every second).
+    owners: Arc<parking_lot::Mutex<Option<(std::time::Instant, Owners)>>>,
+}
+
+/// Each Tenant's name and the namespaces it lists.
+type Owners = Vec<(String, Vec<String>)>;
+
+/// Requests in flight, and watches, a caller outside any tenant that RBAC governs may hold.
+const RBAC_USER_INFLIGHT: usize = DEFAULT_TENANT_INFLIGHT;
+
+/// The RBAC attributes of a request.
+pub fn attributes(req: &ApiRequest) -> Attributes<'_> {
+    let name = req.name.as_deref().unwrap_or_default();
+    let res = req.resource;
+    // As Kubernetes: a Namespace's own requests are made in that namespace, so a RoleBinding
+    // there may grant reading it.
+    let namespace = if (res.group, res.plural) == ("", "namespaces") {
+        name
+    } else {
+        req.namespace.as_deref().unwrap_or_default()
+    };
+    Attributes {
+        verb: req.verb.as_str(),
+        group: res.group,
+        resource: res.plural,
+        subresource: req.subresource.as_deref().unwrap_or_default(),
+        name,
+        namespace,
+        path: "",
+    }
+}
+
+/// Kubernetes' refusal of a request RBAC does not grant:
+/// `pods "p" is forbidden: User "alice" cannot delete resource "pods" in API group "" in the
+/// namespace "t1"`, and the reason RBAC gave, if any.
+pub fn rbac_forbidden(user: &User, req: &ApiRequest, reason: &str) -> ApiError {
+    let mut e = forbidden(user, req, reason);
+    if reason.is_empty() {
+        e.message = e.message.trim_end_matches(": ").to_owned();
+    }
+    e
 }
 
 fn forbidden(user: &User, req: &ApiRequest, why: &str) -> ApiError {
@@ -100,9 +162,83 @@ fn forbidden(user: &User, req: &ApiRequest, why: &str) -> ApiError {
 }
 
 impl Authorizer {
-    /// An authorizer reading Tenants from `store`.
+    /// An authorizer reading Tenants and RBAC objects from `store`.
     pub fn new(store: Arc<dyn Store>) -> Authorizer {
-        Authorizer { store }
+        Authorizer {
+            rbac: Rbac::new(store.clone()),
+            store,
+            owners: Arc::default(),
+        }
+    }
+
+    /// The RBAC evaluator.
+    pub fn rbac(&self) -> &Rbac {
+        &self.rbac
+    }
+
+    /// Forgets which tenant owns which namespace (a Tenant was written).
+    pub fn tenants_changed(&self) {
+        *self.owners.lock() = None;
+    }
+
+    /// The tenant that owns namespace `ns`, if any.
+    pub async fn tenant_owning(&self, ns: &str) -> Result<Option<String>, ApiError> {
+        let find = |list: &[(String, Vec<String>)]| {
+            list.iter()
+                .find(|(_, owned)| owned.iter().any(|o| o == ns))
+                .map(|(t, _)| t.clone())
+        };
+        if let Some((at, list)) = self.owners.lock().as_ref()
+            && at.elapsed() < std::time::Duration::from_secs(1)
+        {
+            return Ok(find(list));
+        }
+        let prefix = tessera_core::keys::resource_prefix(
+            &tessera_core::keys::resource_segment("tessera.io", "tenants"),
+            None,
+        );
+        let page = self
+            .store
+            .list(tessera_store::ListRequest {
+                prefix: prefix.into_bytes().into(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("reading Tenants: {e}")))?;
+        let list: Vec<(String, Vec<String>)> = page
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+            .map(|t| {
+                let owned = t["spec"]["namespaces"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|n| n.as_str().map(str::to_owned))
+                    .collect();
+                (
+                    t["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    owned,
+                )
+            })
+            .collect();
+        let out = find(&list);
+        *self.owners.lock() = Some((std::time::Instant::now(), list));
+        Ok(out)
+    }
+
+    /// The tenant whose namespaces bound `user`, if any: a tenant's own token, a user token
+    /// minted for a tenant, a ServiceAccount in a tenant's namespace.
+    pub async fn tenant_of_user(&self, user: &User) -> Result<Option<String>, ApiError> {
+        Ok(match user {
+            User::Tenant(t) => Some(t.clone()),
+            User::Named { tenant, .. } => tenant.clone(),
+            User::ServiceAccount(sa) => self.tenant_owning(&sa.namespace).await?,
+            User::Admin | User::System(_) | User::LentNode { .. } => None,
+        })
     }
 
     async fn get(&self, key: String, what: &str) -> Result<Option<Value>, ApiError> {
@@ -209,20 +345,55 @@ impl Authorizer {
         match user {
             User::Admin | User::System(_) => Ok(ADMIN_INFLIGHT),
             User::LentNode { .. } => Ok(LENT_NODE_INFLIGHT),
-            User::Tenant(t) => Ok(self
-                .tenant(t)
-                .await?
-                .map_or(DEFAULT_TENANT_INFLIGHT, |obj| {
-                    obj["spec"]["maxInflightRequests"]
-                        .as_u64()
-                        .map_or(DEFAULT_TENANT_INFLIGHT, |n| n.max(1) as usize)
-                })),
+            User::Tenant(_) | User::Named { .. } | User::ServiceAccount(_) => {
+                let Some(t) = self.tenant_of_user(user).await? else {
+                    return Ok(RBAC_USER_INFLIGHT);
+                };
+                Ok(self
+                    .tenant(&t)
+                    .await?
+                    .map_or(DEFAULT_TENANT_INFLIGHT, |obj| {
+                        obj["spec"]["maxInflightRequests"]
+                            .as_u64()
+                            .map_or(DEFAULT_TENANT_INFLIGHT, |n| n.max(1) as usize)
+                    }))
+            }
         }
     }
 
-    /// Allows or refuses `req` for `user`.
+    /// What a SelfSubjectAccessReview answers for `req`: allowed, and why not — the rule of
+    /// tenant isolation that refused it, or RBAC's reason (none when no rule grants it, as
+    /// Kubernetes answers).
+    pub async fn review(&self, user: &User, req: &ApiRequest) -> Result<(bool, String), ApiError> {
+        let isolated = match user {
+            User::Named { .. } | User::ServiceAccount(_) => {
+                match self.tenant_of_user(user).await? {
+                    Some(t) => Some(self.within_tenant(user, &t, req).await),
+                    None => None,
+                }
+            }
+            _ => {
+                return Ok(match self.authorize(user, req).await {
+                    Ok(_) => (true, String::new()),
+                    Err(e) if e.code == 403 => (false, e.message),
+                    Err(e) => return Err(e),
+                });
+            }
+        };
+        match isolated {
+            Some(Err(e)) if e.code == 403 => return Ok((false, e.message)),
+            Some(Err(e)) => return Err(e),
+            _ => {}
+        }
+        let d = self.rbac.decide(user, &attributes(req)).await?;
+        Ok((d.allowed, d.reason))
+    }
+
+    /// Allows or refuses `req` for `user`: tenant isolation, then RBAC for the callers it
+    /// governs (a tenant's own token holds [`crate::rbac::tenant_owner_rules`], which are
+    /// exactly what isolation lets it do).
     pub async fn authorize(&self, user: &User, req: &ApiRequest) -> Result<Scope, ApiError> {
-        let tenant = match user {
+        let scope = match user {
             User::Admin | User::System(_) => {
                 return Ok(Scope {
                     namespaces: None,
@@ -231,8 +402,35 @@ impl Authorizer {
                 });
             }
             User::LentNode { node, loan } => return self.lent_node(user, req, node, loan).await,
-            User::Tenant(t) => t,
+            User::Tenant(t) => return self.within_tenant(user, t, req).await,
+            User::Named { .. } | User::ServiceAccount(_) => {
+                match self.tenant_of_user(user).await? {
+                    Some(t) => self.within_tenant(user, &t, req).await?,
+                    None => Scope {
+                        namespaces: None,
+                        max_inflight: RBAC_USER_INFLIGHT,
+                        max_watches: MIN_TENANT_WATCHES * 4,
+                    },
+                }
+            }
         };
+        let decision = self.rbac.decide(user, &attributes(req)).await?;
+        if decision.allowed {
+            Ok(scope)
+        } else {
+            Err(rbac_forbidden(user, req, &decision.reason))
+        }
+    }
+
+    /// Tenant isolation: whether `req` stays within tenant `tenant`'s reach — its
+    /// namespaces (and not what only admins write there), reading nodes, priority classes
+    /// and its own Tenant, its namespaces themselves. What a tenant's own token may do.
+    async fn within_tenant(
+        &self,
+        user: &User,
+        tenant: &str,
+        req: &ApiRequest,
+    ) -> Result<Scope, ApiError> {
         let Some(obj) = self.tenant(tenant).await? else {
             return Err(forbidden(
                 user,
@@ -269,21 +467,8 @@ impl Authorizer {
             )
         };
         if res.namespaced {
-            // What the shard's components and admins own inside a tenant's namespace: quotas
-            // and limits an admin set (deleting them would lift the limit), and pods' status
-            // (a pod reported finished gives its quota back while it still runs).
-            let admins_only = match (res.group, res.plural, req.subresource.as_deref()) {
-                ("", "resourcequotas" | "limitranges", _) => Some("only an admin may change it"),
-                ("", "pods", Some("status")) => {
-                    Some("only node agents and the shard's components write a pod's status")
-                }
-                // A binding names any node: a tenant could put its pod where admission
-                // would not let it go (a process node), so only the scheduler binds.
-                ("", "pods", Some("binding")) | ("tessera.io", "podgroups", Some("binding")) => {
-                    Some("only the shard's scheduler binds pods to nodes")
-                }
-                _ => None,
-            };
+            let admins_only =
+                tenant_may_not_write(res.group, res.plural, req.subresource.as_deref());
             if let (Some(why), false) = (admins_only, read) {
                 return Err(forbidden(user, req, why));
             }

@@ -292,8 +292,7 @@ async fn objects(
     let content_type = header_str(header::CONTENT_TYPE);
     // Kubernetes' protobuf bodies (kubectl's typed commands) become the JSON they carry.
     // Only for what is served: anything else answers its 404 below, whatever the body.
-    const REVIEWS: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
-    let served = uri.path() == REVIEWS
+    let served = crate::access_review::is_review(uri.path())
         || matches!(
             request::from_http("GET", uri.path(), "", None, None, Bytes::new()),
             Ok(Some(_))
@@ -334,8 +333,10 @@ async fn objects(
         } else {
             (body, content_type)
         };
-    if uri.path() == REVIEWS {
-        return encode(crate::access_review::review(&api, &user, method.as_str(), &body).await);
+    if crate::access_review::is_review(uri.path()) {
+        return encode(
+            crate::access_review::review(&api, &user, uri.path(), method.as_str(), &body).await,
+        );
     }
     let parsed = request::from_http(
         method.as_str(),
@@ -470,6 +471,15 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
                         {
                             return unauthorized(
                                 "the token was revoked: its Tenant was re-created or its spec.tokenGeneration bumped; ask an admin for a new one (`tessera token create`)",
+                            );
+                        }
+                        // A ServiceAccount token is good while its account (and the pod or
+                        // secret it is bound to) is the one it was issued for.
+                        if let User::ServiceAccount(sa) = &user
+                            && !checker.service_account_current(sa).await
+                        {
+                            return unauthorized(
+                                "the ServiceAccount token is no longer valid: its ServiceAccount, or the pod or secret it was bound to, was deleted or re-created; request a new one (`kubectl create token`)",
                             );
                         }
                         req.extensions_mut().insert(user);

@@ -2,7 +2,7 @@
 //! (and, by comparing what comes back out, finds the fields it does not know), and its
 //! `JsonSchema` is what `/openapi/v3` publishes.
 
-use k8s_openapi::api::{apps, batch, coordination, core, policy, scheduling};
+use k8s_openapi::api::{apps, authentication, batch, coordination, core, policy, rbac, scheduling};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -98,6 +98,13 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("scheduling.k8s.io", "PriorityClass") => typed::<scheduling::v1::PriorityClass>(),
         ("policy", "PodDisruptionBudget") => typed::<policy::v1::PodDisruptionBudget>(),
         ("policy", "Eviction") => typed::<policy::v1::Eviction>(),
+        ("rbac.authorization.k8s.io", "Role") => typed::<rbac::v1::Role>(),
+        ("rbac.authorization.k8s.io", "RoleBinding") => typed::<rbac::v1::RoleBinding>(),
+        ("rbac.authorization.k8s.io", "ClusterRole") => typed::<rbac::v1::ClusterRole>(),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+            typed::<rbac::v1::ClusterRoleBinding>()
+        }
+        ("authentication.k8s.io", "TokenRequest") => typed::<authentication::v1::TokenRequest>(),
         ("tessera.io", "Tenant") => typed::<types::Tenant>(),
         ("tessera.io", "PodGroup") => typed::<types::PodGroup>(),
         ("tessera.io", "PodGroupBinding") => typed::<types::PodGroupBinding>(),

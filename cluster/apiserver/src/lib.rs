@@ -24,6 +24,7 @@ pub mod pki;
 pub mod protobuf;
 #[rustfmt::skip]
 pub mod protobuf_schema;
+pub mod rbac;
 pub mod serve;
 pub mod table;
 pub mod validation;

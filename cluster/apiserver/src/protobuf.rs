@@ -83,7 +83,9 @@ fn package(api_version: &str) -> Option<String> {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let short = match group {
         "" => "core",
-        g => g.trim_end_matches(".k8s.io"),
+        // Kubernetes' proto package names the group by its first label:
+        // `rbac.authorization.k8s.io` is `k8s.io.api.rbac.v1`.
+        g => g.trim_end_matches(".k8s.io").split('.').next().unwrap_or(g),
     };
     Some(format!("api.{short}.{version}"))
 }

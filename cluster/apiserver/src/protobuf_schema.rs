@@ -48,6 +48,42 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "max_unavailable", kind: Msg, repeated: false, message: "apimachinery.pkg.util.intstr.IntOrString" },
         Field { tag: 2, name: "max_surge", kind: Msg, repeated: false, message: "apimachinery.pkg.util.intstr.IntOrString" },
     ]),
+    ("api.authentication.v1.BoundObjectReference", &[
+        Field { tag: 1, name: "kind", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "api_version", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "name", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "u_id", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.authentication.v1.ExtraValue", &[
+        Field { tag: 1, name: "items", kind: Str, repeated: true, message: "" },
+    ]),
+    ("api.authentication.v1.SelfSubjectReview", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "status", kind: Msg, repeated: false, message: "api.authentication.v1.SelfSubjectReviewStatus" },
+    ]),
+    ("api.authentication.v1.SelfSubjectReviewStatus", &[
+        Field { tag: 1, name: "user_info", kind: Msg, repeated: false, message: "api.authentication.v1.UserInfo" },
+    ]),
+    ("api.authentication.v1.TokenRequest", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.authentication.v1.TokenRequestSpec" },
+        Field { tag: 3, name: "status", kind: Msg, repeated: false, message: "api.authentication.v1.TokenRequestStatus" },
+    ]),
+    ("api.authentication.v1.TokenRequestSpec", &[
+        Field { tag: 1, name: "audiences", kind: Str, repeated: true, message: "" },
+        Field { tag: 3, name: "bound_object_ref", kind: Msg, repeated: false, message: "api.authentication.v1.BoundObjectReference" },
+        Field { tag: 4, name: "expiration_seconds", kind: I64, repeated: false, message: "" },
+    ]),
+    ("api.authentication.v1.TokenRequestStatus", &[
+        Field { tag: 1, name: "token", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "expiration_timestamp", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.Time" },
+    ]),
+    ("api.authentication.v1.UserInfo", &[
+        Field { tag: 1, name: "username", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "uid", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "groups", kind: Str, repeated: true, message: "" },
+        Field { tag: 4, name: "extra", kind: MapMsg, repeated: false, message: "api.authentication.v1.ExtraValue" },
+    ]),
     ("api.authorization.v1.FieldSelectorAttributes", &[
         Field { tag: 1, name: "raw_selector", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "requirements", kind: Msg, repeated: true, message: "apimachinery.pkg.apis.meta.v1.FieldSelectorRequirement" },
@@ -60,6 +96,10 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "path", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "verb", kind: Str, repeated: false, message: "" },
     ]),
+    ("api.authorization.v1.NonResourceRule", &[
+        Field { tag: 1, name: "verbs", kind: Str, repeated: true, message: "" },
+        Field { tag: 2, name: "non_resource_ur_ls", kind: Str, repeated: true, message: "" },
+    ]),
     ("api.authorization.v1.ResourceAttributes", &[
         Field { tag: 1, name: "namespace", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "verb", kind: Str, repeated: false, message: "" },
@@ -71,6 +111,12 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 8, name: "field_selector", kind: Msg, repeated: false, message: "api.authorization.v1.FieldSelectorAttributes" },
         Field { tag: 9, name: "label_selector", kind: Msg, repeated: false, message: "api.authorization.v1.LabelSelectorAttributes" },
     ]),
+    ("api.authorization.v1.ResourceRule", &[
+        Field { tag: 1, name: "verbs", kind: Str, repeated: true, message: "" },
+        Field { tag: 2, name: "api_groups", kind: Str, repeated: true, message: "" },
+        Field { tag: 3, name: "resources", kind: Str, repeated: true, message: "" },
+        Field { tag: 4, name: "resource_names", kind: Str, repeated: true, message: "" },
+    ]),
     ("api.authorization.v1.SelfSubjectAccessReview", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
         Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.authorization.v1.SelfSubjectAccessReviewSpec" },
@@ -80,11 +126,25 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "resource_attributes", kind: Msg, repeated: false, message: "api.authorization.v1.ResourceAttributes" },
         Field { tag: 2, name: "non_resource_attributes", kind: Msg, repeated: false, message: "api.authorization.v1.NonResourceAttributes" },
     ]),
+    ("api.authorization.v1.SelfSubjectRulesReview", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.authorization.v1.SelfSubjectRulesReviewSpec" },
+        Field { tag: 3, name: "status", kind: Msg, repeated: false, message: "api.authorization.v1.SubjectRulesReviewStatus" },
+    ]),
+    ("api.authorization.v1.SelfSubjectRulesReviewSpec", &[
+        Field { tag: 1, name: "namespace", kind: Str, repeated: false, message: "" },
+    ]),
     ("api.authorization.v1.SubjectAccessReviewStatus", &[
         Field { tag: 1, name: "allowed", kind: Bool, repeated: false, message: "" },
         Field { tag: 2, name: "reason", kind: Str, repeated: false, message: "" },
         Field { tag: 3, name: "evaluation_error", kind: Str, repeated: false, message: "" },
         Field { tag: 4, name: "denied", kind: Bool, repeated: false, message: "" },
+    ]),
+    ("api.authorization.v1.SubjectRulesReviewStatus", &[
+        Field { tag: 1, name: "resource_rules", kind: Msg, repeated: true, message: "api.authorization.v1.ResourceRule" },
+        Field { tag: 2, name: "non_resource_rules", kind: Msg, repeated: true, message: "api.authorization.v1.NonResourceRule" },
+        Field { tag: 3, name: "incomplete", kind: Bool, repeated: false, message: "" },
+        Field { tag: 4, name: "evaluation_error", kind: Str, repeated: false, message: "" },
     ]),
     ("api.batch.v1.CronJob", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
@@ -1156,6 +1216,46 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 5, name: "desired_healthy", kind: I32, repeated: false, message: "" },
         Field { tag: 6, name: "expected_pods", kind: I32, repeated: false, message: "" },
         Field { tag: 7, name: "conditions", kind: Msg, repeated: true, message: "apimachinery.pkg.apis.meta.v1.Condition" },
+    ]),
+    ("api.rbac.v1.AggregationRule", &[
+        Field { tag: 1, name: "cluster_role_selectors", kind: Msg, repeated: true, message: "apimachinery.pkg.apis.meta.v1.LabelSelector" },
+    ]),
+    ("api.rbac.v1.ClusterRole", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "rules", kind: Msg, repeated: true, message: "api.rbac.v1.PolicyRule" },
+        Field { tag: 3, name: "aggregation_rule", kind: Msg, repeated: false, message: "api.rbac.v1.AggregationRule" },
+    ]),
+    ("api.rbac.v1.ClusterRoleBinding", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "subjects", kind: Msg, repeated: true, message: "api.rbac.v1.Subject" },
+        Field { tag: 3, name: "role_ref", kind: Msg, repeated: false, message: "api.rbac.v1.RoleRef" },
+    ]),
+    ("api.rbac.v1.PolicyRule", &[
+        Field { tag: 1, name: "verbs", kind: Str, repeated: true, message: "" },
+        Field { tag: 2, name: "api_groups", kind: Str, repeated: true, message: "" },
+        Field { tag: 3, name: "resources", kind: Str, repeated: true, message: "" },
+        Field { tag: 4, name: "resource_names", kind: Str, repeated: true, message: "" },
+        Field { tag: 5, name: "non_resource_ur_ls", kind: Str, repeated: true, message: "" },
+    ]),
+    ("api.rbac.v1.Role", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "rules", kind: Msg, repeated: true, message: "api.rbac.v1.PolicyRule" },
+    ]),
+    ("api.rbac.v1.RoleBinding", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "subjects", kind: Msg, repeated: true, message: "api.rbac.v1.Subject" },
+        Field { tag: 3, name: "role_ref", kind: Msg, repeated: false, message: "api.rbac.v1.RoleRef" },
+    ]),
+    ("api.rbac.v1.RoleRef", &[
+        Field { tag: 1, name: "api_group", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "kind", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "name", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.rbac.v1.Subject", &[
+        Field { tag: 1, name: "kind", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "api_group", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "name", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "namespace", kind: Str, repeated: false, message: "" },
     ]),
     ("api.scheduling.v1.PriorityClass", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },

@@ -126,6 +126,17 @@ fn columns(res: &Resource) -> Vec<Column> {
             AGE,
         ],
         ("coordination.k8s.io", "leases") => vec![NAME, c("Holder", "string", 0), AGE],
+        (crate::catalog::RBAC, "roles" | "clusterroles") => {
+            vec![NAME, c("Created At", "date", 0)]
+        }
+        (crate::catalog::RBAC, "rolebindings" | "clusterrolebindings") => vec![
+            NAME,
+            c("Role", "string", 0),
+            AGE,
+            c("Users", "string", 1),
+            c("Groups", "string", 1),
+            c("ServiceAccounts", "string", 1),
+        ],
         ("scheduling.k8s.io", "priorityclasses") => vec![
             NAME,
             c("Value", "integer", 0),
@@ -612,6 +623,36 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
             json!(spec["holderIdentity"].as_str().unwrap_or("")),
             age_v,
         ],
+        (crate::catalog::RBAC, "roles" | "clusterroles") => {
+            vec![name, o["metadata"]["creationTimestamp"].clone()]
+        }
+        (crate::catalog::RBAC, "rolebindings" | "clusterrolebindings") => {
+            let subjects = |kind: &str| {
+                let names: Vec<String> = o["subjects"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|x| x["kind"] == kind)
+                    .map(|x| match x["namespace"].as_str() {
+                        Some(ns) if kind == "ServiceAccount" => format!("{ns}/{}", s(&x["name"])),
+                        _ => s(&x["name"]),
+                    })
+                    .collect();
+                json!(names.join(", "))
+            };
+            vec![
+                name,
+                json!(format!(
+                    "{}/{}",
+                    s(&o["roleRef"]["kind"]),
+                    s(&o["roleRef"]["name"])
+                )),
+                age_v,
+                subjects("User"),
+                subjects("Group"),
+                subjects("ServiceAccount"),
+            ]
+        }
         ("scheduling.k8s.io", "priorityclasses") => vec![
             name,
             int(&o["value"]),

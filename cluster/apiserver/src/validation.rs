@@ -130,6 +130,12 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                 }
             }
         }
+        (crate::catalog::RBAC, "Role" | "ClusterRole") => {
+            policy_rules(&obj["rules"], res.kind == "ClusterRole", &mut e);
+        }
+        (crate::catalog::RBAC, "RoleBinding" | "ClusterRoleBinding") => {
+            role_binding(obj, res.kind == "ClusterRoleBinding", &mut e);
+        }
         ("", "ResourceQuota") => quantities(&spec["hard"], "spec.hard", &mut e),
         ("", "LimitRange") => {
             for (i, item) in spec["limits"].as_array().into_iter().flatten().enumerate() {
@@ -497,10 +503,132 @@ fn placement(spec: &Value, e: &mut Errors) {
     }
 }
 
+/// Kubernetes' `ValidatePolicyRule`: every rule names verbs, and either API groups and
+/// resources or (in a ClusterRole only) non-resource URLs, not both.
+fn policy_rules(rules: &Value, cluster: bool, e: &mut Errors) {
+    for (i, r) in rules.as_array().into_iter().flatten().enumerate() {
+        let at = format!("rules[{i}]");
+        let len = |k: &str| r[k].as_array().map_or(0, Vec::len);
+        if len("verbs") == 0 {
+            e.required(&format!("{at}.verbs"));
+        }
+        let urls = len("nonResourceURLs");
+        if urls > 0 {
+            if !cluster {
+                e.invalid(
+                    &format!("{at}.nonResourceURLs"),
+                    &r["nonResourceURLs"],
+                    "namespaced rules cannot apply to non-resource URLs",
+                );
+            }
+            if len("apiGroups") > 0 || len("resources") > 0 || len("resourceNames") > 0 {
+                e.invalid(
+                    &format!("{at}.nonResourceURLs"),
+                    &r["nonResourceURLs"],
+                    "rules cannot apply to both regular resources and non-resource URLs",
+                );
+            }
+            for (j, u) in r["nonResourceURLs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let u = u.as_str().unwrap_or_default();
+                if !(u == "*" || u.starts_with('/')) || u[..u.len().saturating_sub(1)].contains('*')
+                {
+                    e.invalid(
+                        &format!("{at}.nonResourceURLs[{j}]"),
+                        &r["nonResourceURLs"][j],
+                        "must be \"*\" or a path starting with \"/\", with \"*\" only at its end",
+                    );
+                }
+            }
+            continue;
+        }
+        if len("apiGroups") == 0 {
+            e.required(&format!("{at}.apiGroups"));
+        }
+        if len("resources") == 0 {
+            e.required(&format!("{at}.resources"));
+        }
+    }
+}
+
+/// Kubernetes' `ValidateRoleBinding`: a roleRef to a Role or ClusterRole of RBAC's group
+/// (a ClusterRoleBinding's only to a ClusterRole), and subjects that are users, groups or
+/// ServiceAccounts, each named.
+fn role_binding(obj: &Value, cluster: bool, e: &mut Errors) {
+    let rr = &obj["roleRef"];
+    if rr["apiGroup"] != crate::catalog::RBAC {
+        e.not_supported("roleRef.apiGroup", &rr["apiGroup"], &[crate::catalog::RBAC]);
+    }
+    let kinds: &[&str] = if cluster {
+        &["ClusterRole"]
+    } else {
+        &["Role", "ClusterRole"]
+    };
+    if !kinds.iter().any(|k| rr["kind"] == *k) {
+        e.not_supported("roleRef.kind", &rr["kind"], kinds);
+    }
+    match str_at(rr, "name") {
+        None | Some("") => e.required("roleRef.name"),
+        Some(n) => {
+            if let Some(why) = path_segment_name(n) {
+                e.invalid("roleRef.name", &rr["name"], why);
+            }
+        }
+    }
+    for (i, s) in obj["subjects"].as_array().into_iter().flatten().enumerate() {
+        let at = format!("subjects[{i}]");
+        if str_at(s, "name").is_none_or(str::is_empty) {
+            e.required(&format!("{at}.name"));
+        }
+        match str_at(s, "kind") {
+            Some("ServiceAccount") => {
+                if s["apiGroup"].as_str().is_some_and(|g| !g.is_empty()) {
+                    e.not_supported(&format!("{at}.apiGroup"), &s["apiGroup"], &[""]);
+                }
+                if cluster && str_at(s, "namespace").is_none_or(str::is_empty) {
+                    e.required(&format!("{at}.namespace"));
+                }
+            }
+            Some("User" | "Group") => {
+                if s["apiGroup"] != crate::catalog::RBAC {
+                    e.not_supported(
+                        &format!("{at}.apiGroup"),
+                        &s["apiGroup"],
+                        &[crate::catalog::RBAC],
+                    );
+                }
+            }
+            _ => e.not_supported(
+                &format!("{at}.kind"),
+                &s["kind"],
+                &["ServiceAccount", "User", "Group"],
+            ),
+        }
+    }
+}
+
+/// Why `name` cannot be a name that goes into a request path (RBAC's names, which may hold
+/// `:`), if it cannot.
+fn path_segment_name(name: &str) -> Option<&'static str> {
+    if name == "." || name == ".." {
+        Some("may not be '.' or '..'")
+    } else if name.contains('/') || name.contains('%') {
+        Some("may not contain '/' or '%'")
+    } else {
+        None
+    }
+}
+
 fn metadata(res: &Resource, meta: &Value, e: &mut Errors) {
     if let Some(name) = str_at(meta, "name") {
         let why = if res.plural == "namespaces" || res.plural == "services" {
             names::dns1123_label(name)
+        } else if res.group == crate::catalog::RBAC {
+            path_segment_name(name).map(str::to_owned)
         } else {
             names::dns1123_subdomain(name)
         };

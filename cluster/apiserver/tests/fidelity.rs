@@ -116,6 +116,11 @@ fn minimal(kind: &str) -> Option<Value> {
         "PodDisruptionBudget" => {
             json!({"metadata": meta, "spec": {"minAvailable": 1, "selector": selector}})
         }
+        "Role" | "ClusterRole" => json!({"metadata": meta, "rules": [{"apiGroups": [""],
+            "resources": ["pods"], "verbs": ["get"]}]}),
+        "RoleBinding" | "ClusterRoleBinding" => json!({"metadata": meta, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "x-ns"}]}),
         "Tenant" => json!({"metadata": meta, "spec": {"namespaces": ["x-ns"]}}),
         "PodGroup" => json!({"metadata": meta, "spec": {"minMember": 2}}),
         "Shard" => json!({"metadata": meta, "spec": {"unschedulable": false}}),

@@ -57,6 +57,8 @@ fn harness() -> Harness {
         valid("ConfigMap"),
         valid("Deployment"),
         valid("Pod"),
+        valid("Role"),
+        valid("RoleBinding"),
     ] {
         let res = RESOURCES
             .iter()
@@ -85,6 +87,16 @@ fn valid(kind: &str) -> Value {
             "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "1"}]}]}}),
         "Service" => json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
             "spec": {"selector": {"app": "d"}, "ports": [{"port": 80}]}}),
+        "Role" => json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "r"}, "rules": [{"apiGroups": [""], "resources": ["pods"],
+                "verbs": ["get", "list"], "resourceNames": ["p"]}]}),
+        "RoleBinding" => {
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "rb"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role", "name": "r"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "u"},
+                {"kind": "ServiceAccount", "name": "default", "namespace": "fz"}]})
+        }
         "Tenant" => json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
             "metadata": {"name": "t"}, "spec": {"namespaces": ["fz"], "weight": 1}}),
         _ => json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"},
@@ -290,7 +302,8 @@ fn mutated_objects_are_accepted_or_refused_cleanly() {
     let h = harness();
     let n = std::sync::atomic::AtomicU64::new(0);
     proptest!(ProptestConfig::with_cases(cases()), |(
-        kind in prop_oneof![Just("Deployment"), Just("Pod"), Just("ConfigMap"), Just("Service"), Just("Tenant")],
+        kind in prop_oneof![Just("Deployment"), Just("Pod"), Just("ConfigMap"), Just("Service"),
+            Just("Tenant"), Just("Role"), Just("RoleBinding")],
         muts in prop::collection::vec(mutation(), 1..5),
         verb in verb(),
     )| {

@@ -12,8 +12,12 @@
 //! Here beside the client because node agents check node credentials and tools mint tenant
 //! tokens; what a caller may do is the API server's `auth::Authorizer`.
 
+use base64::Engine;
 use ring::hmac;
 use serde_json::Value;
+
+/// Unpadded URL-safe base64, as JWTs use.
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 /// Default of `Tenant.spec.maxInflightRequests`.
 pub const DEFAULT_TENANT_INFLIGHT: usize = 64;
@@ -41,17 +45,93 @@ pub enum User {
         /// The loan's id.
         loan: String,
     },
+    /// A person or tool named by a user token (`tessera token create --user`): RBAC decides
+    /// what it may do; one minted for a tenant never leaves the tenant's namespaces.
+    Named {
+        /// The user name RBAC subjects of kind `User` name.
+        name: String,
+        /// The groups the token names (RBAC subjects of kind `Group`), without the implied
+        /// ones ([`User::groups`] adds them).
+        groups: Vec<String>,
+        /// The tenant whose namespaces bound the user, if any.
+        tenant: Option<String>,
+    },
+    /// A ServiceAccount, by a token this API server issued (`serviceaccounts/token`, what
+    /// `kubectl create token` asks for). Good while the account (and the object the token is
+    /// bound to, if any) exists with the uid the token names.
+    ServiceAccount(Box<ServiceAccountClaims>),
+}
+
+/// The group every authenticated caller is in.
+pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
+/// The group of the admin token and of the shard's own components.
+pub const MASTERS_GROUP: &str = "system:masters";
+/// The group every tenant's own token is in.
+pub const TENANTS_GROUP: &str = "tessera:tenants";
+/// The prefix of a ServiceAccount's user name.
+pub const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
+
+/// The group of tenant `t`'s callers: its own token and the user tokens minted for it (a
+/// RoleBinding naming it grants every one of them).
+pub fn tenant_group(t: &str) -> String {
+    format!("tessera:tenant:{t}")
+}
+
+/// Why a user name or group may not go into a user token, if it may not: names the server
+/// gives its own callers (`system:`, `tessera:`, `tenant:`) are reserved.
+pub fn reserved_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("is empty".into());
+    }
+    if name.len() > 253 || name.chars().any(|c| c.is_control()) {
+        return Some("must be at most 253 characters, without control characters".into());
+    }
+    ["system:", "tessera:", "tenant:"]
+        .iter()
+        .find(|p| name.starts_with(**p))
+        .map(|p| format!("starts with {p:?}, which the server reserves for its own callers"))
 }
 
 impl User {
-    /// The name used in messages and as the default field manager.
+    /// The user name: in messages, RBAC subjects and `kubectl auth whoami`.
     pub fn name(&self) -> String {
         match self {
             User::Admin => "admin".into(),
             User::Tenant(t) => format!("tenant:{t}"),
             User::System(c) => format!("system:{c}"),
             User::LentNode { node, .. } => format!("system:node:{node}"),
+            User::Named { name, .. } => name.clone(),
+            User::ServiceAccount(sa) => sa.user_name(),
         }
+    }
+
+    /// Whether the user is one a tenant's limits may apply to (not the admin, a component
+    /// or a node): a tenant's token, a user token, a ServiceAccount.
+    pub fn is_tenant_side(&self) -> bool {
+        matches!(
+            self,
+            User::Tenant(_) | User::Named { .. } | User::ServiceAccount(_)
+        )
+    }
+
+    /// Every group the user is in, the implied ones included.
+    pub fn groups(&self) -> Vec<String> {
+        let mut out = match self {
+            User::Admin | User::System(_) => vec![MASTERS_GROUP.to_owned()],
+            User::Tenant(t) => vec![TENANTS_GROUP.to_owned(), tenant_group(t)],
+            User::LentNode { .. } => vec!["system:nodes".to_owned()],
+            User::Named { groups, tenant, .. } => {
+                let mut g = groups.clone();
+                g.extend(tenant.as_deref().map(tenant_group));
+                g
+            }
+            User::ServiceAccount(sa) => vec![
+                "system:serviceaccounts".to_owned(),
+                format!("system:serviceaccounts:{}", sa.namespace),
+            ],
+        };
+        out.push(AUTHENTICATED_GROUP.to_owned());
+        out
     }
 
     /// The default field manager of this user's writes.
@@ -61,13 +141,86 @@ impl User {
             User::Tenant(t) => format!("tenant-{t}"),
             User::System(c) => c.clone(),
             User::LentNode { .. } => "tessera-node-agent".into(),
+            User::Named { name, .. } => name.clone(),
+            User::ServiceAccount(sa) => sa.user_name(),
         }
     }
 
-    /// The fairness key: requests of one key share its seats.
+    /// The fairness key: requests of one key share its seats. A tenant's users share the
+    /// tenant's; a namespace's ServiceAccounts share one key.
     pub fn fairness_key(&self) -> String {
-        self.name()
+        match self {
+            User::Named {
+                tenant: Some(t), ..
+            } => format!("tenant:{t}"),
+            User::ServiceAccount(sa) => format!("serviceaccounts:{}", sa.namespace),
+            _ => self.name(),
+        }
     }
+}
+
+/// What a ServiceAccount token says: the account, what the token is bound to, its audiences
+/// and its life. Signed by the API server's service-account key; see
+/// [`Tokens::mint_service_account`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAccountClaims {
+    /// The account's namespace.
+    pub namespace: String,
+    /// The account's name.
+    pub name: String,
+    /// The account's uid when the token was issued.
+    pub uid: String,
+    /// The object the token is bound to (`Pod` or `Secret`): kind, name, uid.
+    pub bound: Option<(String, String, String)>,
+    /// Who the token is for (`aud`).
+    pub audiences: Vec<String>,
+    /// Seconds since the epoch: issued at, and expires at.
+    pub issued: i64,
+    /// Seconds since the epoch after which the token is refused.
+    pub expires: i64,
+    /// The token's id (`jti`).
+    pub id: String,
+}
+
+impl ServiceAccountClaims {
+    /// `system:serviceaccount:<namespace>:<name>`.
+    pub fn user_name(&self) -> String {
+        format!("{SERVICE_ACCOUNT_PREFIX}{}:{}", self.namespace, self.name)
+    }
+}
+
+/// The issuer of this API's ServiceAccount tokens, and the audience the API server accepts
+/// (kubeadm's default `--service-account-issuer`).
+pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// What a user token says: who, in which groups, within which tenant, until when.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UserClaims {
+    /// The user name.
+    #[serde(rename = "sub")]
+    pub name: String,
+    /// The groups (none reserved: see [`reserved_name_problem`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// The tenant that bounds the user, as it was when the token was minted (a re-created
+    /// Tenant or a bumped `spec.tokenGeneration` revokes the token, as it does the tenant's
+    /// own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<UserTenant>,
+    /// Seconds since the epoch after which the token is refused.
+    #[serde(rename = "exp")]
+    pub expires: i64,
+}
+
+/// The tenant part of [`UserClaims`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UserTenant {
+    /// The Tenant's name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+    /// Its `spec.tokenGeneration`.
+    pub generation: i64,
 }
 
 /// The longest a node credential may live: the agent refuses one that claims more.
@@ -124,6 +277,8 @@ impl TenantClaims {
 pub struct Tokens {
     admin: String,
     tenant_key: hmac::Key,
+    user_key: hmac::Key,
+    service_account_key: hmac::Key,
     node_key: hmac::Key,
     loan_key: hmac::Key,
     loan_secret: [u8; 32],
@@ -157,6 +312,8 @@ impl Tokens {
         Tokens {
             admin: admin_token.to_owned(),
             tenant_key: derive(root, "tessera/tenant-tokens/v1"),
+            user_key: derive(root, "tessera/user-tokens/v1"),
+            service_account_key: derive(root, "tessera/service-account-tokens/v1"),
             node_key: derive(admin_token.as_bytes(), "tessera/node-credentials/v1"),
             loan_key: hmac::Key::new(hmac::HMAC_SHA256, &loan_secret),
             loan_secret,
@@ -252,6 +409,14 @@ impl Tokens {
         if let Some(rest) = token.strip_prefix("loan.") {
             return self.authenticate_loan(rest, now).map(|u| (u, None));
         }
+        if let Some(rest) = token.strip_prefix("user.") {
+            return self.authenticate_user(rest, now);
+        }
+        if token.starts_with("eyJ") {
+            return self
+                .check_service_account(token, now)
+                .map(|c| (User::ServiceAccount(Box::new(c)), None));
+        }
         let rest = token.strip_prefix("tenant.")?;
         // Names may hold dots; the other fields may not: read from the right.
         let (rest, hex) = rest.rsplit_once('.')?;
@@ -279,6 +444,113 @@ impl Tokens {
 }
 
 impl Tokens {
+    /// A user token: `user.<base64url of the claims' JSON>.<HMAC-SHA256 hex>`.
+    pub fn mint_user(&self, claims: &UserClaims) -> String {
+        let body = B64.encode(serde_json::to_vec(claims).unwrap_or_default());
+        let tag = hmac::sign(&self.user_key, body.as_bytes());
+        format!("user.{body}.{}", hex(tag.as_ref()))
+    }
+
+    fn authenticate_user(&self, rest: &str, now: i64) -> Option<(User, Option<TenantClaims>)> {
+        let (body, tag) = rest.rsplit_once('.')?;
+        hmac::verify(&self.user_key, body.as_bytes(), &unhex(tag)?).ok()?;
+        let claims: UserClaims = serde_json::from_slice(&B64.decode(body).ok()?).ok()?;
+        if claims.expires < now
+            || reserved_name_problem(&claims.name).is_some()
+            || claims
+                .groups
+                .iter()
+                .any(|g| reserved_name_problem(g).is_some())
+        {
+            return None;
+        }
+        let tenant = claims.tenant.as_ref().map(|t| TenantClaims {
+            name: t.name.clone(),
+            uid: t.uid.clone(),
+            generation: t.generation,
+            expires: claims.expires,
+        });
+        Some((
+            User::Named {
+                name: claims.name,
+                groups: claims.groups,
+                tenant: tenant.as_ref().map(|t| t.name.clone()),
+            },
+            tenant,
+        ))
+    }
+
+    /// A ServiceAccount token: a JWT (HS256, signed with a key derived from the root key)
+    /// with Kubernetes' claims (`iss`, `sub`, `aud`, `exp`, `iat`, `nbf`, `jti` and
+    /// `kubernetes.io` naming the account and the object it is bound to).
+    pub fn mint_service_account(&self, c: &ServiceAccountClaims) -> String {
+        let header = serde_json::json!({"alg": "HS256", "typ": "JWT", "kid": "tessera-sa-v1"});
+        let mut k8s = serde_json::json!({
+            "namespace": c.namespace,
+            "serviceaccount": {"name": c.name, "uid": c.uid},
+        });
+        if let Some((kind, name, uid)) = &c.bound {
+            k8s[kind.to_lowercase()] = serde_json::json!({"name": name, "uid": uid});
+        }
+        let claims = serde_json::json!({
+            "iss": SERVICE_ACCOUNT_ISSUER,
+            "sub": c.user_name(),
+            "aud": c.audiences,
+            "iat": c.issued,
+            "nbf": c.issued,
+            "exp": c.expires,
+            "jti": c.id,
+            "kubernetes.io": k8s,
+        });
+        let signed = format!(
+            "{}.{}",
+            B64.encode(header.to_string()),
+            B64.encode(claims.to_string())
+        );
+        let tag = hmac::sign(&self.service_account_key, signed.as_bytes());
+        format!("{signed}.{}", B64.encode(tag.as_ref()))
+    }
+
+    /// The claims of a ServiceAccount token this server signed, if it is for this API
+    /// ([`SERVICE_ACCOUNT_ISSUER`] among its audiences) and good at `now`.
+    pub fn check_service_account(&self, token: &str, now: i64) -> Option<ServiceAccountClaims> {
+        let (signed, tag) = token.rsplit_once('.')?;
+        hmac::verify(
+            &self.service_account_key,
+            signed.as_bytes(),
+            &B64.decode(tag).ok()?,
+        )
+        .ok()?;
+        let (_, body) = signed.split_once('.')?;
+        let v: Value = serde_json::from_slice(&B64.decode(body).ok()?).ok()?;
+        let k8s = &v["kubernetes.io"];
+        let s = |x: &Value| x.as_str().map(str::to_owned);
+        let audiences: Vec<String> = v["aud"]
+            .as_array()?
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect();
+        let c = ServiceAccountClaims {
+            namespace: s(&k8s["namespace"])?,
+            name: s(&k8s["serviceaccount"]["name"])?,
+            uid: s(&k8s["serviceaccount"]["uid"])?,
+            bound: ["Pod", "Secret"].iter().find_map(|kind| {
+                let o = &k8s[kind.to_lowercase()];
+                Some(((*kind).to_owned(), s(&o["name"])?, s(&o["uid"])?))
+            }),
+            audiences,
+            issued: v["iat"].as_i64()?,
+            expires: v["exp"].as_i64()?,
+            id: s(&v["jti"]).unwrap_or_default(),
+        };
+        let for_us = c.audiences.iter().any(|a| a == SERVICE_ACCOUNT_ISSUER);
+        (v["iss"] == SERVICE_ACCOUNT_ISSUER
+            && for_us
+            && c.expires >= now
+            && v["nbf"].as_i64()? <= now + 60)
+            .then_some(c)
+    }
+
     fn authenticate_loan(&self, rest: &str, now: i64) -> Option<User> {
         let (node, loan, expires, tag) = parse_loan(rest)?;
         hmac::verify(

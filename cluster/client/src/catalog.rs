@@ -93,6 +93,9 @@ const fn r(
 
 const ALL: &[&str] = &["all"];
 
+/// The RBAC API group.
+pub const RBAC: &str = "rbac.authorization.k8s.io";
+
 /// Every served resource, grouped by API group in discovery order.
 pub const RESOURCES: &[Resource] = &[
     r(
@@ -221,7 +224,11 @@ pub const RESOURCES: &[Resource] = &[
         true,
         &["sa"],
         &[],
-        &[],
+        &[Subresource {
+            name: "token",
+            response: ("authentication.k8s.io", "v1", "TokenRequest"),
+            verbs: &["create"],
+        }],
     ),
     r(
         "apps",
@@ -333,6 +340,40 @@ pub const RESOURCES: &[Resource] = &[
         &[],
         &[status("policy", "v1", "PodDisruptionBudget")],
     ),
+    r(
+        RBAC,
+        "v1",
+        "clusterrolebindings",
+        "clusterrolebinding",
+        "ClusterRoleBinding",
+        false,
+        &[],
+        &[],
+        &[],
+    ),
+    r(
+        RBAC,
+        "v1",
+        "clusterroles",
+        "clusterrole",
+        "ClusterRole",
+        false,
+        &[],
+        &[],
+        &[],
+    ),
+    r(
+        RBAC,
+        "v1",
+        "rolebindings",
+        "rolebinding",
+        "RoleBinding",
+        true,
+        &[],
+        &[],
+        &[],
+    ),
+    r(RBAC, "v1", "roles", "role", "Role", true, &[], &[], &[]),
     r(
         "tessera.io",
         "v1alpha1",

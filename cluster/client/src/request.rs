@@ -584,7 +584,7 @@ pub fn from_http(
         ("GET", false) if watch => Verb::Watch,
         ("GET", false) => Verb::List,
         ("POST", false) => Verb::Create,
-        ("POST", true) if sub == Some("binding") || sub == Some("eviction") => Verb::Create,
+        ("POST", true) if matches!(sub, Some("binding" | "eviction" | "token")) => Verb::Create,
         ("PUT", true) => Verb::Update,
         ("PATCH", true) => {
             let ct = content_type.unwrap_or("");

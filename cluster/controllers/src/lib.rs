@@ -2,6 +2,7 @@
 //! watches and work queue, so a slow controller never stalls another.
 
 pub mod clock;
+pub mod clusterrole_aggregation;
 pub mod context;
 pub mod cron;
 pub mod cronjob;
@@ -64,6 +65,7 @@ pub fn names(settings: &Settings) -> Vec<&'static str> {
         resourcequota::NAME,
         serviceaccount::NAME,
         fence::NAME,
+        clusterrole_aggregation::NAME,
     ];
     if settings.root_ca.is_some() {
         names.push(rootca::NAME);
@@ -93,6 +95,7 @@ pub async fn run_all_with(ctx: Context, settings: Settings) {
         resourcequota::run(ctx.clone(), settings.quota_resync),
         serviceaccount::run(ctx.clone()),
         fence::run(ctx.clone()),
+        clusterrole_aggregation::run(ctx.clone()),
         async {
             if let Some(bundle) = settings.root_ca {
                 rootca::run(ctx.clone(), bundle).await;

@@ -223,8 +223,9 @@ impl Api {
             ops.extend(self.quota_ops(&quota_req, &current, false).await?);
         }
         match self.store.txn(ops).await {
-            Ok(_) => {
+            Ok(t) => {
                 self.wrote(res);
+                self.committed(res, &kv.key, None, t.revision);
                 if res.plural == "services" && res.group.is_empty() {
                     self.release(Api::held_by(&current)).await;
                 }

@@ -16,6 +16,7 @@ mod group;
 mod logs;
 pub mod pod_security;
 mod priority;
+mod rbac_writes;
 mod read;
 pub mod resource_metrics;
 mod subresources;
@@ -86,6 +87,8 @@ pub struct Api {
     tenants: Arc<parking_lot::Mutex<tenant_quota::CachedList>>,
     priority_classes: Arc<parking_lot::Mutex<tenant_quota::CachedList>>,
     node_proxy: Option<NodeProxy>,
+    /// Signs ServiceAccount tokens (`serviceaccounts/token`).
+    token_issuer: Option<crate::auth::Tokens>,
     /// The process's metrics, served whole to the admin at `/metrics` on the API port.
     metrics_registry: Option<prometheus::Registry>,
     /// At the federation: the shards that pods, nodes and events are read across.
@@ -116,7 +119,7 @@ struct NamespaceFacts {
 /// Namespaces remembered at most (the map is emptied when it grows past this).
 const NAMESPACES_REMEMBERED: usize = 16_384;
 
-fn uid() -> String {
+pub(crate) fn uid() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let b: [u8; 16] = rand::random();
     let h: String = b
@@ -254,6 +257,7 @@ impl Api {
             writes: Arc::default(),
             namespaces: Arc::default(),
             node_proxy: None,
+            token_issuer: None,
             metrics_registry: None,
             shards: None,
             default_tolerations: admission::DefaultTolerations::default(),
@@ -274,8 +278,9 @@ impl Api {
     }
 
     /// The same API, reaching node agents (for `pods/log`) with credentials rooted in
-    /// `tokens`.
+    /// `tokens`, and issuing ServiceAccount tokens signed with their key.
     pub fn with_node_proxy(mut self, tokens: crate::auth::Tokens) -> Api {
+        self.token_issuer = Some(tokens.clone());
         self.node_proxy = Some(NodeProxy::new(tokens));
         self
     }
@@ -430,6 +435,7 @@ impl Api {
             (Verb::Create, None) => self.create(&req, user, object).await,
             (Verb::Create, Some("binding")) => self.bind(&req, user, object).await,
             (Verb::Create, Some("eviction")) => self.evict(&req).await,
+            (Verb::Create, Some("token")) => self.create_token(&req).await,
             (Verb::Update, _) => {
                 let obj = self.decode_body(&req, object)?;
                 self.write_existing(&req, user, |_| Ok(obj.0.clone()), obj.1)

@@ -363,7 +363,7 @@ impl Api {
         obj: &Value,
     ) -> Result<(), ApiError> {
         use super::pod_security::{Level, TENANT_DEFAULT, looser_label};
-        if res.plural != "namespaces" || !res.group.is_empty() || !matches!(user, User::Tenant(_)) {
+        if res.plural != "namespaces" || !res.group.is_empty() || !user.is_tenant_side() {
             return Ok(());
         }
         let name = name_of(obj);
@@ -470,6 +470,7 @@ impl Api {
                 .await?;
         }
         self.check_namespace_labels(res, user, &obj).await?;
+        self.check_rbac_write(res, user, &obj, None).await?;
         if res.plural == "pods" && res.group.is_empty() {
             self.apply_limit_ranges(req, &mut obj).await?;
             self.apply_priority(&mut obj).await?;
@@ -579,6 +580,8 @@ impl Api {
         match self.commit_create_at(req, &obj, name).await {
             Ok(rev) => {
                 self.wrote(req.resource);
+                let key = object_key(req.resource, req.namespace.as_deref(), name);
+                self.committed(req.resource, key.as_bytes(), Some(&obj), rev);
                 Ok(ApiResponse::Object {
                     code: 201,
                     body: with_rv(obj, rev),
@@ -768,6 +771,8 @@ impl Api {
             self.check_tenant_namespaces(res, &next).await?;
             self.check_placement_shards(res, &next).await?;
             self.check_namespace_labels(res, user, &next).await?;
+            self.check_rbac_write(res, user, &next, Some(&current))
+                .await?;
             if req.subresource.is_none()
                 && next.get("spec") != current.get("spec")
                 && let Some(ns) = req.namespace.as_deref()
@@ -830,12 +835,13 @@ impl Api {
                         &name,
                         (old_len, new_len),
                         req.params.dry_run,
-                        matches!(user, User::Tenant(_)),
+                        user.is_tenant_side(),
                     )
                     .await?
                 }
                 _ => false,
             };
+            let deleting = value.is_none();
             let mut ops = vec![match value {
                 None => Op::Delete {
                     key: kv.key.clone(),
@@ -880,6 +886,7 @@ impl Api {
             match result {
                 Ok(rev) => {
                     self.wrote(res);
+                    self.committed(res, &kv.key, (!deleting).then_some(&next), rev);
                     if refund {
                         // Gone: its stored bytes go back too; a finished pod keeps them.
                         let stored = finalized.then_some(old_len);

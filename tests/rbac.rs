@@ -1,0 +1,596 @@
+//! RBAC end to end with the real kubectl against `tessera up`: the default roles and their
+//! aggregation, a Role that grants `get pods` and nothing else, `kubectl auth can-i --list`
+//! and `whoami`, ServiceAccount tokens from `kubectl create token`, and the attacks a tenant
+//! or its users could try — escalating through a Role or binding, a binding that reaches past
+//! the tenant's namespaces, reusing a token after its account is gone.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Cluster, wait_for};
+
+/// A user token from `tessera token create`.
+fn user_token(c: &Cluster, args: &[&str]) -> String {
+    support::token(c, args)
+}
+
+/// Runs kubectl as the bearer of `token`: (success, stdout, stderr).
+fn as_token(c: &Cluster, token: &str, args: &[&str]) -> (bool, String, String) {
+    let flag = format!("--token={token}");
+    let mut all = vec![flag.as_str()];
+    all.extend_from_slice(args);
+    let out = c.kubectl(&all);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(c: &Cluster, token: &str, args: &[&str]) -> String {
+    let (ok, out, err) = as_token(c, token, args);
+    assert!(ok, "kubectl {args:?} failed: {err}");
+    out
+}
+
+fn refused(c: &Cluster, token: &str, args: &[&str]) -> String {
+    let (ok, out, err) = as_token(c, token, args);
+    assert!(!ok, "kubectl {args:?} should have been refused: {out}");
+    err
+}
+
+const SETUP: &str = "apiVersion: tessera.io/v1alpha1
+kind: Tenant
+metadata: {name: acme}
+spec: {namespaces: [acme-dev]}
+---
+apiVersion: tessera.io/v1alpha1
+kind: Tenant
+metadata: {name: zeta}
+spec: {namespaces: [zeta-dev]}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: acme-dev}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: zeta-dev}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: plans, namespace: zeta-dev}
+data: {x: \"1\"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p1, namespace: acme-dev}
+spec:
+  containers: [{name: c, image: nginx}]
+";
+
+#[test]
+fn rbac_end_to_end_with_kubectl() {
+    let c = Cluster::start();
+    let setup = c.file("setup.yaml", SETUP);
+    c.ok(&["create", "-f", &setup]);
+
+    // The defaults are there, and `view` gathers the rules of the roles labelled into it.
+    let roles = c.ok(&["get", "clusterroles", "-o", "name"]);
+    for r in [
+        "admin",
+        "edit",
+        "view",
+        "cluster-admin",
+        "system:basic-user",
+    ] {
+        assert!(
+            roles.contains(&format!("clusterrole.rbac.authorization.k8s.io/{r}\n")),
+            "{roles}"
+        );
+    }
+    let aggregated = |role: &str, resource: &str| {
+        wait_for(Duration::from_secs(30), || {
+            let out = c.ok(&["get", "clusterrole", role, "-o", "json"]);
+            let v: Value = serde_json::from_str(&out).expect("json");
+            v["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| {
+                    r["resources"]
+                        .as_array()
+                        .is_some_and(|rs| rs.iter().any(|x| x == resource))
+                })
+                .then_some(())
+        })
+        .is_some()
+    };
+    assert!(
+        aggregated("view", "pods"),
+        "view aggregates system:aggregate-to-view"
+    );
+    assert!(aggregated("admin", "rolebindings"), "admin aggregates");
+    assert!(
+        aggregated("admin", "pods"),
+        "admin gets edit's and view's rules"
+    );
+
+    let owner = support::tenant_token(&c, "acme");
+    let alice = user_token(&c, &["--tenant", "acme", "--user", "alice"]);
+
+    // Who am I.
+    let who = ok(&c, &alice, &["auth", "whoami", "-o", "json"]);
+    let who: Value = serde_json::from_str(&who).expect("json");
+    assert_eq!(who["status"]["userInfo"]["username"], "alice");
+    let groups = who["status"]["userInfo"]["groups"].to_string();
+    assert!(
+        groups.contains("tessera:tenant:acme") && groups.contains("system:authenticated"),
+        "{groups}"
+    );
+
+    // Nothing is granted yet: Kubernetes' own refusal, word for word.
+    let err = refused(&c, &alice, &["get", "pods", "-n", "acme-dev"]);
+    assert!(
+        err.contains("pods is forbidden: User \"alice\" cannot list resource \"pods\" in API group \"\" in the namespace \"acme-dev\""),
+        "{err}"
+    );
+
+    // The tenant grants `get pods` and nothing else.
+    ok(
+        &c,
+        &owner,
+        &[
+            "create",
+            "role",
+            "pod-reader",
+            "-n",
+            "acme-dev",
+            "--verb=get",
+            "--resource=pods",
+        ],
+    );
+    ok(
+        &c,
+        &owner,
+        &[
+            "create",
+            "rolebinding",
+            "alice-reads",
+            "-n",
+            "acme-dev",
+            "--role=pod-reader",
+            "--user=alice",
+        ],
+    );
+    assert!(
+        ok(
+            &c,
+            &alice,
+            &["get", "pod", "p1", "-n", "acme-dev", "-o", "name"]
+        )
+        .contains("pod/p1")
+    );
+    let forbidden = |verb: &str, what: &str| {
+        format!(
+            "is forbidden: User \"alice\" cannot {verb} resource \"{what}\" in API group \"\" in the namespace \"acme-dev\""
+        )
+    };
+    let manifest = |name: &str| {
+        c.file(
+            &format!("{name}.yaml"),
+            &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: acme-dev}}\nspec:\n  containers: [{{name: c, image: nginx}}]\n"),
+        )
+    };
+    let (p1, p2) = (manifest("p1"), manifest("p2"));
+    for (args, verb, what) in [
+        (vec!["get", "pods", "-n", "acme-dev"], "list", "pods"),
+        (vec!["create", "-f", p2.as_str()], "create", "pods"),
+        (
+            vec!["label", "pod", "p1", "-n", "acme-dev", "x=y"],
+            "patch",
+            "pods",
+        ),
+        (vec!["replace", "-f", p1.as_str()], "update", "pods"),
+        (
+            vec!["delete", "pod", "p1", "-n", "acme-dev"],
+            "delete",
+            "pods",
+        ),
+        (
+            vec!["delete", "pods", "--all", "-n", "acme-dev"],
+            "list",
+            "pods",
+        ),
+        (vec!["logs", "p1", "-n", "acme-dev"], "get", "pods/log"),
+        (
+            vec!["get", "configmaps", "-n", "acme-dev"],
+            "list",
+            "configmaps",
+        ),
+    ] {
+        let err = refused(&c, &alice, &args);
+        assert!(err.contains(&forbidden(verb, what)), "{args:?}: {err}");
+    }
+    // watch and deletecollection, as API calls (kubectl lists before it watches or deletes).
+    let err = refused(
+        &c,
+        &alice,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/acme-dev/pods?watch=true",
+        ],
+    );
+    assert!(
+        err.contains("Forbidden") || err.contains("forbidden"),
+        "{err}"
+    );
+    let err = refused(
+        &c,
+        &alice,
+        &["delete", "--raw", "/api/v1/namespaces/acme-dev/pods"],
+    );
+    assert!(
+        err.contains("Forbidden") || err.contains("forbidden"),
+        "{err}"
+    );
+    let (allowed, said, _) = as_token(
+        &c,
+        &alice,
+        &[
+            "auth",
+            "can-i",
+            "deletecollection",
+            "pods",
+            "-n",
+            "acme-dev",
+        ],
+    );
+    assert!(!allowed && said.trim() == "no", "{said}");
+    let (allowed, said, _) = as_token(
+        &c,
+        &alice,
+        &["auth", "can-i", "watch", "pods", "-n", "acme-dev"],
+    );
+    assert!(!allowed && said.trim() == "no", "{said}");
+
+    // can-i agrees with the evaluator, and --list shows the rule.
+    assert_eq!(
+        ok(
+            &c,
+            &alice,
+            &["auth", "can-i", "get", "pods", "-n", "acme-dev"]
+        )
+        .trim(),
+        "yes"
+    );
+    let (allowed, said, _) = as_token(
+        &c,
+        &alice,
+        &["auth", "can-i", "delete", "pods", "-n", "acme-dev"],
+    );
+    assert!(!allowed && said.trim() == "no", "{said}");
+    let list = ok(&c, &alice, &["auth", "can-i", "--list", "-n", "acme-dev"]);
+    let pods_row = list
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("pods"))
+        .unwrap_or_else(|| panic!("no pods row: {list}"));
+    assert!(
+        pods_row.contains("[get]") && !pods_row.contains("list"),
+        "{pods_row}"
+    );
+    assert!(
+        list.contains("selfsubjectaccessreviews.authorization.k8s.io"),
+        "{list}"
+    );
+
+    // Escalation: the tenant may not grant what it does not hold — cluster-admin's `*`
+    // even in its own namespace — but may bind `admin` there.
+    let err = refused(
+        &c,
+        &owner,
+        &[
+            "create",
+            "rolebinding",
+            "all",
+            "-n",
+            "acme-dev",
+            "--clusterrole=cluster-admin",
+            "--user=alice",
+        ],
+    );
+    assert!(
+        err.contains("attempting to grant RBAC permissions not currently held"),
+        "{err}"
+    );
+    ok(
+        &c,
+        &owner,
+        &[
+            "create",
+            "rolebinding",
+            "alice-admin",
+            "-n",
+            "acme-dev",
+            "--clusterrole=admin",
+            "--user=alice",
+        ],
+    );
+    assert!(ok(&c, &alice, &["get", "pods", "-n", "acme-dev", "-o", "name"]).contains("pod/p1"));
+    // alice, admin of acme-dev, grants what admin holds, and not what it does not.
+    ok(
+        &c,
+        &alice,
+        &[
+            "create",
+            "role",
+            "cm-editor",
+            "-n",
+            "acme-dev",
+            "--verb=get,list,create,delete",
+            "--resource=configmaps",
+        ],
+    );
+    // A wildcard is covered only by a wildcard, which admin does not hold.
+    let err = refused(
+        &c,
+        &alice,
+        &[
+            "create",
+            "role",
+            "cm-all",
+            "-n",
+            "acme-dev",
+            "--verb=*",
+            "--resource=configmaps",
+        ],
+    );
+    assert!(err.contains("not currently held"), "{err}");
+    let err = refused(
+        &c,
+        &alice,
+        &[
+            "create",
+            "role",
+            "node-killer",
+            "-n",
+            "acme-dev",
+            "--verb=delete",
+            "--resource=nodes",
+        ],
+    );
+    assert!(
+        err.contains("attempting to grant RBAC permissions not currently held"),
+        "{err}"
+    );
+    // A binding's roleRef never changes.
+    let err = refused(
+        &c,
+        &alice,
+        &[
+            "patch",
+            "rolebinding",
+            "alice-reads",
+            "-n",
+            "acme-dev",
+            "--type=merge",
+            "-p",
+            "{\"roleRef\":{\"name\":\"cm-editor\"}}",
+        ],
+    );
+    assert!(err.contains("cannot change roleRef"), "{err}");
+    // Tenants write no cluster-scoped RBAC.
+    let err = refused(
+        &c,
+        &owner,
+        &[
+            "create",
+            "clusterrolebinding",
+            "mine",
+            "--clusterrole=view",
+            "--user=alice",
+        ],
+    );
+    assert!(err.contains("forbidden"), "{err}");
+
+    // Isolation first: even cluster-admin, bound by the admin, does not take alice out of
+    // her tenant's namespaces or let her lift its quotas.
+    c.ok(&[
+        "create",
+        "clusterrolebinding",
+        "alice-everything",
+        "--clusterrole=cluster-admin",
+        "--user=alice",
+    ]);
+    let err = refused(&c, &alice, &["get", "configmap", "plans", "-n", "zeta-dev"]);
+    assert!(err.contains("not one of tenant acme's namespaces"), "{err}");
+    let err = refused(
+        &c,
+        &alice,
+        &["create", "quota", "q", "-n", "acme-dev", "--hard=pods=1"],
+    );
+    assert!(err.contains("only an admin may change it"), "{err}");
+    let (allowed, said, _) = as_token(
+        &c,
+        &alice,
+        &["auth", "can-i", "get", "configmaps", "-n", "zeta-dev"],
+    );
+    assert!(!allowed && said.starts_with("no"), "{said}");
+
+    // A user outside any tenant is RBAC's alone: a group bound to `view` cluster-wide.
+    let bob = user_token(&c, &["--user", "bob", "--group", "auditors"]);
+    let err = refused(&c, &bob, &["get", "pods", "-A"]);
+    assert!(
+        err.contains(
+            "User \"bob\" cannot list resource \"pods\" in API group \"\" at the cluster scope"
+        ),
+        "{err}"
+    );
+    c.ok(&[
+        "create",
+        "clusterrolebinding",
+        "auditors-view",
+        "--clusterrole=view",
+        "--group=auditors",
+    ]);
+    let all = ok(&c, &bob, &["get", "pods", "-A", "-o", "name"]);
+    assert!(all.contains("pod/p1"), "{all}");
+    assert!(
+        ok(&c, &bob, &["get", "cm", "-n", "zeta-dev", "-o", "name"]).contains("configmap/plans")
+    );
+    let err = refused(&c, &bob, &["get", "secrets", "-n", "zeta-dev"]);
+    assert!(
+        err.contains("cannot list resource \"secrets\""),
+        "view reads no secrets: {err}"
+    );
+    // Reserved names are not for user tokens.
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "token",
+            "create",
+            "--user",
+            "mallory",
+            "--group",
+            "system:masters",
+            "--data-dir",
+        ])
+        .arg(c.dir.path())
+        .output()
+        .expect("token create");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reserves"));
+
+    // ServiceAccount tokens: issued by `kubectl create token`, RBAC's like any subject.
+    ok(
+        &c,
+        &owner,
+        &["create", "serviceaccount", "robot", "-n", "acme-dev"],
+    );
+    let robot = ok(&c, &owner, &["create", "token", "robot", "-n", "acme-dev"])
+        .trim()
+        .to_owned();
+    assert!(robot.starts_with("eyJ"), "a JWT: {robot}");
+    let who: Value =
+        serde_json::from_str(&ok(&c, &robot, &["auth", "whoami", "-o", "json"])).expect("json");
+    assert_eq!(
+        who["status"]["userInfo"]["username"],
+        "system:serviceaccount:acme-dev:robot"
+    );
+    let err = refused(&c, &robot, &["get", "pods", "-n", "acme-dev"]);
+    assert!(
+        err.contains("User \"system:serviceaccount:acme-dev:robot\" cannot list resource \"pods\""),
+        "{err}"
+    );
+    ok(
+        &c,
+        &owner,
+        &[
+            "create",
+            "rolebinding",
+            "robot-view",
+            "-n",
+            "acme-dev",
+            "--clusterrole=view",
+            "--serviceaccount=acme-dev:robot",
+        ],
+    );
+    assert!(ok(&c, &robot, &["get", "pods", "-n", "acme-dev", "-o", "name"]).contains("pod/p1"));
+    // A ServiceAccount in a tenant's namespace is held by the tenant's isolation too.
+    c.ok(&[
+        "create",
+        "clusterrolebinding",
+        "robot-everything",
+        "--clusterrole=cluster-admin",
+        "--serviceaccount=acme-dev:robot",
+    ]);
+    let err = refused(&c, &robot, &["get", "cm", "-n", "zeta-dev"]);
+    assert!(err.contains("not one of tenant acme's namespaces"), "{err}");
+    // Too short a life; a token for another audience does not open the API.
+    let err = refused(
+        &c,
+        &owner,
+        &[
+            "create",
+            "token",
+            "robot",
+            "-n",
+            "acme-dev",
+            "--duration=5m",
+        ],
+    );
+    assert!(
+        err.contains("may not specify a duration less than 10 minutes"),
+        "{err}"
+    );
+    let vault = ok(
+        &c,
+        &owner,
+        &[
+            "create",
+            "token",
+            "robot",
+            "-n",
+            "acme-dev",
+            "--audience=vault",
+        ],
+    )
+    .trim()
+    .to_owned();
+    let err = refused(&c, &vault, &["get", "pods", "-n", "acme-dev"]);
+    assert!(
+        err.contains("Unauthorized") || err.contains("must be logged in"),
+        "{err}"
+    );
+    // A tenant cannot mint tokens for another tenant's accounts.
+    let err = refused(
+        &c,
+        &owner,
+        &["create", "token", "default", "-n", "zeta-dev"],
+    );
+    assert!(err.contains("forbidden"), "{err}");
+    // Deleting the account ends its tokens.
+    ok(
+        &c,
+        &owner,
+        &["delete", "serviceaccount", "robot", "-n", "acme-dev"],
+    );
+    let err = refused(&c, &robot, &["get", "pods", "-n", "acme-dev"]);
+    assert!(
+        err.contains("Unauthorized") || err.contains("must be logged in"),
+        "{err}"
+    );
+}
+
+/// The official Python client drives RBAC and TokenRequest (`tests/python/rbac_scenario.py`).
+#[test]
+fn the_python_client_drives_rbac() {
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup.sh",
+        python.display()
+    );
+    let c = Cluster::start();
+    c.ok(&["create", "namespace", "py"]);
+    let carol = user_token(&c, &["--user", "carol"]);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/rbac_scenario.py");
+    let out = Command::new(&python)
+        .arg(script)
+        .arg(&c.kubeconfig)
+        .arg("py")
+        .arg(&carol)
+        .output()
+        .expect("run python");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(said.lines().last(), Some("ok"), "{said}");
+}
