@@ -50,6 +50,13 @@ KINDS = [
     ("rbac.authorization.k8s.io", "ClusterRole", "api.rbac.v1.ClusterRole"),
     ("rbac.authorization.k8s.io", "ClusterRoleBinding", "api.rbac.v1.ClusterRoleBinding"),
     ("authentication.k8s.io", "TokenRequest", "api.authentication.v1.TokenRequest"),
+    ("", "PersistentVolumeClaim", "api.core.v1.PersistentVolumeClaim"),
+    ("", "PersistentVolume", "api.core.v1.PersistentVolume"),
+    ("", "PodTemplate", "api.core.v1.PodTemplate"),
+    ("networking.k8s.io", "Ingress", "api.networking.v1.Ingress"),
+    ("networking.k8s.io", "IngressClass", "api.networking.v1.IngressClass"),
+    ("networking.k8s.io", "NetworkPolicy", "api.networking.v1.NetworkPolicy"),
+    ("storage.k8s.io", "StorageClass", "api.storage.v1.StorageClass"),
 ]
 
 

@@ -23,6 +23,9 @@ ROOTS = [
     "api.rbac.v1.Role", "api.rbac.v1.RoleBinding", "api.rbac.v1.ClusterRole",
     "api.rbac.v1.ClusterRoleBinding", "api.authorization.v1.SelfSubjectRulesReview",
     "api.authentication.v1.TokenRequest", "api.authentication.v1.SelfSubjectReview",
+    "api.core.v1.PersistentVolumeClaim", "api.core.v1.PersistentVolume",
+    "api.core.v1.PodTemplate", "api.networking.v1.Ingress", "api.networking.v1.IngressClass",
+    "api.networking.v1.NetworkPolicy", "api.storage.v1.StorageClass",
 ]
 
 ATTR = re.compile(r'#\[prost\((.*)\)\]')

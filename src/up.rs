@@ -191,6 +191,30 @@ impl Shard {
     }
 }
 
+/// The default StorageClass `standard`: claims that name no class get a hostPath volume
+/// under `DATA/volumes` on the node that runs their pod (made once; an admin may change or
+/// replace it).
+async fn default_storage_class(
+    client: &dyn tessera_apiserver::client::Client,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let classes =
+        tessera_apiserver::request::find_resource("storage.k8s.io", "v1", "storageclasses")
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let root = std::path::absolute(data_dir.join("volumes"))?;
+    let sc = serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "standard", "annotations": {
+            "storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "tessera.io/hostpath",
+        "parameters": {"root": root.to_string_lossy()},
+        "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"});
+    match client.create(classes, None, &sc).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 409 => Ok(()),
+        Err(e) => anyhow::bail!("creating the default StorageClass: {}", e.message),
+    }
+}
+
 /// Namespaces every cluster has.
 const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
@@ -256,6 +280,7 @@ pub async fn start_with(
     tessera_apiserver::rbac::defaults::ensure(&*client)
         .await
         .map_err(|e| anyhow::anyhow!("putting the default RBAC roles in place: {}", e.message))?;
+    default_storage_class(&*client, &args.data_dir).await?;
     let router = http::router(api.clone(), tokens.clone());
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;
     let kubeconfig = args.data_dir.join("kubeconfig");

@@ -257,15 +257,9 @@ fn the_chart_renders_lints_validates_and_applies_to_tessera() {
     // Every rendered object, sent to Tessera's API with a server-side dry run.
     let c = Cluster::start_with("up", &["--nodes-per-shard=0"]);
     c.ok(&["create", "namespace", "tessera"]);
-    // PersistentVolumeClaims are issue 16's; the Prometheus operator's kinds are CRDs
-    // Tessera does not serve.
-    let unserved_allowed: BTreeSet<&str> = [
-        "PersistentVolumeClaim",
-        "ServiceMonitor",
-        "PodMonitor",
-        "PrometheusRule",
-    ]
-    .into();
+    // The Prometheus operator's kinds are CRDs Tessera does not serve.
+    let unserved_allowed: BTreeSet<&str> =
+        ["ServiceMonitor", "PodMonitor", "PrometheusRule"].into();
     for name in LAYOUTS {
         let file = out.path().join(format!("{name}.yaml"));
         let (accepted, unserved, errors) = dry_run(&c, &file);

@@ -958,6 +958,116 @@ fn a_workload_takes_what_it_references_along_to_its_shards() {
     );
 }
 
+/// Roles and bindings made at the federation are held by every shard (so what a tenant
+/// grants there holds when its users reach a shard), follow changes, and go when deleted;
+/// Kubernetes' default roles stay each shard's own.
+#[test]
+fn rbac_objects_are_held_in_every_shard() {
+    let (c, _) = start();
+    c.ok(&["create", "namespace", "team"]);
+    c.ok(&[
+        "create",
+        "role",
+        "reader",
+        "-n",
+        "team",
+        "--verb=get",
+        "--resource=pods",
+    ]);
+    c.ok(&[
+        "create",
+        "rolebinding",
+        "alice-reads",
+        "-n",
+        "team",
+        "--role=reader",
+        "--user=alice",
+    ]);
+    c.ok(&[
+        "create",
+        "clusterrole",
+        "node-reader",
+        "--verb=get,list",
+        "--resource=nodes",
+    ]);
+    c.ok(&[
+        "create",
+        "clusterrolebinding",
+        "auditors",
+        "--clusterrole=node-reader",
+        "--group=auditors",
+    ]);
+    let shard_has = |shard: &str, args: &[&str]| {
+        let mut all = vec!["--context", shard, "get"];
+        all.extend_from_slice(args);
+        c.kubectl(&all).status.success()
+    };
+    for shard in SHARDS {
+        let held = wait_for(Duration::from_secs(30), || {
+            (shard_has(shard, &["rolebinding", "alice-reads", "-n", "team"])
+                && shard_has(shard, &["role", "reader", "-n", "team"])
+                && shard_has(shard, &["clusterrole", "node-reader"])
+                && shard_has(shard, &["clusterrolebinding", "auditors"]))
+            .then_some(())
+        });
+        assert!(
+            held.is_some(),
+            "{shard} holds the federation's RBAC objects"
+        );
+        let view = c.ok(&[
+            "--context",
+            shard,
+            "get",
+            "clusterrole",
+            "view",
+            "-o",
+            "jsonpath={.metadata.labels}",
+        ]);
+        assert!(
+            !view.contains("tessera.io/federated"),
+            "{shard}'s own view: {view}"
+        );
+    }
+    // A change follows; a deletion removes every copy.
+    c.ok(&[
+        "patch",
+        "role",
+        "reader",
+        "-n",
+        "team",
+        "--type=json",
+        "-p",
+        "[{\"op\":\"add\",\"path\":\"/rules/0/verbs/-\",\"value\":\"list\"}]",
+    ]);
+    for shard in SHARDS {
+        let followed = wait_for(Duration::from_secs(30), || {
+            let verbs = c.ok(&[
+                "--context",
+                shard,
+                "get",
+                "role",
+                "reader",
+                "-n",
+                "team",
+                "-o",
+                "jsonpath={.rules[0].verbs}",
+            ]);
+            verbs.contains("list").then_some(())
+        });
+        assert!(followed.is_some(), "{shard} follows the change");
+    }
+    c.ok(&["delete", "rolebinding", "alice-reads", "-n", "team"]);
+    c.ok(&["delete", "clusterrolebinding", "auditors"]);
+    for shard in SHARDS {
+        let gone = wait_for(Duration::from_secs(30), || {
+            (!shard_has(shard, &["rolebinding", "alice-reads", "-n", "team"])
+                && !shard_has(shard, &["clusterrolebinding", "auditors"]))
+            .then_some(())
+        });
+        assert!(gone.is_some(), "{shard} removed its copies");
+    }
+}
+
 /// `tessera bench federation` runs end to end on a tiny fleet and reports every figure.
 #[test]
 fn the_federation_benchmark_kills_a_shard_and_loses_nothing() {

@@ -65,7 +65,12 @@ pub struct ApiBenchArgs {
     /// Serve watches through the watch cache (`false`: each watch reads the store itself).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub watch_cache: bool,
-    /// Only these phases (create, get, list, paced, watch), comma-separated; all by default.
+    /// RoleBindings of other users in the store during the `rbac` phase (its gets are made
+    /// by a user RBAC governs, bound through a group, against this many other bindings).
+    #[arg(long, default_value_t = 10_000)]
+    pub bindings: usize,
+    /// Only these phases (create, get, list, paced, watch, rbac), comma-separated; all by
+    /// default.
     #[arg(long, value_delimiter = ',')]
     pub phases: Vec<String>,
 }
@@ -219,7 +224,8 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         api = api.without_watch_cache();
     }
     let phase = |p: &str| args.phases.is_empty() || args.phases.iter().any(|x| x == p);
-    let router = http::router(api, Tokens::new(&credentials.admin_token));
+    let tokens = Tokens::new(&credentials.admin_token);
+    let router = http::router(api, tokens.clone());
     let addr = serve::serve_tls("127.0.0.1:0".parse()?, &credentials, router).await?;
     let client = Arc::new(HttpClient::new(
         &format!("https://{addr}"),
@@ -273,7 +279,87 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     if phase("watch") {
         fan_out(&bench, &args).await?;
     }
+    if phase("rbac") {
+        let user = tokens.mint_user(&tessera_apiserver::auth::UserClaims {
+            name: "bench-user".into(),
+            groups: vec!["bench-team".into()],
+            tenant: None,
+            expires: tessera_apiserver::api::now_secs() + 3600,
+        });
+        let as_user = Arc::new(Bench {
+            client: Arc::new(HttpClient::new(
+                &format!("https://{addr}"),
+                &credentials.ca_pem,
+                &user,
+            )?),
+            cm: bench.cm,
+            ns: bench.ns,
+            clock: bench.clock,
+        });
+        rbac_phase(&bench, &as_user, &args).await?;
+    }
     drop(bench_store);
+    Ok(())
+}
+
+/// Gets by the admin (no RBAC) and by a user RBAC governs (bound to a Role through its
+/// group), with `--bindings` RoleBindings of other users in the same namespace: what RBAC
+/// adds to a request, and that it does not grow with the bindings a decision does not need.
+async fn rbac_phase(
+    admin: &Arc<Bench>,
+    user: &Arc<Bench>,
+    args: &ApiBenchArgs,
+) -> anyhow::Result<()> {
+    const NS: &str = "rbac";
+    let rbac = |plural: &str| find_resource(tessera_apiserver::catalog::RBAC, "v1", plural);
+    let (roles, bindings) = (rbac("roles")?, rbac("rolebindings")?);
+    admin.namespace(NS).await?;
+    let body = |v: serde_json::Value| Bytes::from(v.to_string());
+    let mut role = ApiRequest::new(Verb::Create, roles);
+    role.namespace = Some(NS.into());
+    role.body = body(
+        json!({"metadata": {"name": "reader"}, "rules": [{"apiGroups": [""],
+        "resources": ["configmaps"], "verbs": ["get"]}]}),
+    );
+    admin.client.call(role).await?;
+    let binding = move |name: String, kind: &str, subject: String| {
+        let mut req = ApiRequest::new(Verb::Create, bindings);
+        req.namespace = Some(NS.into());
+        req.body = body(json!({"metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}]}));
+        req
+    };
+    admin
+        .closed_loop("fill bindings".into(), args.bindings, 16, move |i| {
+            binding(format!("rb-{i}"), "User", format!("user-{i}"))
+        })
+        .await?;
+    admin
+        .client
+        .call(binding("team".into(), "Group", "bench-team".into()))
+        .await?;
+    const OBJECTS: usize = 100;
+    let b = admin.clone();
+    admin
+        .closed_loop("fill objects".into(), OBJECTS, 16, move |i| {
+            b.create_req(NS, &format!("o-{i}"))
+        })
+        .await?;
+    for &c in &args.concurrency {
+        for (phase, who) in [("get-admin", admin), ("get-rbac", user)] {
+            let b = who.clone();
+            let (rate, mut lat) = who
+                .closed_loop(format!("{phase} c={c}"), args.requests, c, move |i| {
+                    b.get_req(NS, &format!("o-{}", i % OBJECTS))
+                })
+                .await?;
+            report(
+                &Measurement::of(phase, c, args.requests, rate, &mut lat),
+                args.json,
+            )?;
+        }
+    }
     Ok(())
 }
 

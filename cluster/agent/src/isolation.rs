@@ -222,6 +222,20 @@ pub async fn prepare_volumes(
         .flatten()
     {
         let path = dir.join(&v.name);
+        if let Some(claim) = &v.persistent_volume_claim {
+            // A claim bound to a hostPath volume (Tessera's provisioner makes those): the
+            // directory on this node, made on first use, owned by the pod.
+            let host = claimed_host_path(client, ns, &claim.claim_name).await?;
+            if !host.exists() {
+                // Writable by whichever ids the claim's pods run as, now and later (each pod
+                // of a set may get another id range), as a hostPath volume is.
+                std::fs::create_dir_all(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+                std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o777))
+                    .map_err(|e| format!("{}: {e}", host.display()))?;
+            }
+            out.insert(v.name.clone(), host);
+            continue;
+        }
         if let Some(host) = &v.host_path {
             let p = PathBuf::from(&host.path);
             match host.type_.as_deref().unwrap_or("") {
@@ -267,13 +281,43 @@ pub async fn prepare_volumes(
             }
         } else {
             return Err(format!(
-                "volume {:?}: the process runtime mounts emptyDir, configMap, secret and hostPath volumes",
+                "volume {:?}: the process runtime mounts emptyDir, configMap, secret, hostPath and persistentVolumeClaim (bound to a hostPath volume) volumes",
                 v.name
             ));
         }
         out.insert(v.name.clone(), path);
     }
     Ok(out)
+}
+
+/// The host path of the volume claim `ns/name` is bound to.
+async fn claimed_host_path(
+    client: &Arc<dyn Client>,
+    ns: &str,
+    name: &str,
+) -> Result<PathBuf, String> {
+    let claims = find_resource("", "v1", "persistentvolumeclaims").map_err(|e| e.message)?;
+    let volumes = find_resource("", "v1", "persistentvolumes").map_err(|e| e.message)?;
+    let claim = client
+        .get(claims, Some(ns), name)
+        .await
+        .map_err(|e| format!("persistentvolumeclaim {name:?}: {}", e.message))?;
+    let Some(volume) = claim["spec"]["volumeName"]
+        .as_str()
+        .filter(|_| claim["status"]["phase"] == "Bound")
+    else {
+        return Err(format!("persistentvolumeclaim {name:?} is not bound yet"));
+    };
+    let pv = client
+        .get(volumes, None, volume)
+        .await
+        .map_err(|e| format!("persistentvolume {volume:?}: {}", e.message))?;
+    pv["spec"]["hostPath"]["path"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            format!("persistentvolume {volume:?} is not a hostPath volume: the process runtime mounts only those")
+        })
 }
 
 fn fresh_dir(path: &Path, owner: Option<Owner>) -> Result<(), String> {

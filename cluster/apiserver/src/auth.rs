@@ -22,6 +22,7 @@ pub use tessera_client::auth::*;
 
 use tessera_client::types::{BORROWED_TAINT_KEY, LOAN_LABEL, LOANS_CONFIGMAP};
 
+use crate::metrics::ApiMetrics;
 use crate::rbac::{Attributes, Rbac};
 use crate::request::{ApiRequest, Verb};
 use crate::status::ApiError;
@@ -95,6 +96,7 @@ pub struct Authorizer {
     rbac: Rbac,
     /// Which tenant owns a namespace, for ServiceAccounts (read at most every second).
     owners: Arc<parking_lot::Mutex<Option<(std::time::Instant, Owners)>>>,
+    metrics: Option<ApiMetrics>,
 }
 
 /// Each Tenant's name and the namespaces it lists.
@@ -162,12 +164,21 @@ fn forbidden(user: &User, req: &ApiRequest, why: &str) -> ApiError {
 }
 
 impl Authorizer {
-    /// An authorizer reading Tenants and RBAC objects from `store`.
-    pub fn new(store: Arc<dyn Store>) -> Authorizer {
+    /// An authorizer reading Tenants and RBAC objects from `store`, counting its decisions
+    /// in `metrics`.
+    pub fn new(store: Arc<dyn Store>, metrics: Option<ApiMetrics>) -> Authorizer {
         Authorizer {
-            rbac: Rbac::new(store.clone()),
+            rbac: Rbac::new(store.clone(), metrics.clone()),
             store,
             owners: Arc::default(),
+            metrics,
+        }
+    }
+
+    fn count(&self, authorizer: &str, allowed: bool) {
+        if let Some(m) = &self.metrics {
+            let decision = if allowed { "allow" } else { "deny" };
+            m.decisions.with_label_values(&[authorizer, decision]).inc();
         }
     }
 
@@ -402,10 +413,18 @@ impl Authorizer {
                 });
             }
             User::LentNode { node, loan } => return self.lent_node(user, req, node, loan).await,
-            User::Tenant(t) => return self.within_tenant(user, t, req).await,
+            User::Tenant(t) => {
+                let within = self.within_tenant(user, t, req).await;
+                self.count("isolation", within.is_ok());
+                return within;
+            }
             User::Named { .. } | User::ServiceAccount(_) => {
                 match self.tenant_of_user(user).await? {
-                    Some(t) => self.within_tenant(user, &t, req).await?,
+                    Some(t) => {
+                        let within = self.within_tenant(user, &t, req).await;
+                        self.count("isolation", within.is_ok());
+                        within?
+                    }
                     None => Scope {
                         namespaces: None,
                         max_inflight: RBAC_USER_INFLIGHT,

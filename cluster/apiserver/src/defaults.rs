@@ -24,9 +24,15 @@ fn list_mut<'a>(obj: &'a mut Value, key: &str) -> Option<&'a mut Vec<Value>> {
 /// their status from the server's own admission.)
 fn empty_status(res: &Resource, obj: &mut Value) {
     let zero: &[&str] = match (res.group, res.kind) {
-        ("", "Service") => {
+        ("", "Service") | ("networking.k8s.io", "Ingress") => {
             set(obj, "status", json!({}));
             set(&mut obj["status"], "loadBalancer", json!({}));
+            return;
+        }
+        // A new claim or volume waits to be bound (Kubernetes' strategies set the phase).
+        ("", "PersistentVolumeClaim") | ("", "PersistentVolume") => {
+            set(obj, "status", json!({}));
+            set(&mut obj["status"], "phase", json!("Pending"));
             return;
         }
         ("apps", "Deployment") | ("batch", "Job") | ("batch", "CronJob") => &[],
@@ -136,6 +142,29 @@ pub fn apply(res: &Resource, obj: &mut Value) {
         ("", "Secret") => {
             set(obj, "type", json!("Opaque"));
             string_data(obj);
+        }
+        ("", "PersistentVolumeClaim") => {
+            set(&mut obj["spec"], "volumeMode", json!("Filesystem"));
+        }
+        ("", "PersistentVolume") => {
+            let spec = &mut obj["spec"];
+            set(spec, "volumeMode", json!("Filesystem"));
+            set(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
+        }
+        ("", "PodTemplate") if obj["template"]["spec"].is_object() => {
+            pod_spec(&mut obj["template"]["spec"]);
+        }
+        ("storage.k8s.io", "StorageClass") => {
+            set(obj, "reclaimPolicy", json!("Delete"));
+            set(obj, "volumeBindingMode", json!("Immediate"));
+        }
+        ("networking.k8s.io", "NetworkPolicy") => {
+            let types = if obj["spec"]["egress"].is_array() {
+                json!(["Ingress", "Egress"])
+            } else {
+                json!(["Ingress"])
+            };
+            set(&mut obj["spec"], "policyTypes", types);
         }
         ("scheduling.k8s.io", "PriorityClass") => {
             set(obj, "preemptionPolicy", json!("PreemptLowerPriority"))

@@ -2,7 +2,9 @@
 //! (and, by comparing what comes back out, finds the fields it does not know), and its
 //! `JsonSchema` is what `/openapi/v3` publishes.
 
-use k8s_openapi::api::{apps, authentication, batch, coordination, core, policy, rbac, scheduling};
+use k8s_openapi::api::{
+    apps, authentication, batch, coordination, core, networking, policy, rbac, scheduling, storage,
+};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -86,6 +88,13 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("", "LimitRange") => typed::<core::v1::LimitRange>(),
         ("", "ServiceAccount") => typed::<core::v1::ServiceAccount>(),
         ("", "Binding") => typed::<core::v1::Binding>(),
+        ("", "PersistentVolumeClaim") => typed::<core::v1::PersistentVolumeClaim>(),
+        ("", "PersistentVolume") => typed::<core::v1::PersistentVolume>(),
+        ("", "PodTemplate") => typed::<core::v1::PodTemplate>(),
+        ("networking.k8s.io", "Ingress") => typed::<networking::v1::Ingress>(),
+        ("networking.k8s.io", "IngressClass") => typed::<networking::v1::IngressClass>(),
+        ("networking.k8s.io", "NetworkPolicy") => typed::<networking::v1::NetworkPolicy>(),
+        ("storage.k8s.io", "StorageClass") => typed::<storage::v1::StorageClass>(),
         ("apps", "Deployment") => typed::<apps::v1::Deployment>(),
         ("apps", "ReplicaSet") => typed::<apps::v1::ReplicaSet>(),
         ("apps", "DaemonSet") => typed::<apps::v1::DaemonSet>(),

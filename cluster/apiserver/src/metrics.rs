@@ -24,6 +24,10 @@ pub struct ApiMetrics {
     pub(crate) binding_batches: IntCounterVec,
     pub(crate) write_batch: prometheus::Histogram,
     pub(crate) write_batches: IntCounterVec,
+    /// Authorization decisions, by authorizer (`isolation`, `rbac`) and decision.
+    pub(crate) decisions: IntCounterVec,
+    /// RBAC objects in the authorizer's index, by kind.
+    pub(crate) rbac_objects: IntGaugeVec,
 }
 
 impl ApiMetrics {
@@ -84,6 +88,23 @@ impl ApiMetrics {
                     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1000.0,
                 ]),
             )?,
+            decisions: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_authorization_decisions_total",
+                    "Authorization decisions for callers tenant isolation or RBAC governs (not \
+                     the admin and the shard's components), by authorizer (isolation: a \
+                     tenant's reach; rbac: roles and bindings) and decision (allow, deny).",
+                ),
+                &["authorizer", "decision"],
+            )?,
+            rbac_objects: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_apiserver_rbac_objects",
+                    "Roles, ClusterRoles, RoleBindings and ClusterRoleBindings in the RBAC \
+                     authorizer's in-memory index, by kind.",
+                ),
+                &["kind"],
+            )?,
             binding_batches: IntCounterVec::new(
                 Opts::new(
                     "tessera_apiserver_binding_batches_total",
@@ -115,6 +136,8 @@ impl ApiMetrics {
                 &["result"],
             )?,
         };
+        registry.register(Box::new(m.decisions.clone()))?;
+        registry.register(Box::new(m.rbac_objects.clone()))?;
         registry.register(Box::new(m.write_batch.clone()))?;
         registry.register(Box::new(m.write_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;

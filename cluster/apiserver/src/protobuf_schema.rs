@@ -265,6 +265,12 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 5, name: "read_only", kind: Bool, repeated: false, message: "" },
         Field { tag: 6, name: "kind", kind: Str, repeated: false, message: "" },
     ]),
+    ("api.core.v1.AzureFilePersistentVolumeSource", &[
+        Field { tag: 1, name: "secret_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "share_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "read_only", kind: Bool, repeated: false, message: "" },
+        Field { tag: 4, name: "secret_namespace", kind: Str, repeated: false, message: "" },
+    ]),
     ("api.core.v1.AzureFileVolumeSource", &[
         Field { tag: 1, name: "secret_name", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "share_name", kind: Str, repeated: false, message: "" },
@@ -273,6 +279,18 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ("api.core.v1.Binding", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
         Field { tag: 2, name: "target", kind: Msg, repeated: false, message: "api.core.v1.ObjectReference" },
+    ]),
+    ("api.core.v1.CSIPersistentVolumeSource", &[
+        Field { tag: 1, name: "driver", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "volume_handle", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "read_only", kind: Bool, repeated: false, message: "" },
+        Field { tag: 4, name: "fs_type", kind: Str, repeated: false, message: "" },
+        Field { tag: 5, name: "volume_attributes", kind: MapStr, repeated: false, message: "" },
+        Field { tag: 6, name: "controller_publish_secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 7, name: "node_stage_secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 8, name: "node_publish_secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 9, name: "controller_expand_secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 10, name: "node_expand_secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
     ]),
     ("api.core.v1.CSIVolumeSource", &[
         Field { tag: 1, name: "driver", kind: Str, repeated: false, message: "" },
@@ -285,6 +303,14 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "add", kind: Str, repeated: true, message: "" },
         Field { tag: 2, name: "drop", kind: Str, repeated: true, message: "" },
     ]),
+    ("api.core.v1.CephFsPersistentVolumeSource", &[
+        Field { tag: 1, name: "monitors", kind: Str, repeated: true, message: "" },
+        Field { tag: 2, name: "path", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "user", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "secret_file", kind: Str, repeated: false, message: "" },
+        Field { tag: 5, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 6, name: "read_only", kind: Bool, repeated: false, message: "" },
+    ]),
     ("api.core.v1.CephFsVolumeSource", &[
         Field { tag: 1, name: "monitors", kind: Str, repeated: true, message: "" },
         Field { tag: 2, name: "path", kind: Str, repeated: false, message: "" },
@@ -292,6 +318,12 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 4, name: "secret_file", kind: Str, repeated: false, message: "" },
         Field { tag: 5, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.LocalObjectReference" },
         Field { tag: 6, name: "read_only", kind: Bool, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.CinderPersistentVolumeSource", &[
+        Field { tag: 1, name: "volume_id", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "fs_type", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "read_only", kind: Bool, repeated: false, message: "" },
+        Field { tag: 4, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
     ]),
     ("api.core.v1.CinderVolumeSource", &[
         Field { tag: 1, name: "volume_id", kind: Str, repeated: false, message: "" },
@@ -511,6 +543,13 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 3, name: "key", kind: Str, repeated: false, message: "" },
         Field { tag: 4, name: "optional", kind: Bool, repeated: false, message: "" },
     ]),
+    ("api.core.v1.FlexPersistentVolumeSource", &[
+        Field { tag: 1, name: "driver", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "fs_type", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 4, name: "read_only", kind: Bool, repeated: false, message: "" },
+        Field { tag: 5, name: "options", kind: MapStr, repeated: false, message: "" },
+    ]),
     ("api.core.v1.FlexVolumeSource", &[
         Field { tag: 1, name: "driver", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "fs_type", kind: Str, repeated: false, message: "" },
@@ -532,6 +571,12 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "repository", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "revision", kind: Str, repeated: false, message: "" },
         Field { tag: 3, name: "directory", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.GlusterfsPersistentVolumeSource", &[
+        Field { tag: 1, name: "endpoints", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "path", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "read_only", kind: Bool, repeated: false, message: "" },
+        Field { tag: 4, name: "endpoints_namespace", kind: Str, repeated: false, message: "" },
     ]),
     ("api.core.v1.GlusterfsVolumeSource", &[
         Field { tag: 1, name: "endpoints", kind: Str, repeated: false, message: "" },
@@ -567,6 +612,19 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ("api.core.v1.ImageVolumeSource", &[
         Field { tag: 1, name: "reference", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "pull_policy", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.IscsiPersistentVolumeSource", &[
+        Field { tag: 1, name: "target_portal", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "iqn", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "lun", kind: I32, repeated: false, message: "" },
+        Field { tag: 4, name: "iscsi_interface", kind: Str, repeated: false, message: "" },
+        Field { tag: 5, name: "fs_type", kind: Str, repeated: false, message: "" },
+        Field { tag: 6, name: "read_only", kind: Bool, repeated: false, message: "" },
+        Field { tag: 7, name: "portals", kind: Str, repeated: true, message: "" },
+        Field { tag: 8, name: "chap_auth_discovery", kind: Bool, repeated: false, message: "" },
+        Field { tag: 10, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 11, name: "chap_auth_session", kind: Bool, repeated: false, message: "" },
+        Field { tag: 12, name: "initiator_name", kind: Str, repeated: false, message: "" },
     ]),
     ("api.core.v1.IscsiVolumeSource", &[
         Field { tag: 1, name: "target_portal", kind: Str, repeated: false, message: "" },
@@ -613,6 +671,14 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ]),
     ("api.core.v1.LocalObjectReference", &[
         Field { tag: 1, name: "name", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.LocalVolumeSource", &[
+        Field { tag: 1, name: "path", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "fs_type", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.ModifyVolumeStatus", &[
+        Field { tag: 1, name: "target_volume_attributes_class_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "status", kind: Str, repeated: false, message: "" },
     ]),
     ("api.core.v1.Namespace", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
@@ -667,6 +733,24 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 6, name: "resource_version", kind: Str, repeated: false, message: "" },
         Field { tag: 7, name: "field_path", kind: Str, repeated: false, message: "" },
     ]),
+    ("api.core.v1.PersistentVolume", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.core.v1.PersistentVolumeSpec" },
+        Field { tag: 3, name: "status", kind: Msg, repeated: false, message: "api.core.v1.PersistentVolumeStatus" },
+    ]),
+    ("api.core.v1.PersistentVolumeClaim", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.core.v1.PersistentVolumeClaimSpec" },
+        Field { tag: 3, name: "status", kind: Msg, repeated: false, message: "api.core.v1.PersistentVolumeClaimStatus" },
+    ]),
+    ("api.core.v1.PersistentVolumeClaimCondition", &[
+        Field { tag: 1, name: "type", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "status", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "last_probe_time", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.Time" },
+        Field { tag: 4, name: "last_transition_time", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.Time" },
+        Field { tag: 5, name: "reason", kind: Str, repeated: false, message: "" },
+        Field { tag: 6, name: "message", kind: Str, repeated: false, message: "" },
+    ]),
     ("api.core.v1.PersistentVolumeClaimSpec", &[
         Field { tag: 1, name: "access_modes", kind: Str, repeated: true, message: "" },
         Field { tag: 2, name: "resources", kind: Msg, repeated: false, message: "api.core.v1.VolumeResourceRequirements" },
@@ -678,6 +762,16 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 8, name: "data_source_ref", kind: Msg, repeated: false, message: "api.core.v1.TypedObjectReference" },
         Field { tag: 9, name: "volume_attributes_class_name", kind: Str, repeated: false, message: "" },
     ]),
+    ("api.core.v1.PersistentVolumeClaimStatus", &[
+        Field { tag: 1, name: "phase", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "access_modes", kind: Str, repeated: true, message: "" },
+        Field { tag: 3, name: "capacity", kind: MapMsg, repeated: false, message: "apimachinery.pkg.api.resource.Quantity" },
+        Field { tag: 4, name: "conditions", kind: Msg, repeated: true, message: "api.core.v1.PersistentVolumeClaimCondition" },
+        Field { tag: 5, name: "allocated_resources", kind: MapMsg, repeated: false, message: "apimachinery.pkg.api.resource.Quantity" },
+        Field { tag: 7, name: "allocated_resource_statuses", kind: MapStr, repeated: false, message: "" },
+        Field { tag: 8, name: "current_volume_attributes_class_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 9, name: "modify_volume_status", kind: Msg, repeated: false, message: "api.core.v1.ModifyVolumeStatus" },
+    ]),
     ("api.core.v1.PersistentVolumeClaimTemplate", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
         Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.core.v1.PersistentVolumeClaimSpec" },
@@ -685,6 +779,48 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ("api.core.v1.PersistentVolumeClaimVolumeSource", &[
         Field { tag: 1, name: "claim_name", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "read_only", kind: Bool, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.PersistentVolumeSource", &[
+        Field { tag: 1, name: "gce_persistent_disk", kind: Msg, repeated: false, message: "api.core.v1.GcePersistentDiskVolumeSource" },
+        Field { tag: 2, name: "aws_elastic_block_store", kind: Msg, repeated: false, message: "api.core.v1.AwsElasticBlockStoreVolumeSource" },
+        Field { tag: 3, name: "host_path", kind: Msg, repeated: false, message: "api.core.v1.HostPathVolumeSource" },
+        Field { tag: 4, name: "glusterfs", kind: Msg, repeated: false, message: "api.core.v1.GlusterfsPersistentVolumeSource" },
+        Field { tag: 5, name: "nfs", kind: Msg, repeated: false, message: "api.core.v1.NfsVolumeSource" },
+        Field { tag: 6, name: "rbd", kind: Msg, repeated: false, message: "api.core.v1.RbdPersistentVolumeSource" },
+        Field { tag: 7, name: "iscsi", kind: Msg, repeated: false, message: "api.core.v1.IscsiPersistentVolumeSource" },
+        Field { tag: 8, name: "cinder", kind: Msg, repeated: false, message: "api.core.v1.CinderPersistentVolumeSource" },
+        Field { tag: 9, name: "cephfs", kind: Msg, repeated: false, message: "api.core.v1.CephFsPersistentVolumeSource" },
+        Field { tag: 10, name: "fc", kind: Msg, repeated: false, message: "api.core.v1.FcVolumeSource" },
+        Field { tag: 11, name: "flocker", kind: Msg, repeated: false, message: "api.core.v1.FlockerVolumeSource" },
+        Field { tag: 12, name: "flex_volume", kind: Msg, repeated: false, message: "api.core.v1.FlexPersistentVolumeSource" },
+        Field { tag: 13, name: "azure_file", kind: Msg, repeated: false, message: "api.core.v1.AzureFilePersistentVolumeSource" },
+        Field { tag: 14, name: "vsphere_volume", kind: Msg, repeated: false, message: "api.core.v1.VsphereVirtualDiskVolumeSource" },
+        Field { tag: 15, name: "quobyte", kind: Msg, repeated: false, message: "api.core.v1.QuobyteVolumeSource" },
+        Field { tag: 16, name: "azure_disk", kind: Msg, repeated: false, message: "api.core.v1.AzureDiskVolumeSource" },
+        Field { tag: 17, name: "photon_persistent_disk", kind: Msg, repeated: false, message: "api.core.v1.PhotonPersistentDiskVolumeSource" },
+        Field { tag: 18, name: "portworx_volume", kind: Msg, repeated: false, message: "api.core.v1.PortworxVolumeSource" },
+        Field { tag: 19, name: "scale_io", kind: Msg, repeated: false, message: "api.core.v1.ScaleIoPersistentVolumeSource" },
+        Field { tag: 20, name: "local", kind: Msg, repeated: false, message: "api.core.v1.LocalVolumeSource" },
+        Field { tag: 21, name: "storageos", kind: Msg, repeated: false, message: "api.core.v1.StorageOsPersistentVolumeSource" },
+        Field { tag: 22, name: "csi", kind: Msg, repeated: false, message: "api.core.v1.CSIPersistentVolumeSource" },
+    ]),
+    ("api.core.v1.PersistentVolumeSpec", &[
+        Field { tag: 1, name: "capacity", kind: MapMsg, repeated: false, message: "apimachinery.pkg.api.resource.Quantity" },
+        Field { tag: 2, name: "persistent_volume_source", kind: Msg, repeated: false, message: "api.core.v1.PersistentVolumeSource" },
+        Field { tag: 3, name: "access_modes", kind: Str, repeated: true, message: "" },
+        Field { tag: 4, name: "claim_ref", kind: Msg, repeated: false, message: "api.core.v1.ObjectReference" },
+        Field { tag: 5, name: "persistent_volume_reclaim_policy", kind: Str, repeated: false, message: "" },
+        Field { tag: 6, name: "storage_class_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 7, name: "mount_options", kind: Str, repeated: true, message: "" },
+        Field { tag: 8, name: "volume_mode", kind: Str, repeated: false, message: "" },
+        Field { tag: 9, name: "node_affinity", kind: Msg, repeated: false, message: "api.core.v1.VolumeNodeAffinity" },
+        Field { tag: 10, name: "volume_attributes_class_name", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.PersistentVolumeStatus", &[
+        Field { tag: 1, name: "phase", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "message", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "reason", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "last_phase_transition_time", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.Time" },
     ]),
     ("api.core.v1.PhotonPersistentDiskVolumeSource", &[
         Field { tag: 1, name: "pd_id", kind: Str, repeated: false, message: "" },
@@ -844,6 +980,10 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 19, name: "allocated_resources", kind: MapMsg, repeated: false, message: "apimachinery.pkg.api.resource.Quantity" },
         Field { tag: 20, name: "resources", kind: Msg, repeated: false, message: "api.core.v1.ResourceRequirements" },
     ]),
+    ("api.core.v1.PodTemplate", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "template", kind: Msg, repeated: false, message: "api.core.v1.PodTemplateSpec" },
+    ]),
     ("api.core.v1.PodTemplateSpec", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
         Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.core.v1.PodSpec" },
@@ -888,6 +1028,16 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 4, name: "user", kind: Str, repeated: false, message: "" },
         Field { tag: 5, name: "group", kind: Str, repeated: false, message: "" },
         Field { tag: 6, name: "tenant", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.RbdPersistentVolumeSource", &[
+        Field { tag: 1, name: "monitors", kind: Str, repeated: true, message: "" },
+        Field { tag: 2, name: "image", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "fs_type", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "pool", kind: Str, repeated: false, message: "" },
+        Field { tag: 5, name: "user", kind: Str, repeated: false, message: "" },
+        Field { tag: 6, name: "keyring", kind: Str, repeated: false, message: "" },
+        Field { tag: 7, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 8, name: "read_only", kind: Bool, repeated: false, message: "" },
     ]),
     ("api.core.v1.RbdVolumeSource", &[
         Field { tag: 1, name: "monitors", kind: Str, repeated: true, message: "" },
@@ -934,6 +1084,18 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ("api.core.v1.ResourceStatus", &[
         Field { tag: 1, name: "name", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "resources", kind: Msg, repeated: true, message: "api.core.v1.ResourceHealth" },
+    ]),
+    ("api.core.v1.ScaleIoPersistentVolumeSource", &[
+        Field { tag: 1, name: "gateway", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "system", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.SecretReference" },
+        Field { tag: 4, name: "ssl_enabled", kind: Bool, repeated: false, message: "" },
+        Field { tag: 5, name: "protection_domain", kind: Str, repeated: false, message: "" },
+        Field { tag: 6, name: "storage_pool", kind: Str, repeated: false, message: "" },
+        Field { tag: 7, name: "storage_mode", kind: Str, repeated: false, message: "" },
+        Field { tag: 8, name: "volume_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 9, name: "fs_type", kind: Str, repeated: false, message: "" },
+        Field { tag: 10, name: "read_only", kind: Bool, repeated: false, message: "" },
     ]),
     ("api.core.v1.ScaleIoVolumeSource", &[
         Field { tag: 1, name: "gateway", kind: Str, repeated: false, message: "" },
@@ -985,6 +1147,10 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "local_object_reference", kind: Msg, repeated: false, message: "api.core.v1.LocalObjectReference" },
         Field { tag: 2, name: "items", kind: Msg, repeated: true, message: "api.core.v1.KeyToPath" },
         Field { tag: 4, name: "optional", kind: Bool, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.SecretReference", &[
+        Field { tag: 1, name: "name", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "namespace", kind: Str, repeated: false, message: "" },
     ]),
     ("api.core.v1.SecretVolumeSource", &[
         Field { tag: 1, name: "secret_name", kind: Str, repeated: false, message: "" },
@@ -1062,6 +1228,13 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ("api.core.v1.SleepAction", &[
         Field { tag: 1, name: "seconds", kind: I64, repeated: false, message: "" },
     ]),
+    ("api.core.v1.StorageOsPersistentVolumeSource", &[
+        Field { tag: 1, name: "volume_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "volume_namespace", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "fs_type", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "read_only", kind: Bool, repeated: false, message: "" },
+        Field { tag: 5, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.ObjectReference" },
+    ]),
     ("api.core.v1.StorageOsVolumeSource", &[
         Field { tag: 1, name: "volume_name", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "volume_namespace", kind: Str, repeated: false, message: "" },
@@ -1083,6 +1256,13 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 3, name: "value", kind: Str, repeated: false, message: "" },
         Field { tag: 4, name: "effect", kind: Str, repeated: false, message: "" },
         Field { tag: 5, name: "toleration_seconds", kind: I64, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.TopologySelectorLabelRequirement", &[
+        Field { tag: 1, name: "key", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "values", kind: Str, repeated: true, message: "" },
+    ]),
+    ("api.core.v1.TopologySelectorTerm", &[
+        Field { tag: 1, name: "match_label_expressions", kind: Msg, repeated: true, message: "api.core.v1.TopologySelectorLabelRequirement" },
     ]),
     ("api.core.v1.TopologySpreadConstraint", &[
         Field { tag: 1, name: "max_skew", kind: I32, repeated: false, message: "" },
@@ -1127,6 +1307,9 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 2, name: "mount_path", kind: Str, repeated: false, message: "" },
         Field { tag: 3, name: "read_only", kind: Bool, repeated: false, message: "" },
         Field { tag: 4, name: "recursive_read_only", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.VolumeNodeAffinity", &[
+        Field { tag: 1, name: "required", kind: Msg, repeated: false, message: "api.core.v1.NodeSelector" },
     ]),
     ("api.core.v1.VolumeProjection", &[
         Field { tag: 1, name: "secret", kind: Msg, repeated: false, message: "api.core.v1.SecretProjection" },
@@ -1192,6 +1375,111 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "name", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "pod_group", kind: Str, repeated: false, message: "" },
         Field { tag: 3, name: "pod_group_replica_key", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.networking.v1.HttpIngressPath", &[
+        Field { tag: 1, name: "path", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "backend", kind: Msg, repeated: false, message: "api.networking.v1.IngressBackend" },
+        Field { tag: 3, name: "path_type", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.networking.v1.HttpIngressRuleValue", &[
+        Field { tag: 1, name: "paths", kind: Msg, repeated: true, message: "api.networking.v1.HttpIngressPath" },
+    ]),
+    ("api.networking.v1.Ingress", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.networking.v1.IngressSpec" },
+        Field { tag: 3, name: "status", kind: Msg, repeated: false, message: "api.networking.v1.IngressStatus" },
+    ]),
+    ("api.networking.v1.IngressBackend", &[
+        Field { tag: 3, name: "resource", kind: Msg, repeated: false, message: "api.core.v1.TypedLocalObjectReference" },
+        Field { tag: 4, name: "service", kind: Msg, repeated: false, message: "api.networking.v1.IngressServiceBackend" },
+    ]),
+    ("api.networking.v1.IngressClass", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.networking.v1.IngressClassSpec" },
+    ]),
+    ("api.networking.v1.IngressClassParametersReference", &[
+        Field { tag: 1, name: "a_pi_group", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "kind", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "name", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "scope", kind: Str, repeated: false, message: "" },
+        Field { tag: 5, name: "namespace", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.networking.v1.IngressClassSpec", &[
+        Field { tag: 1, name: "controller", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "parameters", kind: Msg, repeated: false, message: "api.networking.v1.IngressClassParametersReference" },
+    ]),
+    ("api.networking.v1.IngressLoadBalancerIngress", &[
+        Field { tag: 1, name: "ip", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "hostname", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "ports", kind: Msg, repeated: true, message: "api.networking.v1.IngressPortStatus" },
+    ]),
+    ("api.networking.v1.IngressLoadBalancerStatus", &[
+        Field { tag: 1, name: "ingress", kind: Msg, repeated: true, message: "api.networking.v1.IngressLoadBalancerIngress" },
+    ]),
+    ("api.networking.v1.IngressPortStatus", &[
+        Field { tag: 1, name: "port", kind: I32, repeated: false, message: "" },
+        Field { tag: 2, name: "protocol", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "error", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.networking.v1.IngressRule", &[
+        Field { tag: 1, name: "host", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "ingress_rule_value", kind: Msg, repeated: false, message: "api.networking.v1.IngressRuleValue" },
+    ]),
+    ("api.networking.v1.IngressRuleValue", &[
+        Field { tag: 1, name: "http", kind: Msg, repeated: false, message: "api.networking.v1.HttpIngressRuleValue" },
+    ]),
+    ("api.networking.v1.IngressServiceBackend", &[
+        Field { tag: 1, name: "name", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "port", kind: Msg, repeated: false, message: "api.networking.v1.ServiceBackendPort" },
+    ]),
+    ("api.networking.v1.IngressSpec", &[
+        Field { tag: 1, name: "default_backend", kind: Msg, repeated: false, message: "api.networking.v1.IngressBackend" },
+        Field { tag: 2, name: "tls", kind: Msg, repeated: true, message: "api.networking.v1.IngressTls" },
+        Field { tag: 3, name: "rules", kind: Msg, repeated: true, message: "api.networking.v1.IngressRule" },
+        Field { tag: 4, name: "ingress_class_name", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.networking.v1.IngressStatus", &[
+        Field { tag: 1, name: "load_balancer", kind: Msg, repeated: false, message: "api.networking.v1.IngressLoadBalancerStatus" },
+    ]),
+    ("api.networking.v1.IngressTls", &[
+        Field { tag: 1, name: "hosts", kind: Str, repeated: true, message: "" },
+        Field { tag: 2, name: "secret_name", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.networking.v1.IpBlock", &[
+        Field { tag: 1, name: "cidr", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "except", kind: Str, repeated: true, message: "" },
+    ]),
+    ("api.networking.v1.NetworkPolicy", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.networking.v1.NetworkPolicySpec" },
+    ]),
+    ("api.networking.v1.NetworkPolicyEgressRule", &[
+        Field { tag: 1, name: "ports", kind: Msg, repeated: true, message: "api.networking.v1.NetworkPolicyPort" },
+        Field { tag: 2, name: "to", kind: Msg, repeated: true, message: "api.networking.v1.NetworkPolicyPeer" },
+    ]),
+    ("api.networking.v1.NetworkPolicyIngressRule", &[
+        Field { tag: 1, name: "ports", kind: Msg, repeated: true, message: "api.networking.v1.NetworkPolicyPort" },
+        Field { tag: 2, name: "from", kind: Msg, repeated: true, message: "api.networking.v1.NetworkPolicyPeer" },
+    ]),
+    ("api.networking.v1.NetworkPolicyPeer", &[
+        Field { tag: 1, name: "pod_selector", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.LabelSelector" },
+        Field { tag: 2, name: "namespace_selector", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.LabelSelector" },
+        Field { tag: 3, name: "ip_block", kind: Msg, repeated: false, message: "api.networking.v1.IpBlock" },
+    ]),
+    ("api.networking.v1.NetworkPolicyPort", &[
+        Field { tag: 1, name: "protocol", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "port", kind: Msg, repeated: false, message: "apimachinery.pkg.util.intstr.IntOrString" },
+        Field { tag: 3, name: "end_port", kind: I32, repeated: false, message: "" },
+    ]),
+    ("api.networking.v1.NetworkPolicySpec", &[
+        Field { tag: 1, name: "pod_selector", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.LabelSelector" },
+        Field { tag: 2, name: "ingress", kind: Msg, repeated: true, message: "api.networking.v1.NetworkPolicyIngressRule" },
+        Field { tag: 3, name: "egress", kind: Msg, repeated: true, message: "api.networking.v1.NetworkPolicyEgressRule" },
+        Field { tag: 4, name: "policy_types", kind: Str, repeated: true, message: "" },
+    ]),
+    ("api.networking.v1.ServiceBackendPort", &[
+        Field { tag: 1, name: "name", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "number", kind: I32, repeated: false, message: "" },
     ]),
     ("api.policy.v1.Eviction", &[
         Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
@@ -1263,6 +1551,16 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 3, name: "global_default", kind: Bool, repeated: false, message: "" },
         Field { tag: 4, name: "description", kind: Str, repeated: false, message: "" },
         Field { tag: 5, name: "preemption_policy", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.storage.v1.StorageClass", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "provisioner", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "parameters", kind: MapStr, repeated: false, message: "" },
+        Field { tag: 4, name: "reclaim_policy", kind: Str, repeated: false, message: "" },
+        Field { tag: 5, name: "mount_options", kind: Str, repeated: true, message: "" },
+        Field { tag: 6, name: "allow_volume_expansion", kind: Bool, repeated: false, message: "" },
+        Field { tag: 7, name: "volume_binding_mode", kind: Str, repeated: false, message: "" },
+        Field { tag: 8, name: "allowed_topologies", kind: Msg, repeated: true, message: "api.core.v1.TopologySelectorTerm" },
     ]),
     ("apimachinery.pkg.api.resource.Quantity", &[
         Field { tag: 1, name: "string", kind: Str, repeated: false, message: "" },

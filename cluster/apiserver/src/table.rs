@@ -129,6 +129,61 @@ fn columns(res: &Resource) -> Vec<Column> {
         (crate::catalog::RBAC, "roles" | "clusterroles") => {
             vec![NAME, c("Created At", "date", 0)]
         }
+        ("", "persistentvolumeclaims") => vec![
+            NAME,
+            c("Status", "string", 0),
+            c("Volume", "string", 0),
+            c("Capacity", "string", 0),
+            c("Access Modes", "string", 0),
+            c("StorageClass", "string", 0),
+            c("VolumeAttributesClass", "string", 0),
+            AGE,
+            c("VolumeMode", "string", 1),
+        ],
+        ("", "persistentvolumes") => vec![
+            NAME,
+            c("Capacity", "string", 0),
+            c("Access Modes", "string", 0),
+            c("Reclaim Policy", "string", 0),
+            c("Status", "string", 0),
+            c("Claim", "string", 0),
+            c("StorageClass", "string", 0),
+            c("VolumeAttributesClass", "string", 0),
+            c("Reason", "string", 0),
+            AGE,
+            c("VolumeMode", "string", 1),
+        ],
+        ("", "podtemplates") => vec![
+            NAME,
+            c("Containers", "string", 0),
+            c("Images", "string", 0),
+            c("Pod Labels", "string", 0),
+        ],
+        ("networking.k8s.io", "ingresses") => vec![
+            NAME,
+            c("Class", "string", 0),
+            c("Hosts", "string", 0),
+            c("Address", "string", 0),
+            c("Ports", "string", 0),
+            AGE,
+        ],
+        ("networking.k8s.io", "ingressclasses") => vec![
+            NAME,
+            c("Controller", "string", 0),
+            c("Parameters", "string", 0),
+            AGE,
+        ],
+        ("networking.k8s.io", "networkpolicies") => {
+            vec![NAME, c("Pod-Selector", "string", 0), AGE]
+        }
+        ("storage.k8s.io", "storageclasses") => vec![
+            NAME,
+            c("Provisioner", "string", 0),
+            c("ReclaimPolicy", "string", 0),
+            c("VolumeBindingMode", "string", 0),
+            c("AllowVolumeExpansion", "string", 0),
+            AGE,
+        ],
         (crate::catalog::RBAC, "rolebindings" | "clusterrolebindings") => vec![
             NAME,
             c("Role", "string", 0),
@@ -267,6 +322,23 @@ fn s(v: &Value) -> String {
         Value::Null => "<none>".into(),
         other => other.to_string(),
     }
+}
+
+/// Access modes as kubectl abbreviates them (`RWO,ROX`).
+fn access_modes(modes: &Value) -> String {
+    modes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| match m.as_str().unwrap_or_default() {
+            "ReadWriteOnce" => "RWO",
+            "ReadOnlyMany" => "ROX",
+            "ReadWriteMany" => "RWX",
+            "ReadWriteOncePod" => "RWOP",
+            other => other,
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn int(v: &Value) -> Value {
@@ -625,6 +697,147 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
         ],
         (crate::catalog::RBAC, "roles" | "clusterroles") => {
             vec![name, o["metadata"]["creationTimestamp"].clone()]
+        }
+        ("", "persistentvolumeclaims") => vec![
+            name,
+            json!(status["phase"].as_str().unwrap_or("Pending")),
+            json!(spec["volumeName"].as_str().unwrap_or("")),
+            json!(status["capacity"]["storage"].as_str().unwrap_or("")),
+            json!(access_modes(&status["accessModes"])),
+            json!(spec["storageClassName"].as_str().unwrap_or("<unset>")),
+            json!(
+                spec["volumeAttributesClassName"]
+                    .as_str()
+                    .unwrap_or("<unset>")
+            ),
+            age_v,
+            json!(spec["volumeMode"].as_str().unwrap_or("Filesystem")),
+        ],
+        ("", "persistentvolumes") => vec![
+            name,
+            json!(spec["capacity"]["storage"].as_str().unwrap_or("")),
+            json!(access_modes(&spec["accessModes"])),
+            json!(
+                spec["persistentVolumeReclaimPolicy"]
+                    .as_str()
+                    .unwrap_or("Retain")
+            ),
+            json!(status["phase"].as_str().unwrap_or("Pending")),
+            json!(match spec["claimRef"]["name"].as_str() {
+                Some(n) => format!("{}/{n}", s(&spec["claimRef"]["namespace"])),
+                None => String::new(),
+            }),
+            json!(spec["storageClassName"].as_str().unwrap_or("")),
+            json!(
+                spec["volumeAttributesClassName"]
+                    .as_str()
+                    .unwrap_or("<unset>")
+            ),
+            json!(status["reason"].as_str().unwrap_or("")),
+            age_v,
+            json!(spec["volumeMode"].as_str().unwrap_or("Filesystem")),
+        ],
+        ("", "podtemplates") => {
+            let containers = o["template"]["spec"]["containers"].as_array();
+            let join = |f: &str| {
+                containers
+                    .into_iter()
+                    .flatten()
+                    .map(|c| s(&c[f]))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let labels: Vec<String> = o["template"]["metadata"]["labels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| format!("{k}={}", s(v)))
+                .collect();
+            vec![
+                name,
+                json!(join("name")),
+                json!(join("image")),
+                json!(if labels.is_empty() {
+                    "<none>".to_owned()
+                } else {
+                    labels.join(",")
+                }),
+            ]
+        }
+        ("networking.k8s.io", "ingresses") => {
+            let hosts: Vec<String> = spec["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| r["host"].as_str().unwrap_or("*").to_owned())
+                .collect();
+            let address: Vec<String> = status["loadBalancer"]["ingress"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| {
+                    i["ip"]
+                        .as_str()
+                        .or(i["hostname"].as_str())
+                        .map(str::to_owned)
+                })
+                .collect();
+            let tls = spec["tls"].as_array().is_some_and(|t| !t.is_empty());
+            vec![
+                name,
+                json!(spec["ingressClassName"].as_str().unwrap_or("<none>")),
+                json!(if hosts.is_empty() {
+                    "*".to_owned()
+                } else {
+                    hosts.join(",")
+                }),
+                json!(address.join(",")),
+                json!(if tls { "80, 443" } else { "80" }),
+                age_v,
+            ]
+        }
+        ("networking.k8s.io", "ingressclasses") => vec![
+            name,
+            json!(spec["controller"].as_str().unwrap_or("")),
+            json!(match spec["parameters"]["name"].as_str() {
+                Some(n) => format!("{}/{n}", s(&spec["parameters"]["kind"])),
+                None => "<none>".to_owned(),
+            }),
+            age_v,
+        ],
+        ("networking.k8s.io", "networkpolicies") => {
+            let sel = selector_string(&spec["podSelector"]);
+            vec![
+                name,
+                json!(if sel.is_empty() {
+                    "<none>".to_owned()
+                } else {
+                    sel
+                }),
+                age_v,
+            ]
+        }
+        ("storage.k8s.io", "storageclasses") => {
+            let default = o["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"]
+                == "true";
+            let shown = if default {
+                json!(format!("{} (default)", s(&o["metadata"]["name"])))
+            } else {
+                name
+            };
+            vec![
+                shown,
+                json!(o["provisioner"].as_str().unwrap_or("")),
+                json!(o["reclaimPolicy"].as_str().unwrap_or("Delete")),
+                json!(o["volumeBindingMode"].as_str().unwrap_or("Immediate")),
+                json!(
+                    o["allowVolumeExpansion"]
+                        .as_bool()
+                        .unwrap_or(false)
+                        .to_string()
+                ),
+                age_v,
+            ]
         }
         (crate::catalog::RBAC, "rolebindings" | "clusterrolebindings") => {
             let subjects = |kind: &str| {

@@ -130,6 +130,122 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                 }
             }
         }
+        ("", "PersistentVolumeClaim") => {
+            access_modes(&spec["accessModes"], "spec.accessModes", &mut e);
+            storage_quantity(
+                &spec["resources"]["requests"],
+                "spec.resources.requests",
+                &mut e,
+            );
+        }
+        ("", "PersistentVolume") => {
+            access_modes(&spec["accessModes"], "spec.accessModes", &mut e);
+            storage_quantity(&spec["capacity"], "spec.capacity", &mut e);
+            const SOURCES: &[&str] = &[
+                "hostPath",
+                "local",
+                "nfs",
+                "csi",
+                "iscsi",
+                "fc",
+                "cephfs",
+                "rbd",
+                "glusterfs",
+                "azureDisk",
+                "azureFile",
+                "awsElasticBlockStore",
+                "gcePersistentDisk",
+                "vsphereVolume",
+                "portworxVolume",
+                "scaleIO",
+                "storageos",
+                "quobyte",
+                "flocker",
+                "flexVolume",
+                "cinder",
+                "photonPersistentDisk",
+            ];
+            match SOURCES.iter().filter(|k| spec[**k].is_object()).count() {
+                0 => e.required("spec"),
+                1 => {}
+                _ => e.invalid(
+                    "spec",
+                    &Value::Null,
+                    "may not specify more than 1 volume type",
+                ),
+            }
+            if let Some(p) = str_at(spec, "persistentVolumeReclaimPolicy")
+                && !["Retain", "Delete", "Recycle"].contains(&p)
+            {
+                e.not_supported(
+                    "spec.persistentVolumeReclaimPolicy",
+                    &spec["persistentVolumeReclaimPolicy"],
+                    &["Delete", "Recycle", "Retain"],
+                );
+            }
+        }
+        ("", "PodTemplate") => pod_spec(&obj["template"]["spec"], "template.spec", false, &mut e),
+        ("networking.k8s.io", "Ingress") => ingress_spec(spec, &mut e),
+        ("networking.k8s.io", "IngressClass")
+            if str_at(spec, "controller").is_none_or(str::is_empty) =>
+        {
+            e.required("spec.controller");
+        }
+        ("networking.k8s.io", "NetworkPolicy") => {
+            if !spec["podSelector"].is_object() {
+                e.required("spec.podSelector");
+            } else {
+                label_selector(&spec["podSelector"], "spec.podSelector", &mut e);
+            }
+            for (i, t) in spec["policyTypes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                if !["Ingress", "Egress"].iter().any(|x| t == *x) {
+                    e.not_supported(&format!("spec.policyTypes[{i}]"), t, &["Egress", "Ingress"]);
+                }
+            }
+            for dir in ["ingress", "egress"] {
+                for (i, rule) in spec[dir].as_array().into_iter().flatten().enumerate() {
+                    for (j, port) in rule["ports"].as_array().into_iter().flatten().enumerate() {
+                        if let Some(p) = str_at(port, "protocol")
+                            && !["TCP", "UDP", "SCTP"].contains(&p)
+                        {
+                            e.not_supported(
+                                &format!("spec.{dir}[{i}].ports[{j}].protocol"),
+                                &port["protocol"],
+                                &["SCTP", "TCP", "UDP"],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        ("storage.k8s.io", "StorageClass") => {
+            if str_at(obj, "provisioner").is_none_or(str::is_empty) {
+                e.required("provisioner");
+            }
+            if let Some(p) = str_at(obj, "reclaimPolicy")
+                && !["Retain", "Delete"].contains(&p)
+            {
+                e.not_supported(
+                    "reclaimPolicy",
+                    &obj["reclaimPolicy"],
+                    &["Delete", "Retain"],
+                );
+            }
+            if let Some(m) = str_at(obj, "volumeBindingMode")
+                && !["Immediate", "WaitForFirstConsumer"].contains(&m)
+            {
+                e.not_supported(
+                    "volumeBindingMode",
+                    &obj["volumeBindingMode"],
+                    &["Immediate", "WaitForFirstConsumer"],
+                );
+            }
+        }
         (crate::catalog::RBAC, "Role" | "ClusterRole") => {
             policy_rules(&obj["rules"], res.kind == "ClusterRole", &mut e);
         }
@@ -499,6 +615,118 @@ fn placement(spec: &Value, e: &mut Errors) {
                 &c["maxGroups"],
                 format!("must be at least minGroups ({lo})"),
             );
+        }
+    }
+}
+
+/// A claim's or volume's access modes: at least one, each one Kubernetes knows.
+fn access_modes(modes: &Value, path: &str, e: &mut Errors) {
+    const MODES: &[&str] = &[
+        "ReadOnlyMany",
+        "ReadWriteMany",
+        "ReadWriteOnce",
+        "ReadWriteOncePod",
+    ];
+    let list = modes.as_array().map(Vec::as_slice).unwrap_or_default();
+    if list.is_empty() {
+        e.0.push(Cause {
+            reason: "FieldValueRequired",
+            field: path.to_owned(),
+            message: "Required value: at least 1 access mode is required".into(),
+        });
+    }
+    for (i, m) in list.iter().enumerate() {
+        if !MODES.iter().any(|x| m == *x) {
+            e.not_supported(&format!("{path}[{i}]"), m, MODES);
+        }
+    }
+}
+
+/// The `storage` quantity of `map`: present and more than zero.
+fn storage_quantity(map: &Value, path: &str, e: &mut Errors) {
+    let at = format!("{path}[storage]");
+    match map["storage"].as_str().map(str::parse::<Quantity>) {
+        None => e.required(&at),
+        Some(Err(why)) => e.invalid(&at, &map["storage"], why),
+        Some(Ok(q)) if q <= Quantity::ZERO => {
+            e.invalid(&at, &map["storage"], "must be greater than zero");
+        }
+        Some(Ok(_)) => {}
+    }
+}
+
+/// Kubernetes' Ingress rules: each path with a `pathType` (an `Exact` or `Prefix` path
+/// absolute), each backend a Service (with a port by number or name) or a resource, not both.
+fn ingress_spec(spec: &Value, e: &mut Errors) {
+    let backend = |b: &Value, at: &str, e: &mut Errors| match (
+        b["service"].is_object(),
+        b["resource"].is_object(),
+    ) {
+        (true, true) => e.invalid(
+            at,
+            &Value::Null,
+            "cannot set both service and resource backends",
+        ),
+        (false, false) => e.required(&format!("{at}.service")),
+        (true, false) => {
+            let svc = &b["service"];
+            if str_at(svc, "name").is_none_or(str::is_empty) {
+                e.required(&format!("{at}.service.name"));
+            }
+            let port = &svc["port"];
+            if port["number"].is_null() == port["name"].is_null() {
+                e.invalid(
+                    &format!("{at}.service.port"),
+                    port,
+                    "must specify one of port.number or port.name",
+                );
+            }
+        }
+        (false, true) => {}
+    };
+    if spec["defaultBackend"].is_object() {
+        backend(&spec["defaultBackend"], "spec.defaultBackend", e);
+    }
+    for (i, rule) in spec["rules"].as_array().into_iter().flatten().enumerate() {
+        if let Some(host) = str_at(rule, "host") {
+            let bare = host.strip_prefix("*.").unwrap_or(host);
+            if host.parse::<std::net::IpAddr>().is_ok() {
+                e.invalid(
+                    &format!("spec.rules[{i}].host"),
+                    &rule["host"],
+                    "must be a DNS name, not an IP address",
+                );
+            } else if let Some(why) = names::dns1123_subdomain(bare) {
+                e.invalid(&format!("spec.rules[{i}].host"), &rule["host"], why);
+            }
+        }
+        for (j, p) in rule["http"]["paths"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let at = format!("spec.rules[{i}].http.paths[{j}]");
+            // The typed decode makes a missing `pathType` (a required Go string) "".
+            match str_at(p, "pathType") {
+                None | Some("") => e.required(&format!("{at}.pathType")),
+                Some("Exact" | "Prefix") => {
+                    if !str_at(p, "path").is_some_and(|x| x.starts_with('/')) {
+                        e.invalid(
+                            &format!("{at}.path"),
+                            &p["path"],
+                            "must be an absolute path",
+                        );
+                    }
+                }
+                Some("ImplementationSpecific") => {}
+                Some(_) => e.not_supported(
+                    &format!("{at}.pathType"),
+                    &p["pathType"],
+                    &["Exact", "ImplementationSpecific", "Prefix"],
+                ),
+            }
+            backend(&p["backend"], &format!("{at}.backend"), e);
         }
     }
 }

@@ -116,6 +116,21 @@ fn minimal(kind: &str) -> Option<Value> {
         "PodDisruptionBudget" => {
             json!({"metadata": meta, "spec": {"minAvailable": 1, "selector": selector}})
         }
+        "PersistentVolumeClaim" => json!({"metadata": meta, "spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}),
+        "PersistentVolume" => json!({"metadata": meta, "spec": {"capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"], "hostPath": {"path": "/tmp/pv"}}}),
+        "PodTemplate" => {
+            json!({"metadata": meta, "template": {"spec": {"containers": [container()]}}})
+        }
+        "Ingress" => json!({"metadata": meta, "spec": {"rules": [{"host": "a.example",
+            "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}}),
+        "IngressClass" => json!({"metadata": meta, "spec": {"controller": "example.com/ingress"}}),
+        "NetworkPolicy" => {
+            json!({"metadata": meta, "spec": {"podSelector": {"matchLabels": {"app": "x"}}}})
+        }
+        "StorageClass" => json!({"metadata": meta, "provisioner": "tessera.io/hostpath"}),
         "Role" | "ClusterRole" => json!({"metadata": meta, "rules": [{"apiGroups": [""],
             "resources": ["pods"], "verbs": ["get"]}]}),
         "RoleBinding" | "ClusterRoleBinding" => json!({"metadata": meta, "roleRef": {
@@ -139,7 +154,8 @@ fn expected_status(kind: &str) -> Option<Value> {
     Some(match kind {
         "Namespace" => json!({"phase": "Active"}),
         "Pod" => json!({"phase": "Pending", "qosClass": "BestEffort"}),
-        "Service" => json!({"loadBalancer": {}}),
+        "Service" | "Ingress" => json!({"loadBalancer": {}}),
+        "PersistentVolumeClaim" | "PersistentVolume" => json!({"phase": "Pending"}),
         "Deployment" | "Job" | "CronJob" => json!({}),
         "ReplicaSet" => json!({"replicas": 0}),
         "StatefulSet" => json!({"replicas": 0, "availableReplicas": 0}),

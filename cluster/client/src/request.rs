@@ -704,12 +704,7 @@ mod tests {
             ("POST", "/api/v1/namespaces/a/pods/p", "", 405),
             ("PATCH", "/api/v1/namespaces/a/pods/p", "", 415),
             ("GET", "/api/v1/namespaces//pods", "", 404),
-            (
-                "GET",
-                "/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles",
-                "",
-                404,
-            ),
+            ("GET", "/apis/example.com/v1/namespaces/a/widgets", "", 404),
             ("GET", "/api/v1/namespaces/a/nosuch", "", 404),
         ] {
             let err = req(method, path, query).expect_err(path);

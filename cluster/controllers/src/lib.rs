@@ -22,6 +22,7 @@ pub mod resourcequota;
 pub mod rootca;
 pub mod serviceaccount;
 pub mod statefulset;
+pub mod volumes;
 
 pub use context::Context;
 
@@ -66,6 +67,7 @@ pub fn names(settings: &Settings) -> Vec<&'static str> {
         serviceaccount::NAME,
         fence::NAME,
         clusterrole_aggregation::NAME,
+        volumes::NAME,
     ];
     if settings.root_ca.is_some() {
         names.push(rootca::NAME);
@@ -96,6 +98,7 @@ pub async fn run_all_with(ctx: Context, settings: Settings) {
         serviceaccount::run(ctx.clone()),
         fence::run(ctx.clone()),
         clusterrole_aggregation::run(ctx.clone()),
+        volumes::run(ctx.clone()),
         async {
             if let Some(bundle) = settings.root_ca {
                 rootca::run(ctx.clone(), bundle).await;

@@ -237,6 +237,48 @@ impl Reconciler for Sets {
 }
 
 impl Sets {
+    /// Makes claim `{template}-{pod}` from `template` unless it exists; its name.
+    async fn claim(
+        &self,
+        set: &StatefulSet,
+        template: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+        pod_name: &str,
+        ns: &str,
+    ) -> Result<String, ReconcileError> {
+        let name = format!(
+            "{}-{pod_name}",
+            template.metadata.name.as_deref().unwrap_or_default()
+        );
+        let mut labels = template.metadata.labels.clone().unwrap_or_default();
+        let selector = set
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.clone());
+        labels.extend(selector.unwrap_or_default());
+        let claim = k8s_openapi::api::core::v1::PersistentVolumeClaim {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels),
+                annotations: template.metadata.annotations.clone(),
+                ..Default::default()
+            },
+            spec: template.spec.clone(),
+            status: None,
+        };
+        match create_typed(
+            &*self.ctx.client,
+            res("", "persistentvolumeclaims"),
+            Some(ns),
+            &claim,
+        )
+        .await
+        {
+            Ok(_) => Ok(name),
+            Err(e) if e.code == 409 => Ok(name),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn create(
         &self,
         set: &StatefulSet,
@@ -262,6 +304,28 @@ impl Sets {
             let pod_spec = p.spec.get_or_insert_default();
             pod_spec.hostname = Some(pod_name.clone());
             pod_spec.subdomain = Some(svc.clone());
+        }
+        // Each ordinal's claims, made before its pod (kept when the pod goes, as with
+        // Kubernetes' default `Retain`), and the pod's volumes naming them.
+        for template in spec.volume_claim_templates.iter().flatten() {
+            let claim = self.claim(set, template, &pod_name, &ns).await?;
+            let volumes = p
+                .spec
+                .get_or_insert_default()
+                .volumes
+                .get_or_insert_default();
+            let tname = template.metadata.name.clone().unwrap_or_default();
+            volumes.retain(|v| v.name != tname);
+            volumes.push(k8s_openapi::api::core::v1::Volume {
+                name: tname,
+                persistent_volume_claim: Some(
+                    k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                        claim_name: claim,
+                        read_only: None,
+                    },
+                ),
+                ..Default::default()
+            });
         }
         match create_typed(&*self.ctx.client, res("", "pods"), Some(&ns), &p).await {
             Ok(_) => Ok(()),

@@ -1244,6 +1244,41 @@ async fn leftovers(
             gone.push((tenants_res(), id));
         }
     }
+    // RBAC objects the federation put here (labelled so), read once per stream.
+    for plural in [
+        "roles",
+        "rolebindings",
+        "clusterroles",
+        "clusterrolebindings",
+    ] {
+        let Ok(res) = find_resource(tessera_client::catalog::RBAC, "v1", plural) else {
+            continue;
+        };
+        let mut req =
+            tessera_client::request::ApiRequest::new(tessera_client::request::Verb::List, res);
+        req.params.label_selector = format!("{FEDERATED_LABEL}=true").parse().ok();
+        let mut found = Vec::new();
+        let listed = state
+            .client
+            .list_each(req, &mut |o: Value| {
+                let meta = &o["metadata"];
+                found.push((
+                    meta["namespace"].as_str().unwrap_or_default().to_owned(),
+                    meta["name"].as_str().unwrap_or_default().to_owned(),
+                ));
+            })
+            .await;
+        if let Err(e) = listed {
+            tracing::warn!(resource = plural, error = %e.message, "listing federated RBAC objects");
+            continue;
+        }
+        for (ns, name) in found {
+            let id = (plural.to_owned(), ns, name);
+            if !assigned.contains(&id) {
+                gone.push((res, id));
+            }
+        }
+    }
     for (res, (plural, ns, name)) in gone {
         if plural == WorkloadKind::Job.plural() {
             remove_gang_part(state, &ns, &name).await;

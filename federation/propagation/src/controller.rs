@@ -83,21 +83,35 @@ pub struct Recorded {
     pub gang: Option<gang::Record>,
 }
 
-/// What a queue key names: a workload (placed by policy, status aggregated) or a Tenant
-/// (held by every shard).
+/// What a queue key names: a workload (placed by policy, status aggregated), a Tenant or an
+/// RBAC object (held by every shard).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     /// A workload of one of the placed kinds.
     Workload(WorkloadKind),
     /// A Tenant.
     Tenant,
+    /// A Role, ClusterRole, RoleBinding or ClusterRoleBinding (by plural).
+    Rbac(&'static str),
 }
+
+/// The RBAC kinds the federation holds in every shard, by plural: what a tenant grants at
+/// the federation holds when its users reach a shard directly.
+pub const RBAC_KINDS: [(&str, &str); 4] = [
+    ("roles", "Role"),
+    ("rolebindings", "RoleBinding"),
+    ("clusterroles", "ClusterRole"),
+    ("clusterrolebindings", "ClusterRoleBinding"),
+];
 
 impl Kind {
     fn resource(self) -> &'static Resource {
         match self {
             Kind::Workload(k) => k.resource(),
             Kind::Tenant => find_resource("tessera.io", "v1alpha1", "tenants").expect("served"),
+            Kind::Rbac(plural) => {
+                find_resource(tessera_client::catalog::RBAC, "v1", plural).expect("served")
+            }
         }
     }
 
@@ -105,6 +119,7 @@ impl Kind {
         match self {
             Kind::Workload(k) => k.plural(),
             Kind::Tenant => "tenants",
+            Kind::Rbac(plural) => plural,
         }
     }
 
@@ -112,6 +127,9 @@ impl Kind {
     fn of_resource(plural: &str) -> Option<Kind> {
         if plural == "tenants" {
             return Some(Kind::Tenant);
+        }
+        if let Some((p, _)) = RBAC_KINDS.iter().find(|(p, _)| *p == plural) {
+            return Some(Kind::Rbac(p));
         }
         WorkloadKind::from_plural(plural).map(Kind::Workload)
     }
@@ -179,6 +197,8 @@ pub struct Propagation {
     registry: Arc<Registry>,
     workloads: Workloads,
     tenants: Arc<Cache<Tenant>>,
+    /// RBAC objects, by plural (as JSON: held in every shard as they are).
+    rbac: Vec<(&'static str, RbacCache)>,
     placements: Arc<Cache<Placement>>,
     namespaces: Arc<Cache<Namespace>>,
     /// What workloads take along to their shards.
@@ -284,6 +304,7 @@ pub async fn run(o: Options) {
     let service_accounts = informer::<ServiceAccount>(&o, "", "v1", "serviceaccounts");
     let services = informer::<Service>(&o, "", "v1", "services");
     let pod_groups = informer::<PodGroup>(&o, "tessera.io", "v1alpha1", "podgroups");
+    let rbac_caches = rbac_informers(&o);
     let tenant_index = Arc::new(Mutex::new(policy::TenantIndex::default()));
     let queue: WorkQueue<String> = WorkQueue::new(
         QueueConfig::new(NAME).with_throttle(o.status_batch),
@@ -335,12 +356,16 @@ pub async fn run(o: Options) {
         requeue_namespace_on(&service_accounts, &queue, &workloads);
         requeue_namespace_on(&services, &queue, &workloads);
         requeue_namespace_on(&pod_groups, &queue, &workloads);
+        for (plural, c) in &rbac_caches {
+            c.on_change(queue.clone(), plural);
+        }
     }
     let p = Arc::new(Propagation {
         client: o.client.clone(),
         registry: o.registry.clone(),
         workloads: workloads.clone(),
         tenants: tenants.cache().clone(),
+        rbac: rbac_caches,
         placements: placements.cache().clone(),
         namespaces: namespaces.cache().clone(),
         config_maps: config_maps.cache().clone(),
@@ -437,12 +462,17 @@ pub async fn run(o: Options) {
                     for key in p.pending.lock().iter() {
                         q.add(key.clone(), EventClass::Update);
                     }
-                    // A shard that joins holds every Tenant.
+                    // A shard that joins holds every Tenant and RBAC object.
                     for t in p.tenants.list() {
                         q.add(
                             format!("tenants:{}", key_of(&t.metadata)),
                             EventClass::Resync,
                         );
+                    }
+                    for (plural, c) in &p.rbac {
+                        for key in c.keys() {
+                            q.add(format!("{plural}:{key}"), EventClass::Resync);
+                        }
                     }
                 }
             }
@@ -462,6 +492,7 @@ pub async fn run(o: Options) {
         tokio::spawn(services.clone().run()),
         tokio::spawn(pod_groups.clone().run()),
     ]);
+    tasks.extend(p.rbac.iter().map(|(_, c)| c.spawn()));
     let _tasks = Tasks(tasks);
     for (_, i) in &workload_informers {
         i.synced().await;
@@ -474,6 +505,9 @@ pub async fn run(o: Options) {
     service_accounts.synced().await;
     services.synced().await;
     pod_groups.synced().await;
+    for (_, c) in &p.rbac {
+        c.synced().await;
+    }
     wait_for_known_shards(&o.client, &o.registry).await;
     // What every workload placed before holds is counted before anything new is admitted
     // against a tenant's quota.
@@ -486,6 +520,14 @@ pub async fn run(o: Options) {
             .await;
     }
     for key in p.workloads.all_keys() {
+        let _ = p.reconcile(&key).await;
+    }
+    let rbac_keys: Vec<String> = p
+        .rbac
+        .iter()
+        .flat_map(|(plural, c)| c.keys().into_iter().map(move |k| format!("{plural}:{k}")))
+        .collect();
+    for key in rbac_keys {
         let _ = p.reconcile(&key).await;
     }
     o.registry.mark_synced();
@@ -507,6 +549,137 @@ fn informer<T: tessera_runtime::informer::Object>(
         Scope::default(),
         o.runtime_metrics.clone(),
     )
+}
+
+/// One RBAC kind's objects at the federation, read as JSON.
+enum RbacCache {
+    Roles(Arc<Informer<k8s_openapi::api::rbac::v1::Role>>),
+    RoleBindings(Arc<Informer<k8s_openapi::api::rbac::v1::RoleBinding>>),
+    ClusterRoles(Arc<Informer<k8s_openapi::api::rbac::v1::ClusterRole>>),
+    ClusterRoleBindings(Arc<Informer<k8s_openapi::api::rbac::v1::ClusterRoleBinding>>),
+}
+
+fn json_of<T: serde::Serialize>(o: Option<Arc<T>>) -> Option<Value> {
+    o.and_then(|o| serde_json::to_value(o.as_ref()).ok())
+}
+
+impl RbacCache {
+    fn get(&self, key: &str) -> Option<Value> {
+        match self {
+            RbacCache::Roles(i) => json_of(i.cache().get(key)),
+            RbacCache::RoleBindings(i) => json_of(i.cache().get(key)),
+            RbacCache::ClusterRoles(i) => json_of(i.cache().get(key)),
+            RbacCache::ClusterRoleBindings(i) => json_of(i.cache().get(key)),
+        }
+    }
+
+    fn keys(&self) -> Vec<String> {
+        fn keys<T: tessera_runtime::informer::Object>(i: &Informer<T>) -> Vec<String> {
+            i.cache()
+                .list()
+                .iter()
+                .map(|o| key_of(o.metadata()))
+                .collect()
+        }
+        match self {
+            RbacCache::Roles(i) => keys(i),
+            RbacCache::RoleBindings(i) => keys(i),
+            RbacCache::ClusterRoles(i) => keys(i),
+            RbacCache::ClusterRoleBindings(i) => keys(i),
+        }
+    }
+
+    /// Runs the informer.
+    fn spawn(&self) -> tokio::task::JoinHandle<()> {
+        match self {
+            RbacCache::Roles(i) => tokio::spawn(i.clone().run()),
+            RbacCache::RoleBindings(i) => tokio::spawn(i.clone().run()),
+            RbacCache::ClusterRoles(i) => tokio::spawn(i.clone().run()),
+            RbacCache::ClusterRoleBindings(i) => tokio::spawn(i.clone().run()),
+        }
+    }
+
+    /// Once the informer has listed.
+    async fn synced(&self) {
+        match self {
+            RbacCache::Roles(i) => i.synced().await,
+            RbacCache::RoleBindings(i) => i.synced().await,
+            RbacCache::ClusterRoles(i) => i.synced().await,
+            RbacCache::ClusterRoleBindings(i) => i.synced().await,
+        }
+    }
+
+    /// Every change queues the object.
+    fn on_change(&self, q: WorkQueue<String>, plural: &'static str) {
+        fn watch<T: tessera_runtime::informer::Object>(
+            i: &Informer<T>,
+            q: WorkQueue<String>,
+            plural: &'static str,
+        ) {
+            i.on_change(move |c| {
+                q.add(
+                    format!("{plural}:{}", key_of(c.object().metadata())),
+                    c.class(),
+                )
+            })
+            .detach();
+        }
+        match self {
+            RbacCache::Roles(i) => watch(i, q, plural),
+            RbacCache::RoleBindings(i) => watch(i, q, plural),
+            RbacCache::ClusterRoles(i) => watch(i, q, plural),
+            RbacCache::ClusterRoleBindings(i) => watch(i, q, plural),
+        }
+    }
+}
+
+fn rbac_informers(o: &Options) -> Vec<(&'static str, RbacCache)> {
+    let rbac = tessera_client::catalog::RBAC;
+    vec![
+        ("roles", RbacCache::Roles(informer(o, rbac, "v1", "roles"))),
+        (
+            "rolebindings",
+            RbacCache::RoleBindings(informer(o, rbac, "v1", "rolebindings")),
+        ),
+        (
+            "clusterroles",
+            RbacCache::ClusterRoles(informer(o, rbac, "v1", "clusterroles")),
+        ),
+        (
+            "clusterrolebindings",
+            RbacCache::ClusterRoleBindings(informer(o, rbac, "v1", "clusterrolebindings")),
+        ),
+    ]
+}
+
+/// Whether an RBAC object is one of Kubernetes' defaults, which every API server makes.
+fn is_bootstrap_default(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get("kubernetes.io/bootstrapping"))
+        .is_some_and(|v| v == "rbac-defaults")
+}
+
+/// An RBAC object as the shards should hold it (an aggregated ClusterRole without rules:
+/// each shard's aggregation controller fills them).
+pub fn rbac_manifest(obj: &Value, plural: &str) -> Value {
+    let kind = RBAC_KINDS
+        .iter()
+        .find(|(p, _)| *p == plural)
+        .map_or("", |(_, k)| *k);
+    let mut obj = obj.clone();
+    obj["apiVersion"] = json!("rbac.authorization.k8s.io/v1");
+    obj["kind"] = json!(kind);
+    let fields: &[&str] = if obj["aggregationRule"].is_object() {
+        &["aggregationRule"]
+    } else {
+        &["rules", "roleRef", "subjects"]
+    };
+    let mut m = dependencies::carry(&obj, fields);
+    if let Some(meta) = m["metadata"].as_object_mut() {
+        meta.retain(|_, v| !v.is_null());
+    }
+    m
 }
 
 /// Every change seen by `inf` queues the workloads of the changed object's namespace.
@@ -791,6 +964,58 @@ impl Propagation {
         // A quota raised (or any change) lets its waiting workloads try again.
         self.wake_waiting(key);
         self.write_fleet_usage(&t).await;
+        Ok(Action::Done)
+    }
+
+    /// Holds RBAC object `key` (of `plural`) in every shard, or removes its copies when it
+    /// is deleted. Kubernetes' defaults (`kubernetes.io/bootstrapping: rbac-defaults`) stay
+    /// where they are: every shard has its own. An aggregated ClusterRole goes without its
+    /// rules, which each shard's aggregation controller fills from the roles there.
+    async fn rbac_object(&self, plural: &'static str, key: &str) -> Result<Action, ReconcileError> {
+        let Some(cache) = self.rbac.iter().find(|(p, _)| *p == plural).map(|(_, c)| c) else {
+            return Ok(Action::Done);
+        };
+        let Some(obj) = cache.get(key) else {
+            return Ok(Action::Done);
+        };
+        let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
+            serde_json::from_value(obj["metadata"].clone())
+                .map_err(|e| ReconcileError::new(e.to_string()))?;
+        let kind = Kind::Rbac(plural);
+        if is_bootstrap_default(&meta) {
+            return Ok(Action::Done);
+        }
+        if meta.deletion_timestamp.is_some() {
+            return self.finish_delete(kind, key, &meta).await;
+        }
+        if self.ensure_finalizer(kind, key, &meta).await? {
+            return Ok(Action::Done);
+        }
+        let mut m = rbac_manifest(&obj, plural);
+        let generation = meta.generation.unwrap_or(1);
+        m["metadata"]["annotations"][GENERATION_ANNOTATION] = json!(generation.to_string());
+        let dependencies = meta
+            .namespace
+            .as_deref()
+            .map(|ns| {
+                vec![Arc::from(
+                    self.namespace_manifest(ns).to_string().into_bytes(),
+                )]
+            })
+            .unwrap_or_default();
+        let held = Held {
+            object: Arc::from(m.to_string().into_bytes()),
+            generation,
+            replicas: 0,
+            request: Request::default(),
+            dependencies,
+            failover: None,
+            leaving: false,
+        };
+        let okey = kind.object_key(key);
+        for shard in self.registry.shard_names() {
+            self.registry.assign(&shard, &okey, held.clone());
+        }
         Ok(Action::Done)
     }
 
@@ -2076,6 +2301,7 @@ impl Reconciler for Propagation {
         match kind {
             Kind::Workload(k) => self.workload(k, rest).await,
             Kind::Tenant => self.tenant(rest).await,
+            Kind::Rbac(plural) => self.rbac_object(plural, rest).await,
         }
     }
 }

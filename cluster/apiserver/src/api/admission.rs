@@ -390,6 +390,38 @@ impl DefaultTolerations {
     }
 }
 
+impl Api {
+    /// Kubernetes' DefaultStorageClass admission: a new claim that names no class (the field
+    /// left out; `""` asks for none) gets the class annotated
+    /// `storageclass.kubernetes.io/is-default-class: "true"` (the newest, if several are).
+    pub(super) async fn default_storage_class(&self, claim: &mut Value) -> Result<(), ApiError> {
+        if !claim["spec"].is_object() || !claim["spec"]["storageClassName"].is_null() {
+            return Ok(());
+        }
+        let res = crate::request::find_resource("storage.k8s.io", "v1", "storageclasses")?;
+        let classes = self.list_all(res).await?;
+        let default = classes
+            .iter()
+            .filter(|c| {
+                c["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"]
+                    == "true"
+            })
+            .max_by(|a, b| {
+                let t = |c: &Value| {
+                    c["metadata"]["creationTimestamp"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                t(a).cmp(&t(b))
+            });
+        if let Some(c) = default {
+            claim["spec"]["storageClassName"] = c["metadata"]["name"].clone();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -243,7 +243,7 @@ impl Api {
     /// An API over `store` with the default policies.
     pub fn new(store: Arc<dyn Store>, metrics: Option<ApiMetrics>) -> Api {
         Api {
-            authorizer: Authorizer::new(store.clone()),
+            authorizer: Authorizer::new(store.clone(), metrics.clone()),
             fairness: Fairness::new(metrics.clone()),
             watch_cache: WatchCache::new(
                 store.clone(),

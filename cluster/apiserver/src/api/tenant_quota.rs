@@ -49,7 +49,7 @@ impl Api {
     }
 
     /// Every object of the cluster-scoped `res`, read from the store now.
-    async fn list_all(
+    pub(super) async fn list_all(
         &self,
         res: &'static crate::catalog::Resource,
     ) -> Result<Vec<Value>, ApiError> {

@@ -471,6 +471,9 @@ impl Api {
         }
         self.check_namespace_labels(res, user, &obj).await?;
         self.check_rbac_write(res, user, &obj, None).await?;
+        if res.plural == "persistentvolumeclaims" && res.group.is_empty() {
+            self.default_storage_class(&mut obj).await?;
+        }
         if res.plural == "pods" && res.group.is_empty() {
             self.apply_limit_ranges(req, &mut obj).await?;
             self.apply_priority(&mut obj).await?;

@@ -123,11 +123,17 @@ pub fn cluster_roles() -> Vec<Value> {
                     &[
                         "configmaps",
                         "events",
+                        "persistentvolumeclaims",
                         "secrets",
                         "serviceaccounts",
                         "services",
                         "services/proxy",
                     ],
+                    WRITE,
+                ),
+                rule(
+                    &["networking.k8s.io"],
+                    &["ingresses", "networkpolicies"],
                     WRITE,
                 ),
                 rule(&[""], &["serviceaccounts/token"], &["create"]),
@@ -159,6 +165,8 @@ pub fn cluster_roles() -> Vec<Value> {
                     &[
                         "configmaps",
                         "endpoints",
+                        "persistentvolumeclaims",
+                        "persistentvolumeclaims/status",
                         "pods",
                         "pods/log",
                         "pods/status",
@@ -166,6 +174,11 @@ pub fn cluster_roles() -> Vec<Value> {
                         "services",
                         "services/status",
                     ],
+                    READ,
+                ),
+                rule(
+                    &["networking.k8s.io"],
+                    &["ingresses", "ingresses/status", "networkpolicies"],
                     READ,
                 ),
                 rule(

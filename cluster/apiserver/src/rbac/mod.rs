@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value;
 use tessera_store::{EventKind, ListRequest, Store};
-use tokio::sync::{Notify, OnceCell, oneshot};
+use tokio::sync::{OnceCell, oneshot};
 
 use crate::auth::User;
 use crate::catalog::{RBAC, RESOURCES};
@@ -54,8 +54,17 @@ struct Binding {
     role_name: String,
 }
 
+/// The kinds, in [`PREFIXES`]' order, as the metric labels them.
+const KINDS: [&str; 4] = ["Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"];
+
+fn kind_of(key: &str) -> Option<usize> {
+    PREFIXES.iter().position(|p| key.starts_with(p))
+}
+
 #[derive(Default)]
 struct Index {
+    /// Objects held, per kind ([`KINDS`]).
+    counts: [i64; 4],
     /// The revision each live key was applied at.
     revs: HashMap<String, i64>,
     /// Deleted keys, with the deletion's revision.
@@ -119,7 +128,7 @@ impl Index {
         }
         self.unindex(key);
         let Some(value) = value else {
-            self.revs.remove(key);
+            self.forget(key);
             if self.tombstones.len() >= TOMBSTONES {
                 self.tombstones.clear();
             }
@@ -127,7 +136,11 @@ impl Index {
             return;
         };
         self.tombstones.remove(key);
-        self.revs.insert(key.to_owned(), rev);
+        if self.revs.insert(key.to_owned(), rev).is_none()
+            && let Some(k) = kind_of(key)
+        {
+            self.counts[k] += 1;
+        }
         let Ok(obj) = serde_json::from_slice::<Value>(value) else {
             return;
         };
@@ -166,6 +179,15 @@ impl Index {
                 .push(key.to_owned());
         }
         self.bindings.insert(key.to_owned(), binding);
+    }
+
+    /// Drops `key`'s revision (it is gone).
+    fn forget(&mut self, key: &str) {
+        if self.revs.remove(key).is_some()
+            && let Some(k) = kind_of(key)
+        {
+            self.counts[k] -= 1;
+        }
     }
 
     fn unindex(&mut self, key: &str) {
@@ -233,12 +255,24 @@ impl Index {
 
 struct Inner {
     store: Arc<dyn Store>,
+    metrics: Option<crate::metrics::ApiMetrics>,
     index: parking_lot::RwLock<Index>,
     started: OnceCell<()>,
-    changed: Notify,
     /// Dropped with the last handle: the watch task ends.
     _stop: oneshot::Sender<()>,
     stopped: parking_lot::Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+impl Inner {
+    /// After the index changed: its sizes to the metrics.
+    fn changed(&self) {
+        if let Some(m) = &self.metrics {
+            let counts = self.index.read().counts;
+            for (kind, n) in KINDS.iter().zip(counts) {
+                m.rbac_objects.with_label_values(&[kind]).set(n);
+            }
+        }
+    }
 }
 
 /// RBAC's evaluator and the index it reads (cheap to clone: one per API, shared).
@@ -265,15 +299,16 @@ pub struct Decision {
 }
 
 impl Rbac {
-    /// An evaluator over the RBAC objects in `store` (read on first use).
-    pub fn new(store: Arc<dyn Store>) -> Rbac {
+    /// An evaluator over the RBAC objects in `store` (read on first use), counting its
+    /// decisions and objects in `metrics`.
+    pub fn new(store: Arc<dyn Store>, metrics: Option<crate::metrics::ApiMetrics>) -> Rbac {
         let (stop, stopped) = oneshot::channel();
         Rbac {
             inner: Arc::new(Inner {
                 store,
+                metrics,
                 index: parking_lot::RwLock::new(Index::default()),
                 started: OnceCell::new(),
-                changed: Notify::new(),
                 _stop: stop,
                 stopped: parking_lot::Mutex::new(Some(stopped)),
             }),
@@ -310,7 +345,7 @@ impl Rbac {
         };
         if PREFIXES.iter().any(|p| key.starts_with(p)) && self.inner.started.initialized() {
             self.inner.index.write().apply(key, value, rev);
-            self.inner.changed.notify_waiters();
+            self.inner.changed();
         }
     }
 
@@ -326,6 +361,10 @@ impl Rbac {
                 .visit(&subjects, a.namespace, &mut missing, |rules| {
                     rules.iter().any(|r| r.allows(a))
                 });
+        if let Some(m) = &self.inner.metrics {
+            let decision = if allowed { "allow" } else { "deny" };
+            m.decisions.with_label_values(&["rbac", decision]).inc();
+        }
         let reason = if allowed || missing.is_empty() {
             String::new()
         } else {
@@ -388,7 +427,7 @@ async fn relist(inner: &Inner, prefix: &str) -> Result<tessera_store::Revision, 
     for key in index.keys_of(prefix) {
         if !listed.contains(key.as_bytes()) {
             index.unindex(&key);
-            index.revs.remove(&key);
+            index.forget(&key);
         }
     }
     for kv in &page.kvs {
@@ -397,7 +436,7 @@ async fn relist(inner: &Inner, prefix: &str) -> Result<tessera_store::Revision, 
         }
     }
     drop(index);
-    inner.changed.notify_waiters();
+    inner.changed();
     Ok(page.revision)
 }
 
@@ -447,7 +486,7 @@ async fn watch_one(inner: Weak<Inner>, prefix: &'static str, mut from: tessera_s
                             index.apply(key, value, ev.kv.mod_revision);
                         }
                     }
-                    strong.changed.notify_waiters();
+                    strong.changed();
                     from = batch.revision;
                 }
             }
