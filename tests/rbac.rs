@@ -258,6 +258,38 @@ fn rbac_end_to_end_with_kubectl() {
     );
     assert!(!allowed && said.trim() == "no", "{said}");
 
+    // Impersonation: the admin acts as alice (`--as`, within her tenant with `--as-group`),
+    // and sees what she sees; alice and the tenant may impersonate nobody.
+    let as_alice = ["--as=alice", "--as-group=tessera:tenant:acme"];
+    fn with<'a>(first: &[&'a str], args: &[&'a str]) -> Vec<&'a str> {
+        first.iter().chain(args).copied().collect()
+    }
+    let with = |args: &[&'static str]| with(&as_alice, args);
+    assert!(
+        c.ok(&with(&["get", "pod", "p1", "-n", "acme-dev", "-o", "name"]))
+            .contains("pod/p1")
+    );
+    let err = c.fails(&with(&["get", "pods", "-n", "acme-dev"]));
+    assert!(err.contains(&forbidden("list", "pods")), "{err}");
+    assert_eq!(
+        c.ok(&with(&["auth", "can-i", "get", "pods", "-n", "acme-dev"]))
+            .trim(),
+        "yes"
+    );
+    let err = c.fails(&with(&["get", "configmap", "plans", "-n", "zeta-dev"]));
+    assert!(err.contains("not one of tenant acme's namespaces"), "{err}");
+    let err = refused(&c, &alice, &["get", "pods", "-n", "acme-dev", "--as=bob"]);
+    assert!(
+        err.contains("User \"alice\" cannot impersonate resource \"users\""),
+        "{err}"
+    );
+    let err = refused(
+        &c,
+        &owner,
+        &["get", "pods", "--as=root", "--as-group=system:masters"],
+    );
+    assert!(err.contains("cannot impersonate"), "{err}");
+
     // can-i agrees with the evaluator, and --list shows the rule.
     assert_eq!(
         ok(
@@ -499,6 +531,14 @@ fn rbac_end_to_end_with_kubectl() {
         ],
     );
     assert!(ok(&c, &robot, &["get", "pods", "-n", "acme-dev", "-o", "name"]).contains("pod/p1"));
+    let impersonated = c.ok(&[
+        "--as=system:serviceaccount:acme-dev:robot",
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
+    assert_eq!(impersonated, "system:serviceaccount:acme-dev:robot");
     // A ServiceAccount in a tenant's namespace is held by the tenant's isolation too.
     c.ok(&[
         "create",

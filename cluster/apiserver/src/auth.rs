@@ -372,6 +372,133 @@ impl Authorizer {
         }
     }
 
+    /// Impersonation (`kubectl --as=U --as-group=G`): whether `user` may act as user
+    /// `target` with `groups`, and that caller if so. Kubernetes' rules: RBAC must grant
+    /// `impersonate` on `users` (or on the ServiceAccount, for a
+    /// `system:serviceaccount:NS:NAME` name) and on each of `groups`. The admin and the
+    /// shard's components may impersonate anyone. A tenant's callers may impersonate only
+    /// ServiceAccounts in the tenant's namespaces, whatever a binding says — any other name
+    /// would take them out of the tenant. Impersonating the group `tessera:tenant:X` puts
+    /// the user within tenant X's isolation (so `auth can-i --as` answers as for X's user).
+    pub async fn impersonate(
+        &self,
+        user: &User,
+        target: &str,
+        groups: &[String],
+    ) -> Result<User, ApiError> {
+        let refuse = |resource: &str, name: &str, scope: &str, why: &str| {
+            let mut e = ApiError::forbidden(format!(
+                "{resource} \"{name}\" is forbidden: User \"{}\" cannot impersonate resource \"{resource}\" in API group \"\" {scope}{why}",
+                user.name()
+            ));
+            e.details = Some(serde_json::json!({"name": name, "kind": resource}));
+            e
+        };
+        let account = target
+            .strip_prefix(SERVICE_ACCOUNT_PREFIX)
+            .and_then(|rest| rest.split_once(':'));
+        let masters = matches!(user, User::Admin | User::System(_));
+        let tenant = if masters {
+            None
+        } else {
+            self.tenant_of_user(user).await?
+        };
+        let may = |resource: &'static str, name: String, namespace: String| async move {
+            if masters {
+                return Ok::<bool, ApiError>(true);
+            }
+            if !matches!(user, User::Named { .. } | User::ServiceAccount(_)) {
+                return Ok(false);
+            }
+            let a = Attributes {
+                verb: "impersonate",
+                group: "",
+                resource,
+                name: &name,
+                namespace: &namespace,
+                ..Attributes::default()
+            };
+            Ok(self.rbac.decide(user, &a).await?.allowed)
+        };
+        match account {
+            Some((ns, name)) => {
+                let scope = format!("in the namespace \"{ns}\"");
+                if let Some(t) = &tenant
+                    && self.tenant_owning(ns).await?.as_deref() != Some(t.as_str())
+                {
+                    return Err(refuse(
+                        "serviceaccounts",
+                        name,
+                        &scope,
+                        &format!(": \"{ns}\" is not one of tenant {t}'s namespaces"),
+                    ));
+                }
+                if !may("serviceaccounts", name.to_owned(), ns.to_owned()).await? {
+                    return Err(refuse("serviceaccounts", name, &scope, ""));
+                }
+            }
+            None => {
+                let scope = "at the cluster scope";
+                if let Some(t) = &tenant {
+                    return Err(refuse(
+                        "users",
+                        target,
+                        scope,
+                        &format!(
+                            ": tenant {t}'s callers may impersonate only ServiceAccounts in its namespaces"
+                        ),
+                    ));
+                }
+                if !may("users", target.to_owned(), String::new()).await? {
+                    return Err(refuse("users", target, scope, ""));
+                }
+            }
+        }
+        for g in groups {
+            if tenant.is_some() || !may("groups", g.clone(), String::new()).await? {
+                return Err(refuse("groups", g, "at the cluster scope", ""));
+            }
+        }
+        Ok(match account {
+            Some((ns, name)) => {
+                let key = tessera_core::keys::object_key("serviceaccounts", Some(ns), name);
+                let uid = self
+                    .get(key, "the ServiceAccount")
+                    .await?
+                    .and_then(|sa| sa["metadata"]["uid"].as_str().map(str::to_owned))
+                    .ok_or_else(|| ApiError::not_found("", "serviceaccounts", name))?;
+                let now = crate::api::now_secs();
+                User::ServiceAccount(Box::new(ServiceAccountClaims {
+                    namespace: ns.to_owned(),
+                    name: name.to_owned(),
+                    uid,
+                    bound: None,
+                    audiences: vec![SERVICE_ACCOUNT_ISSUER.to_owned()],
+                    issued: now,
+                    expires: now,
+                    id: String::new(),
+                }))
+            }
+            None => {
+                let tenant = groups
+                    .iter()
+                    .find_map(|g| g.strip_prefix("tessera:tenant:").map(str::to_owned));
+                let groups = groups
+                    .iter()
+                    .filter(|g| {
+                        !g.starts_with("tessera:tenant:") && g.as_str() != AUTHENTICATED_GROUP
+                    })
+                    .cloned()
+                    .collect();
+                User::Named {
+                    name: target.to_owned(),
+                    groups,
+                    tenant,
+                }
+            }
+        })
+    }
+
     /// What a SelfSubjectAccessReview answers for `req`: allowed, and why not — the rule of
     /// tenant isolation that refused it, or RBAC's reason (none when no rule grants it, as
     /// Kubernetes answers).

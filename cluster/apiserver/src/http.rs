@@ -429,6 +429,31 @@ async fn ready(State(api): State<Api>) -> Response {
     }
 }
 
+/// The caller a request acts as: `user`, or whom its `Impersonate-User` and
+/// `Impersonate-Group` headers name, if `user` may impersonate them.
+async fn impersonated(api: &Api, user: User, headers: &HeaderMap) -> Result<User, ApiError> {
+    let target = headers
+        .get("impersonate-user")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let groups: Vec<String> = headers
+        .get_all("impersonate-group")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_owned))
+        .collect();
+    let Some(target) = target else {
+        if groups.is_empty() {
+            return Ok(user);
+        }
+        return Err(ApiError::bad_request(
+            "requested impersonation of groups without a user: send Impersonate-User too (kubectl --as)",
+        ));
+    };
+    if target.is_empty() {
+        return Err(ApiError::bad_request("Impersonate-User is empty"));
+    }
+    api.authorizer().impersonate(&user, &target, &groups).await
+}
+
 /// Everything the API server serves over HTTP, with authentication.
 pub fn router(api: Api, tokens: Tokens) -> Router {
     let checker = api.clone();
@@ -482,6 +507,11 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
                                 "the ServiceAccount token is no longer valid: its ServiceAccount, or the pod or secret it was bound to, was deleted or re-created; request a new one (`kubectl create token`)",
                             );
                         }
+                        // `kubectl --as`: the caller acts as another, if it may.
+                        let user = match impersonated(&checker, user, req.headers()).await {
+                            Ok(u) => u,
+                            Err(e) => return error_response(&e),
+                        };
                         req.extensions_mut().insert(user);
                         next.run(req).await
                     }
