@@ -57,6 +57,8 @@ KINDS = [
     ("networking.k8s.io", "IngressClass", "api.networking.v1.IngressClass"),
     ("networking.k8s.io", "NetworkPolicy", "api.networking.v1.NetworkPolicy"),
     ("storage.k8s.io", "StorageClass", "api.storage.v1.StorageClass"),
+    ("apiextensions.k8s.io", "CustomResourceDefinition",
+     "apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition"),
 ]
 
 

@@ -2,13 +2,14 @@
 //! (`apidiscovery.k8s.io/v2` on `/api` and `/apis`) and the legacy per-group documents.
 
 use axum::Router;
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::catalog::{self, RESOURCES, Resource, VERBS};
+use crate::api::Api;
+use crate::catalog::{Resource, VERBS};
 
 /// The content type of an aggregated discovery answer; kubectl asks for it in `Accept`.
 pub const AGGREGATED_CONTENT_TYPE: &str =
@@ -50,8 +51,33 @@ fn group_version(group: &str, version: &str) -> String {
     }
 }
 
+/// The served group-versions of `resources`, in discovery order: built-in groups as the
+/// catalog lists them, then each custom group with its versions in Kubernetes' priority
+/// order (the first is the preferred one).
+fn groups(resources: &[&'static Resource]) -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for res in resources {
+        if !out.contains(&(res.group, res.version)) {
+            out.push((res.group, res.version));
+        }
+    }
+    let builtin = out
+        .iter()
+        .take_while(|(g, v)| crate::catalog::find_group_version(g, v))
+        .count();
+    out[builtin..].sort_by(|a, b| {
+        a.0.cmp(b.0)
+            .then_with(|| crate::crd::version_priority(a.1).cmp(&crate::crd::version_priority(b.1)))
+    });
+    out
+}
+
 /// The legacy `APIResourceList` of one group-version, or `None` if it is not served.
-pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
+pub fn api_resource_list(
+    resources: &[&'static Resource],
+    group: &str,
+    version: &str,
+) -> Option<Value> {
     if (group, version) == (METRICS_GROUP, METRICS_VERSION) {
         let resources: Vec<Value> = METRICS
             .iter()
@@ -63,8 +89,12 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
         return Some(json!({"kind": "APIResourceList", "apiVersion": "v1",
             "groupVersion": group_version(group, version), "resources": resources}));
     }
+    let served = resources;
     let mut resources = Vec::new();
-    for res in catalog::resources_of(group, version) {
+    for res in served
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
         resources.push(json!({
             "name": res.plural,
             "singularName": res.singular,
@@ -101,8 +131,8 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
     }))
 }
 
-fn api_group(group: &str) -> Option<Value> {
-    let versions: Vec<Value> = catalog::groups()
+fn api_group(resources: &[&'static Resource], group: &str) -> Option<Value> {
+    let versions: Vec<Value> = groups(resources)
         .into_iter()
         .chain([(METRICS_GROUP, METRICS_VERSION)])
         .filter(|(g, _)| *g == group)
@@ -119,9 +149,9 @@ fn api_group(group: &str) -> Option<Value> {
 }
 
 /// The legacy `APIGroupList` of `/apis`.
-pub fn api_group_list() -> Value {
+pub fn api_group_list(resources: &[&'static Resource]) -> Value {
     let mut names: Vec<&str> = Vec::new();
-    for (g, _) in catalog::groups()
+    for (g, _) in groups(resources)
         .into_iter()
         .chain([(METRICS_GROUP, METRICS_VERSION)])
     {
@@ -131,7 +161,7 @@ pub fn api_group_list() -> Value {
     }
     let groups: Vec<Value> = names
         .into_iter()
-        .filter_map(api_group)
+        .filter_map(|g| api_group(resources, g))
         .map(|mut g| {
             if let Some(o) = g.as_object_mut() {
                 o.remove("kind");
@@ -179,14 +209,15 @@ fn discovery_resource(res: &Resource) -> Value {
 
 /// The aggregated `APIGroupDiscoveryList`: the core group (for `/api`) or every named group
 /// (for `/apis`).
-pub fn aggregated(core: bool) -> Value {
+pub fn aggregated(served: &[&'static Resource], core: bool) -> Value {
     let mut items: Vec<Value> = Vec::new();
-    for (group, version) in catalog::groups() {
+    for (group, version) in groups(served) {
         if group.is_empty() != core {
             continue;
         }
-        let resources: Vec<Value> = RESOURCES
+        let resources: Vec<Value> = served
             .iter()
+            .copied()
             .filter(|r| r.group == group && r.version == version)
             .map(discovery_resource)
             .collect();
@@ -271,45 +302,76 @@ fn not_found(what: String) -> Response {
         .into_response()
 }
 
-async fn root_api(headers: HeaderMap) -> Response {
+/// Every resource `api` serves, built-in and custom.
+async fn served(api: &Api) -> Result<Vec<&'static Resource>, Response> {
+    match api.served().await {
+        Ok(s) => Ok(s.resources()),
+        Err(e) => Err(crate::http::error_response(&e)),
+    }
+}
+
+async fn root_api(State(api): State<Api>, headers: HeaderMap) -> Response {
+    let served = match served(&api).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     if wants_aggregated(&headers) {
-        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(true))
+        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(&served, true))
     } else {
         json_response("application/json", &api_versions())
     }
 }
 
-async fn root_apis(headers: HeaderMap) -> Response {
+async fn root_apis(State(api): State<Api>, headers: HeaderMap) -> Response {
+    let served = match served(&api).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     if wants_aggregated(&headers) {
-        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(false))
+        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(&served, false))
     } else {
-        json_response("application/json", &api_group_list())
+        json_response("application/json", &api_group_list(&served))
     }
 }
 
-async fn core_version(Path(version): Path<String>) -> Response {
-    match api_resource_list("", &version) {
+async fn core_version(State(api): State<Api>, Path(version): Path<String>) -> Response {
+    let served = match served(&api).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match api_resource_list(&served, "", &version) {
         Some(doc) => json_response("application/json", &doc),
         None => not_found(format!("get /api/{version}")),
     }
 }
 
-async fn group_doc(Path(group): Path<String>) -> Response {
-    match api_group(&group) {
+async fn group_doc(State(api): State<Api>, Path(group): Path<String>) -> Response {
+    let served = match served(&api).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match api_group(&served, &group) {
         Some(doc) => json_response("application/json", &doc),
         None => not_found(format!("get /apis/{group}")),
     }
 }
 
-async fn group_version_doc(Path((group, version)): Path<(String, String)>) -> Response {
-    match api_resource_list(&group, &version) {
+async fn group_version_doc(
+    State(api): State<Api>,
+    Path((group, version)): Path<(String, String)>,
+) -> Response {
+    let served = match served(&api).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match api_resource_list(&served, &group, &version) {
         Some(doc) => json_response("application/json", &doc),
         None => not_found(format!("get /apis/{group}/{version}")),
     }
 }
 
 /// The discovery routes.
-pub fn router() -> Router {
+pub fn router() -> Router<Api> {
     Router::new()
         .route(
             "/version",
@@ -328,7 +390,8 @@ mod tests {
 
     #[test]
     fn documents_describe_the_catalog() {
-        let core = api_resource_list("", "v1").expect("core");
+        let served: Vec<&'static Resource> = crate::catalog::RESOURCES.iter().collect();
+        let core = api_resource_list(&served, "", "v1").expect("core");
         let names: Vec<&str> = core["resources"]
             .as_array()
             .expect("array")
@@ -336,7 +399,7 @@ mod tests {
             .filter_map(|r| r["name"].as_str())
             .collect();
         assert!(names.contains(&"pods") && names.contains(&"pods/status"));
-        let apps = api_resource_list("apps", "v1").expect("apps");
+        let apps = api_resource_list(&served, "apps", "v1").expect("apps");
         let scale = apps["resources"]
             .as_array()
             .expect("array")
@@ -344,8 +407,8 @@ mod tests {
             .find(|r| r["name"] == "deployments/scale")
             .expect("scale");
         assert_eq!(scale["group"], "autoscaling");
-        assert!(api_resource_list("apps", "v2").is_none());
-        let agg = aggregated(false);
+        assert!(api_resource_list(&served, "apps", "v2").is_none());
+        let agg = aggregated(&served, false);
         assert!(
             agg["items"]
                 .as_array()
@@ -353,7 +416,10 @@ mod tests {
                 .iter()
                 .all(|i| i["metadata"]["name"] != "")
         );
-        assert_eq!(aggregated(true)["items"][0]["metadata"]["name"], "");
+        assert_eq!(
+            aggregated(&served, true)["items"][0]["metadata"]["name"],
+            ""
+        );
         let mut headers = HeaderMap::new();
         headers.insert(
             header::ACCEPT,

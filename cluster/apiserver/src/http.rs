@@ -292,9 +292,13 @@ async fn objects(
     let content_type = header_str(header::CONTENT_TYPE);
     // Kubernetes' protobuf bodies (kubectl's typed commands) become the JSON they carry.
     // Only for what is served: anything else answers its 404 below, whatever the body.
+    let crds = match api.served().await {
+        Ok(c) => c,
+        Err(e) => return error_response(&e),
+    };
     let served = crate::access_review::is_review(uri.path())
         || matches!(
-            request::from_http("GET", uri.path(), "", None, None, Bytes::new()),
+            request::from_http_in(&*crds, "GET", uri.path(), "", None, None, Bytes::new()),
             Ok(Some(_))
         );
     let (body, content_type) =
@@ -338,7 +342,8 @@ async fn objects(
             crate::access_review::review(&api, &user, uri.path(), method.as_str(), &body).await,
         );
     }
-    let parsed = request::from_http(
+    let parsed = request::from_http_in(
+        &*crds,
         method.as_str(),
         uri.path(),
         uri.query().unwrap_or(""),
@@ -366,15 +371,19 @@ async fn objects(
     }
 }
 
-async fn openapi_doc(uri: Uri) -> Response {
+async fn openapi_doc(State(api): State<Api>, uri: Uri) -> Response {
     let path = uri
         .path()
         .trim_start_matches("/openapi/v3")
         .trim_matches('/');
+    let crds = match api.served().await {
+        Ok(c) => c,
+        Err(e) => return error_response(&e),
+    };
     if path.is_empty() {
-        return json_response(200, &openapi::index(), &[]);
+        return json_response(200, &openapi::index(&crds), &[]);
     }
-    match openapi::document_at(path) {
+    match openapi::document_at(&crds, path) {
         Some(doc) => (
             StatusCode::OK,
             [
@@ -465,12 +474,12 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
             "/apis/metrics.k8s.io/v1beta1/{*rest}",
             get(resource_metrics),
         )
+        .route("/openapi/v3", get(openapi_doc))
+        .route("/openapi/v3/{*path}", get(openapi_doc))
+        .merge(discovery::router())
         .fallback(objects)
         .with_state(api);
     Router::new()
-        .merge(discovery::router())
-        .route("/openapi/v3", get(openapi_doc))
-        .route("/openapi/v3/{*path}", get(openapi_doc))
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .merge(stateful)

@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 
 use crate::catalog::Resource;
 use crate::types;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition as Crd;
 
 /// A body that is not the kind's type: where, and what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +96,7 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("networking.k8s.io", "IngressClass") => typed::<networking::v1::IngressClass>(),
         ("networking.k8s.io", "NetworkPolicy") => typed::<networking::v1::NetworkPolicy>(),
         ("storage.k8s.io", "StorageClass") => typed::<storage::v1::StorageClass>(),
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => typed::<Crd>(),
         ("apps", "Deployment") => typed::<apps::v1::Deployment>(),
         ("apps", "ReplicaSet") => typed::<apps::v1::ReplicaSet>(),
         ("apps", "DaemonSet") => typed::<apps::v1::DaemonSet>(),

@@ -9,6 +9,7 @@ pub mod api;
 pub mod apply;
 pub mod auth;
 pub mod client;
+pub mod crd;
 pub mod defaults;
 pub mod discovery;
 pub mod fairness;

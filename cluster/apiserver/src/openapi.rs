@@ -15,7 +15,9 @@ use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
 use crate::catalog::{self, Resource};
+use crate::crd::{Snapshot, Version};
 use crate::kinds;
+use std::sync::Arc;
 
 /// A group-version's document and its content hash.
 #[derive(Debug)]
@@ -50,10 +52,11 @@ fn documents() -> &'static BTreeMap<String, Document> {
     })
 }
 
-/// The index (`/openapi/v3`).
-pub fn index() -> Value {
+/// The index (`/openapi/v3`): the built-in group-versions and those of `crds`.
+pub fn index(crds: &Snapshot) -> Value {
     let paths: Map<String, Value> = documents()
         .iter()
+        .chain(crds.documents().iter())
         .map(|(path, doc)| {
             (
                 path.clone(),
@@ -65,8 +68,129 @@ pub fn index() -> Value {
 }
 
 /// The document at `path` (`api/v1`, `apis/apps/v1`), if served.
-pub fn document_at(path: &str) -> Option<&'static Document> {
-    documents().get(path.trim_matches('/'))
+pub fn document_at<'a>(crds: &'a Snapshot, path: &str) -> Option<&'a Document> {
+    let path = path.trim_matches('/');
+    documents().get(path).or_else(|| crds.documents().get(path))
+}
+
+fn document_of(body: &Value) -> Document {
+    let body = body.to_string();
+    let digest = ring::digest::digest(&ring::digest::SHA256, body.as_bytes());
+    let hash = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
+    Document { body, hash }
+}
+
+/// The documents of the custom group-versions of `versions` (one CRD version each), by
+/// index path.
+pub fn custom_documents(versions: &[Arc<Version>]) -> BTreeMap<String, Document> {
+    let mut by_gv: BTreeMap<String, Vec<&Version>> = BTreeMap::new();
+    for v in versions {
+        by_gv
+            .entry(gv_path(v.resource.group, v.resource.version))
+            .or_default()
+            .push(v);
+    }
+    by_gv
+        .into_iter()
+        .map(|(path, vs)| (path, document_of(&custom_document(&vs))))
+        .collect()
+}
+
+/// The schema name Kubernetes publishes a custom kind under (`com.example.v1.Widget`).
+fn custom_schema_name(res: &Resource) -> String {
+    let reversed: Vec<&str> = res.group.split('.').rev().collect();
+    format!("{}.{}.{}", reversed.join("."), res.version, res.kind)
+}
+
+/// One custom group-version's document: each kind's structural schema with `apiVersion`,
+/// `kind` and `metadata` added (as Kubernetes publishes them), and its operations.
+fn custom_document(versions: &[&Version]) -> Value {
+    let mut generator = SchemaSettings::openapi3().into_generator();
+    let meta_ref = serde_json::to_value(
+        generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(),
+    )
+    .unwrap_or_default();
+    let scale_ref = kinds::of_kind("autoscaling", "Scale")
+        .map(|t| serde_json::to_value((t.schema)(&mut generator)).unwrap_or_default());
+    let mut paths = Map::new();
+    let mut custom_schemas = Map::new();
+    for v in versions {
+        let res = v.resource;
+        let name = custom_schema_name(res);
+        let mut schema = v.raw_schema.clone();
+        if let Some(props) = schema
+            .as_object_mut()
+            .map(|o| o.entry("properties").or_insert_with(|| json!({})))
+            .and_then(Value::as_object_mut)
+        {
+            props.insert("apiVersion".into(), json!({"type": "string",
+                "description": "APIVersion defines the versioned schema of this representation of an object."}));
+            props.insert("kind".into(), json!({"type": "string",
+                "description": "Kind is a string value representing the REST resource this object represents."}));
+            props.insert(
+                "metadata".into(),
+                json!({"allOf": [meta_ref.clone()],
+                "description": "Standard object's metadata."}),
+            );
+        }
+        schema["x-kubernetes-group-version-kind"] = json!([gvk(res.group, res.version, res.kind)]);
+        custom_schemas.insert(name.clone(), schema);
+        let schema_ref = json!({"$ref": format!("#/components/schemas/{name}")});
+        add_paths(&mut paths, res, &schema_ref, |sub| match sub {
+            "scale" => scale_ref.clone(),
+            _ => Some(schema_ref.clone()),
+        });
+    }
+    let mut schemas = generator.take_definitions(true);
+    crate::patch::annotate_schemas(&mut schemas);
+    schemas.extend(custom_schemas);
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Tessera", "version": crate::discovery::version_info()["gitVersion"]},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    })
+}
+
+/// The collection, item and subresource paths of `res`.
+fn add_paths(
+    paths: &mut Map<String, Value>,
+    res: &Resource,
+    schema_ref: &Value,
+    mut sub_ref: impl FnMut(&str) -> Option<Value>,
+) {
+    let base = format!("/{}", gv_path(res.group, res.version));
+    let (coll_path, item_path) = if res.namespaced {
+        (
+            format!("{base}/namespaces/{{namespace}}/{}", res.plural),
+            format!("{base}/namespaces/{{namespace}}/{}/{{name}}", res.plural),
+        )
+    } else {
+        (
+            format!("{base}/{}", res.plural),
+            format!("{base}/{}/{{name}}", res.plural),
+        )
+    };
+    let mut params = vec![path_param("name")];
+    if res.namespaced {
+        params.push(path_param("namespace"));
+    }
+    let (mut item, mut collection) = operations(res, schema_ref, None);
+    item["parameters"] = json!(params);
+    if res.namespaced {
+        collection["parameters"] = json!([path_param("namespace")]);
+    }
+    paths.insert(item_path.clone(), item);
+    paths.insert(coll_path, collection);
+    for sub in res.subresources {
+        if sub.name != "status" && sub.name != "scale" {
+            continue;
+        }
+        let sub_ref = sub_ref(sub.name).unwrap_or_else(|| schema_ref.clone());
+        let (mut ops, _) = operations(res, &sub_ref, Some(sub.name));
+        ops["parameters"] = json!(params);
+        paths.insert(format!("{item_path}/{}", sub.name), ops);
+    }
 }
 
 fn gvk(group: &str, version: &str, kind: &str) -> Value {
@@ -202,41 +326,11 @@ pub fn document(group: &str, version: &str) -> Value {
         let typed = kinds::of(res);
         let schema_ref = serde_json::to_value((typed.schema)(&mut generator)).unwrap_or_default();
         kinds_here.push(((typed.schema_name)(), gvk(res.group, res.version, res.kind)));
-        let base = format!("/{}", gv_path(group, version));
-        let (coll_path, item_path) = if res.namespaced {
-            (
-                format!("{base}/namespaces/{{namespace}}/{}", res.plural),
-                format!("{base}/namespaces/{{namespace}}/{}/{{name}}", res.plural),
-            )
-        } else {
-            (
-                format!("{base}/{}", res.plural),
-                format!("{base}/{}/{{name}}", res.plural),
-            )
-        };
-        let mut params = vec![path_param("name")];
-        if res.namespaced {
-            params.push(path_param("namespace"));
-        }
-        let (mut item, mut collection) = operations(res, &schema_ref, None);
-        item["parameters"] = json!(params);
-        if res.namespaced {
-            collection["parameters"] = json!([path_param("namespace")]);
-        }
-        paths.insert(item_path.clone(), item);
-        paths.insert(coll_path, collection);
-        for sub in res.subresources {
-            if sub.name != "status" && sub.name != "scale" {
-                continue;
-            }
-            let sub_ref = match kinds::of_kind(sub.response.0, sub.response.2) {
-                Some(t) => serde_json::to_value((t.schema)(&mut generator)).unwrap_or_default(),
-                None => schema_ref.clone(),
-            };
-            let (mut ops, _) = operations(res, &sub_ref, Some(sub.name));
-            ops["parameters"] = json!(params);
-            paths.insert(format!("{item_path}/{}", sub.name), ops);
-        }
+        add_paths(&mut paths, res, &schema_ref, |sub| {
+            let response = res.subresources.iter().find(|s| s.name == sub)?.response;
+            kinds::of_kind(response.0, response.2)
+                .map(|t| serde_json::to_value((t.schema)(&mut generator)).unwrap_or_default())
+        });
     }
     let mut schemas = generator.take_definitions(true);
     crate::patch::annotate_schemas(&mut schemas);
@@ -259,7 +353,7 @@ mod tests {
 
     #[test]
     fn index_lists_every_group_version_with_a_hash() {
-        let idx = index();
+        let idx = index(&Snapshot::default());
         let apps = idx["paths"]["apis/apps/v1"]["serverRelativeURL"]
             .as_str()
             .expect("apps/v1 is listed");

@@ -1040,6 +1040,45 @@ pub fn to_table(res: &Resource, body: &Value, include: Option<&str>) -> Value {
                    "description": desc, "priority": priority})
         })
         .collect();
+    table(cols, body, include, |o| cells(res, o))
+}
+
+/// The Table of a custom resource: its name, then its CRD's printer columns (a `date` shown
+/// as the time since, as Kubernetes shows it).
+pub fn to_custom_table(
+    columns: &[crate::crd::Column],
+    body: &Value,
+    include: Option<&str>,
+) -> Value {
+    let mut cols = vec![json!({"name": NAME.0, "type": NAME.1, "format": "name",
+        "description": NAME.3, "priority": 0})];
+    cols.extend(columns.iter().map(|c| {
+        json!({"name": c.name, "type": c.ty, "format": "", "description": c.description,
+            "priority": c.priority})
+    }));
+    table(cols, body, include, |o| {
+        let mut cells = vec![json!(o["metadata"]["name"].as_str().unwrap_or_default())];
+        cells.extend(columns.iter().map(|c| {
+            let v = crate::crd::cell(c, o);
+            match (c.ty.as_str(), v.as_str()) {
+                ("date", Some(t)) => json!(
+                    parse_rfc3339(t)
+                        .map_or_else(|| "<unknown>".into(), |t| human_duration(now_secs() - t))
+                ),
+                _ => v,
+            }
+        }));
+        cells
+    })
+}
+
+/// A Table of `body` (one object or a list) with `cols`, each row's cells from `cells`.
+fn table(
+    cols: Vec<Value>,
+    body: &Value,
+    include: Option<&str>,
+    cells: impl Fn(&Value) -> Vec<Value>,
+) -> Value {
     let (items, metadata) = match body["items"].as_array() {
         Some(items) => (items.clone(), body["metadata"].clone()),
         None => (
@@ -1050,7 +1089,7 @@ pub fn to_table(res: &Resource, body: &Value, include: Option<&str>) -> Value {
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
-            let mut row = json!({"cells": cells(res, o)});
+            let mut row = json!({"cells": cells(o)});
             let ob = row_object(o, include);
             if !ob.is_null() {
                 row["object"] = ob;

@@ -131,6 +131,12 @@ fn minimal(kind: &str) -> Option<Value> {
             json!({"metadata": meta, "spec": {"podSelector": {"matchLabels": {"app": "x"}}}})
         }
         "StorageClass" => json!({"metadata": meta, "provisioner": "tessera.io/hostpath"}),
+        // A CRD's name is its plural and group.
+        "CustomResourceDefinition" => json!({"metadata": {"name": "xs.example.com"}, "spec": {
+            "group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "xs", "kind": "X"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object"}}}]}}),
         "Role" | "ClusterRole" => json!({"metadata": meta, "rules": [{"apiGroups": [""],
             "resources": ["pods"], "verbs": ["get"]}]}),
         "RoleBinding" | "ClusterRoleBinding" => json!({"metadata": meta, "roleRef": {
@@ -201,12 +207,13 @@ async fn every_kind_is_served_without_nulls_with_its_status_in_kubernetes_order(
             res.kind,
             String::from_utf8_lossy(&created)
         );
-        let (code, read) = raw(&s.client, get(res.kind, "x")).await;
+        let name = body["metadata"]["name"].as_str().expect("a name");
+        let (code, read) = raw(&s.client, get(res.kind, name)).await;
         assert_eq!(code, 200, "{}", String::from_utf8_lossy(&read));
         for (how, bytes) in [("create", &created), ("get", &read)] {
             let text = String::from_utf8_lossy(bytes);
             let want_prefix = format!(
-                r#"{{"kind":"{}","apiVersion":"{}","metadata":{{"name":"x","#,
+                r#"{{"kind":"{}","apiVersion":"{}","metadata":{{"name":"{name}","#,
                 res.kind,
                 if res.group.is_empty() {
                     res.version.to_owned()

@@ -26,10 +26,23 @@ async fn kubectl_discovers_the_served_kinds() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, tessera_apiserver::discovery::router()).await;
-    });
     let dir = tempfile::tempdir().expect("tempdir");
+    let metrics =
+        tessera_store::StoreMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let store: std::sync::Arc<dyn tessera_store::Store> = std::sync::Arc::new(
+        tessera_store::EmbeddedStore::open(
+            &dir.path().join("store"),
+            tessera_store::EmbeddedOptions::small(),
+            metrics,
+        )
+        .await
+        .expect("store"),
+    );
+    let api = tessera_apiserver::api::Api::new(store, None);
+    let routes = tessera_apiserver::discovery::router().with_state(api);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, routes).await;
+    });
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,

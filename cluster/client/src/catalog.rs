@@ -36,6 +36,9 @@ pub struct Resource {
     pub categories: &'static [&'static str],
     /// Subresources.
     pub subresources: &'static [Subresource],
+    /// Defined at run time by a CustomResourceDefinition (its schema, columns and versions
+    /// are the API server's to look up), not built in.
+    pub custom: bool,
 }
 
 /// The verbs every served resource supports.
@@ -88,6 +91,7 @@ const fn r(
         short_names,
         categories,
         subresources,
+        custom: false,
     }
 }
 
@@ -95,6 +99,9 @@ const ALL: &[&str] = &["all"];
 
 /// The RBAC API group.
 pub const RBAC: &str = "rbac.authorization.k8s.io";
+
+/// The group of CustomResourceDefinitions.
+pub const APIEXTENSIONS: &str = "apiextensions.k8s.io";
 
 /// Every served resource, grouped by API group in discovery order.
 pub const RESOURCES: &[Resource] = &[
@@ -407,6 +414,17 @@ pub const RESOURCES: &[Resource] = &[
         &[],
     ),
     r(
+        APIEXTENSIONS,
+        "v1",
+        "customresourcedefinitions",
+        "customresourcedefinition",
+        "CustomResourceDefinition",
+        false,
+        &["crd", "crds"],
+        &["api-extensions"],
+        &[status(APIEXTENSIONS, "v1", "CustomResourceDefinition")],
+    ),
+    r(
         "storage.k8s.io",
         "v1",
         "storageclasses",
@@ -526,6 +544,13 @@ pub fn groups() -> Vec<(&'static str, &'static str)> {
     out
 }
 
+/// Whether `group`/`version` is a built-in group-version.
+pub fn find_group_version(group: &str, version: &str) -> bool {
+    RESOURCES
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+}
+
 /// The catalog indexed by (group, version, plural) and by (group, version, kind): a lookup
 /// is a hash and one compare, not a walk of every entry's strings (the API looks resources up
 /// on every request, and its admission on every create).
@@ -561,6 +586,156 @@ pub fn resources_of(group: &str, version: &str) -> impl Iterator<Item = &'static
     RESOURCES
         .iter()
         .filter(move |r| r.group == group && r.version == version)
+}
+
+/// Where requests find their resource: the built-in catalog, and in an API server that
+/// serves CustomResourceDefinitions, the kinds they define.
+pub trait Lookup {
+    /// The resource `plural` in `group`/`version`, if served.
+    fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static Resource>;
+    /// Whether `plural` in `group` is a namespaced resource in some served version.
+    fn namespaced(&self, group: &str, plural: &str) -> bool;
+}
+
+/// The built-in catalog alone.
+pub struct Builtin;
+
+impl Lookup for Builtin {
+    fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+        find(group, version, plural)
+    }
+    fn namespaced(&self, group: &str, plural: &str) -> bool {
+        RESOURCES
+            .iter()
+            .any(|r| r.plural == plural && r.namespaced && r.group == group)
+    }
+}
+
+/// The names of a resource defined at run time, owned, for [`intern`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CustomNames {
+    /// API group.
+    pub group: String,
+    /// Version.
+    pub version: String,
+    /// Plural resource name.
+    pub plural: String,
+    /// Singular name.
+    pub singular: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespaced or cluster-scoped.
+    pub namespaced: bool,
+    /// Short names.
+    pub short_names: Vec<String>,
+    /// Categories.
+    pub categories: Vec<String>,
+    /// Serves `status`.
+    pub status: bool,
+    /// Serves `scale`.
+    pub scale: bool,
+}
+
+/// The one `&'static Resource` for `names`: resources defined at run time are interned, so
+/// the request path keeps handling `&'static Resource` alike for built-in and custom kinds.
+/// Each distinct set of names is allocated once for the life of the process (a CRD deleted
+/// and created again reuses it), so what is held grows with the distinct definitions ever
+/// served, not with requests or CRD updates.
+pub fn intern(names: &CustomNames) -> &'static Resource {
+    static INTERNED: LazyLock<std::sync::Mutex<HashMap<CustomNames, &'static Resource>>> =
+        LazyLock::new(Default::default);
+    let mut interned = INTERNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(r) = interned.get(names) {
+        return r;
+    }
+    fn leak(s: &str) -> &'static str {
+        Box::leak(s.to_owned().into_boxed_str())
+    }
+    fn leak_all(v: &[String]) -> &'static [&'static str] {
+        Box::leak(
+            v.iter()
+                .map(|s| leak(s))
+                .collect::<Vec<_>>()
+                .into_boxed_slice(),
+        )
+    }
+    let group = leak(&names.group);
+    let version = leak(&names.version);
+    let kind = leak(&names.kind);
+    let mut subresources = Vec::new();
+    if names.status {
+        subresources.push(Subresource {
+            name: "status",
+            response: (group, version, kind),
+            verbs: UPDATE_VERBS,
+        });
+    }
+    if names.scale {
+        subresources.push(SCALE);
+    }
+    let res: &'static Resource = Box::leak(Box::new(Resource {
+        group,
+        version,
+        plural: leak(&names.plural),
+        singular: leak(&names.singular),
+        kind,
+        namespaced: names.namespaced,
+        short_names: leak_all(&names.short_names),
+        categories: leak_all(&names.categories),
+        subresources: Box::leak(subresources.into_boxed_slice()),
+        custom: true,
+    }));
+    interned.insert(names.clone(), res);
+    res
+}
+
+/// The resource a CustomResourceDefinition (as JSON) defines in `version`, interned; None if
+/// the CRD does not define that version.
+pub fn custom_resource(crd: &serde_json::Value, version: &str) -> Option<&'static Resource> {
+    let spec = &crd["spec"];
+    let names = &spec["names"];
+    let v = spec["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"].as_str() == Some(version))?;
+    let text = |x: &serde_json::Value| x.as_str().unwrap_or_default().to_owned();
+    let list = |x: &serde_json::Value| -> Vec<String> {
+        x.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let kind = text(&names["kind"]);
+    Some(intern(&CustomNames {
+        group: text(&spec["group"]),
+        version: version.to_owned(),
+        plural: text(&names["plural"]),
+        singular: match text(&names["singular"]) {
+            s if s.is_empty() => kind.to_lowercase(),
+            s => s,
+        },
+        kind,
+        namespaced: spec["scope"].as_str() != Some("Cluster"),
+        short_names: list(&names["shortNames"]),
+        categories: list(&names["categories"]),
+        status: v["subresources"]["status"].is_object(),
+        scale: v["subresources"]["scale"].is_object(),
+    }))
+}
+
+/// The resource of a CRD's storage version (what a client walking every kind lists).
+pub fn custom_storage_resource(crd: &serde_json::Value) -> Option<&'static Resource> {
+    let storage = crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["storage"] == serde_json::Value::Bool(true))?;
+    custom_resource(crd, storage["name"].as_str()?)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tessera_core::selector::{field::FieldSelector, label::LabelSelector};
 
-use crate::catalog::{RESOURCES, Resource};
+use crate::catalog::Resource;
 use crate::status::ApiError;
 
 /// Largest request body accepted (etcd's own limit on a value is 1.5 MiB).
@@ -515,6 +515,28 @@ pub fn from_http(
     accept: Option<&str>,
     body: Bytes,
 ) -> Result<Option<ApiRequest>, ApiError> {
+    from_http_in(
+        &crate::catalog::Builtin,
+        method,
+        path,
+        query,
+        content_type,
+        accept,
+        body,
+    )
+}
+
+/// [`from_http`] with the resources `served` finds (an API server's CustomResourceDefinitions
+/// beside the built-in catalog).
+pub fn from_http_in(
+    served: &dyn crate::catalog::Lookup,
+    method: &str,
+    path: &str,
+    query: &str,
+    content_type: Option<&str>,
+    accept: Option<&str>,
+    body: Bytes,
+) -> Result<Option<ApiRequest>, ApiError> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match segments.as_slice() {
         ["api", version, rest @ ..] if !rest.is_empty() => ("", *version, rest),
@@ -529,11 +551,7 @@ pub fn from_http(
         ));
     }
     // (namespace, plural, name, subresource)
-    let namespaced_plural = |p: &str| {
-        RESOURCES
-            .iter()
-            .any(|r| r.plural == p && r.namespaced && r.group == group)
-    };
+    let namespaced_plural = |p: &str| served.namespaced(group, p);
     let (ns, plural, name, sub) = match rest {
         [plural] => (None, *plural, None, None),
         // `namespaces/<name>/status` and `/finalize` are a Namespace's own subresources;
@@ -556,7 +574,10 @@ pub fn from_http(
             ));
         }
     };
-    let resource = find_resource(group, version, plural)?;
+    let resource = match served.find(group, version, plural) {
+        Some(r) => r,
+        None => find_resource(group, version, plural)?,
+    };
     if resource.namespaced && ns.is_none() && name.is_some() {
         return Err(ApiError::bad_request(format!(
             "{plural} are namespaced: use /namespaces/<namespace>/{plural}/<name>"

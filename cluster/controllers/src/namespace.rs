@@ -1,5 +1,6 @@
-//! The namespace controller: a namespace being deleted has all its contents deleted, and
-//! once nothing is left its `kubernetes` finalizer is removed, which deletes it.
+//! The namespace controller: a namespace being deleted has all its contents deleted — the
+//! built-in kinds and the namespaced kinds of every CustomResourceDefinition — and once
+//! nothing is left its `kubernetes` finalizer is removed, which deletes it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::json;
-use tessera_client::catalog::RESOURCES;
+use tessera_client::catalog::{APIEXTENSIONS, RESOURCES, Resource};
 use tessera_client::request::{ApiRequest, PatchType, Verb};
 use tessera_runtime::EventClass;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
@@ -40,6 +41,22 @@ pub async fn run(ctx: Context) {
         .await;
 }
 
+impl Ns {
+    /// The storage version of every namespaced custom kind, as the CRDs say now (read when
+    /// a namespace is deleted, which is rare, rather than watched).
+    async fn custom_kinds(&self) -> Result<Vec<&'static Resource>, ReconcileError> {
+        let crds = ApiRequest::new(Verb::List, res(APIEXTENSIONS, "customresourcedefinitions"));
+        let list = self.ctx.client.list(crds).await?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(tessera_client::catalog::custom_storage_resource)
+            .filter(|r| r.namespaced)
+            .collect())
+    }
+}
+
 #[async_trait]
 impl Reconciler for Ns {
     fn name(&self) -> &'static str {
@@ -55,7 +72,9 @@ impl Reconciler for Ns {
         }
         let name = ns.metadata.name.clone().unwrap_or_default();
         let mut left = 0usize;
-        for r in RESOURCES.iter().filter(|r| r.namespaced) {
+        let mut kinds: Vec<&'static Resource> = RESOURCES.iter().filter(|r| r.namespaced).collect();
+        kinds.extend(self.custom_kinds().await?);
+        for r in kinds {
             let mut req = ApiRequest::new(Verb::List, r);
             req.namespace = Some(name.clone());
             let list = self.ctx.client.list(req).await?;

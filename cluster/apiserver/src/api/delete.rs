@@ -243,7 +243,8 @@ impl Api {
     }
 
     pub(super) async fn namespace_is_empty(&self, ns: &str) -> Result<bool, ApiError> {
-        for res in crate::catalog::RESOURCES.iter().filter(|r| r.namespaced) {
+        let served = self.crds.snapshot().await?.resources();
+        for res in served.into_iter().filter(|r| r.namespaced) {
             let page = self
                 .store
                 .list(ListRequest {

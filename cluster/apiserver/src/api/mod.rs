@@ -11,6 +11,7 @@ pub mod admission;
 mod agents;
 mod allocator;
 mod bindings;
+mod custom;
 mod delete;
 mod group;
 mod logs;
@@ -101,6 +102,8 @@ pub struct Api {
     namespaces: Arc<parking_lot::Mutex<std::collections::HashMap<String, NamespaceFacts>>>,
     /// The NoExecute tolerations every new pod gets unless it has its own.
     default_tolerations: admission::DefaultTolerations,
+    /// The CustomResourceDefinitions served.
+    crds: crate::crd::Crds,
     /// Set by a process that serves only while it leads (a standby federation): `/readyz`
     /// fails while it is false, so a Service sends nothing to a standby.
     ready_gate: Option<Arc<std::sync::atomic::AtomicBool>>,
@@ -249,6 +252,7 @@ impl Api {
                 store.clone(),
                 Arc::new(|ty: &str, value: &[u8], rev: i64| event_line(ty, value, rev).ok()),
             ),
+            crds: crate::crd::Crds::new(store.clone()),
             store,
             metrics,
             tenants: Arc::default(),
@@ -289,6 +293,11 @@ impl Api {
     pub fn with_metrics_registry(mut self, registry: prometheus::Registry) -> Api {
         self.metrics_registry = Some(registry);
         self
+    }
+
+    /// The CustomResourceDefinitions this API serves, as of now (read on first use).
+    pub async fn served(&self) -> Result<Arc<crate::crd::Snapshot>, ApiError> {
+        self.crds.snapshot().await
     }
 
     /// Every metric of the process (tenant labels included), if this API serves them.
@@ -396,6 +405,7 @@ impl Api {
             ));
         }
         let scope = self.authorizer.authorize(user, &req).await?;
+        let custom = self.custom_gate(&req).await?;
         // Watches are long-running: they hold no request seat, as in Kubernetes, but one of
         // a bounded number of watch slots, for as long as they are open.
         let watch_slot = if req.verb == Verb::Watch {
@@ -466,13 +476,23 @@ impl Api {
             && let ApiResponse::Object { body, .. } = &mut resp
             && body["kind"] != "Scale"
         {
-            *body = to_scale(&req, body);
+            *body = to_scale(&req, custom.as_ref().and_then(|v| v.scale.as_ref()), body);
+        }
+        if let Some(v) = &custom
+            && req.subresource.as_deref() != Some("scale")
+        {
+            resp = custom::in_version(v, resp)?;
         }
         if req.table
             && let ApiResponse::Object { body, .. } = &mut resp
             && req.subresource.is_none()
         {
-            let mut t = table::to_table(req.resource, body, req.params.include_object.as_deref());
+            let mut t = match &custom {
+                Some(v) => {
+                    table::to_custom_table(&v.columns, body, req.params.include_object.as_deref())
+                }
+                None => table::to_table(req.resource, body, req.params.include_object.as_deref()),
+            };
             if across.is_some() {
                 let objects: Vec<&Value> = match body["items"].as_array() {
                     Some(items) => items.iter().collect(),
@@ -496,10 +516,14 @@ impl Api {
         {
             let res = req.resource;
             let include = req.params.include_object.clone();
+            let columns = custom.as_ref().map(|v| v.columns.clone());
             resp = ApiResponse::Watch(Box::pin(stream.map(move |ev| {
                 let mut ev = ev.into_value();
                 if ev["type"] != "ERROR" && ev["type"] != "BOOKMARK" {
-                    let mut t = table::to_table(res, &ev["object"], include.as_deref());
+                    let mut t = match &columns {
+                        Some(c) => table::to_custom_table(c, &ev["object"], include.as_deref()),
+                        None => table::to_table(res, &ev["object"], include.as_deref()),
+                    };
                     if across.is_some() {
                         across::add_shard_column(&mut t, &[&ev["object"]]);
                     }

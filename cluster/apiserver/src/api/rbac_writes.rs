@@ -189,6 +189,9 @@ impl Api {
         if res.kind == "Tenant" {
             self.authorizer.tenants_changed();
         }
+        if super::custom::is_crd(res) {
+            self.crds.applied(key, obj, rev);
+        }
     }
 
     /// `POST .../serviceaccounts/NAME/token` (`kubectl create token`): a token for the

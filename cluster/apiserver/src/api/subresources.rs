@@ -5,16 +5,42 @@
 
 use super::*;
 
-pub(super) fn to_scale_plain(res: &Resource, obj: &Value) -> Value {
-    let selector = obj["spec"]["selector"]["matchLabels"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
+/// The Scale of an object: `spec.replicas`, `status.replicas` and the selector, or for a
+/// custom resource the paths its CRD's scale subresource names.
+pub(super) fn to_scale_plain(
+    res: &Resource,
+    custom: Option<&crate::crd::ScalePaths>,
+    obj: &Value,
+) -> Value {
+    let (replicas, status_replicas, selector) = match custom {
+        Some(p) => (
+            crate::crd::at_path(obj, &p.spec_replicas)
+                .and_then(Value::as_i64)
+                .unwrap_or(0),
+            crate::crd::at_path(obj, &p.status_replicas)
+                .and_then(Value::as_i64)
+                .unwrap_or(0),
+            p.label_selector
+                .as_deref()
+                .and_then(|s| crate::crd::at_path(obj, s))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        None => (
+            obj["spec"]["replicas"].as_i64().unwrap_or(1),
+            obj["status"]["replicas"].as_i64().unwrap_or(0),
+            obj["spec"]["selector"]["matchLabels"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default(),
+        ),
+    };
     let _ = res;
     json!({
         "kind": "Scale",
@@ -26,18 +52,23 @@ pub(super) fn to_scale_plain(res: &Resource, obj: &Value) -> Value {
             "resourceVersion": obj["metadata"]["resourceVersion"],
             "creationTimestamp": obj["metadata"]["creationTimestamp"],
         },
-        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(1)},
-        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+        "spec": {"replicas": replicas},
+        "status": {"replicas": status_replicas, "selector": selector},
     })
 }
 
-pub(super) fn to_scale(req: &ApiRequest, obj: &Value) -> Value {
-    to_scale_plain(req.resource, obj)
+pub(super) fn to_scale(
+    req: &ApiRequest,
+    custom: Option<&crate::crd::ScalePaths>,
+    obj: &Value,
+) -> Value {
+    to_scale_plain(req.resource, custom, obj)
 }
 
-/// The object after a write to its Scale: only `spec.replicas` changes.
+/// The object after a write to its Scale: only the replicas (`spec.replicas`, or the
+/// custom resource's `specReplicasPath`) change.
 pub(super) fn from_scale(
-    res: &Resource,
+    custom: Option<&crate::crd::ScalePaths>,
     current: &Value,
     scale: &Value,
 ) -> Result<Value, ApiError> {
@@ -54,9 +85,11 @@ pub(super) fn from_scale(
             }],
         ));
     }
-    let _ = res;
     let mut next = current.clone();
-    next["spec"]["replicas"] = json!(replicas);
+    match custom {
+        Some(p) => crate::crd::set_path(&mut next, &p.spec_replicas, json!(replicas)),
+        None => next["spec"]["replicas"] = json!(replicas),
+    }
     if let Some(rv) = scale["metadata"]["resourceVersion"].as_str() {
         next["metadata"]["resourceVersion"] = json!(rv);
     }

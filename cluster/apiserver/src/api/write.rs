@@ -26,6 +26,26 @@ pub(super) fn target_schema(req: &ApiRequest) -> String {
     kinds::of_kind(g, k).map_or_else(String::new, |t| (t.schema_name)())
 }
 
+/// What `fieldValidation` makes of the unknown fields of a body: a refusal (Strict),
+/// warnings (Warn) or nothing (Ignore).
+pub(super) fn unknown_field_warnings(
+    req: &ApiRequest,
+    unknown: &[String],
+) -> Result<Vec<String>, ApiError> {
+    if unknown.is_empty() {
+        return Ok(Vec::new());
+    }
+    let each = unknown.iter().map(|f| format!("unknown field \"{f}\""));
+    match req.params.field_validation {
+        FieldValidation::Strict => Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            each.collect::<Vec<_>>().join(", ")
+        ))),
+        FieldValidation::Warn => Ok(each.collect()),
+        FieldValidation::Ignore => Ok(Vec::new()),
+    }
+}
+
 /// True if `next` equals `current` outside `status` and `metadata.resourceVersion`.
 fn only_status_differs(current: &Value, next: &Value) -> bool {
     fn same_except(a: &Value, b: &Value, skip: &[&str]) -> bool {
@@ -166,6 +186,12 @@ impl Api {
                 )));
             }
         }
+        if req.resource.custom && res.2 == req.resource.kind {
+            let version = self
+                .custom(req.resource)
+                .ok_or_else(|| ApiError::not_found(req.resource.group, req.resource.plural, ""))?;
+            return self.typed_custom(req, &version, obj);
+        }
         let typed = kinds::of_kind(res.0, res.2)
             .ok_or_else(|| ApiError::internal(format!("no type for {}", res.2)))?;
         // Unknown fields first, as Kubernetes' strict decoder reports them: a misspelt
@@ -175,20 +201,7 @@ impl Api {
             FieldValidation::Ignore => Vec::new(),
             _ => kinds::unknown_fields(res.0, res.2, &obj),
         };
-        let mut warnings = Vec::new();
-        if !unknown.is_empty() {
-            let each = unknown.iter().map(|f| format!("unknown field \"{f}\""));
-            match req.params.field_validation {
-                FieldValidation::Strict => {
-                    return Err(ApiError::bad_request(format!(
-                        "strict decoding error: {}",
-                        each.collect::<Vec<_>>().join(", ")
-                    )));
-                }
-                FieldValidation::Warn => warnings.extend(each),
-                FieldValidation::Ignore => {}
-            }
-        }
+        let warnings = unknown_field_warnings(req, &unknown)?;
         let normalized = (typed.normalize)(&obj).map_err(|e| {
             ApiError::bad_request(format!(
                 "{kind} in version \"{v}\" cannot be handled as a {kind}: {path}{msg}",
@@ -304,7 +317,9 @@ impl Api {
         if res.plural == "pods" && obj["status"]["phase"].is_null() {
             obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(&obj)});
         }
-        let errors = validation::validate(res, &obj);
+        self.prepare_crd(res, &mut obj, None);
+        let mut errors = validation::validate(res, &obj);
+        self.validate_more(res, &obj, None, &mut errors.0);
         if !errors.is_empty() {
             return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
         }
@@ -680,13 +695,14 @@ impl Api {
         let body = req.body.clone();
         let sub = req.subresource.clone();
         let schema = target_schema(req);
+        let scale_paths = self.scale_paths(res);
         let warnings = Vec::new();
         self.write_existing(
             req,
             user,
             move |current| {
                 let mut doc = match sub.as_deref() {
-                    Some("scale") => to_scale_plain(res, &current),
+                    Some("scale") => to_scale_plain(res, scale_paths.as_ref(), &current),
                     _ => current.clone(),
                 };
                 let result = match pt {
@@ -742,7 +758,7 @@ impl Api {
             };
             warnings.extend(w);
             if req.subresource.as_deref() == Some("scale") {
-                proposed = from_scale(res, &current, &proposed)?;
+                proposed = from_scale(self.scale_paths(res).as_ref(), &current, &proposed)?;
             }
             let pinned = proposed["metadata"]["resourceVersion"]
                 .as_str()
@@ -758,7 +774,8 @@ impl Api {
                     return Err(ApiError::conflict(res.group, res.plural, &name));
                 }
             }
-            let next = self.merge_update(req, user, &current, proposed)?;
+            let mut next = self.merge_update(req, user, &current, proposed)?;
+            self.prepare_crd(res, &mut next, Some(&current));
             if next == current {
                 // Nothing changed: no write, the same resourceVersion (as Kubernetes).
                 return Ok(ApiResponse::Object {
@@ -767,7 +784,8 @@ impl Api {
                     warnings,
                 });
             }
-            let errors = validation::validate(res, &next);
+            let mut errors = validation::validate(res, &next);
+            self.validate_more(res, &next, Some(&current), &mut errors.0);
             if !errors.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, errors.0));
             }

@@ -1,0 +1,350 @@
+//! CustomResourceDefinitions end to end with the real kubectl against `tessera up`: a CRD is
+//! served as soon as it is created (discovery, `kubectl explain`, short names, categories),
+//! its schema refuses invalid objects naming the field, fills in defaults and prunes unknown
+//! fields, its printer columns show in `kubectl get`, its status and scale subresources work
+//! (`kubectl scale`), a second version is served alongside, and deleting the CRD deletes its
+//! objects and stops serving the kind.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Cluster, wait_for};
+
+const CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names:
+    plural: widgets
+    singular: widget
+    kind: Widget
+    shortNames: [wd]
+    categories: [all]
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale:
+        specReplicasPath: .spec.replicas
+        statusReplicasPath: .status.replicas
+        labelSelectorPath: .status.selector
+    additionalPrinterColumns:
+    - name: Size
+      type: integer
+      jsonPath: .spec.size
+    - name: Colour
+      type: string
+      jsonPath: .spec.colour
+    - name: Ready
+      type: boolean
+      jsonPath: .status.ready
+      priority: 1
+    schema:
+      openAPIV3Schema:
+        type: object
+        description: A Widget is a thing made of parts.
+        properties:
+          spec:
+            type: object
+            description: What the widget should be.
+            required: [size]
+            properties:
+              size:
+                type: integer
+                minimum: 1
+                maximum: 10
+                description: How many parts.
+              colour:
+                type: string
+                enum: [red, blue]
+                default: red
+              replicas:
+                type: integer
+                default: 1
+              owner:
+                type: string
+                pattern: '^[a-z]+$'
+              labels:
+                type: object
+                additionalProperties: {type: string}
+          status:
+            type: object
+            properties:
+              ready: {type: boolean}
+              replicas: {type: integer}
+              selector: {type: string}
+  - name: v1beta1
+    served: true
+    storage: false
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+"#;
+
+/// Applies the CRD in `file` and waits until kubectl sees it Established.
+fn establish(c: &Cluster, file: &str) {
+    c.ok(&["apply", "-f", file]);
+    c.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/widgets.example.com",
+        "--timeout=30s",
+    ]);
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).expect("kubectl printed JSON")
+}
+
+#[test]
+fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
+    let c = Cluster::start();
+    c.ok(&["create", "namespace", "shop"]);
+    let crd = c.file("crd.yaml", CRD);
+    establish(&c, &crd);
+
+    // Served at once: `kubectl get crd`, discovery with the short name, and `explain` from
+    // the schema published in /openapi/v3.
+    let crds = c.ok(&["get", "crd"]);
+    assert!(crds.contains("widgets.example.com"), "{crds}");
+    let resources = c.ok(&["api-resources", "--api-group=example.com"]);
+    assert!(
+        resources.contains("widgets") && resources.contains("wd") && resources.contains("Widget"),
+        "{resources}"
+    );
+    let versions = c.ok(&["api-versions"]);
+    assert!(
+        versions.contains("example.com/v1\n") && versions.contains("example.com/v1beta1\n"),
+        "{versions}"
+    );
+    let explained = c.ok(&["explain", "widgets.spec.size"]);
+    assert!(explained.contains("How many parts"), "{explained}");
+
+    // A valid object: defaults applied, unknown fields pruned (with a warning by default).
+    let w1 = c.file(
+        "w1.yaml",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: shop}\n\
+         spec: {size: 3, owner: ann, bogus: 1}\n",
+    );
+    let out = c.kubectl(&["create", "-f", &w1, "--validate=false"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    assert_eq!(stored["spec"]["colour"], "red", "default applied: {stored}");
+    assert_eq!(stored["spec"]["replicas"], 1);
+    assert!(stored["spec"].get("bogus").is_none(), "pruned: {stored}");
+    // Strict validation (kubectl's default) refuses the unknown field instead, naming it.
+    let w2 = c.file(
+        "w2.yaml",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w2, namespace: shop}\n\
+         spec: {size: 3, bogus: 1}\n",
+    );
+    let err = c.fails(&["create", "-f", &w2]);
+    assert!(err.contains("bogus"), "{err}");
+
+    // Invalid objects are refused naming the field, and nothing is stored.
+    for (spec, field, words) in [
+        ("{size: 11}", "spec.size", "less than or equal to 10"),
+        ("{colour: red}", "spec.size", "Required value"),
+        ("{size: 2, colour: pink}", "spec.colour", "supported values"),
+        ("{size: 2, owner: Ann}", "spec.owner", "should match"),
+        ("{size: two}", "spec.size", "must be of type integer"),
+    ] {
+        let bad = c.file(
+            "bad.yaml",
+            &format!(
+                "apiVersion: example.com/v1\nkind: Widget\nmetadata: {{name: bad, namespace: shop}}\nspec: {spec}\n"
+            ),
+        );
+        let err = c.fails(&["create", "-f", &bad, "--validate=false"]);
+        assert!(err.contains(field) && err.contains(words), "{spec}: {err}");
+    }
+    let missing = c.fails(&["get", "widget", "bad", "-n", "shop"]);
+    assert!(
+        missing.contains("NotFound") || missing.contains("not found"),
+        "{missing}"
+    );
+
+    // Printer columns, the priority-1 one only with -o wide; the short name and the `all`
+    // category reach it.
+    let table = c.ok(&["get", "wd", "-n", "shop"]);
+    let header = table.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("SIZE") && header.contains("COLOUR") && !header.contains("READY"),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("w1") && l.contains('3') && l.contains("red")),
+        "{table}"
+    );
+    let wide = c.ok(&["get", "widgets", "-n", "shop", "-o", "wide"]);
+    assert!(wide.contains("READY"), "{wide}");
+    let all = c.ok(&["get", "all", "-n", "shop"]);
+    assert!(all.contains("widget.example.com/w1"), "{all}");
+
+    // The status subresource: the main resource ignores status, /status takes only it.
+    c.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        "shop",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"ready":true},"spec":{"size":4}}"#,
+    ]);
+    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    assert_eq!(w["spec"]["size"], 4);
+    assert!(
+        w["status"]["ready"].is_null(),
+        "status ignored on the main resource: {w}"
+    );
+    c.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        "shop",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"ready":true,"replicas":1,"selector":"app=w1"},"spec":{"size":5}}"#,
+    ]);
+    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    assert_eq!(w["status"]["ready"], true);
+    assert_eq!(w["spec"]["size"], 4, "spec ignored on /status: {w}");
+    // A strategic merge patch needs Go types: refused with Kubernetes' reason.
+    let err = c.fails(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        "shop",
+        "-p",
+        r#"{"spec":{"size":5}}"#,
+    ]);
+    assert!(
+        err.contains("UnsupportedMediaType")
+            || err.contains("unknown format")
+            || err.contains("strategic"),
+        "{err}"
+    );
+
+    // The scale subresource, through kubectl scale and the Scale it reads.
+    c.ok(&["scale", "widget", "w1", "-n", "shop", "--replicas=3"]);
+    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    assert_eq!(w["spec"]["replicas"], 3);
+    let scale = json(&c.ok(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1/namespaces/shop/widgets/w1/scale",
+    ]));
+    assert_eq!(scale["spec"]["replicas"], 3);
+    assert_eq!(scale["status"]["selector"], "app=w1");
+
+    // The second version serves the same objects under its own apiVersion.
+    let beta = json(&c.ok(&[
+        "get",
+        "widgets.v1beta1.example.com",
+        "w1",
+        "-n",
+        "shop",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(beta["apiVersion"], "example.com/v1beta1");
+    assert_eq!(beta["spec"]["size"], 4);
+
+    // Deleting a namespace deletes the custom objects in it.
+    c.ok(&["create", "namespace", "scratch"]);
+    let w3 = c.file(
+        "w3.yaml",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w3, namespace: scratch}\nspec: {size: 1}\n",
+    );
+    c.ok(&["create", "-f", &w3]);
+    c.ok(&["delete", "namespace", "scratch", "--timeout=60s"]);
+    let left = json(&c.ok(&["get", "widgets", "-A", "-o", "json"]));
+    let names: Vec<&str> = left["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["w1"], "w3 went with its namespace");
+
+    // Deleting the CRD deletes its objects and stops serving the kind.
+    c.ok(&["delete", "crd", "widgets.example.com", "--timeout=60s"]);
+    let gone = wait_for(Duration::from_secs(30), || {
+        let out = c.kubectl(&["get", "crd", "widgets.example.com"]);
+        (!out.status.success()).then_some(())
+    });
+    assert!(gone.is_some(), "the CRD went once its objects were deleted");
+    let err = c.fails(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1/namespaces/shop/widgets",
+    ]);
+    assert!(
+        err.contains("NotFound") || err.contains("not found"),
+        "{err}"
+    );
+    // Created again, it is empty: the old objects did not survive.
+    establish(&c, &crd);
+    let list = json(&c.ok(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1/namespaces/shop/widgets",
+    ]));
+    assert_eq!(list["items"], serde_json::json!([]), "{list}");
+}
+
+#[test]
+fn invalid_definitions_are_refused_naming_the_field() {
+    let c = Cluster::start();
+    let cases = [
+        (
+            CRD.replace("name: widgets.example.com", "name: gadgets.example.com"),
+            "metadata.name",
+        ),
+        (
+            CRD.replace("name: widgets.example.com", "name: widgets.apps")
+                .replace("group: example.com", "group: apps"),
+            "spec.group",
+        ),
+        (
+            CRD.replace(
+                "              colour:\n                type: string\n",
+                "              colour:\n",
+            ),
+            "properties[colour].type",
+        ),
+        (
+            CRD.replace(
+                "        description: A Widget is a thing made of parts.\n",
+                "        description: A Widget is a thing made of parts.\n        x-kubernetes-validations: [{rule: 'self.spec.size > 0'}]\n",
+            ),
+            "CEL",
+        ),
+    ];
+    for (yaml, field) in cases {
+        let file = c.file("bad-crd.yaml", &yaml);
+        let err = c.fails(&["create", "-f", &file]);
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    let crds = c.ok(&["get", "crd", "-o", "name"]);
+    assert!(crds.trim().is_empty(), "nothing was stored: {crds}");
+}
