@@ -608,29 +608,8 @@ fn rbac_end_to_end_with_kubectl() {
 /// The official Python client drives RBAC and TokenRequest (`tests/python/rbac_scenario.py`).
 #[test]
 fn the_python_client_drives_rbac() {
-    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: run scripts/setup.sh",
-        python.display()
-    );
     let c = Cluster::start();
     c.ok(&["create", "namespace", "py"]);
     let carol = user_token(&c, &["--user", "carol"]);
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/rbac_scenario.py");
-    let out = Command::new(&python)
-        .arg(script)
-        .arg(&c.kubeconfig)
-        .arg("py")
-        .arg(&carol)
-        .output()
-        .expect("run python");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(said.lines().last(), Some("ok"), "{said}");
+    support::python_scenario(&c, "rbac_scenario.py", &["py", &carol]);
 }

@@ -11,26 +11,10 @@ import sys
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from scenario import as_bearer, refused
 
 kubeconfig, ns, user_token = sys.argv[1:4]
 admin = config.new_client_from_config(config_file=kubeconfig)
-
-
-def as_bearer(token):
-    c = client.Configuration()
-    c.host = admin.configuration.host
-    c.ssl_ca_cert = admin.configuration.ssl_ca_cert
-    c.api_key = {"authorization": "Bearer " + token}
-    return client.ApiClient(c)
-
-
-def refused(call):
-    try:
-        call()
-    except ApiException as e:
-        assert e.status == 403, (e.status, e.body)
-        return e
-    raise AssertionError("the call was not refused")
 
 
 rbac = client.RbacAuthorizationV1Api(admin)
@@ -52,14 +36,14 @@ rbac.create_namespaced_role_binding(ns, client.V1RoleBinding(
                                    name="carol")]))
 print("role and binding created")
 
-carol = client.CoreV1Api(as_bearer(user_token))
+carol = client.CoreV1Api(as_bearer(admin, user_token))
 carol.list_namespaced_config_map(ns)
 e = refused(lambda: carol.create_namespaced_config_map(
     ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="x"))))
 assert 'User "carol" cannot create resource "configmaps"' in json.loads(e.body)["message"], e.body
 print("carol reads configmaps and may not create them")
 
-review = client.AuthorizationV1Api(as_bearer(user_token)).create_self_subject_rules_review(
+review = client.AuthorizationV1Api(as_bearer(admin, user_token)).create_self_subject_rules_review(
     client.V1SelfSubjectRulesReview(spec=client.V1SelfSubjectRulesReviewSpec(namespace=ns)))
 granted = [r for r in review.status.resource_rules if "configmaps" in (r.resources or [])]
 assert granted and sorted(granted[0].verbs) == ["get", "list"], review.status
@@ -69,7 +53,7 @@ core.create_namespaced_service_account(ns, client.V1ServiceAccount(
     metadata=client.V1ObjectMeta(name="bot")))
 token = core.create_namespaced_service_account_token("bot", ns, client.AuthenticationV1TokenRequest(
     spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
-bot = client.CoreV1Api(as_bearer(token))
+bot = client.CoreV1Api(as_bearer(admin, token))
 refused(lambda: bot.list_namespaced_config_map(ns))
 rbac.create_namespaced_role_binding(ns, client.V1RoleBinding(
     metadata=client.V1ObjectMeta(name="bot-reads"),

@@ -353,6 +353,31 @@ pub fn tenant_token(c: &Cluster, name: &str) -> String {
     token(c, &["--tenant", name])
 }
 
+/// Runs `tests/python/SCRIPT KUBECONFIG ARGS...` with the set-up's virtualenv (the official
+/// Python client) against cluster `c`; asserts it succeeded and printed `ok` last.
+pub fn python_scenario(c: &Cluster, script: &str, args: &[&str]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(".tools/venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup.sh",
+        python.display()
+    );
+    let out = Command::new(&python)
+        .arg(root.join("tests/python").join(script))
+        .arg(&c.kubeconfig)
+        .args(args)
+        .output()
+        .expect("run python");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(said.lines().last(), Some("ok"), "{said}");
+}
+
 /// A token from `tessera token create ARGS` for cluster `c`.
 pub fn token(c: &Cluster, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))

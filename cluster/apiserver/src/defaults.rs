@@ -67,6 +67,19 @@ pub fn apply(res: &Resource, obj: &mut Value) {
     empty_status(res, obj);
     match (res.group, res.kind) {
         ("", "Pod") => pod_spec(&mut obj["spec"]),
+        // rbac/v1 defaults a User's or Group's apiGroup (clients leave it out).
+        (crate::catalog::RBAC, "RoleBinding" | "ClusterRoleBinding") => {
+            for s in obj["subjects"].as_array_mut().into_iter().flatten() {
+                if matches!(s["kind"].as_str(), Some("User" | "Group"))
+                    && s["apiGroup"].as_str().is_none_or(str::is_empty)
+                {
+                    s["apiGroup"] = json!(crate::catalog::RBAC);
+                }
+            }
+        }
+        (crate::catalog::APIEXTENSIONS, "CustomResourceDefinition") => {
+            set(&mut obj["spec"], "conversion", json!({"strategy": "None"}));
+        }
         ("apps", "Deployment") => {
             let spec = &mut obj["spec"];
             set(spec, "replicas", json!(1));

@@ -239,7 +239,15 @@ fn operations(res: &Resource, schema_ref: &Value, sub: Option<&str>) -> (Value, 
             "x-kubernetes-group-version-kind": gvk,
         });
         if body {
-            let types = if verb == "patch" {
+            // kubectl's client-side apply sends a strategic merge patch only where the PATCH
+            // operation lists it: never for a custom resource (it has no Go type).
+            let types = if verb == "patch" && res.custom {
+                vec![
+                    "application/json-patch+json",
+                    "application/merge-patch+json",
+                    "application/apply-patch+yaml",
+                ]
+            } else if verb == "patch" {
                 vec![
                     "application/json-patch+json",
                     "application/merge-patch+json",

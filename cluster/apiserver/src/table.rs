@@ -176,6 +176,9 @@ fn columns(res: &Resource) -> Vec<Column> {
         ("networking.k8s.io", "networkpolicies") => {
             vec![NAME, c("Pod-Selector", "string", 0), AGE]
         }
+        (crate::catalog::APIEXTENSIONS, "customresourcedefinitions") => {
+            vec![NAME, c("Created At", "date", 0)]
+        }
         ("storage.k8s.io", "storageclasses") => vec![
             NAME,
             c("Provisioner", "string", 0),
@@ -816,6 +819,9 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
                 }),
                 age_v,
             ]
+        }
+        (crate::catalog::APIEXTENSIONS, "customresourcedefinitions") => {
+            vec![name, o["metadata"]["creationTimestamp"].clone()]
         }
         ("storage.k8s.io", "storageclasses") => {
             let default = o["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"]

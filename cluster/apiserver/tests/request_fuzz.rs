@@ -59,11 +59,10 @@ fn harness() -> Harness {
         valid("Pod"),
         valid("Role"),
         valid("RoleBinding"),
+        valid("CustomResourceDefinition"),
+        valid("Widget"),
     ] {
-        let res = RESOURCES
-            .iter()
-            .find(|r| r.kind == obj["kind"])
-            .expect("kind");
+        let res = resource_of(obj["kind"].as_str().expect("kind"));
         let mut req = ApiRequest::new(Verb::Create, res);
         if res.namespaced {
             req.namespace = Some("fz".into());
@@ -75,8 +74,52 @@ fn harness() -> Harness {
     h
 }
 
+/// The resource of `kind`: built in, or the Widget the harness's CRD defines (as the CRD
+/// was created: a mutated CRD may no longer serve it, which its requests then find out).
+fn resource_of(kind: &str) -> &'static tessera_apiserver::catalog::Resource {
+    RESOURCES
+        .iter()
+        .find(|r| r.kind == kind)
+        .unwrap_or_else(|| {
+            tessera_apiserver::catalog::custom_resource(&valid("CustomResourceDefinition"), "v1")
+                .expect("the CRD defines v1")
+        })
+}
+
 fn valid(kind: &str) -> Value {
     match kind {
+        // A CRD whose schema has each kind of check the server makes.
+        "CustomResourceDefinition" => {
+            let spec = json!({"type": "object", "required": ["size"], "properties": {
+                "size": {"type": "integer", "minimum": 1, "maximum": 10},
+                "colour": {"type": "string", "enum": ["red", "blue"], "default": "red"},
+                "replicas": {"type": "integer", "default": 1},
+                "name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8},
+                "port": {"x-kubernetes-int-or-string": true},
+                "tags": {"type": "array", "x-kubernetes-list-type": "set",
+                    "items": {"type": "string"}},
+                "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["name"],
+                    "items": {"type": "object", "required": ["name"], "properties": {
+                        "name": {"type": "string"}, "port": {"type": "integer", "default": 80}}}},
+                "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}}}});
+            let schema = json!({"type": "object", "properties": {"spec": spec,
+                "status": {"type": "object", "properties": {"replicas": {"type": "integer"}}}}});
+            let version = json!({"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
+                    "statusReplicasPath": ".status.replicas"}},
+                "additionalPrinterColumns": [{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}],
+                "schema": {"openAPIV3Schema": schema}});
+            json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "widgets.example.com"},
+                "spec": {"group": "example.com", "scope": "Namespaced",
+                    "names": {"plural": "widgets", "kind": "Widget"}, "versions": [version]}})
+        }
+        "Widget" => json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w"}, "spec": {"size": 3, "name": "abc", "port": "http",
+                "tags": ["a", "b"], "ports": [{"name": "http", "port": 8080}],
+                "extra": {"anything": [1, {"x": null}]}, "labels": {"a": "b"}}}),
         "Deployment" => json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "d", "labels": {"app": "d"}},
             "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "d"}},
@@ -261,8 +304,12 @@ fn verb() -> impl Strategy<Value = Verb> {
     ]
 }
 
-fn request_for(res_i: usize, verb: Verb, name: &str, body: Vec<u8>) -> ApiRequest {
-    let res = &RESOURCES[res_i];
+fn request_for(
+    res: &'static tessera_apiserver::catalog::Resource,
+    verb: Verb,
+    name: &str,
+    body: Vec<u8>,
+) -> ApiRequest {
     let mut req = ApiRequest::new(verb, res);
     if res.namespaced {
         req.namespace = Some("fz".into());
@@ -292,7 +339,7 @@ fn arbitrary_bodies_are_refused_cleanly() {
     )| {
         n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = if name.is_empty() { "x".to_owned() } else { name };
-        check(&h, request_for(res_i, verb, &name, body))?;
+        check(&h, request_for(&RESOURCES[res_i], verb, &name, body))?;
     });
     println!("arbitrary bodies: {} inputs", n.into_inner());
 }
@@ -303,16 +350,19 @@ fn mutated_objects_are_accepted_or_refused_cleanly() {
     let n = std::sync::atomic::AtomicU64::new(0);
     proptest!(ProptestConfig::with_cases(cases()), |(
         kind in prop_oneof![Just("Deployment"), Just("Pod"), Just("ConfigMap"), Just("Service"),
-            Just("Tenant"), Just("Role"), Just("RoleBinding")],
+            Just("Tenant"), Just("Role"), Just("RoleBinding"), Just("CustomResourceDefinition"),
+            Just("Widget")],
         muts in prop::collection::vec(mutation(), 1..5),
         verb in verb(),
     )| {
         n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let base = valid(kind);
         let doc = mutate(base.clone(), &muts);
-        let res_i = RESOURCES.iter().position(|r| r.kind == kind).expect("served");
         let name = base["metadata"]["name"].as_str().expect("name").to_owned();
-        check(&h, request_for(res_i, verb, &name, doc.to_string().into_bytes()))?;
+        // Deleting the CRD would delete its objects in the background, under the checks of
+        // the requests that follow: it is read instead.
+        let verb = if kind == "CustomResourceDefinition" && verb == Verb::Delete { Verb::Get } else { verb };
+        check(&h, request_for(resource_of(kind), verb, &name, doc.to_string().into_bytes()))?;
     });
     println!("mutated objects: {} inputs", n.into_inner());
 }

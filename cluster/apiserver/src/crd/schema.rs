@@ -1016,4 +1016,104 @@ mod tests {
         assert!(s.validate(&json!({"a": 11, "b": "y"})).is_empty());
         assert_eq!(s.validate(&json!({"a": 5, "b": "x"})).len(), 2);
     }
+
+    /// Arbitrary schemas and values: compiling and every operation end without a panic,
+    /// pruning twice removes nothing the second time, and defaulting adds nothing pruning
+    /// would remove (so a stored object is stable under the server's own steps).
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                (-1e6f64..1e6).prop_map(Value::from),
+                "[a-z0-9 ]{0,6}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(4, 32, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                    prop::collection::btree_map("[a-c]", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn schema() -> impl Strategy<Value = Value> {
+            let scalar = prop_oneof![
+                Just(json!({"type": "string"})),
+                Just(
+                    json!({"type": "string", "pattern": "^[a-z]*$", "maxLength": 3, "default": "x"})
+                ),
+                Just(json!({"type": "integer", "minimum": 0, "maximum": 5})),
+                Just(json!({"type": "number", "multipleOf": 0.5})),
+                Just(json!({"type": "boolean", "default": true})),
+                Just(json!({"x-kubernetes-int-or-string": true})),
+                Just(json!({"type": "string", "enum": ["a", "b"]})),
+                Just(json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
+                Just(json!({"type": "string", "format": "date-time"})),
+            ];
+            scalar.prop_recursive(4, 24, 3, |inner| {
+                prop_oneof![
+                    prop::collection::btree_map("[a-c]", inner.clone(), 0..3).prop_map(|m| {
+                        let required: Vec<&String> = m.keys().take(1).collect();
+                        json!({"type": "object", "properties": m, "required": required})
+                    }),
+                    inner
+                        .clone()
+                        .prop_map(|i| json!({"type": "array", "items": i, "maxItems": 3})),
+                    inner
+                        .clone()
+                        .prop_map(|i| json!({"type": "object", "additionalProperties": i})),
+                    Just(json!({"type": "array", "x-kubernetes-list-type": "set",
+                        "items": {"type": "string"}})),
+                    inner.prop_map(
+                        |i| json!({"type": "object", "nullable": true, "properties": {"a": i},
+                        "anyOf": [{"required": ["a"]}, {"properties": {"a": {"type": "string"}}}]})
+                    ),
+                ]
+            })
+        }
+
+        #[test]
+        fn schemas_and_values_never_panic_and_settle() {
+            let compiled = std::cell::Cell::new(0u32);
+            let mut runner =
+                proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(512));
+            runner
+                .run(&(schema(), value()), |(spec, body)| {
+                    let raw = json!({"type": "object", "properties": {"spec": spec}});
+                    let Ok(s) = Schema::compile(&raw, "schema") else {
+                        return Ok(());
+                    };
+                    compiled.set(compiled.get() + 1);
+                    let mut obj =
+                        json!({"apiVersion": "x/v1", "kind": "X", "metadata": {}, "spec": body});
+                    s.prune(&mut obj);
+                    prop_assert!(
+                        s.prune(&mut obj.clone()).is_empty(),
+                        "pruning settles: {obj}"
+                    );
+                    s.default(&mut obj);
+                    let mut again = obj.clone();
+                    prop_assert!(
+                        s.prune(&mut again).is_empty(),
+                        "defaults are never pruned: {obj}"
+                    );
+                    for cause in s.validate(&obj) {
+                        prop_assert!(cause.field.starts_with("spec"), "{cause:?}");
+                        prop_assert!(!cause.message.is_empty());
+                    }
+                    Ok(())
+                })
+                .expect("the property holds");
+            assert!(
+                compiled.get() > 256,
+                "most generated schemas compile: {}",
+                compiled.get()
+            );
+        }
+    }
 }
