@@ -1068,6 +1068,66 @@ fn rbac_objects_are_held_in_every_shard() {
     }
 }
 
+/// A CustomResourceDefinition applied at the federation is held by every shard, each of
+/// which serves the kind; deleting it at the federation removes every copy (and with them
+/// the shards' objects of it).
+#[test]
+fn crds_are_held_in_every_shard() {
+    let (c, _) = start();
+    let crd = c.file(
+        "crd.yaml",
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
+         metadata: {name: widgets.example.com}\n\
+         spec:\n  group: example.com\n  scope: Namespaced\n\
+         \x20 names: {plural: widgets, kind: Widget}\n\
+         \x20 versions:\n  - name: v1\n    served: true\n    storage: true\n\
+         \x20   schema: {openAPIV3Schema: {type: object, properties: {spec: {type: object,\n\
+         \x20     properties: {size: {type: integer, maximum: 10}}}}}}\n",
+    );
+    c.ok(&["apply", "-f", &crd]);
+    c.ok(&["create", "namespace", "shop"]);
+    for shard in SHARDS {
+        let served = wait_for(Duration::from_secs(30), || {
+            c.kubectl(&["--context", shard, "get", "widgets", "-n", "shop"])
+                .status
+                .success()
+                .then_some(())
+        });
+        assert!(served.is_some(), "{shard} serves the federation's CRD");
+        let conditions = c.ok(&[
+            "--context",
+            shard,
+            "get",
+            "crd",
+            "widgets.example.com",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+        ]);
+        assert_eq!(conditions.trim(), "True", "{shard}");
+        // The shard validates with the schema it was given.
+        let bad = c.file(
+            "bad.yaml",
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w, namespace: shop}\nspec: {size: 11}\n",
+        );
+        let out = c.kubectl(&["--context", shard, "create", "-f", &bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("spec.size"),
+            "{shard}: {err}"
+        );
+    }
+    c.ok(&["delete", "crd", "widgets.example.com"]);
+    for shard in SHARDS {
+        let gone = wait_for(Duration::from_secs(30), || {
+            (!c.kubectl(&["--context", shard, "get", "crd", "widgets.example.com"])
+                .status
+                .success())
+            .then_some(())
+        });
+        assert!(gone.is_some(), "{shard} removed its copy");
+    }
+}
+
 /// `tessera bench federation` runs end to end on a tiny fleet and reports every figure.
 #[test]
 fn the_federation_benchmark_kills_a_shard_and_loses_nothing() {

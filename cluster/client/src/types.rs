@@ -608,6 +608,26 @@ tessera_kind!(
 
 /// The label the federation puts on every object it applies in a shard.
 pub const FEDERATED_LABEL: &str = "tessera.io/federated";
+
+/// The kinds the federation holds in every shard as they are, as (group, plural, kind): RBAC
+/// (what a tenant grants at the federation holds when its users reach a shard directly) and
+/// CustomResourceDefinitions (every shard serves the kinds an operator defines, wherever its
+/// objects and workloads land).
+pub const HELD_KINDS: [(&str, &str, &str); 5] = [
+    (crate::catalog::RBAC, "roles", "Role"),
+    (crate::catalog::RBAC, "rolebindings", "RoleBinding"),
+    (crate::catalog::RBAC, "clusterroles", "ClusterRole"),
+    (
+        crate::catalog::RBAC,
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+    ),
+    (
+        crate::catalog::APIEXTENSIONS,
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+    ),
+];
 /// The label the federation puts on objects it lists from a shard: which shard holds them.
 pub const SHARD_LABEL: &str = "tessera.io/shard";
 /// The field manager the federation applies with.

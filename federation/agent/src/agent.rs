@@ -1244,14 +1244,9 @@ async fn leftovers(
             gone.push((tenants_res(), id));
         }
     }
-    // RBAC objects the federation put here (labelled so), read once per stream.
-    for plural in [
-        "roles",
-        "rolebindings",
-        "clusterroles",
-        "clusterrolebindings",
-    ] {
-        let Ok(res) = find_resource(tessera_client::catalog::RBAC, "v1", plural) else {
+    // RBAC objects and CRDs the federation put here (labelled so), read once per stream.
+    for (group, plural, _) in tessera_client::types::HELD_KINDS {
+        let Ok(res) = find_resource(group, "v1", plural) else {
             continue;
         };
         let mut req =

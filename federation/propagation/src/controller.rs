@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
 };
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tessera_client::catalog::Resource;
+use tessera_client::catalog::{APIEXTENSIONS, RBAC, Resource};
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::types::{FAILOVER_ANNOTATION, FEDERATED_LABEL, Placement, PodGroup, Tenant};
@@ -83,35 +83,34 @@ pub struct Recorded {
     pub gang: Option<gang::Record>,
 }
 
-/// What a queue key names: a workload (placed by policy, status aggregated), a Tenant or an
-/// RBAC object (held by every shard).
+/// What a queue key names: a workload (placed by policy, status aggregated), a Tenant, or an
+/// RBAC object or CustomResourceDefinition (held by every shard).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     /// A workload of one of the placed kinds.
     Workload(WorkloadKind),
     /// A Tenant.
     Tenant,
-    /// A Role, ClusterRole, RoleBinding or ClusterRoleBinding (by plural).
-    Rbac(&'static str),
+    /// One of [`HELD_KINDS`], by plural.
+    Held(&'static str),
 }
 
-/// The RBAC kinds the federation holds in every shard, by plural: what a tenant grants at
-/// the federation holds when its users reach a shard directly.
-pub const RBAC_KINDS: [(&str, &str); 4] = [
-    ("roles", "Role"),
-    ("rolebindings", "RoleBinding"),
-    ("clusterroles", "ClusterRole"),
-    ("clusterrolebindings", "ClusterRoleBinding"),
-];
+pub use tessera_client::types::HELD_KINDS;
+
+/// The group of a held kind's plural.
+fn held_group(plural: &str) -> &'static str {
+    HELD_KINDS
+        .iter()
+        .find(|(_, p, _)| *p == plural)
+        .map_or(RBAC, |(g, _, _)| *g)
+}
 
 impl Kind {
     fn resource(self) -> &'static Resource {
         match self {
             Kind::Workload(k) => k.resource(),
             Kind::Tenant => find_resource("tessera.io", "v1alpha1", "tenants").expect("served"),
-            Kind::Rbac(plural) => {
-                find_resource(tessera_client::catalog::RBAC, "v1", plural).expect("served")
-            }
+            Kind::Held(plural) => find_resource(held_group(plural), "v1", plural).expect("served"),
         }
     }
 
@@ -119,7 +118,7 @@ impl Kind {
         match self {
             Kind::Workload(k) => k.plural(),
             Kind::Tenant => "tenants",
-            Kind::Rbac(plural) => plural,
+            Kind::Held(plural) => plural,
         }
     }
 
@@ -128,8 +127,8 @@ impl Kind {
         if plural == "tenants" {
             return Some(Kind::Tenant);
         }
-        if let Some((p, _)) = RBAC_KINDS.iter().find(|(p, _)| *p == plural) {
-            return Some(Kind::Rbac(p));
+        if let Some((_, p, _)) = HELD_KINDS.iter().find(|(_, p, _)| *p == plural) {
+            return Some(Kind::Held(p));
         }
         WorkloadKind::from_plural(plural).map(Kind::Workload)
     }
@@ -197,8 +196,8 @@ pub struct Propagation {
     registry: Arc<Registry>,
     workloads: Workloads,
     tenants: Arc<Cache<Tenant>>,
-    /// RBAC objects, by plural (as JSON: held in every shard as they are).
-    rbac: Vec<(&'static str, RbacCache)>,
+    /// RBAC objects and CRDs, by plural (as JSON: held in every shard as they are).
+    held: Vec<(&'static str, Arc<dyn HeldCache>)>,
     placements: Arc<Cache<Placement>>,
     namespaces: Arc<Cache<Namespace>>,
     /// What workloads take along to their shards.
@@ -304,7 +303,7 @@ pub async fn run(o: Options) {
     let service_accounts = informer::<ServiceAccount>(&o, "", "v1", "serviceaccounts");
     let services = informer::<Service>(&o, "", "v1", "services");
     let pod_groups = informer::<PodGroup>(&o, "tessera.io", "v1alpha1", "podgroups");
-    let rbac_caches = rbac_informers(&o);
+    let held_caches = held_informers(&o);
     let tenant_index = Arc::new(Mutex::new(policy::TenantIndex::default()));
     let queue: WorkQueue<String> = WorkQueue::new(
         QueueConfig::new(NAME).with_throttle(o.status_batch),
@@ -356,8 +355,8 @@ pub async fn run(o: Options) {
         requeue_namespace_on(&service_accounts, &queue, &workloads);
         requeue_namespace_on(&services, &queue, &workloads);
         requeue_namespace_on(&pod_groups, &queue, &workloads);
-        for (plural, c) in &rbac_caches {
-            c.on_change(queue.clone(), plural);
+        for (plural, c) in &held_caches {
+            c.queue_changes(queue.clone(), plural);
         }
     }
     let p = Arc::new(Propagation {
@@ -365,7 +364,7 @@ pub async fn run(o: Options) {
         registry: o.registry.clone(),
         workloads: workloads.clone(),
         tenants: tenants.cache().clone(),
-        rbac: rbac_caches,
+        held: held_caches,
         placements: placements.cache().clone(),
         namespaces: namespaces.cache().clone(),
         config_maps: config_maps.cache().clone(),
@@ -462,15 +461,15 @@ pub async fn run(o: Options) {
                     for key in p.pending.lock().iter() {
                         q.add(key.clone(), EventClass::Update);
                     }
-                    // A shard that joins holds every Tenant and RBAC object.
+                    // A shard that joins holds every Tenant, RBAC object and CRD.
                     for t in p.tenants.list() {
                         q.add(
                             format!("tenants:{}", key_of(&t.metadata)),
                             EventClass::Resync,
                         );
                     }
-                    for (plural, c) in &p.rbac {
-                        for key in c.keys() {
+                    for (plural, c) in &p.held {
+                        for key in c.held_keys() {
                             q.add(format!("{plural}:{key}"), EventClass::Resync);
                         }
                     }
@@ -492,7 +491,7 @@ pub async fn run(o: Options) {
         tokio::spawn(services.clone().run()),
         tokio::spawn(pod_groups.clone().run()),
     ]);
-    tasks.extend(p.rbac.iter().map(|(_, c)| c.spawn()));
+    tasks.extend(p.held.iter().map(|(_, c)| c.start()));
     let _tasks = Tasks(tasks);
     for (_, i) in &workload_informers {
         i.synced().await;
@@ -505,8 +504,8 @@ pub async fn run(o: Options) {
     service_accounts.synced().await;
     services.synced().await;
     pod_groups.synced().await;
-    for (_, c) in &p.rbac {
-        c.synced().await;
+    for (_, c) in &p.held {
+        c.listed().await;
     }
     wait_for_known_shards(&o.client, &o.registry).await;
     // What every workload placed before holds is counted before anything new is admitted
@@ -522,12 +521,16 @@ pub async fn run(o: Options) {
     for key in p.workloads.all_keys() {
         let _ = p.reconcile(&key).await;
     }
-    let rbac_keys: Vec<String> = p
-        .rbac
+    let held_keys: Vec<String> = p
+        .held
         .iter()
-        .flat_map(|(plural, c)| c.keys().into_iter().map(move |k| format!("{plural}:{k}")))
+        .flat_map(|(plural, c)| {
+            c.held_keys()
+                .into_iter()
+                .map(move |k| format!("{plural}:{k}"))
+        })
         .collect();
-    for key in rbac_keys {
+    for key in held_keys {
         let _ = p.reconcile(&key).await;
     }
     o.registry.mark_synced();
@@ -551,103 +554,89 @@ fn informer<T: tessera_runtime::informer::Object>(
     )
 }
 
-/// One RBAC kind's objects at the federation, read as JSON.
-enum RbacCache {
-    Roles(Arc<Informer<k8s_openapi::api::rbac::v1::Role>>),
-    RoleBindings(Arc<Informer<k8s_openapi::api::rbac::v1::RoleBinding>>),
-    ClusterRoles(Arc<Informer<k8s_openapi::api::rbac::v1::ClusterRole>>),
-    ClusterRoleBindings(Arc<Informer<k8s_openapi::api::rbac::v1::ClusterRoleBinding>>),
-}
-
-fn json_of<T: serde::Serialize>(o: Option<Arc<T>>) -> Option<Value> {
-    o.and_then(|o| serde_json::to_value(o.as_ref()).ok())
-}
-
-impl RbacCache {
-    fn get(&self, key: &str) -> Option<Value> {
-        match self {
-            RbacCache::Roles(i) => json_of(i.cache().get(key)),
-            RbacCache::RoleBindings(i) => json_of(i.cache().get(key)),
-            RbacCache::ClusterRoles(i) => json_of(i.cache().get(key)),
-            RbacCache::ClusterRoleBindings(i) => json_of(i.cache().get(key)),
-        }
-    }
-
-    fn keys(&self) -> Vec<String> {
-        fn keys<T: tessera_runtime::informer::Object>(i: &Informer<T>) -> Vec<String> {
-            i.cache()
-                .list()
-                .iter()
-                .map(|o| key_of(o.metadata()))
-                .collect()
-        }
-        match self {
-            RbacCache::Roles(i) => keys(i),
-            RbacCache::RoleBindings(i) => keys(i),
-            RbacCache::ClusterRoles(i) => keys(i),
-            RbacCache::ClusterRoleBindings(i) => keys(i),
-        }
-    }
-
+/// One held kind's objects at the federation, read as JSON.
+#[async_trait]
+trait HeldCache: Send + Sync {
+    /// The object at `key`.
+    fn object(&self, key: &str) -> Option<Value>;
+    /// Every object's key.
+    fn held_keys(&self) -> Vec<String>;
     /// Runs the informer.
-    fn spawn(&self) -> tokio::task::JoinHandle<()> {
-        match self {
-            RbacCache::Roles(i) => tokio::spawn(i.clone().run()),
-            RbacCache::RoleBindings(i) => tokio::spawn(i.clone().run()),
-            RbacCache::ClusterRoles(i) => tokio::spawn(i.clone().run()),
-            RbacCache::ClusterRoleBindings(i) => tokio::spawn(i.clone().run()),
-        }
-    }
-
+    fn start(&self) -> tokio::task::JoinHandle<()>;
     /// Once the informer has listed.
-    async fn synced(&self) {
-        match self {
-            RbacCache::Roles(i) => i.synced().await,
-            RbacCache::RoleBindings(i) => i.synced().await,
-            RbacCache::ClusterRoles(i) => i.synced().await,
-            RbacCache::ClusterRoleBindings(i) => i.synced().await,
-        }
+    async fn listed(&self);
+    /// Every change queues the object, as `plural:key`.
+    fn queue_changes(&self, q: WorkQueue<String>, plural: &'static str);
+}
+
+#[async_trait]
+impl<T: tessera_runtime::informer::Object + serde::Serialize> HeldCache for Arc<Informer<T>> {
+    fn object(&self, key: &str) -> Option<Value> {
+        self.cache()
+            .get(key)
+            .and_then(|o| serde_json::to_value(o.as_ref()).ok())
     }
 
-    /// Every change queues the object.
-    fn on_change(&self, q: WorkQueue<String>, plural: &'static str) {
-        fn watch<T: tessera_runtime::informer::Object>(
-            i: &Informer<T>,
-            q: WorkQueue<String>,
-            plural: &'static str,
-        ) {
-            i.on_change(move |c| {
-                q.add(
-                    format!("{plural}:{}", key_of(c.object().metadata())),
-                    c.class(),
-                )
-            })
-            .detach();
-        }
-        match self {
-            RbacCache::Roles(i) => watch(i, q, plural),
-            RbacCache::RoleBindings(i) => watch(i, q, plural),
-            RbacCache::ClusterRoles(i) => watch(i, q, plural),
-            RbacCache::ClusterRoleBindings(i) => watch(i, q, plural),
-        }
+    fn held_keys(&self) -> Vec<String> {
+        self.cache()
+            .list()
+            .iter()
+            .map(|o| key_of(o.metadata()))
+            .collect()
+    }
+
+    fn start(&self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(Arc::clone(self).run())
+    }
+
+    async fn listed(&self) {
+        Informer::synced(self).await;
+    }
+
+    fn queue_changes(&self, q: WorkQueue<String>, plural: &'static str) {
+        Informer::on_change(self, move |c| {
+            q.add(
+                format!("{plural}:{}", key_of(c.object().metadata())),
+                c.class(),
+            )
+        })
+        .detach();
     }
 }
 
-fn rbac_informers(o: &Options) -> Vec<(&'static str, RbacCache)> {
-    let rbac = tessera_client::catalog::RBAC;
+fn held_informers(o: &Options) -> Vec<(&'static str, Arc<dyn HeldCache>)> {
+    use k8s_openapi::api::rbac::v1 as rbac;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as ext;
     vec![
-        ("roles", RbacCache::Roles(informer(o, rbac, "v1", "roles"))),
+        (
+            "roles",
+            Arc::new(informer::<rbac::Role>(o, RBAC, "v1", "roles")),
+        ),
         (
             "rolebindings",
-            RbacCache::RoleBindings(informer(o, rbac, "v1", "rolebindings")),
+            Arc::new(informer::<rbac::RoleBinding>(o, RBAC, "v1", "rolebindings")),
         ),
         (
             "clusterroles",
-            RbacCache::ClusterRoles(informer(o, rbac, "v1", "clusterroles")),
+            Arc::new(informer::<rbac::ClusterRole>(o, RBAC, "v1", "clusterroles")),
         ),
         (
             "clusterrolebindings",
-            RbacCache::ClusterRoleBindings(informer(o, rbac, "v1", "clusterrolebindings")),
+            Arc::new(informer::<rbac::ClusterRoleBinding>(
+                o,
+                RBAC,
+                "v1",
+                "clusterrolebindings",
+            )),
+        ),
+        (
+            "customresourcedefinitions",
+            Arc::new(informer::<ext::CustomResourceDefinition>(
+                o,
+                APIEXTENSIONS,
+                "v1",
+                "customresourcedefinitions",
+            )),
         ),
     ]
 }
@@ -660,17 +649,21 @@ fn is_bootstrap_default(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::O
         .is_some_and(|v| v == "rbac-defaults")
 }
 
-/// An RBAC object as the shards should hold it (an aggregated ClusterRole without rules:
-/// each shard's aggregation controller fills them).
-pub fn rbac_manifest(obj: &Value, plural: &str) -> Value {
-    let kind = RBAC_KINDS
+/// A held object as the shards should hold it: an RBAC object (an aggregated ClusterRole
+/// without rules: each shard's aggregation controller fills them) or a CRD's spec (each
+/// shard's API server keeps its status).
+pub fn held_manifest(obj: &Value, plural: &str) -> Value {
+    let (group, _, kind) = HELD_KINDS
         .iter()
-        .find(|(p, _)| *p == plural)
-        .map_or("", |(_, k)| *k);
+        .find(|(_, p, _)| *p == plural)
+        .copied()
+        .unwrap_or((RBAC, "", ""));
     let mut obj = obj.clone();
-    obj["apiVersion"] = json!("rbac.authorization.k8s.io/v1");
+    obj["apiVersion"] = json!(format!("{group}/v1"));
     obj["kind"] = json!(kind);
-    let fields: &[&str] = if obj["aggregationRule"].is_object() {
+    let fields: &[&str] = if group == APIEXTENSIONS {
+        &["spec"]
+    } else if obj["aggregationRule"].is_object() {
         &["aggregationRule"]
     } else {
         &["rules", "roleRef", "subjects"]
@@ -967,21 +960,21 @@ impl Propagation {
         Ok(Action::Done)
     }
 
-    /// Holds RBAC object `key` (of `plural`) in every shard, or removes its copies when it
-    /// is deleted. Kubernetes' defaults (`kubernetes.io/bootstrapping: rbac-defaults`) stay
-    /// where they are: every shard has its own. An aggregated ClusterRole goes without its
-    /// rules, which each shard's aggregation controller fills from the roles there.
-    async fn rbac_object(&self, plural: &'static str, key: &str) -> Result<Action, ReconcileError> {
-        let Some(cache) = self.rbac.iter().find(|(p, _)| *p == plural).map(|(_, c)| c) else {
+    /// Holds RBAC object or CRD `key` (of `plural`) in every shard, or removes its copies
+    /// when it is deleted. Kubernetes' defaults (`kubernetes.io/bootstrapping: rbac-defaults`)
+    /// stay where they are: every shard has its own. An aggregated ClusterRole goes without
+    /// its rules, which each shard's aggregation controller fills from the roles there.
+    async fn held_object(&self, plural: &'static str, key: &str) -> Result<Action, ReconcileError> {
+        let Some(cache) = self.held.iter().find(|(p, _)| *p == plural).map(|(_, c)| c) else {
             return Ok(Action::Done);
         };
-        let Some(obj) = cache.get(key) else {
+        let Some(obj) = cache.object(key) else {
             return Ok(Action::Done);
         };
         let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
             serde_json::from_value(obj["metadata"].clone())
                 .map_err(|e| ReconcileError::new(e.to_string()))?;
-        let kind = Kind::Rbac(plural);
+        let kind = Kind::Held(plural);
         if is_bootstrap_default(&meta) {
             return Ok(Action::Done);
         }
@@ -991,7 +984,7 @@ impl Propagation {
         if self.ensure_finalizer(kind, key, &meta).await? {
             return Ok(Action::Done);
         }
-        let mut m = rbac_manifest(&obj, plural);
+        let mut m = held_manifest(&obj, plural);
         let generation = meta.generation.unwrap_or(1);
         m["metadata"]["annotations"][GENERATION_ANNOTATION] = json!(generation.to_string());
         let dependencies = meta
@@ -2301,7 +2294,7 @@ impl Reconciler for Propagation {
         match kind {
             Kind::Workload(k) => self.workload(k, rest).await,
             Kind::Tenant => self.tenant(rest).await,
-            Kind::Rbac(plural) => self.rbac_object(plural, rest).await,
+            Kind::Held(plural) => self.held_object(plural, rest).await,
         }
     }
 }
