@@ -300,6 +300,42 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
     assert_eq!(w["spec"]["size"], 7);
     c.ok(&["delete", "widget", "w4", "-n", "shop"]);
 
+    // The garbage collector deletes what a custom object owned once it is gone, and never
+    // what an owner of a kind no CRD defines owns.
+    let w5 = c.file(
+        "w5.yaml",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w5, namespace: shop}\nspec: {size: 1}\n",
+    );
+    c.ok(&["create", "-f", &w5]);
+    let uid = c.ok(&[
+        "get",
+        "widget",
+        "w5",
+        "-n",
+        "shop",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let owned = c.file(
+        "owned.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: w5-parts\n  namespace: shop\n  ownerReferences:\n\
+             \x20 - {{apiVersion: example.com/v1, kind: Widget, name: w5, uid: {uid}}}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: unknown-owner\n  namespace: shop\n  ownerReferences:\n\
+             \x20 - {{apiVersion: nothing.example.com/v1, kind: Gadget, name: g, uid: \"u-0000\"}}\n"
+        ),
+    );
+    c.ok(&["create", "-f", &owned]);
+    c.ok(&["delete", "widget", "w5", "-n", "shop"]);
+    let collected = wait_for(Duration::from_secs(60), || {
+        (!c.kubectl(&["get", "configmap", "w5-parts", "-n", "shop"])
+            .status
+            .success())
+        .then_some(())
+    });
+    assert!(collected.is_some(), "the Widget's ConfigMap was collected");
+    c.ok(&["get", "configmap", "unknown-owner", "-n", "shop"]);
+
     // Deleting a namespace deletes the custom objects in it.
     c.ok(&["create", "namespace", "scratch"]);
     let w3 = c.file(

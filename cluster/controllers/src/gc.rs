@@ -3,15 +3,23 @@
 //! `foregroundDeletion` finalizer) until its blocking dependents are gone; one deleted with
 //! `Orphan` has its dependents' references to it removed before it goes.
 //!
-//! Every served kind (but Events) is watched with metadata only. Before deleting a dependent
-//! whose owner is not in the cache, the owner is read from the API: a cache that has not yet
-//! seen a new owner never causes a deletion.
+//! Every built-in kind (but Events) is watched with metadata only. Before deleting a
+//! dependent whose owner is not in the cache, the owner is read from the API: a cache that has
+//! not yet seen a new owner never causes a deletion.
+//!
+//! Owners of custom kinds (a Deployment an operator made for its custom object) are not
+//! watched: every [`CUSTOM_SWEEP`] each custom kind that owns something is listed once, and a
+//! dependent whose owner's UID is not among them is queued; its reconcile reads the owner
+//! from the API before anything is deleted. An owner of a kind no CRD defines (any more) is
+//! never a reason to delete.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
-use tessera_client::catalog::{RESOURCES, Resource};
+use tessera_client::catalog::{APIEXTENSIONS, RESOURCES, Resource};
 use tessera_client::request::{ApiRequest, PatchType, Propagation, Verb};
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::informer::{Change, Informer, PartialObject, key_of};
@@ -25,6 +33,9 @@ pub const NAME: &str = "garbage-collector";
 pub const FOREGROUND: &str = "foregroundDeletion";
 /// The finalizer of an orphaning deletion.
 pub const ORPHAN: &str = "orphan";
+
+/// How often dependents of custom objects are looked at.
+pub const CUSTOM_SWEEP: Duration = Duration::from_secs(10);
 
 /// What a conditional delete did.
 #[derive(Debug, PartialEq, Eq)]
@@ -60,6 +71,19 @@ pub async fn run(ctx: Context) {
         kinds,
     });
     let mut controller = ctx.controller(NAME);
+    let queue = controller.queue().clone();
+    let weak = Arc::downgrade(&gc);
+    let _sweeps = tessera_runtime::informer::Tasks(vec![tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(CUSTOM_SWEEP).await;
+            let Some(gc) = weak.upgrade() else {
+                return;
+            };
+            if let Err(e) = gc.sweep_custom_owners(&queue).await {
+                tracing::warn!(error = %e, "looking at the dependents of custom objects");
+            }
+        }
+    })]);
     for (i, (_, inf)) in gc.kinds.iter().enumerate() {
         // A deletion queues the deleted object's dependents, wherever they are, and its
         // owners (one waiting in a foreground deletion looks again).
@@ -125,6 +149,78 @@ fn on_change(i: usize, c: &Change<PartialObject>, q: &WorkQueue<String>) {
 }
 
 impl Gc {
+    /// The resource of every kind a CRD defines, by (apiVersion, kind), as the CRDs say now.
+    async fn custom_kinds(
+        &self,
+    ) -> Result<HashMap<(String, String), &'static Resource>, ReconcileError> {
+        let crds = crate::context::res(APIEXTENSIONS, "customresourcedefinitions");
+        let list = self
+            .ctx
+            .client
+            .list(ApiRequest::new(Verb::List, crds))
+            .await?;
+        let mut out = HashMap::new();
+        for crd in list["items"].as_array().into_iter().flatten() {
+            for v in crd["spec"]["versions"].as_array().into_iter().flatten() {
+                let Some(version) = v["name"].as_str().filter(|_| v["served"] == true) else {
+                    continue;
+                };
+                if let Some(r) = tessera_client::catalog::custom_resource(crd, version) {
+                    out.insert((format!("{}/{}", r.group, r.version), r.kind.to_owned()), r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Queues every dependent (in the caches) of a custom object that is gone: each custom
+    /// kind referenced as an owner is listed once.
+    async fn sweep_custom_owners(&self, q: &WorkQueue<String>) -> Result<(), ReconcileError> {
+        let mut wanted: HashMap<(String, String), Vec<(String, String)>> = HashMap::new();
+        for (j, (_, inf)) in self.kinds.iter().enumerate() {
+            for o in inf.cache().list() {
+                for r in o.metadata.owner_references.iter().flatten() {
+                    if self.resource_of(&r.api_version, &r.kind).is_none() {
+                        wanted
+                            .entry((r.api_version.clone(), r.kind.clone()))
+                            .or_default()
+                            .push((r.uid.clone(), qkey(j, &key_of(&o.metadata))));
+                    }
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let kinds = self.custom_kinds().await?;
+        for (kind, dependents) in wanted {
+            let Some(res) = kinds.get(&kind) else {
+                continue;
+            };
+            let mut live = HashSet::new();
+            let mut req = ApiRequest::new(Verb::List, res);
+            req.params.limit = 500;
+            let listed = self
+                .ctx
+                .client
+                .list_each(req, &mut |item| {
+                    if let Some(uid) = item["metadata"]["uid"].as_str() {
+                        live.insert(uid.to_owned());
+                    }
+                })
+                .await;
+            if listed.is_err() {
+                continue;
+            }
+            for (uid, key) in dependents {
+                if !live.contains(&uid) {
+                    q.add(key, EventClass::Update);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn resource_of(&self, api_version: &str, kind: &str) -> Option<usize> {
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
         self.kinds
@@ -206,8 +302,7 @@ impl Gc {
         r: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
     ) -> Result<Option<Arc<PartialObject>>, ReconcileError> {
         let Some(i) = self.resource_of(&r.api_version, &r.kind) else {
-            // A kind this API does not serve: never delete on its account.
-            return Ok(Some(Arc::new(PartialObject::default())));
+            return self.custom_owner_exists(ns, r).await;
         };
         let (res, inf) = &self.kinds[i];
         let ns = if res.namespaced { ns } else { None };
@@ -227,6 +322,37 @@ impl Gc {
             }
             Ok(_) => Ok(None),
             Err(e) if e.code == 404 => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Gc::owner_exists`] for an owner of a kind that is not built in: read from the API
+    /// if a CRD defines the kind; one no CRD defines is taken to exist (never a reason to
+    /// delete), and so is one the API answers for with anything but the object's own
+    /// NotFound (a kind not served yet answers NotFound without naming an object).
+    async fn custom_owner_exists(
+        &self,
+        ns: Option<&str>,
+        r: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    ) -> Result<Option<Arc<PartialObject>>, ReconcileError> {
+        let exists = Ok(Some(Arc::new(PartialObject::default())));
+        let kinds = self.custom_kinds().await?;
+        let Some(res) = kinds.get(&(r.api_version.clone(), r.kind.clone())) else {
+            return exists;
+        };
+        let ns = if res.namespaced { ns } else { None };
+        match self.ctx.client.get(res, ns, &r.name).await {
+            Ok(v) if v["metadata"]["uid"].as_str() == Some(r.uid.as_str()) => {
+                let o: PartialObject = serde_json::from_value(v).unwrap_or_default();
+                Ok(Some(Arc::new(o)))
+            }
+            Ok(_) => Ok(None),
+            Err(e)
+                if e.code == 404 && e.details.as_ref().is_some_and(|d| d["name"].is_string()) =>
+            {
+                Ok(None)
+            }
+            Err(e) if e.code == 404 => exists,
             Err(e) => Err(e.into()),
         }
     }
