@@ -132,6 +132,11 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
     );
     let explained = c.ok(&["explain", "widgets.spec.size"]);
     assert!(explained.contains("How many parts"), "{explained}");
+    assert_eq!(
+        support::sample(&c.metrics_addr, "tessera_apiserver_custom_resources "),
+        2.0,
+        "two versions served"
+    );
 
     // A valid object: defaults applied, unknown fields pruned (with a warning by default).
     let w1 = c.file(
@@ -368,6 +373,12 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
     assert!(
         err.contains("NotFound") || err.contains("not found"),
         "{err}"
+    );
+    assert!(
+        support::sample(
+            &c.metrics_addr,
+            "tessera_apiserver_crd_cleanup_deleted_objects_total "
+        ) >= 1.0
     );
     // Created again, it is empty: the old objects did not survive.
     establish(&c, &crd);

@@ -28,6 +28,10 @@ pub struct ApiMetrics {
     pub(crate) decisions: IntCounterVec,
     /// RBAC objects in the authorizer's index, by kind.
     pub(crate) rbac_objects: IntGaugeVec,
+    /// Custom resource versions served (from CustomResourceDefinitions).
+    pub(crate) custom_resources: prometheus::IntGauge,
+    /// Custom objects deleted with their CRD.
+    pub(crate) crd_cleanup_deleted: prometheus::IntCounter,
 }
 
 impl ApiMetrics {
@@ -105,6 +109,14 @@ impl ApiMetrics {
                 ),
                 &["kind"],
             )?,
+            custom_resources: prometheus::IntGauge::new(
+                "tessera_apiserver_custom_resources",
+                "Custom resource versions this API server serves from CustomResourceDefinitions.",
+            )?,
+            crd_cleanup_deleted: prometheus::IntCounter::new(
+                "tessera_apiserver_crd_cleanup_deleted_objects_total",
+                "Custom objects deleted because their CustomResourceDefinition was deleted.",
+            )?,
             binding_batches: IntCounterVec::new(
                 Opts::new(
                     "tessera_apiserver_binding_batches_total",
@@ -138,6 +150,8 @@ impl ApiMetrics {
         };
         registry.register(Box::new(m.decisions.clone()))?;
         registry.register(Box::new(m.rbac_objects.clone()))?;
+        registry.register(Box::new(m.custom_resources.clone()))?;
+        registry.register(Box::new(m.crd_cleanup_deleted.clone()))?;
         registry.register(Box::new(m.write_batch.clone()))?;
         registry.register(Box::new(m.write_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;

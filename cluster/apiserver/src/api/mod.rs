@@ -252,7 +252,7 @@ impl Api {
                 store.clone(),
                 Arc::new(|ty: &str, value: &[u8], rev: i64| event_line(ty, value, rev).ok()),
             ),
-            crds: crate::crd::Crds::new(store.clone()),
+            crds: crate::crd::Crds::new(store.clone(), metrics.clone()),
             store,
             metrics,
             tenants: Arc::default(),

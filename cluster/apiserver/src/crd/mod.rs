@@ -287,6 +287,7 @@ pub struct Crds {
 
 struct Inner {
     store: Arc<dyn Store>,
+    metrics: Option<crate::metrics::ApiMetrics>,
     /// Each CRD by name: the revision it was applied at and its served versions.
     definitions: parking_lot::Mutex<HashMap<String, Applied>>,
     /// Deleted CRD names with the deletion's revision (an older event cannot bring one back).
@@ -300,12 +301,13 @@ struct Inner {
 }
 
 impl Crds {
-    /// The CRDs in `store`, read on first use.
-    pub fn new(store: Arc<dyn Store>) -> Crds {
+    /// The CRDs in `store`, read on first use, counted in `metrics`.
+    pub fn new(store: Arc<dyn Store>, metrics: Option<crate::metrics::ApiMetrics>) -> Crds {
         let (stop, stopped) = oneshot::channel();
         Crds {
             inner: Arc::new(Inner {
                 store,
+                metrics,
                 definitions: Default::default(),
                 deleted: Default::default(),
                 snapshot: Default::default(),
@@ -415,6 +417,9 @@ fn apply(inner: &Arc<Inner>, key: &[u8], crd: Option<&Value>, rev: i64) {
                 snap.versions.push(v.clone());
             }
         }
+        if let Some(m) = &inner.metrics {
+            m.custom_resources.set(snap.versions.len() as i64);
+        }
         *inner.snapshot.write() = Arc::new(snap);
     }
     if let Some(crd) = crd
@@ -466,7 +471,11 @@ async fn cleanup(inner: &Inner, crd: &Value) -> Result<(), ApiError> {
                 expected: Some(kv.mod_revision),
             };
             // A conflict is another server (or a client) deleting the same object.
-            let _ = inner.store.txn(vec![op]).await;
+            if inner.store.txn(vec![op]).await.is_ok()
+                && let Some(m) = &inner.metrics
+            {
+                m.crd_cleanup_deleted.inc();
+            }
         }
     }
     let name = str_of(&crd["metadata"], "name");
