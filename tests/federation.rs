@@ -1069,10 +1069,10 @@ fn rbac_objects_are_held_in_every_shard() {
 }
 
 /// A CustomResourceDefinition applied at the federation is held by every shard, each of
-/// which serves the kind; deleting it at the federation removes every copy (and with them
-/// the shards' objects of it).
+/// which serves the kind; a custom object applied at the federation is held by its tenant's
+/// home shard alone; deleting either at the federation removes the copies.
 #[test]
-fn crds_are_held_in_every_shard() {
+fn crds_and_custom_objects_reach_the_shards() {
     let (c, _) = start();
     let crd = c.file(
         "crd.yaml",
@@ -1116,6 +1116,60 @@ fn crds_are_held_in_every_shard() {
             "{shard}: {err}"
         );
     }
+    // A custom object at the federation is held by its tenant's home shard, and only there.
+    let w = c.file(
+        "w.yaml",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: shop}\nspec: {size: 3}\n",
+    );
+    c.ok(&["apply", "-f", &w]);
+    let size_in = |shard: &str| -> Option<String> {
+        let out = c.kubectl(&[
+            "--context",
+            shard,
+            "get",
+            "widget",
+            "w1",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.spec.size}",
+        ]);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let home = wait_for(Duration::from_secs(30), || {
+        SHARDS.iter().find(|s| size_in(s).is_some()).copied()
+    })
+    .expect("a shard holds the federation's custom object");
+    assert_eq!(size_in(home).as_deref(), Some("3"));
+    for shard in SHARDS.iter().filter(|s| **s != home) {
+        assert!(
+            size_in(shard).is_none(),
+            "{shard} does not hold it, {home} does"
+        );
+    }
+    // A change follows; a deletion removes the copy.
+    c.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        "shop",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"size":4}}"#,
+    ]);
+    let followed = wait_for(Duration::from_secs(30), || {
+        (size_in(home).as_deref() == Some("4")).then_some(())
+    });
+    assert!(followed.is_some(), "{home} follows the change");
+    c.ok(&["delete", "widget", "w1", "-n", "shop", "--timeout=60s"]);
+    let removed = wait_for(Duration::from_secs(30), || {
+        size_in(home).is_none().then_some(())
+    });
+    assert!(removed.is_some(), "{home} removed its copy");
+
     c.ok(&["delete", "crd", "widgets.example.com"]);
     for shard in SHARDS {
         let gone = wait_for(Duration::from_secs(30), || {

@@ -1006,3 +1006,17 @@ pub struct SpecObject {
 }
 
 any_kind!(SpecObject);
+
+/// An object of any kind, whole: its metadata decoded and every other top-level field kept
+/// as JSON (custom objects, whose fields only their CRD's schema knows).
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+pub struct WholeObject {
+    /// The object's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Every other top-level field (`apiVersion`, `kind`, `spec`, `status`, ...).
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+any_kind!(WholeObject);

@@ -843,9 +843,15 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
 /// Applies (or deletes) one assignment.
 async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
     let Some(k) = &a.key else { return };
-    let Ok(res) = find_resource(&k.group, &k.version, &k.resource) else {
-        tracing::warn!(resource = %k.resource, "assigned a kind this shard does not serve");
-        return;
+    let res = match find_resource(&k.group, &k.version, &k.resource) {
+        Ok(res) => res,
+        // A custom kind: the shard serves it once the federation's CRD is here, which it
+        // holds too (an apply before then fails, and the retry pass tries again).
+        Err(_) if k.group.contains('.') => custom_resource_of(k, &a.object_json),
+        Err(_) => {
+            tracing::warn!(resource = %k.resource, "assigned a kind this shard does not serve");
+            return;
+        }
     };
     let id = (k.resource.clone(), k.namespace.clone(), k.name.clone());
     let ns = (!k.namespace.is_empty()).then_some(k.namespace.as_str());
@@ -893,6 +899,31 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
     };
     state.held.lock().insert(id.clone(), h.clone());
     apply_held(state, &id, &h).await;
+}
+
+/// The resource of an assigned custom object, from its key and the kind it names: what the
+/// requests to apply and delete it need (the subresources and short names are the CRD's
+/// business, not the agent's).
+fn custom_resource_of(
+    k: &pb::ObjectKey,
+    object_json: &[u8],
+) -> &'static tessera_client::catalog::Resource {
+    let kind = serde_json::from_slice::<Value>(object_json)
+        .ok()
+        .and_then(|o| o["kind"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    tessera_client::catalog::intern(&tessera_client::catalog::CustomNames {
+        group: k.group.clone(),
+        version: k.version.clone(),
+        plural: k.resource.clone(),
+        singular: kind.to_lowercase(),
+        kind,
+        namespaced: !k.namespace.is_empty(),
+        short_names: Vec::new(),
+        categories: Vec::new(),
+        status: false,
+        scale: false,
+    })
 }
 
 /// Removes the PodGroup that made Job `ns/job` a part of a federation-scope gang: the next
@@ -1244,11 +1275,30 @@ async fn leftovers(
             gone.push((tenants_res(), id));
         }
     }
-    // RBAC objects and CRDs the federation put here (labelled so), read once per stream.
-    for (group, plural, _) in tessera_client::types::HELD_KINDS {
-        let Ok(res) = find_resource(group, "v1", plural) else {
-            continue;
-        };
+    // RBAC objects, CRDs and custom objects the federation put here (labelled so), read once
+    // per stream: the custom kinds are those of the federation's CRDs here.
+    let mut custom: Vec<&'static tessera_client::catalog::Resource> = Vec::new();
+    if let Ok(crds) = find_resource(
+        tessera_client::catalog::APIEXTENSIONS,
+        "v1",
+        "customresourcedefinitions",
+    ) {
+        let mut req =
+            tessera_client::request::ApiRequest::new(tessera_client::request::Verb::List, crds);
+        req.params.label_selector = format!("{FEDERATED_LABEL}=true").parse().ok();
+        let _ = state
+            .client
+            .list_each(req, &mut |crd: Value| {
+                custom.extend(tessera_client::catalog::custom_storage_resource(&crd));
+            })
+            .await;
+    }
+    let held_and_custom = tessera_client::types::HELD_KINDS
+        .iter()
+        .filter_map(|(g, p, _)| find_resource(g, "v1", p).ok())
+        .chain(custom);
+    for res in held_and_custom {
+        let plural = res.plural;
         let mut req =
             tessera_client::request::ApiRequest::new(tessera_client::request::Verb::List, res);
         req.params.label_selector = format!("{FEDERATED_LABEL}=true").parse().ok();
@@ -1264,7 +1314,7 @@ async fn leftovers(
             })
             .await;
         if let Err(e) = listed {
-            tracing::warn!(resource = plural, error = %e.message, "listing federated RBAC objects");
+            tracing::warn!(resource = plural, error = %e.message, "listing federated objects");
             continue;
         }
         for (ns, name) in found {

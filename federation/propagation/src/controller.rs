@@ -93,6 +93,8 @@ enum Kind {
     Tenant,
     /// One of [`HELD_KINDS`], by plural.
     Held(&'static str),
+    /// A custom object, of the storage version of a CRD the federation holds.
+    Custom(&'static Resource),
 }
 
 pub use tessera_client::types::HELD_KINDS;
@@ -111,14 +113,16 @@ impl Kind {
             Kind::Workload(k) => k.resource(),
             Kind::Tenant => find_resource("tessera.io", "v1alpha1", "tenants").expect("served"),
             Kind::Held(plural) => find_resource(held_group(plural), "v1", plural).expect("served"),
+            Kind::Custom(res) => res,
         }
     }
 
-    fn prefix(self) -> &'static str {
+    fn prefix(self) -> std::borrow::Cow<'static, str> {
         match self {
-            Kind::Workload(k) => k.plural(),
-            Kind::Tenant => "tenants",
-            Kind::Held(plural) => plural,
+            Kind::Workload(k) => k.plural().into(),
+            Kind::Tenant => "tenants".into(),
+            Kind::Held(plural) => plural.into(),
+            Kind::Custom(res) => crate::custom::prefix_of(res).into(),
         }
     }
 
@@ -198,6 +202,8 @@ pub struct Propagation {
     tenants: Arc<Cache<Tenant>>,
     /// RBAC objects and CRDs, by plural (as JSON: held in every shard as they are).
     held: Vec<(&'static str, Arc<dyn HeldCache>)>,
+    /// The objects of the CRDs' kinds.
+    custom: crate::custom::CustomKinds,
     placements: Arc<Cache<Placement>>,
     namespaces: Arc<Cache<Namespace>>,
     /// What workloads take along to their shards.
@@ -365,6 +371,7 @@ pub async fn run(o: Options) {
         workloads: workloads.clone(),
         tenants: tenants.cache().clone(),
         held: held_caches,
+        custom: crate::custom::CustomKinds::new(o.client.clone(), o.runtime_metrics.clone()),
         placements: placements.cache().clone(),
         namespaces: namespaces.cache().clone(),
         config_maps: config_maps.cache().clone(),
@@ -401,6 +408,10 @@ pub async fn run(o: Options) {
                 let v = p.registry.map_version();
                 if p.last_map.swap(v, std::sync::atomic::Ordering::AcqRel) != v {
                     for key in p.workloads.all_keys() {
+                        q.add(key, EventClass::Resync);
+                    }
+                    // A custom object follows its tenant's home.
+                    for key in p.custom.all_keys() {
                         q.add(key, EventClass::Resync);
                     }
                 }
@@ -531,6 +542,11 @@ pub async fn run(o: Options) {
         })
         .collect();
     for key in held_keys {
+        let _ = p.reconcile(&key).await;
+    }
+    // The CRDs' reconciles started following their objects: those are assigned too.
+    p.custom.listed().await;
+    for key in p.custom.all_keys() {
         let _ = p.reconcile(&key).await;
     }
     o.registry.mark_synced();
@@ -968,7 +984,11 @@ impl Propagation {
         let Some(cache) = self.held.iter().find(|(p, _)| *p == plural).map(|(_, c)| c) else {
             return Ok(Action::Done);
         };
-        let Some(obj) = cache.object(key) else {
+        let obj = cache.object(key);
+        if plural == "customresourcedefinitions" {
+            self.custom.crd_changed(key, obj.as_ref(), &self.queue);
+        }
+        let Some(obj) = obj else {
             return Ok(Action::Done);
         };
         let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
@@ -987,27 +1007,88 @@ impl Propagation {
         let mut m = held_manifest(&obj, plural);
         let generation = meta.generation.unwrap_or(1);
         m["metadata"]["annotations"][GENERATION_ANNOTATION] = json!(generation.to_string());
-        let dependencies = meta
-            .namespace
-            .as_deref()
+        let held = self.held_whole(&m, generation, meta.namespace.as_deref());
+        let okey = kind.object_key(key);
+        for shard in self.registry.shard_names() {
+            self.registry.assign(&shard, &okey, held.clone());
+        }
+        Ok(Action::Done)
+    }
+
+    /// What a shard holds of an object kept whole (no replicas, no room): `manifest`, after
+    /// its namespace (`ns`) when it has one.
+    fn held_whole(&self, manifest: &Value, generation: i64, ns: Option<&str>) -> Held {
+        let dependencies = ns
             .map(|ns| {
                 vec![Arc::from(
                     self.namespace_manifest(ns).to_string().into_bytes(),
                 )]
             })
             .unwrap_or_default();
-        let held = Held {
-            object: Arc::from(m.to_string().into_bytes()),
+        Held {
+            object: Arc::from(manifest.to_string().into_bytes()),
             generation,
             replicas: 0,
             request: Request::default(),
             dependencies,
             failover: None,
             leaving: false,
+        }
+    }
+
+    /// Holds custom object `key` in its tenant's home shard (a cluster-scoped one in every
+    /// shard), or removes its copies when it is deleted. Status is the shard's: an operator
+    /// there writes it, and it is not brought back to the federation.
+    async fn custom_object(
+        &self,
+        res: &'static Resource,
+        prefix: &str,
+        key: &str,
+    ) -> Result<Action, ReconcileError> {
+        let Some((_, obj)) = self.custom.get(prefix, key) else {
+            return Ok(Action::Done);
         };
+        let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
+            serde_json::from_value(obj["metadata"].clone())
+                .map_err(|e| ReconcileError::new(e.to_string()))?;
+        let kind = Kind::Custom(res);
+        if meta.deletion_timestamp.is_some() {
+            return self.finish_delete(kind, key, &meta).await;
+        }
+        let ns = meta.namespace.clone().unwrap_or_default();
+        if SYSTEM_NAMESPACES.contains(&ns.as_str()) {
+            return Ok(Action::Done);
+        }
+        if self.ensure_finalizer(kind, key, &meta).await? {
+            return Ok(Action::Done);
+        }
+        let mut m = crate::custom::manifest(&obj);
+        let generation = meta.generation.unwrap_or(1);
+        m["metadata"]["annotations"][GENERATION_ANNOTATION] = json!(generation.to_string());
+        let shards = self.registry.shard_names();
+        let targets: Vec<String> = if ns.is_empty() {
+            shards.clone()
+        } else {
+            let tenant = self.tenant_index.lock().tenant_of(&ns).to_owned();
+            let (version, weights) = self.registry.map();
+            tessera_placement::ShardMap::new(version, &weights)
+                .ok()
+                .and_then(|map| map.home(&tenant).map(str::to_owned))
+                .into_iter()
+                .collect()
+        };
+        let held = self.held_whole(&m, generation, Some(ns.as_str()).filter(|n| !n.is_empty()));
         let okey = kind.object_key(key);
-        for shard in self.registry.shard_names() {
-            self.registry.assign(&shard, &okey, held.clone());
+        for shard in shards {
+            if targets.contains(&shard) {
+                self.registry.assign(&shard, &okey, held.clone());
+            } else {
+                self.registry.unassign(&shard, &okey);
+            }
+        }
+        if targets.is_empty() {
+            // No shard yet: a map change (a shard joining) queues it again.
+            return Ok(Action::RequeueAfter(Duration::from_secs(5)));
         }
         Ok(Action::Done)
     }
@@ -2288,6 +2369,12 @@ impl Reconciler for Propagation {
     }
 
     async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
+        if let Some((prefix, rest)) = key.split_once(':')
+            && prefix.contains('.')
+            && let Some(res) = self.custom.resource(prefix)
+        {
+            return self.custom_object(res, prefix, rest).await;
+        }
         let Some((kind, rest)) = Kind::parse(key) else {
             return Ok(Action::Done);
         };
@@ -2295,6 +2382,10 @@ impl Reconciler for Propagation {
             Kind::Workload(k) => self.workload(k, rest).await,
             Kind::Tenant => self.tenant(rest).await,
             Kind::Held(plural) => self.held_object(plural, rest).await,
+            Kind::Custom(res) => {
+                let prefix = crate::custom::prefix_of(res);
+                self.custom_object(res, &prefix, rest).await
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! federation, its propagation to the chosen shards, and its status aggregated back.
 
 pub mod controller;
+mod custom;
 pub mod dependencies;
 pub mod gang;
 pub mod moves;

@@ -465,17 +465,25 @@ async fn cleanup(inner: &Inner, crd: &Value) -> Result<(), ApiError> {
         if page.kvs.is_empty() {
             break;
         }
+        let mut deleted = 0;
         for kv in &page.kvs {
             let op = Op::Delete {
                 key: kv.key.clone(),
                 expected: Some(kv.mod_revision),
             };
-            // A conflict is another server (or a client) deleting the same object.
-            if inner.store.txn(vec![op]).await.is_ok()
-                && let Some(m) = &inner.metrics
-            {
-                m.crd_cleanup_deleted.inc();
+            // A conflict is another server (or a client) deleting or changing the same
+            // object: the next page lists it again.
+            if inner.store.txn(vec![op]).await.is_ok() {
+                deleted += 1;
+                if let Some(m) = &inner.metrics {
+                    m.crd_cleanup_deleted.inc();
+                }
             }
+        }
+        if deleted == 0 {
+            // Nothing went (the store refuses writes): wait rather than spin; the CRD
+            // stays Terminating until its objects are gone.
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
     let name = str_of(&crd["metadata"], "name");
