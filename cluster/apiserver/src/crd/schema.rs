@@ -94,6 +94,8 @@ enum Additional {
 #[derive(Debug)]
 pub struct Schema {
     nodes: Vec<Node>,
+    /// `x-kubernetes-validations` (CEL) rules in it, which this server does not evaluate.
+    pub unenforced_rules: usize,
 }
 
 /// Schemas nest at most this deep (a body is refused deeper, as an error, not a stack
@@ -112,7 +114,10 @@ impl Schema {
     /// Compiles `openAPIV3Schema`. Errors name the schema's field path, as the CRD's
     /// validation reports them (`spec.versions[0].schema.openAPIV3Schema.properties[spec]…`).
     pub fn compile(raw: &Value, at: &str) -> Result<Schema, Vec<Cause>> {
-        let mut s = Schema { nodes: Vec::new() };
+        let mut s = Schema {
+            nodes: Vec::new(),
+            unenforced_rules: 0,
+        };
         let mut errors = Vec::new();
         s.node(raw, at, 0, false, &mut errors);
         if let Some(root) = s.nodes.first()
@@ -352,15 +357,12 @@ impl Schema {
                     .into(),
             });
         }
-        if o.get("x-kubernetes-validations")
-            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-        {
-            errors.push(Cause {
-                reason: "FieldValueForbidden",
-                field: field(at, "x-kubernetes-validations"),
-                message: "Forbidden: CEL validation rules are not supported by this server (no CEL evaluator); validate in an admission webhook instead".into(),
-            });
-        }
+        // CEL rules are kept (the CRD is stored as written) but not evaluated: counted, so
+        // the CRD's writer is told.
+        self.unenforced_rules += o
+            .get("x-kubernetes-validations")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
         let node = &mut self.nodes[index];
         node.ty = ty;
         node.nullable = o.get("nullable") == Some(&Value::Bool(true));
@@ -996,12 +998,14 @@ mod tests {
         )
         .expect_err("bad pattern");
         assert_eq!(e[0].field, "s.properties[a].pattern");
-        let e = Schema::compile(
-            &json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.a > 1"}]}),
+        let s = Schema::compile(
+            &json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.a > 1"}],
+                "properties": {"a": {"type": "integer",
+                    "x-kubernetes-validations": [{"rule": "self > 0"}]}}}),
             "s",
         )
-        .expect_err("CEL is refused, not ignored");
-        assert!(e[0].message.contains("CEL"));
+        .expect("CEL rules are kept");
+        assert_eq!(s.unenforced_rules, 2, "and counted, for the warning");
     }
 
     #[test]
