@@ -825,3 +825,56 @@ fn a_high_priority_pod_preempts_and_describe_shows_why() {
         "{described}"
     );
 }
+
+/// `kubectl top` on simulated nodes: each running pod uses its requests times its node's
+/// `tessera.io/simulated-usage-fraction`, or what its own annotations say; a node's usage is
+/// the sum of its pods'.
+#[test]
+fn kubectl_top_reads_simulated_usage() {
+    let c = Cluster::start_with("up", &["--nodes-per-shard=1", "--startup-delay-ms=0"]);
+    let node = items(&c, &["get", "nodes"])[0]["metadata"]["name"]
+        .as_str()
+        .expect("a node")
+        .to_owned();
+    let pods = c.file(
+        "pods.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: steady}}\nspec:\n  nodeName: {node}\n  containers:\n\
+             \x20 - {{name: a, image: busybox, resources: {{requests: {{cpu: 200m, memory: 64Mi}}}}}}\n\
+             \x20 - {{name: b, image: busybox, resources: {{requests: {{cpu: 100m, memory: 32Mi}}}}}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata:\n  name: busy\n  annotations: {{tessera.io/simulated-cpu-usage: 750m}}\n\
+             spec:\n  nodeName: {node}\n  containers: [{{name: a, image: busybox, resources: {{requests: {{cpu: 100m}}}}}}]\n"
+        ),
+    );
+    c.ok(&["create", "-f", &pods]);
+    let top = |args: &[&str]| -> Option<Vec<String>> {
+        let out = c.kubectl(args);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status
+            .success()
+            .then(|| text.split_whitespace().map(str::to_owned).collect())
+    };
+    let steady = wait_for(Duration::from_secs(60), || {
+        top(&["top", "pod", "steady", "--no-headers"]).filter(|c| c.len() == 3)
+    })
+    .expect("kubectl top pod shows a running pod of a simulated node");
+    assert_eq!(steady[1..], ["300m", "96Mi"], "its requests: {steady:?}");
+    let containers = top(&["top", "pod", "steady", "--containers", "--no-headers"]).expect("top");
+    assert!(
+        containers.windows(3).any(|w| w == ["a", "200m", "64Mi"]),
+        "{containers:?}"
+    );
+    let busy = top(&["top", "pod", "busy", "--no-headers"]).expect("top");
+    assert_eq!(busy[1], "750m", "what it says it uses: {busy:?}");
+    let node_top = top(&["top", "node", &node, "--no-headers"]).expect("top node");
+    assert_eq!(node_top[1], "1050m", "the sum of its pods: {node_top:?}");
+    // Half of the requests, once the node says so.
+    c.ok(&[
+        "annotate",
+        "node",
+        &node,
+        "tessera.io/simulated-usage-fraction=0.5",
+    ]);
+    let steady = top(&["top", "pod", "steady", "--no-headers"]).expect("top");
+    assert_eq!(steady[1..], ["150m", "48Mi"], "{steady:?}");
+}

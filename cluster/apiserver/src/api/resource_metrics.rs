@@ -2,8 +2,13 @@
 //! (where Kubernetes needs metrics-server): `PodMetrics` and `NodeMetrics` from the usage
 //! reports of node agents (`/stats/usage`: CPU as a rate over the agent's window, resident
 //! memory), for the pods and nodes the caller may see. A node's usage is the sum of its
-//! containers'. Simulated nodes report none, and are left out, as metrics-server leaves out
-//! what it cannot scrape.
+//! containers'.
+//!
+//! Simulated nodes (no agent endpoint) get a simulated usage, as KWOK's metrics simulation
+//! gives them: each running container uses its requests times the node's
+//! [`USAGE_FRACTION_ANNOTATION`] (1 when absent), and a pod may say what it uses instead
+//! ([`USAGE_CPU_ANNOTATION`], [`USAGE_MEMORY_ANNOTATION`], the whole pod's, on its first
+//! container) — so `kubectl top` and autoscaling can be tried on a simulated fleet.
 
 use std::collections::HashMap;
 
@@ -19,6 +24,57 @@ use crate::status::ApiError;
 
 /// The group-version served here.
 pub const GROUP_VERSION: &str = "metrics.k8s.io/v1beta1";
+/// On a simulated Node: the fraction of their requests its pods use (`0.5`).
+pub const USAGE_FRACTION_ANNOTATION: &str = "tessera.io/simulated-usage-fraction";
+/// On a pod of a simulated node: the CPU it uses (`250m`), instead of its requests.
+pub const USAGE_CPU_ANNOTATION: &str = "tessera.io/simulated-cpu-usage";
+/// On a pod of a simulated node: the memory it uses (`64Mi`), instead of its requests.
+pub const USAGE_MEMORY_ANNOTATION: &str = "tessera.io/simulated-memory-usage";
+/// The window a simulated usage is reported over.
+const SIMULATED_WINDOW: &str = "30s";
+
+/// The simulated usage of each container of `pod` on a node using `fraction` of requests.
+fn simulated_containers(pod: &Value, fraction: f64) -> Value {
+    let annotated = |k: &str| {
+        pod["metadata"]["annotations"][k]
+            .as_str()
+            .and_then(|s| s.parse::<Quantity>().ok())
+    };
+    let (cpu_override, memory_override) = (
+        annotated(USAGE_CPU_ANNOTATION),
+        annotated(USAGE_MEMORY_ANNOTATION),
+    );
+    let scaled = |q: Option<Quantity>, milli: bool| -> Quantity {
+        let q = q.unwrap_or(Quantity::from_units(0));
+        if milli {
+            Quantity::from_milli((q.milli_ceil() as f64 * fraction).round() as i64)
+        } else {
+            Quantity::from_bytes((q.units_ceil() as f64 * fraction).round() as i64)
+        }
+    };
+    let containers: Vec<Value> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| {
+            let request = |k: &str| {
+                c["resources"]["requests"][k]
+                    .as_str()
+                    .and_then(|s| s.parse::<Quantity>().ok())
+            };
+            let pick = |o: Option<Quantity>, k: &str, milli: bool| match o {
+                Some(q) if i == 0 => q,
+                Some(_) => Quantity::from_units(0),
+                None => scaled(request(k), milli),
+            };
+            json!({"name": c["name"], "usage": {
+                "cpu": pick(cpu_override, "cpu", true).to_string(),
+                "memory": pick(memory_override, "memory", false).to_string()}})
+        })
+        .collect();
+    Value::Array(containers)
+}
 
 /// One agent's report of one pod: its time, window and containers.
 type PodReport = (Value, Value, Value);
@@ -111,7 +167,9 @@ impl Api {
             });
             join_all(gets).await.into_iter().flatten().collect()
         };
-        let reports = self.usage_reports(&node_objects).await;
+        let mut reports = self.usage_reports(&node_objects).await;
+        self.simulated_reports(&node_objects, &objects, plural, &mut reports)
+            .await?;
         let mut items = Vec::new();
         for o in &objects {
             let meta = &o["metadata"];
@@ -176,6 +234,81 @@ impl Api {
                 "metadata": {}, "items": items}),
             ),
         }
+    }
+
+    /// Reports for the simulated nodes among `nodes` (those without an agent endpoint): the
+    /// running pods on them (those of `objects` when pods were asked for, else one list of
+    /// every pod) with their simulated usage.
+    async fn simulated_reports(
+        &self,
+        nodes: &[Value],
+        objects: &[Value],
+        plural: &str,
+        reports: &mut HashMap<String, (Value, HashMap<(String, String), PodReport>)>,
+    ) -> Result<(), ApiError> {
+        let fractions: HashMap<&str, f64> = nodes
+            .iter()
+            .filter(|n| super::agents::agent_address(n).is_none())
+            .filter_map(|n| {
+                let fraction = n["metadata"]["annotations"][USAGE_FRACTION_ANNOTATION]
+                    .as_str()
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .unwrap_or(1.0);
+                Some((n["metadata"]["name"].as_str()?, fraction))
+            })
+            .collect();
+        if fractions.is_empty() {
+            return Ok(());
+        }
+        let listed;
+        let pods: &[Value] = if plural == "pods" {
+            objects
+        } else {
+            let req = ApiRequest::new(Verb::List, find_resource("", "v1", "pods")?);
+            listed = self
+                .handle(&User::Admin, req)
+                .await?
+                .into_value()
+                .unwrap_or(Value::Null);
+            listed["items"].as_array().map_or(&[][..], Vec::as_slice)
+        };
+        let now = json!(tessera_core::time::rfc3339(tessera_core::time::now_secs()));
+        for node in fractions.keys() {
+            reports
+                .entry((*node).to_owned())
+                .or_insert_with(|| (now.clone(), HashMap::new()));
+        }
+        for pod in pods {
+            let Some(node) = pod["spec"]["nodeName"].as_str() else {
+                continue;
+            };
+            let Some(fraction) = fractions.get(node) else {
+                continue;
+            };
+            if pod["status"]["phase"] != "Running" {
+                continue;
+            }
+            let key = (
+                pod["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+            let report = (
+                now.clone(),
+                json!(SIMULATED_WINDOW),
+                simulated_containers(pod, *fraction),
+            );
+            if let Some(r) = reports.get_mut(node) {
+                r.1.insert(key, report);
+            }
+        }
+        Ok(())
     }
 
     /// The newest usage report of each node's agent that answers (of `nodes`, Node objects):
