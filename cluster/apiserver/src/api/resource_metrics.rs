@@ -79,6 +79,9 @@ fn simulated_containers(pod: &Value, fraction: f64) -> Value {
 /// One agent's report of one pod: its time, window and containers.
 type PodReport = (Value, Value, Value);
 
+/// Each node's report: its time and, per pod (namespace, name), the pod's report.
+type NodeReports = HashMap<String, (Value, HashMap<(String, String), PodReport>)>;
+
 fn not_found(plural: &str, name: &str) -> ApiError {
     let kind = if plural == "pods" {
         "podmetrics"
@@ -244,7 +247,7 @@ impl Api {
         nodes: &[Value],
         objects: &[Value],
         plural: &str,
-        reports: &mut HashMap<String, (Value, HashMap<(String, String), PodReport>)>,
+        reports: &mut NodeReports,
     ) -> Result<(), ApiError> {
         let fractions: HashMap<&str, f64> = nodes
             .iter()
@@ -316,7 +319,7 @@ impl Api {
     async fn usage_reports(
         &self,
         nodes: &[Value],
-    ) -> HashMap<String, (Value, HashMap<(String, String), PodReport>)> {
+    ) -> NodeReports {
         let asks = nodes
             .iter()
             .filter(|n| super::agents::agent_address(n).is_some())
