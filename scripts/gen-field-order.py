@@ -59,6 +59,7 @@ KINDS = [
     ("storage.k8s.io", "StorageClass", "api.storage.v1.StorageClass"),
     ("apiextensions.k8s.io", "CustomResourceDefinition",
      "apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition"),
+    ("apiregistration.k8s.io", "APIService", "kube_aggregator.pkg.apis.apiregistration.v1.APIService"),
 ]
 
 

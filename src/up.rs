@@ -280,6 +280,9 @@ pub async fn start_with(
     tessera_apiserver::rbac::defaults::ensure(&*client)
         .await
         .map_err(|e| anyhow::anyhow!("putting the default RBAC roles in place: {}", e.message))?;
+    tessera_apiserver::apiservices::ensure(&*client)
+        .await
+        .map_err(|e| anyhow::anyhow!("registering the local APIServices: {}", e.message))?;
     default_storage_class(&*client, &args.data_dir).await?;
     let router = http::router(api.clone(), tokens.clone());
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;

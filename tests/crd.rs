@@ -564,3 +564,46 @@ fn tenants_reach_custom_objects_only_in_their_namespaces() {
     let gizmos = c.ok(&["get", "gizmos", "-o", "name"]);
     assert!(gizmos.trim().is_empty(), "{gizmos}");
 }
+
+/// `kubectl get apiservices`: every group-version served is a local APIService, Available,
+/// `metrics.k8s.io` among them; one naming a Service is stored but says it is not available
+/// (this server does not proxy to extension API servers).
+#[test]
+fn apiservices_list_what_is_served() {
+    let c = Cluster::start();
+    let listed = c.ok(&["get", "apiservices"]);
+    let metrics = listed
+        .lines()
+        .find(|l| l.starts_with("v1beta1.metrics.k8s.io "))
+        .unwrap_or_else(|| panic!("{listed}"));
+    let cols: Vec<&str> = metrics.split_whitespace().collect();
+    assert_eq!(cols[1..3], ["Local", "True"], "{metrics}");
+    assert!(
+        listed.lines().any(|l| l.starts_with("v1.apps ")),
+        "{listed}"
+    );
+    let adapter = c.file(
+        "adapter.yaml",
+        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: v1beta1.custom.metrics.k8s.io}\n\
+         spec: {group: custom.metrics.k8s.io, version: v1beta1, groupPriorityMinimum: 100, versionPriority: 100,\n\
+         \x20 insecureSkipTLSVerify: true, service: {namespace: monitoring, name: adapter}}\n",
+    );
+    c.ok(&["create", "-f", &adapter]);
+    let row = c.ok(&[
+        "get",
+        "apiservice",
+        "v1beta1.custom.metrics.k8s.io",
+        "--no-headers",
+    ]);
+    assert!(
+        row.contains("monitoring/adapter") && row.contains("False (AggregationNotSupported)"),
+        "{row}"
+    );
+    let bad = c.file(
+        "bad.yaml",
+        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: wrong}\n\
+         spec: {group: x.example.com, version: v1, groupPriorityMinimum: 100, versionPriority: 100}\n",
+    );
+    let err = c.fails(&["create", "-f", &bad]);
+    assert!(err.contains("metadata.name"), "{err}");
+}

@@ -2046,6 +2046,35 @@ pub static MESSAGES: &[Message] = &[
         ("intval", NONE),
         ("strval", NONE),
     ] },
+    Message { name: "kube_aggregator.pkg.apis.apiregistration.v1.APIService", fields: &[
+        ("metadata", 319),
+        ("spec", 327),
+        ("status", 328),
+    ] },
+    Message { name: "kube_aggregator.pkg.apis.apiregistration.v1.APIServiceCondition", fields: &[
+        ("type", NONE),
+        ("status", NONE),
+        ("lasttransitiontime", 322),
+        ("reason", NONE),
+        ("message", NONE),
+    ] },
+    Message { name: "kube_aggregator.pkg.apis.apiregistration.v1.APIServiceSpec", fields: &[
+        ("service", 329),
+        ("group", NONE),
+        ("version", NONE),
+        ("insecureskiptlsverify", NONE),
+        ("cabundle", NONE),
+        ("grouppriorityminimum", NONE),
+        ("versionpriority", NONE),
+    ] },
+    Message { name: "kube_aggregator.pkg.apis.apiregistration.v1.APIServiceStatus", fields: &[
+        ("conditions", 326),
+    ] },
+    Message { name: "kube_aggregator.pkg.apis.apiregistration.v1.ServiceReference", fields: &[
+        ("namespace", NONE),
+        ("name", NONE),
+        ("port", NONE),
+    ] },
 ];
 
 /// The message of each stored kind: (group, kind, index).
@@ -2087,4 +2116,5 @@ pub static KINDS: &[(&str, &str, u16)] = &[
     ("networking.k8s.io", "NetworkPolicy", 267),
     ("storage.k8s.io", "StorageClass", 287),
     ("apiextensions.k8s.io", "CustomResourceDefinition", 290),
+    ("apiregistration.k8s.io", "APIService", 325),
 ];

@@ -97,6 +97,9 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("networking.k8s.io", "NetworkPolicy") => typed::<networking::v1::NetworkPolicy>(),
         ("storage.k8s.io", "StorageClass") => typed::<storage::v1::StorageClass>(),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => typed::<Crd>(),
+        ("apiregistration.k8s.io", "APIService") => {
+            typed::<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService>()
+        }
         ("apps", "Deployment") => typed::<apps::v1::Deployment>(),
         ("apps", "ReplicaSet") => typed::<apps::v1::ReplicaSet>(),
         ("apps", "DaemonSet") => typed::<apps::v1::DaemonSet>(),

@@ -6,6 +6,7 @@
 
 pub mod access_review;
 pub mod api;
+pub mod apiservices;
 pub mod apply;
 pub mod auth;
 pub mod client;

@@ -179,6 +179,12 @@ fn columns(res: &Resource) -> Vec<Column> {
         (crate::catalog::APIEXTENSIONS, "customresourcedefinitions") => {
             vec![NAME, c("Created At", "date", 0)]
         }
+        (crate::catalog::APIREGISTRATION, "apiservices") => vec![
+            NAME,
+            c("Service", "string", 0),
+            c("Available", "string", 0),
+            AGE,
+        ],
         ("storage.k8s.io", "storageclasses") => vec![
             NAME,
             c("Provisioner", "string", 0),
@@ -822,6 +828,25 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
         }
         (crate::catalog::APIEXTENSIONS, "customresourcedefinitions") => {
             vec![name, o["metadata"]["creationTimestamp"].clone()]
+        }
+        (crate::catalog::APIREGISTRATION, "apiservices") => {
+            let svc = &spec["service"];
+            let service = if svc.is_null() {
+                "Local".to_owned()
+            } else {
+                format!("{}/{}", s(&svc["namespace"]), s(&svc["name"]))
+            };
+            let available = status["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
+                .map_or_else(
+                    || "Unknown".to_owned(),
+                    |c| match c["status"].as_str() {
+                        Some("True") => "True".to_owned(),
+                        other => format!("{} ({})", other.unwrap_or("Unknown"), s(&c["reason"])),
+                    },
+                );
+            vec![name, json!(service), json!(available), age_v]
         }
         ("storage.k8s.io", "storageclasses") => {
             let default = o["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"]

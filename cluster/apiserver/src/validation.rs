@@ -855,7 +855,8 @@ fn metadata(res: &Resource, meta: &Value, e: &mut Errors) {
     if let Some(name) = str_at(meta, "name") {
         let why = if res.plural == "namespaces" || res.plural == "services" {
             names::dns1123_label(name)
-        } else if res.group == crate::catalog::RBAC {
+        } else if res.group == crate::catalog::RBAC || res.group == crate::catalog::APIREGISTRATION
+        {
             path_segment_name(name).map(str::to_owned)
         } else {
             names::dns1123_subdomain(name)

@@ -131,6 +131,10 @@ fn minimal(kind: &str) -> Option<Value> {
             json!({"metadata": meta, "spec": {"podSelector": {"matchLabels": {"app": "x"}}}})
         }
         "StorageClass" => json!({"metadata": meta, "provisioner": "tessera.io/hostpath"}),
+        // An APIService's name is its version and group.
+        "APIService" => json!({"metadata": {"name": "v1.example.com"}, "spec": {
+            "group": "example.com", "version": "v1", "groupPriorityMinimum": 100,
+            "versionPriority": 10}}),
         // A CRD's name is its plural and group.
         "CustomResourceDefinition" => json!({"metadata": {"name": "xs.example.com"}, "spec": {
             "group": "example.com", "scope": "Namespaced",

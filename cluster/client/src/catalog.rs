@@ -100,6 +100,9 @@ const ALL: &[&str] = &["all"];
 /// The RBAC API group.
 pub const RBAC: &str = "rbac.authorization.k8s.io";
 
+/// The group of APIServices.
+pub const APIREGISTRATION: &str = "apiregistration.k8s.io";
+
 /// The group of CustomResourceDefinitions.
 pub const APIEXTENSIONS: &str = "apiextensions.k8s.io";
 
@@ -412,6 +415,17 @@ pub const RESOURCES: &[Resource] = &[
         &["netpol"],
         &[],
         &[],
+    ),
+    r(
+        APIREGISTRATION,
+        "v1",
+        "apiservices",
+        "apiservice",
+        "APIService",
+        false,
+        &[],
+        &["api-extensions"],
+        &[status(APIREGISTRATION, "v1", "APIService")],
     ),
     r(
         APIEXTENSIONS,

@@ -107,13 +107,23 @@ impl Api {
             causes.extend(v.schema.validate(obj));
         } else if is_crd(res) {
             crd::validate_definition(obj, current, causes);
+        } else if crate::apiservices::is_apiservice(res) {
+            crate::apiservices::validate(obj, causes);
         }
     }
 
-    /// The status and finalizer the server keeps on a CRD.
-    pub(super) fn prepare_crd(&self, res: &Resource, obj: &mut Value, current: Option<&Value>) {
+    /// What the server keeps itself on a CRD (status, cleanup finalizer) and on an
+    /// APIService (its availability).
+    pub(super) fn prepare_server_owned(
+        &self,
+        res: &Resource,
+        obj: &mut Value,
+        current: Option<&Value>,
+    ) {
         if is_crd(res) {
             crd::prepare(obj, current);
+        } else if crate::apiservices::is_apiservice(res) {
+            crate::apiservices::prepare(obj, current);
         }
     }
 }

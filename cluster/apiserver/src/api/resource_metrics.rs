@@ -316,10 +316,7 @@ impl Api {
 
     /// The newest usage report of each node's agent that answers (of `nodes`, Node objects):
     /// its time and, per pod (namespace, name), the pod's time, window and containers.
-    async fn usage_reports(
-        &self,
-        nodes: &[Value],
-    ) -> NodeReports {
+    async fn usage_reports(&self, nodes: &[Value]) -> NodeReports {
         let asks = nodes
             .iter()
             .filter(|n| super::agents::agent_address(n).is_some())

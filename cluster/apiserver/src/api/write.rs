@@ -320,7 +320,7 @@ impl Api {
         if res.plural == "pods" && obj["status"]["phase"].is_null() {
             obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(&obj)});
         }
-        self.prepare_crd(res, &mut obj, None);
+        self.prepare_server_owned(res, &mut obj, None);
         let mut errors = validation::validate(res, &obj);
         self.validate_more(res, &obj, None, &mut errors.0);
         if !errors.is_empty() {
@@ -778,7 +778,7 @@ impl Api {
                 }
             }
             let mut next = self.merge_update(req, user, &current, proposed)?;
-            self.prepare_crd(res, &mut next, Some(&current));
+            self.prepare_server_owned(res, &mut next, Some(&current));
             if next == current {
                 // Nothing changed: no write, the same resourceVersion (as Kubernetes).
                 return Ok(ApiResponse::Object {
