@@ -278,6 +278,20 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
     ]));
     assert_eq!(beta["apiVersion"], "example.com/v1beta1");
     assert_eq!(beta["spec"]["size"], 4);
+    // And takes writes: an object written in v1 is patched through v1beta1.
+    c.ok(&[
+        "patch",
+        "widgets.v1beta1.example.com",
+        "w1",
+        "-n",
+        "shop",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"patched":"beta"}}}"#,
+    ]);
+    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    assert_eq!(w["apiVersion"], "example.com/v1");
+    assert_eq!(w["metadata"]["labels"]["patched"], "beta");
 
     // kubectl apply, client-side (a merge patch: custom kinds have no strategic one) and
     // server-side, updates it.

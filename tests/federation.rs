@@ -1164,6 +1164,72 @@ fn crds_and_custom_objects_reach_the_shards() {
         (size_in(home).as_deref() == Some("4")).then_some(())
     });
     assert!(followed.is_some(), "{home} follows the change");
+    // A new storage version (operators' upgrades move it) keeps the copy: the same object,
+    // not a deleted and recreated one.
+    let uid_in = |shard: &str| {
+        c.ok(&[
+            "--context",
+            shard,
+            "get",
+            "widget",
+            "w1",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+    };
+    let before = uid_in(home);
+    let schema = "schema: {openAPIV3Schema: {type: object, properties: {spec: {type: object,\n\
+                  \x20     properties: {size: {type: integer, maximum: 10}}}}}}";
+    let upgraded = c.file(
+        "crd2.yaml",
+        &format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
+             metadata: {{name: widgets.example.com}}\n\
+             spec:\n  group: example.com\n  scope: Namespaced\n\
+             \x20 names: {{plural: widgets, kind: Widget}}\n\
+             \x20 versions:\n  - name: v1\n    served: true\n    storage: false\n    {schema}\n\
+             \x20 - name: v2\n    served: true\n    storage: true\n    {schema}\n"
+        ),
+    );
+    c.ok(&["apply", "-f", &upgraded]);
+    let upgraded_everywhere = wait_for(Duration::from_secs(30), || {
+        SHARDS
+            .iter()
+            .all(|s| {
+                c.kubectl(&[
+                    "--context",
+                    s,
+                    "get",
+                    "widgets.v2.example.com",
+                    "-n",
+                    "shop",
+                ])
+                .status
+                .success()
+            })
+            .then_some(())
+    });
+    assert!(upgraded_everywhere.is_some(), "every shard serves v2");
+    c.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        "shop",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"size":5}}"#,
+    ]);
+    let followed = wait_for(Duration::from_secs(30), || {
+        (size_in(home).as_deref() == Some("5")).then_some(())
+    });
+    assert!(
+        followed.is_some(),
+        "{home} follows changes after the upgrade"
+    );
+    assert_eq!(uid_in(home), before, "the copy was kept, not made again");
     c.ok(&["delete", "widget", "w1", "-n", "shop", "--timeout=60s"]);
     let removed = wait_for(Duration::from_secs(30), || {
         size_in(home).is_none().then_some(())

@@ -843,17 +843,24 @@ async fn summaries(state: Arc<State>, seen: Arc<std::sync::atomic::AtomicU64>) {
 /// Applies (or deletes) one assignment.
 async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
     let Some(k) = &a.key else { return };
+    let id = (k.resource.clone(), k.namespace.clone(), k.name.clone());
     let res = match find_resource(&k.group, &k.version, &k.resource) {
         Ok(res) => res,
         // A custom kind: the shard serves it once the federation's CRD is here, which it
-        // holds too (an apply before then fails, and the retry pass tries again).
-        Err(_) if k.group.contains('.') => custom_resource_of(k, &a.object_json),
+        // holds too (an apply before then fails, and the retry pass tries again). Its key
+        // names no version: an apply takes the object's, a delete the one it was applied in.
+        Err(_) if k.version.is_empty() => {
+            let held = state.held.lock().get(&id).map(|h| h.resource);
+            match (custom_resource_of(k, &a.object_json), held) {
+                (Some(res), _) | (None, Some(res)) => res,
+                (None, None) => return,
+            }
+        }
         Err(_) => {
             tracing::warn!(resource = %k.resource, "assigned a kind this shard does not serve");
             return;
         }
     };
-    let id = (k.resource.clone(), k.namespace.clone(), k.name.clone());
     let ns = (!k.namespace.is_empty()).then_some(k.namespace.as_str());
     if a.op == pb::assignment::Op::Delete as i32 {
         state.held.lock().remove(&id);
@@ -907,23 +914,24 @@ async fn assignment(state: &Arc<State>, a: &pb::Assignment) {
 fn custom_resource_of(
     k: &pb::ObjectKey,
     object_json: &[u8],
-) -> &'static tessera_client::catalog::Resource {
-    let kind = serde_json::from_slice::<Value>(object_json)
-        .ok()
-        .and_then(|o| o["kind"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    tessera_client::catalog::intern(&tessera_client::catalog::CustomNames {
-        group: k.group.clone(),
-        version: k.version.clone(),
-        plural: k.resource.clone(),
-        singular: kind.to_lowercase(),
-        kind,
-        namespaced: !k.namespace.is_empty(),
-        short_names: Vec::new(),
-        categories: Vec::new(),
-        status: false,
-        scale: false,
-    })
+) -> Option<&'static tessera_client::catalog::Resource> {
+    let obj = serde_json::from_slice::<Value>(object_json).ok()?;
+    let kind = obj["kind"].as_str()?.to_owned();
+    let version = obj["apiVersion"].as_str()?.rsplit_once('/')?.1.to_owned();
+    Some(tessera_client::catalog::intern(
+        &tessera_client::catalog::CustomNames {
+            group: k.group.clone(),
+            version,
+            plural: k.resource.clone(),
+            singular: kind.to_lowercase(),
+            kind,
+            namespaced: !k.namespace.is_empty(),
+            short_names: Vec::new(),
+            categories: Vec::new(),
+            status: false,
+            scale: false,
+        },
+    ))
 }
 
 /// Removes the PodGroup that made Job `ns/job` a part of a federation-scope gang: the next

@@ -147,7 +147,13 @@ impl Kind {
         let (ns, name) = key.split_once('/').unwrap_or(("", key));
         ObjectKey {
             group: r.group.into(),
-            version: r.version.into(),
+            // A custom object's key names no version: a CRD's storage version may change,
+            // its objects stay the same (the agent reads the version from the object).
+            version: if matches!(self, Kind::Custom(_)) {
+                String::new()
+            } else {
+                r.version.into()
+            },
             resource: r.plural.into(),
             namespace: ns.into(),
             name: name.into(),
@@ -986,7 +992,14 @@ impl Propagation {
         };
         let obj = cache.object(key);
         if plural == "customresourcedefinitions" {
-            self.custom.crd_changed(key, obj.as_ref(), &self.queue);
+            // Objects of a kind no longer followed (its CRD going or changed): their copies
+            // are let go — a CRD's deletion deletes its objects in the shards as here.
+            for (res, key) in self.custom.crd_changed(key, obj.as_ref(), &self.queue) {
+                let okey = Kind::Custom(res).object_key(&key);
+                for shard in self.registry.shard_names() {
+                    self.registry.unassign(&shard, &okey);
+                }
+            }
         }
         let Some(obj) = obj else {
             return Ok(Action::Done);

@@ -47,20 +47,38 @@ impl CustomKinds {
     }
 
     /// Follows the objects of `crd` (its storage version), or stops following them when the
-    /// CRD is gone or going (`crd` None or terminating: its objects go with it).
-    pub(crate) fn crd_changed(&self, name: &str, crd: Option<&Value>, queue: &WorkQueue<String>) {
+    /// CRD is gone or going (`crd` None or terminating: its objects go with it). Returns the
+    /// objects no longer followed (their kind and key), for their copies to be let go.
+    pub(crate) fn crd_changed(
+        &self,
+        name: &str,
+        crd: Option<&Value>,
+        queue: &WorkQueue<String>,
+    ) -> Vec<(&'static Resource, String)> {
         let live = crd.filter(|c| c["metadata"]["deletionTimestamp"].is_null());
-        let Some(res) = live.and_then(tessera_client::catalog::custom_storage_resource) else {
-            self.followed.lock().remove(name);
-            return;
-        };
+        let res = live.and_then(tessera_client::catalog::custom_storage_resource);
         let mut followed = self.followed.lock();
-        if followed
-            .get(name)
-            .is_some_and(|f| std::ptr::eq(f.resource, res))
+        if let (Some(res), Some(f)) = (res, followed.get(name))
+            && std::ptr::eq(f.resource, res)
         {
-            return;
+            return Vec::new();
         }
+        // A new storage version is followed in place of the old (the objects' keys do not
+        // name a version, so their copies stay); a CRD gone lets its objects' copies go.
+        let dropped: Vec<(&'static Resource, String)> = followed
+            .remove(name)
+            .filter(|_| res.is_none())
+            .map(|f| {
+                f.cache
+                    .list()
+                    .iter()
+                    .map(|o| (f.resource, key_of(&o.metadata)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Some(res) = res else {
+            return dropped;
+        };
         let inf = Informer::<WholeObject>::new(
             self.client.clone(),
             res,
@@ -86,6 +104,7 @@ impl CustomKinds {
                 _task: tessera_runtime::informer::Tasks(vec![task]),
             },
         );
+        dropped
     }
 
     /// The resource and object at `key` of the kind with queue prefix `prefix`.

@@ -164,7 +164,15 @@ impl Api {
             .await
             .map_err(store_error)?
         {
-            Some(kv) => Ok(Some((decode_stored(&kv)?, kv))),
+            Some(kv) => {
+                let mut obj = decode_stored(&kv)?;
+                // A custom object is read in the version asked for (conversion `None`: only
+                // `apiVersion` differs), so a write through any served version applies to it.
+                if res.custom {
+                    obj["apiVersion"] = json!(api_version(res));
+                }
+                Ok(Some((obj, kv)))
+            }
             None => Ok(None),
         }
     }
