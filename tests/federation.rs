@@ -1150,20 +1150,25 @@ fn crds_and_custom_objects_reach_the_shards() {
         );
     }
     // A change follows; a deletion removes the copy.
-    c.ok(&[
-        "patch",
-        "widget",
-        "w1",
-        "-n",
-        "shop",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"size":4}}"#,
-    ]);
-    let followed = wait_for(Duration::from_secs(30), || {
-        (size_in(home).as_deref() == Some("4")).then_some(())
-    });
-    assert!(followed.is_some(), "{home} follows the change");
+    let resize = |size: u32| {
+        let patch = format!("{{\"spec\":{{\"size\":{size}}}}}");
+        c.ok(&[
+            "patch",
+            "widget",
+            "w1",
+            "-n",
+            "shop",
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
+        let want = size.to_string();
+        wait_for(Duration::from_secs(30), || {
+            (size_in(home).as_deref() == Some(want.as_str())).then_some(())
+        })
+        .is_some()
+    };
+    assert!(resize(4), "{home} follows the change");
     // A new storage version (operators' upgrades move it) keeps the copy: the same object,
     // not a deleted and recreated one.
     let uid_in = |shard: &str| {
@@ -1212,23 +1217,7 @@ fn crds_and_custom_objects_reach_the_shards() {
             .then_some(())
     });
     assert!(upgraded_everywhere.is_some(), "every shard serves v2");
-    c.ok(&[
-        "patch",
-        "widget",
-        "w1",
-        "-n",
-        "shop",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"size":5}}"#,
-    ]);
-    let followed = wait_for(Duration::from_secs(30), || {
-        (size_in(home).as_deref() == Some("5")).then_some(())
-    });
-    assert!(
-        followed.is_some(),
-        "{home} follows changes after the upgrade"
-    );
+    assert!(resize(5), "{home} follows changes after the upgrade");
     assert_eq!(uid_in(home), before, "the copy was kept, not made again");
     c.ok(&["delete", "widget", "w1", "-n", "shop", "--timeout=60s"]);
     let removed = wait_for(Duration::from_secs(30), || {
