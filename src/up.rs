@@ -271,10 +271,8 @@ pub async fn start_with(
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     for ns in SYSTEM_NAMESPACES {
         let obj = serde_json::json!({"metadata": {"name": ns}});
-        match client.create(namespaces, None, &obj).await {
-            Ok(_) => {}
-            Err(e) if e.code == 409 => {}
-            Err(e) => anyhow::bail!("creating namespace {ns}: {}", e.message),
+        if let Err(e) = client.create_if_absent(namespaces, None, &obj).await {
+            anyhow::bail!("creating namespace {ns}: {}", e.message);
         }
     }
     tessera_apiserver::rbac::defaults::ensure(&*client)

@@ -100,6 +100,19 @@ fn establish(c: &Cluster, file: &str) {
     ]);
 }
 
+/// `kubectl patch RESOURCE w1 -n shop [EXTRA] --type=merge -p PATCH`.
+fn merge_patch(c: &Cluster, resource: &str, extra: &[&str], patch: &str) {
+    let mut args = vec!["patch", resource, "w1", "-n", "shop"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--type=merge", "-p", patch]);
+    c.ok(&args);
+}
+
+/// Widget `name` in namespace `shop`, as JSON.
+fn widget(c: &Cluster, name: &str) -> Value {
+    json(&c.ok(&["get", "widget", name, "-n", "shop", "-o", "json"]))
+}
+
 fn json(s: &str) -> Value {
     serde_json::from_str(s).expect("kubectl printed JSON")
 }
@@ -150,7 +163,7 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let stored = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    let stored = widget(&c, "w1");
     assert_eq!(stored["spec"]["colour"], "red", "default applied: {stored}");
     assert_eq!(stored["spec"]["replicas"], 1);
     assert!(stored["spec"].get("bogus").is_none(), "pruned: {stored}");
@@ -207,34 +220,25 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
     assert!(all.contains("widget.example.com/w1"), "{all}");
 
     // The status subresource: the main resource ignores status, /status takes only it.
-    c.ok(&[
-        "patch",
+    merge_patch(
+        &c,
         "widget",
-        "w1",
-        "-n",
-        "shop",
-        "--type=merge",
-        "-p",
+        &[],
         r#"{"status":{"ready":true},"spec":{"size":4}}"#,
-    ]);
-    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    );
+    let w = widget(&c, "w1");
     assert_eq!(w["spec"]["size"], 4);
     assert!(
         w["status"]["ready"].is_null(),
         "status ignored on the main resource: {w}"
     );
-    c.ok(&[
-        "patch",
+    merge_patch(
+        &c,
         "widget",
-        "w1",
-        "-n",
-        "shop",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
+        &["--subresource=status"],
         r#"{"status":{"ready":true,"replicas":1,"selector":"app=w1"},"spec":{"size":5}}"#,
-    ]);
-    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    );
+    let w = widget(&c, "w1");
     assert_eq!(w["status"]["ready"], true);
     assert_eq!(w["spec"]["size"], 4, "spec ignored on /status: {w}");
     // A strategic merge patch needs Go types: refused with Kubernetes' reason.
@@ -256,7 +260,7 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
 
     // The scale subresource, through kubectl scale and the Scale it reads.
     c.ok(&["scale", "widget", "w1", "-n", "shop", "--replicas=3"]);
-    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    let w = widget(&c, "w1");
     assert_eq!(w["spec"]["replicas"], 3);
     let scale = json(&c.ok(&[
         "get",
@@ -279,17 +283,13 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
     assert_eq!(beta["apiVersion"], "example.com/v1beta1");
     assert_eq!(beta["spec"]["size"], 4);
     // And takes writes: an object written in v1 is patched through v1beta1.
-    c.ok(&[
-        "patch",
+    merge_patch(
+        &c,
         "widgets.v1beta1.example.com",
-        "w1",
-        "-n",
-        "shop",
-        "--type=merge",
-        "-p",
+        &[],
         r#"{"metadata":{"labels":{"patched":"beta"}}}"#,
-    ]);
-    let w = json(&c.ok(&["get", "widget", "w1", "-n", "shop", "-o", "json"]));
+    );
+    let w = widget(&c, "w1");
     assert_eq!(w["apiVersion"], "example.com/v1");
     assert_eq!(w["metadata"]["labels"]["patched"], "beta");
 
@@ -306,7 +306,7 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
             .replace("a: b", "c: d"),
     );
     c.ok(&["apply", "-f", &file]);
-    let w = json(&c.ok(&["get", "widget", "w4", "-n", "shop", "-o", "json"]));
+    let w = widget(&c, "w4");
     assert_eq!(w["spec"]["size"], 6);
     assert_eq!(
         w["spec"]["labels"],
@@ -315,7 +315,7 @@ fn a_crd_is_served_validated_and_cleaned_up_with_kubectl() {
     );
     let file = c.file("w4.yaml", &applied.replace("size: 2", "size: 7"));
     c.ok(&["apply", "--server-side", "--force-conflicts", "-f", &file]);
-    let w = json(&c.ok(&["get", "widget", "w4", "-n", "shop", "-o", "json"]));
+    let w = widget(&c, "w4");
     assert_eq!(w["spec"]["size"], 7);
     c.ok(&["delete", "widget", "w4", "-n", "shop"]);
 

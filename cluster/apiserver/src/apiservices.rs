@@ -150,11 +150,7 @@ pub fn local() -> Vec<Value> {
 pub async fn ensure(client: &dyn crate::client::Client) -> Result<(), ApiError> {
     let res = crate::request::find_resource(APIREGISTRATION, "v1", "apiservices")?;
     for want in local() {
-        match client.create(res, None, &want).await {
-            Ok(_) => {}
-            Err(e) if e.code == 409 => {}
-            Err(e) => return Err(e),
-        }
+        client.create_if_absent(res, None, &want).await?;
     }
     Ok(())
 }

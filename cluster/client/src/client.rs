@@ -89,6 +89,20 @@ pub trait Client: Send + Sync {
             .await
     }
 
+    /// Creates an object unless one of its name exists; true if it was created.
+    async fn create_if_absent(
+        &self,
+        res: &'static Resource,
+        ns: Option<&str>,
+        obj: &Value,
+    ) -> Result<bool, ApiError> {
+        match self.create(res, ns, obj).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates an object handed over decoded (see [`Decoded`]): in-process, no JSON text
     /// is written or parsed on the way.
     async fn create_decoded(

@@ -97,9 +97,10 @@ pub struct Version {
 /// The CRDs one server serves.
 #[derive(Default)]
 pub struct Snapshot {
-    by_plural: HashMap<(String, String, String), Arc<Version>>,
-    by_kind: HashMap<(String, String, String), Arc<Version>>,
-    namespaced: HashSet<(String, String)>,
+    // Keyed by the interned resources' own strings: a lookup borrows, never allocates.
+    by_plural: HashMap<(&'static str, &'static str, &'static str), Arc<Version>>,
+    by_kind: HashMap<(&'static str, &'static str, &'static str), Arc<Version>>,
+    namespaced: HashSet<(&'static str, &'static str)>,
     /// Every served version, each group's versions in Kubernetes' priority order.
     pub versions: Vec<Arc<Version>>,
     /// The `/openapi/v3` documents of the custom group-versions, made on first use.
@@ -109,18 +110,13 @@ pub struct Snapshot {
 impl Snapshot {
     /// The served version of a custom resource.
     pub fn version(&self, res: &Resource) -> Option<&Arc<Version>> {
-        self.by_plural.get(&(
-            res.group.to_owned(),
-            res.version.to_owned(),
-            res.plural.to_owned(),
-        ))
+        self.by_plural.get(&(res.group, res.version, res.plural))
     }
 
     /// The served version of `kind` in `api_version`.
-    pub fn kind(&self, api_version: &str, kind: &str) -> Option<&Arc<Version>> {
+    pub fn kind(&self, api_version: &str, kind: &str) -> Option<Arc<Version>> {
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        self.by_kind
-            .get(&(group.to_owned(), version.to_owned(), kind.to_owned()))
+        self.by_kind.get(&(group, version, kind)).cloned()
     }
 
     /// The `/openapi/v3` documents of the custom group-versions, by index path.
@@ -142,15 +138,12 @@ impl Lookup for Snapshot {
     fn find(&self, group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
         catalog::find(group, version, plural).or_else(|| {
             self.by_plural
-                .get(&(group.to_owned(), version.to_owned(), plural.to_owned()))
+                .get(&(group, version, plural))
                 .map(|v| v.resource)
         })
     }
     fn namespaced(&self, group: &str, plural: &str) -> bool {
-        catalog::Builtin.namespaced(group, plural)
-            || self
-                .namespaced
-                .contains(&(group.to_owned(), plural.to_owned()))
+        catalog::Builtin.namespaced(group, plural) || self.namespaced.contains(&(group, plural))
     }
 }
 
@@ -398,21 +391,11 @@ fn apply(inner: &Arc<Inner>, key: &[u8], crd: Option<&Value>, rev: i64) {
         for n in names {
             for v in &defs[n].1 {
                 let r = v.resource;
-                snap.by_plural.insert(
-                    (
-                        r.group.to_owned(),
-                        r.version.to_owned(),
-                        r.plural.to_owned(),
-                    ),
-                    v.clone(),
-                );
-                snap.by_kind.insert(
-                    (r.group.to_owned(), r.version.to_owned(), r.kind.to_owned()),
-                    v.clone(),
-                );
+                snap.by_plural
+                    .insert((r.group, r.version, r.plural), v.clone());
+                snap.by_kind.insert((r.group, r.version, r.kind), v.clone());
                 if r.namespaced {
-                    snap.namespaced
-                        .insert((r.group.to_owned(), r.plural.to_owned()));
+                    snap.namespaced.insert((r.group, r.plural));
                 }
                 snap.versions.push(v.clone());
             }

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use regex::Regex;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::status::Cause;
 
@@ -536,20 +536,25 @@ impl Schema {
     /// Every way `obj` breaks the schema, with Kubernetes' field paths and wording.
     pub fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut out = Vec::new();
-        let Some(map) = obj.as_object() else {
-            return out;
-        };
-        // The root's envelope is the server's; the rest is the schema's.
-        let body: Map<String, Value> = map
-            .iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        self.check(0, &Value::Object(body), "", &mut out, 0);
+        // The root's envelope (`apiVersion`, `kind`, `metadata`) is the server's; the rest
+        // is the schema's.
+        if obj.is_object() {
+            self.check(0, obj, "", &mut out, 0, true);
+        }
         out
     }
 
-    fn check(&self, n: usize, v: &Value, path: &str, out: &mut Vec<Cause>, depth: usize) {
+    /// Checks `v` against node `n`; `envelope`: `v` is the root object, whose `apiVersion`,
+    /// `kind` and `metadata` are not the schema's.
+    fn check(
+        &self,
+        n: usize,
+        v: &Value,
+        path: &str,
+        out: &mut Vec<Cause>,
+        depth: usize,
+        envelope: bool,
+    ) {
         if depth > MAX_DEPTH {
             return;
         }
@@ -717,7 +722,7 @@ impl Schema {
                 }
                 if let Some(i) = node.items {
                     for (idx, item) in items.iter().enumerate() {
-                        self.check(i, item, &format!("{path}[{idx}]"), out, depth + 1);
+                        self.check(i, item, &format!("{path}[{idx}]"), out, depth + 1, false);
                     }
                 }
             }
@@ -731,7 +736,11 @@ impl Schema {
                         });
                     }
                 }
-                let len = map.len() as u64;
+                let skipped = |k: &String| {
+                    (envelope || node.embedded)
+                        && matches!(k.as_str(), "apiVersion" | "kind" | "metadata")
+                };
+                let len = map.keys().filter(|k| !skipped(k)).count() as u64;
                 if let Some(max) = node.max_properties
                     && len > max
                 {
@@ -749,11 +758,11 @@ impl Schema {
                     );
                 }
                 for (k, child) in map {
-                    if node.embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    if skipped(k) {
                         continue;
                     }
                     if let Some(c) = self.child(n, k) {
-                        self.check(c, child, &field(path, k), out, depth + 1);
+                        self.check(c, child, &field(path, k), out, depth + 1, false);
                     }
                 }
                 if node.embedded {
@@ -771,11 +780,11 @@ impl Schema {
             Value::Bool(_) | Value::Null => {}
         }
         for a in &node.all_of {
-            self.check(*a, v, path, out, depth + 1);
+            self.check(*a, v, path, out, depth + 1, envelope);
         }
         let passes = |s: usize| {
             let mut scratch = Vec::new();
-            self.check(s, v, path, &mut scratch, depth + 1);
+            self.check(s, v, path, &mut scratch, depth + 1, envelope);
             scratch.is_empty()
         };
         if !node.any_of.is_empty() && !node.any_of.iter().any(|s| passes(*s)) {
