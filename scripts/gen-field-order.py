@@ -60,6 +60,10 @@ KINDS = [
     ("apiextensions.k8s.io", "CustomResourceDefinition",
      "apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition"),
     ("apiregistration.k8s.io", "APIService", "kube_aggregator.pkg.apis.apiregistration.v1.APIService"),
+    ("admissionregistration.k8s.io", "MutatingWebhookConfiguration",
+     "api.admissionregistration.v1.MutatingWebhookConfiguration"),
+    ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration",
+     "api.admissionregistration.v1.ValidatingWebhookConfiguration"),
 ]
 
 

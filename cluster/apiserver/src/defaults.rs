@@ -77,6 +77,12 @@ pub fn apply(res: &Resource, obj: &mut Value) {
                 }
             }
         }
+        (crate::catalog::ADMISSIONREGISTRATION, kind) => {
+            let mutating = kind == "MutatingWebhookConfiguration";
+            for hook in obj["webhooks"].as_array_mut().into_iter().flatten() {
+                webhook(hook, mutating);
+            }
+        }
         (crate::catalog::APIEXTENSIONS, "CustomResourceDefinition") => {
             set(&mut obj["spec"], "conversion", json!({"strategy": "None"}));
         }
@@ -272,6 +278,30 @@ pub(crate) fn requests_from_limits(c: &mut Value) {
         if c["resources"]["requests"][&k].is_null() {
             c["resources"]["requests"][&k] = v;
         }
+    }
+}
+
+/// admissionregistration/v1's defaults of one webhook: fail closed, equivalent-version
+/// matching, every namespace and object, 10 s, rules of any scope, service port 443 and
+/// (mutating) no reinvocation.
+fn webhook(hook: &mut Value, mutating: bool) {
+    set(hook, "failurePolicy", json!("Fail"));
+    set(hook, "matchPolicy", json!("Equivalent"));
+    set(hook, "namespaceSelector", json!({}));
+    set(hook, "objectSelector", json!({}));
+    set(hook, "timeoutSeconds", json!(10));
+    if mutating {
+        set(hook, "reinvocationPolicy", json!("Never"));
+    }
+    for rule in hook["rules"].as_array_mut().into_iter().flatten() {
+        set(rule, "scope", json!("*"));
+    }
+    if let Some(service) = hook
+        .get_mut("clientConfig")
+        .and_then(|c| c.get_mut("service"))
+        .filter(|s| s.is_object())
+    {
+        set(service, "port", json!(443));
     }
 }
 

@@ -97,6 +97,12 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("networking.k8s.io", "NetworkPolicy") => typed::<networking::v1::NetworkPolicy>(),
         ("storage.k8s.io", "StorageClass") => typed::<storage::v1::StorageClass>(),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => typed::<Crd>(),
+        ("admissionregistration.k8s.io", "MutatingWebhookConfiguration") => {
+            typed::<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>()
+        }
+        ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration") => {
+            typed::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>()
+        }
         ("apiregistration.k8s.io", "APIService") => {
             typed::<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService>()
         }

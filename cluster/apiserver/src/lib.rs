@@ -14,6 +14,7 @@ pub mod crd;
 pub mod defaults;
 pub mod discovery;
 pub mod fairness;
+pub(crate) mod follow;
 #[rustfmt::skip]
 pub mod field_order;
 pub mod http;
@@ -31,5 +32,6 @@ pub mod serve;
 pub mod table;
 pub mod validation;
 pub mod watchcache;
+pub mod webhooks;
 
 pub use tessera_client::{catalog, quota, request, status, types, yaml};

@@ -32,6 +32,10 @@ pub struct ApiMetrics {
     pub(crate) custom_resources: prometheus::IntGauge,
     /// Custom objects deleted with their CRD.
     pub(crate) crd_cleanup_deleted: prometheus::IntCounter,
+    /// Admission webhook calls, by webhook, type, operation and outcome.
+    pub(crate) webhook_calls: IntCounterVec,
+    /// Admission webhook call latency, by webhook and type.
+    pub(crate) webhook_duration: HistogramVec,
 }
 
 impl ApiMetrics {
@@ -117,6 +121,27 @@ impl ApiMetrics {
                 "tessera_apiserver_crd_cleanup_deleted_objects_total",
                 "Custom objects deleted because their CustomResourceDefinition was deleted.",
             )?,
+            webhook_calls: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_admission_webhook_calls_total",
+                    "Admission webhook calls, by webhook name, type (admit: mutating, \
+                     validating), operation and outcome (allowed, denied, failed: the request \
+                     was refused because the webhook could not be called, ignored: it could \
+                     not be called and its failurePolicy is Ignore).",
+                ),
+                &["name", "type", "operation", "outcome"],
+            )?,
+            webhook_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_apiserver_admission_webhook_duration_seconds",
+                    "Time of one admission webhook call (connect, TLS, the webhook's work).",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0,
+                ]),
+                &["name", "type"],
+            )?,
             binding_batches: IntCounterVec::new(
                 Opts::new(
                     "tessera_apiserver_binding_batches_total",
@@ -152,6 +177,8 @@ impl ApiMetrics {
         registry.register(Box::new(m.rbac_objects.clone()))?;
         registry.register(Box::new(m.custom_resources.clone()))?;
         registry.register(Box::new(m.crd_cleanup_deleted.clone()))?;
+        registry.register(Box::new(m.webhook_calls.clone()))?;
+        registry.register(Box::new(m.webhook_duration.clone()))?;
         registry.register(Box::new(m.write_batch.clone()))?;
         registry.register(Box::new(m.write_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;

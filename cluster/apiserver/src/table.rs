@@ -179,6 +179,10 @@ fn columns(res: &Resource) -> Vec<Column> {
         (crate::catalog::APIEXTENSIONS, "customresourcedefinitions") => {
             vec![NAME, c("Created At", "date", 0)]
         }
+        (
+            crate::catalog::ADMISSIONREGISTRATION,
+            "mutatingwebhookconfigurations" | "validatingwebhookconfigurations",
+        ) => vec![NAME, c("Webhooks", "integer", 0), AGE],
         (crate::catalog::APIREGISTRATION, "apiservices") => vec![
             NAME,
             c("Service", "string", 0),
@@ -828,6 +832,13 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
         }
         (crate::catalog::APIEXTENSIONS, "customresourcedefinitions") => {
             vec![name, o["metadata"]["creationTimestamp"].clone()]
+        }
+        (
+            crate::catalog::ADMISSIONREGISTRATION,
+            "mutatingwebhookconfigurations" | "validatingwebhookconfigurations",
+        ) => {
+            let count = o["webhooks"].as_array().map_or(0, Vec::len);
+            vec![name, json!(count), age_v]
         }
         (crate::catalog::APIREGISTRATION, "apiservices") => {
             let svc = &spec["service"];

@@ -8,6 +8,8 @@ use tessera_core::quantity::Quantity;
 use crate::catalog::Resource;
 use crate::status::Cause;
 
+mod webhooks;
+
 /// Collects causes.
 #[derive(Default, Debug)]
 pub struct Errors(pub Vec<Cause>);
@@ -183,6 +185,9 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                     &["Delete", "Recycle", "Retain"],
                 );
             }
+        }
+        (crate::catalog::ADMISSIONREGISTRATION, kind) => {
+            webhooks::configuration(obj, kind == "MutatingWebhookConfiguration", &mut e);
         }
         ("", "PodTemplate") => pod_spec(&obj["template"]["spec"], "template.spec", false, &mut e),
         ("networking.k8s.io", "Ingress") => ingress_spec(spec, &mut e),

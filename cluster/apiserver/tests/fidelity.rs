@@ -131,6 +131,11 @@ fn minimal(kind: &str) -> Option<Value> {
             json!({"metadata": meta, "spec": {"podSelector": {"matchLabels": {"app": "x"}}}})
         }
         "StorageClass" => json!({"metadata": meta, "provisioner": "tessera.io/hostpath"}),
+        // A webhook with nothing to reach: it selects no request (no rules).
+        "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration" => json!({
+            "metadata": meta, "webhooks": [{"name": "x.example.com", "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"url": "https://127.0.0.1:1/x"}}]}),
         // An APIService's name is its version and group.
         "APIService" => json!({"metadata": {"name": "v1.example.com"}, "spec": {
             "group": "example.com", "version": "v1", "groupPriorityMinimum": 100,

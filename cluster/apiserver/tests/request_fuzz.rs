@@ -130,6 +130,21 @@ fn valid(kind: &str) -> Value {
             "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "1"}]}]}}),
         "Service" => json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
             "spec": {"selector": {"app": "d"}, "ports": [{"port": 80}]}}),
+        // Webhooks of every option, unreachable (nothing listens on port 1).
+        "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration" => {
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+            "metadata": {"name": "hooks"}, "webhooks": [{"name": "a.example.com",
+                "sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Ignore",
+                "timeoutSeconds": 5, "matchPolicy": "Exact",
+                "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["b"]}]},
+                "objectSelector": {"matchLabels": {"c": "d"}},
+                "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                    "resources": ["configmaps", "pods/status"], "scope": "Namespaced"}],
+                "clientConfig": {"url": "https://127.0.0.1:1/x"}},
+                {"name": "b.example.com", "sideEffects": "NoneOnDryRun", "admissionReviewVersions": ["v1"],
+                "rules": [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*/*"]}],
+                "clientConfig": {"service": {"namespace": "fz", "name": "hook", "port": 8443, "path": "/v"}}}]})
+        }
         "Role" => json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "r"}, "rules": [{"apiGroups": [""], "resources": ["pods"],
                 "verbs": ["get", "list"], "resourceNames": ["p"]}]}),
@@ -365,6 +380,26 @@ fn mutated_objects_are_accepted_or_refused_cleanly() {
         check(&h, request_for(resource_of(kind), verb, &name, doc.to_string().into_bytes()))?;
     });
     println!("mutated objects: {} inputs", n.into_inner());
+}
+
+/// Webhook configurations, mutated, in a harness of their own: one that a mutation left
+/// failing closed on every request would rightly fail the other tests' requests (requests
+/// on webhook configurations themselves never go to webhooks).
+#[test]
+fn mutated_webhook_configurations_are_accepted_or_refused_cleanly() {
+    let h = harness();
+    let n = std::sync::atomic::AtomicU64::new(0);
+    proptest!(ProptestConfig::with_cases(cases()), |(
+        kind in prop_oneof![Just("ValidatingWebhookConfiguration"), Just("MutatingWebhookConfiguration")],
+        muts in prop::collection::vec(mutation(), 1..5),
+        verb in verb(),
+    )| {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = valid(kind);
+        let doc = mutate(base.clone(), &muts);
+        check(&h, request_for(resource_of(kind), verb, "hooks", doc.to_string().into_bytes()))?;
+    });
+    println!("mutated webhook configurations: {} inputs", n.into_inner());
 }
 
 #[test]

@@ -103,6 +103,9 @@ pub const RBAC: &str = "rbac.authorization.k8s.io";
 /// The group of APIServices.
 pub const APIREGISTRATION: &str = "apiregistration.k8s.io";
 
+/// The group of admission webhook configurations.
+pub const ADMISSIONREGISTRATION: &str = "admissionregistration.k8s.io";
+
 /// The group of CustomResourceDefinitions.
 pub const APIEXTENSIONS: &str = "apiextensions.k8s.io";
 
@@ -426,6 +429,28 @@ pub const RESOURCES: &[Resource] = &[
         &[],
         &["api-extensions"],
         &[status(APIREGISTRATION, "v1", "APIService")],
+    ),
+    r(
+        ADMISSIONREGISTRATION,
+        "v1",
+        "mutatingwebhookconfigurations",
+        "mutatingwebhookconfiguration",
+        "MutatingWebhookConfiguration",
+        false,
+        &[],
+        &["api-extensions"],
+        &[],
+    ),
+    r(
+        ADMISSIONREGISTRATION,
+        "v1",
+        "validatingwebhookconfigurations",
+        "validatingwebhookconfiguration",
+        "ValidatingWebhookConfiguration",
+        false,
+        &[],
+        &["api-extensions"],
+        &[],
     ),
     r(
         APIEXTENSIONS,

@@ -20,6 +20,7 @@ const BUILTIN_GROUPS: &[&str] = &[
     "rbac.authorization.k8s.io",
     "storage.k8s.io",
     "discovery.k8s.io",
+    "admissionregistration.k8s.io",
     "events.k8s.io",
     "certificates.k8s.io",
     "node.k8s.io",

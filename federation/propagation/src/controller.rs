@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
 };
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tessera_client::catalog::{APIEXTENSIONS, RBAC, Resource};
+use tessera_client::catalog::{ADMISSIONREGISTRATION, APIEXTENSIONS, RBAC, Resource};
 use tessera_client::client::Client;
 use tessera_client::request::{PatchType, find_resource};
 use tessera_client::types::{FAILOVER_ANNOTATION, FEDERATED_LABEL, Placement, PodGroup, Tenant};
@@ -627,6 +627,7 @@ impl<T: tessera_runtime::informer::Object + serde::Serialize> HeldCache for Arc<
 }
 
 fn held_informers(o: &Options) -> Vec<(&'static str, Arc<dyn HeldCache>)> {
+    use k8s_openapi::api::admissionregistration::v1 as admission;
     use k8s_openapi::api::rbac::v1 as rbac;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as ext;
     vec![
@@ -660,6 +661,24 @@ fn held_informers(o: &Options) -> Vec<(&'static str, Arc<dyn HeldCache>)> {
                 "customresourcedefinitions",
             )),
         ),
+        (
+            "mutatingwebhookconfigurations",
+            Arc::new(informer::<admission::MutatingWebhookConfiguration>(
+                o,
+                ADMISSIONREGISTRATION,
+                "v1",
+                "mutatingwebhookconfigurations",
+            )),
+        ),
+        (
+            "validatingwebhookconfigurations",
+            Arc::new(informer::<admission::ValidatingWebhookConfiguration>(
+                o,
+                ADMISSIONREGISTRATION,
+                "v1",
+                "validatingwebhookconfigurations",
+            )),
+        ),
     ]
 }
 
@@ -672,8 +691,8 @@ fn is_bootstrap_default(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::O
 }
 
 /// A held object as the shards should hold it: an RBAC object (an aggregated ClusterRole
-/// without rules: each shard's aggregation controller fills them) or a CRD's spec (each
-/// shard's API server keeps its status).
+/// without rules: each shard's aggregation controller fills them), a CRD's spec (each
+/// shard's API server keeps its status) or a webhook configuration's webhooks.
 pub fn held_manifest(obj: &Value, plural: &str) -> Value {
     let (group, _, kind) = HELD_KINDS
         .iter()
@@ -685,6 +704,8 @@ pub fn held_manifest(obj: &Value, plural: &str) -> Value {
     obj["kind"] = json!(kind);
     let fields: &[&str] = if group == APIEXTENSIONS {
         &["spec"]
+    } else if group == ADMISSIONREGISTRATION {
+        &["webhooks"]
     } else if obj["aggregationRule"].is_object() {
         &["aggregationRule"]
     } else {

@@ -51,7 +51,13 @@ pub(super) fn delete_options(req: &ApiRequest) -> Result<DeleteOpts, ApiError> {
 }
 
 impl Api {
-    pub(super) async fn delete(&self, req: &ApiRequest) -> Result<ApiResponse, ApiError> {
+    /// Deletes the object `req` names; `user` None for deletes the server makes itself
+    /// (an eviction's), which admission webhooks do not see.
+    pub(super) async fn delete(
+        &self,
+        req: &ApiRequest,
+        user: Option<&User>,
+    ) -> Result<ApiResponse, ApiError> {
         let res = req.resource;
         let name = req.name.clone().unwrap_or_default();
         let opts = delete_options(req)?;
@@ -60,7 +66,7 @@ impl Api {
                 .read(res, req.namespace.as_deref(), &name)
                 .await?
                 .ok_or_else(|| ApiError::not_found(res.group, res.plural, &name))?;
-            match self.delete_one(req, &opts, current, kv).await {
+            match self.delete_one(req, user, &opts, current, kv).await {
                 Err(e) if e.reason == "Conflict" && opts.precondition_rv.is_none() => continue,
                 other => return other,
             }
@@ -71,6 +77,7 @@ impl Api {
     pub(super) async fn delete_one(
         &self,
         req: &ApiRequest,
+        user: Option<&User>,
         opts: &DeleteOpts,
         current: Value,
         kv: KeyValue,
@@ -104,6 +111,18 @@ impl Api {
                         .unwrap_or_default()
                 ),
             ));
+        }
+        if let Some(user) = user
+            && let Some(mut admission) = self
+                .admission(req, user, crate::webhooks::Operation::Delete)
+                .await?
+        {
+            let mut warnings = Vec::new();
+            let mut none = Value::Null;
+            self.mutate_by_webhooks(&mut admission, &mut none, Some(&current), &mut warnings)
+                .await?;
+            self.validate_by_webhooks(&mut admission, None, Some(&current), &mut warnings)
+                .await?;
         }
         let mut next = current.clone();
         let finalizers: Vec<String> = next["metadata"]["finalizers"]
@@ -264,6 +283,7 @@ impl Api {
     pub(super) async fn delete_collection(
         &self,
         req: &ApiRequest,
+        user: &User,
         allowed: &Option<Vec<String>>,
     ) -> Result<ApiResponse, ApiError> {
         let found = self.list_items(req, allowed).await?;
@@ -282,7 +302,7 @@ impl Api {
             else {
                 continue;
             };
-            match self.delete_one(&one, &opts, current, kv).await {
+            match self.delete_one(&one, Some(user), &opts, current, kv).await {
                 Ok(ApiResponse::Object { body, .. }) => deleted.push(body),
                 Ok(_) => {}
                 Err(e) if e.code == 404 || e.code == 409 => {}

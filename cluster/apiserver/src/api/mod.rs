@@ -22,10 +22,12 @@ mod read;
 pub mod resource_metrics;
 mod subresources;
 mod tenant_quota;
+mod webhooks;
 mod write;
 
 use crate::quota::{qos_class, quantity_json, quantity_map};
 pub use agents::NodeProxy;
+pub(crate) use subresources::selects;
 use subresources::{from_scale, to_scale, to_scale_plain};
 
 use std::collections::BTreeMap;
@@ -104,6 +106,8 @@ pub struct Api {
     default_tolerations: admission::DefaultTolerations,
     /// The CustomResourceDefinitions served.
     crds: crate::crd::Crds,
+    /// The admission webhooks called.
+    webhooks: crate::webhooks::Webhooks,
     /// Set by a process that serves only while it leads (a standby federation): `/readyz`
     /// fails while it is false, so a Service sends nothing to a standby.
     ready_gate: Option<Arc<std::sync::atomic::AtomicBool>>,
@@ -113,7 +117,7 @@ pub struct Api {
 /// pod security). Kept per namespace with the revision they were read at, so a create
 /// decodes its namespace only after the namespace changed.
 #[derive(Clone)]
-struct NamespaceFacts {
+pub(super) struct NamespaceFacts {
     revision: i64,
     terminating: bool,
     labels: Value,
@@ -253,6 +257,7 @@ impl Api {
                 Arc::new(|ty: &str, value: &[u8], rev: i64| event_line(ty, value, rev).ok()),
             ),
             crds: crate::crd::Crds::new(store.clone(), metrics.clone()),
+            webhooks: crate::webhooks::Webhooks::new(store.clone()),
             store,
             metrics,
             tenants: Arc::default(),
@@ -452,8 +457,10 @@ impl Api {
                     .await
             }
             (Verb::Patch(pt), _) => self.patch(&req, user, pt).await,
-            (Verb::Delete, None) => self.delete(&req).await,
-            (Verb::DeleteCollection, None) => self.delete_collection(&req, &scope.namespaces).await,
+            (Verb::Delete, None) => self.delete(&req, Some(user)).await,
+            (Verb::DeleteCollection, None) => {
+                self.delete_collection(&req, user, &scope.namespaces).await
+            }
             (v, Some(s)) => Err(ApiError::new(
                 405,
                 "MethodNotAllowed",

@@ -192,6 +192,7 @@ impl Api {
         if super::custom::is_crd(res) {
             self.crds.applied(key, obj, rev);
         }
+        self.webhooks.applied(res, key, obj, rev);
     }
 
     /// `POST .../serviceaccounts/NAME/token` (`kubectl create token`): a token for the

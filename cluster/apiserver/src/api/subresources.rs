@@ -249,7 +249,8 @@ impl Api {
             self.spend_budget(&ns, &pod).await?;
         }
         if !req.params.dry_run {
-            self.delete(&delete).await?;
+            // The eviction itself is what is admitted (as in Kubernetes), not this delete.
+            self.delete(&delete, None).await?;
         }
         Ok(ApiResponse::Object {
             code: 201,
@@ -330,7 +331,7 @@ impl Api {
 
 /// Whether a `metav1.LabelSelector` selects objects with `labels` (an empty selector selects
 /// everything, as a PodDisruptionBudget's does).
-pub(super) fn selects(selector: &Value, labels: &Value) -> bool {
+pub(crate) fn selects(selector: &Value, labels: &Value) -> bool {
     if !selector.is_object() {
         // policy/v1: a budget without a selector covers no pod.
         return false;

@@ -331,6 +331,32 @@ impl Api {
         Ok(obj)
     }
 
+    /// An object a mutating webhook changed, decoded into its kind's type again (fields the
+    /// type does not have dropped, as Kubernetes drops them from patched objects).
+    fn retyped(&self, req: &ApiRequest, obj: Value) -> Result<Value, ApiError> {
+        let mut lenient = req.clone();
+        lenient.params.field_validation = FieldValidation::Ignore;
+        Ok(self.typed(&lenient, obj)?.0)
+    }
+
+    /// A new object a mutating webhook changed: decoded and validated again, as a new one
+    /// is.
+    fn admitted_again(&self, req: &ApiRequest, obj: Value) -> Result<Value, ApiError> {
+        let res = req.resource;
+        let obj = self.retyped(req, obj)?;
+        let mut errors = validation::validate(res, &obj);
+        self.validate_more(res, &obj, None, &mut errors.0);
+        if !errors.is_empty() {
+            return Err(ApiError::invalid(
+                res.group,
+                res.kind,
+                name_of(&obj),
+                errors.0,
+            ));
+        }
+        Ok(obj)
+    }
+
     /// A Tenant's namespaces are its own: one another Tenant already lists is refused (a
     /// token of either would reach the other's objects there).
     async fn check_tenant_namespaces(&self, res: &Resource, obj: &Value) -> Result<(), ApiError> {
@@ -373,18 +399,35 @@ impl Api {
     }
 
     /// A tenant may not label a namespace of its own with a Pod Security level looser than
-    /// its Tenant allows (it would not take effect anyway: the stricter one is enforced).
+    /// its Tenant allows (it would not take effect anyway: the stricter one is enforced),
+    /// nor set, change or remove a label an admission webhook selects namespaces by (it
+    /// would take its namespace out of the webhook's reach, or into another's).
     async fn check_namespace_labels(
         &self,
         res: &Resource,
         user: &User,
         obj: &Value,
+        current: Option<&Value>,
     ) -> Result<(), ApiError> {
         use super::pod_security::{Level, TENANT_DEFAULT, looser_label};
         if res.plural != "namespaces" || !res.group.is_empty() || !user.is_tenant_side() {
             return Ok(());
         }
         let name = name_of(obj);
+        let labels = &obj["metadata"]["labels"];
+        let before = current.map_or(&Value::Null, |c| &c["metadata"]["labels"]);
+        let webhooks = self.webhooks.snapshot().await?;
+        for hook in webhooks.mutating.iter().chain(&webhooks.validating) {
+            if let Some(key) = hook
+                .namespace_label_keys()
+                .find(|k| labels.get(*k) != before.get(*k))
+            {
+                return Err(ApiError::forbidden(format!(
+                    "namespaces {name:?} is forbidden: admission webhook {:?} selects namespaces by label {key}, so only a cluster admin may set, change or remove it",
+                    hook.name
+                )));
+            }
+        }
         let Some(tenant) = self.tenant_of(name).await? else {
             return Ok(());
         };
@@ -406,6 +449,22 @@ impl Api {
     /// Checks the namespace of a new object exists and is not being deleted; its labels
     /// (for Pod Security admission, which then needs no second read).
     pub(super) async fn check_namespace(&self, ns: &str) -> Result<Value, ApiError> {
+        let Some(facts) = self.namespace_facts(ns).await? else {
+            return Err(ApiError::not_found("", "namespaces", ns));
+        };
+        if facts.terminating {
+            return Err(ApiError::forbidden(format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            )));
+        }
+        Ok(facts.labels)
+    }
+
+    /// What writes need of namespace `ns` (None if it does not exist).
+    pub(super) async fn namespace_facts(
+        &self,
+        ns: &str,
+    ) -> Result<Option<NamespaceFacts>, ApiError> {
         let ns_res = crate::request::find_resource("", "v1", "namespaces")?;
         // Read at every create (it may have just gone), decoded only when it changed.
         let Some(kv) = self
@@ -415,7 +474,7 @@ impl Api {
             .map_err(store_error)?
         else {
             self.namespaces.lock().remove(ns);
-            return Err(ApiError::not_found("", "namespaces", ns));
+            return Ok(None);
         };
         let known = self
             .namespaces
@@ -423,29 +482,21 @@ impl Api {
             .get(ns)
             .filter(|f| f.revision == kv.mod_revision)
             .cloned();
-        let facts = match known {
-            Some(f) => f,
-            None => {
-                let mut n = decode_stored(&kv)?;
-                let f = NamespaceFacts {
-                    revision: kv.mod_revision,
-                    terminating: n["metadata"]["deletionTimestamp"].is_string(),
-                    labels: n["metadata"]["labels"].take(),
-                };
-                let mut known = self.namespaces.lock();
-                if known.len() >= NAMESPACES_REMEMBERED {
-                    known.clear();
-                }
-                known.insert(ns.to_owned(), f.clone());
-                f
-            }
-        };
-        if facts.terminating {
-            return Err(ApiError::forbidden(format!(
-                "unable to create new content in namespace {ns} because it is being terminated"
-            )));
+        if let Some(f) = known {
+            return Ok(Some(f));
         }
-        Ok(facts.labels)
+        let mut n = decode_stored(&kv)?;
+        let f = NamespaceFacts {
+            revision: kv.mod_revision,
+            terminating: n["metadata"]["deletionTimestamp"].is_string(),
+            labels: n["metadata"]["labels"].take(),
+        };
+        let mut known = self.namespaces.lock();
+        if known.len() >= NAMESPACES_REMEMBERED {
+            known.clear();
+        }
+        known.insert(ns.to_owned(), f.clone());
+        Ok(Some(f))
     }
 
     pub(super) async fn create(
@@ -482,13 +533,11 @@ impl Api {
     ) -> Result<ApiResponse, ApiError> {
         let mut obj = self.prepare_new(req, user, obj, applied).await?;
         let res = req.resource;
-        if let Some(ns) = req.namespace.as_deref() {
-            let labels = self.check_namespace(ns).await?;
-            self.admit_pod_security(res, ns, Some(&labels), &obj, &mut warnings)
-                .await?;
-        }
-        self.check_namespace_labels(res, user, &obj).await?;
-        self.check_rbac_write(res, user, &obj, None).await?;
+        let labels = match req.namespace.as_deref() {
+            Some(ns) => Some(self.check_namespace(ns).await?),
+            None => None,
+        };
+        // Mutating admission: the server's own, then webhooks.
         if res.plural == "persistentvolumeclaims" && res.group.is_empty() {
             self.default_storage_class(&mut obj).await?;
         }
@@ -496,6 +545,27 @@ impl Api {
             self.apply_limit_ranges(req, &mut obj).await?;
             self.apply_priority(&mut obj).await?;
             self.default_tolerations.apply(&mut obj);
+        }
+        let mut admission = self
+            .admission(req, user, crate::webhooks::Operation::Create)
+            .await?;
+        if let Some(a) = admission.as_mut()
+            && self
+                .mutate_by_webhooks(a, &mut obj, None, &mut warnings)
+                .await?
+        {
+            obj = self.admitted_again(req, obj)?;
+        }
+        // Validating admission: the server's own, then webhooks.
+        if let (Some(ns), Some(labels)) = (req.namespace.as_deref(), labels.as_ref()) {
+            self.admit_pod_security(res, ns, Some(labels), &obj, &mut warnings)
+                .await?;
+        }
+        self.check_namespace_labels(res, user, &obj, None).await?;
+        self.check_rbac_write(res, user, &obj, None).await?;
+        if let Some(a) = admission.as_mut() {
+            self.validate_by_webhooks(a, Some(&obj), None, &mut warnings)
+                .await?;
         }
         if res.plural == "resourcequotas"
             && let Some(ns) = req.namespace.as_deref()
@@ -744,6 +814,9 @@ impl Api {
         let res = req.resource;
         let name = req.name.clone().unwrap_or_default();
         let ns = req.namespace.as_deref();
+        let mut admission = self
+            .admission(req, user, crate::webhooks::Operation::Update)
+            .await?;
         for _attempt in 0..16 {
             let (current, kv) = self
                 .read(res, ns, &name)
@@ -762,6 +835,14 @@ impl Api {
             warnings.extend(w);
             if req.subresource.as_deref() == Some("scale") {
                 proposed = from_scale(self.scale_paths(res).as_ref(), &current, &proposed)?;
+            }
+            if let Some(a) = admission.as_mut()
+                && self
+                    .mutate_by_webhooks(a, &mut proposed, Some(&current), &mut warnings)
+                    .await?
+                && req.subresource.as_deref() != Some("scale")
+            {
+                proposed = self.retyped(req, proposed)?;
             }
             let pinned = proposed["metadata"]["resourceVersion"]
                 .as_str()
@@ -794,7 +875,8 @@ impl Api {
             }
             self.check_tenant_namespaces(res, &next).await?;
             self.check_placement_shards(res, &next).await?;
-            self.check_namespace_labels(res, user, &next).await?;
+            self.check_namespace_labels(res, user, &next, Some(&current))
+                .await?;
             self.check_rbac_write(res, user, &next, Some(&current))
                 .await?;
             if req.subresource.is_none()
@@ -802,6 +884,10 @@ impl Api {
                 && let Some(ns) = req.namespace.as_deref()
             {
                 self.admit_pod_security(res, ns, None, &next, &mut warnings)
+                    .await?;
+            }
+            if let Some(a) = admission.as_mut() {
+                self.validate_by_webhooks(a, Some(&next), Some(&current), &mut warnings)
                     .await?;
             }
             if req.params.dry_run {

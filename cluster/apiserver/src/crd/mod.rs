@@ -17,12 +17,11 @@
 pub mod schema;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde_json::{Value, json};
-use tessera_store::{EventKind, ListRequest, Op, Store};
+use tessera_store::{ListRequest, Op, Store};
 use tokio::sync::{OnceCell, oneshot};
 
 use crate::catalog::{self, APIEXTENSIONS, Lookup, Resource};
@@ -319,7 +318,7 @@ impl Crds {
                 let from = relist(&self.inner).await?;
                 let weak = Arc::downgrade(&self.inner);
                 let stopped = self.inner.stopped.lock().take();
-                tokio::spawn(watch(weak, from, stopped));
+                tokio::spawn(crate::follow::follow(weak, from, stopped));
                 Ok::<(), ApiError>(())
             };
             match tokio::time::timeout(WAIT, self.inner.started.get_or_try_init(|| init)).await {
@@ -547,56 +546,27 @@ async fn relist(inner: &Arc<Inner>) -> Result<tessera_store::Revision, ApiError>
     Ok(page.revision)
 }
 
-async fn watch(
-    inner: Weak<Inner>,
-    mut from: tessera_store::Revision,
-    stopped: Option<oneshot::Receiver<()>>,
-) {
-    let Some(mut stopped) = stopped else {
-        return;
-    };
-    let follow = async move {
-        loop {
-            let Some(strong) = inner.upgrade() else {
-                return;
-            };
-            let store = strong.store.clone();
-            drop(strong);
-            match store.watch(prefix().as_bytes(), Some(from.clone())).await {
-                Ok(mut stream) => {
-                    while let Some(Ok(batch)) = stream.next().await {
-                        let Some(strong) = inner.upgrade() else {
-                            return;
-                        };
-                        for ev in &batch.events {
-                            let crd = (ev.kind == EventKind::Put)
-                                .then(|| serde_json::from_slice::<Value>(&ev.kv.value).ok())
-                                .flatten();
-                            if ev.kind == EventKind::Put && crd.is_none() {
-                                continue;
-                            }
-                            apply(&strong, &ev.kv.key, crd.as_ref(), ev.kv.mod_revision);
-                        }
-                        from = batch.revision;
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "watching CustomResourceDefinitions"),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let Some(strong) = inner.upgrade() else {
-                return;
-            };
-            match relist(&strong).await {
-                Ok(rev) => from = rev,
-                Err(e) => {
-                    tracing::warn!(error = %e.message, "listing CustomResourceDefinitions again")
-                }
-            }
-        }
-    };
-    tokio::select! {
-        _ = follow => {}
-        _ = &mut stopped => {}
+impl crate::follow::Follower for Inner {
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    fn prefix(&self) -> String {
+        prefix()
+    }
+
+    fn what(&self) -> &'static str {
+        "CustomResourceDefinitions"
+    }
+
+    fn relist(
+        self: &Arc<Self>,
+    ) -> impl std::future::Future<Output = Result<tessera_store::Revision, ApiError>> + Send {
+        relist(self)
+    }
+
+    fn apply(self: &Arc<Self>, key: &[u8], crd: Option<&Value>, rev: i64) {
+        apply(self, key, crd, rev);
     }
 }
 

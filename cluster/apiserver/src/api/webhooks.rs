@@ -1,0 +1,390 @@
+//! Admission webhooks on the write path ([`crate::webhooks`]): which webhooks select a
+//! request, calling them, applying mutating webhooks' patches and refusing what a
+//! validating webhook denies.
+//!
+//! Where they run, as in kube-apiserver: after the server's own defaults and mutating
+//! admission (LimitRanges, priorities, default tolerations and storage class), mutating
+//! webhooks; then the object is decoded and validated again if they changed it; then the
+//! validating checks (Pod Security, RBAC escalation) and validating webhooks; quotas last.
+
+use std::time::Instant;
+
+use super::*;
+use crate::webhooks::{self, Attributes, Hook, Operation, Review, Snapshot, Target};
+
+/// A request as webhooks see it.
+pub(super) struct Admission<'a> {
+    snapshot: Arc<Snapshot>,
+    req: &'a ApiRequest,
+    user: &'a User,
+    operation: Operation,
+    /// The namespace's labels, read when a selector first needs them (None inside: the
+    /// namespace is not there).
+    namespace_labels: Option<Option<Value>>,
+}
+
+/// The object a webhook sees for `req`: a Scale for the scale subresource, else the object.
+fn view(req: &ApiRequest, api: &Api, obj: &Value) -> Value {
+    match req.subresource.as_deref() {
+        Some("scale") => to_scale_plain(req.resource, api.scale_paths(req.resource).as_ref(), obj),
+        _ => obj.clone(),
+    }
+}
+
+impl Api {
+    /// The webhooks that may judge `req` for `operation`, or None when none can (no
+    /// configuration: the common case, one snapshot read).
+    pub(super) async fn admission<'a>(
+        &self,
+        req: &'a ApiRequest,
+        user: &'a User,
+        operation: Operation,
+    ) -> Result<Option<Admission<'a>>, ApiError> {
+        if !webhooks::admits(req.resource)
+            || matches!(req.subresource.as_deref(), Some("binding" | "eviction"))
+        {
+            return Ok(None);
+        }
+        let snapshot = self.webhooks.snapshot().await?;
+        if snapshot.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Admission {
+            snapshot,
+            req,
+            user,
+            operation,
+            namespace_labels: None,
+        }))
+    }
+
+    fn attributes<'a>(req: &'a ApiRequest, operation: Operation) -> Attributes<'a> {
+        Attributes {
+            operation,
+            group: req.resource.group,
+            version: req.resource.version,
+            resource: req.resource.plural,
+            subresource: req.subresource.as_deref(),
+            namespaced: req.resource.namespaced,
+        }
+    }
+
+    /// The webhooks of `hooks` that select the request (with the version each sees it in),
+    /// by rules, object selector and namespace selector.
+    async fn selected(
+        &self,
+        a: &mut Admission<'_>,
+        mutating: bool,
+        obj: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<Vec<(Arc<Hook>, String)>, ApiError> {
+        let attrs = Api::attributes(a.req, a.operation);
+        let served = self.crds.current();
+        let hooks = if mutating {
+            &a.snapshot.mutating
+        } else {
+            &a.snapshot.validating
+        };
+        let mut out = Vec::new();
+        for hook in hooks.iter() {
+            let Some(version) = hook.selects(&attrs, served.as_ref()) else {
+                continue;
+            };
+            if !hook.object_matches(obj, old) {
+                continue;
+            }
+            if hook.needs_namespace() {
+                let is_namespace =
+                    a.req.resource.group.is_empty() && a.req.resource.plural == "namespaces";
+                let labels = if is_namespace {
+                    // A Namespace is judged by its own labels.
+                    obj.or(old).map(|o| o["metadata"]["labels"].clone())
+                } else if let Some(ns) = a
+                    .req
+                    .namespace
+                    .as_deref()
+                    .filter(|_| a.req.resource.namespaced)
+                {
+                    if a.namespace_labels.is_none() {
+                        let facts = self.namespace_facts(ns).await?;
+                        a.namespace_labels = Some(facts.map(|f| f.labels));
+                    }
+                    Some(a.namespace_labels.clone().flatten().unwrap_or(Value::Null))
+                } else {
+                    None
+                };
+                if !hook.namespace_matches(labels.as_ref()) {
+                    continue;
+                }
+            }
+            out.push((hook.clone(), version));
+        }
+        Ok(out)
+    }
+
+    /// Runs the mutating webhooks that select the request on `obj` (`old`: the current
+    /// object of an update). True if they changed it. A denial or a failed call of a
+    /// webhook that fails closed refuses the request.
+    pub(super) async fn mutate_by_webhooks(
+        &self,
+        a: &mut Admission<'_>,
+        obj: &mut Value,
+        old: Option<&Value>,
+        warnings: &mut Vec<String>,
+    ) -> Result<bool, ApiError> {
+        let old_view = old.map(|o| view(a.req, self, o));
+        let mut current = view(a.req, self, obj);
+        let object = (a.operation != Operation::Delete).then_some(&current);
+        let selected = self.selected(a, true, object, old_view.as_ref()).await?;
+        if selected.is_empty() {
+            return Ok(false);
+        }
+        let before = current.clone();
+        // Changes counted, and the count after each webhook's call: a webhook with
+        // `reinvocationPolicy: IfNeeded` is called once more if a later one changed the
+        // object after it.
+        let mut changes = 0usize;
+        let mut after = vec![0usize; selected.len()];
+        for (i, (hook, version)) in selected.iter().enumerate() {
+            if self
+                .call_mutating(a, hook, version, &mut current, old_view.as_ref(), warnings)
+                .await?
+            {
+                changes += 1;
+            }
+            after[i] = changes;
+        }
+        if changes > 0 {
+            for (i, (hook, version)) in selected.iter().enumerate() {
+                if hook.reinvoke && after[i] < changes {
+                    self.call_mutating(a, hook, version, &mut current, old_view.as_ref(), warnings)
+                        .await?;
+                }
+            }
+        }
+        if current == before {
+            return Ok(false);
+        }
+        for key in ["name", "namespace"] {
+            if current["metadata"][key] != before["metadata"][key] {
+                return Err(ApiError::internal(format!(
+                    "a mutating admission webhook changed metadata.{key}, which it may not"
+                )));
+            }
+        }
+        *obj = match a.req.subresource.as_deref() {
+            Some("scale") => from_scale(self.scale_paths(a.req.resource).as_ref(), obj, &current)?,
+            _ => current,
+        };
+        Ok(true)
+    }
+
+    /// One mutating call: its patch applied to `obj`; true if that changed it.
+    async fn call_mutating(
+        &self,
+        a: &Admission<'_>,
+        hook: &Hook,
+        version: &str,
+        obj: &mut Value,
+        old: Option<&Value>,
+        warnings: &mut Vec<String>,
+    ) -> Result<bool, ApiError> {
+        let object = (a.operation != Operation::Delete).then_some(&*obj);
+        let Some(verdict) = self.call_webhook(a, hook, version, object, old).await? else {
+            return Ok(false);
+        };
+        warnings.extend(verdict.warnings);
+        let (Some(patch), Operation::Create | Operation::Update) = (verdict.patch, a.operation)
+        else {
+            return Ok(false);
+        };
+        let (api_version, kind) = (obj["apiVersion"].clone(), obj["kind"].clone());
+        let mut patched = obj.clone();
+        if version != a.req.resource.version {
+            let g = a.req.resource.group;
+            patched["apiVersion"] = json!(if g.is_empty() {
+                version.to_owned()
+            } else {
+                format!("{g}/{version}")
+            });
+        }
+        crate::patch::json_patch(&mut patched, &patch).map_err(|e| {
+            ApiError::internal(format!(
+                "the patch of admission webhook {:?} could not be applied: {}",
+                hook.name, e.0
+            ))
+        })?;
+        patched["apiVersion"] = api_version;
+        patched["kind"] = kind;
+        if patched == *obj {
+            return Ok(false);
+        }
+        *obj = patched;
+        Ok(true)
+    }
+
+    /// Runs the validating webhooks that select the request, all at once: the first denial
+    /// (in calling order) refuses it.
+    pub(super) async fn validate_by_webhooks(
+        &self,
+        a: &mut Admission<'_>,
+        obj: Option<&Value>,
+        old: Option<&Value>,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), ApiError> {
+        let obj_view = obj.map(|o| view(a.req, self, o));
+        let old_view = old.map(|o| view(a.req, self, o));
+        let selected = self
+            .selected(a, false, obj_view.as_ref(), old_view.as_ref())
+            .await?;
+        if selected.is_empty() {
+            return Ok(());
+        }
+        let a = &*a;
+        let calls = selected.iter().map(|(hook, version)| {
+            self.call_webhook(a, hook, version, obj_view.as_ref(), old_view.as_ref())
+        });
+        for verdict in futures::future::join_all(calls).await {
+            if let Some(v) = verdict? {
+                warnings.extend(v.warnings);
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls one webhook: its verdict if it allowed the request, None if it could not be
+    /// called and fails open; an error if it denied the request or could not be called and
+    /// fails closed.
+    async fn call_webhook(
+        &self,
+        a: &Admission<'_>,
+        hook: &Hook,
+        version: &str,
+        obj: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<Option<webhooks::Verdict>, ApiError> {
+        let req = a.req;
+        let (group, kind_version, kind) = match req.subresource.as_deref() {
+            Some("scale") => ("autoscaling", "v1", "Scale"),
+            _ => (req.resource.group, req.resource.version, req.resource.kind),
+        };
+        let name = req
+            .name
+            .as_deref()
+            .or_else(|| obj.and_then(|o| o["metadata"]["name"].as_str()))
+            .unwrap_or_default();
+        let review = Review {
+            uid: super::uid(),
+            attributes: Api::attributes(req, a.operation),
+            kind: (group, kind_version, kind),
+            name,
+            namespace: req.namespace.as_deref().filter(|_| req.resource.namespaced),
+            user: (a.user.name(), a.user.groups()),
+            dry_run: req.params.dry_run,
+            field_manager: req.params.field_manager.as_deref(),
+        };
+        let body = review.body(version, obj, old).to_string().into_bytes();
+        let ty = if hook.mutating { "admit" } else { "validating" };
+        let started = Instant::now();
+        let answer = tokio::time::timeout(hook.timeout, async {
+            let target = self.webhook_target(hook).await?;
+            self.webhooks
+                .caller
+                .post(&target, hook.ca_pem.as_ref(), body)
+                .await
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "context deadline exceeded (the webhook's timeout is {}s)",
+                hook.timeout.as_secs()
+            ))
+        })
+        .and_then(|bytes| webhooks::verdict(&bytes, &review.uid, hook.mutating));
+        let outcome = match &answer {
+            Ok(v) if v.allowed => "allowed",
+            Ok(_) => "denied",
+            Err(_) if hook.fail_open => "ignored",
+            Err(_) => "failed",
+        };
+        if let Some(m) = &self.metrics {
+            m.webhook_calls
+                .with_label_values(&[hook.name.as_str(), ty, a.operation.as_str(), outcome])
+                .inc();
+            m.webhook_duration
+                .with_label_values(&[hook.name.as_str(), ty])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        match answer {
+            Ok(v) if v.allowed => Ok(Some(v)),
+            Ok(v) => Err(webhooks::denial(&hook.name, &v.status)),
+            Err(why) if hook.fail_open => {
+                tracing::warn!(webhook = %hook.name, error = %why, "admission webhook could not be called; ignored (failurePolicy Ignore)");
+                Ok(None)
+            }
+            Err(why) => Err(webhooks::failed(&hook.name, &why)),
+        }
+    }
+
+    /// Where `hook` is called: its URL's host, or a ready endpoint of its Service (the
+    /// Service port's target port on an address of its Endpoints).
+    async fn webhook_target(&self, hook: &Hook) -> Result<Target, String> {
+        let (namespace, name, port, path) = match &hook.endpoint {
+            webhooks::Endpoint::Url(uri) => return webhooks::url_target(uri, hook.timeout).await,
+            webhooks::Endpoint::Service {
+                namespace,
+                name,
+                port,
+                path,
+            } => (namespace, name, *port, path),
+        };
+        let read = |plural: &'static str| async move {
+            let res = crate::request::find_resource("", "v1", plural).map_err(|e| e.message)?;
+            self.read(res, Some(namespace), name)
+                .await
+                .map_err(|e| e.message)?
+                .map(|(v, _)| v)
+                .ok_or_else(|| format!("service \"{namespace}/{name}\" has no {plural}"))
+        };
+        let service = read("services").await?;
+        let service_port = service["spec"]["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["port"].as_u64() == Some(u64::from(port)))
+            .ok_or_else(|| format!("service \"{namespace}/{name}\" has no port {port}"))?;
+        let port_name = service_port["name"].as_str().unwrap_or_default();
+        let target_port = &service_port["targetPort"];
+        let endpoints = read("endpoints").await?;
+        for subset in endpoints["subsets"].as_array().into_iter().flatten() {
+            let found = subset["ports"].as_array().into_iter().flatten().find(|p| {
+                p["name"].as_str().unwrap_or_default() == port_name
+                    || target_port
+                        .as_u64()
+                        .is_some_and(|t| p["port"].as_u64() == Some(t))
+            });
+            let (Some(p), Some(ip)) = (
+                found
+                    .and_then(|p| p["port"].as_u64())
+                    .and_then(|p| u16::try_from(p).ok()),
+                subset["addresses"]
+                    .as_array()
+                    .and_then(|a| a.first())
+                    .and_then(|a| a["ip"].as_str())
+                    .and_then(|ip| ip.parse::<std::net::IpAddr>().ok()),
+            ) else {
+                continue;
+            };
+            let server_name = format!("{name}.{namespace}.svc");
+            return Ok(Target {
+                addr: std::net::SocketAddr::new(ip, p),
+                host: format!("{server_name}:{port}"),
+                server_name,
+                path: webhooks::with_timeout(path, hook.timeout),
+            });
+        }
+        Err(format!(
+            "service \"{namespace}/{name}\" has no ready endpoint for port {port}"
+        ))
+    }
+}

@@ -1,0 +1,863 @@
+//! Admission webhooks (`admissionregistration.k8s.io/v1`): the Mutating and Validating
+//! WebhookConfigurations this API server calls, over HTTPS with AdmissionReview v1, on the
+//! writes their rules select.
+//!
+//! The configurations are followed in memory as kube-apiserver does ([`crate::follow`]):
+//! listed on first use, then watched, and a configuration written through this server is
+//! applied before the write is answered, so the next request is already judged by it. Each
+//! configuration change compiles the webhooks once into an immutable [`Snapshot`]; a
+//! request holds the snapshot it started with. With no configuration the whole cost on a
+//! write is one atomic load and a length check.
+//!
+//! Order, as in Kubernetes: configurations sorted by name, webhooks in their order within
+//! one. Mutating webhooks run one after the other (and those with `reinvocationPolicy:
+//! IfNeeded` once more if a later one changed the object); validating webhooks run in
+//! parallel and any denial refuses the request. Requests on webhook configurations
+//! themselves never go to webhooks, so a broken webhook cannot lock its own fix out.
+
+mod call;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{Value, json};
+use tessera_store::{ListRequest, Store};
+use tokio::sync::{OnceCell, oneshot};
+
+use crate::catalog::{self, ADMISSIONREGISTRATION, Lookup};
+use crate::status::ApiError;
+
+pub use call::{Caller, Target, url_target, with_timeout};
+
+/// How long a request waits for the first list of configurations.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The operation a request is admitted for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// A new object.
+    Create,
+    /// A replaced or patched object (a subresource's too).
+    Update,
+    /// A deletion.
+    Delete,
+}
+
+impl Operation {
+    /// As rules and AdmissionReviews spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+        }
+    }
+
+    fn options_kind(self) -> &'static str {
+        match self {
+            Operation::Create => "CreateOptions",
+            Operation::Update => "UpdateOptions",
+            Operation::Delete => "DeleteOptions",
+        }
+    }
+}
+
+/// What a request is, for matching rules.
+#[derive(Clone, Copy, Debug)]
+pub struct Attributes<'a> {
+    /// The operation.
+    pub operation: Operation,
+    /// API group of the resource.
+    pub group: &'a str,
+    /// Version the request addressed.
+    pub version: &'a str,
+    /// Plural resource name.
+    pub resource: &'a str,
+    /// Subresource (`status`, `scale`), if any.
+    pub subresource: Option<&'a str>,
+    /// Whether the resource is namespaced (Namespaces themselves are cluster-scoped).
+    pub namespaced: bool,
+}
+
+/// One rule of a webhook.
+#[derive(Debug)]
+struct Rule {
+    operations: Vec<String>,
+    groups: Vec<String>,
+    versions: Vec<String>,
+    resources: Vec<String>,
+    scope: String,
+}
+
+fn listed(list: &[String], value: &str) -> bool {
+    list.iter().any(|v| v == "*" || v == value)
+}
+
+impl Rule {
+    fn of(v: &Value) -> Rule {
+        let strings = |key: &str| -> Vec<String> {
+            v[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        };
+        Rule {
+            operations: strings("operations"),
+            groups: strings("apiGroups"),
+            versions: strings("apiVersions"),
+            resources: strings("resources"),
+            scope: v["scope"].as_str().unwrap_or("*").to_owned(),
+        }
+    }
+
+    /// Whether the rule selects the request, its version aside.
+    fn selects_but_version(&self, a: &Attributes<'_>) -> bool {
+        let scope = match self.scope.as_str() {
+            "Cluster" => !a.namespaced,
+            "Namespaced" => a.namespaced,
+            _ => true,
+        };
+        scope
+            && listed(&self.operations, a.operation.as_str())
+            && listed(&self.groups, a.group)
+            && self.resources.iter().any(|r| {
+                if r == "*/*" {
+                    return true;
+                }
+                match (r.split_once('/'), a.subresource) {
+                    (None, None) => r == "*" || r == a.resource,
+                    (Some((res, sub)), Some(s)) => {
+                        (res == "*" || res == a.resource) && (sub == "*" || sub == s)
+                    }
+                    _ => false,
+                }
+            })
+    }
+}
+
+/// Where a webhook is served.
+#[derive(Clone, Debug)]
+pub enum Endpoint {
+    /// An https URL.
+    Url(hyper::Uri),
+    /// A Service: reached at one of its ready endpoints, its certificate checked for
+    /// `<name>.<namespace>.svc`.
+    Service {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The Service port.
+        port: u16,
+        /// The request path.
+        path: String,
+    },
+}
+
+/// One compiled webhook.
+#[derive(Debug)]
+pub struct Hook {
+    /// The configuration it belongs to.
+    pub config: String,
+    /// Its name (`labels.example.com`).
+    pub name: String,
+    /// Mutating or validating.
+    pub mutating: bool,
+    rules: Vec<Rule>,
+    namespace_selector: Value,
+    object_selector: Value,
+    /// `failurePolicy: Ignore`: a webhook that cannot be reached or answers nonsense is
+    /// skipped instead of failing the request.
+    pub fail_open: bool,
+    equivalent: bool,
+    /// How long a call may take.
+    pub timeout: Duration,
+    /// `reinvocationPolicy: IfNeeded`.
+    pub reinvoke: bool,
+    /// Where it is served.
+    pub endpoint: Endpoint,
+    /// The PEM of `caBundle`, if any (else the host's trusted CAs).
+    pub ca_pem: Option<Arc<str>>,
+}
+
+impl Hook {
+    fn compile(config: &str, mutating: bool, v: &Value) -> Option<Hook> {
+        let client = &v["clientConfig"];
+        let endpoint = if let Some(url) = client["url"].as_str() {
+            Endpoint::Url(url.parse().ok()?)
+        } else {
+            let svc = &client["service"];
+            Endpoint::Service {
+                namespace: svc["namespace"].as_str()?.to_owned(),
+                name: svc["name"].as_str()?.to_owned(),
+                port: svc["port"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(443),
+                path: svc["path"].as_str().unwrap_or("/").to_owned(),
+            }
+        };
+        let ca_pem = client["caBundle"]
+            .as_str()
+            .filter(|b| !b.is_empty())
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            .and_then(|pem| String::from_utf8(pem).ok())
+            .map(Arc::from);
+        Some(Hook {
+            config: config.to_owned(),
+            name: v["name"].as_str()?.to_owned(),
+            mutating,
+            rules: v["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(Rule::of)
+                .collect(),
+            namespace_selector: v["namespaceSelector"].clone(),
+            object_selector: v["objectSelector"].clone(),
+            fail_open: v["failurePolicy"] == "Ignore",
+            equivalent: v["matchPolicy"] != "Exact",
+            timeout: Duration::from_secs(v["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30)),
+            reinvoke: v["reinvocationPolicy"] == "IfNeeded",
+            endpoint,
+            ca_pem,
+        })
+    }
+
+    /// The version the webhook sees the request in, if its rules select it: the request's
+    /// own, or with `matchPolicy: Equivalent` another served version of the same resource
+    /// that a rule lists (custom resources served in several versions).
+    pub fn selects(&self, a: &Attributes<'_>, served: &dyn Lookup) -> Option<String> {
+        let mut equivalent = None;
+        for rule in &self.rules {
+            if !rule.selects_but_version(a) {
+                continue;
+            }
+            if listed(&rule.versions, a.version) {
+                return Some(a.version.to_owned());
+            }
+            if self.equivalent && equivalent.is_none() {
+                equivalent = rule
+                    .versions
+                    .iter()
+                    .find(|v| served.find(a.group, v, a.resource).is_some())
+                    .cloned();
+            }
+        }
+        equivalent
+    }
+
+    /// Whether the namespace selector needs the namespace's labels (it is not empty).
+    pub fn needs_namespace(&self) -> bool {
+        !is_everything(&self.namespace_selector)
+    }
+
+    /// Whether the namespace labels `labels` (None: cluster-scoped, every one matches) pass
+    /// the namespace selector.
+    pub fn namespace_matches(&self, labels: Option<&Value>) -> bool {
+        match labels {
+            _ if is_everything(&self.namespace_selector) => true,
+            None => true,
+            Some(l) => selects(&self.namespace_selector, l),
+        }
+    }
+
+    /// The label keys the namespace selector reads.
+    pub fn namespace_label_keys(&self) -> impl Iterator<Item = &str> {
+        let sel = &self.namespace_selector;
+        let matched = sel["matchLabels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.as_str());
+        let expressions = sel["matchExpressions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x["key"].as_str());
+        matched.chain(expressions)
+    }
+
+    /// Whether the object selector matches the new or the old object.
+    pub fn object_matches(&self, new: Option<&Value>, old: Option<&Value>) -> bool {
+        if is_everything(&self.object_selector) {
+            return true;
+        }
+        [new, old]
+            .into_iter()
+            .flatten()
+            .any(|o| selects(&self.object_selector, &o["metadata"]["labels"]))
+    }
+}
+
+fn is_everything(selector: &Value) -> bool {
+    selector.as_object().is_none_or(|s| {
+        s.values().all(|v| {
+            v.is_null()
+                || v.as_object().is_some_and(|m| m.is_empty())
+                || v.as_array().is_some_and(|a| a.is_empty())
+        })
+    })
+}
+
+/// Whether a (valid) label selector selects `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    crate::api::selects(selector, labels)
+}
+
+/// The webhooks in force.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Mutating webhooks, in calling order.
+    pub mutating: Vec<Arc<Hook>>,
+    /// Validating webhooks, in calling order.
+    pub validating: Vec<Arc<Hook>>,
+}
+
+impl Snapshot {
+    /// Whether there is no webhook at all.
+    pub fn is_empty(&self) -> bool {
+        self.mutating.is_empty() && self.validating.is_empty()
+    }
+}
+
+/// A configuration as applied: the revision, and its webhooks (None: deleted then).
+type Applied = (i64, Option<Vec<Arc<Hook>>>);
+
+/// The configurations of one kind, followed.
+struct Side {
+    store: Arc<dyn Store>,
+    mutating: bool,
+    /// Each configuration by name: the revision it was applied at and its webhooks (None:
+    /// deleted at that revision, so an older event cannot bring it back).
+    configs: parking_lot::Mutex<std::collections::BTreeMap<String, Applied>>,
+    hooks: parking_lot::RwLock<Arc<Vec<Arc<Hook>>>>,
+    started: OnceCell<()>,
+    _stop: oneshot::Sender<()>,
+    stopped: parking_lot::Mutex<Option<oneshot::Receiver<()>>>,
+    /// Called after every change (rebuilds the combined snapshot).
+    changed: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Side {
+    fn resource(&self) -> &'static catalog::Resource {
+        let plural = if self.mutating {
+            "mutatingwebhookconfigurations"
+        } else {
+            "validatingwebhookconfigurations"
+        };
+        catalog::find(ADMISSIONREGISTRATION, "v1", plural)
+            .expect("webhook kinds are in the catalog")
+    }
+
+    fn name_of_key<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
+        let key = std::str::from_utf8(key).ok()?;
+        key.strip_prefix(self.key_prefix().as_str())
+    }
+
+    fn key_prefix(&self) -> String {
+        let res = self.resource();
+        tessera_core::keys::resource_prefix(
+            &tessera_core::keys::resource_segment(res.group, res.plural),
+            None,
+        )
+    }
+
+    fn rebuild(&self) {
+        let hooks: Vec<Arc<Hook>> = self
+            .configs
+            .lock()
+            .values()
+            .filter_map(|(_, h)| h.as_ref())
+            .flatten()
+            .cloned()
+            .collect();
+        *self.hooks.write() = Arc::new(hooks);
+        (self.changed)();
+    }
+}
+
+impl crate::follow::Follower for Side {
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    fn prefix(&self) -> String {
+        self.key_prefix()
+    }
+
+    fn what(&self) -> &'static str {
+        if self.mutating {
+            "MutatingWebhookConfigurations"
+        } else {
+            "ValidatingWebhookConfigurations"
+        }
+    }
+
+    async fn relist(self: &Arc<Self>) -> Result<tessera_store::Revision, ApiError> {
+        let page = self
+            .store
+            .list(ListRequest {
+                prefix: self.key_prefix().into_bytes().into(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("listing {}: {e}", self.what())))?;
+        let mut fresh = std::collections::BTreeMap::new();
+        for kv in &page.kvs {
+            let (Some(name), Ok(config)) = (
+                self.name_of_key(&kv.key),
+                serde_json::from_slice::<Value>(&kv.value),
+            ) else {
+                continue;
+            };
+            fresh.insert(
+                name.to_owned(),
+                (kv.mod_revision, Some(compile(name, self.mutating, &config))),
+            );
+        }
+        // What is gone is forgotten without a tombstone (a composite store's list revision
+        // is not comparable with one key's).
+        *self.configs.lock() = fresh;
+        self.rebuild();
+        Ok(page.revision)
+    }
+
+    fn apply(self: &Arc<Self>, key: &[u8], obj: Option<&Value>, rev: i64) {
+        let Some(name) = self.name_of_key(key) else {
+            return;
+        };
+        {
+            let mut configs = self.configs.lock();
+            if configs.get(name).is_some_and(|(at, _)| *at > rev) {
+                return;
+            }
+            let hooks = obj.map(|c| compile(name, self.mutating, c));
+            configs.insert(name.to_owned(), (rev, hooks));
+        }
+        self.rebuild();
+    }
+}
+
+fn compile(name: &str, mutating: bool, config: &Value) -> Vec<Arc<Hook>> {
+    config["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| Hook::compile(name, mutating, h))
+        .map(Arc::new)
+        .collect()
+}
+
+/// The webhook configurations in force on this API server, and the client that calls them.
+#[derive(Clone)]
+pub struct Webhooks {
+    mutating: Arc<Side>,
+    validating: Arc<Side>,
+    snapshot: Arc<parking_lot::RwLock<Arc<Snapshot>>>,
+    /// Calls webhooks.
+    pub caller: Caller,
+}
+
+impl Webhooks {
+    /// The configurations in `store`, read on first use.
+    pub fn new(store: Arc<dyn Store>) -> Webhooks {
+        let snapshot: Arc<parking_lot::RwLock<Arc<Snapshot>>> = Arc::default();
+        let sides: Arc<parking_lot::Mutex<Vec<std::sync::Weak<Side>>>> = Arc::default();
+        let changed: Arc<dyn Fn() + Send + Sync> = {
+            let snapshot = snapshot.clone();
+            let sides = sides.clone();
+            Arc::new(move || {
+                let sides = sides.lock();
+                let hooks = |i: usize| {
+                    sides
+                        .get(i)
+                        .and_then(std::sync::Weak::upgrade)
+                        .map(|s| s.hooks.read().as_ref().clone())
+                        .unwrap_or_default()
+                };
+                *snapshot.write() = Arc::new(Snapshot {
+                    mutating: hooks(0),
+                    validating: hooks(1),
+                });
+            })
+        };
+        let side = |mutating| {
+            let (stop, stopped) = oneshot::channel();
+            Arc::new(Side {
+                store: store.clone(),
+                mutating,
+                configs: Default::default(),
+                hooks: Default::default(),
+                started: OnceCell::new(),
+                _stop: stop,
+                stopped: parking_lot::Mutex::new(Some(stopped)),
+                changed: changed.clone(),
+            })
+        };
+        let (mutating, validating) = (side(true), side(false));
+        *sides.lock() = vec![Arc::downgrade(&mutating), Arc::downgrade(&validating)];
+        Webhooks {
+            mutating,
+            validating,
+            snapshot,
+            caller: Caller::default(),
+        }
+    }
+
+    /// The webhooks in force: the configurations listed (on first use) and followed since.
+    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, ApiError> {
+        for side in [&self.mutating, &self.validating] {
+            if side.started.initialized() {
+                continue;
+            }
+            let init = async {
+                use crate::follow::Follower;
+                let from = side.relist().await?;
+                let stopped = side.stopped.lock().take();
+                tokio::spawn(crate::follow::follow(Arc::downgrade(side), from, stopped));
+                Ok::<(), ApiError>(())
+            };
+            match tokio::time::timeout(WAIT, side.started.get_or_try_init(|| init)).await {
+                Ok(r) => r.map(|_| ())?,
+                Err(_) => {
+                    return Err(ApiError::new(
+                        503,
+                        "ServiceUnavailable",
+                        "the API server has not read its admission webhook configurations yet; retry",
+                    ));
+                }
+            }
+        }
+        Ok(self.snapshot.read().clone())
+    }
+
+    /// Records a write of a configuration through this server (`config` None: deleted), so
+    /// the next request is judged by it before the watch delivers it.
+    pub fn applied(&self, res: &catalog::Resource, key: &[u8], config: Option<&Value>, rev: i64) {
+        use crate::follow::Follower;
+        let side = match res.plural {
+            "mutatingwebhookconfigurations" => &self.mutating,
+            "validatingwebhookconfigurations" => &self.validating,
+            _ => return,
+        };
+        if side.started.initialized() {
+            side.apply(key, config, rev);
+        }
+    }
+}
+
+/// Whether requests on `res` go to webhooks: not those on webhook configurations.
+pub fn admits(res: &catalog::Resource) -> bool {
+    res.group != ADMISSIONREGISTRATION
+}
+
+/// The request half of an AdmissionReview.
+pub struct Review<'a> {
+    /// Its uid (answers must echo it).
+    pub uid: String,
+    /// What is asked.
+    pub attributes: Attributes<'a>,
+    /// The kind of the objects, as (group, version, kind).
+    pub kind: (&'a str, &'a str, &'a str),
+    /// The object's name.
+    pub name: &'a str,
+    /// Its namespace.
+    pub namespace: Option<&'a str>,
+    /// The caller.
+    pub user: (String, Vec<String>),
+    /// A dry run.
+    pub dry_run: bool,
+    /// The field manager asked for.
+    pub field_manager: Option<&'a str>,
+}
+
+impl Review<'_> {
+    /// The AdmissionReview v1 JSON for `hook` (seeing the objects in `version`).
+    pub fn body(&self, version: &str, object: Option<&Value>, old: Option<&Value>) -> Value {
+        let a = &self.attributes;
+        let (kg, _, kk) = self.kind;
+        let in_version = |o: Option<&Value>| match o {
+            Some(o) if version != a.version => {
+                let mut o = o.clone();
+                o["apiVersion"] = json!(if kg.is_empty() {
+                    version.to_owned()
+                } else {
+                    format!("{kg}/{version}")
+                });
+                o
+            }
+            Some(o) => o.clone(),
+            None => Value::Null,
+        };
+        let mut options = json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": a.operation.options_kind(),
+        });
+        if let Some(m) = self.field_manager
+            && a.operation != Operation::Delete
+        {
+            options["fieldManager"] = json!(m);
+        }
+        if self.dry_run {
+            options["dryRun"] = json!(["All"]);
+        }
+        let kind_version = if version != a.version {
+            version
+        } else {
+            self.kind.1
+        };
+        let mut request = json!({
+            "uid": self.uid,
+            "kind": {"group": kg, "version": kind_version, "kind": kk},
+            "resource": {"group": a.group, "version": version, "resource": a.resource},
+            "requestKind": {"group": kg, "version": self.kind.1, "kind": kk},
+            "requestResource": {"group": a.group, "version": a.version, "resource": a.resource},
+            "name": self.name,
+            "operation": a.operation.as_str(),
+            "userInfo": {"username": self.user.0, "groups": self.user.1},
+            "object": in_version(object),
+            "oldObject": in_version(old),
+            "dryRun": self.dry_run,
+            "options": options,
+        });
+        if let Some(sub) = a.subresource {
+            request["subResource"] = json!(sub);
+            request["requestSubResource"] = json!(sub);
+        }
+        if let Some(ns) = self.namespace {
+            request["namespace"] = json!(ns);
+        }
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": request,
+        })
+    }
+}
+
+/// A webhook's verdict.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Allowed.
+    pub allowed: bool,
+    /// The JSON patch a mutating webhook returned (its bytes).
+    pub patch: Option<Vec<u8>>,
+    /// Warnings for the client.
+    pub warnings: Vec<String>,
+    /// The denial's status (`code`, `reason`, `message`).
+    pub status: Value,
+}
+
+/// Reads an AdmissionReview answer for the request `uid`.
+pub fn verdict(body: &[u8], uid: &str, mutating: bool) -> Result<Verdict, String> {
+    let review: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
+    if review["apiVersion"] != "admission.k8s.io/v1" || review["kind"] != "AdmissionReview" {
+        return Err(format!(
+            "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got {}, Kind={}",
+            review["apiVersion"].as_str().unwrap_or_default(),
+            review["kind"].as_str().unwrap_or_default()
+        ));
+    }
+    let response = &review["response"];
+    if !response.is_object() {
+        return Err("webhook response was absent".into());
+    }
+    if response["uid"].as_str() != Some(uid) {
+        return Err(format!(
+            "expected response.uid={uid:?}, got {:?}",
+            response["uid"].as_str().unwrap_or_default()
+        ));
+    }
+    let allowed = response["allowed"]
+        .as_bool()
+        .ok_or("webhook response has no response.allowed")?;
+    let patch = match response["patch"].as_str() {
+        Some(p) if mutating && !p.is_empty() => {
+            if response["patchType"] != "JSONPatch" {
+                return Err(format!(
+                    "webhook returned a patch of type {} (only JSONPatch is supported)",
+                    response["patchType"]
+                ));
+            }
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(p)
+                    .map_err(|e| format!("the patch is not base64: {e}"))?,
+            )
+        }
+        _ => None,
+    };
+    let warnings = response["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w.as_str().map(str::to_owned))
+        .collect();
+    Ok(Verdict {
+        allowed,
+        patch,
+        warnings,
+        status: response["status"].clone(),
+    })
+}
+
+/// The error a denial answers with: the webhook's code (403 if it gave none) and its
+/// message, after Kubernetes' `admission webhook "<name>" denied the request`.
+pub fn denial(hook: &str, status: &Value) -> ApiError {
+    let denied = format!("admission webhook {hook:?} denied the request");
+    let message = match (status["message"].as_str(), status["reason"].as_str()) {
+        (Some(m), _) if !m.is_empty() => format!("{denied}: {m}"),
+        (_, Some(r)) if !r.is_empty() => format!("{denied}: {r}"),
+        _ => format!("{denied} without explanation"),
+    };
+    let code = status["code"]
+        .as_u64()
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| (400..600).contains(c))
+        .unwrap_or(403);
+    let reason = match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "Conflict",
+        410 => "Gone",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "Forbidden",
+    };
+    ApiError::new(code, reason, message)
+}
+
+/// The error for a webhook that could not be called (under `failurePolicy: Fail`).
+pub fn failed(hook: &str, why: &str) -> ApiError {
+    ApiError::new(
+        500,
+        "InternalError",
+        format!("Internal error occurred: failed calling webhook {hook:?}: {why}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hook(rules: Value) -> Hook {
+        Hook::compile(
+            "c",
+            true,
+            &json!({"name": "a.b.c", "rules": rules, "clientConfig": {"url": "https://127.0.0.1:1/"},
+                    "namespaceSelector": {}, "objectSelector": {"matchLabels": {"hooked": "yes"}}}),
+        )
+        .expect("hook")
+    }
+
+    fn attrs<'a>(op: Operation, resource: &'a str, sub: Option<&'a str>) -> Attributes<'a> {
+        Attributes {
+            operation: op,
+            group: "",
+            version: "v1",
+            resource,
+            subresource: sub,
+            namespaced: true,
+        }
+    }
+
+    #[test]
+    fn rules_select_resources_subresources_and_operations_as_kubernetes_does() {
+        let served = crate::catalog::Builtin;
+        let h = hook(
+            json!([{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "configmaps/*"]}]),
+        );
+        assert!(
+            h.selects(&attrs(Operation::Create, "pods", None), &served)
+                .is_some()
+        );
+        assert!(
+            h.selects(&attrs(Operation::Delete, "pods", None), &served)
+                .is_none()
+        );
+        assert!(
+            h.selects(&attrs(Operation::Update, "pods", Some("status")), &served)
+                .is_none()
+        );
+        assert!(
+            h.selects(&attrs(Operation::Update, "configmaps", Some("x")), &served)
+                .is_some()
+        );
+        assert!(
+            h.selects(&attrs(Operation::Update, "configmaps", None), &served)
+                .is_none()
+        );
+        let all = hook(
+            json!([{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*/*"], "scope": "Cluster"}]),
+        );
+        assert!(
+            all.selects(&attrs(Operation::Delete, "pods", None), &served)
+                .is_none()
+        );
+        let mut ns = attrs(Operation::Delete, "namespaces", None);
+        ns.namespaced = false;
+        assert!(all.selects(&ns, &served).is_some());
+        let status = hook(
+            json!([{"operations": ["*"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["*/status"]}]),
+        );
+        assert!(
+            status
+                .selects(&attrs(Operation::Update, "pods", Some("status")), &served)
+                .is_some()
+        );
+        assert!(
+            status
+                .selects(&attrs(Operation::Update, "pods", None), &served)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn object_selectors_match_the_new_or_the_old_object() {
+        let h = hook(json!([]));
+        let on = json!({"metadata": {"labels": {"hooked": "yes"}}});
+        let off = json!({"metadata": {"labels": {"hooked": "no"}}});
+        assert!(h.object_matches(Some(&on), None));
+        assert!(h.object_matches(Some(&off), Some(&on)));
+        assert!(!h.object_matches(Some(&off), None));
+        assert!(!h.needs_namespace());
+        assert!(h.namespace_matches(Some(&json!({}))));
+    }
+
+    #[test]
+    fn answers_are_read_strictly() {
+        let ok = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": "u1", "allowed": true, "patchType": "JSONPatch",
+                "patch": base64::engine::general_purpose::STANDARD.encode(r#"[{"op":"add","path":"/metadata/labels","value":{"a":"b"}}]"#),
+                "warnings": ["careful"]}});
+        let v = verdict(ok.to_string().as_bytes(), "u1", true).expect("verdict");
+        assert!(v.allowed);
+        let patch: Value = serde_json::from_slice(&v.patch.expect("patch")).expect("json");
+        assert_eq!(patch[0]["op"], "add");
+        assert_eq!(v.warnings, vec!["careful".to_owned()]);
+        let wrong_uid = verdict(ok.to_string().as_bytes(), "u2", true).expect_err("uid");
+        assert!(wrong_uid.contains("expected response.uid"), "{wrong_uid}");
+        let v1beta1 = json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "response": {"uid": "u1", "allowed": true}});
+        assert!(verdict(v1beta1.to_string().as_bytes(), "u1", false).is_err());
+        let d = denial(
+            "deny.example.com",
+            &json!({"code": 422, "message": "no bad names"}),
+        );
+        assert_eq!(d.code, 422);
+        assert_eq!(
+            d.message,
+            "admission webhook \"deny.example.com\" denied the request: no bad names"
+        );
+        assert_eq!(denial("d.e.f", &Value::Null).code, 403);
+    }
+}
