@@ -69,8 +69,8 @@ pub struct ApiBenchArgs {
     /// by a user RBAC governs, bound through a group, against this many other bindings).
     #[arg(long, default_value_t = 10_000)]
     pub bindings: usize,
-    /// Only these phases (create, get, list, paced, watch, rbac, crd), comma-separated; all by
-    /// default.
+    /// Only these phases (create, get, list, paced, watch, rbac, crd, webhook),
+    /// comma-separated; all by default.
     #[arg(long, value_delimiter = ',')]
     pub phases: Vec<String>,
 }
@@ -301,6 +301,9 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     if phase("crd") {
         crd_phase(&bench, &args).await?;
     }
+    if phase("webhook") {
+        webhook_phase(&bench, &args).await?;
+    }
     drop(bench_store);
     Ok(())
 }
@@ -394,6 +397,118 @@ async fn crd_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()
             &Measurement::of("get-custom", c, args.requests, rate, &mut lat),
             args.json,
         )?;
+    }
+    Ok(())
+}
+
+/// A webhook server in this process over HTTPS on loopback: `/validate` allows, `/mutate`
+/// allows with a patch adding a label. Its address and CA (PEM).
+async fn webhook_server() -> anyhow::Result<(std::net::SocketAddr, String)> {
+    use axum::body::Bytes as Body;
+    fn reply(body: &Body, extra: serde_json::Value) -> String {
+        let review: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let mut response = json!({"uid": review["request"]["uid"], "allowed": true});
+        if let (Some(r), Some(e)) = (response.as_object_mut(), extra.as_object()) {
+            r.extend(e.clone());
+        }
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+            .to_string()
+    }
+    let patch = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        json!([{"op": "add", "path": "/metadata/labels/mutated", "value": "yes"}]).to_string(),
+    );
+    let router = axum::Router::new()
+        .route(
+            "/validate",
+            axum::routing::post(|body: Body| async move { reply(&body, json!({})) }),
+        )
+        .route(
+            "/mutate",
+            axum::routing::post(move |body: Body| async move {
+                reply(&body, json!({"patchType": "JSONPatch", "patch": patch}))
+            }),
+        );
+    let tls = tessera_apiserver::pki::agent_tls("127.0.0.1", "bench-webhook")?;
+    let addr = serve::serve_tls_pem(
+        "127.0.0.1:0".parse()?,
+        &tls.cert_pem,
+        &tls.key_pem,
+        router,
+        serve::ConnectionLimits::default(),
+    )
+    .await?;
+    Ok((addr, tls.ca_pem))
+}
+
+/// ConfigMap creates through admission webhooks at each concurrency, next to creates the
+/// same webhooks do not select: `create-unselected` (two configurations present, neither
+/// selecting the object: the matching alone), `create-validated` (one validating webhook)
+/// and `create-mutated` (one mutating and one validating webhook, the patch applied and the
+/// object decoded and validated again). Each call opens its own TLS connection.
+async fn webhook_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()> {
+    const NS: &str = "webhooks";
+    let (addr, ca) = webhook_server().await?;
+    let bundle = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, ca);
+    bench.namespace(NS).await?;
+    for (kind, plural, path, selected) in [
+        (
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            "/validate",
+            json!(["validated", "mutated"]),
+        ),
+        (
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+            "/mutate",
+            json!(["mutated"]),
+        ),
+    ] {
+        let res = find_resource(
+            tessera_apiserver::catalog::ADMISSIONREGISTRATION,
+            "v1",
+            plural,
+        )?;
+        let mut req = ApiRequest::new(Verb::Create, res);
+        req.body = Bytes::from(
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+                "metadata": {"name": "bench"}, "webhooks": [{"name": "bench.tessera.example.com",
+                    "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                    "objectSelector": {"matchExpressions": [{"key": "hook", "operator": "In",
+                        "values": selected}]},
+                    "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                        "resources": ["configmaps"]}],
+                    "clientConfig": {"url": format!("https://{addr}{path}"), "caBundle": bundle}}]})
+            .to_string(),
+        );
+        bench.client.call(req).await?;
+    }
+    let cm = bench.cm;
+    for &c in &args.concurrency {
+        for (phase, hook) in [
+            ("create-unselected", "none"),
+            ("create-validated", "validated"),
+            ("create-mutated", "mutated"),
+        ] {
+            let (rate, mut lat) = bench
+                .closed_loop(format!("{phase} c={c}"), args.requests, c, move |i| {
+                    let mut req = ApiRequest::new(Verb::Create, cm);
+                    req.namespace = Some(NS.into());
+                    req.body = Bytes::from(
+                        json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": format!("{hook}-c{c}-{i}"), "labels": {"hook": hook}},
+                            "data": {"k": "v"}})
+                        .to_string(),
+                    );
+                    req
+                })
+                .await?;
+            report(
+                &Measurement::of(phase, c, args.requests, rate, &mut lat),
+                args.json,
+            )?;
+        }
     }
     Ok(())
 }

@@ -192,6 +192,9 @@ pub async fn serve_tls_pem(
             let service = TowerToHyperService::new(router.clone());
             tokio::spawn(async move {
                 let _slot = slot;
+                // As Go's net/http does: a response written in more than one piece (TLS
+                // records, a streamed body) is not held back waiting for the peer's ACK.
+                let _ = tcp.set_nodelay(true);
                 let tcp = WriteTimeout::new(tcp, limits.write_timeout);
                 let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
                     .await

@@ -2,9 +2,11 @@
 //! `caBundle` (or the host's CA certificates when it has none), checking the certificate
 //! for the URL's host or for `<service>.<namespace>.svc`, within the webhook's timeout.
 //!
-//! Each call opens its own connection (a TLS handshake on loopback costs well under a
-//! millisecond next to a webhook's own work); TLS client configurations are made once per
-//! CA bundle.
+//! Connections are kept for the next call (HTTP/1.1 keep-alive, as Go's transport keeps
+//! them for kube-apiserver): a TLS handshake costs more than a small webhook's whole answer.
+//! A kept connection the webhook closed meanwhile is noticed before the request is sent on
+//! it, and the request goes on a new one. TLS client configurations are made once per CA
+//! bundle.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,10 +41,22 @@ pub struct Target {
 /// TLS client configurations by CA bundle (None: the host's CAs).
 type Configs = HashMap<Option<Arc<str>>, Arc<rustls::ClientConfig>>;
 
+/// Idle connections kept per (address, server name, CA bundle).
+type Pool = HashMap<(SocketAddr, String, Option<Arc<str>>), Vec<Sender>>;
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Idle connections kept per webhook endpoint, at most.
+const IDLE_PER_ENDPOINT: usize = 32;
+
+/// Endpoints with idle connections kept, at most (past it the pool is emptied).
+const MAX_ENDPOINTS: usize = 1024;
+
 /// Makes webhook calls; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Caller {
     configs: Arc<Mutex<Configs>>,
+    idle: Arc<Mutex<Pool>>,
 }
 
 impl std::fmt::Debug for Caller {
@@ -102,6 +116,28 @@ impl Caller {
         Ok(config)
     }
 
+    /// A new connection to `target`, trusting `ca`.
+    async fn connect(&self, target: &Target, ca: Option<&Arc<str>>) -> Result<Sender, String> {
+        let config = self.config(ca)?;
+        let name = ServerName::try_from(target.server_name.clone())
+            .map_err(|e| format!("{:?} is not a valid server name: {e}", target.server_name))?;
+        let tcp = tokio::net::TcpStream::connect(target.addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = tcp.set_nodelay(true);
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("tls: {e}"))?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
     /// POSTs `body` to `target` over TLS trusting `ca` (None: the host's CAs): the answer's
     /// body if it is a 200.
     pub async fn post(
@@ -110,38 +146,53 @@ impl Caller {
         ca: Option<&Arc<str>>,
         body: Vec<u8>,
     ) -> Result<Bytes, String> {
-        let config = self.config(ca)?;
-        let name = ServerName::try_from(target.server_name.clone())
-            .map_err(|e| format!("{:?} is not a valid server name: {e}", target.server_name))?;
         let url = format!("https://{}{}", target.host, target.path);
         let post = |e: &dyn std::fmt::Display| format!("Post {url:?}: {e}");
-        let tcp = tokio::net::TcpStream::connect(target.addr)
-            .await
-            .map_err(|e| post(&e))?;
-        let _ = tcp.set_nodelay(true);
-        let tls = tokio_rustls::TlsConnector::from(config)
-            .connect(name, tcp)
-            .await
-            .map_err(|e| post(&format!("tls: {e}")))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| post(&e))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let request = hyper::Request::post(target.path.as_str())
+        let key = (target.addr, target.server_name.clone(), ca.cloned());
+        let mut request = hyper::Request::post(target.path.as_str())
             .header(hyper::header::HOST, target.host.as_str())
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(hyper::header::ACCEPT, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| post(&e))?;
-        let answer = sender.send_request(request).await.map_err(|e| post(&e))?;
+        // A kept connection first; one found closed before the request went out gives the
+        // request back for the next.
+        let (mut sender, answer) = loop {
+            let kept = self.idle.lock().get_mut(&key).and_then(Vec::pop);
+            let Some(mut sender) = kept else {
+                let mut sender = self.connect(target, ca).await.map_err(|e| post(&e))?;
+                let answer = sender.send_request(request).await.map_err(|e| post(&e))?;
+                break (sender, answer);
+            };
+            if sender.is_closed() {
+                continue;
+            }
+            match sender.try_send_request(request).await {
+                Ok(answer) => break (sender, answer),
+                Err(mut e) => match e.take_message() {
+                    Some(r) => request = r,
+                    None => return Err(post(e.error())),
+                },
+            }
+        };
         let status = answer.status();
         let bytes = Limited::new(answer.into_body(), MAX_ANSWER)
             .collect()
             .await
             .map_err(|e| post(&format!("reading the answer: {e}")))?
             .to_bytes();
+        // Ready again once the answer was read whole (an error: the webhook closed it).
+        let ready = tokio::time::timeout(std::time::Duration::from_millis(100), sender.ready());
+        if matches!(ready.await, Ok(Ok(()))) {
+            let mut idle = self.idle.lock();
+            if idle.len() >= MAX_ENDPOINTS && !idle.contains_key(&key) {
+                idle.clear();
+            }
+            let kept = idle.entry(key).or_default();
+            if kept.len() < IDLE_PER_ENDPOINT {
+                kept.push(sender);
+            }
+        }
         if status != hyper::StatusCode::OK {
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
             return Err(format!("the server answered {status}: {text}"));
