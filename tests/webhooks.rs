@@ -462,7 +462,7 @@ fn tenants_cannot_register_webhooks_or_slip_out_of_their_selectors() {
     let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
     let setup = c.file(
         "tenants.yaml",
-        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n---\n\
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev, acme-new]}\n---\n\
          apiVersion: v1\nkind: Namespace\nmetadata: {name: acme-dev, labels: {policy: enforced}}\n",
     );
     c.ok(&["create", "-f", &setup]);
@@ -557,6 +557,40 @@ fn tenants_cannot_register_webhooks_or_slip_out_of_their_selectors() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The common "everything but kube-system" selector reads the name label the server
+    // sets on every namespace: it keeps kube-system out and does not stop the tenant from
+    // making a namespace of its own.
+    let everywhere_but_system = c.file(
+        "system.yaml",
+        &configuration(
+            VALIDATING,
+            "system",
+            &url(addr.port(), "/validate", &bundle),
+            "CREATE",
+            "configmaps",
+            "  namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system]}]}\n",
+        ),
+    );
+    c.ok(&["create", "-f", &everywhere_but_system]);
+    let out = as_acme(&["create", "namespace", "acme-new"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let label = c.ok(&[
+        "get",
+        "namespace",
+        "acme-new",
+        "-o",
+        "jsonpath={.metadata.labels.kubernetes\\.io/metadata\\.name}",
+    ]);
+    assert_eq!(label, "acme-new");
+    refused(
+        &["create", "configmap", "bad-z", "-n", "acme-new"],
+        "denied the request",
+    );
+    c.ok(&["create", "configmap", "bad-system", "-n", "kube-system"]);
 }
 
 #[test]

@@ -124,9 +124,20 @@ impl Api {
             crd::prepare(obj, current);
         } else if crate::apiservices::is_apiservice(res) {
             crate::apiservices::prepare(obj, current);
+        } else if res.group.is_empty() && res.plural == "namespaces" {
+            // Every namespace carries its name as a label, as in Kubernetes (webhooks and
+            // network policies select namespaces by it); nobody may change it.
+            let name = obj["metadata"]["name"].clone();
+            if !obj["metadata"]["labels"].is_object() {
+                obj["metadata"]["labels"] = json!({});
+            }
+            obj["metadata"]["labels"][NAMESPACE_NAME_LABEL] = name;
         }
     }
 }
+
+/// The label every namespace carries with its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// Whether `res` is the CustomResourceDefinition kind itself.
 pub(super) fn is_crd(res: &Resource) -> bool {

@@ -132,13 +132,15 @@ impl Api {
         old: Option<&Value>,
         warnings: &mut Vec<String>,
     ) -> Result<bool, ApiError> {
-        let old_view = old.map(|o| view(a.req, self, o));
-        let mut current = view(a.req, self, obj);
-        let object = (a.operation != Operation::Delete).then_some(&current);
-        let selected = self.selected(a, true, object, old_view.as_ref()).await?;
+        // Selected by the whole objects' labels (a Scale's are its object's); copied into
+        // what the webhooks see only when one selects the request.
+        let object = (a.operation != Operation::Delete).then_some(&*obj);
+        let selected = self.selected(a, true, object, old).await?;
         if selected.is_empty() {
             return Ok(false);
         }
+        let old_view = old.map(|o| view(a.req, self, o));
+        let mut current = view(a.req, self, obj);
         let before = current.clone();
         // Changes counted, and the count after each webhook's call: a webhook with
         // `reinvocationPolicy: IfNeeded` is called once more if a later one changed the
@@ -232,14 +234,12 @@ impl Api {
         old: Option<&Value>,
         warnings: &mut Vec<String>,
     ) -> Result<(), ApiError> {
-        let obj_view = obj.map(|o| view(a.req, self, o));
-        let old_view = old.map(|o| view(a.req, self, o));
-        let selected = self
-            .selected(a, false, obj_view.as_ref(), old_view.as_ref())
-            .await?;
+        let selected = self.selected(a, false, obj, old).await?;
         if selected.is_empty() {
             return Ok(());
         }
+        let obj_view = obj.map(|o| view(a.req, self, o));
+        let old_view = old.map(|o| view(a.req, self, o));
         let a = &*a;
         let calls = selected.iter().map(|(hook, version)| {
             self.call_webhook(a, hook, version, obj_view.as_ref(), old_view.as_ref())

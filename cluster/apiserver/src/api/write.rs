@@ -420,6 +420,7 @@ impl Api {
         for hook in webhooks.mutating.iter().chain(&webhooks.validating) {
             if let Some(key) = hook
                 .namespace_label_keys()
+                .filter(|k| *k != super::custom::NAMESPACE_NAME_LABEL)
                 .find(|k| labels.get(*k) != before.get(*k))
             {
                 return Err(ApiError::forbidden(format!(
