@@ -527,7 +527,7 @@ impl Webhooks {
                     return Err(ApiError::new(
                         503,
                         "ServiceUnavailable",
-                        "the API server has not read its admission webhook configurations yet; retry",
+                        "the API server has not read its admission webhook configurations yet: the store did not answer within 10 s; retry",
                     ));
                 }
             }
