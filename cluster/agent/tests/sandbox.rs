@@ -47,11 +47,26 @@ fn host_uid(pid: u32) -> Option<u64> {
 }
 
 fn container_pid(p: &Value) -> u32 {
+    reported_pid(p).expect("a process id")
+}
+
+fn reported_pid(p: &Value) -> Option<u32> {
     p["status"]["containerStatuses"][0]["containerID"]
         .as_str()
         .and_then(|id| id.strip_prefix("process://"))
         .and_then(|id| id.parse().ok())
-        .expect("a process id")
+}
+
+/// Pod `name` once its agent has reported its container's process (its output can reach
+/// the logs before the status reaches the API).
+async fn with_pid(f: &Fixture, name: &str) -> Value {
+    until(&format!("{name}'s container id"), || async {
+        get(&f.client, name)
+            .await
+            .is_some_and(|p| reported_pid(&p).is_some())
+    })
+    .await;
+    get(&f.client, name).await.expect("pod")
 }
 
 /// Waits until pod `name` (`name?container=c` for one of several) printed `marker`; its
@@ -147,7 +162,7 @@ async fn a_pod_finds_nothing_of_the_host() {
         assert_eq!(line("userns"), "refused", "{out}");
         assert_eq!(line("host"), name);
         // On the host, every process of the container runs as an id of the pod's range.
-        let p = get(&f.client, name).await.expect("pod");
+        let p = with_pid(&f, name).await;
         let pids = tree(container_pid(&p));
         assert!(pids.len() >= 3, "supervisor, init, command: {pids:?}");
         let uids: Vec<u64> = pids.iter().filter_map(|p| host_uid(*p)).collect();
@@ -166,7 +181,7 @@ async fn a_pod_finds_nothing_of_the_host() {
     let range = |name: &'static str| {
         let f = &f;
         async move {
-            let p = get(&f.client, name).await.expect("pod");
+            let p = with_pid(f, name).await;
             host_uid(container_pid(&p)).expect("uid") / 65536
         }
     };
@@ -369,7 +384,7 @@ async fn limits_are_enforced_by_the_kernel() {
         "{out}"
     );
     log_until(&f, "spinner", "spinning").await;
-    let spinner = get(c, "spinner").await.expect("pod");
+    let spinner = with_pid(&f, "spinner").await;
     let uid = spinner["metadata"]["uid"].as_str().expect("uid");
     let quota = match &cgroups {
         Cgroups::V2(root) => root.join(format!("proc-0/pod-{uid}/main/cpu.max")),
