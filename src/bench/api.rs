@@ -171,6 +171,24 @@ impl Bench {
         req
     }
 
+    /// [`Self::closed_loop`] of `args.requests` requests with `c` in flight, reported as
+    /// `phase`.
+    async fn measure(
+        &self,
+        phase: &'static str,
+        c: usize,
+        args: &ApiBenchArgs,
+        make: impl Fn(usize) -> ApiRequest + Send + Sync + 'static,
+    ) -> anyhow::Result<()> {
+        let (rate, mut lat) = self
+            .closed_loop(format!("{phase} c={c}"), args.requests, c, make)
+            .await?;
+        report(
+            &Measurement::of(phase, c, args.requests, rate, &mut lat),
+            args.json,
+        )
+    }
+
     /// `n` requests from `make(i)` with `c` in flight; throughput and latencies.
     async fn closed_loop(
         &self,
@@ -491,8 +509,7 @@ async fn webhook_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Resul
             ("create-validated", "validated"),
             ("create-mutated", "mutated"),
         ] {
-            let (rate, mut lat) = bench
-                .closed_loop(format!("{phase} c={c}"), args.requests, c, move |i| {
+            bench.measure(phase, c, args, move |i| {
                     let mut req = ApiRequest::new(Verb::Create, cm);
                     req.namespace = Some(NS.into());
                     req.body = Bytes::from(
@@ -502,12 +519,7 @@ async fn webhook_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Resul
                         .to_string(),
                     );
                     req
-                })
-                .await?;
-            report(
-                &Measurement::of(phase, c, args.requests, rate, &mut lat),
-                args.json,
-            )?;
+                }).await?;
         }
     }
     Ok(())
@@ -569,15 +581,10 @@ async fn rbac_phase(
     for &c in &args.concurrency {
         for (phase, who) in [("get-admin", admin), ("get-rbac", user)] {
             let b = who.clone();
-            let (rate, mut lat) = who
-                .closed_loop(format!("{phase} c={c}"), args.requests, c, move |i| {
-                    b.get_req(NS, &format!("o-{}", i % OBJECTS))
-                })
-                .await?;
-            report(
-                &Measurement::of(phase, c, args.requests, rate, &mut lat),
-                args.json,
-            )?;
+            who.measure(phase, c, args, move |i| {
+                b.get_req(NS, &format!("o-{}", i % OBJECTS))
+            })
+            .await?;
         }
     }
     Ok(())
