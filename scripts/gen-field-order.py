@@ -39,6 +39,7 @@ KINDS = [
     ("apps", "StatefulSet", "api.apps.v1.StatefulSet"),
     ("apps", "ControllerRevision", "api.apps.v1.ControllerRevision"),
     ("autoscaling", "Scale", "api.autoscaling.v1.Scale"),
+    ("autoscaling", "HorizontalPodAutoscaler", "api.autoscaling.v2.HorizontalPodAutoscaler"),
     ("batch", "Job", "api.batch.v1.Job"),
     ("batch", "CronJob", "api.batch.v1.CronJob"),
     ("coordination.k8s.io", "Lease", "api.coordination.v1.Lease"),

@@ -156,12 +156,63 @@ pub struct ControllerManagerArgs {
     /// Seconds between recounts of every ResourceQuota's usage.
     #[arg(long, default_value_t = 300.0)]
     resource_quota_sync_period: f64,
+    #[command(flatten)]
+    hpa: HpaArgs,
 }
 
-/// The controllers' timings from a node grace period and a quota recount period, in seconds.
+/// The HorizontalPodAutoscaler controller's flags, named as kube-controller-manager's.
+#[derive(Args, Debug, Clone)]
+pub struct HpaArgs {
+    /// How often each HorizontalPodAutoscaler is synced (`15s`, `1m`).
+    #[arg(long = "horizontal-pod-autoscaler-sync-period", default_value = "15s",
+        value_parser = crate::store_config::parse_duration)]
+    pub hpa_sync_period: Duration,
+    /// The ratio of usage to target within which an HPA changes nothing.
+    #[arg(long = "horizontal-pod-autoscaler-tolerance", default_value_t = 0.1)]
+    pub hpa_tolerance: f64,
+    /// How far back a scale-down looks for higher recommendations, for HPAs whose behavior
+    /// does not say.
+    #[arg(long = "horizontal-pod-autoscaler-downscale-stabilization", default_value = "5m",
+        value_parser = crate::store_config::parse_duration)]
+    pub hpa_downscale_stabilization: Duration,
+    /// How long after a pod starts its CPU samples may be skipped while it is not ready.
+    #[arg(long = "horizontal-pod-autoscaler-cpu-initialization-period", default_value = "5m",
+        value_parser = crate::store_config::parse_duration)]
+    pub hpa_cpu_initialization_period: Duration,
+    /// How long after a pod starts a not-ready pod that was never ready is left out.
+    #[arg(long = "horizontal-pod-autoscaler-initial-readiness-delay", default_value = "30s",
+        value_parser = crate::store_config::parse_duration)]
+    pub hpa_initial_readiness_delay: Duration,
+}
+
+impl HpaArgs {
+    /// The controller's configuration, or what is wrong with the flags.
+    pub fn config(&self) -> anyhow::Result<tessera_controllers::hpa::HpaConfig> {
+        if self.hpa_sync_period.is_zero() {
+            anyhow::bail!("--horizontal-pod-autoscaler-sync-period must be more than zero");
+        }
+        if !(self.hpa_tolerance.is_finite() && (0.0..1.0).contains(&self.hpa_tolerance)) {
+            anyhow::bail!(
+                "--horizontal-pod-autoscaler-tolerance must be at least 0 and less than 1 (0.1: ±10%)"
+            );
+        }
+        Ok(tessera_controllers::hpa::HpaConfig {
+            sync_period: self.hpa_sync_period,
+            tolerance: self.hpa_tolerance,
+            downscale_stabilization: self.hpa_downscale_stabilization,
+            cpu_initialization_period: self.hpa_cpu_initialization_period,
+            initial_readiness_delay: self.hpa_initial_readiness_delay,
+        })
+    }
+}
+
+/// The controllers' timings from a node grace period and a quota recount period, in seconds,
+/// and the HPA flags; the HPA metrics go to `registry`.
 pub fn controller_settings(
     grace: f64,
     quota_sync: f64,
+    hpa: &HpaArgs,
+    registry: &Registry,
 ) -> anyhow::Result<tessera_controllers::Settings> {
     if !(grace.is_finite() && grace > 0.0) {
         anyhow::bail!("--node-monitor-grace-period must be a positive number of seconds");
@@ -177,6 +228,8 @@ pub fn controller_settings(
         },
         quota_resync: Duration::from_secs_f64(quota_sync),
         root_ca: None,
+        hpa: hpa.config()?,
+        hpa_metrics: Some(tessera_controllers::hpa::HpaMetrics::register(registry)?),
     })
 }
 
@@ -213,6 +266,8 @@ pub async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<(
     let mut settings = controller_settings(
         args.node_monitor_grace_period,
         args.resource_quota_sync_period,
+        &args.hpa,
+        &registry,
     )?;
     // The CA the kubeconfig trusts is the one every namespace's kube-root-ca.crt publishes.
     settings.root_ca = Some(

@@ -68,27 +68,41 @@ pub struct StoreArgs {
     pub wal_segment_mib: u64,
 }
 
-/// Parses `300ms`, `10s`, `5m`, `1h`, `90d`.
+/// Parses `300ms`, `10s`, `5m`, `1h`, `90d`, and sums of them as Go writes durations
+/// (`5m0s`, `1h30m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .ok_or_else(|| format!("{s:?}: add a unit (ms, s, m, h or d)"))?;
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number followed by ms, s, m, h or d"))?;
-    Ok(match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        "d" => Duration::from_secs(n * 86400),
-        _ => {
-            return Err(format!(
-                "{s:?}: unknown unit {unit:?} (use ms, s, m, h or d)"
-            ));
-        }
-    })
+    if s.is_empty() {
+        return Err("an empty duration: write a number followed by ms, s, m, h or d".into());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| format!("{s:?}: add a unit (ms, s, m, h or d)"))?;
+        let (num, after) = rest.split_at(digits);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("{s:?}: expected a number followed by ms, s, m, h or d"))?;
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        total += match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            "d" => Duration::from_secs(n * 86400),
+            _ => {
+                return Err(format!(
+                    "{s:?}: unknown unit {unit:?} (use ms, s, m, h or d)"
+                ));
+            }
+        };
+        rest = next;
+    }
+    Ok(total)
 }
 
 /// The embedded store's options the flags describe.
@@ -227,6 +241,10 @@ mod tests {
         assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
         assert!(parse_duration("5w").is_err());
         assert!(parse_duration("m").is_err());
+        assert_eq!(parse_duration("5m0s"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("5m3").is_err());
     }
 
     #[derive(clap::Parser)]

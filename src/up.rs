@@ -115,6 +115,8 @@ pub struct WorkerArgs {
     #[arg(long, default_value_t = 300.0)]
     pub resource_quota_sync_period: f64,
     #[command(flatten)]
+    pub hpa: crate::components::HpaArgs,
+    #[command(flatten)]
     pub sim: crate::components::SimArgs,
 }
 
@@ -376,6 +378,8 @@ pub async fn start_workers(
         let mut settings = crate::components::controller_settings(
             workers.node_monitor_grace_period,
             workers.resource_quota_sync_period,
+            &workers.hpa,
+            &shard.registry,
         )?;
         settings.root_ca = Some(shard.ca_pem.clone());
         tasks.push(tokio::spawn(tessera_controllers::run_all_with(

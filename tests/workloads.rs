@@ -878,3 +878,125 @@ fn kubectl_top_reads_simulated_usage() {
     let steady = top(&["top", "pod", "steady", "--no-headers"]).expect("top");
     assert_eq!(steady[1..], ["150m", "48Mi"], "{steady:?}");
 }
+
+/// `kubectl autoscale` (kubectl 1.32 writes an `autoscaling/v1` HPA) on a Deployment whose
+/// pods run on a process node and burn CPU for a while: the HPA reads their real usage from
+/// the agent, scales up to `--max`, and once the burn ends scales back to `--min` after the
+/// (shortened) downscale stabilization window.
+#[test]
+fn kubectl_autoscale_follows_real_load_up_and_back_down() {
+    let c = Cluster::start_with(
+        "up",
+        &[
+            "--nodes-per-shard=0",
+            "--process-nodes=1",
+            "--horizontal-pod-autoscaler-sync-period=1s",
+            "--horizontal-pod-autoscaler-downscale-stabilization=5s",
+        ],
+    );
+    // Each pod burns one CPU for 15 s after it starts (a date check every 100k loops),
+    // then idles; it tolerates the process nodes' taint.
+    let manifest = c.file(
+        "burn.yaml",
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: burn
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: burn}
+  template:
+    metadata:
+      labels: {app: burn}
+    spec:
+      tolerations:
+      - {key: tessera.io/runtime, operator: Exists}
+      containers:
+      - name: burn
+        image: busybox
+        resources:
+          requests: {cpu: 100m}
+        command:
+        - sh
+        - -c
+        - 'end=$(( $(date +%s) + 15 )); while :; do i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; [ $(date +%s) -ge $end ] && break; done; exec sleep 3600'
+"#,
+    );
+    c.ok(&["apply", "-f", &manifest]);
+    c.ok(&[
+        "autoscale",
+        "deployment",
+        "burn",
+        "--min=1",
+        "--max=3",
+        "--cpu-percent=50",
+    ]);
+    // The v1 object kubectl wrote reads back in both versions.
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "horizontalpodautoscalers.v1.autoscaling",
+            "burn",
+            "-o",
+            "jsonpath={.spec.targetCPUUtilizationPercentage}"
+        ]),
+        "50"
+    );
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "horizontalpodautoscalers.v2.autoscaling",
+            "burn",
+            "-o",
+            "jsonpath={.spec.metrics[0].resource.target.averageUtilization}"
+        ]),
+        "50"
+    );
+    let replicas = || {
+        c.ok(&[
+            "get",
+            "deployment",
+            "burn",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+    };
+    let up = wait_for(Duration::from_secs(120), || {
+        (replicas() == "3").then(|| c.ok(&["get", "hpa", "burn", "--no-headers"]))
+    });
+    assert!(
+        up.is_some(),
+        "scaled up to --max: {}",
+        c.ok(&["get", "hpa", "burn", "-o", "yaml"])
+    );
+    // NAME REFERENCE TARGETS MINPODS MAXPODS REPLICAS AGE, the target a percentage.
+    let row = up.unwrap_or_default();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols.len(), 7, "{row}");
+    assert_eq!(cols[1], "Deployment/burn", "{row}");
+    assert!(cols[2].ends_with("%/50%"), "{row}");
+    assert_eq!(&cols[3..5], &["1", "3"], "{row}");
+
+    let down = wait_for(Duration::from_secs(120), || {
+        (replicas() == "1").then_some(())
+    });
+    assert!(
+        down.is_some(),
+        "back to --min once the burn ended: {}",
+        c.ok(&["get", "hpa", "burn", "-o", "yaml"])
+    );
+    let events = c.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "reason=SuccessfulRescale",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(events.contains("New size: 3"), "{events}");
+    assert!(
+        events.contains("New size: 1; reason: All metrics below target"),
+        "{events}"
+    );
+}

@@ -30,4 +30,19 @@ impl Client for InProcess {
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
         self.api.handle(&self.user, req).await
     }
+
+    async fn pod_metrics(
+        &self,
+        namespace: &str,
+        label_selector: &str,
+    ) -> Result<serde_json::Value, ApiError> {
+        let query = if label_selector.is_empty() {
+            String::new()
+        } else {
+            format!("labelSelector={}", percent_encode(label_selector))
+        };
+        self.api
+            .resource_metrics(&self.user, &format!("namespaces/{namespace}/pods"), &query)
+            .await
+    }
 }

@@ -38,6 +38,7 @@ fn empty_status(res: &Resource, obj: &mut Value) {
         ("apps", "Deployment") | ("batch", "Job") | ("batch", "CronJob") => &[],
         ("", "ResourceQuota") => &[],
         ("apps", "ReplicaSet") => &["replicas"],
+        ("autoscaling", "HorizontalPodAutoscaler") => &["desiredReplicas"],
         ("apps", "StatefulSet") => &["replicas", "availableReplicas"],
         ("apps", "DaemonSet") => &[
             "currentNumberScheduled",
@@ -101,6 +102,7 @@ pub fn apply(res: &Resource, obj: &mut Value) {
             }
             template(spec);
         }
+        ("autoscaling", "HorizontalPodAutoscaler") => hpa_spec(&mut obj["spec"]),
         ("apps", "ReplicaSet") => {
             set(&mut obj["spec"], "replicas", json!(1));
             template(&mut obj["spec"]);
@@ -302,6 +304,45 @@ fn webhook(hook: &mut Value, mutating: bool) {
         .filter(|s| s.is_object())
     {
         set(service, "port", json!(443));
+    }
+}
+
+/// An HPA's defaults (`autoscaling/v2`): one replica at least; with no metrics, 80% of the
+/// pods' CPU requests; and where `behavior` is given, the rules it leaves out — scale up
+/// without a stabilization window by at most 4 pods or 100% per 15 s, whichever is more,
+/// scale down by at most 100% per 15 s (its window, when not given, is the controller's).
+pub fn hpa_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
+    set(spec, "minReplicas", json!(1));
+    if spec["metrics"].as_array().is_none_or(Vec::is_empty) {
+        spec["metrics"] = json!([{"type": "Resource", "resource": {"name": "cpu",
+            "target": {"type": "Utilization", "averageUtilization": 80}}}]);
+    }
+    let Some(behavior) = spec.get_mut("behavior").filter(|b| b.is_object()) else {
+        return;
+    };
+    for (direction, policies) in [
+        (
+            "scaleUp",
+            json!([{"type": "Pods", "value": 4, "periodSeconds": 15},
+                {"type": "Percent", "value": 100, "periodSeconds": 15}]),
+        ),
+        (
+            "scaleDown",
+            json!([{"type": "Percent", "value": 100, "periodSeconds": 15}]),
+        ),
+    ] {
+        set(behavior, direction, json!({}));
+        let rules = &mut behavior[direction];
+        if direction == "scaleUp" {
+            set(rules, "stabilizationWindowSeconds", json!(0));
+        }
+        set(rules, "selectPolicy", json!("Max"));
+        if rules["policies"].as_array().is_none_or(Vec::is_empty) {
+            rules["policies"] = policies;
+        }
     }
 }
 

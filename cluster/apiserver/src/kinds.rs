@@ -66,8 +66,15 @@ const fn typed<T: DeserializeOwned + Serialize + JsonSchema>() -> Typed {
     }
 }
 
-/// The type of a served kind, by group and kind.
+/// The type of a served kind, by group, version and kind.
 pub fn of(res: &Resource) -> Typed {
+    if crate::catalog::stored_version_of(res).is_some() {
+        // A view of an older version: its own type, for its OpenAPI document.
+        if let ("autoscaling", "v1", "HorizontalPodAutoscaler") = (res.group, res.version, res.kind)
+        {
+            return typed::<k8s_openapi::api::autoscaling::v1::HorizontalPodAutoscaler>();
+        }
+    }
     of_kind(res.group, res.kind).unwrap_or_else(|| {
         // The catalog test below makes this unreachable for served kinds.
         typed::<Value>()
@@ -112,6 +119,9 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("apps", "StatefulSet") => typed::<apps::v1::StatefulSet>(),
         ("apps", "ControllerRevision") => typed::<apps::v1::ControllerRevision>(),
         ("autoscaling", "Scale") => typed::<k8s_openapi::api::autoscaling::v1::Scale>(),
+        ("autoscaling", "HorizontalPodAutoscaler") => {
+            typed::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>()
+        }
         ("batch", "Job") => typed::<batch::v1::Job>(),
         ("batch", "CronJob") => typed::<batch::v1::CronJob>(),
         ("coordination.k8s.io", "Lease") => typed::<coordination::v1::Lease>(),

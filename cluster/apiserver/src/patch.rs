@@ -14,7 +14,6 @@ use std::sync::OnceLock;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value};
 
-use crate::catalog::RESOURCES;
 use crate::kinds;
 
 /// Why a patch could not be applied.
@@ -95,6 +94,11 @@ const MERGE_LISTS: &[(&str, &str, ListMerge)] = &[
     ("StatefulSetStatus", "conditions", ListMerge::Key("type")),
     (
         "PodDisruptionBudgetStatus",
+        "conditions",
+        ListMerge::Key("type"),
+    ),
+    (
+        "HorizontalPodAutoscalerStatus",
         "conditions",
         ListMerge::Key("type"),
     ),
@@ -189,7 +193,7 @@ fn schemas() -> &'static HashMap<String, Value> {
     static SCHEMAS: OnceLock<HashMap<String, Value>> = OnceLock::new();
     SCHEMAS.get_or_init(|| {
         let mut generator = SchemaSettings::openapi3().into_generator();
-        for res in RESOURCES {
+        for res in crate::catalog::served() {
             (kinds::of(res).schema)(&mut generator);
         }
         generator.take_definitions(false).into_iter().collect()

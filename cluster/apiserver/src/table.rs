@@ -212,6 +212,15 @@ fn columns(res: &Resource) -> Vec<Column> {
             AGE,
             c("PreemptionPolicy", "string", 0),
         ],
+        ("autoscaling", "horizontalpodautoscalers") => vec![
+            NAME,
+            c("Reference", "string", 0),
+            c("Targets", "string", 0),
+            c("MinPods", "string", 0),
+            c("MaxPods", "integer", 0),
+            c("Replicas", "integer", 0),
+            AGE,
+        ],
         ("policy", "poddisruptionbudgets") => vec![
             NAME,
             c("Min Available", "string", 0),
@@ -919,6 +928,19 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
                     .unwrap_or("PreemptLowerPriority")
             ),
         ],
+        ("autoscaling", "horizontalpodautoscalers") => vec![
+            name,
+            json!(format!(
+                "{}/{}",
+                s(&spec["scaleTargetRef"]["kind"]),
+                s(&spec["scaleTargetRef"]["name"])
+            )),
+            json!(hpa_targets(spec, status)),
+            json!(spec["minReplicas"].as_i64().unwrap_or(1).to_string()),
+            int(&spec["maxReplicas"]),
+            int(&status["currentReplicas"]),
+            age_v,
+        ],
         ("policy", "poddisruptionbudgets") => vec![
             name,
             json!(if spec["minAvailable"].is_null() {
@@ -993,6 +1015,67 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
 
 /// A Shard's row: READY from its `Ready` condition, REGION from its label, CPU and MEMORY as
 /// free/allocatable, PODS as running/pending, WORKLOADS as held (and moving out).
+/// An HPA's TARGETS cell as kubectl 1.32 prints it: `current/target` per metric (`50%/80%`,
+/// `<unknown>/80%` before the first measurement), the first two, then how many more.
+fn hpa_targets(spec: &Value, status: &Value) -> String {
+    let specs = spec["metrics"].as_array().map_or(&[][..], Vec::as_slice);
+    if specs.is_empty() {
+        return "<none>".into();
+    }
+    let current = status["currentMetrics"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let mut shown = Vec::new();
+    for (i, m) in specs.iter().take(2).enumerate() {
+        let ty = m["type"].as_str().unwrap_or_default();
+        let field = match ty {
+            "Resource" => "resource",
+            "ContainerResource" => "containerResource",
+            "Pods" => "pods",
+            "Object" => "object",
+            "External" => "external",
+            _ => "",
+        };
+        let target = &m[field]["target"];
+        let now = current
+            .get(i)
+            .filter(|c| c["type"] == ty)
+            .map(|c| &c[field]["current"]);
+        let cell = match target["type"].as_str() {
+            Some("Utilization") => format!(
+                "{}/{}%",
+                now.and_then(|c| c["averageUtilization"].as_i64())
+                    .map_or("<unknown>".into(), |u| format!("{u}%")),
+                target["averageUtilization"].as_i64().unwrap_or(0)
+            ),
+            Some("AverageValue") => format!(
+                "{}/{}",
+                now.and_then(|c| c["averageValue"].as_str())
+                    .unwrap_or("<unknown>"),
+                s(&target["averageValue"])
+            ),
+            _ => format!(
+                "{}/{}",
+                now.and_then(|c| c["value"].as_str()).unwrap_or("<unknown>"),
+                s(&target["value"])
+            ),
+        };
+        // An averaged Object or External target says so, as kubectl does.
+        shown.push(
+            if matches!(ty, "Object" | "External") && target["type"] == "AverageValue" {
+                format!("{cell} (avg)")
+            } else {
+                cell
+            },
+        );
+    }
+    let mut out = shown.join(", ");
+    if specs.len() > 2 {
+        out.push_str(&format!(" + {} more...", specs.len() - 2));
+    }
+    out
+}
+
 fn shard_row(o: &Value, name: Value, age_v: Value) -> Vec<Value> {
     let status = &o["status"];
     let ready = status["conditions"]

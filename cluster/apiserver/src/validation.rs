@@ -8,6 +8,7 @@ use tessera_core::quantity::Quantity;
 use crate::catalog::Resource;
 use crate::status::Cause;
 
+mod hpa;
 mod webhooks;
 
 /// Collects causes.
@@ -63,6 +64,15 @@ impl Errors {
 
 fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str)
+}
+
+/// `obj[key]`, where given, is one of `allowed` (the field reported as `at.key`).
+fn one_of(obj: &Value, key: &str, allowed: &[&str], at: &str, e: &mut Errors) {
+    if let Some(v) = obj.get(key).filter(|v| !v.is_null())
+        && !v.as_str().is_some_and(|s| allowed.contains(&s))
+    {
+        e.not_supported(&format!("{at}.{key}"), v, allowed);
+    }
 }
 
 /// Checks `obj` (already of the kind's type) for `res`.
@@ -186,6 +196,7 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
                 );
             }
         }
+        ("autoscaling", "HorizontalPodAutoscaler") => hpa::spec(spec, &mut e),
         (crate::catalog::ADMISSIONREGISTRATION, kind) => {
             webhooks::configuration(obj, kind == "MutatingWebhookConfiguration", &mut e);
         }

@@ -332,6 +332,17 @@ pub const RESOURCES: &[Resource] = &[
         &[],
     ),
     r(
+        "autoscaling",
+        "v2",
+        "horizontalpodautoscalers",
+        "horizontalpodautoscaler",
+        "HorizontalPodAutoscaler",
+        true,
+        &["hpa"],
+        ALL,
+        &[status("autoscaling", "v2", "HorizontalPodAutoscaler")],
+    ),
+    r(
         "batch",
         "v1",
         "jobs",
@@ -572,10 +583,42 @@ pub const RESOURCES: &[Resource] = &[
     ),
 ];
 
-/// The API groups with their versions, in discovery order (core first, as "").
+/// Older versions of stored kinds, served by converting to and from the stored version
+/// (Kubernetes' storage version) at the API's edge: requests, answers and watch events. The
+/// store, controllers, admission and every walk of [`RESOURCES`] see the stored version only.
+pub const VIEWS: &[Resource] = &[r(
+    "autoscaling",
+    "v1",
+    "horizontalpodautoscalers",
+    "horizontalpodautoscaler",
+    "HorizontalPodAutoscaler",
+    true,
+    &["hpa"],
+    ALL,
+    &[status("autoscaling", "v1", "HorizontalPodAutoscaler")],
+)];
+
+/// Every built-in resource served: the stored versions, then the views of older versions.
+pub fn served() -> impl Iterator<Item = &'static Resource> {
+    RESOURCES.iter().chain(VIEWS)
+}
+
+/// The stored resource a view of an older version stands for (`autoscaling/v1`
+/// HorizontalPodAutoscalers: `autoscaling/v2`'s), or `None` if `res` is stored itself.
+pub fn stored_version_of(res: &Resource) -> Option<&'static Resource> {
+    if res.custom || !VIEWS.contains(res) {
+        return None;
+    }
+    RESOURCES
+        .iter()
+        .find(|r| r.group == res.group && r.plural == res.plural)
+}
+
+/// The API groups with their versions, in discovery order (core first, as ""); a group's
+/// stored version comes before its views, so it is the preferred one.
 pub fn groups() -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
-    for res in RESOURCES {
+    for res in served() {
         if !out.contains(&(res.group, res.version)) {
             out.push((res.group, res.version));
         }
@@ -585,9 +628,7 @@ pub fn groups() -> Vec<(&'static str, &'static str)> {
 
 /// Whether `group`/`version` is a built-in group-version.
 pub fn find_group_version(group: &str, version: &str) -> bool {
-    RESOURCES
-        .iter()
-        .any(|r| r.group == group && r.version == version)
+    served().any(|r| r.group == group && r.version == version)
 }
 
 /// The catalog indexed by (group, version, plural) and by (group, version, kind): a lookup
@@ -601,7 +642,7 @@ struct Index {
 static INDEX: LazyLock<Index> = LazyLock::new(|| {
     let mut by_plural = HashMap::with_capacity(RESOURCES.len());
     let mut by_kind = HashMap::with_capacity(RESOURCES.len());
-    for r in RESOURCES {
+    for r in served() {
         by_plural.entry((r.group, r.version, r.plural)).or_insert(r);
         by_kind.entry((r.group, r.version, r.kind)).or_insert(r);
     }
@@ -622,9 +663,7 @@ pub fn find_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
 /// The resources of one group-version.
 pub fn resources_of(group: &str, version: &str) -> impl Iterator<Item = &'static Resource> {
     let (group, version) = (group.to_owned(), version.to_owned());
-    RESOURCES
-        .iter()
-        .filter(move |r| r.group == group && r.version == version)
+    served().filter(move |r| r.group == group && r.version == version)
 }
 
 /// Where requests find their resource: the built-in catalog, and in an API server that

@@ -27,6 +27,18 @@ pub trait Client: Send + Sync {
     /// Sends one request.
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError>;
 
+    /// The `metrics.k8s.io/v1beta1` PodMetricsList of the pods in `namespace` that
+    /// `label_selector` (in its text form, empty for all) selects: what an autoscaler reads.
+    /// A client that cannot reach the resource metrics API answers 404.
+    async fn pod_metrics(&self, namespace: &str, label_selector: &str) -> Result<Value, ApiError> {
+        let _ = (namespace, label_selector);
+        Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource (pods.metrics.k8s.io): this client does not reach the resource metrics API",
+        ))
+    }
+
     /// Reads one object.
     async fn get(
         &self,
@@ -471,7 +483,9 @@ pub fn url_of(req: &ApiRequest) -> String {
     path
 }
 
-fn percent_encode(s: &str) -> String {
+/// `s` with every byte but unreserved ones (RFC 3986) as `%XX`: a path segment or a query
+/// value.
+pub fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
@@ -576,6 +590,28 @@ impl HttpClient {
 
 #[async_trait]
 impl Client for HttpClient {
+    async fn pod_metrics(&self, namespace: &str, label_selector: &str) -> Result<Value, ApiError> {
+        let mut path = format!(
+            "/apis/metrics.k8s.io/v1beta1/namespaces/{}/pods",
+            percent_encode(namespace)
+        );
+        if !label_selector.is_empty() {
+            path.push_str(&format!(
+                "?labelSelector={}",
+                percent_encode(label_selector)
+            ));
+        }
+        let (_, mut body) = self.get_raw(&path).await?;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::internal(format!("reading pod metrics: {e}")))?;
+            bytes.extend_from_slice(&chunk);
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::internal(format!("pod metrics are not JSON: {e}")))
+    }
+
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
         let method = match req.verb {
             Verb::Get | Verb::List | Verb::Watch => "GET",

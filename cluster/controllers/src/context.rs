@@ -8,7 +8,6 @@ use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::Namespace;
 use tessera_client::catalog::Resource;
 use tessera_client::client::Client;
-use tessera_client::request::find_resource;
 use tessera_runtime::controller::{Controller, Reconciler};
 use tessera_runtime::events::Recorder;
 use tessera_runtime::informer::{Cache, Change, Informer, Object, key_of};
@@ -80,13 +79,13 @@ impl Context {
     }
 }
 
-/// A served resource by group and plural (the catalog always has the ones controllers use).
+/// A served resource by group and plural, in its stored version (the catalog always has the
+/// ones controllers use).
 pub fn res(group: &str, plural: &str) -> &'static Resource {
-    let version = match group {
-        "tessera.io" => "v1alpha1",
-        _ => "v1",
-    };
-    find_resource(group, version, plural).expect("the catalog serves every controller's kinds")
+    tessera_client::catalog::RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural)
+        .expect("the catalog serves every controller's kinds")
 }
 
 /// Runs a controller that keeps one object (`name`, of kind `T`) in every namespace: a change

@@ -12,6 +12,7 @@ pub mod endpoints;
 pub mod fence;
 pub mod gc;
 pub mod history;
+pub mod hpa;
 pub mod job;
 pub mod namespace;
 pub mod nodelifecycle;
@@ -36,6 +37,10 @@ pub struct Settings {
     /// The CA bundle (PEM) published in every namespace as `kube-root-ca.crt`; without one
     /// the publisher does not run.
     pub root_ca: Option<String>,
+    /// The HorizontalPodAutoscaler controller's.
+    pub hpa: hpa::HpaConfig,
+    /// The HorizontalPodAutoscaler controller's metrics, if they are served.
+    pub hpa_metrics: Option<hpa::HpaMetrics>,
 }
 
 impl Default for Settings {
@@ -44,6 +49,8 @@ impl Default for Settings {
             nodes: nodelifecycle::NodeLifecycleConfig::default(),
             quota_resync: resourcequota::DEFAULT_RESYNC,
             root_ca: None,
+            hpa: hpa::HpaConfig::default(),
+            hpa_metrics: None,
         }
     }
 }
@@ -68,6 +75,7 @@ pub fn names(settings: &Settings) -> Vec<&'static str> {
         fence::NAME,
         clusterrole_aggregation::NAME,
         volumes::NAME,
+        hpa::NAME,
     ];
     if settings.root_ca.is_some() {
         names.push(rootca::NAME);
@@ -99,6 +107,7 @@ pub async fn run_all_with(ctx: Context, settings: Settings) {
         fence::run(ctx.clone()),
         clusterrole_aggregation::run(ctx.clone()),
         volumes::run(ctx.clone()),
+        hpa::run(ctx.clone(), settings.hpa, settings.hpa_metrics),
         async {
             if let Some(bundle) = settings.root_ca {
                 rootca::run(ctx.clone(), bundle).await;

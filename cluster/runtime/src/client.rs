@@ -28,6 +28,14 @@ impl Retrying {
 
 #[async_trait]
 impl Client for Retrying {
+    async fn pod_metrics(
+        &self,
+        namespace: &str,
+        label_selector: &str,
+    ) -> Result<serde_json::Value, ApiError> {
+        self.inner.pod_metrics(namespace, label_selector).await
+    }
+
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
         let mut wait = Duration::from_millis(10);
         let mut tries = 1;

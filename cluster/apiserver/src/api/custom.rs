@@ -162,36 +162,5 @@ pub(super) fn in_version(version: &Version, resp: ApiResponse) -> Result<ApiResp
             v["apiVersion"] = want.clone();
         }
     };
-    Ok(match resp {
-        ApiResponse::Encoded { code, body } => {
-            let mut value: Value = serde_json::from_slice(&body)
-                .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
-            fix(&mut value);
-            ApiResponse::Object {
-                code,
-                body: value,
-                warnings: Vec::new(),
-            }
-        }
-        ApiResponse::Object {
-            code,
-            mut body,
-            warnings,
-        } => {
-            fix(&mut body);
-            ApiResponse::Object {
-                code,
-                body,
-                warnings,
-            }
-        }
-        ApiResponse::Watch(stream) => ApiResponse::Watch(Box::pin(stream.map(move |ev| {
-            let mut ev = ev.into_value();
-            if ev["type"] != "ERROR" {
-                fix(&mut ev["object"]);
-            }
-            WatchEvent::Value(ev)
-        }))),
-        other => other,
-    })
+    super::views::map_answer(resp, fix)
 }

@@ -22,6 +22,7 @@ mod read;
 pub mod resource_metrics;
 mod subresources;
 mod tenant_quota;
+mod views;
 mod webhooks;
 mod write;
 
@@ -411,6 +412,8 @@ impl Api {
         }
         let scope = self.authorizer.authorize(user, &req).await?;
         let custom = self.custom_gate(&req).await?;
+        // A view of an older version is served by converting to and from the stored one.
+        let view = views::to_stored(&mut req)?;
         // Watches are long-running: they hold no request seat, as in Kubernetes, but one of
         // a bounded number of watch slots, for as long as they are open.
         let watch_slot = if req.verb == Verb::Watch {
@@ -456,7 +459,7 @@ impl Api {
                 self.write_existing(&req, user, |_| Ok(obj.0.clone()), obj.1)
                     .await
             }
-            (Verb::Patch(pt), _) => self.patch(&req, user, pt).await,
+            (Verb::Patch(pt), _) => self.patch(&req, user, pt, view).await,
             (Verb::Delete, None) => self.delete(&req, Some(user)).await,
             (Verb::DeleteCollection, None) => {
                 self.delete_collection(&req, user, &scope.namespaces).await
@@ -508,6 +511,9 @@ impl Api {
                 across::add_shard_column(&mut t, &objects);
             }
             *body = t;
+        }
+        if let Some(v) = view {
+            resp = views::answer(v, resp)?;
         }
         if let Some(slot) = watch_slot
             && let ApiResponse::Watch(stream) = resp

@@ -754,8 +754,21 @@ impl Api {
         req: &ApiRequest,
         user: &User,
         pt: PatchType,
+        view: Option<&'static Resource>,
     ) -> Result<ApiResponse, ApiError> {
         let res = req.resource;
+        if let Some(v) = view
+            && pt == PatchType::Apply
+        {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "server-side apply is served for {} in its stored version only: apply the {}/{} form (kubectl apply without --server-side works with {})",
+                    res.plural, res.group, res.version, v.version
+                ),
+            ));
+        }
         if pt == PatchType::StrategicMerge && res.group == "tessera.io" {
             return Err(ApiError::new(
                 415,
@@ -768,15 +781,20 @@ impl Api {
         }
         let body = req.body.clone();
         let sub = req.subresource.clone();
-        let schema = target_schema(req);
+        let schema = match view {
+            Some(v) => (kinds::of(v).schema_name)(),
+            None => target_schema(req),
+        };
         let scale_paths = self.scale_paths(res);
         let warnings = Vec::new();
         self.write_existing(
             req,
             user,
             move |current| {
-                let mut doc = match sub.as_deref() {
-                    Some("scale") => to_scale_plain(res, scale_paths.as_ref(), &current),
+                let mut doc = match (sub.as_deref(), view) {
+                    (Some("scale"), _) => to_scale_plain(res, scale_paths.as_ref(), &current),
+                    // A patch of a view applies to the object as the view shows it.
+                    (_, Some(v)) => super::views::to_view(v, &current),
                     _ => current.clone(),
                 };
                 let result = match pt {
@@ -792,7 +810,10 @@ impl Api {
                         format!("the patch could not be applied: {}", e.0),
                     )
                 })?;
-                Ok(doc)
+                match view {
+                    Some(v) if sub.as_deref() != Some("scale") => super::views::from_view(v, doc),
+                    _ => Ok(doc),
+                }
             },
             warnings,
         )

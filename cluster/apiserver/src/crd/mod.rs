@@ -126,8 +126,7 @@ impl Snapshot {
 
     /// Every resource served, built-in first.
     pub fn resources(&self) -> Vec<&'static Resource> {
-        catalog::RESOURCES
-            .iter()
+        catalog::served()
             .chain(self.versions.iter().map(|v| v.resource))
             .collect()
     }

@@ -151,6 +151,7 @@ pub fn cluster_roles() -> Vec<Value> {
                     ],
                     WRITE,
                 ),
+                rule(&["autoscaling"], &["horizontalpodautoscalers"], WRITE),
                 rule(&["batch"], &["cronjobs", "jobs"], WRITE),
                 rule(&["policy"], &["poddisruptionbudgets"], WRITE),
                 rule(&["coordination.k8s.io"], &["leases"], &rw),
@@ -208,6 +209,14 @@ pub fn cluster_roles() -> Vec<Value> {
                         "statefulsets",
                         "statefulsets/scale",
                         "statefulsets/status",
+                    ],
+                    READ,
+                ),
+                rule(
+                    &["autoscaling"],
+                    &[
+                        "horizontalpodautoscalers",
+                        "horizontalpodautoscalers/status",
                     ],
                     READ,
                 ),

@@ -10,7 +10,7 @@ use base64::Engine;
 use serde_json::Value;
 use tessera_core::names;
 
-use super::{Errors, label_selector, str_at};
+use super::{Errors, label_selector, one_of, str_at};
 
 const OPERATIONS: &[&str] = &["*", "CONNECT", "CREATE", "DELETE", "UPDATE"];
 
@@ -93,14 +93,6 @@ pub(super) fn configuration(obj: &Value, mutating: bool, e: &mut Errors) {
             }
         }
         client_config(&hook["clientConfig"], &format!("{at}.clientConfig"), e);
-    }
-}
-
-fn one_of(hook: &Value, key: &str, allowed: &[&str], at: &str, e: &mut Errors) {
-    if let Some(v) = hook.get(key).filter(|v| !v.is_null())
-        && !v.as_str().is_some_and(|s| allowed.contains(&s))
-    {
-        e.not_supported(&format!("{at}.{key}"), v, allowed);
     }
 }
 

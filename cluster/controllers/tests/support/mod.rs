@@ -116,6 +116,11 @@ pub async fn shard(nodes: usize) -> Shard {
                     },
                     quota_resync: Duration::from_millis(500),
                     root_ca: Some(TEST_CA.into()),
+                    hpa: tessera_controllers::hpa::HpaConfig {
+                        sync_period: Duration::from_millis(200),
+                        ..Default::default()
+                    },
+                    hpa_metrics: None,
                 },
             )),
         ],
