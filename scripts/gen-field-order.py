@@ -54,6 +54,7 @@ KINDS = [
     ("", "PersistentVolumeClaim", "api.core.v1.PersistentVolumeClaim"),
     ("", "PersistentVolume", "api.core.v1.PersistentVolume"),
     ("", "PodTemplate", "api.core.v1.PodTemplate"),
+    ("", "ReplicationController", "api.core.v1.ReplicationController"),
     ("networking.k8s.io", "Ingress", "api.networking.v1.Ingress"),
     ("networking.k8s.io", "IngressClass", "api.networking.v1.IngressClass"),
     ("networking.k8s.io", "NetworkPolicy", "api.networking.v1.NetworkPolicy"),

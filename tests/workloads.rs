@@ -1000,3 +1000,54 @@ spec:
         "{events}"
     );
 }
+
+/// A ReplicationController (core/v1) as old manifests write it: selector and labels from the
+/// template, pods kept by the controller, `kubectl scale rc` through its scale subresource,
+/// `kubectl get rc` columns.
+#[test]
+fn kubectl_runs_and_scales_a_replication_controller() {
+    let c = Cluster::start_with("up", &["--nodes-per-shard=3"]);
+    c.ok(&["create", "namespace", "legacy"]);
+    let rc = c.file(
+        "rc.yaml",
+        "apiVersion: v1\nkind: ReplicationController\nmetadata:\n  name: old\n  namespace: legacy\nspec:\n  replicas: 2\n  template:\n    metadata:\n      labels: {app: old}\n    spec:\n      containers:\n      - name: c\n        image: nginx\n",
+    );
+    c.ok(&["apply", "-f", &rc]);
+    let ready = |want: &str| {
+        wait_for(Duration::from_secs(60), || {
+            let r = c.ok(&[
+                "get",
+                "rc",
+                "old",
+                "-n",
+                "legacy",
+                "-o",
+                "jsonpath={.status.replicas}/{.status.readyReplicas}",
+            ]);
+            (r == format!("{want}/{want}")).then_some(())
+        })
+        .is_some()
+    };
+    assert!(
+        ready("2"),
+        "two pods of the ReplicationController ready: {}",
+        c.ok(&["get", "rc,pods", "-n", "legacy", "-o", "wide"])
+    );
+    c.ok(&["scale", "rc", "old", "-n", "legacy", "--replicas=1"]);
+    assert!(ready("1"), "scaled to one");
+    let row = c.ok(&["get", "rc", "old", "-n", "legacy", "--no-headers"]);
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[..4], &["old", "1", "1", "1"], "{row}");
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "rc",
+            "old",
+            "-n",
+            "legacy",
+            "-o",
+            "jsonpath={.spec.selector.app}"
+        ]),
+        "old"
+    );
+}

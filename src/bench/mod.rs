@@ -3,6 +3,7 @@
 mod api;
 mod federation;
 mod fill;
+mod hpa;
 mod latency;
 mod offers;
 mod queue;
@@ -27,6 +28,32 @@ pub fn progress_bar(len: u64, label: String) -> ProgressBar {
     bar
 }
 
+/// A fresh API on an embedded store in `dir` (the benchmarks that run a shard in-process).
+pub async fn in_process_api(dir: &std::path::Path) -> anyhow::Result<tessera_apiserver::api::Api> {
+    let store = std::sync::Arc::new(
+        tessera_store::EmbeddedStore::open(
+            dir,
+            tessera_store::EmbeddedOptions::default(),
+            tessera_store::StoreMetrics::register(&prometheus::Registry::new())?,
+        )
+        .await?,
+    );
+    Ok(tessera_apiserver::api::Api::new(store, None))
+}
+
+/// A client of `api` acting as the system component `name`, retrying when it sheds load.
+pub fn component_client(
+    api: &tessera_apiserver::api::Api,
+    name: &str,
+) -> std::sync::Arc<dyn tessera_apiserver::client::Client> {
+    tessera_runtime::client::Retrying::wrap(std::sync::Arc::new(
+        tessera_apiserver::client::InProcess::new(
+            api.clone(),
+            tessera_apiserver::auth::User::System(name.into()),
+        ),
+    ))
+}
+
 /// What to measure.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -49,6 +76,8 @@ pub enum BenchCommand {
     Federation(federation::FederationBenchArgs),
     /// Offers for frameworks: offers/s, accept to bound latency, DRF share error.
     Offers(offers::OffersBenchArgs),
+    /// HorizontalPodAutoscaler syncs on a loaded shard: syncs/s and the time of one.
+    Hpa(hpa::HpaBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -61,6 +90,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Shard(args) => shard::run(args).await,
         BenchCommand::Federation(args) => federation::run(args).await,
         BenchCommand::Offers(args) => offers::run(args).await,
+        BenchCommand::Hpa(args) => hpa::run(args).await,
         BenchCommand::Queue(args) => queue::run(args).await,
         BenchCommand::Scheduler(args) => scheduler::run(args).await,
     }

@@ -17,7 +17,6 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::json;
 use tessera_agent::sim::{SimAgent, SimConfig};
-use tessera_apiserver::api::Api;
 use tessera_apiserver::auth::User;
 use tessera_apiserver::client::{Client, InProcess};
 use tessera_apiserver::request::find_resource;
@@ -25,7 +24,6 @@ use tessera_runtime::Informers;
 use tessera_runtime::informer::Change;
 use tessera_scheduler::config::SchedulerConfig;
 use tessera_scheduler::{Scheduler, SchedulerOptions};
-use tessera_store::{EmbeddedOptions, EmbeddedStore, StoreMetrics};
 
 use super::latency::Latencies;
 
@@ -78,22 +76,9 @@ struct Seen {
 /// Runs the benchmark.
 pub async fn run(args: ShardBenchArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(
-        EmbeddedStore::open(
-            dir.path(),
-            EmbeddedOptions::default(),
-            StoreMetrics::register(&prometheus::Registry::new())?,
-        )
-        .await?,
-    );
-    let api = Api::new(store, None);
+    let api = super::in_process_api(dir.path()).await?;
     let client: Arc<dyn Client> = Arc::new(InProcess::new(api.clone(), User::Admin));
-    let component = |name: &str| -> Arc<dyn Client> {
-        tessera_runtime::client::Retrying::wrap(Arc::new(InProcess::new(
-            api.clone(),
-            User::System(name.into()),
-        )))
-    };
+    let component = |name: &str| super::component_client(&api, name);
     let res =
         |g: &str, p: &str| find_resource(g, "v1", p).map_err(|e| anyhow::anyhow!("{}", e.message));
     client

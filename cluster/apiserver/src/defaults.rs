@@ -37,7 +37,7 @@ fn empty_status(res: &Resource, obj: &mut Value) {
         }
         ("apps", "Deployment") | ("batch", "Job") | ("batch", "CronJob") => &[],
         ("", "ResourceQuota") => &[],
-        ("apps", "ReplicaSet") => &["replicas"],
+        ("apps", "ReplicaSet") | ("", "ReplicationController") => &["replicas"],
         ("autoscaling", "HorizontalPodAutoscaler") => &["desiredReplicas"],
         ("apps", "StatefulSet") => &["replicas", "availableReplicas"],
         ("apps", "DaemonSet") => &[
@@ -103,6 +103,26 @@ pub fn apply(res: &Resource, obj: &mut Value) {
             template(spec);
         }
         ("autoscaling", "HorizontalPodAutoscaler") => hpa_spec(&mut obj["spec"]),
+        // core/v1: the selector and the object's labels default to the template's labels.
+        ("", "ReplicationController") => {
+            let labels = obj["spec"]["template"]["metadata"]["labels"].clone();
+            if labels.as_object().is_some_and(|l| !l.is_empty()) {
+                if obj["spec"]["selector"]
+                    .as_object()
+                    .is_none_or(|m| m.is_empty())
+                {
+                    obj["spec"]["selector"] = labels.clone();
+                }
+                if obj["metadata"]["labels"]
+                    .as_object()
+                    .is_none_or(|m| m.is_empty())
+                {
+                    obj["metadata"]["labels"] = labels;
+                }
+            }
+            set(&mut obj["spec"], "replicas", json!(1));
+            template(&mut obj["spec"]);
+        }
         ("apps", "ReplicaSet") => {
             set(&mut obj["spec"], "replicas", json!(1));
             template(&mut obj["spec"]);

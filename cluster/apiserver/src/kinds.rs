@@ -99,6 +99,7 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("", "PersistentVolumeClaim") => typed::<core::v1::PersistentVolumeClaim>(),
         ("", "PersistentVolume") => typed::<core::v1::PersistentVolume>(),
         ("", "PodTemplate") => typed::<core::v1::PodTemplate>(),
+        ("", "ReplicationController") => typed::<core::v1::ReplicationController>(),
         ("networking.k8s.io", "Ingress") => typed::<networking::v1::Ingress>(),
         ("networking.k8s.io", "IngressClass") => typed::<networking::v1::IngressClass>(),
         ("networking.k8s.io", "NetworkPolicy") => typed::<networking::v1::NetworkPolicy>(),

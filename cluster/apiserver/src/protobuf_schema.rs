@@ -1194,6 +1194,32 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 7, name: "secret_ref", kind: Msg, repeated: false, message: "api.core.v1.LocalObjectReference" },
         Field { tag: 8, name: "read_only", kind: Bool, repeated: false, message: "" },
     ]),
+    ("api.core.v1.ReplicationController", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.core.v1.ReplicationControllerSpec" },
+        Field { tag: 3, name: "status", kind: Msg, repeated: false, message: "api.core.v1.ReplicationControllerStatus" },
+    ]),
+    ("api.core.v1.ReplicationControllerCondition", &[
+        Field { tag: 1, name: "type", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "status", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "last_transition_time", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.Time" },
+        Field { tag: 4, name: "reason", kind: Str, repeated: false, message: "" },
+        Field { tag: 5, name: "message", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.ReplicationControllerSpec", &[
+        Field { tag: 1, name: "replicas", kind: I32, repeated: false, message: "" },
+        Field { tag: 2, name: "selector", kind: MapStr, repeated: false, message: "" },
+        Field { tag: 3, name: "template", kind: Msg, repeated: false, message: "api.core.v1.PodTemplateSpec" },
+        Field { tag: 4, name: "min_ready_seconds", kind: I32, repeated: false, message: "" },
+    ]),
+    ("api.core.v1.ReplicationControllerStatus", &[
+        Field { tag: 1, name: "replicas", kind: I32, repeated: false, message: "" },
+        Field { tag: 2, name: "fully_labeled_replicas", kind: I32, repeated: false, message: "" },
+        Field { tag: 3, name: "observed_generation", kind: I64, repeated: false, message: "" },
+        Field { tag: 4, name: "ready_replicas", kind: I32, repeated: false, message: "" },
+        Field { tag: 5, name: "available_replicas", kind: I32, repeated: false, message: "" },
+        Field { tag: 6, name: "conditions", kind: Msg, repeated: true, message: "api.core.v1.ReplicationControllerCondition" },
+    ]),
     ("api.core.v1.ResourceClaim", &[
         Field { tag: 1, name: "name", kind: Str, repeated: false, message: "" },
         Field { tag: 2, name: "request", kind: Str, repeated: false, message: "" },

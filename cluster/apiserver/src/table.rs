@@ -82,7 +82,7 @@ fn columns(res: &Resource) -> Vec<Column> {
             c("Images", "string", 1),
             c("Selector", "string", 1),
         ],
-        ("apps", "replicasets") => vec![
+        ("apps", "replicasets") | ("", "replicationcontrollers") => vec![
             NAME,
             c("Desired", "integer", 0),
             c("Current", "integer", 0),
@@ -367,26 +367,42 @@ fn int(v: &Value) -> Value {
     json!(v.as_i64().unwrap_or(0))
 }
 
-fn selector_string(sel: &Value) -> String {
-    let mut parts: Vec<String> = sel["matchLabels"]
+/// A label selector in its text form (`app=web,tier in (a,b),!canary`), as Kubernetes
+/// prints one: a `metav1.LabelSelector`, or a plain map of labels (a Service's, a
+/// ReplicationController's). Empty for an empty selector.
+pub(crate) fn selector_text(sel: &Value) -> String {
+    let structured = sel.get("matchLabels").is_some() || sel.get("matchExpressions").is_some();
+    let labels = if structured { &sel["matchLabels"] } else { sel };
+    let mut parts: Vec<String> = labels
         .as_object()
         .into_iter()
         .flatten()
         .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
         .collect();
-    if parts.is_empty() {
-        parts = sel
-            .as_object()
+    for e in sel["matchExpressions"].as_array().into_iter().flatten() {
+        let key = e["key"].as_str().unwrap_or_default();
+        let values: Vec<&str> = e["values"]
+            .as_array()
             .into_iter()
             .flatten()
-            .filter(|(k, _)| *k != "matchLabels" && *k != "matchExpressions")
-            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+            .filter_map(Value::as_str)
             .collect();
+        parts.push(match e["operator"].as_str().unwrap_or_default() {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.to_owned(),
+            _ => format!("!{key}"),
+        });
     }
-    if parts.is_empty() {
+    parts.join(",")
+}
+
+fn selector_string(sel: &Value) -> String {
+    let text = selector_text(sel);
+    if text.is_empty() {
         "<none>".into()
     } else {
-        parts.join(",")
+        text
     }
 }
 
@@ -626,8 +642,9 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
                 json!(selector_string(&spec["selector"])),
             ]
         }
-        ("apps", "replicasets") => {
+        ("apps", "replicasets") | ("", "replicationcontrollers") => {
             let (cs, imgs) = containers_and_images(&spec["template"]["spec"]);
+            let selector = selector_string(&spec["selector"]);
             vec![
                 name,
                 json!(spec["replicas"].as_i64().unwrap_or(1)),
@@ -636,7 +653,7 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
                 age_v,
                 json!(cs),
                 json!(imgs),
-                json!(selector_string(&spec["selector"])),
+                json!(selector),
             ]
         }
         ("apps", "statefulsets") => {

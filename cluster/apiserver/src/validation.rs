@@ -87,6 +87,18 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
             selected_template(spec, "spec", true, &mut e);
         }
         ("apps", "DaemonSet") => selected_template(spec, "spec", true, &mut e),
+        ("", "ReplicationController") => {
+            replicas(spec, &mut e);
+            // Its selector is a map of labels (after defaulting, the template's): checked
+            // as the equal-labels selector it stands for.
+            if spec["selector"].as_object().is_none_or(|m| m.is_empty()) {
+                e.required("spec.selector");
+            } else {
+                let mut as_set = spec.clone();
+                as_set["selector"] = serde_json::json!({"matchLabels": spec["selector"]});
+                selected_template(&as_set, "spec", true, &mut e);
+            }
+        }
         ("batch", "Job") => job_spec(spec, "spec", &mut e),
         ("batch", "CronJob") => {
             match str_at(spec, "schedule") {

@@ -61,8 +61,15 @@ fn harness() -> Harness {
         valid("RoleBinding"),
         valid("CustomResourceDefinition"),
         valid("Widget"),
+        valid("HorizontalPodAutoscaler"),
+        valid("HorizontalPodAutoscaler/v1"),
     ] {
-        let res = resource_of(obj["kind"].as_str().expect("kind"));
+        let kind = obj["kind"].as_str().expect("kind");
+        let res = if obj["apiVersion"] == "autoscaling/v1" {
+            resource_of("HorizontalPodAutoscaler/v1")
+        } else {
+            resource_of(kind)
+        };
         let mut req = ApiRequest::new(Verb::Create, res);
         if res.namespaced {
             req.namespace = Some("fz".into());
@@ -77,6 +84,10 @@ fn harness() -> Harness {
 /// The resource of `kind`: built in, or the Widget the harness's CRD defines (as the CRD
 /// was created: a mutated CRD may no longer serve it, which its requests then find out).
 fn resource_of(kind: &str) -> &'static tessera_apiserver::catalog::Resource {
+    if kind == "HorizontalPodAutoscaler/v1" {
+        return tessera_apiserver::catalog::find("autoscaling", "v1", "horizontalpodautoscalers")
+            .expect("the v1 view");
+    }
     RESOURCES
         .iter()
         .find(|r| r.kind == kind)
@@ -126,6 +137,23 @@ fn valid(kind: &str) -> Value {
                 "template": {"metadata": {"labels": {"app": "d"}},
                     "spec": {"containers": [{"name": "c", "image": "nginx",
                         "resources": {"requests": {"cpu": "100m"}}, "ports": [{"containerPort": 80}]}]}}}}),
+        "HorizontalPodAutoscaler" => json!({"apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler", "metadata": {"name": "h"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d"},
+                "minReplicas": 1, "maxReplicas": 5,
+                "metrics": [{"type": "Resource", "resource": {"name": "cpu",
+                    "target": {"type": "Utilization", "averageUtilization": 60}}},
+                    {"type": "Pods", "pods": {"metric": {"name": "qps"},
+                    "target": {"type": "AverageValue", "averageValue": "10"}}}],
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 60,
+                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 30}]}}}}),
+        // The v1 view: converted on the way in and out.
+        "HorizontalPodAutoscaler/v1" => json!({"apiVersion": "autoscaling/v1",
+            "kind": "HorizontalPodAutoscaler", "metadata": {"name": "h1",
+                "annotations": {"autoscaling.alpha.kubernetes.io/behavior":
+                    "{\"scaleUp\":{\"policies\":[{\"type\":\"Pods\",\"value\":2,\"periodSeconds\":60}]}}"}},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d"},
+                "minReplicas": 1, "maxReplicas": 5, "targetCPUUtilizationPercentage": 50}}),
         "Pod" => json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
             "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "1"}]}]}}),
         "Service" => json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
@@ -366,7 +394,7 @@ fn mutated_objects_are_accepted_or_refused_cleanly() {
     proptest!(ProptestConfig::with_cases(cases()), |(
         kind in prop_oneof![Just("Deployment"), Just("Pod"), Just("ConfigMap"), Just("Service"),
             Just("Tenant"), Just("Role"), Just("RoleBinding"), Just("CustomResourceDefinition"),
-            Just("Widget")],
+            Just("Widget"), Just("HorizontalPodAutoscaler"), Just("HorizontalPodAutoscaler/v1")],
         muts in prop::collection::vec(mutation(), 1..5),
         verb in verb(),
     )| {

@@ -277,6 +277,17 @@ pub const RESOURCES: &[Resource] = &[
         &[],
     ),
     r(
+        "",
+        "v1",
+        "replicationcontrollers",
+        "replicationcontroller",
+        "ReplicationController",
+        true,
+        &["rc"],
+        ALL,
+        &[status("", "v1", "ReplicationController"), SCALE],
+    ),
+    r(
         "apps",
         "v1",
         "deployments",

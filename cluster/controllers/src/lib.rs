@@ -60,6 +60,7 @@ impl Default for Settings {
 pub fn names(settings: &Settings) -> Vec<&'static str> {
     let mut names = vec![
         replicaset::NAME,
+        <k8s_openapi::api::core::v1::ReplicationController as replicaset::SetKind>::CONTROLLER,
         deployment::NAME,
         daemonset::NAME,
         statefulset::NAME,
@@ -92,6 +93,7 @@ pub async fn run_all(ctx: Context) {
 pub async fn run_all_with(ctx: Context, settings: Settings) {
     tokio::join!(
         replicaset::run(ctx.clone()),
+        replicaset::run_kind::<k8s_openapi::api::core::v1::ReplicationController>(ctx.clone()),
         deployment::run(ctx.clone()),
         daemonset::run(ctx.clone()),
         statefulset::run(ctx.clone()),

@@ -1,6 +1,8 @@
 //! The ReplicaSet controller: keeps `spec.replicas` pods of the template running, adopting
 //! matching orphans and releasing pods that stopped matching, and reports replicas, ready,
-//! available and fully-labeled counts in `status`.
+//! available and fully-labeled counts in `status`. The same controller, over a
+//! [`SetKind`], runs ReplicationControllers (core/v1: a selector that is a map of labels),
+//! as Kubernetes runs them through the ReplicaSet controller.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -8,14 +10,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, ReplicationController};
 use serde_json::json;
+use tessera_client::catalog::Resource;
 use tessera_client::request::PatchType;
+use tessera_core::selector::label::LabelSelector;
 use tessera_core::time::now_secs;
 use tessera_runtime::controller::{Action, ReconcileError, Reconciler};
 use tessera_runtime::events::{EventType, ObjectRef, Recorder};
 use tessera_runtime::expectations::Expectations;
-use tessera_runtime::informer::{Cache, Change, controller_of, key_of, owner_key};
+use tessera_runtime::informer::{Cache, Change, Object, controller_of, key_of, owner_key};
 use tessera_runtime::selector::from_metav1;
 use tessera_runtime::{EventClass, WorkQueue};
 
@@ -25,9 +29,94 @@ use crate::pods::{self, BURST, uid_of};
 /// The controller's name (queue, metrics, events).
 pub const NAME: &str = "replicaset-controller";
 
-struct Rs {
+/// A kind that keeps a number of pods of a template running (its `apiVersion` and `kind`
+/// are its `k8s_openapi::Resource`'s).
+pub trait SetKind: Object {
+    /// The controller's name.
+    const CONTROLLER: &'static str;
+    /// The served resource.
+    fn resource() -> &'static Resource;
+    /// Its selector (an empty one selects nothing here).
+    fn selector(&self) -> Result<LabelSelector, String>;
+    /// `spec.replicas`.
+    fn replicas(&self) -> i32;
+    /// `spec.template`.
+    fn template(&self) -> Option<&PodTemplateSpec>;
+    /// `spec.minReadySeconds`.
+    fn min_ready_seconds(&self) -> i32;
+    /// (replicas, ready, available, fully labeled, observed generation) of its status.
+    fn counts(&self) -> (i32, i32, i32, i32, i64);
+}
+
+/// The accessors ReplicaSets and ReplicationControllers share field for field.
+macro_rules! same_shape_accessors {
+    () => {
+        fn replicas(&self) -> i32 {
+            self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+        }
+        fn template(&self) -> Option<&PodTemplateSpec> {
+            self.spec.as_ref()?.template.as_ref()
+        }
+        fn min_ready_seconds(&self) -> i32 {
+            self.spec
+                .as_ref()
+                .and_then(|s| s.min_ready_seconds)
+                .unwrap_or(0)
+        }
+        fn counts(&self) -> (i32, i32, i32, i32, i64) {
+            let s = self.status.clone().unwrap_or_default();
+            (
+                s.replicas,
+                s.ready_replicas.unwrap_or(0),
+                s.available_replicas.unwrap_or(0),
+                s.fully_labeled_replicas.unwrap_or(0),
+                s.observed_generation.unwrap_or(0),
+            )
+        }
+    };
+}
+
+impl SetKind for ReplicaSet {
+    const CONTROLLER: &'static str = NAME;
+    fn resource() -> &'static Resource {
+        res("apps", "replicasets")
+    }
+    fn selector(&self) -> Result<LabelSelector, String> {
+        from_metav1(
+            &self
+                .spec
+                .as_ref()
+                .map(|s| s.selector.clone())
+                .unwrap_or_default(),
+        )
+    }
+    same_shape_accessors!();
+}
+
+impl SetKind for ReplicationController {
+    const CONTROLLER: &'static str = "replicationcontroller-controller";
+    fn resource() -> &'static Resource {
+        res("", "replicationcontrollers")
+    }
+    fn selector(&self) -> Result<LabelSelector, String> {
+        let labels = self
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.clone())
+            .unwrap_or_default();
+        from_metav1(
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some(labels),
+                match_expressions: None,
+            },
+        )
+    }
+    same_shape_accessors!();
+}
+
+struct Rs<T: SetKind> {
     ctx: Context,
-    sets: Arc<Cache<ReplicaSet>>,
+    sets: Arc<Cache<T>>,
     pods: Arc<Cache<Pod>>,
     expectations: Arc<Expectations>,
     recorder: Recorder,
@@ -35,11 +124,16 @@ struct Rs {
 
 /// Runs the controller until the future is dropped.
 pub async fn run(ctx: Context) {
-    let sets = ctx.informer::<ReplicaSet>(res("apps", "replicasets"));
+    run_kind::<ReplicaSet>(ctx).await;
+}
+
+/// Runs the controller of `T` until the future is dropped.
+pub async fn run_kind<T: SetKind>(ctx: Context) {
+    let sets = ctx.informer::<T>(T::resource());
     let pods = ctx.informer::<Pod>(res("", "pods"));
     let expectations = Arc::new(Expectations::new());
-    let r = Arc::new(Rs {
-        recorder: ctx.recorder(NAME),
+    let r = Arc::new(Rs::<T> {
+        recorder: ctx.recorder(T::CONTROLLER),
         sets: sets.cache().clone(),
         pods: pods.cache().clone(),
         expectations: expectations.clone(),
@@ -47,9 +141,9 @@ pub async fn run(ctx: Context) {
     });
     let exp = expectations.clone();
     let set_cache = sets.cache().clone();
-    ctx.controller(NAME)
+    ctx.controller(T::CONTROLLER)
         .watches_with(&sets, move |c, q| {
-            let key = key_of(&c.object().metadata);
+            let key = key_of(c.object().metadata());
             if let Change::Deleted(_) = c {
                 expectations.forget(&key);
             }
@@ -61,8 +155,8 @@ pub async fn run(ctx: Context) {
 }
 
 /// Queues the ReplicaSet a pod belongs to (or, for an orphan, the ones that could adopt it).
-fn on_pod(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations, sets: &Cache<ReplicaSet>) {
-    let owner_key = |p: &Pod| owner_key(&p.metadata, "ReplicaSet");
+fn on_pod<T: SetKind>(c: &Change<Pod>, q: &WorkQueue<String>, exp: &Expectations, sets: &Cache<T>) {
+    let owner_key = |p: &Pod| owner_key(&p.metadata, T::KIND);
     match c {
         Change::Added(p) => match owner_key(p) {
             Some(k) => {
@@ -113,7 +207,7 @@ fn only_progressed(old: &Pod, new: &Pod) -> bool {
         && old.metadata.labels == new.metadata.labels
 }
 
-fn orphan(p: &Pod, q: &WorkQueue<String>, sets: &Cache<ReplicaSet>) {
+fn orphan<T: SetKind>(p: &Pod, q: &WorkQueue<String>, sets: &Cache<T>) {
     if !pods::is_active(p) {
         return;
     }
@@ -122,19 +216,19 @@ fn orphan(p: &Pod, q: &WorkQueue<String>, sets: &Cache<ReplicaSet>) {
         return;
     };
     for rs in sets.in_namespace(ns) {
-        let Some(sel) = rs.spec.as_ref().and_then(|s| from_metav1(&s.selector).ok()) else {
+        let Ok(sel) = rs.selector() else {
             continue;
         };
         if !sel.is_empty() && sel.matches(labels) {
-            q.add(key_of(&rs.metadata), EventClass::Update);
+            q.add(key_of(rs.metadata()), EventClass::Update);
         }
     }
 }
 
 #[async_trait]
-impl Reconciler for Rs {
+impl<T: SetKind> Reconciler for Rs<T> {
     fn name(&self) -> &'static str {
-        NAME
+        T::CONTROLLER
     }
 
     async fn reconcile(&self, key: &str) -> Result<Action, ReconcileError> {
@@ -142,19 +236,20 @@ impl Reconciler for Rs {
             self.expectations.forget(key);
             return Ok(Action::Done);
         };
-        let ns = rs.metadata.namespace.clone().unwrap_or_default();
-        let name = rs.metadata.name.clone().unwrap_or_default();
-        let uid = rs.metadata.uid.clone().unwrap_or_default();
-        let spec = rs.spec.clone().unwrap_or_default();
-        let selector = from_metav1(&spec.selector)
-            .map_err(|e| ReconcileError::new(format!("ReplicaSet {key}: {e}")))?;
+        let meta = rs.metadata();
+        let ns = meta.namespace.clone().unwrap_or_default();
+        let name = meta.name.clone().unwrap_or_default();
+        let uid = meta.uid.clone().unwrap_or_default();
+        let selector = rs
+            .selector()
+            .map_err(|e| ReconcileError::new(format!("{} {key}: {e}", T::KIND)))?;
         if selector.is_empty() {
             return Ok(Action::Done);
         }
         // Claim: adopt matching orphans, release owned pods that no longer match. Both come
         // from indexes (owner, label): a set's work does not grow with the namespace.
         let mut mine: Vec<Arc<Pod>> = Vec::new();
-        let mut live = rs.metadata.deletion_timestamp.is_none();
+        let mut live = meta.deletion_timestamp.is_none();
         for p in self.pods.owned_by(&uid) {
             if controller_of(&p.metadata).is_none_or(|o| o.uid != uid) {
                 continue;
@@ -201,15 +296,15 @@ impl Reconciler for Rs {
             self.expectations
                 .retain_deletions(key, |u| active_uids.contains(u));
         }
-        let want = spec.replicas.unwrap_or(1).max(0) as usize;
+        let want = rs.replicas().max(0) as usize;
         let mut error = None;
         // Pods created or deleted here: their events queue the set again.
         let mut acted = false;
         if live && self.expectations.satisfied(key) {
             if active.len() < want {
                 let n = (want - active.len()).min(BURST);
-                let owner = pods::owner_ref("apps/v1", "ReplicaSet", &name, &uid);
-                let template = spec.template.clone().unwrap_or_default();
+                let owner = pods::owner_ref(T::API_VERSION, T::KIND, &name, &uid);
+                let template = rs.template().cloned().unwrap_or_default();
                 let new = pods::typed_pods((0..n).map(|_| {
                     pods::from_template(
                         &template,
@@ -222,7 +317,7 @@ impl Reconciler for Rs {
                 let (created, err) =
                     pods::create_slow_start(&self.ctx.client, &ns, new, &self.expectations, key)
                         .await;
-                let r = ObjectRef::new("apps/v1", "ReplicaSet", &rs.metadata);
+                let r = ObjectRef::new(T::API_VERSION, T::KIND, meta);
                 acted |= created > 0;
                 if created > 0 {
                     self.recorder.event(
@@ -262,7 +357,7 @@ impl Reconciler for Rs {
                 acted |= deleted > 0;
                 if deleted > 0 {
                     self.recorder.event(
-                        &ObjectRef::new("apps/v1", "ReplicaSet", &rs.metadata),
+                        &ObjectRef::new(T::API_VERSION, T::KIND, meta),
                         EventType::Normal,
                         "SuccessfulDelete",
                         &format!("Deleted {deleted} pod(s)"),
@@ -288,32 +383,33 @@ impl Reconciler for Rs {
     }
 }
 
-impl Rs {
+impl<T: SetKind> Rs<T> {
     /// Whether the set, read fresh from the API, is still the same one and not being deleted.
-    async fn may_adopt(&self, rs: &ReplicaSet) -> Result<bool, ReconcileError> {
+    async fn may_adopt(&self, rs: &T) -> Result<bool, ReconcileError> {
+        let meta = rs.metadata();
         match self
             .ctx
             .client
             .get(
-                res("apps", "replicasets"),
-                rs.metadata.namespace.as_deref(),
-                rs.metadata.name.as_deref().unwrap_or(""),
+                T::resource(),
+                meta.namespace.as_deref(),
+                meta.name.as_deref().unwrap_or(""),
             )
             .await
         {
-            Ok(v) => Ok(v["metadata"]["uid"].as_str() == rs.metadata.uid.as_deref()
+            Ok(v) => Ok(v["metadata"]["uid"].as_str() == meta.uid.as_deref()
                 && v["metadata"]["deletionTimestamp"].is_null()),
             Err(e) if e.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn adopt(&self, rs: &ReplicaSet, p: &Pod) -> Result<bool, ReconcileError> {
+    async fn adopt(&self, rs: &T, p: &Pod) -> Result<bool, ReconcileError> {
         let owner = pods::owner_ref(
-            "apps/v1",
-            "ReplicaSet",
-            rs.metadata.name.as_deref().unwrap_or(""),
-            rs.metadata.uid.as_deref().unwrap_or(""),
+            T::API_VERSION,
+            T::KIND,
+            rs.metadata().name.as_deref().unwrap_or(""),
+            rs.metadata().uid.as_deref().unwrap_or(""),
         );
         let mut refs = p.metadata.owner_references.clone().unwrap_or_default();
         refs.push(owner);
@@ -364,16 +460,14 @@ impl Rs {
     /// available.
     async fn update_status(
         &self,
-        rs: &ReplicaSet,
+        rs: &T,
         active: &[&Arc<Pod>],
         settled: bool,
     ) -> Result<Option<Duration>, ReconcileError> {
-        let spec = rs.spec.clone().unwrap_or_default();
-        let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
+        let min_ready = i64::from(rs.min_ready_seconds());
         let now = now_secs();
-        let template_labels = spec
-            .template
-            .as_ref()
+        let template_labels = rs
+            .template()
             .and_then(|t| t.metadata.as_ref())
             .and_then(|m| m.labels.clone())
             .unwrap_or_default();
@@ -396,15 +490,13 @@ impl Rs {
             .filter_map(|p| pods::until_available(p, min_ready, now))
             .min()
             .map(|s| Duration::from_secs(s as u64 + 1));
-        let status = rs.status.clone().unwrap_or_default();
-        let generation = rs.metadata.generation.unwrap_or(0);
-        let counts_same = status.replicas == active.len() as i32
-            && status.ready_replicas.unwrap_or(0) == ready as i32
-            && status.available_replicas.unwrap_or(0) == available as i32;
-        let same = counts_same
-            && (!settled
-                || (status.fully_labeled_replicas.unwrap_or(0) == fully as i32
-                    && status.observed_generation.unwrap_or(0) == generation));
+        let (replicas_now, ready_now, available_now, fully_now, observed) = rs.counts();
+        let generation = rs.metadata().generation.unwrap_or(0);
+        let counts_same = replicas_now == active.len() as i32
+            && ready_now == ready as i32
+            && available_now == available as i32;
+        let same =
+            counts_same && (!settled || (fully_now == fully as i32 && observed == generation));
         if same {
             return Ok(next);
         }
@@ -415,9 +507,9 @@ impl Rs {
             .ctx
             .client
             .patch(
-                res("apps", "replicasets"),
-                rs.metadata.namespace.as_deref(),
-                rs.metadata.name.as_deref().unwrap_or(""),
+                T::resource(),
+                rs.metadata().namespace.as_deref(),
+                rs.metadata().name.as_deref().unwrap_or(""),
                 Some("status"),
                 PatchType::Merge,
                 &patch,

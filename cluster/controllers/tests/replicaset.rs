@@ -157,3 +157,87 @@ async fn replicas_are_created_scaled_replaced_and_counted() {
     assert_eq!(status["fullyLabeledReplicas"], 5);
     assert_eq!(status["observedGeneration"], 2);
 }
+
+/// A ReplicationController (core/v1) runs through the same controller: its selector and
+/// labels default to the template's, its pods are owned by it, its `scale` subresource
+/// (with the map selector as a label selector) scales it, and its status counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_controllers_keep_their_pods_and_scale() {
+    let s = shard(3).await;
+    let c = &s.client;
+    let rc = json!({"apiVersion": "v1", "kind": "ReplicationController",
+        "metadata": {"name": "legacy", "namespace": "default"},
+        "spec": {"replicas": 3,
+            "template": {"metadata": {"labels": {"app": "legacy"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx",
+                    "resources": {"requests": {"cpu": "100m"}}}]}}}});
+    let created = c
+        .create(res("", "replicationcontrollers"), Some("default"), &rc)
+        .await
+        .expect("rc");
+    assert_eq!(created["spec"]["selector"], json!({"app": "legacy"}));
+    assert_eq!(created["metadata"]["labels"], json!({"app": "legacy"}));
+    wait_until("3 running", || async { running(c, "legacy").await == 3 }).await;
+    let pods = list(c, "", "pods").await;
+    let owned = pods
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["app"] == "legacy")
+        .all(|p| p["metadata"]["ownerReferences"][0]["kind"] == "ReplicationController");
+    assert!(owned, "owned by the controller");
+
+    let scale = c
+        .call({
+            let mut req = tessera_apiserver::request::ApiRequest::new(
+                tessera_apiserver::request::Verb::Get,
+                res("", "replicationcontrollers"),
+            );
+            req.namespace = Some("default".into());
+            req.name = Some("legacy".into());
+            req.subresource = Some("scale".into());
+            req
+        })
+        .await
+        .expect("scale")
+        .into_value()
+        .expect("a body");
+    assert_eq!(scale["status"]["selector"], "app=legacy");
+    c.patch(
+        res("", "replicationcontrollers"),
+        Some("default"),
+        "legacy",
+        Some("scale"),
+        PatchType::Merge,
+        &json!({"spec": {"replicas": 1}}),
+    )
+    .await
+    .expect("scale down");
+    wait_until_else(
+        "1 running and counted",
+        || async {
+            let rc = c
+                .get(res("", "replicationcontrollers"), Some("default"), "legacy")
+                .await
+                .expect("rc");
+            running(c, "legacy").await == 1
+                && rc["status"]["replicas"] == 1
+                && rc["status"]["readyReplicas"] == 1
+        },
+        || async { format!("{:?}", running(c, "legacy").await) },
+    )
+    .await;
+
+    // A selector that does not match the template's labels is refused.
+    let mut bad = rc.clone();
+    bad["metadata"]["name"] = json!("bad");
+    bad["spec"]["selector"] = json!({"app": "other"});
+    let e = c
+        .create(res("", "replicationcontrollers"), Some("default"), &bad)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code, 422, "{}", e.message);
+    assert!(
+        e.message.contains("spec.template.metadata.labels"),
+        "{}",
+        e.message
+    );
+}

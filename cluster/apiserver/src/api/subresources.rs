@@ -8,7 +8,7 @@ use super::*;
 /// The Scale of an object: `spec.replicas`, `status.replicas` and the selector, or for a
 /// custom resource the paths its CRD's scale subresource names.
 pub(super) fn to_scale_plain(
-    res: &Resource,
+    _res: &Resource,
     custom: Option<&crate::crd::ScalePaths>,
     obj: &Value,
 ) -> Value {
@@ -30,18 +30,11 @@ pub(super) fn to_scale_plain(
         None => (
             obj["spec"]["replicas"].as_i64().unwrap_or(1),
             obj["status"]["replicas"].as_i64().unwrap_or(0),
-            obj["spec"]["selector"]["matchLabels"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default(),
+            // A ReplicationController's selector is a plain map of labels; the others'
+            // are label selectors.
+            crate::table::selector_text(&obj["spec"]["selector"]),
         ),
     };
-    let _ = res;
     json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
@@ -533,6 +526,25 @@ fn group_bound(group: &str, n: usize) -> ApiResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scale_selectors_are_whole_label_selectors() {
+        let sel = json!({"matchLabels": {"app": "web"}, "matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["a", "b"]},
+            {"key": "zone", "operator": "NotIn", "values": ["x"]},
+            {"key": "track", "operator": "Exists"},
+            {"key": "canary", "operator": "DoesNotExist"}]});
+        let text = crate::table::selector_text(&sel);
+        assert_eq!(text, "app=web,tier in (a,b),zone notin (x),track,!canary");
+        assert_eq!(
+            crate::table::selector_text(&json!({"app": "old"})),
+            "app=old"
+        );
+        assert!(
+            text.parse::<tessera_core::selector::label::LabelSelector>()
+                .is_ok()
+        );
+    }
 
     #[test]
     fn label_selectors_select_like_kubernetes() {

@@ -133,25 +133,74 @@ struct Hpas {
     metrics: Option<HpaMetrics>,
 }
 
+/// The controller's informers and reconciler, for running it or syncing HPAs one at a time
+/// (`tessera bench hpa`).
+pub struct Autoscaler {
+    hpas: Arc<tessera_runtime::informer::Informer<HorizontalPodAutoscaler>>,
+    pods: Arc<tessera_runtime::informer::Informer<Pod>>,
+    crds: Arc<tessera_runtime::informer::Informer<CustomResourceDefinition>>,
+    inner: Arc<Hpas>,
+}
+
+impl Autoscaler {
+    /// The autoscaler of `ctx`'s shard (its shared informers start if they were not running).
+    pub fn new(ctx: &Context, config: HpaConfig, metrics: Option<HpaMetrics>) -> Autoscaler {
+        let hpas =
+            ctx.informer::<HorizontalPodAutoscaler>(res("autoscaling", "horizontalpodautoscalers"));
+        let pods = ctx.informer::<Pod>(res("", "pods"));
+        let crds = ctx.informer::<CustomResourceDefinition>(res(
+            catalog::APIEXTENSIONS,
+            "customresourcedefinitions",
+        ));
+        let inner = Arc::new(Hpas {
+            recorder: ctx.recorder(NAME),
+            hpas: hpas.cache().clone(),
+            pods: pods.cache().clone(),
+            crds: crds.cache().clone(),
+            history: Mutex::new(HashMap::new()),
+            ctx: ctx.clone(),
+            config,
+            metrics,
+        });
+        Autoscaler {
+            hpas,
+            pods,
+            crds,
+            inner,
+        }
+    }
+
+    /// Waits until the informers have listed everything.
+    pub async fn synced(&self) {
+        self.hpas.synced().await;
+        self.pods.synced().await;
+        self.crds.synced().await;
+    }
+
+    /// The keys (`namespace/name`) of the HPAs there are.
+    pub fn keys(&self) -> Vec<String> {
+        self.inner
+            .hpas
+            .list()
+            .iter()
+            .map(|h| key_of(&h.metadata))
+            .collect()
+    }
+
+    /// One sync of the HPA at `key`.
+    pub async fn sync(&self, key: &str) -> Result<(), ReconcileError> {
+        self.inner.reconcile(key).await.map(|_| ())
+    }
+}
+
 /// Runs the controller until dropped.
 pub async fn run(ctx: Context, config: HpaConfig, metrics: Option<HpaMetrics>) {
-    let hpas =
-        ctx.informer::<HorizontalPodAutoscaler>(res("autoscaling", "horizontalpodautoscalers"));
-    let pods = ctx.informer::<Pod>(res("", "pods"));
-    let crds = ctx.informer::<CustomResourceDefinition>(res(
-        catalog::APIEXTENSIONS,
-        "customresourcedefinitions",
-    ));
-    let r = Arc::new(Hpas {
-        recorder: ctx.recorder(NAME),
-        hpas: hpas.cache().clone(),
-        pods: pods.cache().clone(),
-        crds: crds.cache().clone(),
-        history: Mutex::new(HashMap::new()),
-        ctx: ctx.clone(),
-        config,
-        metrics,
-    });
+    let Autoscaler {
+        hpas,
+        pods,
+        crds,
+        inner: r,
+    } = Autoscaler::new(&ctx, config, metrics);
     // Pods are read, not watched: each HPA is looked at every sync period, as in Kubernetes.
     // A new HPA or a change of its spec is looked at at once; its own status writes are not
     // a reason to look again before the period ends.
