@@ -123,7 +123,14 @@ pub fn in_scope(spec: &Value, res: &Resource, obj: &Value) -> bool {
 /// Core kinds also counted by their plain name (`services: 10`).
 fn counted_by_name(res: &Resource) -> bool {
     res.group.is_empty()
-        && ["services", "secrets", "configmaps", "resourcequotas"].contains(&res.plural)
+        && [
+            "services",
+            "secrets",
+            "configmaps",
+            "resourcequotas",
+            "replicationcontrollers",
+        ]
+        .contains(&res.plural)
 }
 
 /// The object-count name of a resource (`count/deployments.apps`).
@@ -300,6 +307,20 @@ mod tests {
 
     fn pod(spec: Value) -> Value {
         json!({"metadata": {"name": "p"}, "spec": spec})
+    }
+
+    #[test]
+    fn replication_controllers_count_by_their_plain_name_too() {
+        let rcs = find_resource("", "v1", "replicationcontrollers").expect("rcs");
+        let hard: BTreeMap<String, Quantity> =
+            [("replicationcontrollers".to_owned(), Quantity::from_units(2))].into();
+        assert!(tracked(rcs, &hard));
+        let used = usage_of(rcs, &json!({"metadata": {"name": "r"}}));
+        assert_eq!(used["replicationcontrollers"], Quantity::from_units(1));
+        assert_eq!(
+            used["count/replicationcontrollers"],
+            Quantity::from_units(1)
+        );
     }
 
     #[test]

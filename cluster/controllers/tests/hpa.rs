@@ -286,3 +286,97 @@ async fn a_target_without_requests_or_scale_is_reported_not_guessed() {
     )
     .await;
 }
+
+/// The target may be any resource with a `scale` subresource: here a custom resource whose
+/// CRD maps `spec.replicas`, `status.replicas` and a label selector in its status, over pods
+/// a Deployment runs (as an operator's own kind would run them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_resource_with_a_scale_subresource_is_scaled() {
+    let s = shard(2).await;
+    let c = &s.client;
+    advance(&s.clock, 600);
+    load(c, "3").await;
+    let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "pools.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "pools", "singular": "pool", "kind": "Pool"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}, "scale": {
+                    "specReplicasPath": ".spec.replicas",
+                    "statusReplicasPath": ".status.replicas",
+                    "labelSelectorPath": ".status.selector"}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"replicas": {"type": "integer"}}},
+                    "status": {"type": "object", "properties": {
+                        "replicas": {"type": "integer"}, "selector": {"type": "string"}}}}}}}]}});
+    c.create(
+        res(
+            tessera_client::catalog::APIEXTENSIONS,
+            "customresourcedefinitions",
+        ),
+        None,
+        &crd,
+    )
+    .await
+    .expect("crd");
+    let pools = loop {
+        // Served once the API server has seen the CRD.
+        if let Some(r) = tessera_client::catalog::custom_resource(&crd, "v1") {
+            let probe = c
+                .list({
+                    let mut req = ApiRequest::new(Verb::List, r);
+                    req.namespace = Some("default".into());
+                    req
+                })
+                .await;
+            if probe.is_ok() {
+                break r;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    c.create(
+        pools,
+        Some("default"),
+        &json!({"apiVersion": "example.com/v1", "kind": "Pool",
+            "metadata": {"name": "pool", "namespace": "default"}, "spec": {"replicas": 1}}),
+    )
+    .await
+    .expect("pool");
+    c.patch(
+        pools,
+        Some("default"),
+        "pool",
+        Some("status"),
+        PatchType::Merge,
+        &json!({"status": {"replicas": 1, "selector": "app=pool"}}),
+    )
+    .await
+    .expect("pool status");
+    // The pool's pods: one, at 300% of its request.
+    c.create(
+        res("apps", "deployments"),
+        Some("default"),
+        &deployment("pool"),
+    )
+    .await
+    .expect("pods");
+    let mut h = hpa("pool", 3, Value::Null);
+    h["spec"]["scaleTargetRef"] =
+        json!({"apiVersion": "example.com/v1", "kind": "Pool", "name": "pool"});
+    c.create(
+        res("autoscaling", "horizontalpodautoscalers"),
+        Some("default"),
+        &h,
+    )
+    .await
+    .expect("hpa");
+    wait_until_else(
+        "the pool is scaled through its scale subresource",
+        || async {
+            c.get(pools, Some("default"), "pool").await.expect("pool")["spec"]["replicas"] == 3
+        },
+        || async { hpa_of(c, "pool").await.to_string() },
+    )
+    .await;
+}
