@@ -326,9 +326,12 @@ impl Hpas {
     ) -> Result<Vec<Sample>, String> {
         let mut out = Vec::new();
         for pod in self.pods.select(Some(ns), selector) {
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            let status = pod.status.clone().unwrap_or_default();
-            let phase = status.phase.as_deref().unwrap_or("Pending");
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Pending");
             if pod.metadata.deletion_timestamp.is_some()
                 || phase == "Failed"
                 || phase == "Succeeded"
@@ -370,7 +373,7 @@ impl Hpas {
                 });
                 continue;
             }
-            let Some((containers, at, window)) = usage.get(&name) else {
+            let Some((containers, at, window)) = usage.get(name) else {
                 out.push(Sample {
                     state: PodState::Missing,
                     usage: 0,
