@@ -61,6 +61,12 @@ pub(super) fn to_view(view: &Resource, object: &Value) -> Value {
 
 /// `object`, written in `view`'s version, as the stored version.
 pub(super) fn from_view(view: &Resource, object: Value) -> Result<Value, ApiError> {
+    if !object.is_object() {
+        return Err(ApiError::bad_request(format!(
+            "the request body is not an object: send one {} object",
+            view.kind
+        )));
+    }
     if object["apiVersion"] != api_version(view) && !object["apiVersion"].is_null() {
         return Err(ApiError::bad_request(format!(
             "the object's apiVersion is {}, not {}: send it to its own version's path",
@@ -413,6 +419,10 @@ mod tests {
         let e = from_view(view(), wrong).expect_err("refused");
         assert_eq!(e.code, 400);
         assert!(e.message.contains("autoscaling/v1"), "{}", e.message);
+        for not_an_object in [json!([1]), json!("x"), json!(null)] {
+            let e = from_view(view(), not_an_object).expect_err("refused");
+            assert_eq!(e.code, 400, "{}", e.message);
+        }
         let mut list = json!({"kind": "HorizontalPodAutoscalerList", "apiVersion": "autoscaling/v2",
             "items": [{"kind": "HorizontalPodAutoscaler", "apiVersion": "autoscaling/v2",
                 "metadata": {"name": "a"}, "spec": {"maxReplicas": 3, "metrics": []}}]});
