@@ -16,6 +16,7 @@ pub mod process;
 pub mod sandbox;
 pub mod seccomp;
 pub mod sim;
+pub mod streams;
 pub mod usage;
 
 use std::sync::Arc;

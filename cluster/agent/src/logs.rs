@@ -363,7 +363,8 @@ async fn send(tx: &mpsc::Sender<Bytes>, out: &mut Vec<u8>) -> bool {
     out.is_empty() || tx.send(Bytes::from(std::mem::take(out))).await.is_ok()
 }
 
-/// Serves a node's container logs (and its containers' usage) to the API server.
+/// Serves a node's container logs, its containers' usage, exec and port-forward to the API
+/// server.
 #[derive(Clone)]
 pub struct AgentServer {
     node: String,
@@ -371,6 +372,7 @@ pub struct AgentServer {
     tokens: Tokens,
     live: Live,
     stats: crate::usage::Stats,
+    targets: crate::streams::Targets,
 }
 
 fn safe(segment: &str) -> bool {
@@ -395,6 +397,7 @@ impl AgentServer {
         tokens: Tokens,
         live: Live,
         stats: crate::usage::Stats,
+        targets: crate::streams::Targets,
     ) -> AgentServer {
         AgentServer {
             node: node.to_owned(),
@@ -402,7 +405,18 @@ impl AgentServer {
             tokens,
             live,
             stats,
+            targets,
         }
+    }
+
+    /// The node served.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Its running containers (for exec and port-forward).
+    pub(crate) fn targets(&self) -> &crate::streams::Targets {
+        &self.targets
     }
 
     /// The HTTP routes.
@@ -410,6 +424,14 @@ impl AgentServer {
         Router::new()
             .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
             .route("/stats/usage", get(usage))
+            .route(
+                "/exec/{ns}/{pod}/{container}",
+                get(crate::streams::exec_route),
+            )
+            .route(
+                "/portForward/{ns}/{pod}",
+                get(crate::streams::port_forward_route),
+            )
             .route("/healthz", get(|| async { "ok" }))
             .with_state(self)
     }
@@ -486,7 +508,11 @@ impl AgentServer {
 
 /// Refuses a request that does not carry a credential the API server signed for this very
 /// request (`GET` of `uri`'s path and query) to this node.
-fn refuse_stranger(server: &AgentServer, headers: &HeaderMap, uri: &Uri) -> Option<Response> {
+pub(crate) fn refuse_stranger(
+    server: &AgentServer,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Option<Response> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -553,7 +579,7 @@ async fn container_logs(
 
 /// An error as the Kubernetes `Status` the API server relays (with `Retry-After` when the
 /// error has one).
-fn error_response(e: &ApiError) -> axum::response::Response {
+pub(crate) fn error_response(e: &ApiError) -> axum::response::Response {
     use axum::response::IntoResponse;
     let mut resp = (
         axum::http::StatusCode::from_u16(e.code)

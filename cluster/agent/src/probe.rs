@@ -92,7 +92,7 @@ pub enum Where {
 }
 
 /// The host pid of the container's init: the supervisor's only child.
-fn init_of(supervisor: u32) -> Result<u32, String> {
+pub(crate) fn init_of(supervisor: u32) -> Result<u32, String> {
     std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse().ok()))
@@ -236,6 +236,7 @@ async fn exec_probe(
                 pid: init_of(*supervisor)?,
                 identity: identity.clone(),
                 cgroups: cgroups.clone(),
+                tty: false,
             };
             let mut command = launcher.join(&spec, argv);
             crate::env::with_env(&mut command, env);

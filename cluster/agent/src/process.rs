@@ -115,6 +115,8 @@ pub struct ProcessAgent {
     /// Running containers by the process (group) id: namespace, pod, container.
     usage: crate::usage::Running,
     stats: crate::usage::Stats,
+    /// Running containers, for exec and port-forward.
+    targets: crate::streams::Targets,
     events: Recorder,
     cgroups: Cgroups,
     /// The node's own federation fence (see [`crate::fence`]).
@@ -239,6 +241,7 @@ impl ProcessAgent {
             live: Live::default(),
             usage: crate::usage::Running::default(),
             stats: crate::usage::Stats::default(),
+            targets: crate::streams::Targets::default(),
             events: Recorder::new(client.clone(), "kubelet", None),
             cgroups: Cgroups::detect(&config.cgroup_mount),
             fence: Mutex::default(),
@@ -402,6 +405,7 @@ impl ProcessAgent {
             tokens,
             self.live.clone(),
             self.stats.clone(),
+            self.targets.clone(),
         )
         .router();
         let addr = tessera_apiserver::serve::serve_tls_pem(
@@ -1090,6 +1094,15 @@ impl ProcessAgent {
                 },
                 _ => Where::Host,
             };
+            // Exec and port-forward reach it while it runs (and not once this task is gone).
+            let _target = self.targets.running(
+                pod.metadata.uid.as_deref().unwrap_or_default(),
+                crate::streams::Target {
+                    at: at.clone(),
+                    env: env.clone(),
+                    container: c.clone(),
+                },
+            );
             // If this task is dropped (the agent stops), the container's whole group goes too.
             let mut group = GroupGuard(pid);
             self.usage.lock().insert(
@@ -1126,6 +1139,7 @@ impl ProcessAgent {
             signal_container(pid, "KILL").await;
             group.0 = 0;
             self.usage.lock().remove(&pid);
+            drop(_target);
             // The output is complete once the pipes close (a child the container left
             // running may hold them: its output is cut off after a second).
             for p in pumps {

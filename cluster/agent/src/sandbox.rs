@@ -118,6 +118,10 @@ pub struct JoinSpec {
     pub identity: Identity,
     /// cgroup directories to join.
     pub cgroups: Vec<PathBuf>,
+    /// Standard input is a terminal: the command gets a session of its own with it as the
+    /// controlling terminal (`kubectl exec -t`).
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// How the agent starts the helper.
@@ -692,14 +696,29 @@ fn join(spec: &JoinSpec, argv: &[String]) -> Result<i32, String> {
     if (root.dev(), root.ino()) == host_root {
         return Err("the container is still starting".into());
     }
+    if spec.tty {
+        // A session of its own whose controlling terminal is the one it was given: the
+        // command (its child) inherits both, so job control and ^C work.
+        rustix::process::setsid().map_err(|e| format!("setsid: {e}"))?;
+        rustix::process::ioctl_tiocsctty(std::io::stdin())
+            .map_err(|e| format!("taking the terminal: {e}"))?;
+    }
     drop_privileges(&spec.identity)?;
     workdir(&spec.identity)?;
-    // The PID namespace applies to children: the command runs as one.
-    let child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", argv[0]))?;
+    // The PID namespace applies to children: the command runs as one. Its standard streams
+    // are this helper's (an exec probe's are empty; `kubectl exec`'s are the client's).
+    let child = match Command::new(&argv[0]).args(&argv[1..]).spawn() {
+        Ok(c) => c,
+        // As a shell answers: 127 for a command that is not there, 126 for one that may not
+        // run.
+        Err(e) => {
+            eprintln!("exec: {:?}: {e}", argv[0]);
+            return Ok(match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                _ => 126,
+            });
+        }
+    };
     forward_until_exit(child.id())
 }
 

@@ -9,7 +9,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use futures::StreamExt;
 use serde_json::Value;
 
@@ -371,6 +371,91 @@ async fn objects(
     }
 }
 
+async fn pod_exec(s: State<Api>, p: axum::extract::Path<(String, String)>, r: Request) -> Response {
+    pod_stream(s, p, r, "exec").await
+}
+
+async fn pod_attach(
+    s: State<Api>,
+    p: axum::extract::Path<(String, String)>,
+    r: Request,
+) -> Response {
+    pod_stream(s, p, r, "attach").await
+}
+
+async fn pod_portforward(
+    s: State<Api>,
+    p: axum::extract::Path<(String, String)>,
+    r: Request,
+) -> Response {
+    pod_stream(s, p, r, "portforward").await
+}
+
+/// `pods/exec`, `pods/attach`, `pods/portforward` (GET or POST with an upgrade): the
+/// agent's 101 is passed back and the two upgraded connections are spliced.
+async fn pod_stream(
+    State(api): State<Api>,
+    axum::extract::Path((ns, name)): axum::extract::Path<(String, String)>,
+    mut request: Request,
+    sub: &'static str,
+) -> Response {
+    let Some(user) = request.extensions().get::<User>().cloned() else {
+        return unauthorized("authentication required");
+    };
+    if !matches!(*request.method(), Method::GET | Method::POST) {
+        return error_response(&ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!("pods/{sub} takes GET (a WebSocket) or POST (SPDY)"),
+        ));
+    }
+    let query = request.uri().query().unwrap_or_default().to_owned();
+    let started = std::time::Instant::now();
+    let answer = api
+        .pod_stream(&user, &ns, &name, sub, &query, request.headers())
+        .await;
+    api.observe_stream(
+        sub,
+        answer.as_ref().map_or_else(|e| e.code, |_| 101),
+        started,
+    );
+    let agent = match answer {
+        Ok(a) => a,
+        Err(e) => return error_response(&e),
+    };
+    let Some(client_side) = request
+        .extensions_mut()
+        .remove::<hyper::upgrade::OnUpgrade>()
+    else {
+        return error_response(&ApiError::bad_request(
+            "this connection cannot switch protocols: use HTTP/1.1 for exec, attach and port-forward",
+        ));
+    };
+    let mut resp = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+    for h in crate::api::SWITCHED_HEADERS {
+        for v in agent.headers().get_all(h) {
+            resp = resp.header(h, v.clone());
+        }
+    }
+    tokio::spawn(async move {
+        let agent_side = hyper::upgrade::on(agent);
+        let (client, agent) = match tokio::try_join!(client_side, agent_side) {
+            Ok(both) => both,
+            Err(e) => {
+                tracing::debug!(error = %e, "a pod stream's upgrade failed");
+                return;
+            }
+        };
+        let mut client = hyper_util::rt::TokioIo::new(client);
+        let mut agent = hyper_util::rt::TokioIo::new(agent);
+        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut agent).await {
+            tracing::debug!(error = %e, "a pod stream ended with an error");
+        }
+    });
+    resp.body(axum::body::Body::empty())
+        .unwrap_or_else(|_| error_response(&ApiError::internal("building the 101")))
+}
+
 async fn openapi_doc(State(api): State<Api>, uri: Uri) -> Response {
     let path = uri
         .path()
@@ -473,6 +558,15 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
         .route(
             "/apis/metrics.k8s.io/v1beta1/{*rest}",
             get(resource_metrics),
+        )
+        .route("/api/v1/namespaces/{ns}/pods/{name}/exec", any(pod_exec))
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/attach",
+            any(pod_attach),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/portforward",
+            any(pod_portforward),
         )
         .route("/openapi/v3", get(openapi_doc))
         .route("/openapi/v3/{*path}", get(openapi_doc))

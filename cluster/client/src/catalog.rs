@@ -148,6 +148,23 @@ pub const RESOURCES: &[Resource] = &[
                 response: ("", "v1", "Pod"),
                 verbs: &["get"],
             },
+            // Streams to a pod's node (WebSocket or SPDY upgrades), answered on their own
+            // routes.
+            Subresource {
+                name: "attach",
+                response: ("", "v1", "PodAttachOptions"),
+                verbs: &["create", "get"],
+            },
+            Subresource {
+                name: "exec",
+                response: ("", "v1", "PodExecOptions"),
+                verbs: &["create", "get"],
+            },
+            Subresource {
+                name: "portforward",
+                response: ("", "v1", "PodPortForwardOptions"),
+                verbs: &["create", "get"],
+            },
         ],
     ),
     r(

@@ -2,7 +2,7 @@
 //! Node's `InternalIP` and `status.daemonEndpoints.kubeletEndpoint.Port`, over TLS trusting
 //! only the CA the agent published on its Node ([`AGENT_CA_ANNOTATION`]), and each request
 //! carries a short-lived credential for that one node ([`Tokens::node_token`]). Used by
-//! `pods/log` and `metrics.k8s.io`.
+//! `pods/log`, `metrics.k8s.io`, and `pods/exec`/`attach`/`portforward` ([`super::streams`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -133,6 +133,19 @@ impl Api {
         node: &Value,
         path: &str,
     ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+        self.agent_request(node_name, node, path, &[]).await
+    }
+
+    /// `GET path` with `headers` on the agent of `node` (read already): the answer if it
+    /// is a 200 or, for an upgrade the headers ask for, a 101; else the agent's `Status` as
+    /// an error.
+    pub(crate) async fn agent_request(
+        &self,
+        node_name: &str,
+        node: &Value,
+        path: &str,
+        headers: &[(hyper::header::HeaderName, hyper::header::HeaderValue)],
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
         let Some(proxy) = &self.node_proxy else {
             return Err(ApiError::new(
                 503,
@@ -142,7 +155,7 @@ impl Api {
         };
         let Some(addr) = agent_address(node) else {
             return Err(ApiError::bad_request(format!(
-                "node {node_name} has no agent endpoint (simulated nodes run no processes: their pods have no output or usage)"
+                "node {node_name} has no agent endpoint (simulated nodes run no processes: their pods have no output or usage, and cannot be exec'd into or port-forwarded to)"
             )));
         };
         let Some(ca) = node["metadata"]["annotations"][AGENT_CA_ANNOTATION].as_str() else {
@@ -163,8 +176,12 @@ impl Api {
             proxy
                 .tokens
                 .node_token(node_name, now_secs() + NODE_TOKEN_SECONDS, "GET", path);
-        let request = hyper::Request::get(format!("https://{addr}{path}"))
-            .header("authorization", format!("Bearer {token}"))
+        let mut builder = hyper::Request::get(format!("https://{addr}{path}"))
+            .header("authorization", format!("Bearer {token}"));
+        for (name, value) in headers {
+            builder = builder.header(name, value);
+        }
+        let request = builder
             .body(Empty::new())
             .map_err(|e| ApiError::internal(format!("building the agent request: {e}")))?;
         let unreachable = |e: &dyn std::fmt::Display| {
@@ -178,7 +195,7 @@ impl Api {
         };
         let resp = http.request(request).await.map_err(|e| unreachable(&e))?;
         let code = resp.status().as_u16();
-        if code == 200 {
+        if code == 200 || (code == 101 && !headers.is_empty()) {
             return Ok(resp);
         }
         let body = resp

@@ -12,7 +12,11 @@ use crate::request::ApiRequest;
 use crate::status::ApiError;
 
 /// The container a log read is for: the one named, or the pod's only one.
-fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, ApiError> {
+pub(super) fn container_of(
+    pod: &Value,
+    name: &str,
+    asked: Option<&str>,
+) -> Result<String, ApiError> {
     let names = |field: &str| -> Vec<String> {
         pod["spec"][field]
             .as_array()

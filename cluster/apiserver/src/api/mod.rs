@@ -20,6 +20,7 @@ mod priority;
 mod rbac_writes;
 mod read;
 pub mod resource_metrics;
+mod streams;
 mod subresources;
 mod tenant_quota;
 mod views;
@@ -28,6 +29,7 @@ mod write;
 
 use crate::quota::{qos_class, quantity_json, quantity_map};
 pub use agents::NodeProxy;
+pub use streams::{SWITCHED_HEADERS, is_stream};
 pub(crate) use subresources::selects;
 use subresources::{from_scale, to_scale, to_scale_plain};
 

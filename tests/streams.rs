@@ -1,0 +1,394 @@
+//! `kubectl exec` and `kubectl port-forward` into pods on a process node, with the real
+//! kubectl 1.32 (WebSocket `v5.channel.k8s.io` for exec, SPDY tunnelled in a WebSocket for
+//! port-forward), through the API server to the node's agent — and who may not.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::{Cluster, wait_for};
+
+/// A pod on `proc-0` running `script` (in the sandbox) that tolerates nothing: it is placed
+/// by name.
+fn pod(c: &Cluster, ns: &str, name: &str, script: &str) {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  nodeName: proc-0\n  containers:\n  - name: main\n    image: busybox\n    command: [sh, -c, {script:?}]\n    env: [{{name: GREETING, value: hello-from-env}}]\n    ports: [{{containerPort: 8080}}]\n"
+    );
+    let file = c.file(&format!("{ns}-{name}.yaml"), &yaml);
+    c.ok(&["apply", "-f", &file]);
+    let running = || {
+        c.ok(&[
+            "get",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.running.startedAt}",
+        ])
+    };
+    assert!(
+        wait_for(Duration::from_secs(60), || (!running().is_empty())
+            .then_some(()))
+        .is_some(),
+        "{name} runs: {}",
+        c.ok(&["get", "pod", name, "-n", ns, "-o", "yaml"])
+    );
+}
+
+fn said(out: &std::process::Output) -> (Option<i32>, String, String) {
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
+    let c = Cluster::start_with("up", &["--nodes-per-shard=1", "--process-nodes=1"]);
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            c.ok(&["get", "node", "proc-0", "-o", "name"])
+                .contains("proc-0")
+                .then_some(())
+        })
+        .is_some()
+    );
+    c.ok(&["create", "namespace", "t1"]);
+    pod(&c, "t1", "shell", "sleep 3600");
+
+    // Output on both streams, the container's environment, and the exit code.
+    let out = c.kubectl(&[
+        "exec",
+        "-n",
+        "t1",
+        "shell",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; echo $GREETING; exit 3",
+    ]);
+    let (code, stdout, stderr) = said(&out);
+    assert_eq!(
+        code,
+        Some(3),
+        "kubectl exits with the command's code: {stderr}"
+    );
+    assert_eq!(stdout, "out\nhello-from-env\n");
+    assert!(stderr.starts_with("err\n"), "{stderr}");
+    assert!(
+        stderr.contains("command terminated with exit code 3"),
+        "{stderr}"
+    );
+
+    // Inside the container's sandbox: its host name, its own PID namespace (its init is 1),
+    // its root (nothing of the agent's data directory).
+    let inside = c.ok(&[
+        "exec",
+        "-n",
+        "t1",
+        "shell",
+        "--",
+        "sh",
+        "-c",
+        "hostname; cat /proc/1/cmdline | tr '\\0' ' '; echo; ls /",
+    ]);
+    let mut lines = inside.lines();
+    assert_eq!(lines.next(), Some("shell"), "{inside}");
+    let init = lines.next().unwrap_or_default();
+    assert!(
+        init.contains("init"),
+        "PID 1 is the container's init: {inside}"
+    );
+    let data_dir = c.dir.path().display().to_string();
+    assert!(
+        !inside.contains(&data_dir) && !inside.contains("kubeconfig"),
+        "{inside}"
+    );
+
+    // Standard input, to its end (the v5 close signal).
+    let mut child = c
+        .command(&[
+            "exec",
+            "-i",
+            "-n",
+            "t1",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "wc -l; cat",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl exec -i");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"one\ntwo\nthree\n")
+        .expect("write");
+    let out = child.wait_with_output().expect("exec -i ends");
+    let (code, stdout, stderr) = said(&out);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.trim(), "3", "wc saw all of stdin, then its end");
+
+    // A terminal (kubectl -t needs one of its own: `script` gives it one).
+    let tty = Command::new("script")
+        .args(["-qec"])
+        .arg(format!(
+            "kubectl --kubeconfig {} exec -it -n t1 shell -- sh -c 'test -t 0 && echo on-a-terminal; exit 5'",
+            c.kubeconfig.display()
+        ))
+        .arg("/dev/null")
+        .stdin(Stdio::piped())
+        .output()
+        .expect("script");
+    let (code, stdout, stderr) = said(&tty);
+    assert!(stdout.contains("on-a-terminal"), "{stdout}{stderr}");
+    assert_eq!(code, Some(5), "{stdout}{stderr}");
+
+    // A command that is not there: 127, as a shell says.
+    let out = c.kubectl(&["exec", "-n", "t1", "shell", "--", "no-such-command"]);
+    let (code, _, stderr) = said(&out);
+    assert_eq!(code, Some(127), "{stderr}");
+    assert!(stderr.contains("no-such-command"), "{stderr}");
+
+    // Clear refusals: a missing pod, a container it does not have, a simulated node.
+    let e = c.fails(&["exec", "-n", "t1", "ghost", "--", "true"]);
+    assert!(e.contains("NotFound") || e.contains("not found"), "{e}");
+    let e = c.fails(&["exec", "-n", "t1", "shell", "-c", "side", "--", "true"]);
+    assert!(e.contains("container side is not valid"), "{e}");
+    // (The process node's taint keeps it on the simulated one.)
+    c.ok(&["run", "simmed", "-n", "t1", "--image=nginx"]);
+    let on_sim = || {
+        c.ok(&[
+            "get",
+            "pod",
+            "simmed",
+            "-n",
+            "t1",
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+    };
+    assert!(
+        wait_for(Duration::from_secs(30), || (on_sim() == "Running")
+            .then_some(()))
+        .is_some()
+    );
+    let e = c.fails(&["exec", "-n", "t1", "simmed", "--", "true"]);
+    assert!(e.contains("simulated nodes"), "{e}");
+
+    // Who may: a user with `get pods` but not `create pods/exec` is refused; with it, in.
+    let bob = support::token(&c, &["--user", "bob"]);
+    let flag = format!("--token={bob}");
+    let role = c.file(
+        "role.yaml",
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: viewer, namespace: t1}\nrules:\n- apiGroups: ['']\n  resources: [pods]\n  verbs: [get, list]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-views, namespace: t1}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: viewer}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\n",
+    );
+    c.ok(&["apply", "-f", &role]);
+    let e = c.fails(&[&flag, "exec", "-n", "t1", "shell", "--", "true"]);
+    assert!(
+        e.contains("cannot create resource \"pods/exec\""),
+        "refused with Kubernetes' message: {e}"
+    );
+    c.ok(&[
+        "create",
+        "role",
+        "execer",
+        "-n",
+        "t1",
+        "--verb=create",
+        "--resource=pods/exec",
+    ]);
+    c.ok(&[
+        "create",
+        "rolebinding",
+        "bob-execs",
+        "-n",
+        "t1",
+        "--role=execer",
+        "--user=bob",
+    ]);
+    let ok = wait_for(Duration::from_secs(10), || {
+        let out = c.kubectl(&[&flag, "exec", "-n", "t1", "shell", "--", "echo", "bob-in"]);
+        (String::from_utf8_lossy(&out.stdout) == "bob-in\n").then_some(())
+    });
+    assert!(ok.is_some(), "bob execs once the role allows it");
+}
+
+#[test]
+fn tenants_exec_only_into_their_own_pods() {
+    let c = Cluster::start_with("up", &["--nodes-per-shard=0", "--process-nodes=1"]);
+    let setup = c.file(
+        "tenants.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev], processNodes: true}\n---\n\
+         apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: zeta}\nspec: {namespaces: [zeta-dev], processNodes: true}\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata: {name: acme-dev}\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata: {name: zeta-dev}\n",
+    );
+    c.ok(&["create", "-f", &setup]);
+    pod(
+        &c,
+        "zeta-dev",
+        "vault",
+        "echo s3cret > /tmp/key; sleep 3600",
+    );
+    pod(&c, "acme-dev", "mine", "sleep 3600");
+    let acme = support::tenant_token(&c, "acme");
+    let flag = format!("--token={acme}");
+    // Into its own pod: yes, as the container (not the host's root).
+    let out = c.kubectl(&[
+        &flag,
+        "exec",
+        "-n",
+        "acme-dev",
+        "mine",
+        "--",
+        "cat",
+        "/proc/self/uid_map",
+    ]);
+    let (code, stdout, stderr) = said(&out);
+    assert_eq!(code, Some(0), "{stderr}");
+    let host_base: u64 = stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("a uid map");
+    assert!(host_base > 0, "container root is not host root: {stdout}");
+    // Into another tenant's: refused before anything reaches the node.
+    for args in [
+        vec!["exec", "-n", "zeta-dev", "vault", "--", "cat", "/tmp/key"],
+        vec!["port-forward", "-n", "zeta-dev", "pod/vault", "18999:8080"],
+    ] {
+        let mut all = vec![flag.as_str()];
+        all.extend(args.iter());
+        let out = c.kubectl(&all);
+        let (code, stdout, stderr) = said(&out);
+        assert_ne!(code, Some(0), "{args:?}: {stdout}");
+        assert!(
+            stderr.contains("Forbidden") || stderr.contains("forbidden"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stdout.contains("s3cret") && !stderr.contains("s3cret"));
+    }
+    // Its own pod's files are not another pod's: the other pod's /tmp is its own.
+    let out = c.kubectl(&[
+        &flag, "exec", "-n", "acme-dev", "mine", "--", "cat", "/tmp/key",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cret"));
+}
+
+/// Reads one HTTP/1.0 answer from `addr`.
+fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).map_err(|e| e.to_string())?;
+    Ok(body)
+}
+
+#[test]
+fn kubectl_port_forward_reaches_a_process_pods_port() {
+    let c = Cluster::start_with("up", &["--nodes-per-shard=0", "--process-nodes=1"]);
+    c.ok(&["create", "namespace", "web"]);
+    // A server on the pod's own loopback (its network namespace): reachable only through
+    // the forward.
+    pod(
+        &c,
+        "web",
+        "site",
+        "mkdir -p /tmp/www && echo served-from-the-pod > /tmp/www/index.html && cd /tmp/www && exec python3 -m http.server 8080 --bind 127.0.0.1",
+    );
+    // The server listens once python has started.
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            c.kubectl(&[
+                "exec",
+                "-n",
+                "web",
+                "site",
+                "--",
+                "python3",
+                "-c",
+                "import socket; socket.create_connection(('127.0.0.1', 8080))",
+            ])
+            .status
+            .success()
+            .then_some(())
+        })
+        .is_some(),
+        "the pod's server listens"
+    );
+    let local = support::free_addr();
+    let port = local.rsplit(':').next().expect("port").to_owned();
+    let dead = support::free_addr();
+    let dead_port = dead.rsplit(':').next().expect("port").to_owned();
+    let mut forward = c
+        .command(&[
+            "port-forward",
+            "-n",
+            "web",
+            "pod/site",
+            &format!("{port}:8080"),
+            &format!("{dead_port}:9"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(support::Running)
+        .expect("kubectl port-forward");
+    let out = forward.0.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(out).lines();
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(first.starts_with("Forwarding from 127.0.0.1:"), "{first}");
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    let err = forward.0.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    // Several connections, one after another and at once.
+    for _ in 0..3 {
+        let body = http_get(&local, "/").expect("through the forward");
+        assert!(body.starts_with("HTTP/1.0 200"), "{body}");
+        assert!(body.contains("served-from-the-pod"), "{body}");
+    }
+    let many: Vec<_> = (0..4)
+        .map(|_| {
+            let local = local.clone();
+            std::thread::spawn(move || http_get(&local, "/index.html"))
+        })
+        .collect();
+    for t in many {
+        let body = t.join().expect("thread").expect("through the forward");
+        assert!(body.contains("served-from-the-pod"), "{body}");
+    }
+    // A port nothing listens on in the pod: that connection ends empty and kubectl says
+    // why — then gives up the whole forward, as kubectl 1.32 does against any kubelet.
+    let nothing = http_get(&dead, "/").unwrap_or_default();
+    assert!(!nothing.contains("HTTP/1.0 200"), "{nothing}");
+    let mut stderr = Vec::new();
+    let why = wait_for(Duration::from_secs(10), || {
+        stderr.extend(rx.try_iter());
+        stderr
+            .iter()
+            .any(|l| l.contains("error forwarding port 9 to pod site"))
+            .then_some(())
+    });
+    assert!(
+        why.is_some(),
+        "kubectl reports the pod-side failure: {stderr:?}"
+    );
+}
