@@ -153,6 +153,86 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
     assert!(stdout.contains("on-a-terminal"), "{stdout}{stderr}");
     assert_eq!(code, Some(5), "{stdout}{stderr}");
 
+    // Clients that fall back to SPDY (kubectl before 1.30, or with WebSockets turned off)
+    // get the same: v4.channel.k8s.io, a SPDY stream per channel.
+    let mut child = c
+        .command(&[
+            "exec",
+            "-i",
+            "-n",
+            "t1",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "echo via-spdy; wc -c; exit 4",
+        ])
+        .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl exec over SPDY");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"12345")
+        .expect("write");
+    let (code, stdout, stderr) = said(&child.wait_with_output().expect("ends"));
+    assert_eq!(code, Some(4), "{stderr}");
+    assert_eq!(
+        stdout.split_whitespace().collect::<Vec<_>>(),
+        ["via-spdy", "5"],
+        "{stderr}"
+    );
+
+    // Attach: `kubectl run -i` sends stdin to a new pod's shell (stdinOnce closes it at the
+    // end of input), shows what it prints, and the pod goes with --rm.
+    let mut child = c
+        .command(&[
+            "run",
+            "-i",
+            "--rm",
+            "--restart=Never",
+            "-n",
+            "t1",
+            "once",
+            "--image=busybox",
+            "--overrides={\"spec\":{\"nodeName\":\"proc-0\"}}",
+            "--",
+            "sh",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl run -i");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"echo typed-into-run\nexit 0\n")
+        .expect("write");
+    let (code, stdout, stderr) = said(&child.wait_with_output().expect("ends"));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("typed-into-run"), "{stdout}{stderr}");
+    // `kubectl attach` to a running pod shows its output from then on.
+    pod(
+        &c,
+        "t1",
+        "ticker",
+        "while true; do echo tick; sleep 0.2; done",
+    );
+    let out = Command::new("timeout")
+        .args(["3", "kubectl", "--kubeconfig"])
+        .arg(&c.kubeconfig)
+        .args(["attach", "-n", "t1", "ticker"])
+        .output()
+        .expect("kubectl attach");
+    let (_, stdout, stderr) = said(&out);
+    assert!(stdout.matches("tick").count() >= 3, "{stdout}{stderr}");
+
     // A command that is not there: 127, as a shell says.
     let out = c.kubectl(&["exec", "-n", "t1", "shell", "--", "no-such-command"]);
     let (code, _, stderr) = said(&out);
@@ -347,6 +427,29 @@ fn kubectl_port_forward_reaches_a_process_pods_port() {
         .spawn()
         .map(support::Running)
         .expect("kubectl port-forward");
+    // The same over SPDY directly (kubectl with its WebSocket tunnel turned off).
+    let spdy_local = support::free_addr();
+    let spdy_port = spdy_local.rsplit(':').next().expect("port").to_owned();
+    let mut spdy_forward = c
+        .command(&[
+            "port-forward",
+            "-n",
+            "web",
+            "pod/site",
+            &format!("{spdy_port}:8080"),
+        ])
+        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")
+        .stdout(Stdio::piped())
+        .spawn()
+        .map(support::Running)
+        .expect("kubectl port-forward over SPDY");
+    let mut spdy_lines = BufReader::new(spdy_forward.0.stdout.take().expect("stdout")).lines();
+    let first = spdy_lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(first.starts_with("Forwarding from 127.0.0.1:"), "{first}");
+    let body = http_get(&spdy_local, "/").expect("through the SPDY forward");
+    assert!(body.contains("served-from-the-pod"), "{body}");
+    drop(spdy_forward);
+
     let out = forward.0.stdout.take().expect("stdout");
     let mut lines = BufReader::new(out).lines();
     let first = lines.next().and_then(Result::ok).unwrap_or_default();

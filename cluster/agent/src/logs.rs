@@ -133,17 +133,33 @@ fn cri_line(out: &mut Vec<u8>, ts: &str, stream: &str, full: bool, text: &[u8]) 
     out.push(b'\n');
 }
 
+/// Live output of a running container for `kubectl attach`: (channel, bytes), channel 1
+/// for stdout and 2 for stderr.
+pub type LiveOutput = tokio::sync::broadcast::Sender<(u8, Bytes)>;
+
 /// Copies what a container writes to `stream` (`stdout`, `stderr`) into its log, a CRI line
-/// per line, until the pipe closes.
-pub async fn pump(mut from: impl AsyncRead + Unpin, stream: &'static str, to: Arc<Mutex<LogFile>>) {
+/// per line, until the pipe closes; and, while anyone is attached, to `live`.
+pub async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    stream: &'static str,
+    to: Arc<Mutex<LogFile>>,
+    live: Option<LiveOutput>,
+) {
     let mut buf = vec![0u8; 8192];
     let mut line: Vec<u8> = Vec::new();
     let mut out = Vec::new();
+    let channel = if stream == "stderr" { 2 } else { 1 };
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => 0,
             Ok(n) => n,
         };
+        if n > 0
+            && let Some(live) = &live
+            && live.receiver_count() > 0
+        {
+            let _ = live.send((channel, Bytes::copy_from_slice(&buf[..n])));
+        }
         let ts = timestamp();
         if n == 0 {
             if !line.is_empty() {
@@ -429,6 +445,10 @@ impl AgentServer {
                 get(crate::streams::exec_route),
             )
             .route(
+                "/attach/{ns}/{pod}/{container}",
+                get(crate::streams::attach_route),
+            )
+            .route(
                 "/portForward/{ns}/{pod}",
                 get(crate::streams::port_forward_route),
             )
@@ -664,7 +684,7 @@ mod tests {
         let file = Arc::new(Mutex::new(LogFile::create(&path, 64 * 1024).expect("log")));
         let long = "x".repeat(MAX_LINE + 10);
         let input = format!("hello\n{long}\nno newline at the end");
-        pump(input.as_bytes(), "stdout", file.clone()).await;
+        pump(input.as_bytes(), "stdout", file.clone(), None).await;
         let raw = std::fs::read(&path).expect("read");
         let tags: Vec<&[u8]> = raw
             .split(|&b| b == b'\n')
@@ -681,7 +701,7 @@ mod tests {
             LogFile::create(&dir.path().join("d/0.log"), 200).expect("log"),
         ));
         let lines: String = (0..20).map(|i| format!("line {i}\n")).collect();
-        pump(lines.as_bytes(), "stdout", small).await;
+        pump(lines.as_bytes(), "stdout", small, None).await;
         assert!(dir.path().join("d/0.log.1").exists());
         assert!(
             std::fs::metadata(dir.path().join("d/0.log"))

@@ -1050,6 +1050,10 @@ impl ProcessAgent {
             let ooms = spec
                 .as_ref()
                 .map_or(0, |s| self.cgroups.oom_kills(&s.cgroups));
+            // `stdin: true`: the container reads what `kubectl attach -i` sends.
+            if c.stdin == Some(true) {
+                command.stdin(Stdio::piped());
+            }
             let child = command
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -1066,12 +1070,24 @@ impl ProcessAgent {
             };
             self.live.lock().insert(path.clone());
             let mut pumps = Vec::new();
+            let (output, _) = tokio::sync::broadcast::channel(256);
             if let Some(out) = child.stdout.take() {
-                pumps.push(tokio::spawn(crate::logs::pump(out, "stdout", log.clone())));
+                pumps.push(tokio::spawn(crate::logs::pump(
+                    out,
+                    "stdout",
+                    log.clone(),
+                    Some(output.clone()),
+                )));
             }
             if let Some(err) = child.stderr.take() {
-                pumps.push(tokio::spawn(crate::logs::pump(err, "stderr", log.clone())));
+                pumps.push(tokio::spawn(crate::logs::pump(
+                    err,
+                    "stderr",
+                    log.clone(),
+                    Some(output.clone()),
+                )));
             }
+            let stdin = child.stdin.take().map(crate::streams::attach::stdin_writer);
             let started_at = rfc3339(now_secs());
             {
                 let mut s = statuses.lock();
@@ -1101,6 +1117,8 @@ impl ProcessAgent {
                     at: at.clone(),
                     env: env.clone(),
                     container: c.clone(),
+                    output,
+                    stdin,
                 },
             );
             // If this task is dropped (the agent stops), the container's whole group goes too.

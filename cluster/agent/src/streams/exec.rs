@@ -12,6 +12,7 @@
 //! output), made the controlling terminal of a session of its own; the client's resizes set
 //! its window size.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 
@@ -163,14 +164,18 @@ fn failure(why: &str) -> Value {
 }
 
 /// Copies `from` to the client on `channel` until it ends.
-async fn pump(mut from: impl AsyncRead + Unpin, channel: u8, to: mpsc::Sender<Message>) {
+async fn pump(mut from: impl AsyncRead + Unpin, channel: u8, to: mpsc::Sender<Output>) {
     let mut buf = vec![0u8; CHUNK];
     loop {
         match from.read(&mut buf).await {
             // A terminal whose last holder closed it reads EIO: that is its end.
             Ok(0) | Err(_) => return,
             Ok(n) => {
-                if to.send(message(channel, &buf[..n])).await.is_err() {
+                if to
+                    .send(Output::Data(channel, Bytes::copy_from_slice(&buf[..n])))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -212,41 +217,45 @@ async fn hang_up(pid: u32) {
     let _ = kill_process(helper, Signal::KILL);
 }
 
-/// Runs the exec over `socket` (`v5`: the close signal is spoken) to its end.
-pub async fn serve(socket: WebSocket, v5: bool, target: Target, opts: ExecOptions) {
-    let (mut sink, mut incoming) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<Message>(16);
-    let writer = tokio::spawn(async move {
-        while let Some(m) = rx.recv().await {
-            let close = matches!(m, Message::Close(_));
-            if sink.send(m).await.is_err() || close {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-    });
-    let finish = |tx: mpsc::Sender<Message>, status: Value| async move {
-        let _ = tx.send(message(ERROR, status.to_string().as_bytes())).await;
-        let _ = tx
-            .send(Message::Close(Some(CloseFrame {
-                code: 1000,
-                reason: "".into(),
-            })))
-            .await;
-    };
-    let started = start(&target, &opts);
-    let (mut child, stdin, controller, outputs) = match started {
+/// What the client sends, whatever the transport.
+#[derive(Debug)]
+pub enum Input {
+    /// Bytes for the command's stdin.
+    Stdin(Bytes),
+    /// The client's stdin ended.
+    StdinEnd,
+    /// The client's terminal changed size.
+    Resize(rustix::termios::Winsize),
+}
+
+/// What the node sends.
+#[derive(Debug)]
+pub enum Output {
+    /// Output on a channel ([`STDOUT`], [`STDERR`]).
+    Data(u8, Bytes),
+    /// The final status; nothing follows.
+    Status(Value),
+}
+
+/// Runs the command for a client whose input arrives on `input` (closed: the client left)
+/// and whose output goes to `out`, until it has exited and its output is drained.
+pub async fn run(
+    target: Target,
+    opts: ExecOptions,
+    mut input: mpsc::Receiver<Input>,
+    out: mpsc::Sender<Output>,
+) {
+    let (mut child, stdin, controller, outputs) = match start(&target, &opts) {
         Ok(s) => s,
         Err(why) => {
-            finish(tx, failure(&why)).await;
-            let _ = writer.await;
+            let _ = out.send(Output::Status(failure(&why))).await;
             return;
         }
     };
     let pid = child.id().unwrap_or(0);
     let mut pumps = Vec::new();
-    for (channel, out) in outputs {
-        pumps.push(tokio::spawn(pump(out, channel, tx.clone())));
+    for (channel, from) in outputs {
+        pumps.push(tokio::spawn(pump(from, channel, out.clone())));
     }
     // Stdin is written by a task of its own, so a command that does not read it never stops
     // this side from seeing it exit.
@@ -276,34 +285,27 @@ pub async fn serve(socket: WebSocket, v5: bool, target: Target, opts: ExecOption
     let ended = loop {
         tokio::select! {
             status = &mut done => break Some(status),
-            msg = incoming.next() => match msg {
-                Some(Ok(Message::Binary(b))) => match b.first() {
-                    Some(&STDIN) => {
-                        if let Some(s) = &stdin_tx
-                            && s.send(b.slice(1..)).await.is_err()
-                        {
-                            stdin_tx = None;
-                        }
+            got = input.recv() => match got {
+                Some(Input::Stdin(b)) => {
+                    if let Some(s) = &stdin_tx
+                        && s.send(b).await.is_err()
+                    {
+                        stdin_tx = None;
                     }
-                    Some(&RESIZE) => {
-                        if let (Some(fd), Some(size)) = (&resize_fd, winsize(&b[1..])) {
-                            let _ = rustix::termios::tcsetwinsize(fd, size);
-                        }
+                }
+                Some(Input::Resize(size)) => {
+                    if let Some(fd) = &resize_fd {
+                        let _ = rustix::termios::tcsetwinsize(fd, size);
                     }
-                    Some(&CLOSE) if v5 && b.get(1) == Some(&STDIN) => {
-                        // With a terminal, the end of input is the terminal's EOF character.
-                        if controller.is_some() {
-                            if let Some(s) = &stdin_tx {
-                                let _ = s.send(Bytes::from_static(b"\x04")).await;
-                            }
-                        } else {
-                            stdin_tx = None;
-                        }
+                }
+                // With a terminal, the end of input is the terminal's EOF character.
+                Some(Input::StdinEnd) if controller.is_some() => {
+                    if let Some(s) = &stdin_tx {
+                        let _ = s.send(Bytes::from_static(b"\x04")).await;
                     }
-                    _ => {}
-                },
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break None,
-                Some(Ok(_)) => {}
+                }
+                Some(Input::StdinEnd) => stdin_tx = None,
+                None => break None,
             },
         }
     };
@@ -320,14 +322,235 @@ pub async fn serve(socket: WebSocket, v5: bool, target: Target, opts: ExecOption
                 }
                 Err(_) => 137,
             };
-            finish(tx, exit_status(&opts.command, code)).await;
+            let _ = out
+                .send(Output::Status(exit_status(&opts.command, code)))
+                .await;
         }
         None => {
             tracing::debug!(pid, "exec client left; ending the command");
             hang_up(pid).await;
         }
     }
-    let _ = writer.await;
+}
+
+/// The standard streams a client asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// stdin.
+    pub stdin: bool,
+    /// stdout.
+    pub stdout: bool,
+    /// stderr.
+    pub stderr: bool,
+    /// A terminal.
+    pub tty: bool,
+}
+
+impl ExecOptions {
+    /// The streams asked for.
+    pub fn wanted(&self) -> Wanted {
+        Wanted {
+            stdin: self.stdin,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            tty: self.tty,
+        }
+    }
+}
+
+/// Runs `session` (exec or attach) over a WebSocket (`v5`: the close signal is spoken) to
+/// its end.
+pub async fn serve_ws<F, Fut>(socket: WebSocket, v5: bool, session: F)
+where
+    F: FnOnce(mpsc::Receiver<Input>, mpsc::Sender<Output>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (mut sink, mut incoming) = socket.split();
+    let (in_tx, in_rx) = mpsc::channel::<Input>(8);
+    let (out_tx, mut out_rx) = mpsc::channel::<Output>(16);
+    let core = tokio::spawn(session(in_rx, out_tx));
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(m)) = incoming.next().await {
+            let got = match m {
+                Message::Binary(b) => match b.first() {
+                    Some(&STDIN) => Input::Stdin(b.slice(1..)),
+                    Some(&RESIZE) => match winsize(&b[1..]) {
+                        Some(size) => Input::Resize(size),
+                        None => continue,
+                    },
+                    Some(&CLOSE) if v5 && b.get(1) == Some(&STDIN) => Input::StdinEnd,
+                    _ => continue,
+                },
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            if in_tx.send(got).await.is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(o) = out_rx.recv().await {
+        let (m, last) = match o {
+            Output::Data(channel, b) => (message(channel, &b), false),
+            Output::Status(v) => (message(ERROR, v.to_string().as_bytes()), true),
+        };
+        if sink.send(m).await.is_err() {
+            break;
+        }
+        if last {
+            let close = Message::Close(Some(CloseFrame {
+                code: 1000,
+                reason: "".into(),
+            }));
+            let _ = sink.send(close).await;
+            break;
+        }
+    }
+    reader.abort();
+    let _ = core.await;
+    let _ = sink.close().await;
+}
+
+/// The SPDY protocol served for exec (`X-Stream-Protocol-Version`): v4, whose error stream
+/// carries a `Status` as the WebSocket protocols' error channel does.
+pub const SPDY_PROTOCOL: &str = "v4.channel.k8s.io";
+
+/// Runs `session` (exec or attach) over a SPDY/3.1 connection (v4): the client opens an
+/// `error` stream and one per standard stream it asked for (`stdin`, `stdout`, `stderr`,
+/// `resize` with a terminal); the session starts once they are all open. Output goes on
+/// the matching streams; at the end they are finished and the `Status` is written on
+/// `error`.
+pub async fn serve_spdy<IO, F, Fut>(io: IO, wanted: Wanted, session: F)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    F: FnOnce(mpsc::Receiver<Input>, mpsc::Sender<Output>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use super::spdy::{self, Frame, header};
+    let (mut reader, mut writer) = tokio::io::split(io);
+    let (frames_tx, mut frames) = mpsc::channel::<Frame>(16);
+    let read_task = tokio::spawn(async move {
+        let mut inflater = spdy::Inflater::default();
+        while let Ok(Some(f)) = spdy::read_frame(&mut reader, &mut inflater).await {
+            if frames_tx.send(f).await.is_err() {
+                break;
+            }
+        }
+    });
+    let (wire, mut wire_rx) = mpsc::channel::<Bytes>(32);
+    let write_task = tokio::spawn(async move {
+        while let Some(b) = wire_rx.recv().await {
+            if writer.write_all(&b).await.is_err() || writer.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+    let mut deflater = spdy::Deflater::default();
+    let expected = |kind: &str| match kind {
+        "error" => true,
+        "stdin" => wanted.stdin,
+        "stdout" => wanted.stdout,
+        "stderr" => wanted.stderr && !wanted.tty,
+        "resize" => wanted.tty,
+        _ => false,
+    };
+    let mut ids: HashMap<String, u32> = HashMap::new();
+    let (in_tx, in_rx) = mpsc::channel::<Input>(8);
+    let (out_tx, mut out_rx) = mpsc::channel::<Output>(16);
+    let mut core_parts = Some((session, in_rx, out_tx));
+    let mut core = None;
+    let mut in_tx = Some(in_tx);
+    let mut resize_buf: Vec<u8> = Vec::new();
+    let wanted = ["error", "stdin", "stdout", "stderr", "resize"]
+        .into_iter()
+        .filter(|k| expected(k))
+        .count();
+    loop {
+        tokio::select! {
+            f = frames.recv() => match f {
+                Some(Frame::SynStream { id, headers, .. }) => {
+                    let kind = header(&headers, "streamtype").unwrap_or_default().to_owned();
+                    if !expected(&kind) || ids.contains_key(&kind) {
+                        let _ = wire.send(spdy::rst_stream(id, spdy::PROTOCOL_ERROR)).await;
+                        continue;
+                    }
+                    let _ = wire.send(spdy::syn_reply(&mut deflater, id, &[])).await;
+                    ids.insert(kind, id);
+                    if ids.len() == wanted
+                        && let Some((session, i, out)) = core_parts.take()
+                    {
+                        core = Some(tokio::spawn(session(i, out)));
+                    }
+                }
+                Some(Frame::Data { id, fin, data }) => {
+                    let Some(tx) = &in_tx else { continue };
+                    if Some(&id) == ids.get("stdin") {
+                        if !data.is_empty() && tx.send(Input::Stdin(data)).await.is_err() {
+                            in_tx = None;
+                            continue;
+                        }
+                        if fin {
+                            let _ = tx.send(Input::StdinEnd).await;
+                        }
+                    } else if Some(&id) == ids.get("resize") {
+                        resize_buf.extend_from_slice(&data);
+                        // One JSON object per line, as Go's encoder writes them.
+                        while let Some(end) = resize_buf.iter().position(|&b| b == b'\n') {
+                            let line: Vec<u8> = resize_buf.drain(..=end).collect();
+                            if let Some(size) = winsize(&line) {
+                                let _ = tx.send(Input::Resize(size)).await;
+                            }
+                        }
+                    }
+                }
+                Some(Frame::Ping(n)) => {
+                    let _ = wire.send(spdy::ping(n)).await;
+                }
+                // A stream reset, the connection going away or ending: the client left.
+                Some(Frame::RstStream { .. } | Frame::GoAway) | None => break,
+                Some(_) => {}
+            },
+            o = out_rx.recv(), if core.is_some() => match o {
+                Some(Output::Data(channel, b)) => {
+                    let kind = if channel == STDERR { "stderr" } else { "stdout" };
+                    if let Some(&id) = ids.get(kind) {
+                        for piece in b.chunks(CHUNK) {
+                            let _ = wire.send(spdy::data(id, false, piece)).await;
+                        }
+                    }
+                }
+                Some(Output::Status(v)) => {
+                    for kind in ["stdout", "stderr"] {
+                        if let Some(&id) = ids.get(kind) {
+                            let _ = wire.send(spdy::data(id, true, &[])).await;
+                        }
+                    }
+                    if let Some(&id) = ids.get("error") {
+                        let _ = wire.send(spdy::data(id, true, v.to_string().as_bytes())).await;
+                    }
+                    // The client closes the connection once it has read everything.
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                        while let Some(f) = frames.recv().await {
+                            if let Frame::Ping(n) = f {
+                                let _ = wire.send(spdy::ping(n)).await;
+                            }
+                        }
+                    })
+                    .await;
+                    break;
+                }
+                None => break,
+            },
+        }
+    }
+    drop(in_tx);
+    if let Some(c) = core {
+        let _ = c.await;
+    }
+    read_task.abort();
+    drop(wire);
+    let _ = write_task.await;
 }
 
 type Started = (

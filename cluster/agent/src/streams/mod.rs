@@ -4,8 +4,12 @@
 //! - `GET /exec/{namespace}/{pod}/{container}?podUID=…&command=…&stdin=…&stdout=…&stderr=…&tty=…`
 //!   upgrades to a WebSocket speaking `v5.channel.k8s.io` (or `v4`): channel 0 stdin, 1
 //!   stdout, 2 stderr, 3 the final `Status` (exit code), 4 terminal resizes, and in v5 the
-//!   close signal `[255, channel]` (the client's stdin ended). The command runs inside the
-//!   container's sandbox ([`crate::sandbox`]'s `join`) as its identity, with its environment.
+//!   close signal `[255, channel]` (the client's stdin ended) — or to SPDY/3.1 with
+//!   `v4.channel.k8s.io` (a stream per channel) for clients that fall back to it. The
+//!   command runs inside the container's sandbox ([`crate::sandbox`]'s `join`) as its
+//!   identity, with its environment.
+//! - `GET /attach/{namespace}/{pod}/{container}?…` joins the container's own output (and its
+//!   stdin when it has one) over the same transports: see [`attach`].
 //! - `GET /portForward/{namespace}/{pod}?podUID=…` upgrades to SPDY/3.1 (`portforward.k8s.io`),
 //!   directly or tunnelled through a WebSocket as kubectl 1.31+ does
 //!   (`SPDY/3.1+portforward.k8s.io`): see [`portforward`].
@@ -13,6 +17,7 @@
 //! Only the API server reaches these (a node credential it signed for the very request), and
 //! it has already decided the caller may.
 
+pub mod attach;
 pub mod exec;
 pub mod portforward;
 pub mod spdy;
@@ -21,9 +26,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::{FromRequestParts, Path as UrlPath, RawQuery, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::extract::{FromRequestParts, Path as UrlPath, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Container;
 use parking_lot::Mutex;
@@ -41,6 +45,10 @@ pub struct Target {
     pub env: Vec<(String, String)>,
     /// Its spec (working directory, ports).
     pub container: Container,
+    /// Its output as it is written (`kubectl attach`).
+    pub output: crate::logs::LiveOutput,
+    /// Its stdin, if its spec asked for one (`stdin: true`): bytes, or `None` to close it.
+    pub stdin: Option<tokio::sync::mpsc::Sender<Option<bytes::Bytes>>>,
 }
 
 /// The running containers of a node, by pod UID and container name.
@@ -159,19 +167,18 @@ pub async fn connect(at: &Where, port: u16) -> Result<tokio::net::TcpStream, Str
     tokio::net::TcpStream::from_std(std).map_err(|e| e.to_string())
 }
 
-/// `GET /exec/{namespace}/{pod}/{container}`: a WebSocket exec ([`exec`]).
+/// `GET /exec/{namespace}/{pod}/{container}`: exec ([`exec`]) over a WebSocket, or over
+/// SPDY/3.1 for clients that ask for it.
 pub(crate) async fn exec_route(
     State(server): State<AgentServer>,
     UrlPath((ns, pod, container)): UrlPath<(String, String, String)>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    uri: Uri,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    request: Request,
 ) -> Response {
-    if let Some(refused) = refuse_stranger(&server, &headers, &uri) {
+    let (mut parts, _body) = request.into_parts();
+    if let Some(refused) = refuse_stranger(&server, &parts.headers, &parts.uri) {
         return refused;
     }
-    let query = query.unwrap_or_default();
+    let query = parts.uri.query().unwrap_or_default().to_owned();
     let opts = match exec::ExecOptions::from_query(&query) {
         Ok(o) => o,
         Err(e) => return error_response(&e),
@@ -183,22 +190,139 @@ pub(crate) async fn exec_route(
     let Some(target) = server.targets().get(&uid, &container) else {
         return error_response(&not_running(&server, &ns, &pod, Some(&container)));
     };
-    let Ok(ws) = ws else {
-        return error_response(&ApiError::bad_request(format!(
-            "exec is served over a WebSocket ({}): this request is not a WebSocket upgrade",
-            exec::PROTOCOLS.join(", ")
-        )));
-    };
-    let ws = ws.protocols(exec::PROTOCOLS);
-    let Some(protocol) = ws.selected_protocol().and_then(|p| p.to_str().ok()) else {
-        return error_response(&ApiError::bad_request(format!(
-            "none of the WebSocket subprotocols asked for is served; exec speaks {}",
-            exec::PROTOCOLS.join(", ")
-        )));
-    };
-    let v5 = protocol == exec::PROTOCOLS[0];
     tracing::info!(namespace = %ns, %pod, %container, command = ?opts.command, tty = opts.tty, "exec");
-    ws.on_upgrade(move |socket| exec::serve(socket, v5, target, opts))
+    let wanted = opts.wanted();
+    switch_session(&mut parts, "exec", wanted, move |i, o| {
+        exec::run(target, opts, i, o)
+    })
+    .await
+}
+
+/// `GET /attach/{namespace}/{pod}/{container}`: attach ([`attach`]), over the transports of
+/// exec.
+pub(crate) async fn attach_route(
+    State(server): State<AgentServer>,
+    UrlPath((ns, pod, container)): UrlPath<(String, String, String)>,
+    request: Request,
+) -> Response {
+    let (mut parts, _body) = request.into_parts();
+    if let Some(refused) = refuse_stranger(&server, &parts.headers, &parts.uri) {
+        return refused;
+    }
+    let query = parts.uri.query().unwrap_or_default().to_owned();
+    let wanted = match attach::options(&query) {
+        Ok(w) => w,
+        Err(e) => return error_response(&e),
+    };
+    let uid = match pod_uid(&query) {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
+    };
+    let Some(target) = server.targets().get(&uid, &container) else {
+        return error_response(&not_running(&server, &ns, &pod, Some(&container)));
+    };
+    tracing::info!(namespace = %ns, %pod, %container, stdin = wanted.stdin, "attach");
+    switch_session(&mut parts, "attach", wanted, move |i, o| {
+        attach::run(target, wanted, i, o)
+    })
+    .await
+}
+
+/// Switches an exec or attach request to the WebSocket or SPDY transport it asks for and
+/// runs `session` over it.
+async fn switch_session<F, Fut>(
+    parts: &mut axum::http::request::Parts,
+    what: &str,
+    wanted: exec::Wanted,
+    session: F,
+) -> Response
+where
+    F: FnOnce(
+            tokio::sync::mpsc::Receiver<exec::Input>,
+            tokio::sync::mpsc::Sender<exec::Output>,
+        ) -> Fut
+        + Send
+        + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    match upgrade_of(&parts.headers).as_str() {
+        "websocket" => {
+            let ws = match WebSocketUpgrade::from_request_parts(parts, &()).await {
+                Ok(ws) => ws.protocols(exec::PROTOCOLS),
+                Err(e) => return e.into_response(),
+            };
+            let Some(protocol) = ws.selected_protocol().and_then(|p| p.to_str().ok()) else {
+                return error_response(&ApiError::bad_request(format!(
+                    "none of the WebSocket subprotocols asked for is served; {what} speaks {}",
+                    exec::PROTOCOLS.join(", ")
+                )));
+            };
+            let v5 = protocol == exec::PROTOCOLS[0];
+            ws.on_upgrade(move |socket| exec::serve_ws(socket, v5, session))
+        }
+        u if u.starts_with("spdy/3.1") => switch_to_spdy(parts, exec::SPDY_PROTOCOL, move |io| {
+            exec::serve_spdy(io, wanted, session)
+        }),
+        _ => error_response(&ApiError::bad_request(format!(
+            "{what} needs an upgrade: to a WebSocket ({}) or to SPDY/3.1 ({})",
+            exec::PROTOCOLS.join(", "),
+            exec::SPDY_PROTOCOL
+        ))),
+    }
+}
+
+/// The protocol a request asks to upgrade to, lowercase.
+fn upgrade_of(headers: &HeaderMap) -> String {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+/// Answers a SPDY/3.1 upgrade that offers `protocol` (`X-Stream-Protocol-Version`) and
+/// serves the switched connection with `serve`.
+fn switch_to_spdy<F, Fut>(
+    parts: &mut axum::http::request::Parts,
+    protocol: &str,
+    serve: F,
+) -> Response
+where
+    F: FnOnce(hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let offered: Vec<&str> = parts
+        .headers
+        .get_all("x-stream-protocol-version")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    if !offered.contains(&protocol) {
+        return error_response(&ApiError::bad_request(format!(
+            "unable to negotiate a streaming protocol: the client offers [{}], this node serves {protocol} over SPDY",
+            offered.join(", ")
+        )));
+    }
+    let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+        return error_response(&ApiError::bad_request(
+            "this connection cannot be upgraded (HTTP/1.1 is needed)",
+        ));
+    };
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => serve(hyper_util::rt::TokioIo::new(upgraded)).await,
+            Err(e) => tracing::debug!(error = %e, "a SPDY upgrade failed"),
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "SPDY/3.1")
+        .header("X-Stream-Protocol-Version", protocol)
+        .body(axum::body::Body::empty())
+        .unwrap_or_default()
 }
 
 /// `GET /portForward/{namespace}/{pod}`: SPDY port-forward, directly or in a WebSocket
@@ -225,12 +349,7 @@ pub(crate) async fn port_forward_route(
         uid,
     };
     let targets = server.targets().clone();
-    let upgrade = parts
-        .headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+    let upgrade = upgrade_of(&parts.headers);
     if upgrade == "websocket" {
         let ws = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
             Ok(ws) => ws.protocols([portforward::TUNNEL_PROTOCOL]),
@@ -246,40 +365,16 @@ pub(crate) async fn port_forward_route(
             portforward::serve(portforward::tunnel(socket), targets, to)
         });
     }
-    let speaks = parts
-        .headers
-        .get_all("x-stream-protocol-version")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == portforward::PROTOCOL);
-    if !upgrade.starts_with("spdy/3.1") || !speaks {
+    if !upgrade.starts_with("spdy/3.1") {
         return error_response(&ApiError::bad_request(format!(
-            "port-forward needs an upgrade to SPDY/3.1 with X-Stream-Protocol-Version {}, or to a WebSocket with subprotocol {}",
+            "port-forward needs an upgrade: to SPDY/3.1 ({}) or to a WebSocket ({})",
             portforward::PROTOCOL,
             portforward::TUNNEL_PROTOCOL
         )));
     }
-    let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
-        return error_response(&ApiError::bad_request(
-            "this connection cannot be upgraded (HTTP/1.1 is needed)",
-        ));
-    };
-    tokio::spawn(async move {
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                portforward::serve(hyper_util::rt::TokioIo::new(upgraded), targets, to).await;
-            }
-            Err(e) => tracing::debug!(error = %e, "port-forward upgrade failed"),
-        }
-    });
-    Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::UPGRADE, "SPDY/3.1")
-        .header("X-Stream-Protocol-Version", portforward::PROTOCOL)
-        .body(axum::body::Body::empty())
-        .unwrap_or_default()
+    switch_to_spdy(&mut parts, portforward::PROTOCOL, move |io| {
+        portforward::serve(io, targets, to)
+    })
 }
 
 fn pod_uid(query: &str) -> Result<String, ApiError> {
@@ -340,6 +435,8 @@ mod tests {
         Target {
             at: Where::Host,
             env: Vec::new(),
+            output: tokio::sync::broadcast::channel(1).0,
+            stdin: None,
             container: Container {
                 name: name.into(),
                 ports: Some(
