@@ -233,6 +233,20 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
     let (_, stdout, stderr) = said(&out);
     assert!(stdout.matches("tick").count() >= 3, "{stdout}{stderr}");
 
+    // The node counted them, by kind and transport.
+    let metrics = http_get(&c.metrics_addr, "/metrics").expect("metrics");
+    let sessions = |kind: &str, transport: &str| {
+        count(
+            &metrics,
+            &format!(
+                "tessera_agent_stream_sessions_total{{kind=\"{kind}\",node=\"proc-0\",transport=\"{transport}\"}}"
+            ),
+        )
+    };
+    assert!(sessions("exec", "websocket") >= 4, "{metrics}");
+    assert_eq!(sessions("exec", "spdy"), 1, "{metrics}");
+    assert!(sessions("attach", "websocket") >= 2, "{metrics}");
+
     // A command that is not there: 127, as a shell says.
     let out = c.kubectl(&["exec", "-n", "t1", "shell", "--", "no-such-command"]);
     let (code, _, stderr) = said(&out);
@@ -494,4 +508,24 @@ fn kubectl_port_forward_reaches_a_process_pods_port() {
         why.is_some(),
         "kubectl reports the pod-side failure: {stderr:?}"
     );
+    let metrics = http_get(&c.metrics_addr, "/metrics").expect("metrics");
+    let forwards = |result: &str| {
+        count(
+            &metrics,
+            &format!(
+                "tessera_agent_portforward_connections_total{{node=\"proc-0\",result=\"{result}\"}}"
+            ),
+        )
+    };
+    assert!(forwards("forwarded") >= 8, "{metrics}");
+    assert_eq!(forwards("failed"), 1, "{metrics}");
+}
+
+/// The value of the first series in `metrics` that starts with `series`.
+fn count(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
 }

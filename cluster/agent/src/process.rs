@@ -241,14 +241,18 @@ impl ProcessAgent {
             live: Live::default(),
             usage: crate::usage::Running::default(),
             stats: crate::usage::Stats::default(),
-            targets: crate::streams::Targets::default(),
+            targets: crate::streams::Targets::new(&config.node),
             events: Recorder::new(client.clone(), "kubelet", None),
             cgroups: Cgroups::detect(&config.cgroup_mount),
             fence: Mutex::default(),
             at_most_once: Mutex::default(),
-            fenced_pods: prometheus::IntCounter::new(
-                "tessera_agent_fenced_pods_total",
-                "Pods of federated AtMostOnce workloads a process node stopped itself because its shard's federation lease ended without a renewal it could read (the shard's control plane frozen or unreachable).",
+            // Labelled with the node: every process node of a process registers its own.
+            fenced_pods: prometheus::IntCounter::with_opts(
+                prometheus::Opts::new(
+                    "tessera_agent_fenced_pods_total",
+                    "Pods of federated AtMostOnce workloads a process node stopped itself because its shard's federation lease ended without a renewal it could read (the shard's control plane frozen or unreachable).",
+                )
+                .const_label("node", &config.node),
             )
             .expect("a valid metric"),
             config,
@@ -256,10 +260,11 @@ impl ProcessAgent {
         })
     }
 
-    /// Serves the resource usage of this node's containers in `registry`
-    /// ([`crate::usage`]).
+    /// Serves the resource usage of this node's containers ([`crate::usage`]) and its
+    /// streaming sessions ([`crate::streams`]) in `registry`.
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
         registry.register(Box::new(self.fenced_pods.clone()))?;
+        self.targets.metrics().register(registry)?;
         registry.register(Box::new(crate::usage::ContainerUsage::new(
             &self.config.node,
             self.usage.clone(),

@@ -31,6 +31,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Container;
 use parking_lot::Mutex;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts};
 use tessera_client::status::ApiError;
 
 use crate::logs::{AgentServer, error_response, refuse_stranger};
@@ -51,13 +52,97 @@ pub struct Target {
     pub stdin: Option<tokio::sync::mpsc::Sender<Option<bytes::Bytes>>>,
 }
 
+/// Streaming sessions of a node (`tessera_agent_stream_*`, labelled with the node).
+#[derive(Clone, Debug)]
+pub struct StreamMetrics {
+    sessions: IntCounterVec,
+    active: IntGaugeVec,
+    forwards: IntCounterVec,
+}
+
+impl StreamMetrics {
+    fn new(node: &str) -> StreamMetrics {
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label("node", node);
+        StreamMetrics {
+            sessions: IntCounterVec::new(
+                opts(
+                    "tessera_agent_stream_sessions_total",
+                    "Exec, attach and port-forward sessions started on this node, by kind and transport (websocket, spdy).",
+                ),
+                &["kind", "transport"],
+            )
+            .expect("a valid metric"),
+            active: IntGaugeVec::new(
+                opts(
+                    "tessera_agent_stream_sessions_active",
+                    "Exec, attach and port-forward sessions open on this node now, by kind.",
+                ),
+                &["kind"],
+            )
+            .expect("a valid metric"),
+            forwards: IntCounterVec::new(
+                opts(
+                    "tessera_agent_portforward_connections_total",
+                    "Connections port-forwarded into this node's pods, by result (forwarded, failed).",
+                ),
+                &["result"],
+            )
+            .expect("a valid metric"),
+        }
+    }
+
+    /// Registers them in `registry`.
+    pub fn register(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.sessions.clone()))?;
+        registry.register(Box::new(self.active.clone()))?;
+        registry.register(Box::new(self.forwards.clone()))
+    }
+
+    /// A session of `kind` over `transport` starts: counted, and open until the guard goes.
+    pub(crate) fn session(&self, kind: &str, transport: &str) -> SessionGuard {
+        self.sessions.with_label_values(&[kind, transport]).inc();
+        let active = self.active.with_label_values(&[kind]);
+        active.inc();
+        SessionGuard(active)
+    }
+
+    /// A forwarded connection's outcome.
+    pub(crate) fn forward(&self, ok: bool) {
+        let result = if ok { "forwarded" } else { "failed" };
+        self.forwards.with_label_values(&[result]).inc();
+    }
+}
+
+/// An open session ([`StreamMetrics::session`]).
+pub struct SessionGuard(prometheus::IntGauge);
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// The running containers of a node, by pod UID and container name.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Targets {
     inner: Arc<Mutex<BTreeMap<(String, String), Target>>>,
+    metrics: StreamMetrics,
 }
 
 impl Targets {
+    /// No containers yet, on node `node`.
+    pub fn new(node: &str) -> Targets {
+        Targets {
+            inner: Arc::default(),
+            metrics: StreamMetrics::new(node),
+        }
+    }
+
+    /// The node's streaming metrics.
+    pub fn metrics(&self) -> &StreamMetrics {
+        &self.metrics
+    }
+
     /// Container `name` of pod `uid` runs now.
     pub fn insert(&self, uid: &str, name: &str, target: Target) {
         self.inner
@@ -192,7 +277,8 @@ pub(crate) async fn exec_route(
     };
     tracing::info!(namespace = %ns, %pod, %container, command = ?opts.command, tty = opts.tty, "exec");
     let wanted = opts.wanted();
-    switch_session(&mut parts, "exec", wanted, move |i, o| {
+    let metrics = server.targets().metrics().clone();
+    switch_session(&mut parts, metrics, "exec", wanted, move |i, o| {
         exec::run(target, opts, i, o)
     })
     .await
@@ -222,7 +308,8 @@ pub(crate) async fn attach_route(
         return error_response(&not_running(&server, &ns, &pod, Some(&container)));
     };
     tracing::info!(namespace = %ns, %pod, %container, stdin = wanted.stdin, "attach");
-    switch_session(&mut parts, "attach", wanted, move |i, o| {
+    let metrics = server.targets().metrics().clone();
+    switch_session(&mut parts, metrics, "attach", wanted, move |i, o| {
         attach::run(target, wanted, i, o)
     })
     .await
@@ -232,7 +319,8 @@ pub(crate) async fn attach_route(
 /// runs `session` over it.
 async fn switch_session<F, Fut>(
     parts: &mut axum::http::request::Parts,
-    what: &str,
+    metrics: StreamMetrics,
+    what: &'static str,
     wanted: exec::Wanted,
     session: F,
 ) -> Response
@@ -258,11 +346,17 @@ where
                 )));
             };
             let v5 = protocol == exec::PROTOCOLS[0];
-            ws.on_upgrade(move |socket| exec::serve_ws(socket, v5, session))
+            ws.on_upgrade(move |socket| async move {
+                let _open = metrics.session(what, "websocket");
+                exec::serve_ws(socket, v5, session).await;
+            })
         }
-        u if u.starts_with("spdy/3.1") => switch_to_spdy(parts, exec::SPDY_PROTOCOL, move |io| {
-            exec::serve_spdy(io, wanted, session)
-        }),
+        u if u.starts_with("spdy/3.1") => {
+            switch_to_spdy(parts, exec::SPDY_PROTOCOL, move |io| async move {
+                let _open = metrics.session(what, "spdy");
+                exec::serve_spdy(io, wanted, session).await;
+            })
+        }
         _ => error_response(&ApiError::bad_request(format!(
             "{what} needs an upgrade: to a WebSocket ({}) or to SPDY/3.1 ({})",
             exec::PROTOCOLS.join(", "),
@@ -361,8 +455,9 @@ pub(crate) async fn port_forward_route(
                 portforward::TUNNEL_PROTOCOL
             )));
         }
-        return ws.on_upgrade(move |socket| {
-            portforward::serve(portforward::tunnel(socket), targets, to)
+        return ws.on_upgrade(move |socket| async move {
+            let _open = targets.metrics().session("portforward", "websocket");
+            portforward::serve(portforward::tunnel(socket), targets, to).await;
         });
     }
     if !upgrade.starts_with("spdy/3.1") {
@@ -372,8 +467,9 @@ pub(crate) async fn port_forward_route(
             portforward::TUNNEL_PROTOCOL
         )));
     }
-    switch_to_spdy(&mut parts, portforward::PROTOCOL, move |io| {
-        portforward::serve(io, targets, to)
+    switch_to_spdy(&mut parts, portforward::PROTOCOL, move |io| async move {
+        let _open = targets.metrics().session("portforward", "spdy");
+        portforward::serve(io, targets, to).await;
     })
 }
 
@@ -455,7 +551,7 @@ mod tests {
 
     #[test]
     fn a_port_goes_to_the_container_that_declares_it() {
-        let t = Targets::default();
+        let t = Targets::new("n");
         t.insert("u1", "a", target("a", &[80]));
         t.insert("u1", "b", target("b", &[9090]));
         t.insert("u2", "c", target("c", &[9090]));

@@ -213,6 +213,7 @@ async fn forward(
         }
     };
     let Some(target) = targets.for_port(&pod.uid, port) else {
+        targets.metrics().forward(false);
         fail(format!(
             "pod {}/{} has no running container on this node",
             pod.namespace, pod.name
@@ -223,10 +224,12 @@ async fn forward(
     let conn = match super::connect(&target.at, port).await {
         Ok(c) => c,
         Err(why) => {
+            targets.metrics().forward(false);
             fail(why).await;
             return;
         }
     };
+    targets.metrics().forward(true);
     let (mut conn_r, mut conn_w) = conn.into_split();
     let to_client = {
         let out = out.clone();
