@@ -247,6 +247,9 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
     assert_eq!(sessions("exec", "spdy"), 1, "{metrics}");
     assert!(sessions("attach", "websocket") >= 2, "{metrics}");
 
+    // The official Python client speaks v4.channel.k8s.io.
+    support::python_scenario(&c, "exec_scenario.py", &["t1", "shell"]);
+
     // A command that is not there: 127, as a shell says.
     let out = c.kubectl(&["exec", "-n", "t1", "shell", "--", "no-such-command"]);
     let (code, _, stderr) = said(&out);
@@ -441,6 +444,9 @@ fn kubectl_port_forward_reaches_a_process_pods_port() {
         .spawn()
         .map(support::Running)
         .expect("kubectl port-forward");
+    // The Python client's WebSocket channel protocol (v4.channel.k8s.io).
+    support::python_scenario(&c, "portforward_scenario.py", &["web", "site"]);
+
     // The same over SPDY directly (kubectl with its WebSocket tunnel turned off).
     let spdy_local = support::free_addr();
     let spdy_port = spdy_local.rsplit(':').next().expect("port").to_owned();
@@ -517,7 +523,7 @@ fn kubectl_port_forward_reaches_a_process_pods_port() {
             ),
         )
     };
-    assert!(forwards("forwarded") >= 8, "{metrics}");
+    assert!(forwards("forwarded") >= 9, "{metrics}");
     assert_eq!(forwards("failed"), 1, "{metrics}");
 }
 

@@ -371,8 +371,15 @@ where
     let core = tokio::spawn(session(in_rx, out_tx));
     let reader = tokio::spawn(async move {
         while let Some(Ok(m)) = incoming.next().await {
-            let got = match m {
-                Message::Binary(b) => match b.first() {
+            // Some clients (the Python one, for text) send text messages: the same bytes.
+            let bytes = match m {
+                Message::Binary(b) => Some(b),
+                Message::Text(t) => Some(Bytes::from(t.as_str().as_bytes().to_vec())),
+                Message::Close(_) => break,
+                _ => None,
+            };
+            let got = match bytes {
+                Some(b) => match b.first() {
                     Some(&STDIN) => Input::Stdin(b.slice(1..)),
                     Some(&RESIZE) => match winsize(&b[1..]) {
                         Some(size) => Input::Resize(size),
@@ -381,8 +388,7 @@ where
                     Some(&CLOSE) if v5 && b.get(1) == Some(&STDIN) => Input::StdinEnd,
                     _ => continue,
                 },
-                Message::Close(_) => break,
-                _ => continue,
+                None => continue,
             };
             if in_tx.send(got).await.is_err() {
                 break;

@@ -446,18 +446,32 @@ pub(crate) async fn port_forward_route(
     let upgrade = upgrade_of(&parts.headers);
     if upgrade == "websocket" {
         let ws = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-            Ok(ws) => ws.protocols([portforward::TUNNEL_PROTOCOL]),
+            Ok(ws) => ws.protocols([portforward::TUNNEL_PROTOCOL, portforward::CHANNEL_PROTOCOL]),
             Err(e) => return e.into_response(),
         };
-        if ws.selected_protocol().is_none() {
-            return error_response(&ApiError::bad_request(format!(
-                "port-forward over a WebSocket is served as {} (kubectl 1.31 and later)",
-                portforward::TUNNEL_PROTOCOL
-            )));
+        let tunnel = match ws.selected_protocol().and_then(|p| p.to_str().ok()) {
+            Some(p) => p == portforward::TUNNEL_PROTOCOL,
+            None => {
+                return error_response(&ApiError::bad_request(format!(
+                    "port-forward over a WebSocket is served as {} (kubectl 1.31 and later) or {} (ports in the query)",
+                    portforward::TUNNEL_PROTOCOL,
+                    portforward::CHANNEL_PROTOCOL
+                )));
+            }
+        };
+        if tunnel {
+            return ws.on_upgrade(move |socket| async move {
+                let _open = targets.metrics().session("portforward", "websocket");
+                portforward::serve(portforward::tunnel(socket), targets, to).await;
+            });
         }
+        let ports = match ports_of(parts.uri.query().unwrap_or_default()) {
+            Ok(p) => p,
+            Err(e) => return error_response(&e),
+        };
         return ws.on_upgrade(move |socket| async move {
             let _open = targets.metrics().session("portforward", "websocket");
-            portforward::serve(portforward::tunnel(socket), targets, to).await;
+            portforward::serve_channels(socket, targets, to, ports).await;
         });
     }
     if !upgrade.starts_with("spdy/3.1") {
@@ -471,6 +485,29 @@ pub(crate) async fn port_forward_route(
         let _open = targets.metrics().session("portforward", "spdy");
         portforward::serve(io, targets, to).await;
     })
+}
+
+/// The `ports` of a port-forward query (each a number in 1..=65535; at least one).
+fn ports_of(query: &str) -> Result<Vec<u16>, ApiError> {
+    let mut ports = Vec::new();
+    for v in query_values(query, "ports")? {
+        for p in v.split(',').filter(|p| !p.is_empty()) {
+            match p.trim().parse::<u16>() {
+                Ok(n) if n > 0 => ports.push(n),
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "ports: {p:?} is not a port number (1-65535)"
+                    )));
+                }
+            }
+        }
+    }
+    if ports.is_empty() {
+        return Err(ApiError::bad_request(
+            "at least one port is required (?ports=N) for port-forward over v4.channel.k8s.io",
+        ));
+    }
+    Ok(ports)
 }
 
 fn pod_uid(query: &str) -> Result<String, ApiError> {
@@ -577,5 +614,10 @@ mod tests {
         assert!(!query_flag(q, "tty", true).expect("ok"));
         assert!(query_flag(q, "stdout", true).expect("ok"));
         assert!(query_flag("tty=maybe", "tty", false).is_err());
+        assert_eq!(
+            ports_of("ports=80&ports=9090,7000").expect("ok"),
+            [80, 9090, 7000]
+        );
+        assert!(ports_of("ports=0").is_err() && ports_of("").is_err());
     }
 }

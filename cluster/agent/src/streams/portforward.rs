@@ -26,6 +26,10 @@ use super::spdy::{self, Frame, header};
 pub const PROTOCOL: &str = "portforward.k8s.io";
 /// The WebSocket subprotocol that tunnels it.
 pub const TUNNEL_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+/// The WebSocket channel protocol of port-forward (the Python client's): the ports are in
+/// the query, one connection each; port `i` has data channel `2i` and error channel
+/// `2i + 1`, each opened by the node with the port number (2 bytes, little-endian).
+pub const CHANNEL_PROTOCOL: &str = "v4.channel.k8s.io";
 
 /// The largest piece of a connection's bytes sent in one DATA frame.
 const CHUNK: usize = 32 * 1024;
@@ -262,6 +266,109 @@ async fn forward(
     to_client.await;
     to_conn.abort();
     let _ = out.send(spdy::data(error, true, &[])).await;
+}
+
+/// Serves the channel protocol ([`CHANNEL_PROTOCOL`]) for `ports` until every connection
+/// has ended on the pod's side or the client has gone.
+pub async fn serve_channels(socket: WebSocket, targets: Targets, pod: PodRef, ports: Vec<u16>) {
+    let (mut sink, mut incoming) = socket.split();
+    let (out, mut out_rx) = mpsc::channel::<Message>(32);
+    let writer = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if sink.send(m).await.is_err() {
+                return;
+            }
+        }
+        let close = Message::Close(Some(CloseFrame {
+            code: 1000,
+            reason: "".into(),
+        }));
+        let _ = sink.send(close).await;
+    });
+    let message = |channel: usize, data: &[u8]| {
+        let mut b = Vec::with_capacity(1 + data.len());
+        b.push(channel as u8);
+        b.extend_from_slice(data);
+        Message::Binary(Bytes::from(b))
+    };
+    let mut to_conns = Vec::with_capacity(ports.len());
+    let mut pumps = Vec::with_capacity(ports.len());
+    for (i, &port) in ports.iter().enumerate() {
+        for channel in [2 * i, 2 * i + 1] {
+            let _ = out.send(message(channel, &port.to_le_bytes())).await;
+        }
+        let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+        to_conns.push(tx);
+        let (targets, pod, out) = (targets.clone(), pod.clone(), out.clone());
+        pumps.push(tokio::spawn(async move {
+            let target = targets.for_port(&pod.uid, port);
+            let conn = match target {
+                Some(t) => super::connect(&t.at, port).await,
+                None => Err(format!(
+                    "pod {}/{} has no running container on this node",
+                    pod.namespace, pod.name
+                )),
+            };
+            let conn = match conn {
+                Ok(c) => c,
+                Err(why) => {
+                    targets.metrics().forward(false);
+                    let said = format!(
+                        "error forwarding port {port} to pod {}, uid {}: {why}",
+                        pod.name, pod.uid
+                    );
+                    let _ = out.send(message(2 * i + 1, said.as_bytes())).await;
+                    return;
+                }
+            };
+            targets.metrics().forward(true);
+            let (mut r, mut w) = conn.into_split();
+            let to_conn = tokio::spawn(async move {
+                while let Some(b) = rx.recv().await {
+                    if w.write_all(&b).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = w.shutdown().await;
+            });
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if out.send(message(2 * i, &buf[..n])).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            to_conn.abort();
+        }));
+    }
+    drop(out);
+    let all_done = futures::future::join_all(pumps);
+    tokio::pin!(all_done);
+    loop {
+        tokio::select! {
+            _ = &mut all_done => break,
+            m = incoming.next() => match m {
+                Some(Ok(Message::Binary(b))) => {
+                    let Some((&channel, data)) = b.split_first() else { continue };
+                    let channel = usize::from(channel);
+                    if channel % 2 == 0
+                        && let Some(tx) = to_conns.get(channel / 2)
+                        && !data.is_empty()
+                    {
+                        let _ = tx.send(b.slice(1..)).await;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+    drop(to_conns);
+    let _ = writer.await;
 }
 
 /// The byte stream inside a WebSocket's binary messages (`SPDY/3.1+portforward.k8s.io`):

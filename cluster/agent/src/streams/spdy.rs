@@ -514,6 +514,46 @@ mod tests {
         }
     }
 
+    /// Reads frames from `wire` until it ends or fails: never a panic, never more frames than
+    /// bytes.
+    fn read_all(wire: &[u8]) -> usize {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let mut r = wire;
+            let mut inf = Inflater::default();
+            let mut n = 0;
+            while let Ok(Some(_)) = read_frame(&mut r, &mut inf).await {
+                n += 1;
+            }
+            n
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Whatever the peer sends — garbage, or control frames with garbage header blocks —
+        /// the reader answers a frame or an error.
+        #[test]
+        fn garbage_never_panics(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            kind in 1u16..10,
+            block in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            proptest::prop_assert!(read_all(&raw) <= raw.len() / 8);
+            // A control frame whose header block is random (after a valid zlib header, so
+            // the inflater gets as far as the deflate data).
+            let mut payload = vec![0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x78, 0x01];
+            payload.extend_from_slice(&block);
+            let mut frame = BytesMut::new();
+            control(&mut frame, kind, 0, payload.len());
+            frame.put_slice(&payload);
+            read_all(&frame);
+        }
+    }
+
     #[tokio::test]
     async fn oversized_frames_and_other_versions_are_refused() {
         let mut big = vec![0u8, 0, 0, 1, 0, 0xff, 0xff, 0xff];

@@ -32,11 +32,6 @@ pub const SWITCHED_HEADERS: [&str; 5] = [
     "x-stream-protocol-version",
 ];
 
-/// The streaming subresources of pods.
-pub fn is_stream(sub: &str) -> bool {
-    matches!(sub, "exec" | "attach" | "portforward")
-}
-
 fn pods() -> &'static crate::catalog::Resource {
     crate::request::find_resource("", "v1", "pods").expect("pods are served")
 }
@@ -109,7 +104,7 @@ impl Api {
         };
         let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
         let path = match sub {
-            "portforward" => format!("/portForward/{ns}/{name}?podUID={uid}"),
+            "portforward" => format!("/portForward/{ns}/{name}?podUID={uid}&{}", passed_on(query)),
             _ => {
                 let asked = query
                     .split('&')
@@ -158,6 +153,5 @@ mod tests {
             passed_on("command=ls&podUID=evil&stdout=true"),
             "command=ls&stdout=true"
         );
-        assert!(is_stream("exec") && is_stream("portforward") && !is_stream("log"));
     }
 }
