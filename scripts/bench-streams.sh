@@ -11,7 +11,8 @@ execs=${1:-50}
 mib=${2:-256}
 bin=./target/release/tessera
 dir=$(mktemp -d)
-trap 'kill "$up" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
+# The pod is deleted before the node goes, so none of its processes outlive the run.
+trap 'kubectl delete pod bench --wait --timeout=30s >/dev/null 2>&1 || true; kill "$up" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$bin" up --data-dir "$dir/data" --api-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
   --grpc-addr 127.0.0.1:0 --shards 0 --nodes-per-shard 0 --process-nodes 1 >"$dir/up.log" 2>&1 &
 up=$!
