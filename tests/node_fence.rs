@@ -80,7 +80,12 @@ fn a_process_node_stops_its_at_most_once_pod_when_its_frozen_shard_loses_the_fed
         "the Job's process still ran when the other shard ran the Job"
     );
     assert!(processes(&["sleep", "617"]).is_empty());
-    assert!(sample(&node_metrics, "tessera_agent_fenced_pods_total") >= 1.0);
+    assert!(
+        sample(
+            &node_metrics,
+            "tessera_agent_fenced_pods_total{node=\"box-proc-0\"}"
+        ) >= 1.0
+    );
 }
 
 #[test]
