@@ -38,6 +38,23 @@ fn pod(c: &Cluster, ns: &str, name: &str, script: &str) {
     );
 }
 
+/// Runs kubectl `cmd` with `input` on its stdin, to its end.
+fn fed(cmd: &mut Command, input: &[u8], what: &str) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(what);
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write");
+    child.wait_with_output().expect(what)
+}
+
 fn said(out: &std::process::Output) -> (Option<i32>, String, String) {
     (
         out.status.code(),
@@ -110,8 +127,8 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
     );
 
     // Standard input, to its end (the v5 close signal).
-    let mut child = c
-        .command(&[
+    let (code, stdout, stderr) = said(&fed(
+        &mut c.command(&[
             "exec",
             "-i",
             "-n",
@@ -121,20 +138,10 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
             "sh",
             "-c",
             "wc -l; cat",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl exec -i");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"one\ntwo\nthree\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("exec -i ends");
-    let (code, stdout, stderr) = said(&out);
+        ]),
+        b"one\ntwo\nthree\n",
+        "kubectl exec -i",
+    ));
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(stdout.trim(), "3", "wc saw all of stdin, then its end");
 
@@ -155,8 +162,8 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
 
     // Clients that fall back to SPDY (kubectl before 1.30, or with WebSockets turned off)
     // get the same: v4.channel.k8s.io, a SPDY stream per channel.
-    let mut child = c
-        .command(&[
+    let (code, stdout, stderr) = said(&fed(
+        c.command(&[
             "exec",
             "-i",
             "-n",
@@ -167,19 +174,10 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
             "-c",
             "echo via-spdy; wc -c; exit 4",
         ])
-        .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl exec over SPDY");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"12345")
-        .expect("write");
-    let (code, stdout, stderr) = said(&child.wait_with_output().expect("ends"));
+        .env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false"),
+        b"12345",
+        "kubectl exec over SPDY",
+    ));
     assert_eq!(code, Some(4), "{stderr}");
     assert_eq!(
         stdout.split_whitespace().collect::<Vec<_>>(),
@@ -189,8 +187,8 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
 
     // Attach: `kubectl run -i` sends stdin to a new pod's shell (stdinOnce closes it at the
     // end of input), shows what it prints, and the pod goes with --rm.
-    let mut child = c
-        .command(&[
+    let (code, stdout, stderr) = said(&fed(
+        &mut c.command(&[
             "run",
             "-i",
             "--rm",
@@ -202,19 +200,10 @@ fn kubectl_exec_runs_in_the_container_and_returns_output_and_exit_code() {
             "--overrides={\"spec\":{\"nodeName\":\"proc-0\"}}",
             "--",
             "sh",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl run -i");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"echo typed-into-run\nexit 0\n")
-        .expect("write");
-    let (code, stdout, stderr) = said(&child.wait_with_output().expect("ends"));
+        ]),
+        b"echo typed-into-run\nexit 0\n",
+        "kubectl run -i",
+    ));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert!(stdout.contains("typed-into-run"), "{stdout}{stderr}");
     // `kubectl attach` to a running pod shows its output from then on.

@@ -91,6 +91,42 @@ pub enum Where {
     },
 }
 
+impl Where {
+    /// The command that runs `argv` where container `c` runs, with its environment `env`:
+    /// beside the agent (its working directory), or joined into its sandbox as its identity
+    /// (with `tty`, in a session of its own whose controlling terminal is its stdin).
+    pub fn command(
+        &self,
+        c: &Container,
+        env: &[(String, String)],
+        argv: &[String],
+        tty: bool,
+    ) -> Result<tokio::process::Command, String> {
+        let Some((cmd, args)) = argv.split_first() else {
+            return Err("no command".into());
+        };
+        match self {
+            Where::Host => Ok(crate::env::in_container(c, env, cmd, args)),
+            Where::Sandbox {
+                launcher,
+                supervisor,
+                identity,
+                cgroups,
+            } => {
+                let spec = JoinSpec {
+                    pid: init_of(*supervisor)?,
+                    identity: identity.clone(),
+                    cgroups: cgroups.clone(),
+                    tty,
+                };
+                let mut command = launcher.join(&spec, argv);
+                crate::env::with_env(&mut command, env);
+                Ok(command)
+            }
+        }
+    }
+}
+
 /// The host pid of the container's init: the supervisor's only child.
 pub(crate) fn init_of(supervisor: u32) -> Result<u32, String> {
     std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
@@ -221,28 +257,10 @@ async fn exec_probe(
     env: &[(String, String)],
     at: &Where,
 ) -> Result<String, String> {
-    let Some((cmd, args)) = argv.split_first() else {
+    let Some(cmd) = argv.first() else {
         return Err("the exec probe has no command".into());
     };
-    let mut command = match at {
-        Where::Host => crate::env::in_container(c, env, cmd, args),
-        Where::Sandbox {
-            launcher,
-            supervisor,
-            identity,
-            cgroups,
-        } => {
-            let spec = JoinSpec {
-                pid: init_of(*supervisor)?,
-                identity: identity.clone(),
-                cgroups: cgroups.clone(),
-                tty: false,
-            };
-            let mut command = launcher.join(&spec, argv);
-            crate::env::with_env(&mut command, env);
-            command
-        }
-    };
+    let mut command = at.command(c, env, argv, false)?;
     let out = command
         .output()
         .await

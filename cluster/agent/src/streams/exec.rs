@@ -26,7 +26,6 @@ use tokio::sync::mpsc;
 
 use super::{Target, query_flag, query_values};
 use crate::probe::Where;
-use crate::sandbox::JoinSpec;
 
 /// Channel numbers.
 pub const STDIN: u8 = 0;
@@ -89,35 +88,21 @@ impl ExecOptions {
 /// The command that runs `opts.command` where `target` runs, as its identity and with its
 /// environment (standard streams not yet set).
 fn command(target: &Target, opts: &ExecOptions) -> Result<tokio::process::Command, String> {
-    let argv = &opts.command;
-    let mut command = match &target.at {
-        Where::Host => {
-            // The agent's own children cannot take a controlling terminal without `setsid`.
-            if opts.tty {
-                let mut args = vec!["--ctty".to_owned(), "--wait".to_owned()];
-                args.extend(argv.iter().cloned());
-                crate::env::in_container(&target.container, &target.env, "setsid", &args)
-            } else {
-                crate::env::in_container(&target.container, &target.env, &argv[0], &argv[1..])
-            }
-        }
-        Where::Sandbox {
-            launcher,
-            supervisor,
-            identity,
-            cgroups,
-        } => {
-            let spec = JoinSpec {
-                pid: crate::probe::init_of(*supervisor)?,
-                identity: identity.clone(),
-                cgroups: cgroups.clone(),
-                tty: opts.tty,
-            };
-            let mut command = launcher.join(&spec, argv);
-            crate::env::with_env(&mut command, &target.env);
-            command
-        }
+    // The agent's own children cannot take a controlling terminal without `setsid`.
+    let argv = if opts.tty && matches!(target.at, Where::Host) {
+        let mut wrapped = vec![
+            "setsid".to_owned(),
+            "--ctty".to_owned(),
+            "--wait".to_owned(),
+        ];
+        wrapped.extend(opts.command.iter().cloned());
+        wrapped
+    } else {
+        opts.command.clone()
     };
+    let mut command = target
+        .at
+        .command(&target.container, &target.env, &argv, opts.tty)?;
     if opts.tty {
         command.env("TERM", "xterm");
     }

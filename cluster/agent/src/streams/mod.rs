@@ -260,20 +260,12 @@ pub(crate) async fn exec_route(
     request: Request,
 ) -> Response {
     let (mut parts, _body) = request.into_parts();
-    if let Some(refused) = refuse_stranger(&server, &parts.headers, &parts.uri) {
-        return refused;
-    }
-    let query = parts.uri.query().unwrap_or_default().to_owned();
-    let opts = match exec::ExecOptions::from_query(&query) {
-        Ok(o) => o,
-        Err(e) => return error_response(&e),
-    };
-    let uid = match pod_uid(&query) {
-        Ok(u) => u,
-        Err(e) => return error_response(&e),
-    };
-    let Some(target) = server.targets().get(&uid, &container) else {
-        return error_response(&not_running(&server, &ns, &pod, Some(&container)));
+    let found = session_target(&server, &parts, &ns, &pod, &container, |q| {
+        exec::ExecOptions::from_query(q)
+    });
+    let (opts, target) = match found {
+        Ok(found) => found,
+        Err(refused) => return refused,
     };
     tracing::info!(namespace = %ns, %pod, %container, command = ?opts.command, tty = opts.tty, "exec");
     let wanted = opts.wanted();
@@ -292,27 +284,45 @@ pub(crate) async fn attach_route(
     request: Request,
 ) -> Response {
     let (mut parts, _body) = request.into_parts();
-    if let Some(refused) = refuse_stranger(&server, &parts.headers, &parts.uri) {
-        return refused;
-    }
-    let query = parts.uri.query().unwrap_or_default().to_owned();
-    let wanted = match attach::options(&query) {
-        Ok(w) => w,
-        Err(e) => return error_response(&e),
-    };
-    let uid = match pod_uid(&query) {
-        Ok(u) => u,
-        Err(e) => return error_response(&e),
-    };
-    let Some(target) = server.targets().get(&uid, &container) else {
-        return error_response(&not_running(&server, &ns, &pod, Some(&container)));
-    };
+    let (wanted, target) =
+        match session_target(&server, &parts, &ns, &pod, &container, attach::options) {
+            Ok(found) => found,
+            Err(refused) => return refused,
+        };
     tracing::info!(namespace = %ns, %pod, %container, stdin = wanted.stdin, "attach");
     let metrics = server.targets().metrics().clone();
     switch_session(&mut parts, metrics, "attach", wanted, move |i, o| {
         attach::run(target, wanted, i, o)
     })
     .await
+}
+
+/// What exec and attach check first, in order: the API server's credential, the options
+/// the query carries (`options`), the pod's UID, and that the container named runs.
+#[allow(clippy::result_large_err)]
+fn session_target<T>(
+    server: &AgentServer,
+    parts: &axum::http::request::Parts,
+    ns: &str,
+    pod: &str,
+    container: &str,
+    options: impl FnOnce(&str) -> Result<T, ApiError>,
+) -> Result<(T, Target), Response> {
+    if let Some(refused) = refuse_stranger(server, &parts.headers, &parts.uri) {
+        return Err(refused);
+    }
+    let query = parts.uri.query().unwrap_or_default();
+    let opts = options(query).map_err(|e| error_response(&e))?;
+    let uid = pod_uid(query).map_err(|e| error_response(&e))?;
+    match server.targets().get(&uid, container) {
+        Some(target) => Ok((opts, target)),
+        None => Err(error_response(&not_running(
+            server,
+            ns,
+            pod,
+            Some(container),
+        ))),
+    }
 }
 
 /// Switches an exec or attach request to the WebSocket or SPDY transport it asks for and

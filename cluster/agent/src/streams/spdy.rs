@@ -214,30 +214,38 @@ impl Default for Deflater {
     }
 }
 
+/// A name/value header block, uncompressed.
+fn raw_block(headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    raw.put_u32(headers.len() as u32);
+    for (name, value) in headers {
+        raw.put_u32(name.len() as u32);
+        raw.put_slice(name.as_bytes());
+        raw.put_u32(value.len() as u32);
+        raw.put_slice(value.as_bytes());
+    }
+    raw
+}
+
+/// `raw` through `compress`, sync-flushed so the reader gets all of it.
+fn compress_block(compress: &mut Compress, raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len() + 64);
+    let mut input = raw;
+    loop {
+        out.reserve(256);
+        let before = compress.total_in();
+        // Compressing into a Vec with room cannot fail.
+        let _ = compress.compress_vec(input, &mut out, FlushCompress::Sync);
+        input = &input[(compress.total_in() - before) as usize..];
+        if input.is_empty() && out.len() < out.capacity() {
+            return out;
+        }
+    }
+}
+
 impl Deflater {
     fn block(&mut self, headers: &[(&str, &str)]) -> Vec<u8> {
-        let mut raw = Vec::new();
-        raw.put_u32(headers.len() as u32);
-        for (name, value) in headers {
-            raw.put_u32(name.len() as u32);
-            raw.put_slice(name.as_bytes());
-            raw.put_u32(value.len() as u32);
-            raw.put_slice(value.as_bytes());
-        }
-        let mut out = Vec::with_capacity(raw.len() + 64);
-        let mut input = &raw[..];
-        loop {
-            out.reserve(256);
-            let before = self.inner.total_in();
-            // Compressing into a Vec with room cannot fail.
-            let _ = self
-                .inner
-                .compress_vec(input, &mut out, FlushCompress::Sync);
-            input = &input[(self.inner.total_in() - before) as usize..];
-            if input.is_empty() && out.len() < out.capacity() {
-                return out;
-            }
-        }
+        compress_block(&mut self.inner, &raw_block(headers))
     }
 }
 
@@ -391,27 +399,7 @@ mod tests {
 
     /// A client's SYN_STREAM, compressed as Go's framer does: zlib with the dictionary.
     fn client_syn(compress: &mut Compress, id: u32, headers: &[(&str, &str)]) -> Vec<u8> {
-        let mut raw = Vec::new();
-        raw.put_u32(headers.len() as u32);
-        for (n, v) in headers {
-            raw.put_u32(n.len() as u32);
-            raw.put_slice(n.as_bytes());
-            raw.put_u32(v.len() as u32);
-            raw.put_slice(v.as_bytes());
-        }
-        let mut block = Vec::with_capacity(raw.len() + 256);
-        let mut input = &raw[..];
-        loop {
-            block.reserve(256);
-            let before = compress.total_in();
-            compress
-                .compress_vec(input, &mut block, FlushCompress::Sync)
-                .expect("compress");
-            input = &input[(compress.total_in() - before) as usize..];
-            if input.is_empty() && block.len() < block.capacity() {
-                break;
-            }
-        }
+        let block = compress_block(compress, &raw_block(headers));
         let mut out = BytesMut::new();
         control(&mut out, SYN_STREAM, 0, 10 + block.len());
         out.put_u32(id);

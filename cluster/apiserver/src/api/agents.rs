@@ -112,18 +112,21 @@ impl Api {
         node_name: &str,
         path: &str,
     ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+        let node = self.agent_node(node_name).await?;
+        self.agent_get_at(node_name, &node, path).await
+    }
+
+    /// The Node object a pod's agent is reached through (a 400 if it is gone).
+    pub(crate) async fn agent_node(&self, node_name: &str) -> Result<Value, ApiError> {
         let mut node_req = ApiRequest::new(crate::request::Verb::Get, nodes());
         node_req.name = Some(node_name.to_owned());
-        let node = match self.get(&node_req).await {
-            Ok(n) => n.into_value().unwrap_or(Value::Null),
-            Err(e) if e.code == 404 => {
-                return Err(ApiError::bad_request(format!(
-                    "node {node_name} no longer exists"
-                )));
-            }
-            Err(e) => return Err(e),
-        };
-        self.agent_get_at(node_name, &node, path).await
+        match self.get(&node_req).await {
+            Ok(n) => Ok(n.into_value().unwrap_or(Value::Null)),
+            Err(e) if e.code == 404 => Err(ApiError::bad_request(format!(
+                "node {node_name} no longer exists"
+            ))),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Api::agent_get`] for a Node object already read.

@@ -117,17 +117,7 @@ impl Api {
                 format!("/{verb}/{ns}/{name}/{container}?podUID={uid}&{rest}")
             }
         };
-        let mut node_req = ApiRequest::new(Verb::Get, super::agents::nodes());
-        node_req.name = Some(node_name.to_owned());
-        let node = match self.get(&node_req).await {
-            Ok(n) => n.into_value().unwrap_or(Value::Null),
-            Err(e) if e.code == 404 => {
-                return Err(ApiError::bad_request(format!(
-                    "node {node_name} no longer exists"
-                )));
-            }
-            Err(e) => return Err(e),
-        };
+        let node = self.agent_node(node_name).await?;
         let forwarded: Vec<(HeaderName, HeaderValue)> = UPGRADE_HEADERS
             .iter()
             .flat_map(|h| {
