@@ -432,19 +432,94 @@ fn invalid_definitions_are_refused_naming_the_field() {
     }
     let crds = c.ok(&["get", "crd", "-o", "name"]);
     assert!(crds.trim().is_empty(), "nothing was stored: {crds}");
-    // CEL rules (popular operators' CRDs carry them) are stored but not enforced: the CRD is
-    // accepted, and its writer told so.
-    let cel = CRD.replace(
-        "        description: A Widget is a thing made of parts.\n",
-        "        description: A Widget is a thing made of parts.\n        x-kubernetes-validations: [{rule: 'self.spec.size > 0'}]\n",
+    // A CEL rule that does not compile refuses the CRD, naming the rule.
+    let broken = CRD.replace(
+        "            description: What the widget should be.\n",
+        "            description: What the widget should be.\n            x-kubernetes-validations: [{rule: 'self.size >'}]\n",
     );
-    let file = c.file("cel-crd.yaml", &cel);
-    let out = c.kubectl(&["create", "-f", &file]);
-    let warned = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{warned}");
+    let file = c.file("broken-cel-crd.yaml", &broken);
+    let err = c.fails(&["create", "-f", &file]);
     assert!(
-        warned.contains("Warning") && warned.contains("not enforced"),
-        "{warned}"
+        err.contains("openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule")
+            && err.contains("compilation failed"),
+        "{err}"
+    );
+    let crds = c.ok(&["get", "crd", "-o", "name"]);
+    assert!(crds.trim().is_empty(), "nothing was stored: {crds}");
+}
+
+/// `x-kubernetes-validations`: CEL rules refuse objects with their messages, reasons and
+/// field paths; transition rules compare with the stored object on updates (a map list's
+/// items with the old item of the same key).
+#[test]
+fn cel_rules_of_a_crd_are_enforced() {
+    let c = Cluster::start();
+    c.ok(&["create", "namespace", "shop"]);
+    let rules = CRD
+        .replace(
+            "            description: What the widget should be.\n",
+            concat!(
+                "            description: What the widget should be.\n",
+                "            x-kubernetes-validations:\n",
+                "            - rule: \"!has(self.owner) || self.owner.size() <= self.size\"\n",
+                "              message: an owner name may not be longer than the size\n",
+                "            - rule: self.replicas >= oldSelf.replicas\n",
+                "              messageExpression: \"'replicas may not go down from ' + string(oldSelf.replicas)\"\n",
+                "              reason: FieldValueForbidden\n",
+                "              fieldPath: .replicas\n",
+            ),
+        )
+        .replace(
+            "                additionalProperties: {type: string}\n",
+            concat!(
+                "                additionalProperties: {type: string}\n",
+                "              parts:\n",
+                "                type: array\n",
+                "                x-kubernetes-list-type: map\n",
+                "                x-kubernetes-list-map-keys: [name]\n",
+                "                items:\n",
+                "                  type: object\n",
+                "                  x-kubernetes-validations:\n",
+                "                  - {rule: 'self.count == oldSelf.count', message: a part's count is immutable}\n",
+                "                  properties:\n",
+                "                    name: {type: string}\n",
+                "                    count: {type: integer}\n",
+            ),
+        );
+    let file = c.file("cel-crd.yaml", &rules);
+    establish(&c, &file);
+    let w = |spec: &str| {
+        c.file(
+            "w1.yaml",
+            &format!("apiVersion: example.com/v1\nkind: Widget\nmetadata: {{name: w1, namespace: shop}}\nspec: {spec}\n"),
+        )
+    };
+    let err = c.fails(&["create", "-f", &w("{size: 2, owner: alice}")]);
+    assert!(
+        err.contains("The Widget \"w1\" is invalid")
+            && err.contains(
+                "spec: Invalid value: \"object\": an owner name may not be longer than the size"
+            ),
+        "{err}"
+    );
+    c.ok(&["create", "-f", &w("{size: 5, owner: alice, replicas: 3, parts: [{name: a, count: 1}, {name: b, count: 2}]}")]);
+    // Going down is refused at the rule's fieldPath, with its reason and message expression.
+    let err = c.fails(&["apply", "-f", &w("{size: 5, owner: alice, replicas: 2, parts: [{name: a, count: 1}, {name: b, count: 2}]}")]);
+    assert!(
+        err.contains("spec.replicas: Forbidden: replicas may not go down from 3"),
+        "{err}"
+    );
+    // Items correlate by key, not by position: reordering passes, a changed count does not.
+    c.ok(&["apply", "-f", &w("{size: 5, owner: alice, replicas: 4, parts: [{name: b, count: 2}, {name: a, count: 1}, {name: c, count: 9}]}")]);
+    let err = c.fails(&["apply", "-f", &w("{size: 5, owner: alice, replicas: 4, parts: [{name: b, count: 3}, {name: a, count: 1}, {name: c, count: 9}]}")]);
+    assert!(
+        err.contains("spec.parts[0]: Invalid value: \"object\": a part's count is immutable"),
+        "{err}"
+    );
+    assert_eq!(
+        widget(&c, "w1")["spec"]["replicas"],
+        4,
+        "the refused writes changed nothing"
     );
 }
 

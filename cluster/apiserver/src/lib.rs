@@ -9,6 +9,7 @@ pub mod api;
 pub mod apiservices;
 pub mod apply;
 pub mod auth;
+pub mod cel;
 pub mod client;
 pub mod crd;
 pub mod defaults;

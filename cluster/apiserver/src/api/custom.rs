@@ -104,7 +104,7 @@ impl Api {
         causes: &mut Vec<Cause>,
     ) {
         if let Some(v) = self.custom(res) {
-            causes.extend(v.schema.validate(obj));
+            causes.extend(v.schema.validate(obj, current));
         } else if is_crd(res) {
             crd::validate_definition(obj, current, causes);
         } else if crate::apiservices::is_apiservice(res) {

@@ -201,7 +201,7 @@ impl Api {
             FieldValidation::Ignore => Vec::new(),
             _ => kinds::unknown_fields(res.0, res.2, &obj),
         };
-        let mut warnings = unknown_field_warnings(req, &unknown)?;
+        let warnings = unknown_field_warnings(req, &unknown)?;
         let normalized = (typed.normalize)(&obj).map_err(|e| {
             ApiError::bad_request(format!(
                 "{kind} in version \"{v}\" cannot be handled as a {kind}: {path}{msg}",
@@ -215,9 +215,6 @@ impl Api {
                 msg = e.message
             ))
         })?;
-        if super::custom::is_crd(req.resource) && res.2 == req.resource.kind {
-            warnings.extend(crate::crd::definition_warnings(&normalized));
-        }
         Ok((self.defaulted(req, normalized), warnings))
     }
 

@@ -865,29 +865,6 @@ fn invalid(out: &mut Vec<Cause>, field: &str, value: &str, why: &str) {
     });
 }
 
-/// Warnings for the writer of a CRD: CEL rules (`x-kubernetes-validations`) it holds, which
-/// are stored but not evaluated here.
-pub fn definition_warnings(crd: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    for (i, v) in crd["spec"]["versions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let at = format!("spec.versions[{i}].schema.openAPIV3Schema");
-        if let Ok(s) = Schema::compile(&v["schema"]["openAPIV3Schema"], &at)
-            && s.unenforced_rules > 0
-        {
-            out.push(format!(
-                "{at}: {} x-kubernetes-validations (CEL) rule(s) are stored but not enforced by this server; objects are checked against the rest of the schema",
-                s.unenforced_rules
-            ));
-        }
-    }
-    out
-}
-
 fn required(field: &str) -> Cause {
     Cause {
         reason: "FieldValueRequired",

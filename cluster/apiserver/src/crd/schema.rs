@@ -1,12 +1,14 @@
 //! A CustomResourceDefinition's structural schema, compiled once per CRD version into a flat
 //! tree of nodes, and what the API server does with it to every custom object, in
 //! Kubernetes' order: prune the fields the schema does not declare, apply defaults, then
-//! validate (types, required, enums, patterns, bounds, `x-kubernetes-list-type`).
+//! validate (types, required, enums, patterns, bounds, `x-kubernetes-list-type`, and the
+//! CEL rules of `x-kubernetes-validations`, with `oldSelf` on updates).
 //!
 //! The tree is a `Vec<Node>` indexed by position: a walk follows indices, never looks up a
 //! definition by name, and a schema is compiled when its CRD changes, not per request.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use regex::Regex;
 use serde_json::Value;
@@ -81,7 +83,39 @@ struct Node {
     any_of: Vec<usize>,
     one_of: Vec<usize>,
     not: Option<usize>,
+    /// `x-kubernetes-validations`, compiled.
+    rules: Vec<Arc<Rule>>,
+    /// Whether this node or one below it has rules (else a walk need not carry the old
+    /// object down).
+    rules_below: bool,
 }
+
+/// One `x-kubernetes-validations` rule.
+#[derive(Debug)]
+struct Rule {
+    rule: crate::cel::Expression,
+    message: Option<String>,
+    message_expression: Option<crate::cel::Expression>,
+    /// The Cause reason a failure reports.
+    reason: &'static str,
+    /// Where a failure is reported, below the node (`.spec.replicas`).
+    field_path: Option<String>,
+    /// Uses `oldSelf`: evaluated on updates only (where the old value correlates).
+    transition: bool,
+    /// `optionalOldSelf`: evaluated on creates too, with `oldSelf` an optional.
+    optional_old_self: bool,
+}
+
+/// The reasons a rule may report.
+const RULE_REASONS: [&str; 4] = [
+    "FieldValueInvalid",
+    "FieldValueForbidden",
+    "FieldValueRequired",
+    "FieldValueDuplicate",
+];
+
+/// The variables a rule may read.
+const RULE_VARIABLES: [&str; 2] = ["self", "oldSelf"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Additional {
@@ -94,13 +128,135 @@ enum Additional {
 #[derive(Debug)]
 pub struct Schema {
     nodes: Vec<Node>,
-    /// `x-kubernetes-validations` (CEL) rules in it, which this server does not evaluate.
-    pub unenforced_rules: usize,
+    /// How many `x-kubernetes-validations` rules it holds.
+    pub rules: usize,
 }
 
 /// Schemas nest at most this deep (a body is refused deeper, as an error, not a stack
 /// overflow).
 const MAX_DEPTH: usize = 64;
+
+/// Compiles one `x-kubernetes-validations` entry at `at`; problems go to `errors`.
+fn compile_rule(raw: &Value, at: &str, errors: &mut Vec<Cause>) -> Option<Rule> {
+    let before = errors.len();
+    let text = |k: &str| raw.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+    let Some(source) = text("rule") else {
+        errors.push(Cause {
+            reason: "FieldValueRequired",
+            field: field(at, "rule"),
+            message: "Required value".into(),
+        });
+        return None;
+    };
+    let rule = crate::cel::compile(source, &RULE_VARIABLES)
+        .map_err(|e| {
+            errors.push(Cause {
+                reason: "FieldValueInvalid",
+                field: field(at, "rule"),
+                message: format!("Invalid value: {source:?}: {e}"),
+            })
+        })
+        .ok();
+    let message = text("message").map(str::to_owned);
+    if let Some(m) = &message
+        && m.contains('\n')
+    {
+        errors.push(Cause {
+            reason: "FieldValueInvalid",
+            field: field(at, "message"),
+            message: format!("Invalid value: {m:?}: message must not contain line breaks"),
+        });
+    }
+    let message_expression = text("messageExpression").and_then(|src| {
+        crate::cel::compile(src, &RULE_VARIABLES)
+            .map_err(|e| {
+                errors.push(Cause {
+                    reason: "FieldValueInvalid",
+                    field: field(at, "messageExpression"),
+                    message: format!("Invalid value: {src:?}: {e}"),
+                })
+            })
+            .ok()
+    });
+    let reason = match text("reason") {
+        None => "FieldValueInvalid",
+        Some(r) => match RULE_REASONS.iter().find(|x| **x == r) {
+            Some(x) => x,
+            None => {
+                errors.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    field: field(at, "reason"),
+                    message: format!(
+                        "Unsupported value: {r:?}: supported values: {}",
+                        RULE_REASONS.map(|x| format!("{x:?}")).join(", ")
+                    ),
+                });
+                "FieldValueInvalid"
+            }
+        },
+    };
+    let field_path = text("fieldPath").map(str::to_owned);
+    if let Some(p) = &field_path
+        && relative_path(p).is_none()
+    {
+        errors.push(Cause {
+            reason: "FieldValueInvalid",
+            field: field(at, "fieldPath"),
+            message: format!(
+                "Invalid value: {p:?}: must be a path of fields below the schema node, as .spec.replicas or ['a.b']"
+            ),
+        });
+    }
+    let transition = rule.as_ref().is_some_and(|r| r.uses("oldSelf"));
+    let optional_old_self = raw.get("optionalOldSelf") == Some(&Value::Bool(true));
+    if optional_old_self && !transition {
+        errors.push(Cause {
+            reason: "FieldValueForbidden",
+            field: field(at, "optionalOldSelf"),
+            message: "Forbidden: may not be set if the rule does not use oldSelf".into(),
+        });
+    }
+    if errors.len() > before {
+        return None;
+    }
+    Some(Rule {
+        rule: rule?,
+        message,
+        message_expression,
+        reason,
+        field_path,
+        transition,
+        optional_old_self,
+    })
+}
+
+/// A rule's `fieldPath` as field names (`.a.b['c.d']` is a, b, c.d); None if malformed.
+fn relative_path(p: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = p;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("['") {
+            let end = r.find("']")?;
+            out.push(r[..end].to_owned());
+            rest = &r[end + 2..];
+        } else if let Some(r) = rest.strip_prefix('.') {
+            let end = r.find(['.', '[']).unwrap_or(r.len());
+            let name = &r[..end];
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '$')
+            {
+                return None;
+            }
+            out.push(name.to_owned());
+            rest = &r[end..];
+        } else {
+            return None;
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
 
 fn field(path: &str, key: &str) -> String {
     if path.is_empty() {
@@ -116,7 +272,7 @@ impl Schema {
     pub fn compile(raw: &Value, at: &str) -> Result<Schema, Vec<Cause>> {
         let mut s = Schema {
             nodes: Vec::new(),
-            unenforced_rules: 0,
+            rules: 0,
         };
         let mut errors = Vec::new();
         s.node(raw, at, 0, false, &mut errors);
@@ -130,6 +286,16 @@ impl Schema {
             });
         }
         if errors.is_empty() {
+            // Children come after their parent in `nodes`: one pass from the end marks
+            // every node with rules at or below it.
+            for i in (0..s.nodes.len()).rev() {
+                let n = &s.nodes[i];
+                let below = !n.rules.is_empty()
+                    || n.properties.iter().any(|(_, c)| s.nodes[*c].rules_below)
+                    || matches!(n.additional, Additional::Node(c) if s.nodes[c].rules_below)
+                    || n.items.is_some_and(|c| s.nodes[c].rules_below);
+                s.nodes[i].rules_below = below;
+            }
             Ok(s)
         } else {
             Err(errors)
@@ -174,6 +340,8 @@ impl Schema {
             any_of: Vec::new(),
             one_of: Vec::new(),
             not: None,
+            rules: Vec::new(),
+            rules_below: false,
         });
         let mut invalid = |f: &str, v: &Value, why: &str| {
             errors.push(Cause {
@@ -357,13 +525,36 @@ impl Schema {
                     .into(),
             });
         }
-        // CEL rules are kept (the CRD is stored as written) but not evaluated: counted, so
-        // the CRD's writer is told.
-        self.unenforced_rules += o
-            .get("x-kubernetes-validations")
-            .and_then(Value::as_array)
-            .map_or(0, Vec::len);
+        let rules = match o.get("x-kubernetes-validations") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(_) if in_validation => {
+                errors.push(Cause {
+                    reason: "FieldValueForbidden",
+                    field: field(at, "x-kubernetes-validations"),
+                    message: "Forbidden: must not be used inside allOf, anyOf, oneOf or not".into(),
+                });
+                Vec::new()
+            }
+            Some(Value::Array(list)) => list
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    let at = format!("{}[{i}]", field(at, "x-kubernetes-validations"));
+                    compile_rule(r, &at, errors).map(Arc::new)
+                })
+                .collect(),
+            Some(other) => {
+                errors.push(Cause {
+                    reason: "FieldValueInvalid",
+                    field: field(at, "x-kubernetes-validations"),
+                    message: format!("Invalid value: {other}: must be a list of rules"),
+                });
+                Vec::new()
+            }
+        };
+        self.rules += rules.len();
         let node = &mut self.nodes[index];
+        node.rules = rules;
         node.ty = ty;
         node.nullable = o.get("nullable") == Some(&Value::Bool(true));
         properties.sort_by(|a, b| a.0.cmp(&b.0));
@@ -533,23 +724,114 @@ impl Schema {
         }
     }
 
-    /// Every way `obj` breaks the schema, with Kubernetes' field paths and wording.
-    pub fn validate(&self, obj: &Value) -> Vec<Cause> {
+    /// Every way `obj` breaks the schema, with Kubernetes' field paths and wording. `old`:
+    /// the stored object of an update, for transition rules (`oldSelf`).
+    pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
         let mut out = Vec::new();
         // The root's envelope (`apiVersion`, `kind`, `metadata`) is the server's; the rest
         // is the schema's.
         if obj.is_object() {
-            self.check(0, obj, "", &mut out, 0, true);
+            let old = old.filter(|_| self.rules > 0);
+            self.check(0, obj, old, "", &mut out, 0, true);
         }
         out
     }
 
+    /// Evaluates node `n`'s rules on `v` (`old`: its correlated old value).
+    fn check_rules(
+        &self,
+        n: usize,
+        v: &Value,
+        old: Option<&Value>,
+        path: &str,
+        out: &mut Vec<Cause>,
+    ) {
+        let node = &self.nodes[n];
+        let shown = match node.ty {
+            Ty::Any if node.int_or_string => "",
+            Ty::Any => "",
+            t => t.name(),
+        };
+        // Of the metadata of the root and of embedded resources, rules see only the name and
+        // generateName (as in Kubernetes).
+        let envelope_only = |v: &Value| -> Value {
+            let mut t = v.clone();
+            let m = &v["metadata"];
+            t["metadata"] =
+                serde_json::json!({"name": m["name"], "generateName": m["generateName"]});
+            t
+        };
+        let trims = (n == 0 || node.embedded) && v.get("metadata").is_some();
+        let (trimmed, trimmed_old) = if trims {
+            (Some(envelope_only(v)), old.map(envelope_only))
+        } else {
+            (None, None)
+        };
+        let v = trimmed.as_ref().unwrap_or(v);
+        let old = trimmed_old.as_ref().or(old);
+        for r in &node.rules {
+            if r.transition && old.is_none() && !r.optional_old_self {
+                continue;
+            }
+            let old_binding = if r.optional_old_self {
+                crate::cel::Binding::Optional(old)
+            } else {
+                crate::cel::Binding::Json(old.unwrap_or(&Value::Null))
+            };
+            let bindings = [
+                ("self", crate::cel::Binding::Json(v)),
+                ("oldSelf", old_binding),
+            ];
+            let at = match &r.field_path {
+                Some(p) => {
+                    let p = relative_path(p).unwrap_or_default().join(".");
+                    field(path, &p)
+                }
+                None => path.to_owned(),
+            };
+            let message = match r.rule.eval_bool(&bindings) {
+                Ok(true) => continue,
+                Ok(false) => r
+                    .message_expression
+                    .as_ref()
+                    .and_then(|m| m.eval_string(&bindings).ok())
+                    .filter(|m| !m.trim().is_empty() && !m.contains('\n'))
+                    .or_else(|| r.message.clone())
+                    .unwrap_or_else(|| format!("failed rule: {}", r.rule.source().trim())),
+                Err(e) => {
+                    out.push(Cause {
+                        reason: "FieldValueInvalid",
+                        field: at,
+                        message: format!(
+                            "Invalid value: {shown:?}: {e} evaluating rule: {}",
+                            r.rule.source().trim()
+                        ),
+                    });
+                    continue;
+                }
+            };
+            let message = match r.reason {
+                "FieldValueForbidden" => format!("Forbidden: {message}"),
+                "FieldValueRequired" => format!("Required value: {message}"),
+                "FieldValueDuplicate" => format!("Duplicate value: {message}"),
+                _ => format!("Invalid value: {shown:?}: {message}"),
+            };
+            out.push(Cause {
+                reason: r.reason,
+                field: at,
+                message,
+            });
+        }
+    }
+
     /// Checks `v` against node `n`; `envelope`: `v` is the root object, whose `apiVersion`,
     /// `kind` and `metadata` are not the schema's.
+    #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
         n: usize,
         v: &Value,
+        old: Option<&Value>,
         path: &str,
         out: &mut Vec<Cause>,
         depth: usize,
@@ -559,6 +841,8 @@ impl Schema {
             return;
         }
         let node = &self.nodes[n];
+        // The old value is carried down only where a rule may read it.
+        let old = old.filter(|_| node.rules_below);
         let shown = |v: &Value| match v {
             Value::String(s) => format!("{s:?}"),
             other => other.to_string(),
@@ -721,8 +1005,34 @@ impl Schema {
                     ListType::Atomic => {}
                 }
                 if let Some(i) = node.items {
+                    // Items of a map list correlate with the old item of the same keys; of
+                    // other lists, with none (as in Kubernetes).
+                    let old_items = match (&node.list_type, old.and_then(Value::as_array)) {
+                        (ListType::Map(keys), Some(olds)) if self.nodes[i].rules_below => {
+                            let key_of = |item: &Value| -> Vec<Value> {
+                                keys.iter().map(|k| item[k.as_str()].clone()).collect()
+                            };
+                            let by_key: std::collections::HashMap<String, &Value> = olds
+                                .iter()
+                                .map(|o| (Value::Array(key_of(o)).to_string(), o))
+                                .collect();
+                            Some((by_key, key_of))
+                        }
+                        _ => None,
+                    };
                     for (idx, item) in items.iter().enumerate() {
-                        self.check(i, item, &format!("{path}[{idx}]"), out, depth + 1, false);
+                        let old_item = old_items.as_ref().and_then(|(by_key, key_of)| {
+                            by_key.get(&Value::Array(key_of(item)).to_string()).copied()
+                        });
+                        self.check(
+                            i,
+                            item,
+                            old_item,
+                            &format!("{path}[{idx}]"),
+                            out,
+                            depth + 1,
+                            false,
+                        );
                     }
                 }
             }
@@ -762,7 +1072,8 @@ impl Schema {
                         continue;
                     }
                     if let Some(c) = self.child(n, k) {
-                        self.check(c, child, &field(path, k), out, depth + 1, false);
+                        let old_child = old.and_then(|o| o.get(k));
+                        self.check(c, child, old_child, &field(path, k), out, depth + 1, false);
                     }
                 }
                 if node.embedded {
@@ -780,11 +1091,11 @@ impl Schema {
             Value::Bool(_) | Value::Null => {}
         }
         for a in &node.all_of {
-            self.check(*a, v, path, out, depth + 1, envelope);
+            self.check(*a, v, None, path, out, depth + 1, envelope);
         }
         let passes = |s: usize| {
             let mut scratch = Vec::new();
-            self.check(s, v, path, &mut scratch, depth + 1, envelope);
+            self.check(s, v, None, path, &mut scratch, depth + 1, envelope);
             scratch.is_empty()
         };
         if !node.any_of.is_empty() && !node.any_of.iter().any(|s| passes(*s)) {
@@ -818,6 +1129,9 @@ impl Schema {
                     shown(v)
                 ),
             });
+        }
+        if !node.rules.is_empty() {
+            self.check_rules(n, v, old, path, out);
         }
     }
 
@@ -951,7 +1265,7 @@ mod tests {
     fn validation_names_each_field_as_kubernetes_does() {
         let s = widget();
         let fields = |obj: Value| -> Vec<(String, String)> {
-            s.validate(&obj)
+            s.validate(&obj, None)
                 .into_iter()
                 .map(|c| (c.field, c.message))
                 .collect()
@@ -1013,8 +1327,162 @@ mod tests {
                     "x-kubernetes-validations": [{"rule": "self > 0"}]}}}),
             "s",
         )
-        .expect("CEL rules are kept");
-        assert_eq!(s.unenforced_rules, 2, "and counted, for the warning");
+        .expect("CEL rules compile");
+        assert_eq!(s.rules, 2);
+    }
+
+    fn rules_schema() -> Schema {
+        Schema::compile(
+            &json!({"type": "object", "properties": {"spec": {"type": "object",
+                "x-kubernetes-validations": [
+                    {"rule": "self.min <= self.max", "message": "min must not exceed max"},
+                    {"rule": "self.replicas >= oldSelf.replicas", "reason": "FieldValueForbidden",
+                     "messageExpression": "'replicas may not go down from ' + string(oldSelf.replicas)",
+                     "fieldPath": ".replicas"},
+                    {"rule": "!oldSelf.hasValue() || oldSelf.value().mode == self.mode",
+                     "optionalOldSelf": true, "message": "mode is immutable"}],
+                "properties": {
+                    "min": {"type": "integer"}, "max": {"type": "integer"},
+                    "replicas": {"type": "integer"}, "mode": {"type": "string"},
+                    "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object",
+                            "x-kubernetes-validations": [{"rule": "self.port == oldSelf.port",
+                                "message": "a port's number is immutable"}],
+                            "properties": {"name": {"type": "string"},
+                                "port": {"type": "integer"}}}},
+                    "name": {"type": "string",
+                        "x-kubernetes-validations": [{"rule": "self.matches('^[a-z]+$')"}]}}}}}),
+            "s",
+        )
+        .expect("compiles")
+    }
+
+    #[test]
+    fn rules_refuse_objects_with_their_messages_and_reasons() {
+        let s = rules_schema();
+        let ok = json!({"spec": {"min": 1, "max": 2, "replicas": 3, "mode": "a", "name": "x"}});
+        assert!(s.validate(&ok, None).is_empty());
+        let bad = json!({"spec": {"min": 3, "max": 2, "replicas": 3, "mode": "a", "name": "X1"}});
+        let causes = s.validate(&bad, None);
+        let shown: Vec<_> = causes
+            .iter()
+            .map(|c| (c.field.as_str(), c.message.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (
+                    "spec.name",
+                    "Invalid value: \"string\": failed rule: self.matches('^[a-z]+$')"
+                ),
+                ("spec", "Invalid value: \"object\": min must not exceed max"),
+            ]
+        );
+        // A missing field is an evaluation error, reported with the rule.
+        let causes = s.validate(
+            &json!({"spec": {"max": 2, "replicas": 1, "mode": "a"}}),
+            None,
+        );
+        assert!(
+            causes[0]
+                .message
+                .contains("no such key: min evaluating rule: self.min <= self.max"),
+            "{causes:?}"
+        );
+    }
+
+    #[test]
+    fn transition_rules_see_the_correlated_old_value() {
+        let s = rules_schema();
+        let old = json!({"spec": {"min": 1, "max": 2, "replicas": 3, "mode": "a",
+            "ports": [{"name": "web", "port": 80}, {"name": "db", "port": 5432}]}});
+        // Down from 3 to 2, mode changed, a port renumbered: three causes.
+        let new = json!({"spec": {"min": 1, "max": 2, "replicas": 2, "mode": "b",
+            "ports": [{"name": "db", "port": 5433}, {"name": "web", "port": 80},
+                      {"name": "new", "port": 1}]}});
+        let causes = s.validate(&new, Some(&old));
+        let shown: Vec<_> = causes
+            .iter()
+            .map(|c| (c.reason, c.field.as_str(), c.message.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (
+                    "FieldValueInvalid",
+                    "spec.ports[0]",
+                    "Invalid value: \"object\": a port's number is immutable"
+                ),
+                (
+                    "FieldValueForbidden",
+                    "spec.replicas",
+                    "Forbidden: replicas may not go down from 3"
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec",
+                    "Invalid value: \"object\": mode is immutable"
+                ),
+            ]
+        );
+        // On create, transition rules are skipped; optionalOldSelf ones run with none.
+        assert!(s.validate(&new, None).is_empty());
+    }
+
+    #[test]
+    fn broken_rules_refuse_the_definition_naming_the_field() {
+        let compile = |rules: Value| {
+            Schema::compile(
+                &json!({"type": "object", "properties": {"a": {"type": "integer",
+                    "x-kubernetes-validations": rules}}}),
+                "s",
+            )
+            .expect_err("refused")
+        };
+        let e = compile(json!([{"rule": "self >"}]));
+        assert_eq!(
+            e[0].field,
+            "s.properties[a].x-kubernetes-validations[0].rule"
+        );
+        assert!(
+            e[0].message.contains("compilation failed"),
+            "{}",
+            e[0].message
+        );
+        let e = compile(json!([{"rule": "self > other"}]));
+        assert!(
+            e[0].message.contains("undeclared reference to 'other'"),
+            "{}",
+            e[0].message
+        );
+        let e = compile(json!([{"message": "m"}]));
+        assert_eq!(e[0].reason, "FieldValueRequired");
+        let e = compile(json!([{"rule": "self > 0", "reason": "Nope"}]));
+        assert_eq!(
+            e[0].field,
+            "s.properties[a].x-kubernetes-validations[0].reason"
+        );
+        let e = compile(json!([{"rule": "self > 0", "optionalOldSelf": true}]));
+        assert_eq!(
+            e[0].field,
+            "s.properties[a].x-kubernetes-validations[0].optionalOldSelf"
+        );
+        let e = compile(json!([{"rule": "self > 0", "fieldPath": "a..b"}]));
+        assert_eq!(
+            e[0].field,
+            "s.properties[a].x-kubernetes-validations[0].fieldPath"
+        );
+        let e = Schema::compile(
+            &json!({"type": "object", "properties": {"a": {"type": "integer",
+                "anyOf": [{"x-kubernetes-validations": [{"rule": "self > 0"}]}]}}}),
+            "s",
+        )
+        .expect_err("refused");
+        assert_eq!(
+            e[0].field,
+            "s.properties[a].anyOf[0].x-kubernetes-validations"
+        );
     }
 
     #[test]
@@ -1026,8 +1494,8 @@ mod tests {
             "s",
         )
         .expect("compiles");
-        assert!(s.validate(&json!({"a": 11, "b": "y"})).is_empty());
-        assert_eq!(s.validate(&json!({"a": 5, "b": "x"})).len(), 2);
+        assert!(s.validate(&json!({"a": 11, "b": "y"}), None).is_empty());
+        assert_eq!(s.validate(&json!({"a": 5, "b": "x"}), None).len(), 2);
     }
 
     /// Arbitrary schemas and values: compiling and every operation end without a panic,
@@ -1115,7 +1583,7 @@ mod tests {
                         s.prune(&mut again).is_empty(),
                         "defaults are never pruned: {obj}"
                     );
-                    for cause in s.validate(&obj) {
+                    for cause in s.validate(&obj, None) {
                         prop_assert!(cause.field.starts_with("spec"), "{cause:?}");
                         prop_assert!(!cause.message.is_empty());
                     }
