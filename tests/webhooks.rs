@@ -382,6 +382,93 @@ fn webhooks_refuse_and_mutate_objects_through_kubectl() {
     c.ok(&["create", "configmap", "bad-four", "-n", "shop"]);
 }
 
+/// `matchConditions`: CEL over the object, the old object and the request decide whether a
+/// webhook is called; one that fails to evaluate refuses the request if the webhook fails
+/// closed and skips it if it fails open.
+#[test]
+fn match_conditions_decide_which_requests_a_webhook_sees() {
+    let c = Cluster::start();
+    let (addr, ca, seen, _rt) = webhook_server();
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
+    let port = addr.port();
+    c.ok(&["create", "namespace", "shop"]);
+    let config = configuration(
+        VALIDATING,
+        "names",
+        &url(port, "/validate", &bundle),
+        "CREATE, UPDATE",
+        "configmaps",
+        concat!(
+            "  matchConditions:\n",
+            "  - {name: not-exempt, expression: \"!has(object.metadata.labels) || !('exempt' in object.metadata.labels)\"}\n",
+            "  - {name: by-users, expression: \"request.userInfo.username != 'system:serviceaccount:shop:robot'\"}\n",
+        ),
+    );
+    let file = c.file("conditions.yaml", &config);
+    c.ok(&["apply", "-f", &file]);
+    let err = c.fails(&["create", "configmap", "bad-one", "-n", "shop"]);
+    assert!(
+        err.contains("names starting with bad- are refused"),
+        "{err}"
+    );
+    // The exempt label makes the first condition false: the webhook is not called.
+    let exempt = c.file(
+        "exempt.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bad-exempt, namespace: shop, labels: {exempt: 'yes'}}\n",
+    );
+    c.ok(&["create", "-f", &exempt]);
+    assert!(
+        !seen
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|(_, r)| r["request"]["name"] == "bad-exempt"),
+        "the webhook was not called for an exempt object"
+    );
+    // A condition that cannot be evaluated (a missing key) refuses the request while the
+    // webhook fails closed, naming the condition, and skips the webhook once it fails open.
+    let broken = configuration(
+        VALIDATING,
+        "names",
+        &url(port, "/validate", &bundle),
+        "CREATE, UPDATE",
+        "configmaps",
+        "  matchConditions: [{name: reads-data, expression: \"object.data.colour == 'red'\"}]\n",
+    );
+    let file = c.file("broken.yaml", &broken);
+    c.ok(&["apply", "-f", &file]);
+    let err = c.fails(&["create", "configmap", "plain", "-n", "shop"]);
+    assert!(
+        err.contains("names.example.com")
+            && err.contains("reads-data")
+            && err.contains("no such key"),
+        "{err}"
+    );
+    let ignore = broken.replace(
+        "  matchConditions:",
+        "  failurePolicy: Ignore\n  matchConditions:",
+    );
+    let file = c.file("ignore.yaml", &ignore);
+    c.ok(&["apply", "-f", &file]);
+    c.ok(&["create", "configmap", "bad-ignored", "-n", "shop"]);
+    // A condition that does not compile is refused when the configuration is written.
+    let bad = configuration(
+        VALIDATING,
+        "names",
+        &url(port, "/validate", &bundle),
+        "CREATE",
+        "configmaps",
+        "  matchConditions: [{name: typo, expression: \"objct.metadata.name == 'x'\"}]\n",
+    );
+    let file = c.file("bad.yaml", &bad);
+    let err = c.fails(&["apply", "-f", &file]);
+    assert!(
+        err.contains("webhooks[0].matchConditions[0].expression")
+            && err.contains("undeclared reference to 'objct'"),
+        "{err}"
+    );
+}
+
 #[test]
 fn failure_policies_decide_what_an_unreachable_webhook_means() {
     let c = Cluster::start();

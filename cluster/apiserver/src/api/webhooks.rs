@@ -117,9 +117,70 @@ impl Api {
                     continue;
                 }
             }
+            if !hook.conditions.is_empty() && !self.conditions_hold(a, hook, &version, obj, old)? {
+                continue;
+            }
             out.push((hook.clone(), version));
         }
         Ok(out)
+    }
+
+    /// Whether `hook`'s match conditions hold for the request. One that fails to evaluate
+    /// skips the webhook if it fails open, else refuses the request.
+    fn conditions_hold(
+        &self,
+        a: &Admission<'_>,
+        hook: &Hook,
+        version: &str,
+        obj: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<bool, ApiError> {
+        use crate::cel::Binding;
+        let object = obj.map(|o| view(a.req, self, o));
+        let old_object = old.map(|o| view(a.req, self, o));
+        let review = Api::review(a, object.as_ref());
+        let request = review.body(version, None, None)["request"].take();
+        let null = Value::Null;
+        let bindings = [
+            ("object", Binding::Json(object.as_ref().unwrap_or(&null))),
+            (
+                "oldObject",
+                Binding::Json(old_object.as_ref().unwrap_or(&null)),
+            ),
+            ("request", Binding::Json(&request)),
+        ];
+        match webhooks::conditions_hold(&hook.conditions, &bindings) {
+            Ok(holds) => Ok(holds),
+            Err(why) if hook.fail_open => {
+                tracing::warn!(webhook = %hook.name, error = %why, "admission webhook skipped (failurePolicy Ignore)");
+                Ok(false)
+            }
+            Err(why) => Err(webhooks::failed(&hook.name, &why)),
+        }
+    }
+
+    /// The AdmissionReview request for `a` (its uid fresh).
+    fn review<'a>(a: &'a Admission<'_>, obj: Option<&'a Value>) -> Review<'a> {
+        let req = a.req;
+        let (group, kind_version, kind) = match req.subresource.as_deref() {
+            Some("scale") => ("autoscaling", "v1", "Scale"),
+            _ => (req.resource.group, req.resource.version, req.resource.kind),
+        };
+        let name = req
+            .name
+            .as_deref()
+            .or_else(|| obj.and_then(|o| o["metadata"]["name"].as_str()))
+            .unwrap_or_default();
+        Review {
+            uid: super::uid(),
+            attributes: Api::attributes(req, a.operation),
+            kind: (group, kind_version, kind),
+            name,
+            namespace: req.namespace.as_deref().filter(|_| req.resource.namespaced),
+            user: (a.user.name(), a.user.groups()),
+            dry_run: req.params.dry_run,
+            field_manager: req.params.field_manager.as_deref(),
+        }
     }
 
     /// Runs the mutating webhooks that select the request on `obj` (`old`: the current
@@ -263,26 +324,7 @@ impl Api {
         obj: Option<&Value>,
         old: Option<&Value>,
     ) -> Result<Option<webhooks::Verdict>, ApiError> {
-        let req = a.req;
-        let (group, kind_version, kind) = match req.subresource.as_deref() {
-            Some("scale") => ("autoscaling", "v1", "Scale"),
-            _ => (req.resource.group, req.resource.version, req.resource.kind),
-        };
-        let name = req
-            .name
-            .as_deref()
-            .or_else(|| obj.and_then(|o| o["metadata"]["name"].as_str()))
-            .unwrap_or_default();
-        let review = Review {
-            uid: super::uid(),
-            attributes: Api::attributes(req, a.operation),
-            kind: (group, kind_version, kind),
-            name,
-            namespace: req.namespace.as_deref().filter(|_| req.resource.namespaced),
-            user: (a.user.name(), a.user.groups()),
-            dry_run: req.params.dry_run,
-            field_manager: req.params.field_manager.as_deref(),
-        };
+        let review = Api::review(a, obj);
         let body = review.body(version, obj, old).to_string().into_bytes();
         let ty = if hook.mutating { "admit" } else { "validating" };
         let started = Instant::now();

@@ -2,7 +2,7 @@
 //! Kubernetes' rules: unique qualified webhook names, rules that name operations, groups,
 //! versions and resources, exactly one of `url` (https, no query or fragment) and `service`,
 //! side effects a dry run may trigger, `v1` among the AdmissionReview versions, timeouts of
-//! 1-30 s. What this server cannot honour (`matchConditions`, which need CEL) is refused.
+//! 1-30 s; `matchConditions` named uniquely, whose CEL expressions compile.
 
 use std::collections::HashSet;
 
@@ -77,22 +77,69 @@ pub(super) fn configuration(obj: &Value, mutating: bool, e: &mut Errors) {
                 "must include v1: this server sends AdmissionReview v1 only",
             );
         }
-        if hook["matchConditions"]
-            .as_array()
-            .is_some_and(|c| !c.is_empty())
-        {
-            e.invalid(
-                &format!("{at}.matchConditions"),
-                &Value::Null,
-                "match conditions are CEL expressions, which this server does not evaluate; select requests with rules and selectors instead",
-            );
-        }
+        match_conditions(
+            &hook["matchConditions"],
+            &format!("{at}.matchConditions"),
+            &crate::webhooks::CONDITION_VARIABLES,
+            e,
+        );
         for sel in ["namespaceSelector", "objectSelector"] {
             if hook[sel].is_object() {
                 label_selector(&hook[sel], &format!("{at}.{sel}"), e);
             }
         }
         client_config(&hook["clientConfig"], &format!("{at}.clientConfig"), e);
+    }
+}
+
+/// The most match conditions a webhook or policy may have.
+const MAX_MATCH_CONDITIONS: usize = 64;
+
+/// Checks `matchConditions` (of a webhook or a ValidatingAdmissionPolicy): at most 64,
+/// each with a unique qualified name and an expression that compiles with `variables`.
+pub(super) fn match_conditions(list: &Value, at: &str, variables: &[&str], e: &mut Errors) {
+    let Some(list) = list.as_array() else {
+        return;
+    };
+    if list.len() > MAX_MATCH_CONDITIONS {
+        e.invalid(
+            at,
+            &Value::from(list.len()),
+            format!("must have at most {MAX_MATCH_CONDITIONS} items"),
+        );
+    }
+    let mut seen = HashSet::new();
+    for (i, c) in list.iter().enumerate() {
+        let at = format!("{at}[{i}]");
+        match str_at(c, "name") {
+            None | Some("") => e.required(&format!("{at}.name")),
+            Some(name) => {
+                if let Some(why) = names::qualified_name(name) {
+                    e.invalid(&format!("{at}.name"), &c["name"], why);
+                }
+                if !seen.insert(name) {
+                    e.duplicate(&format!("{at}.name"), &c["name"]);
+                }
+            }
+        }
+        expression(c, &format!("{at}.expression"), variables, e);
+    }
+}
+
+/// Checks the CEL expression at `c["expression"]` (reported at `at`) compiles with
+/// `variables`; `authorizer` checks are refused as not supported.
+pub(super) fn expression(c: &Value, at: &str, variables: &[&str], e: &mut Errors) {
+    match str_at(c, "expression") {
+        None | Some("") => e.required(at),
+        Some(src) => match crate::cel::compile(src, variables) {
+            Err(why) => e.invalid(at, &c["expression"], why),
+            Ok(x) if x.uses("authorizer") => e.invalid(
+                at,
+                &c["expression"],
+                "authorizer checks are not supported by this server; match with the request's userInfo instead",
+            ),
+            Ok(_) => {}
+        },
     }
 }
 
@@ -351,8 +398,23 @@ mod tests {
                 "webhooks[0].rules[0].scope",
             ),
             (
-                |h| h["matchConditions"] = json!([{"name": "a", "expression": "true"}]),
-                "webhooks[0].matchConditions",
+                |h| h["matchConditions"] = json!([{"name": "a", "expression": "object."}]),
+                "webhooks[0].matchConditions[0].expression",
+            ),
+            (
+                |h| h["matchConditions"] = json!([{"name": "a", "expression": "self.x"}]),
+                "webhooks[0].matchConditions[0].expression",
+            ),
+            (
+                |h| {
+                    h["matchConditions"] = json!([{"name": "a", "expression": "true"},
+                        {"name": "a", "expression": "true"}])
+                },
+                "webhooks[0].matchConditions[1].name",
+            ),
+            (
+                |h| h["matchConditions"] = json!([{"name": "a", "expression": "authorizer.requestResource.check('get').allowed()"}]),
+                "webhooks[0].matchConditions[0].expression",
             ),
             (
                 |h| {

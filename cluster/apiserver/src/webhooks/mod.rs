@@ -30,6 +30,50 @@ use crate::status::ApiError;
 
 pub use call::{Caller, Target, url_target, with_timeout};
 
+/// The variables a webhook's `matchConditions` may read (`authorizer` is refused when the
+/// configuration is written).
+pub const CONDITION_VARIABLES: [&str; 4] = ["object", "oldObject", "request", "authorizer"];
+
+/// One of a webhook's or policy's `matchConditions`.
+#[derive(Debug)]
+pub struct Condition {
+    /// Its name.
+    pub name: String,
+    /// Its expression.
+    pub expression: crate::cel::Expression,
+}
+
+/// Compiles `matchConditions` (validated when written: one that does not compile now is
+/// left out).
+pub fn conditions(list: &Value, variables: &[&str]) -> Vec<Condition> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some(Condition {
+                name: c["name"].as_str()?.to_owned(),
+                expression: crate::cel::compile(c["expression"].as_str()?, variables).ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Evaluates match conditions in order: Ok(true) if all hold, Ok(false) at the first that
+/// does not, Err naming the condition whose evaluation failed.
+pub fn conditions_hold(
+    conditions: &[Condition],
+    bindings: &[(&str, crate::cel::Binding<'_>)],
+) -> Result<bool, String> {
+    for c in conditions {
+        match c.expression.eval_bool(bindings) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => return Err(format!("match condition {:?} failed: {e}", c.name)),
+        }
+    }
+    Ok(true)
+}
+
 /// How long a request waits for the first list of configurations.
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -181,6 +225,8 @@ pub struct Hook {
     pub endpoint: Endpoint,
     /// The PEM of `caBundle`, if any (else the host's trusted CAs).
     pub ca_pem: Option<Arc<str>>,
+    /// `matchConditions`: all must hold for the webhook to be called.
+    pub conditions: Vec<Condition>,
 }
 
 impl Hook {
@@ -224,6 +270,7 @@ impl Hook {
             reinvoke: v["reinvocationPolicy"] == "IfNeeded",
             endpoint,
             ca_pem,
+            conditions: conditions(&v["matchConditions"], &CONDITION_VARIABLES),
         })
     }
 
