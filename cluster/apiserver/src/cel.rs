@@ -80,6 +80,24 @@ pub enum Binding<'a> {
     Optional(Option<&'a Value>),
     /// A value built by the caller (`variables` of a policy).
     Cel(Cel),
+    /// A JSON value converted once for several evaluations.
+    Converted(&'a Converted),
+}
+
+/// A JSON value converted to CEL's, with the width it adds to an evaluation's cost bound.
+#[derive(Debug, Clone)]
+pub struct Converted {
+    value: Cel,
+    width: u64,
+}
+
+impl Converted {
+    /// Converts `v`.
+    pub fn of(v: &Value) -> Converted {
+        let mut width = 1;
+        let value = json(v, &mut width);
+        Converted { value, width }
+    }
 }
 
 /// Compiles `source`, which may use the variables `declared`.
@@ -249,6 +267,10 @@ impl Expression {
                 Binding::Cel(v) => {
                     width = width.max(cel_width(v));
                     Some(v.clone())
+                }
+                Binding::Converted(c) => {
+                    width = width.max(c.width);
+                    Some(c.value.clone())
                 }
             };
             converted.push((*name, v, matches!(b, Binding::Optional(_))));

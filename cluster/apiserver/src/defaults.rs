@@ -78,6 +78,22 @@ pub fn apply(res: &Resource, obj: &mut Value) {
                 }
             }
         }
+        (crate::catalog::ADMISSIONREGISTRATION, "ValidatingAdmissionPolicy") => {
+            let spec = &mut obj["spec"];
+            set(spec, "failurePolicy", json!("Fail"));
+            match_resources(&mut spec["matchConstraints"]);
+        }
+        (crate::catalog::ADMISSIONREGISTRATION, "ValidatingAdmissionPolicyBinding") => {
+            let spec = &mut obj["spec"];
+            match_resources(&mut spec["matchResources"]);
+            if spec["paramRef"].is_object() {
+                set(
+                    &mut spec["paramRef"],
+                    "parameterNotFoundAction",
+                    json!("Deny"),
+                );
+            }
+        }
         (crate::catalog::ADMISSIONREGISTRATION, kind) => {
             let mutating = kind == "MutatingWebhookConfiguration";
             for hook in obj["webhooks"].as_array_mut().into_iter().flatten() {
@@ -306,6 +322,21 @@ pub(crate) fn requests_from_limits(c: &mut Value) {
 /// admissionregistration/v1's defaults of one webhook: fail closed, equivalent-version
 /// matching, every namespace and object, 10 s, rules of any scope, service port 443 and
 /// (mutating) no reinvocation.
+/// `matchConstraints` of a policy, `matchResources` of a binding: as a webhook's selection.
+fn match_resources(m: &mut Value) {
+    if !m.is_object() {
+        return;
+    }
+    set(m, "matchPolicy", json!("Equivalent"));
+    set(m, "namespaceSelector", json!({}));
+    set(m, "objectSelector", json!({}));
+    for key in ["resourceRules", "excludeResourceRules"] {
+        for rule in m[key].as_array_mut().into_iter().flatten() {
+            set(rule, "scope", json!("*"));
+        }
+    }
+}
+
 fn webhook(hook: &mut Value, mutating: bool) {
     set(hook, "failurePolicy", json!("Fail"));
     set(hook, "matchPolicy", json!("Equivalent"));

@@ -111,6 +111,12 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration") => {
             typed::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>()
         }
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy") => {
+            typed::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>()
+        }
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding") => {
+            typed::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>()
+        }
         ("apiregistration.k8s.io", "APIService") => {
             typed::<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService>()
         }

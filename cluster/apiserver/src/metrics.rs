@@ -36,6 +36,10 @@ pub struct ApiMetrics {
     pub(crate) webhook_calls: IntCounterVec,
     /// Admission webhook call latency, by webhook and type.
     pub(crate) webhook_duration: HistogramVec,
+    /// ValidatingAdmissionPolicy checks, by policy, binding and result.
+    pub(crate) policy_checks: IntCounterVec,
+    /// CEL rules of CustomResourceDefinitions evaluated, by result.
+    pub(crate) crd_rules: IntCounterVec,
 }
 
 impl ApiMetrics {
@@ -142,6 +146,26 @@ impl ApiMetrics {
                 ]),
                 &["name", "type"],
             )?,
+            policy_checks: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_admission_policy_checks_total",
+                    "ValidatingAdmissionPolicy checks of a request (one per policy, binding and \
+                     parameter), by policy, binding and result (allowed; denied, warned, \
+                     audited: a validation failed and the binding's action was taken; \
+                     error: an expression or the binding's parameters failed and the \
+                     failurePolicy refused the request; ignored: the same, let through by \
+                     failurePolicy Ignore; skipped: a match condition did not hold).",
+                ),
+                &["policy", "binding", "result"],
+            )?,
+            crd_rules: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_crd_validation_rules_total",
+                    "x-kubernetes-validations rules of custom objects evaluated, by result \
+                     (passed, failed, error).",
+                ),
+                &["result"],
+            )?,
             binding_batches: IntCounterVec::new(
                 Opts::new(
                     "tessera_apiserver_binding_batches_total",
@@ -179,6 +203,8 @@ impl ApiMetrics {
         registry.register(Box::new(m.crd_cleanup_deleted.clone()))?;
         registry.register(Box::new(m.webhook_calls.clone()))?;
         registry.register(Box::new(m.webhook_duration.clone()))?;
+        registry.register(Box::new(m.policy_checks.clone()))?;
+        registry.register(Box::new(m.crd_rules.clone()))?;
         registry.register(Box::new(m.write_batch.clone()))?;
         registry.register(Box::new(m.write_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;

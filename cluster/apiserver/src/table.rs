@@ -183,6 +183,18 @@ fn columns(res: &Resource) -> Vec<Column> {
             crate::catalog::ADMISSIONREGISTRATION,
             "mutatingwebhookconfigurations" | "validatingwebhookconfigurations",
         ) => vec![NAME, c("Webhooks", "integer", 0), AGE],
+        (crate::catalog::ADMISSIONREGISTRATION, "validatingadmissionpolicies") => vec![
+            NAME,
+            c("Validations", "integer", 0),
+            c("ParamKind", "string", 0),
+            AGE,
+        ],
+        (crate::catalog::ADMISSIONREGISTRATION, "validatingadmissionpolicybindings") => vec![
+            NAME,
+            c("PolicyName", "string", 0),
+            c("ParamRef", "string", 0),
+            AGE,
+        ],
         (crate::catalog::APIREGISTRATION, "apiservices") => vec![
             NAME,
             c("Service", "string", 0),
@@ -865,6 +877,33 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
         ) => {
             let count = o["webhooks"].as_array().map_or(0, Vec::len);
             vec![name, json!(count), age_v]
+        }
+        (crate::catalog::ADMISSIONREGISTRATION, "validatingadmissionpolicies") => {
+            let count = spec["validations"].as_array().map_or(0, Vec::len);
+            let pk = &spec["paramKind"];
+            let param_kind = if pk.is_object() {
+                format!("{}/{}", s(&pk["apiVersion"]), s(&pk["kind"]))
+            } else {
+                "<unset>".to_owned()
+            };
+            vec![name, json!(count), json!(param_kind), age_v]
+        }
+        (crate::catalog::ADMISSIONREGISTRATION, "validatingadmissionpolicybindings") => {
+            let pr = &spec["paramRef"];
+            let param_ref = if pr.is_object() {
+                let target = if pr["name"].is_string() {
+                    s(&pr["name"]).to_owned()
+                } else {
+                    "*".to_owned()
+                };
+                match pr["namespace"].as_str() {
+                    Some(ns) => format!("{ns}/{target}"),
+                    None => target,
+                }
+            } else {
+                "<unset>".to_owned()
+            };
+            vec![name, json!(s(&spec["policyName"])), json!(param_ref), age_v]
         }
         (crate::catalog::APIREGISTRATION, "apiservices") => {
             let svc = &spec["service"];

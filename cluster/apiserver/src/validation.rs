@@ -209,6 +209,12 @@ pub fn validate(res: &Resource, obj: &Value) -> Errors {
             }
         }
         ("autoscaling", "HorizontalPodAutoscaler") => hpa::spec(spec, &mut e),
+        (crate::catalog::ADMISSIONREGISTRATION, "ValidatingAdmissionPolicy") => {
+            webhooks::policy(spec, &mut e);
+        }
+        (crate::catalog::ADMISSIONREGISTRATION, "ValidatingAdmissionPolicyBinding") => {
+            webhooks::binding(spec, &mut e);
+        }
         (crate::catalog::ADMISSIONREGISTRATION, kind) => {
             webhooks::configuration(obj, kind == "MutatingWebhookConfiguration", &mut e);
         }

@@ -612,9 +612,10 @@ pub const FEDERATED_LABEL: &str = "tessera.io/federated";
 /// The kinds the federation holds in every shard as they are, as (group, plural, kind): RBAC
 /// (what a tenant grants at the federation holds when its users reach a shard directly),
 /// CustomResourceDefinitions (every shard serves the kinds an operator defines, wherever its
-/// objects and workloads land) and admission webhook configurations (a webhook judges the
-/// writes of every shard, the pods their controllers create among them).
-pub const HELD_KINDS: [(&str, &str, &str); 7] = [
+/// objects and workloads land), admission webhook configurations and ValidatingAdmission
+/// policies with their bindings (a webhook or policy judges the writes of every shard, the
+/// pods their controllers create among them).
+pub const HELD_KINDS: [(&str, &str, &str); 9] = [
     (crate::catalog::RBAC, "roles", "Role"),
     (crate::catalog::RBAC, "rolebindings", "RoleBinding"),
     (crate::catalog::RBAC, "clusterroles", "ClusterRole"),
@@ -637,6 +638,16 @@ pub const HELD_KINDS: [(&str, &str, &str); 7] = [
         crate::catalog::ADMISSIONREGISTRATION,
         "validatingwebhookconfigurations",
         "ValidatingWebhookConfiguration",
+    ),
+    (
+        crate::catalog::ADMISSIONREGISTRATION,
+        "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicy",
+    ),
+    (
+        crate::catalog::ADMISSIONREGISTRATION,
+        "validatingadmissionpolicybindings",
+        "ValidatingAdmissionPolicyBinding",
     ),
 ];
 /// The label the federation puts on objects it lists from a shard: which shard holds them.

@@ -16,6 +16,7 @@ mod delete;
 mod group;
 mod logs;
 pub mod pod_security;
+mod policies;
 mod priority;
 mod rbac_writes;
 mod read;

@@ -53,10 +53,20 @@ impl Api {
         &self,
         res: &'static crate::catalog::Resource,
     ) -> Result<Vec<Value>, ApiError> {
+        self.list_in(res, None).await
+    }
+
+    /// Every object of `res` in namespace `ns` (None: in all, or cluster-scoped), read from
+    /// the store now.
+    pub(super) async fn list_in(
+        &self,
+        res: &'static crate::catalog::Resource,
+        ns: Option<&str>,
+    ) -> Result<Vec<Value>, ApiError> {
         let page = self
             .store
             .list(tessera_store::ListRequest {
-                prefix: super::prefix(res, None).into(),
+                prefix: super::prefix(res, ns).into(),
                 ..Default::default()
             })
             .await

@@ -14,17 +14,17 @@ use crate::webhooks::{self, Attributes, Hook, Operation, Review, Snapshot, Targe
 
 /// A request as webhooks see it.
 pub(super) struct Admission<'a> {
-    snapshot: Arc<Snapshot>,
-    req: &'a ApiRequest,
-    user: &'a User,
-    operation: Operation,
+    pub(super) snapshot: Arc<Snapshot>,
+    pub(super) req: &'a ApiRequest,
+    pub(super) user: &'a User,
+    pub(super) operation: Operation,
     /// The namespace's labels, read when a selector first needs them (None inside: the
     /// namespace is not there).
     namespace_labels: Option<Option<Value>>,
 }
 
 /// The object a webhook sees for `req`: a Scale for the scale subresource, else the object.
-fn view(req: &ApiRequest, api: &Api, obj: &Value) -> Value {
+pub(super) fn view(req: &ApiRequest, api: &Api, obj: &Value) -> Value {
     match req.subresource.as_deref() {
         Some("scale") => to_scale_plain(req.resource, api.scale_paths(req.resource).as_ref(), obj),
         _ => obj.clone(),
@@ -58,7 +58,7 @@ impl Api {
         }))
     }
 
-    fn attributes<'a>(req: &'a ApiRequest, operation: Operation) -> Attributes<'a> {
+    pub(super) fn attributes<'a>(req: &'a ApiRequest, operation: Operation) -> Attributes<'a> {
         Attributes {
             operation,
             group: req.resource.group,
@@ -80,42 +80,25 @@ impl Api {
     ) -> Result<Vec<(Arc<Hook>, String)>, ApiError> {
         let attrs = Api::attributes(a.req, a.operation);
         let served = self.crds.current();
+        let snapshot = a.snapshot.clone();
         let hooks = if mutating {
-            &a.snapshot.mutating
+            &snapshot.mutating
         } else {
-            &a.snapshot.validating
+            &snapshot.validating
         };
         let mut out = Vec::new();
         for hook in hooks.iter() {
             let Some(version) = hook.selects(&attrs, served.as_ref()) else {
                 continue;
             };
-            if !hook.object_matches(obj, old) {
+            if !hook.selectors.object_matches(obj, old) {
                 continue;
             }
-            if hook.needs_namespace() {
-                let is_namespace =
-                    a.req.resource.group.is_empty() && a.req.resource.plural == "namespaces";
-                let labels = if is_namespace {
-                    // A Namespace is judged by its own labels.
-                    obj.or(old).map(|o| o["metadata"]["labels"].clone())
-                } else if let Some(ns) = a
-                    .req
-                    .namespace
-                    .as_deref()
-                    .filter(|_| a.req.resource.namespaced)
-                {
-                    if a.namespace_labels.is_none() {
-                        let facts = self.namespace_facts(ns).await?;
-                        a.namespace_labels = Some(facts.map(|f| f.labels));
-                    }
-                    Some(a.namespace_labels.clone().flatten().unwrap_or(Value::Null))
-                } else {
-                    None
-                };
-                if !hook.namespace_matches(labels.as_ref()) {
-                    continue;
-                }
+            if !self
+                .namespace_selected(a, &hook.selectors, obj, old)
+                .await?
+            {
+                continue;
             }
             if !hook.conditions.is_empty() && !self.conditions_hold(a, hook, &version, obj, old)? {
                 continue;
@@ -123,6 +106,38 @@ impl Api {
             out.push((hook.clone(), version));
         }
         Ok(out)
+    }
+
+    /// Whether `selectors`' namespace selector selects the request's namespace (read when
+    /// a selector first needs its labels; a Namespace is judged by its own labels).
+    pub(super) async fn namespace_selected(
+        &self,
+        a: &mut Admission<'_>,
+        selectors: &webhooks::Selectors,
+        obj: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<bool, ApiError> {
+        if !selectors.needs_namespace() {
+            return Ok(true);
+        }
+        let is_namespace = a.req.resource.group.is_empty() && a.req.resource.plural == "namespaces";
+        let labels = if is_namespace {
+            obj.or(old).map(|o| o["metadata"]["labels"].clone())
+        } else if let Some(ns) = a
+            .req
+            .namespace
+            .as_deref()
+            .filter(|_| a.req.resource.namespaced)
+        {
+            if a.namespace_labels.is_none() {
+                let facts = self.namespace_facts(ns).await?;
+                a.namespace_labels = Some(facts.map(|f| f.labels));
+            }
+            Some(a.namespace_labels.clone().flatten().unwrap_or(Value::Null))
+        } else {
+            None
+        };
+        Ok(selectors.namespace_matches(labels.as_ref()))
     }
 
     /// Whether `hook`'s match conditions hold for the request. One that fails to evaluate
@@ -160,7 +175,7 @@ impl Api {
     }
 
     /// The AdmissionReview request for `a` (its uid fresh).
-    fn review<'a>(a: &'a Admission<'_>, obj: Option<&'a Value>) -> Review<'a> {
+    pub(super) fn review<'a>(a: &'a Admission<'_>, obj: Option<&'a Value>) -> Review<'a> {
         let req = a.req;
         let (group, kind_version, kind) = match req.subresource.as_deref() {
             Some("scale") => ("autoscaling", "v1", "Scale"),
@@ -295,6 +310,7 @@ impl Api {
         old: Option<&Value>,
         warnings: &mut Vec<String>,
     ) -> Result<(), ApiError> {
+        self.validate_by_policies(a, obj, old, warnings).await?;
         let selected = self.selected(a, false, obj, old).await?;
         if selected.is_empty() {
             return Ok(());

@@ -414,15 +414,31 @@ impl Api {
         let labels = &obj["metadata"]["labels"];
         let before = current.map_or(&Value::Null, |c| &c["metadata"]["labels"]);
         let webhooks = self.webhooks.snapshot().await?;
-        for hook in webhooks.mutating.iter().chain(&webhooks.validating) {
-            if let Some(key) = hook
+        // Every namespace selector in force: webhooks', and policies' and their bindings'.
+        let hooks = webhooks
+            .mutating
+            .iter()
+            .chain(&webhooks.validating)
+            .map(|h| (format!("admission webhook {:?}", h.name), &h.selectors));
+        let policies = webhooks.policies.iter().flat_map(|b| {
+            b.selectors().map(|s| {
+                (
+                    format!(
+                        "ValidatingAdmissionPolicy {:?} (binding {:?})",
+                        b.policy.name, b.binding.name
+                    ),
+                    s,
+                )
+            })
+        });
+        for (who, selectors) in hooks.chain(policies) {
+            if let Some(key) = selectors
                 .namespace_label_keys()
                 .filter(|k| *k != super::custom::NAMESPACE_NAME_LABEL)
                 .find(|k| labels.get(*k) != before.get(*k))
             {
                 return Err(ApiError::forbidden(format!(
-                    "namespaces {name:?} is forbidden: admission webhook {:?} selects namespaces by label {key}, so only a cluster admin may set, change or remove it",
-                    hook.name
+                    "namespaces {name:?} is forbidden: {who} selects namespaces by label {key}, so only a cluster admin may set, change or remove it"
                 )));
             }
         }

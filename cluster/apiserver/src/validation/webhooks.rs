@@ -122,20 +122,20 @@ pub(super) fn match_conditions(list: &Value, at: &str, variables: &[&str], e: &m
                 }
             }
         }
-        expression(c, &format!("{at}.expression"), variables, e);
+        expression(&c["expression"], &format!("{at}.expression"), variables, e);
     }
 }
 
-/// Checks the CEL expression at `c["expression"]` (reported at `at`) compiles with
-/// `variables`; `authorizer` checks are refused as not supported.
-pub(super) fn expression(c: &Value, at: &str, variables: &[&str], e: &mut Errors) {
-    match str_at(c, "expression") {
+/// Checks the CEL expression `src` (reported at `at`) compiles with `variables`;
+/// `authorizer` checks are refused as not supported.
+pub(super) fn expression(src: &Value, at: &str, variables: &[&str], e: &mut Errors) {
+    match src.as_str() {
         None | Some("") => e.required(at),
-        Some(src) => match crate::cel::compile(src, variables) {
-            Err(why) => e.invalid(at, &c["expression"], why),
+        Some(text) => match crate::cel::compile(text, variables) {
+            Err(why) => e.invalid(at, src, why),
             Ok(x) if x.uses("authorizer") => e.invalid(
                 at,
-                &c["expression"],
+                src,
                 "authorizer checks are not supported by this server; match with the request's userInfo instead",
             ),
             Ok(_) => {}
@@ -221,6 +221,225 @@ fn rule(rule: &Value, at: &str, e: &mut Errors) {
             &["*", "Cluster", "Namespaced"],
         );
     }
+}
+
+/// `matchConstraints` (`required`: of a policy) or `matchResources` (of a binding) at
+/// `at`.
+fn match_resources(m: &Value, at: &str, required: bool, e: &mut Errors) {
+    if !m.is_object() {
+        if required {
+            e.required(at);
+        }
+        return;
+    }
+    let rules = m["resourceRules"].as_array().map_or(&[][..], Vec::as_slice);
+    if required && rules.is_empty() {
+        e.required(&format!("{at}.resourceRules"));
+    }
+    for key in ["resourceRules", "excludeResourceRules"] {
+        for (j, r) in m[key].as_array().into_iter().flatten().enumerate() {
+            let at = format!("{at}.{key}[{j}]");
+            rule(r, &at, e);
+            for (k, n) in r["resourceNames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                if n.as_str().is_none_or(str::is_empty) {
+                    e.required(&format!("{at}.resourceNames[{k}]"));
+                }
+            }
+        }
+    }
+    one_of(m, "matchPolicy", &["Equivalent", "Exact"], at, e);
+    for sel in ["namespaceSelector", "objectSelector"] {
+        if m[sel].is_object() {
+            label_selector(&m[sel], &format!("{at}.{sel}"), e);
+        }
+    }
+}
+
+/// Whether `name` may be a CEL variable name.
+fn cel_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A ValidatingAdmissionPolicy's spec: what it matches, its parameter kind, and CEL that
+/// compiles (validations, variables, match conditions, audit annotations).
+pub(super) fn policy(spec: &Value, e: &mut Errors) {
+    use crate::webhooks::policy::{REASONS, VARIABLES};
+    one_of(spec, "failurePolicy", &["Fail", "Ignore"], "spec", e);
+    match_resources(&spec["matchConstraints"], "spec.matchConstraints", true, e);
+    let pk = &spec["paramKind"];
+    if pk.is_object() {
+        for key in ["apiVersion", "kind"] {
+            if str_at(pk, key).is_none_or(str::is_empty) {
+                e.required(&format!("spec.paramKind.{key}"));
+            }
+        }
+    }
+    let validations = spec["validations"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let audits = spec["auditAnnotations"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    if validations.is_empty() && audits.is_empty() {
+        e.required("spec.validations: validations or auditAnnotations");
+    }
+    for (i, v) in validations.iter().enumerate() {
+        let at = format!("spec.validations[{i}]");
+        expression(&v["expression"], &format!("{at}.expression"), &VARIABLES, e);
+        if let Some(m) = str_at(v, "message")
+            && m.contains('\n')
+        {
+            e.invalid(
+                &format!("{at}.message"),
+                &v["message"],
+                "must not contain line breaks",
+            );
+        }
+        if v.get("messageExpression").is_some_and(|m| !m.is_null()) {
+            expression(
+                &v["messageExpression"],
+                &format!("{at}.messageExpression"),
+                &VARIABLES,
+                e,
+            );
+        }
+        if let Some(r) = v.get("reason").filter(|r| !r.is_null())
+            && !REASONS.iter().any(|(x, _)| r == x)
+        {
+            e.not_supported(&format!("{at}.reason"), r, &REASONS.map(|(x, _)| x));
+        }
+    }
+    let mut names = HashSet::new();
+    for (i, v) in spec["variables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let at = format!("spec.variables[{i}]");
+        match str_at(v, "name") {
+            None | Some("") => e.required(&format!("{at}.name")),
+            Some(n) if !cel_identifier(n) => e.invalid(
+                &format!("{at}.name"),
+                &v["name"],
+                "must be a CEL identifier: a letter or _ then letters, digits or _",
+            ),
+            Some(n) => {
+                if !names.insert(n) {
+                    e.duplicate(&format!("{at}.name"), &v["name"]);
+                }
+            }
+        }
+        expression(&v["expression"], &format!("{at}.expression"), &VARIABLES, e);
+    }
+    let mut keys = HashSet::new();
+    for (i, a) in audits.iter().enumerate() {
+        let at = format!("spec.auditAnnotations[{i}]");
+        match str_at(a, "key") {
+            None | Some("") => e.required(&format!("{at}.key")),
+            Some(k) => {
+                if let Some(why) = names::qualified_name(k) {
+                    e.invalid(&format!("{at}.key"), &a["key"], why);
+                }
+                if !keys.insert(k) {
+                    e.duplicate(&format!("{at}.key"), &a["key"]);
+                }
+            }
+        }
+        expression(
+            &a["valueExpression"],
+            &format!("{at}.valueExpression"),
+            &VARIABLES,
+            e,
+        );
+    }
+    match_conditions(
+        &spec["matchConditions"],
+        "spec.matchConditions",
+        &VARIABLES,
+        e,
+    );
+}
+
+/// A ValidatingAdmissionPolicyBinding's spec: the policy it binds, its actions (Deny and
+/// Warn not both), its parameter reference and narrowing.
+pub(super) fn binding(spec: &Value, e: &mut Errors) {
+    if str_at(spec, "policyName").is_none_or(str::is_empty) {
+        e.required("spec.policyName");
+    }
+    const ACTIONS: [&str; 3] = ["Audit", "Deny", "Warn"];
+    let actions: Vec<&Value> = spec["validationActions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    if actions.is_empty() {
+        e.required("spec.validationActions");
+    }
+    let mut seen = HashSet::new();
+    for (i, a) in actions.iter().enumerate() {
+        let at = format!("spec.validationActions[{i}]");
+        match a.as_str() {
+            Some(x) if ACTIONS.contains(&x) => {
+                if !seen.insert(x) {
+                    e.duplicate(&at, a);
+                }
+            }
+            _ => e.not_supported(&at, a, &ACTIONS),
+        }
+    }
+    if seen.contains("Deny") && seen.contains("Warn") {
+        e.invalid(
+            "spec.validationActions",
+            &spec["validationActions"],
+            "must not contain both Deny and Warn (repeating the same validation failure information in the API response and headers serves no purpose)",
+        );
+    }
+    let p = &spec["paramRef"];
+    if p.is_object() {
+        let (name, selector) = (
+            str_at(p, "name").filter(|n| !n.is_empty()),
+            p.get("selector").filter(|s| s.is_object()),
+        );
+        match (name, selector) {
+            (Some(_), Some(_)) => e.invalid(
+                "spec.paramRef",
+                &Value::Null,
+                "name and selector are mutually exclusive",
+            ),
+            (None, None) => e.required("spec.paramRef: one of name or selector"),
+            (Some(n), None) => {
+                if let Some(why) = names::dns1123_subdomain(n) {
+                    e.invalid("spec.paramRef.name", &p["name"], why);
+                }
+            }
+            (None, Some(sel)) => {
+                label_selector(sel, "spec.paramRef.selector", e);
+            }
+        }
+        if let Some(ns) = str_at(p, "namespace")
+            && let Some(why) = names::dns1123_label(ns)
+        {
+            e.invalid("spec.paramRef.namespace", &p["namespace"], why);
+        }
+        one_of(
+            p,
+            "parameterNotFoundAction",
+            &["Allow", "Deny"],
+            "spec.paramRef",
+            e,
+        );
+    }
+    match_resources(&spec["matchResources"], "spec.matchResources", false, e);
 }
 
 fn client_config(config: &Value, at: &str, e: &mut Errors) {

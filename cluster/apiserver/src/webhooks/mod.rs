@@ -16,6 +16,7 @@
 //! themselves never go to webhooks, so a broken webhook cannot lock its own fix out.
 
 mod call;
+pub mod policy;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -211,8 +212,8 @@ pub struct Hook {
     /// Mutating or validating.
     pub mutating: bool,
     rules: Vec<Rule>,
-    namespace_selector: Value,
-    object_selector: Value,
+    /// Its namespace and object selectors.
+    pub selectors: Selectors,
     /// `failurePolicy: Ignore`: a webhook that cannot be reached or answers nonsense is
     /// skipped instead of failing the request.
     pub fail_open: bool,
@@ -262,8 +263,7 @@ impl Hook {
                 .flatten()
                 .map(Rule::of)
                 .collect(),
-            namespace_selector: v["namespaceSelector"].clone(),
-            object_selector: v["objectSelector"].clone(),
+            selectors: Selectors::of(v),
             fail_open: v["failurePolicy"] == "Ignore",
             equivalent: v["matchPolicy"] != "Exact",
             timeout: Duration::from_secs(v["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30)),
@@ -278,23 +278,51 @@ impl Hook {
     /// own, or with `matchPolicy: Equivalent` another served version of the same resource
     /// that a rule lists (custom resources served in several versions).
     pub fn selects(&self, a: &Attributes<'_>, served: &dyn Lookup) -> Option<String> {
-        let mut equivalent = None;
-        for rule in &self.rules {
-            if !rule.selects_but_version(a) {
-                continue;
-            }
-            if listed(&rule.versions, a.version) {
-                return Some(a.version.to_owned());
-            }
-            if self.equivalent && equivalent.is_none() {
-                equivalent = rule
-                    .versions
-                    .iter()
-                    .find(|v| served.find(a.group, v, a.resource).is_some())
-                    .cloned();
-            }
+        rules_select(self.rules.iter(), self.equivalent, a, served)
+    }
+}
+
+/// The version a request is seen in if one of `rules` selects it: its own, or with
+/// `equivalent` (`matchPolicy: Equivalent`) another served version a rule lists.
+fn rules_select<'r>(
+    rules: impl Iterator<Item = &'r Rule>,
+    equivalent: bool,
+    a: &Attributes<'_>,
+    served: &dyn Lookup,
+) -> Option<String> {
+    let mut found = None;
+    for rule in rules {
+        if !rule.selects_but_version(a) {
+            continue;
         }
-        equivalent
+        if listed(&rule.versions, a.version) {
+            return Some(a.version.to_owned());
+        }
+        if equivalent && found.is_none() {
+            found = rule
+                .versions
+                .iter()
+                .find(|v| served.find(a.group, v, a.resource).is_some())
+                .cloned();
+        }
+    }
+    found
+}
+
+/// A webhook's or policy's `namespaceSelector` and `objectSelector`.
+#[derive(Debug, Default)]
+pub struct Selectors {
+    namespace_selector: Value,
+    object_selector: Value,
+}
+
+impl Selectors {
+    /// The selectors of a webhook or of `matchConstraints`/`matchResources`.
+    pub fn of(v: &Value) -> Selectors {
+        Selectors {
+            namespace_selector: v["namespaceSelector"].clone(),
+            object_selector: v["objectSelector"].clone(),
+        }
     }
 
     /// Whether the namespace selector needs the namespace's labels (it is not empty).
@@ -355,33 +383,36 @@ fn selects(selector: &Value, labels: &Value) -> bool {
     crate::api::selects(selector, labels)
 }
 
-/// The webhooks in force.
+/// The webhooks and policies in force.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// Mutating webhooks, in calling order.
     pub mutating: Vec<Arc<Hook>>,
     /// Validating webhooks, in calling order.
     pub validating: Vec<Arc<Hook>>,
+    /// ValidatingAdmissionPolicies with each of their bindings, in binding-name order.
+    pub policies: Vec<policy::Bound>,
 }
 
 impl Snapshot {
-    /// Whether there is no webhook at all.
+    /// Whether there is no webhook and no bound policy at all.
     pub fn is_empty(&self) -> bool {
-        self.mutating.is_empty() && self.validating.is_empty()
+        self.mutating.is_empty() && self.validating.is_empty() && self.policies.is_empty()
     }
 }
 
-/// A configuration as applied: the revision, and its webhooks (None: deleted then).
-type Applied = (i64, Option<Vec<Arc<Hook>>>);
+/// One followed kind's objects, compiled: by name, the revision each was applied at and
+/// what it compiled to (None: deleted at that revision, so an older event cannot bring it
+/// back).
+type Applied<T> = std::collections::BTreeMap<String, (i64, Option<T>)>;
 
-/// The configurations of one kind, followed.
-struct Side {
+/// The objects of one kind (webhook configurations, policies, bindings), followed.
+struct Side<T> {
     store: Arc<dyn Store>,
-    mutating: bool,
-    /// Each configuration by name: the revision it was applied at and its webhooks (None:
-    /// deleted at that revision, so an older event cannot bring it back).
-    configs: parking_lot::Mutex<std::collections::BTreeMap<String, Applied>>,
-    hooks: parking_lot::RwLock<Arc<Vec<Arc<Hook>>>>,
+    plural: &'static str,
+    what: &'static str,
+    compile: fn(&str, &Value) -> T,
+    objects: parking_lot::Mutex<Applied<T>>,
     started: OnceCell<()>,
     _stop: oneshot::Sender<()>,
     stopped: parking_lot::Mutex<Option<oneshot::Receiver<()>>>,
@@ -389,15 +420,31 @@ struct Side {
     changed: Arc<dyn Fn() + Send + Sync>,
 }
 
-impl Side {
+impl<T: Clone + Send + Sync + 'static> Side<T> {
+    fn new(
+        store: Arc<dyn Store>,
+        plural: &'static str,
+        what: &'static str,
+        compile: fn(&str, &Value) -> T,
+        changed: Arc<dyn Fn() + Send + Sync>,
+    ) -> Arc<Side<T>> {
+        let (stop, stopped) = oneshot::channel();
+        Arc::new(Side {
+            store,
+            plural,
+            what,
+            compile,
+            objects: Default::default(),
+            started: OnceCell::new(),
+            _stop: stop,
+            stopped: parking_lot::Mutex::new(Some(stopped)),
+            changed,
+        })
+    }
+
     fn resource(&self) -> &'static catalog::Resource {
-        let plural = if self.mutating {
-            "mutatingwebhookconfigurations"
-        } else {
-            "validatingwebhookconfigurations"
-        };
-        catalog::find(ADMISSIONREGISTRATION, "v1", plural)
-            .expect("webhook kinds are in the catalog")
+        catalog::find(ADMISSIONREGISTRATION, "v1", self.plural)
+            .expect("admission kinds are in the catalog")
     }
 
     fn name_of_key<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
@@ -413,21 +460,42 @@ impl Side {
         )
     }
 
-    fn rebuild(&self) {
-        let hooks: Vec<Arc<Hook>> = self
-            .configs
+    /// What the objects compiled to, in name order.
+    fn current(&self) -> Vec<(String, T)> {
+        self.objects
             .lock()
-            .values()
-            .filter_map(|(_, h)| h.as_ref())
-            .flatten()
-            .cloned()
-            .collect();
-        *self.hooks.write() = Arc::new(hooks);
-        (self.changed)();
+            .iter()
+            .filter_map(|(name, (_, t))| Some((name.clone(), t.clone()?)))
+            .collect()
+    }
+
+    /// Lists and starts following on first use.
+    async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
+        if self.started.initialized() {
+            return Ok(());
+        }
+        let init = async {
+            use crate::follow::Follower;
+            let from = self.relist().await?;
+            let stopped = self.stopped.lock().take();
+            tokio::spawn(crate::follow::follow(Arc::downgrade(self), from, stopped));
+            Ok::<(), ApiError>(())
+        };
+        match tokio::time::timeout(WAIT, self.started.get_or_try_init(|| init)).await {
+            Ok(r) => r.map(|_| ()),
+            Err(_) => Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "the API server has not read its {} yet: the store did not answer within 10 s; retry",
+                    self.what
+                ),
+            )),
+        }
     }
 }
 
-impl crate::follow::Follower for Side {
+impl<T: Clone + Send + Sync + 'static> crate::follow::Follower for Side<T> {
     fn store(&self) -> Arc<dyn Store> {
         self.store.clone()
     }
@@ -437,11 +505,7 @@ impl crate::follow::Follower for Side {
     }
 
     fn what(&self) -> &'static str {
-        if self.mutating {
-            "MutatingWebhookConfigurations"
-        } else {
-            "ValidatingWebhookConfigurations"
-        }
+        self.what
     }
 
     async fn relist(self: &Arc<Self>) -> Result<tessera_store::Revision, ApiError> {
@@ -452,10 +516,10 @@ impl crate::follow::Follower for Side {
                 ..Default::default()
             })
             .await
-            .map_err(|e| ApiError::internal(format!("listing {}: {e}", self.what())))?;
+            .map_err(|e| ApiError::internal(format!("listing {}: {e}", self.what)))?;
         let mut fresh = std::collections::BTreeMap::new();
         for kv in &page.kvs {
-            let (Some(name), Ok(config)) = (
+            let (Some(name), Ok(obj)) = (
                 self.name_of_key(&kv.key),
                 serde_json::from_slice::<Value>(&kv.value),
             ) else {
@@ -463,13 +527,13 @@ impl crate::follow::Follower for Side {
             };
             fresh.insert(
                 name.to_owned(),
-                (kv.mod_revision, Some(compile(name, self.mutating, &config))),
+                (kv.mod_revision, Some((self.compile)(name, &obj))),
             );
         }
         // What is gone is forgotten without a tombstone (a composite store's list revision
         // is not comparable with one key's).
-        *self.configs.lock() = fresh;
-        self.rebuild();
+        *self.objects.lock() = fresh;
+        (self.changed)();
         Ok(page.revision)
     }
 
@@ -478,15 +542,23 @@ impl crate::follow::Follower for Side {
             return;
         };
         {
-            let mut configs = self.configs.lock();
-            if configs.get(name).is_some_and(|(at, _)| *at > rev) {
+            let mut objects = self.objects.lock();
+            if objects.get(name).is_some_and(|(at, _)| *at > rev) {
                 return;
             }
-            let hooks = obj.map(|c| compile(name, self.mutating, c));
-            configs.insert(name.to_owned(), (rev, hooks));
+            let compiled = obj.map(|o| (self.compile)(name, o));
+            objects.insert(name.to_owned(), (rev, compiled));
         }
-        self.rebuild();
+        (self.changed)();
     }
+}
+
+fn compile_mutating(name: &str, config: &Value) -> Arc<Vec<Arc<Hook>>> {
+    Arc::new(compile(name, true, config))
+}
+
+fn compile_validating(name: &str, config: &Value) -> Arc<Vec<Arc<Hook>>> {
+    Arc::new(compile(name, false, config))
 }
 
 fn compile(name: &str, mutating: bool, config: &Value) -> Vec<Arc<Hook>> {
@@ -499,11 +571,58 @@ fn compile(name: &str, mutating: bool, config: &Value) -> Vec<Arc<Hook>> {
         .collect()
 }
 
-/// The webhook configurations in force on this API server, and the client that calls them.
+type Hooks = Arc<Vec<Arc<Hook>>>;
+
+/// Every followed kind, held weakly by the callback that combines them.
+#[derive(Default)]
+struct Sides {
+    mutating: std::sync::Weak<Side<Hooks>>,
+    validating: std::sync::Weak<Side<Hooks>>,
+    policies: std::sync::Weak<Side<Arc<policy::Policy>>>,
+    bindings: std::sync::Weak<Side<Arc<policy::Binding>>>,
+}
+
+impl Sides {
+    fn snapshot(&self) -> Snapshot {
+        fn items<T: Clone + Send + Sync + 'static>(
+            side: &std::sync::Weak<Side<T>>,
+        ) -> Vec<(String, T)> {
+            side.upgrade().map(|s| s.current()).unwrap_or_default()
+        }
+        let hooks = |side: &std::sync::Weak<Side<Hooks>>| -> Vec<Arc<Hook>> {
+            items(side)
+                .into_iter()
+                .flat_map(|(_, h)| h.as_ref().clone())
+                .collect()
+        };
+        let policies: std::collections::HashMap<String, Arc<policy::Policy>> =
+            items(&self.policies).into_iter().collect();
+        let bound = items(&self.bindings)
+            .into_iter()
+            .filter_map(|(_, b)| {
+                let p = policies.get(&b.policy)?.clone();
+                Some(policy::Bound {
+                    policy: p,
+                    binding: b,
+                })
+            })
+            .collect();
+        Snapshot {
+            mutating: hooks(&self.mutating),
+            validating: hooks(&self.validating),
+            policies: bound,
+        }
+    }
+}
+
+/// The webhook configurations and admission policies in force on this API server, and the
+/// client that calls webhooks.
 #[derive(Clone)]
 pub struct Webhooks {
-    mutating: Arc<Side>,
-    validating: Arc<Side>,
+    mutating: Arc<Side<Hooks>>,
+    validating: Arc<Side<Hooks>>,
+    policies: Arc<Side<Arc<policy::Policy>>>,
+    bindings: Arc<Side<Arc<policy::Binding>>>,
     snapshot: Arc<parking_lot::RwLock<Arc<Snapshot>>>,
     /// Calls webhooks.
     pub caller: Caller,
@@ -513,86 +632,90 @@ impl Webhooks {
     /// The configurations in `store`, read on first use.
     pub fn new(store: Arc<dyn Store>) -> Webhooks {
         let snapshot: Arc<parking_lot::RwLock<Arc<Snapshot>>> = Arc::default();
-        let sides: Arc<parking_lot::Mutex<Vec<std::sync::Weak<Side>>>> = Arc::default();
+        let sides: Arc<parking_lot::Mutex<Sides>> = Arc::default();
         let changed: Arc<dyn Fn() + Send + Sync> = {
             let snapshot = snapshot.clone();
             let sides = sides.clone();
             Arc::new(move || {
-                let sides = sides.lock();
-                let hooks = |i: usize| {
-                    sides
-                        .get(i)
-                        .and_then(std::sync::Weak::upgrade)
-                        .map(|s| s.hooks.read().as_ref().clone())
-                        .unwrap_or_default()
-                };
-                *snapshot.write() = Arc::new(Snapshot {
-                    mutating: hooks(0),
-                    validating: hooks(1),
-                });
+                let fresh = sides.lock().snapshot();
+                *snapshot.write() = Arc::new(fresh);
             })
         };
-        let side = |mutating| {
-            let (stop, stopped) = oneshot::channel();
-            Arc::new(Side {
-                store: store.clone(),
-                mutating,
-                configs: Default::default(),
-                hooks: Default::default(),
-                started: OnceCell::new(),
-                _stop: stop,
-                stopped: parking_lot::Mutex::new(Some(stopped)),
-                changed: changed.clone(),
-            })
+        let mutating = Side::new(
+            store.clone(),
+            "mutatingwebhookconfigurations",
+            "MutatingWebhookConfigurations",
+            compile_mutating,
+            changed.clone(),
+        );
+        let validating = Side::new(
+            store.clone(),
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfigurations",
+            compile_validating,
+            changed.clone(),
+        );
+        let policies = Side::new(
+            store.clone(),
+            "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicies",
+            policy::Policy::compile,
+            changed.clone(),
+        );
+        let bindings = Side::new(
+            store,
+            "validatingadmissionpolicybindings",
+            "ValidatingAdmissionPolicyBindings",
+            policy::Binding::compile,
+            changed,
+        );
+        *sides.lock() = Sides {
+            mutating: Arc::downgrade(&mutating),
+            validating: Arc::downgrade(&validating),
+            policies: Arc::downgrade(&policies),
+            bindings: Arc::downgrade(&bindings),
         };
-        let (mutating, validating) = (side(true), side(false));
-        *sides.lock() = vec![Arc::downgrade(&mutating), Arc::downgrade(&validating)];
         Webhooks {
             mutating,
             validating,
+            policies,
+            bindings,
             snapshot,
             caller: Caller::default(),
         }
     }
 
-    /// The webhooks in force: the configurations listed (on first use) and followed since.
+    /// The webhooks and policies in force: the objects listed (on first use) and followed
+    /// since.
     pub async fn snapshot(&self) -> Result<Arc<Snapshot>, ApiError> {
-        for side in [&self.mutating, &self.validating] {
-            if side.started.initialized() {
-                continue;
-            }
-            let init = async {
-                use crate::follow::Follower;
-                let from = side.relist().await?;
-                let stopped = side.stopped.lock().take();
-                tokio::spawn(crate::follow::follow(Arc::downgrade(side), from, stopped));
-                Ok::<(), ApiError>(())
-            };
-            match tokio::time::timeout(WAIT, side.started.get_or_try_init(|| init)).await {
-                Ok(r) => r.map(|_| ())?,
-                Err(_) => {
-                    return Err(ApiError::new(
-                        503,
-                        "ServiceUnavailable",
-                        "the API server has not read its admission webhook configurations yet: the store did not answer within 10 s; retry",
-                    ));
-                }
-            }
-        }
+        self.mutating.start().await?;
+        self.validating.start().await?;
+        self.policies.start().await?;
+        self.bindings.start().await?;
         Ok(self.snapshot.read().clone())
     }
 
-    /// Records a write of a configuration through this server (`config` None: deleted), so
-    /// the next request is judged by it before the watch delivers it.
-    pub fn applied(&self, res: &catalog::Resource, key: &[u8], config: Option<&Value>, rev: i64) {
+    /// Records a write of a configuration, policy or binding through this server (`obj`
+    /// None: deleted), so the next request is judged by it before the watch delivers it.
+    pub fn applied(&self, res: &catalog::Resource, key: &[u8], obj: Option<&Value>, rev: i64) {
         use crate::follow::Follower;
-        let side = match res.plural {
-            "mutatingwebhookconfigurations" => &self.mutating,
-            "validatingwebhookconfigurations" => &self.validating,
-            _ => return,
-        };
-        if side.started.initialized() {
-            side.apply(key, config, rev);
+        if res.group != ADMISSIONREGISTRATION {
+            return;
+        }
+        match res.plural {
+            "mutatingwebhookconfigurations" if self.mutating.started.initialized() => {
+                self.mutating.apply(key, obj, rev)
+            }
+            "validatingwebhookconfigurations" if self.validating.started.initialized() => {
+                self.validating.apply(key, obj, rev)
+            }
+            "validatingadmissionpolicies" if self.policies.started.initialized() => {
+                self.policies.apply(key, obj, rev)
+            }
+            "validatingadmissionpolicybindings" if self.bindings.started.initialized() => {
+                self.bindings.apply(key, obj, rev)
+            }
+            _ => {}
         }
     }
 }
@@ -874,11 +997,11 @@ mod tests {
         let h = hook(json!([]));
         let on = json!({"metadata": {"labels": {"hooked": "yes"}}});
         let off = json!({"metadata": {"labels": {"hooked": "no"}}});
-        assert!(h.object_matches(Some(&on), None));
-        assert!(h.object_matches(Some(&off), Some(&on)));
-        assert!(!h.object_matches(Some(&off), None));
-        assert!(!h.needs_namespace());
-        assert!(h.namespace_matches(Some(&json!({}))));
+        assert!(h.selectors.object_matches(Some(&on), None));
+        assert!(h.selectors.object_matches(Some(&off), Some(&on)));
+        assert!(!h.selectors.object_matches(Some(&off), None));
+        assert!(!h.selectors.needs_namespace());
+        assert!(h.selectors.namespace_matches(Some(&json!({}))));
     }
 
     #[test]
