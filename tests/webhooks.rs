@@ -701,9 +701,18 @@ fn a_federations_webhooks_judge_the_writes_of_every_shard() {
             "",
         ),
     ];
-    let configs = c.file("webhooks.yaml", &configs.join("---\n"));
+    // And a ValidatingAdmissionPolicy with its binding: CEL, no webhook to call.
+    let policy = "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\n\
+                  metadata: {name: no-nope}\nspec:\n  matchConstraints:\n    resourceRules:\n\
+                  \x20   - {apiGroups: [''], apiVersions: [v1], operations: [CREATE], resources: [secrets]}\n\
+                  \x20 validations: [{expression: \"!object.metadata.name.startsWith('nope-')\", message: no nope secrets}]\n\
+                  ---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicyBinding\n\
+                  metadata: {name: no-nope}\nspec: {policyName: no-nope, validationActions: [Deny]}\n";
+    let configs = c.file("webhooks.yaml", &(configs.join("---\n") + "---\n" + policy));
     c.ok(&["apply", "-f", &configs]);
     c.ok(&["create", "namespace", "shop"]);
+    let err = c.fails(&["create", "secret", "generic", "nope-fed", "-n", "shop"]);
+    assert!(err.contains("no nope secrets"), "{err}");
     // The federation's own API judges what is written to it.
     let err = c.fails(&["create", "configmap", "bad-fed", "-n", "shop"]);
     assert!(err.contains("denied the request"), "{err}");
@@ -734,6 +743,38 @@ fn a_federations_webhooks_judge_the_writes_of_every_shard() {
         ]);
         assert!(
             err.contains("names starting with bad- are refused"),
+            "{shard}: {err}"
+        );
+        let held = support::wait_for(Duration::from_secs(30), || {
+            c.kubectl(&[
+                "--context",
+                shard,
+                "get",
+                "validatingadmissionpolicy,validatingadmissionpolicybinding",
+                "no-nope",
+            ])
+            .status
+            .success()
+            .then_some(())
+        });
+        assert!(
+            held.is_some(),
+            "{shard} holds the federation's policy and binding"
+        );
+        let err = c.fails(&[
+            "--context",
+            shard,
+            "create",
+            "secret",
+            "generic",
+            "nope-direct",
+            "-n",
+            "direct",
+        ]);
+        assert!(
+            err.contains(
+                "ValidatingAdmissionPolicy 'no-nope' with binding 'no-nope' denied request: no nope secrets"
+            ),
             "{shard}: {err}"
         );
     }

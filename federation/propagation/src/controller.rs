@@ -679,6 +679,24 @@ fn held_informers(o: &Options) -> Vec<(&'static str, Arc<dyn HeldCache>)> {
                 "validatingwebhookconfigurations",
             )),
         ),
+        (
+            "validatingadmissionpolicies",
+            Arc::new(informer::<admission::ValidatingAdmissionPolicy>(
+                o,
+                ADMISSIONREGISTRATION,
+                "v1",
+                "validatingadmissionpolicies",
+            )),
+        ),
+        (
+            "validatingadmissionpolicybindings",
+            Arc::new(informer::<admission::ValidatingAdmissionPolicyBinding>(
+                o,
+                ADMISSIONREGISTRATION,
+                "v1",
+                "validatingadmissionpolicybindings",
+            )),
+        ),
     ]
 }
 
@@ -692,7 +710,8 @@ fn is_bootstrap_default(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::O
 
 /// A held object as the shards should hold it: an RBAC object (an aggregated ClusterRole
 /// without rules: each shard's aggregation controller fills them), a CRD's spec (each
-/// shard's API server keeps its status) or a webhook configuration's webhooks.
+/// shard's API server keeps its status), a webhook configuration's webhooks or an admission
+/// policy's or binding's spec.
 pub fn held_manifest(obj: &Value, plural: &str) -> Value {
     let (group, _, kind) = HELD_KINDS
         .iter()
@@ -702,7 +721,7 @@ pub fn held_manifest(obj: &Value, plural: &str) -> Value {
     let mut obj = obj.clone();
     obj["apiVersion"] = json!(format!("{group}/v1"));
     obj["kind"] = json!(kind);
-    let fields: &[&str] = if group == APIEXTENSIONS {
+    let fields: &[&str] = if group == APIEXTENSIONS || plural.starts_with("validatingadmission") {
         &["spec"]
     } else if group == ADMISSIONREGISTRATION {
         &["webhooks"]
