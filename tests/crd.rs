@@ -521,6 +521,18 @@ fn cel_rules_of_a_crd_are_enforced() {
         4,
         "the refused writes changed nothing"
     );
+    let failed = support::sample(
+        &c.metrics_addr,
+        "tessera_apiserver_crd_validation_rules_total{result=\"failed\"} ",
+    );
+    let passed = support::sample(
+        &c.metrics_addr,
+        "tessera_apiserver_crd_validation_rules_total{result=\"passed\"} ",
+    );
+    assert!(
+        failed >= 3.0 && passed >= 3.0,
+        "rules counted: {failed} failed, {passed} passed"
+    );
 }
 
 /// The official Python client drives a CRD and its objects (`CustomObjectsApi`) with RBAC

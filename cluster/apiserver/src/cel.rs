@@ -294,7 +294,12 @@ impl Expression {
                     .add_variable(name, bound)
                     .map_err(|e| format!("binding {name}: {e}"))?;
             }
-            self.program.execute(&scope).map_err(|e| describe(&e))
+            // A panic in the interpreter is this request's error, not the server's.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.program.execute(&scope)
+            }))
+            .map_err(|_| "the interpreter failed on this expression".to_owned())?
+            .map_err(|e| describe(&e))
         })
     }
 
@@ -865,6 +870,115 @@ mod tests {
             nested.eval(&[("self", Binding::Json(&small))]),
             Ok(Cel::Bool(true))
         );
+    }
+
+    /// Arbitrary expressions from CEL's tokens and arbitrary JSON: compiling ends in a
+    /// program or an error, and evaluating in a value or an error; never a panic or a
+    /// crash.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn token() -> impl Strategy<Value = &'static str> {
+            prop::sample::select(vec![
+                "self",
+                "oldSelf",
+                "x",
+                ".",
+                "a",
+                "b",
+                "(",
+                ")",
+                "[",
+                "]",
+                "{",
+                "}",
+                ",",
+                ":",
+                "+",
+                "-",
+                "*",
+                "/",
+                "%",
+                "==",
+                "!=",
+                "<",
+                "<=",
+                ">",
+                "&&",
+                "||",
+                "!",
+                "?",
+                "in",
+                "1",
+                "0",
+                "-1",
+                "9223372036854775807",
+                "2.5",
+                "'s'",
+                "''",
+                "true",
+                "null",
+                "size",
+                "has",
+                "all",
+                "exists",
+                "map",
+                "filter",
+                "matches",
+                "startsWith",
+                "isSorted",
+                "sum",
+                "min",
+                "max",
+                "quantity",
+                "url",
+                "find",
+                "'[a-z'",
+                "'1Gi'",
+                "int",
+                "string",
+                "double",
+                ".?",
+                "orValue",
+                " ",
+            ])
+        }
+
+        fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                "[a-z0-9]{0,6}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::btree_map("[ab]", inner, 0..3)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(
+                std::env::var("TESSERA_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+            ))]
+            #[test]
+            fn expressions_compile_or_fail_and_evaluate_or_fail(
+                tokens in prop::collection::vec(token(), 1..24),
+                this in json_value(),
+                old in json_value(),
+            ) {
+                let src = tokens.concat();
+                if let Ok(e) = compile(&src, &["self", "oldSelf"]) {
+                    let _ = e.eval(&[("self", Binding::Json(&this)), ("oldSelf", Binding::Json(&old))]);
+                    let _ = e.eval(&[("self", Binding::Json(&this)), ("oldSelf", Binding::Optional(None))]);
+                }
+            }
+        }
     }
 
     #[test]

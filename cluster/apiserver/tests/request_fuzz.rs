@@ -114,7 +114,13 @@ fn valid(kind: &str) -> Value {
                     "items": {"type": "object", "required": ["name"], "properties": {
                         "name": {"type": "string"}, "port": {"type": "integer", "default": 80}}}},
                 "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                "labels": {"type": "object", "additionalProperties": {"type": "string"}}}});
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                "x-kubernetes-validations": [
+                    {"rule": "self.size >= self.replicas", "message": "size below replicas"},
+                    {"rule": "self.replicas >= oldSelf.replicas", "reason": "FieldValueForbidden",
+                     "fieldPath": ".replicas"},
+                    {"rule": "!has(self.tags) || self.tags.all(t, t.size() < 8)",
+                     "messageExpression": "'bad tags: ' + self.tags.join(',')"}]});
             let schema = json!({"type": "object", "properties": {"spec": spec,
                 "status": {"type": "object", "properties": {"replicas": {"type": "integer"}}}}});
             let version = json!({"name": "v1", "served": true, "storage": true,
@@ -168,10 +174,33 @@ fn valid(kind: &str) -> Value {
                 "objectSelector": {"matchLabels": {"c": "d"}},
                 "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
                     "resources": ["configmaps", "pods/status"], "scope": "Namespaced"}],
+                "matchConditions": [{"name": "named", "expression": "object.metadata.name != 'x'"}],
                 "clientConfig": {"url": "https://127.0.0.1:1/x"}},
                 {"name": "b.example.com", "sideEffects": "NoneOnDryRun", "admissionReviewVersions": ["v1"],
                 "rules": [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*/*"]}],
                 "clientConfig": {"service": {"namespace": "fz", "name": "hook", "port": 8443, "path": "/v"}}}]})
+        }
+        // A policy of every option, and a binding of it with a parameter.
+        "ValidatingAdmissionPolicy" => json!({"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind, "metadata": {"name": "limits"}, "spec": {"failurePolicy": "Ignore",
+                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["apps"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["deployments"],
+                    "resourceNames": ["d"]}],
+                    "excludeResourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["*"], "resources": ["pods"]}],
+                    "namespaceSelector": {"matchLabels": {"a": "b"}}, "matchPolicy": "Exact"},
+                "matchConditions": [{"name": "named", "expression": "object.metadata.name != 'x'"}],
+                "variables": [{"name": "limit", "expression": "int(params.data.max)"}],
+                "validations": [{"expression": "object.spec.replicas <= variables.limit",
+                    "messageExpression": "'over ' + string(variables.limit)", "reason": "Forbidden"}],
+                "auditAnnotations": [{"key": "replicas", "valueExpression": "string(object.spec.replicas)"}]}}),
+        "ValidatingAdmissionPolicyBinding" => {
+            json!({"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind, "metadata": {"name": "limits"}, "spec": {"policyName": "limits",
+                "validationActions": ["Warn", "Audit"],
+                "paramRef": {"name": "cm", "namespace": "fz", "parameterNotFoundAction": "Allow"},
+                "matchResources": {"objectSelector": {"matchLabels": {"app": "d"}}}}})
         }
         "Role" => json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "r"}, "rules": [{"apiGroups": [""], "resources": ["pods"],
@@ -410,22 +439,24 @@ fn mutated_objects_are_accepted_or_refused_cleanly() {
     println!("mutated objects: {} inputs", n.into_inner());
 }
 
-/// Webhook configurations, mutated, in a harness of their own: one that a mutation left
-/// failing closed on every request would rightly fail the other tests' requests (requests
-/// on webhook configurations themselves never go to webhooks).
+/// Webhook configurations and admission policies with their bindings, mutated, in a harness
+/// of their own: one that a mutation left failing closed on every request would rightly
+/// fail the other tests' requests (requests on them never go to webhooks or policies).
 #[test]
 fn mutated_webhook_configurations_are_accepted_or_refused_cleanly() {
     let h = harness();
     let n = std::sync::atomic::AtomicU64::new(0);
     proptest!(ProptestConfig::with_cases(cases()), |(
-        kind in prop_oneof![Just("ValidatingWebhookConfiguration"), Just("MutatingWebhookConfiguration")],
+        kind in prop_oneof![Just("ValidatingWebhookConfiguration"), Just("MutatingWebhookConfiguration"),
+            Just("ValidatingAdmissionPolicy"), Just("ValidatingAdmissionPolicyBinding")],
         muts in prop::collection::vec(mutation(), 1..5),
         verb in verb(),
     )| {
         n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let base = valid(kind);
         let doc = mutate(base.clone(), &muts);
-        check(&h, request_for(resource_of(kind), verb, "hooks", doc.to_string().into_bytes()))?;
+        let name = base["metadata"]["name"].as_str().expect("name").to_owned();
+        check(&h, request_for(resource_of(kind), verb, &name, doc.to_string().into_bytes()))?;
     });
     println!("mutated webhook configurations: {} inputs", n.into_inner());
 }

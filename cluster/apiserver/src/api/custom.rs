@@ -104,7 +104,19 @@ impl Api {
         causes: &mut Vec<Cause>,
     ) {
         if let Some(v) = self.custom(res) {
-            causes.extend(v.schema.validate(obj, current));
+            let (found, tally) = v.schema.validate_tallied(obj, current);
+            causes.extend(found);
+            if let Some(m) = &self.metrics {
+                for (result, n) in [
+                    ("passed", tally.passed),
+                    ("failed", tally.failed),
+                    ("error", tally.errors),
+                ] {
+                    if n > 0 {
+                        m.crd_rules.with_label_values(&[result]).inc_by(n);
+                    }
+                }
+            }
         } else if is_crd(res) {
             crd::validate_definition(obj, current, causes);
         } else if crate::apiservices::is_apiservice(res) {

@@ -106,6 +106,25 @@ struct Rule {
     optional_old_self: bool,
 }
 
+/// Rules evaluated by one validation, by result.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RuleTally {
+    /// Held.
+    pub passed: u64,
+    /// Did not hold.
+    pub failed: u64,
+    /// Could not be evaluated.
+    pub errors: u64,
+}
+
+thread_local! {
+    /// The tally of the validation running on this thread (validation is synchronous, so
+    /// one walk's counts cannot mix with another's).
+    static RULE_TALLY: std::cell::Cell<RuleTally> = const {
+        std::cell::Cell::new(RuleTally { passed: 0, failed: 0, errors: 0 })
+    };
+}
+
 /// The reasons a rule may report.
 const RULE_REASONS: [&str; 4] = [
     "FieldValueInvalid",
@@ -727,6 +746,18 @@ impl Schema {
     /// Every way `obj` breaks the schema, with Kubernetes' field paths and wording. `old`:
     /// the stored object of an update, for transition rules (`oldSelf`).
     pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
+        self.validate_tallied(obj, old).0
+    }
+
+    /// [`Schema::validate`], with how many rules passed, failed and could not be
+    /// evaluated.
+    pub fn validate_tallied(&self, obj: &Value, old: Option<&Value>) -> (Vec<Cause>, RuleTally) {
+        RULE_TALLY.set(RuleTally::default());
+        let out = self.validate_untallied(obj, old);
+        (out, RULE_TALLY.take())
+    }
+
+    fn validate_untallied(&self, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
         let mut out = Vec::new();
         // The root's envelope (`apiVersion`, `kind`, `metadata`) is the server's; the rest
         // is the schema's.
@@ -789,7 +820,17 @@ impl Schema {
                 }
                 None => path.to_owned(),
             };
-            let message = match r.rule.eval_bool(&bindings) {
+            let result = r.rule.eval_bool(&bindings);
+            RULE_TALLY.set({
+                let mut t = RULE_TALLY.get();
+                match &result {
+                    Ok(true) => t.passed += 1,
+                    Ok(false) => t.failed += 1,
+                    Err(_) => t.errors += 1,
+                }
+                t
+            });
+            let message = match result {
                 Ok(true) => continue,
                 Ok(false) => r
                     .message_expression
