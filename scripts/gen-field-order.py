@@ -66,6 +66,10 @@ KINDS = [
      "api.admissionregistration.v1.MutatingWebhookConfiguration"),
     ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration",
      "api.admissionregistration.v1.ValidatingWebhookConfiguration"),
+    ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy",
+     "api.admissionregistration.v1.ValidatingAdmissionPolicy"),
+    ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding",
+     "api.admissionregistration.v1.ValidatingAdmissionPolicyBinding"),
 ]
 
 

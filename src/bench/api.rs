@@ -69,7 +69,7 @@ pub struct ApiBenchArgs {
     /// by a user RBAC governs, bound through a group, against this many other bindings).
     #[arg(long, default_value_t = 10_000)]
     pub bindings: usize,
-    /// Only these phases (create, get, list, paced, watch, rbac, crd, webhook),
+    /// Only these phases (create, get, list, paced, watch, rbac, crd, webhook, policy),
     /// comma-separated; all by default.
     #[arg(long, value_delimiter = ',')]
     pub phases: Vec<String>,
@@ -322,6 +322,9 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     if phase("webhook") {
         webhook_phase(&bench, &args).await?;
     }
+    if phase("policy") {
+        policy_phase(&bench, &args).await?;
+    }
     drop(bench_store);
     Ok(())
 }
@@ -338,7 +341,7 @@ async fn crd_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()
         "customresourcedefinitions",
     )?;
     bench.namespace(NS).await?;
-    let spec = json!({"type": "object", "required": ["size"], "properties": {
+    let mut spec = json!({"type": "object", "required": ["size"], "properties": {
         "size": {"type": "integer", "minimum": 1, "maximum": 100},
         "colour": {"type": "string", "enum": ["red", "green", "blue"], "default": "red"},
         "owner": {"type": "string", "pattern": "^[a-z][a-z0-9-]*$", "maxLength": 63},
@@ -415,6 +418,127 @@ async fn crd_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()
             &Measurement::of("get-custom", c, args.requests, rate, &mut lat),
             args.json,
         )?;
+    }
+    // The same schema with three CEL rules (one on the object, one per list item, one with
+    // a regular expression): what evaluating x-kubernetes-validations adds to a create.
+    spec["x-kubernetes-validations"] = json!([
+        {"rule": "self.replicas <= self.size", "message": "replicas may not exceed size"},
+        {"rule": "self.owner.matches('^team-[a-z]+$')", "message": "owners are teams"}]);
+    spec["properties"]["ports"]["items"]["x-kubernetes-validations"] =
+        json!([{"rule": "self.port > 0 && self.name.size() <= 15"}]);
+    let gadgets = json!({"metadata": {"name": "gadgets.bench.example.com"},
+        "spec": {"group": "bench.example.com", "scope": "Namespaced",
+            "names": {"plural": "gadgets", "kind": "Gadget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}}}]}});
+    let mut req = ApiRequest::new(Verb::Create, crds);
+    req.body = Bytes::from(gadgets.to_string());
+    let created = bench
+        .client
+        .call(req)
+        .await?
+        .into_value()
+        .unwrap_or_default();
+    let gadgets = tessera_apiserver::catalog::custom_resource(&created, "v1")
+        .ok_or_else(|| anyhow::anyhow!("the created CRD defines no v1"))?;
+    let gadget = move |name: String| {
+        let mut req = ApiRequest::new(Verb::Create, gadgets);
+        req.namespace = Some(NS.into());
+        req.body = Bytes::from(
+            json!({"apiVersion": "bench.example.com/v1", "kind": "Gadget",
+                "metadata": {"name": name, "labels": {"app": "bench"}},
+                "spec": {"size": 7, "owner": "team-a", "labels": {"tier": "web"},
+                    "ports": [{"name": "http"}, {"name": "metrics", "port": 9090}]}})
+            .to_string(),
+        );
+        req
+    };
+    let mut tries = 0;
+    while let Err(e) = bench.client.call(gadget("first".into())).await {
+        tries += 1;
+        if tries > 100 || e.code != 404 {
+            anyhow::bail!("a create of the kind with rules failed: {}", e.message);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for &c in &args.concurrency {
+        bench
+            .measure("create-custom-rules", c, args, move |i| {
+                gadget(format!("c{c}-{i}"))
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// ConfigMap creates judged by a ValidatingAdmissionPolicy at each concurrency: a policy
+/// with a match condition, a variable read from a ConfigMap parameter and three
+/// validations, bound to objects labelled `policy=checked` (`create-policy`), next to
+/// creates it does not select (`create-policy-unselected`: the matching alone).
+async fn policy_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()> {
+    const NS: &str = "policies";
+    bench.namespace(NS).await?;
+    let admission = |plural| {
+        find_resource(
+            tessera_apiserver::catalog::ADMISSIONREGISTRATION,
+            "v1",
+            plural,
+        )
+    };
+    let mut param = ApiRequest::new(Verb::Create, bench.cm);
+    param.namespace = Some(NS.into());
+    param.body =
+        Bytes::from(json!({"metadata": {"name": "limits"}, "data": {"maxKeys": "8"}}).to_string());
+    bench.client.call(param).await?;
+    for (plural, body) in [
+        (
+            "validatingadmissionpolicies",
+            json!({"metadata": {"name": "bench"}, "spec": {
+                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}]},
+                "matchConditions": [{"name": "not-system",
+                    "expression": "!request.userInfo.username.startsWith('system:node:')"}],
+                "variables": [{"name": "limit", "expression": "int(params.data.maxKeys)"}],
+                "validations": [
+                    {"expression": "!has(object.data) || size(object.data) <= variables.limit",
+                     "messageExpression": "'at most ' + string(variables.limit) + ' keys'"},
+                    {"expression": "object.metadata.name.matches('^[a-z0-9-]+$')"},
+                    {"expression": "!has(object.data) || object.data.all(k, k.size() < 64)"}]}}),
+        ),
+        (
+            "validatingadmissionpolicybindings",
+            json!({"metadata": {"name": "bench"}, "spec": {"policyName": "bench",
+                "validationActions": ["Deny"],
+                "paramRef": {"name": "limits", "namespace": NS, "parameterNotFoundAction": "Deny"},
+                "matchResources": {"objectSelector": {"matchLabels": {"policy": "checked"}}}}}),
+        ),
+    ] {
+        let mut req = ApiRequest::new(Verb::Create, admission(plural)?);
+        req.body = Bytes::from(body.to_string());
+        bench.client.call(req).await?;
+    }
+    let cm = bench.cm;
+    for &c in &args.concurrency {
+        for (phase, label) in [
+            ("create-policy-unselected", "other"),
+            ("create-policy", "checked"),
+        ] {
+            bench
+                .measure(phase, c, args, move |i| {
+                    let mut req = ApiRequest::new(Verb::Create, cm);
+                    req.namespace = Some(NS.into());
+                    req.body = Bytes::from(
+                        json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": format!("{label}-c{c}-{i}"),
+                                "labels": {"policy": label}},
+                            "data": {"k": "v"}})
+                        .to_string(),
+                    );
+                    req
+                })
+                .await?;
+        }
     }
     Ok(())
 }

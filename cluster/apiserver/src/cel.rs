@@ -25,9 +25,15 @@
 use std::sync::{Arc, LazyLock};
 
 use cel::common::ast::{EntryExpr, Expr};
+use cel::common::types::{
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelOptional, CelString,
+    CelUInt,
+};
+use cel::common::value::{CowVal, Val};
+use cel::context::VariableResolver;
 use cel::extractors::{Arguments, This};
-use cel::objects::{Key, Map, Opaque, OptionalValue};
-use cel::{Context, Env, ExecutionError, IdedExpr, Program, Value as Cel};
+use cel::objects::{Key, Map, Opaque};
+use cel::{Context, Env, ExecutionError, IdedExpr, Value as Cel};
 use serde_json::Value;
 use tessera_core::quantity::Quantity;
 
@@ -59,7 +65,8 @@ thread_local! {
 /// A compiled expression.
 pub struct Expression {
     source: Arc<str>,
-    program: Program,
+    /// The compiled tree, `matches` calls rewritten to the cached [`MATCHES`].
+    tree: IdedExpr,
     size: u64,
     nesting: u32,
     variables: Vec<String>,
@@ -81,22 +88,152 @@ pub enum Binding<'a> {
     /// A value built by the caller (`variables` of a policy).
     Cel(Cel),
     /// A JSON value converted once for several evaluations.
-    Converted(&'a Converted),
+    Converted(&'a Converted<'a>),
 }
 
-/// A JSON value converted to CEL's, with the width it adds to an evaluation's cost bound.
-#[derive(Debug, Clone)]
-pub struct Converted {
-    value: Cel,
+/// A JSON value as the interpreter's values, borrowing its strings, with the width it adds
+/// to an evaluation's cost bound. Bound by reference: evaluating copies nothing.
+#[derive(Debug)]
+pub struct Converted<'a> {
+    value: Box<dyn Val + 'a>,
     width: u64,
 }
 
-impl Converted {
+impl<'a> Converted<'a> {
     /// Converts `v`.
-    pub fn of(v: &Value) -> Converted {
+    pub fn of(v: &'a Value) -> Converted<'a> {
         let mut width = 1;
-        let value = json(v, &mut width);
+        let value = val(v, &mut width);
         Converted { value, width }
+    }
+}
+
+/// `v` as an interpreter value borrowing its strings, noting the longest list, map or
+/// string in `width`. Null fields of objects are left out, as Kubernetes presents objects
+/// to CEL.
+fn val<'a>(v: &'a Value, width: &mut u64) -> Box<dyn Val + 'a> {
+    match v {
+        Value::Null => Box::new(CelNull),
+        Value::Bool(b) => Box::new(CelBool::from(*b)),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Box::new(CelInt::from(i))
+            } else if let Some(u) = n.as_u64() {
+                Box::new(CelUInt::from(u))
+            } else {
+                Box::new(CelDouble::from(n.as_f64().unwrap_or_default()))
+            }
+        }
+        Value::String(s) => {
+            *width = (*width).max(s.len() as u64);
+            Box::new(CelString::from(s.as_str()))
+        }
+        Value::Array(items) => {
+            *width = (*width).max(items.len() as u64);
+            let list: Vec<Box<dyn Val + 'a>> = items.iter().map(|i| val(i, width)).collect();
+            Box::new(CelList::from(list))
+        }
+        Value::Object(m) => {
+            *width = (*width).max(m.len() as u64);
+            let map: std::collections::HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = m
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (CelMapKey::from(k.as_str()), val(v, width)))
+                .collect();
+            Box::new(CelMap::from(map))
+        }
+    }
+}
+
+/// The variables of one evaluation, handed to the interpreter by reference.
+struct Variables<'a> {
+    bound: Vec<(&'a str, &'a (dyn Val + 'a))>,
+}
+
+impl VariableResolver for Variables<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        self.bound
+            .iter()
+            .find(|(name, _)| *name == variable)
+            .map(|(_, v)| CowVal::Borrowed(*v))
+    }
+}
+
+/// The name `matches` calls are compiled to: the same test with the compiled expression
+/// kept per thread (the crate compiles the pattern at every call). A name CEL cannot
+/// spell, so no expression calls it but through `matches`.
+const MATCHES: &str = "@matches";
+
+/// How many compiled regular expressions a thread keeps.
+const REGEX_CACHE: usize = 256;
+
+thread_local! {
+    static REGEXES: std::cell::RefCell<std::collections::HashMap<String, Arc<regex::Regex>>> =
+        Default::default();
+}
+
+/// `pattern` compiled, from this thread's cache.
+fn regex(function: &str, pattern: &str) -> Result<Arc<regex::Regex>, ExecutionError> {
+    if let Some(re) = REGEXES.with(|c| c.borrow().get(pattern).cloned()) {
+        return Ok(re);
+    }
+    let re = Arc::new(
+        regex::Regex::new(pattern)
+            .map_err(|e| err(function, format!("'{pattern}' not a valid regex: {e}")))?,
+    );
+    REGEXES.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= REGEX_CACHE {
+            c.clear();
+        }
+        c.insert(pattern.to_owned(), re.clone());
+    });
+    Ok(re)
+}
+
+/// Renames `matches` calls to [`MATCHES`] throughout `tree`, without recursion.
+fn cache_matches(tree: &mut IdedExpr) {
+    let mut stack: Vec<&mut IdedExpr> = vec![tree];
+    while let Some(e) = stack.pop() {
+        match &mut e.expr {
+            Expr::Call(call) => {
+                if call.func_name == "matches" {
+                    call.func_name = MATCHES.to_owned();
+                }
+                if let Some(t) = call.target.as_deref_mut() {
+                    stack.push(t);
+                }
+                stack.extend(call.args.iter_mut());
+            }
+            Expr::Comprehension(c) => {
+                let c = &mut **c;
+                stack.extend([
+                    &mut c.iter_range,
+                    &mut c.accu_init,
+                    &mut c.loop_cond,
+                    &mut c.loop_step,
+                    &mut c.result,
+                ]);
+            }
+            Expr::List(l) => stack.extend(l.elements.iter_mut()),
+            Expr::Map(m) => {
+                for entry in &mut m.entries {
+                    if let EntryExpr::MapEntry(me) = &mut entry.expr {
+                        stack.push(&mut me.key);
+                        stack.push(&mut me.value);
+                    }
+                }
+            }
+            Expr::Struct(st) => {
+                for entry in &mut st.entries {
+                    if let EntryExpr::StructField(f) = &mut entry.expr {
+                        stack.push(&mut f.value);
+                    }
+                }
+            }
+            Expr::Select(sel) => stack.push(&mut sel.operand),
+            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        }
     }
 }
 
@@ -115,7 +252,7 @@ pub fn compile(source: &str, declared: &[&str]) -> Result<Expression, String> {
     let program = std::thread::Builder::new()
         .name("cel-parser".into())
         .stack_size(PARSER_STACK)
-        .spawn(move || -> Result<(Program, Shape), String> {
+        .spawn(move || -> Result<(IdedExpr, Shape), String> {
             let program = ENV
                 .compile(&text)
                 .map_err(|e| format!("compilation failed: {e}"))?;
@@ -127,12 +264,14 @@ pub fn compile(source: &str, declared: &[&str]) -> Result<Expression, String> {
                     shape.depth
                 ));
             }
-            Ok((program, shape))
+            let mut tree = program.expression().clone();
+            cache_matches(&mut tree);
+            Ok((tree, shape))
         })
         .map_err(|e| format!("compilation failed: no thread to parse on: {e}"))?
         .join()
         .map_err(|_| "compilation failed: the parser failed".to_owned())??;
-    let (program, shape) = program;
+    let (tree, shape) = program;
     if let Some(unknown) = shape
         .variables
         .iter()
@@ -149,7 +288,7 @@ pub fn compile(source: &str, declared: &[&str]) -> Result<Expression, String> {
     }
     Ok(Expression {
         source: Arc::from(source),
-        program,
+        tree,
         size: shape.size,
         nesting: shape.nesting,
         variables: shape.variables,
@@ -255,25 +394,34 @@ impl Expression {
     /// Evaluates it with `bindings`.
     pub fn eval(&self, bindings: &[(&str, Binding<'_>)]) -> Result<Cel, String> {
         let mut width = 1u64;
-        let mut converted = Vec::with_capacity(bindings.len());
+        // Values converted here (owned) and values converted by the caller (borrowed).
+        let mut owned: Vec<(&str, Box<dyn Val + '_>)> = Vec::new();
+        let mut borrowed: Vec<(&str, &(dyn Val + '_))> = Vec::new();
         for (name, b) in bindings {
             if !self.uses(name) {
                 continue;
             }
-            let v = match b {
-                Binding::Json(v) => Some(json(v, &mut width)),
-                Binding::Optional(Some(v)) => Some(json(v, &mut width)),
-                Binding::Optional(None) => None,
+            match b {
+                Binding::Json(v) => owned.push((name, val(v, &mut width))),
+                Binding::Optional(v) => {
+                    let inner = v.map(|v| val(v, &mut width));
+                    let opt = match inner {
+                        Some(i) => CelOptional::of(i),
+                        None => CelOptional::none(),
+                    };
+                    owned.push((name, Box::new(opt)));
+                }
                 Binding::Cel(v) => {
                     width = width.max(cel_width(v));
-                    Some(v.clone())
+                    let boxed = Box::<dyn Val>::try_from(v.clone())
+                        .map_err(|e| format!("binding {name}: {e}"))?;
+                    owned.push((name, boxed));
                 }
                 Binding::Converted(c) => {
                     width = width.max(c.width);
-                    Some(c.value.clone())
+                    borrowed.push((name, c.value.as_ref()));
                 }
-            };
-            converted.push((*name, v, matches!(b, Binding::Optional(_))));
+            }
         }
         let cost = (0..self.nesting).fold(self.size, |c, _| c.saturating_mul(width));
         if cost > COST_LIMIT {
@@ -282,21 +430,19 @@ impl Expression {
                 self.size, self.nesting, width, cost
             ));
         }
+        let variables = Variables {
+            bound: borrowed
+                .into_iter()
+                .chain(owned.iter().map(|(n, v)| (*n, v.as_ref())))
+                .collect(),
+        };
         ROOT.with(|root| {
+            let root: &Context<'_, '_> = root;
             let mut scope = root.new_inner_scope();
-            for (name, v, optional) in converted {
-                let bound = match (optional, v) {
-                    (true, Some(v)) => Cel::Opaque(Arc::new(OptionalValue::of(v))),
-                    (true, None) => Cel::Opaque(Arc::new(OptionalValue::none())),
-                    (false, v) => v.unwrap_or(Cel::Null),
-                };
-                scope
-                    .add_variable(name, bound)
-                    .map_err(|e| format!("binding {name}: {e}"))?;
-            }
+            scope.set_variable_resolver(&variables);
             // A panic in the interpreter is this request's error, not the server's.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.program.execute(&scope)
+                Cel::resolve(&self.tree, &scope)
             }))
             .map_err(|_| "the interpreter failed on this expression".to_owned())?
             .map_err(|e| describe(&e))
@@ -563,7 +709,7 @@ fn root() -> Context<'static, 'static> {
         c.add_function(
             "find",
             |This(this): This<Arc<String>>, re: Arc<String>| -> Result<Cel, ExecutionError> {
-                let re = regex::Regex::new(&re).map_err(|e| err("find", e))?;
+                let re = regex("find", &re)?;
                 Ok(Cel::String(Arc::new(
                     re.find(&this)
                         .map(|m| m.as_str().to_owned())
@@ -584,13 +730,22 @@ fn root() -> Context<'static, 'static> {
                     [Cel::String(re), Cel::Int(n)] => (re, usize::try_from(*n).ok()),
                     _ => return Err(err("findAll", "expects (string) or (string, int)")),
                 };
-                let re = regex::Regex::new(re).map_err(|e| err("findAll", e))?;
+                let re = regex("findAll", re)?;
                 let found = re
                     .find_iter(&this)
                     .take(limit.unwrap_or(usize::MAX))
                     .map(|m| Cel::String(Arc::new(m.as_str().to_owned())))
                     .collect();
                 Ok(Cel::List(Arc::new(found)))
+            },
+        ),
+    );
+    add(
+        MATCHES,
+        c.add_function(
+            MATCHES,
+            |This(this): This<Arc<String>>, re: Arc<String>| -> Result<bool, ExecutionError> {
+                Ok(regex("matches", &re)?.is_match(&this))
             },
         ),
     );

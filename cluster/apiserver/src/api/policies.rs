@@ -51,7 +51,8 @@ impl Api {
             .unwrap_or_default();
         let snapshot = a.snapshot.clone();
         // Converted for CEL once, when the first policy selects the request.
-        let mut converted: Option<[Converted; 3]> = None;
+        let values: std::cell::OnceCell<[Value; 3]> = std::cell::OnceCell::new();
+        let converted: std::cell::OnceCell<[Converted<'_>; 3]> = std::cell::OnceCell::new();
         for bound in &snapshot.policies {
             let Some(version) = bound.selects(&attrs, &name, served.as_ref()) else {
                 continue;
@@ -69,26 +70,21 @@ impl Api {
             if !in_namespace {
                 continue;
             }
-            let [object, old_object, request] = match &converted {
-                Some(c) => c.clone(),
-                None => {
-                    let object = obj.map(|o| view(a.req, self, o)).unwrap_or(Value::Null);
-                    let old_object = old.map(|o| view(a.req, self, o)).unwrap_or(Value::Null);
+            let [object, old_object, request] = converted.get_or_init(|| {
+                let [o, old_o, r] = values.get_or_init(|| {
                     let review = Api::review(a, obj);
-                    let request = review.body(&version, None, None)["request"].take();
-                    let c = [
-                        Converted::of(&object),
-                        Converted::of(&old_object),
-                        Converted::of(&request),
-                    ];
-                    converted = Some(c.clone());
-                    c
-                }
-            };
+                    [
+                        obj.map(|o| view(a.req, self, o)).unwrap_or(Value::Null),
+                        old.map(|o| view(a.req, self, o)).unwrap_or(Value::Null),
+                        review.body(&version, None, None)["request"].take(),
+                    ]
+                });
+                [Converted::of(o), Converted::of(old_o), Converted::of(r)]
+            });
             let inputs = Inputs {
-                object: &object,
-                old_object: &old_object,
-                request: &request,
+                object,
+                old_object,
+                request,
             };
             self.check_policy(a, bound, &name, &inputs, warnings)
                 .await?;
@@ -264,17 +260,17 @@ impl Api {
 
 /// The request's values, converted for CEL once.
 struct Inputs<'a> {
-    object: &'a Converted,
-    old_object: &'a Converted,
-    request: &'a Converted,
+    object: &'a Converted<'a>,
+    old_object: &'a Converted<'a>,
+    request: &'a Converted<'a>,
 }
 
 /// Evaluates a policy's conditions, variables and validations for one parameter.
 fn evaluate(
     bound: &Bound,
     inputs: &Inputs<'_>,
-    params: &Converted,
-    namespace: &Converted,
+    params: &Converted<'_>,
+    namespace: &Converted<'_>,
 ) -> Outcome {
     let policy = &bound.policy;
     let mut variables: std::collections::HashMap<Key, cel::Value> = Default::default();

@@ -800,17 +800,26 @@ impl Schema {
         };
         let v = trimmed.as_ref().unwrap_or(v);
         let old = trimmed_old.as_ref().or(old);
+        // Converted once for all the node's rules (`oldSelf` only if a rule reads it).
+        let this = crate::cel::Converted::of(v);
+        let old_converted = old
+            .filter(|_| {
+                node.rules
+                    .iter()
+                    .any(|r| r.transition && !r.optional_old_self)
+            })
+            .map(crate::cel::Converted::of);
         for r in &node.rules {
             if r.transition && old.is_none() && !r.optional_old_self {
                 continue;
             }
-            let old_binding = if r.optional_old_self {
-                crate::cel::Binding::Optional(old)
-            } else {
-                crate::cel::Binding::Json(old.unwrap_or(&Value::Null))
+            let old_binding = match (&old_converted, r.optional_old_self) {
+                (_, true) => crate::cel::Binding::Optional(old),
+                (Some(c), false) => crate::cel::Binding::Converted(c),
+                (None, false) => crate::cel::Binding::Json(&Value::Null),
             };
             let bindings = [
-                ("self", crate::cel::Binding::Json(v)),
+                ("self", crate::cel::Binding::Converted(&this)),
                 ("oldSelf", old_binding),
             ];
             let at = match &r.field_path {
