@@ -164,8 +164,13 @@ impl VariableResolver for Variables<'_> {
 /// spell, so no expression calls it but through `matches`.
 const MATCHES: &str = "@matches";
 
-/// How many compiled regular expressions a thread keeps.
-const REGEX_CACHE: usize = 256;
+/// How many compiled regular expressions a thread keeps, and the longest pattern kept.
+const REGEX_CACHE: usize = 64;
+const REGEX_CACHED_LEN: usize = 256;
+
+/// The most memory one compiled regular expression may take (patterns can come from the
+/// objects written, so this bounds what a writer can make a thread hold).
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 thread_local! {
     static REGEXES: std::cell::RefCell<std::collections::HashMap<String, Arc<regex::Regex>>> =
@@ -178,9 +183,14 @@ fn regex(function: &str, pattern: &str) -> Result<Arc<regex::Regex>, ExecutionEr
         return Ok(re);
     }
     let re = Arc::new(
-        regex::Regex::new(pattern)
+        regex::RegexBuilder::new(pattern)
+            .size_limit(REGEX_SIZE_LIMIT)
+            .build()
             .map_err(|e| err(function, format!("'{pattern}' not a valid regex: {e}")))?,
     );
+    if pattern.len() > REGEX_CACHED_LEN {
+        return Ok(re);
+    }
     REGEXES.with(|c| {
         let mut c = c.borrow_mut();
         if c.len() >= REGEX_CACHE {
@@ -967,6 +977,26 @@ mod tests {
         ] {
             assert_eq!(eval(src, obj.clone()), Ok(Cel::Bool(want)), "{src}");
         }
+    }
+
+    #[test]
+    fn patterns_from_objects_are_bounded() {
+        // A short pattern that compiles to a huge program is refused, not built.
+        let e = compile("self.s.matches(self.p)", &["self"]).expect("compiles");
+        let obj = json!({"s": "aaa", "p": "a{1000}{1000}"});
+        let why = e
+            .eval(&[("self", Binding::Json(&obj))])
+            .expect_err("refused");
+        assert!(why.contains("not a valid regex"), "{why}");
+        // Distinct patterns keep working past the cache's size.
+        for i in 0..(REGEX_CACHE * 2) {
+            let obj = json!({"s": format!("x{i}"), "p": format!("^x{i}$")});
+            assert_eq!(
+                e.eval(&[("self", Binding::Json(&obj))]),
+                Ok(Cel::Bool(true))
+            );
+        }
+        assert!(REGEXES.with(|c| c.borrow().len()) <= REGEX_CACHE);
     }
 
     #[test]
