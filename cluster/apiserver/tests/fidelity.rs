@@ -136,6 +136,13 @@ fn minimal(kind: &str) -> Option<Value> {
             "metadata": meta, "webhooks": [{"name": "x.example.com", "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": {"url": "https://127.0.0.1:1/x"}}]}),
+        // A policy that selects nothing the test writes, and a binding of it.
+        "ValidatingAdmissionPolicy" => json!({"metadata": meta, "spec": {
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["example.com"],
+                "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["nothings"]}]},
+            "validations": [{"expression": "true"}]}}),
+        "ValidatingAdmissionPolicyBinding" => json!({"metadata": meta, "spec": {
+            "policyName": "x", "validationActions": ["Deny"]}}),
         // An APIService's name is its version and group.
         "APIService" => json!({"metadata": {"name": "v1.example.com"}, "spec": {
             "group": "example.com", "version": "v1", "groupPriorityMinimum": 100,
