@@ -12,7 +12,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Fixture, get, logs, pod, res, until};
+use support::{Fixture, get, logs, pod, res, until, until_within};
 use tessera_agent::cgroups::Cgroups;
 
 /// Host ids handed to pods start here.
@@ -411,7 +411,9 @@ async fn limits_are_enforced_by_the_kernel() {
             .await
             .expect("delete");
     }
-    until("pods gone", || async {
+    // The forker's background sleeps (30 s) and a container that outlives SIGTERM may hold
+    // a pod until its 30 s grace period ends: the bound is past both.
+    until_within("pods gone", Duration::from_secs(60), || async {
         get(c, "forker").await.is_none() && get(c, "spinner").await.is_none()
     })
     .await;

@@ -32,8 +32,18 @@ pub async fn get(c: &Arc<dyn Client>, name: &str) -> Option<Value> {
 }
 
 /// Waits (15 s at most) until `f` holds.
-pub async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    for _ in 0..600 {
+pub async fn until<F: std::future::Future<Output = bool>>(what: &str, f: impl FnMut() -> F) {
+    until_within(what, Duration::from_secs(15), f).await;
+}
+
+/// Waits (`limit` at most) until `f` holds.
+pub async fn until_within<F: std::future::Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> F,
+) {
+    let tries = limit.as_millis() / 25;
+    for _ in 0..tries {
         if f().await {
             return;
         }
