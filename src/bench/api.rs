@@ -351,45 +351,10 @@ async fn crd_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()
             "x-kubernetes-list-map-keys": ["name"], "items": {"type": "object",
             "required": ["name"], "properties": {"name": {"type": "string"},
                 "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 80}}}}}});
-    let crd = json!({"metadata": {"name": "widgets.bench.example.com"},
-        "spec": {"group": "bench.example.com", "scope": "Namespaced",
-            "names": {"plural": "widgets", "kind": "Widget"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}}}]}});
-    let mut req = ApiRequest::new(Verb::Create, crds);
-    req.body = Bytes::from(crd.to_string());
     let started = Instant::now();
-    let created = bench
-        .client
-        .call(req)
-        .await?
-        .into_value()
-        .unwrap_or_default();
-    let widgets = tessera_apiserver::catalog::custom_resource(&created, "v1")
-        .ok_or_else(|| anyhow::anyhow!("the created CRD defines no v1"))?;
-    let widget = move |name: String| {
-        let mut req = ApiRequest::new(Verb::Create, widgets);
-        req.namespace = Some(NS.into());
-        req.body = Bytes::from(
-            json!({"apiVersion": "bench.example.com/v1", "kind": "Widget",
-                "metadata": {"name": name, "labels": {"app": "bench"}},
-                "spec": {"size": 7, "owner": "team-a", "labels": {"tier": "web"},
-                    "ports": [{"name": "http"}, {"name": "metrics", "port": 9090}]}})
-            .to_string(),
-        );
-        req
-    };
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match bench.client.call(widget("first".into())).await {
-            Ok(_) => break,
-            Err(e) if tries < 100 && e.code == 404 => {
-                tokio::time::sleep(Duration::from_millis(10)).await
-            }
-            Err(e) => anyhow::bail!("a create of the new kind failed: {}", e.message),
-        }
-    }
+    let widgets = bench_crd(bench, crds, "widgets", "Widget", &spec).await?;
+    let widget = custom_object(widgets, NS, "Widget");
+    let tries = first_create(bench, &widget).await?;
     println!(
         "crd served   the first create of the new kind succeeded {:.1} ms after the CRD's create was sent ({tries} tries)",
         started.elapsed().as_secs_f64() * 1000.0
@@ -426,41 +391,9 @@ async fn crd_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()
         {"rule": "self.owner.matches('^team-[a-z]+$')", "message": "owners are teams"}]);
     spec["properties"]["ports"]["items"]["x-kubernetes-validations"] =
         json!([{"rule": "self.port > 0 && self.name.size() <= 15"}]);
-    let gadgets = json!({"metadata": {"name": "gadgets.bench.example.com"},
-        "spec": {"group": "bench.example.com", "scope": "Namespaced",
-            "names": {"plural": "gadgets", "kind": "Gadget"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}}}]}});
-    let mut req = ApiRequest::new(Verb::Create, crds);
-    req.body = Bytes::from(gadgets.to_string());
-    let created = bench
-        .client
-        .call(req)
-        .await?
-        .into_value()
-        .unwrap_or_default();
-    let gadgets = tessera_apiserver::catalog::custom_resource(&created, "v1")
-        .ok_or_else(|| anyhow::anyhow!("the created CRD defines no v1"))?;
-    let gadget = move |name: String| {
-        let mut req = ApiRequest::new(Verb::Create, gadgets);
-        req.namespace = Some(NS.into());
-        req.body = Bytes::from(
-            json!({"apiVersion": "bench.example.com/v1", "kind": "Gadget",
-                "metadata": {"name": name, "labels": {"app": "bench"}},
-                "spec": {"size": 7, "owner": "team-a", "labels": {"tier": "web"},
-                    "ports": [{"name": "http"}, {"name": "metrics", "port": 9090}]}})
-            .to_string(),
-        );
-        req
-    };
-    let mut tries = 0;
-    while let Err(e) = bench.client.call(gadget("first".into())).await {
-        tries += 1;
-        if tries > 100 || e.code != 404 {
-            anyhow::bail!("a create of the kind with rules failed: {}", e.message);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let gadgets = bench_crd(bench, crds, "gadgets", "Gadget", &spec).await?;
+    let gadget = custom_object(gadgets, NS, "Gadget");
+    first_create(bench, &gadget).await?;
     for &c in &args.concurrency {
         bench
             .measure("create-custom-rules", c, args, move |i| {
@@ -469,6 +402,70 @@ async fn crd_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Result<()
             .await?;
     }
     Ok(())
+}
+
+/// Creates the CRD of `plural`/`kind` in `bench.example.com` (one version, `spec`'s schema)
+/// and returns the resource it serves.
+async fn bench_crd(
+    bench: &Arc<Bench>,
+    crds: &'static tessera_apiserver::catalog::Resource,
+    plural: &str,
+    kind: &str,
+    spec: &serde_json::Value,
+) -> anyhow::Result<&'static tessera_apiserver::catalog::Resource> {
+    let crd = json!({"metadata": {"name": format!("{plural}.bench.example.com")},
+        "spec": {"group": "bench.example.com", "scope": "Namespaced",
+            "names": {"plural": plural, "kind": kind},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}}}]}});
+    let mut req = ApiRequest::new(Verb::Create, crds);
+    req.body = Bytes::from(crd.to_string());
+    let created = bench
+        .client
+        .call(req)
+        .await?
+        .into_value()
+        .unwrap_or_default();
+    tessera_apiserver::catalog::custom_resource(&created, "v1")
+        .ok_or_else(|| anyhow::anyhow!("the created CRD defines no v1"))
+}
+
+/// A create of a `kind` object of the `crd` phase's schema in `ns`, by name.
+fn custom_object(
+    res: &'static tessera_apiserver::catalog::Resource,
+    ns: &'static str,
+    kind: &'static str,
+) -> impl Fn(String) -> ApiRequest + Copy + Send + Sync + 'static {
+    move |name: String| {
+        let mut req = ApiRequest::new(Verb::Create, res);
+        req.namespace = Some(ns.into());
+        req.body = Bytes::from(
+            json!({"apiVersion": "bench.example.com/v1", "kind": kind,
+                "metadata": {"name": name, "labels": {"app": "bench"}},
+                "spec": {"size": 7, "owner": "team-a", "labels": {"tier": "web"},
+                    "ports": [{"name": "http"}, {"name": "metrics", "port": 9090}]}})
+            .to_string(),
+        );
+        req
+    }
+}
+
+/// Creates `first` with `make` until its new kind is served (404 until then): the tries.
+async fn first_create(
+    bench: &Arc<Bench>,
+    make: &impl Fn(String) -> ApiRequest,
+) -> anyhow::Result<u32> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match bench.client.call(make("first".into())).await {
+            Ok(_) => return Ok(tries),
+            Err(e) if tries < 100 && e.code == 404 => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => anyhow::bail!("a create of the new kind failed: {}", e.message),
+        }
+    }
 }
 
 /// ConfigMap creates judged by a ValidatingAdmissionPolicy at each concurrency: a policy
