@@ -253,20 +253,8 @@ fn tenants_cannot_register_policies_or_slip_out_of_their_selectors() {
     );
     c.ok(&["create", "-f", &setup]);
     let acme = support::tenant_token(&c, "acme");
-    let as_acme = |args: &[&str]| {
-        let flag = format!("--token={acme}");
-        let mut all = vec![flag.as_str()];
-        all.extend_from_slice(args);
-        c.kubectl(&all)
-    };
-    let refused = |args: &[&str], words: &str| {
-        let out = as_acme(args);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            !out.status.success() && err.contains(words),
-            "{args:?}: {err}"
-        );
-    };
+    let as_acme = |args: &[&str]| c.kubectl_as(&acme, args);
+    let refused = |args: &[&str], words: &str| c.refused_as(&acme, args, words);
     let policy = c.file("policy.yaml", POLICY);
     let binding = c.file("binding.yaml", BINDING);
     // A tenant may register neither a policy nor a binding (one binding a permissive

@@ -565,25 +565,13 @@ fn tenants_cannot_register_webhooks_or_slip_out_of_their_selectors() {
         ),
     );
     let acme = support::tenant_token(&c, "acme");
-    let as_acme = |args: &[&str]| {
-        let flag = format!("--token={acme}");
-        let mut all = vec![flag.as_str()];
-        all.extend_from_slice(args);
-        c.kubectl(&all)
-    };
+    let as_acme = |args: &[&str]| c.kubectl_as(&acme, args);
     let allowed = |args: &[&str]| {
         let out = as_acme(args);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{args:?}: {err}");
     };
-    let refused = |args: &[&str], words: &str| {
-        let out = as_acme(args);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            !out.status.success() && err.contains(words),
-            "{args:?}: {err}"
-        );
-    };
+    let refused = |args: &[&str], words: &str| c.refused_as(&acme, args, words);
     // A tenant may not register a webhook: it would see (and could refuse) every tenant's
     // writes.
     refused(&["create", "-f", &config], "Forbidden");

@@ -239,6 +239,24 @@ impl Cluster {
         self.command(args).output().expect("run kubectl")
     }
 
+    /// Runs kubectl with `--token=TOKEN`.
+    pub fn kubectl_as(&self, token: &str, args: &[&str]) -> Output {
+        let flag = format!("--token={token}");
+        let mut all = vec![flag.as_str()];
+        all.extend_from_slice(args);
+        self.kubectl(&all)
+    }
+
+    /// Asserts kubectl with `--token=TOKEN` fails with `words` in its error.
+    pub fn refused_as(&self, token: &str, args: &[&str], words: &str) {
+        let out = self.kubectl_as(token, args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success() && err.contains(words),
+            "{args:?}: {err}"
+        );
+    }
+
     /// Creates Deployment `ns/name` of nginx with `replicas` and waits until it rolled out.
     pub fn deploy(&self, ns: &str, name: &str, replicas: u32) {
         let replicas = format!("--replicas={replicas}");
