@@ -186,7 +186,7 @@ async fn lead(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(FederationService::server(registry.clone()))
         .add_service(health)
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+        .serve_with_incoming(crate::health::incoming(listener));
     tokio::spawn(async move {
         if let Err(e) = server.await {
             tracing::error!(error = %e, "the federation's gRPC endpoint stopped");

@@ -92,11 +92,27 @@ pub fn service(store: Arc<dyn Store>) -> HealthServer<StoreHealth> {
     HealthServer::new(StoreHealth { store })
 }
 
+/// The connections `listener` accepts, for a gRPC server, with Nagle's algorithm off: a
+/// small message (a lease renewal's answer, a tunnel's credit) goes out at once instead of
+/// waiting for the peer's delayed ACK — up to 40 ms a message on Linux, which capped a pod
+/// stream tunnelled through the federation at ~35 MiB/s.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+        if let Ok(c) = &conn {
+            let _ = c.set_nodelay(true);
+        }
+        conn
+    })
+}
+
 /// Serves the health service on `addr` until the process ends; returns the bound address.
 pub async fn serve(addr: SocketAddr, store: Arc<dyn Store>) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = incoming(listener);
     let service = HealthServer::new(StoreHealth { store });
     tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()

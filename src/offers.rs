@@ -53,7 +53,7 @@ async fn serve_tls(
             &credentials.key_pem,
         )))?
         .add_routes(routes)
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+        .serve_with_incoming(crate::health::incoming(listener));
     tokio::spawn(async move {
         if let Err(e) = server.await {
             tracing::error!(error = %e, "the offers endpoint stopped");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 mod support;
 
-use support::{Cluster, Running, free_addr, join_command, tenant_token, wait_for};
+use support::{Cluster, Running, free_addr, join_command, said, tenant_token, wait_for};
 
 const SHARDS: [&str; 3] = ["shard-0", "shard-1", "shard-2"];
 
@@ -570,6 +570,142 @@ fn a_shard_in_its_own_process_joins_a_federation_in_its_own() {
         missing.contains("NotFound") || missing.contains("not found"),
         "{missing}"
     );
+
+    // exec and port-forward at the federation: opened in the shard by its agent and
+    // tunnelled over the shard's stream, with every protocol kubectl speaks.
+    shard.ok(&[
+        "run",
+        "site",
+        "-n",
+        "web",
+        "--image=busybox",
+        "--overrides={\"spec\":{\"nodeName\":\"east-proc-0\"}}",
+        "--command",
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /tmp/www && echo served-through-the-federation > /tmp/www/index.html && cd /tmp/www && exec python3 -m http.server 8080 --bind 127.0.0.1",
+    ]);
+    assert!(
+        fed.listens("web", "site", 8080, Duration::from_secs(60)),
+        "{}",
+        fed.ok(&["get", "pod", "site", "-n", "web", "-o", "yaml"])
+    );
+    let (code, stdout, stderr) = said(&fed.kubectl(&[
+        "exec",
+        "-n",
+        "web",
+        "site",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]));
+    assert_eq!(code, Some(3), "{stderr}");
+    assert_eq!(stdout, "out\n");
+    assert!(stderr.starts_with("err\n"), "{stderr}");
+    // More than a window each way (flow control carries it, in order): 3 MiB of stdin
+    // counted in the pod, 2 MiB of output counted here; and the same over SPDY.
+    let input: Vec<u8> = (0..3 << 20).map(|i: u32| b'a' + (i % 26) as u8).collect();
+    for spdy in [false, true] {
+        let mut cmd = fed.command(&[
+            "exec",
+            "-i",
+            "-n",
+            "web",
+            "site",
+            "--",
+            "sh",
+            "-c",
+            "md5sum; head -c 2097152 /dev/zero",
+        ]);
+        if spdy {
+            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+        }
+        let out = support::fed(&mut cmd, &input, "kubectl exec -i through the federation");
+        assert_eq!(out.status.code(), Some(0), "spdy={spdy}: {}", said(&out).2);
+        let want = md5_of(&input);
+        let (head, zeros) = out.stdout.split_at(
+            out.stdout
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(0, |i| i + 1),
+        );
+        assert!(
+            String::from_utf8_lossy(head).starts_with(&want),
+            "spdy={spdy}: the pod saw the client's bytes, all and in order: {}",
+            String::from_utf8_lossy(head)
+        );
+        assert_eq!(zeros.len(), 2 << 20, "spdy={spdy}");
+    }
+    let local = free_addr();
+    let port = local.rsplit(':').next().expect("port").to_owned();
+    let mut forward = fed
+        .command(&[
+            "port-forward",
+            "-n",
+            "web",
+            "pod/site",
+            &format!("{port}:8080"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Running)
+        .expect("kubectl port-forward");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        forward.0.stdout.take().expect("stdout"),
+    ));
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(first.starts_with("Forwarding from 127.0.0.1:"), "{first}");
+    for _ in 0..3 {
+        let body = support::http_get(&local, "/").expect("through the forward");
+        assert!(body.contains("served-through-the-federation"), "{body}");
+    }
+    drop(forward);
+    assert!(support::sample(&fed.metrics_addr, "tessera_federation_pod_streams_total") >= 5.0);
+    // A pod the shards do not have, and a tenant outside its namespaces: refused at the
+    // federation, nothing reaches a shard.
+    let e = fed.fails(&["exec", "-n", "web", "ghost", "--", "true"]);
+    assert!(e.contains("NotFound") || e.contains("not found"), "{e}");
+    let tenant = fed.file(
+        "acme.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n",
+    );
+    fed.ok(&["apply", "-f", &tenant]);
+    let acme = tenant_token(&fed, "acme");
+    for args in [
+        vec![
+            "exec",
+            "-n",
+            "web",
+            "site",
+            "--",
+            "cat",
+            "/tmp/www/index.html",
+        ],
+        vec!["port-forward", "-n", "web", "pod/site", "18998:8080"],
+    ] {
+        let mut all = vec!["--token", acme.as_str()];
+        all.extend(args.iter());
+        let (code, stdout, stderr) = said(&fed.kubectl(&all));
+        assert_ne!(code, Some(0), "{args:?}: {stdout}");
+        assert!(
+            stderr.to_lowercase().contains("forbidden"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stdout.contains("served-through"), "{stdout}");
+    }
+}
+
+/// The MD5 digest of `bytes` in hex, as `md5sum` prints it.
+fn md5_of(bytes: &[u8]) -> String {
+    let out = support::fed(&mut Command::new("md5sum"), bytes, "md5sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Lines a long-running kubectl (a watch) has printed so far; it is killed when dropped.
@@ -801,6 +937,13 @@ fn pods_nodes_and_events_are_read_across_shards() {
     // Pods are written in their shard, not at the federation.
     let refused = c.fails(&["delete", "pod", "direct", "-n", "reads"]);
     assert!(refused.contains("live in the shards"), "{refused}");
+    // An exec at the federation is made by the pod's shard (here its in-process agent),
+    // which says why a pod on a simulated node cannot be exec'd into.
+    let refused = c.fails(&["exec", "-n", "reads", "direct", "--", "true"]);
+    assert!(
+        refused.contains("simulated nodes run no processes"),
+        "{refused}"
+    );
 
     // A tenant reads only its own namespaces, at the federation as on a shard.
     let tenant = c.file(
@@ -817,6 +960,7 @@ fn pods_nodes_and_events_are_read_across_shards() {
         &["get", "events", "-n", "reads"],
         &["get", "pods", "-n", "reads", "-w", "--request-timeout=5s"],
         &["logs", &name, "-n", "reads"],
+        &["exec", &name, "-n", "reads", "--", "true"],
     ] {
         let mut with_token = vec!["--token", &token];
         with_token.extend_from_slice(args);

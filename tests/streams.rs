@@ -4,11 +4,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::{Cluster, wait_for};
+use support::{Cluster, fed, http_get, said, wait_for};
 
 /// A pod on `proc-0` running `script` (in the sandbox) that tolerates nothing: it is placed
 /// by name.
@@ -36,31 +36,6 @@ fn pod(c: &Cluster, ns: &str, name: &str, script: &str) {
         "{name} runs: {}",
         c.ok(&["get", "pod", name, "-n", ns, "-o", "yaml"])
     );
-}
-
-/// Runs kubectl `cmd` with `input` on its stdin, to its end.
-fn fed(cmd: &mut Command, input: &[u8], what: &str) -> std::process::Output {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect(what);
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input)
-        .expect("write");
-    child.wait_with_output().expect(what)
-}
-
-fn said(out: &std::process::Output) -> (Option<i32>, String, String) {
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]
@@ -372,17 +347,6 @@ fn tenants_exec_only_into_their_own_pods() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cret"));
 }
 
-/// Reads one HTTP/1.0 answer from `addr`.
-fn http_get(addr: &str, path: &str) -> Result<String, String> {
-    let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).map_err(|e| e.to_string())?;
-    Ok(body)
-}
-
 #[test]
 fn kubectl_port_forward_reaches_a_process_pods_port() {
     let c = Cluster::start_with("up", &["--nodes-per-shard=0", "--process-nodes=1"]);
@@ -397,22 +361,7 @@ fn kubectl_port_forward_reaches_a_process_pods_port() {
     );
     // The server listens once python has started.
     assert!(
-        wait_for(Duration::from_secs(30), || {
-            c.kubectl(&[
-                "exec",
-                "-n",
-                "web",
-                "site",
-                "--",
-                "python3",
-                "-c",
-                "import socket; socket.create_connection(('127.0.0.1', 8080))",
-            ])
-            .status
-            .success()
-            .then_some(())
-        })
-        .is_some(),
+        c.listens("web", "site", 8080, Duration::from_secs(30)),
         "the pod's server listens"
     );
     let local = support::free_addr();

@@ -105,6 +105,23 @@ async fn observe(State(seen): State<Seen>, body: Bytes) -> Reply {
     answer(&review, true, json!({}))
 }
 
+/// Refuses an exec whose command starts with `rm` (a CONNECT's object is its options).
+async fn guard_exec(State(seen): State<Seen>, body: Bytes) -> Reply {
+    let review = parse(&body);
+    seen.lock()
+        .expect("lock")
+        .push(("exec".into(), review.clone()));
+    if review["request"]["object"]["command"][0] == "rm" {
+        answer(
+            &review,
+            false,
+            json!({"status": {"code": 403, "reason": "Forbidden", "message": "rm is not run in pods here"}}),
+        )
+    } else {
+        answer(&review, true, json!({}))
+    }
+}
+
 /// Answers after 3 s (longer than the 1 s timeout its configuration gives it).
 async fn slow(body: Bytes) -> Reply {
     let review = parse(&body);
@@ -122,6 +139,7 @@ fn webhook_server() -> (std::net::SocketAddr, String, Seen, tokio::runtime::Runt
         .route("/mutate", post(mutate))
         .route("/slow", post(slow))
         .route("/observe", post(observe))
+        .route("/exec", post(guard_exec))
         .with_state(seen.clone());
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let addr = rt
@@ -385,6 +403,79 @@ fn webhooks_refuse_and_mutate_objects_through_kubectl() {
 /// `matchConditions`: CEL over the object, the old object and the request decide whether a
 /// webhook is called; one that fails to evaluate refuses the request if the webhook fails
 /// closed and skips it if it fails open.
+#[test]
+fn connections_to_pods_are_admitted_as_connect() {
+    let c = Cluster::start();
+    let (addr, ca, seen, _rt) = webhook_server();
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
+    c.ok(&["create", "namespace", "ops"]);
+    c.ok(&["run", "box", "-n", "ops", "--image=nginx"]);
+    let running = support::wait_for(Duration::from_secs(30), || {
+        (c.ok(&[
+            "get",
+            "pod",
+            "box",
+            "-n",
+            "ops",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]) == "Running")
+            .then_some(())
+    });
+    assert!(running.is_some());
+    let config = configuration(
+        VALIDATING,
+        "execs",
+        &url(addr.port(), "/exec", &bundle),
+        "CONNECT",
+        "pods/exec",
+        "",
+    );
+    let file = c.file("execs.yaml", &config);
+    c.ok(&["apply", "-f", &file]);
+    let err = c.fails(&["exec", "-n", "ops", "box", "--", "rm", "-rf", "/"]);
+    assert!(err.contains("rm is not run in pods here"), "{err}");
+    // What the webhook saw: a CONNECT of pods/exec, the PodExecOptions as the object.
+    let review = seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .find(|(p, _)| p == "exec")
+        .map(|(_, r)| r["request"].clone())
+        .expect("the webhook was called");
+    assert_eq!(review["operation"], "CONNECT");
+    assert_eq!(review["subResource"], "exec");
+    assert_eq!(review["kind"]["kind"], "PodExecOptions");
+    assert_eq!(
+        (review["name"].as_str(), review["namespace"].as_str()),
+        (Some("box"), Some("ops"))
+    );
+    assert_eq!(review["object"]["kind"], "PodExecOptions");
+    assert_eq!(review["object"]["command"], json!(["rm", "-rf", "/"]));
+    assert_eq!(review["object"]["stdout"], true);
+    assert!(review["options"].is_null(), "{review}");
+    // Another command passes admission and reaches the pod's node (a simulated one, which
+    // says it runs no processes).
+    let err = c.fails(&["exec", "-n", "ops", "box", "--", "ls"]);
+    assert!(err.contains("simulated nodes"), "{err}");
+    // A ValidatingAdmissionPolicy judges connections too: attach is switched off.
+    let policy = c.file(
+        "no-attach.yaml",
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {name: no-attach}\nspec:\n  matchConstraints:\n    resourceRules: [{apiGroups: [''], apiVersions: [v1], operations: [CONNECT], resources: [pods/attach]}]\n  validations:\n  - {expression: \"object.kind != 'PodAttachOptions'\", message: attaching is switched off here}\n---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicyBinding\nmetadata: {name: no-attach}\nspec: {policyName: no-attach, validationActions: [Deny]}\n",
+    );
+    c.ok(&["apply", "-f", &policy]);
+    let refused = support::wait_for(Duration::from_secs(10), || {
+        let err = c.fails(&["attach", "-n", "ops", "box"]);
+        err.contains("attaching is switched off here")
+            .then_some(err)
+    });
+    assert!(
+        refused.is_some(),
+        "{}",
+        c.fails(&["attach", "-n", "ops", "box"])
+    );
+}
+
 #[test]
 fn match_conditions_decide_which_requests_a_webhook_sees() {
     let c = Cluster::start();

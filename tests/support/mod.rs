@@ -239,6 +239,19 @@ impl Cluster {
         self.command(args).output().expect("run kubectl")
     }
 
+    /// Whether something listens on `port` of pod `ns`/`pod`'s loopback within `limit`
+    /// (a connection tried from inside the pod with `kubectl exec … python3`).
+    pub fn listens(&self, ns: &str, pod: &str, port: u16, limit: Duration) -> bool {
+        let probe = format!("import socket; socket.create_connection(('127.0.0.1', {port}))");
+        wait_for(limit, || {
+            self.kubectl(&["exec", "-n", ns, pod, "--", "python3", "-c", &probe])
+                .status
+                .success()
+                .then_some(())
+        })
+        .is_some()
+    }
+
     /// Runs kubectl with `--token=TOKEN`.
     pub fn kubectl_as(&self, token: &str, args: &[&str]) -> Output {
         let flag = format!("--token={token}");
@@ -352,6 +365,45 @@ pub fn pod_group_manifest(ns: &str, name: &str, size: usize, cpu: &str, timeout:
         ));
     }
     out
+}
+
+/// Runs kubectl `cmd` with `input` on its stdin (written while its output is read), to
+/// its end.
+pub fn fed(cmd: &mut Command, input: &[u8], what: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(what);
+    let mut stdin = child.stdin.take().expect("stdin");
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().expect(what);
+    writer.join().expect("writer").expect("write");
+    out
+}
+
+/// A finished command's exit code, standard output and standard error.
+pub fn said(out: &std::process::Output) -> (Option<i32>, String, String) {
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Reads one HTTP/1.0 answer (head and body) from `addr`.
+pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).map_err(|e| e.to_string())?;
+    Ok(body)
 }
 
 /// The value of the sample `series` (name and labels, as exposed) at `addr`'s `/metrics`.

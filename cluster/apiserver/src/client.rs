@@ -31,6 +31,13 @@ impl Client for InProcess {
         self.api.handle(&self.user, req).await
     }
 
+    async fn pod_stream(
+        &self,
+        req: &tessera_client::client::PodStreamRequest,
+    ) -> Result<tessera_client::client::Switched, ApiError> {
+        self.api.pod_stream(&self.user, req).await
+    }
+
     async fn pod_metrics(
         &self,
         namespace: &str,

@@ -409,17 +409,30 @@ async fn pod_stream(
             format!("pods/{sub} takes GET (a WebSocket) or POST (SPDY)"),
         ));
     }
-    let query = request.uri().query().unwrap_or_default().to_owned();
+    let stream = tessera_client::client::PodStreamRequest {
+        namespace: ns,
+        name,
+        subresource: sub.to_owned(),
+        query: request.uri().query().unwrap_or_default().to_owned(),
+        headers: tessera_client::client::UPGRADE_HEADERS
+            .iter()
+            .flat_map(|h| {
+                request
+                    .headers()
+                    .get_all(*h)
+                    .iter()
+                    .filter_map(|v| Some(((*h).to_owned(), v.to_str().ok()?.to_owned())))
+            })
+            .collect(),
+    };
     let started = std::time::Instant::now();
-    let answer = api
-        .pod_stream(&user, &ns, &name, sub, &query, request.headers())
-        .await;
+    let answer = api.pod_stream(&user, &stream).await;
     api.observe_stream(
         sub,
         answer.as_ref().map_or_else(|e| e.code, |_| 101),
         started,
     );
-    let agent = match answer {
+    let upstream = match answer {
         Ok(a) => a,
         Err(e) => return error_response(&e),
     };
@@ -432,23 +445,20 @@ async fn pod_stream(
         ));
     };
     let mut resp = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
-    for h in crate::api::SWITCHED_HEADERS {
-        for v in agent.headers().get_all(h) {
-            resp = resp.header(h, v.clone());
-        }
+    for (k, v) in &upstream.headers {
+        resp = resp.header(k.as_str(), v.as_str());
     }
     tokio::spawn(async move {
-        let agent_side = hyper::upgrade::on(agent);
-        let (client, agent) = match tokio::try_join!(client_side, agent_side) {
-            Ok(both) => both,
+        let client = match client_side.await {
+            Ok(c) => c,
             Err(e) => {
                 tracing::debug!(error = %e, "a pod stream's upgrade failed");
                 return;
             }
         };
         let mut client = hyper_util::rt::TokioIo::new(client);
-        let mut agent = hyper_util::rt::TokioIo::new(agent);
-        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut agent).await {
+        let mut upstream = upstream.io;
+        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
             tracing::debug!(error = %e, "a pod stream ended with an error");
         }
     });

@@ -21,11 +21,85 @@ use crate::request::{ApiRequest, Decoded, FieldValidation, PatchType, Propagatio
 use crate::response::{ApiResponse, WatchEvent, WatchStream};
 use crate::status::ApiError;
 
+/// The request headers that ask for a protocol switch, carried on from hop to hop of a
+/// pod stream (API server → node agent; federation → shard).
+pub const UPGRADE_HEADERS: [&str; 6] = [
+    "connection",
+    "upgrade",
+    "sec-websocket-key",
+    "sec-websocket-version",
+    "sec-websocket-protocol",
+    "x-stream-protocol-version",
+];
+
+/// The answer headers of a protocol switch, carried back to the client.
+pub const SWITCHED_HEADERS: [&str; 5] = [
+    "connection",
+    "upgrade",
+    "sec-websocket-accept",
+    "sec-websocket-protocol",
+    "x-stream-protocol-version",
+];
+
+/// A pod's `exec`, `attach` or `portforward` to open.
+#[derive(Clone, Debug, Default)]
+pub struct PodStreamRequest {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// `exec`, `attach` or `portforward`.
+    pub subresource: String,
+    /// The request's query as the client sent it (command, container, ports, ...).
+    pub query: String,
+    /// The request's [`UPGRADE_HEADERS`], in order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl PodStreamRequest {
+    /// The request's path and query in a Kubernetes API.
+    pub fn path(&self) -> String {
+        let mut p = format!(
+            "/api/v1/namespaces/{}/pods/{}/{}",
+            percent_encode(&self.namespace),
+            percent_encode(&self.name),
+            self.subresource
+        );
+        if !self.query.is_empty() {
+            p.push('?');
+            p.push_str(&self.query);
+        }
+        p
+    }
+}
+
+/// Bytes both ways: an upgraded connection, or a tunnel that stands for one.
+pub trait Duplex: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Duplex for T {}
+
+/// A pod stream that switched protocols: the answer's [`SWITCHED_HEADERS`] and the
+/// connection, which now speaks the streaming protocol (WebSocket channels, SPDY).
+pub struct Switched {
+    /// The answer's protocol headers.
+    pub headers: Vec<(String, String)>,
+    /// The switched connection.
+    pub io: Box<dyn Duplex>,
+}
+
 /// A way to send requests to the API.
 #[async_trait]
 pub trait Client: Send + Sync {
     /// Sends one request.
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError>;
+
+    /// Opens a pod's exec, attach or port-forward: authorized as this client's user, the
+    /// protocol switch made, the connection handed over.
+    async fn pod_stream(&self, req: &PodStreamRequest) -> Result<Switched, ApiError> {
+        Err(ApiError::bad_request(format!(
+            "pods/{} cannot be opened through this client",
+            req.subresource
+        )))
+    }
 
     /// The `metrics.k8s.io/v1beta1` PodMetricsList of the pods in `namespace` that
     /// `label_selector` (in its text form, empty for all) selects: what an autoscaler reads.
@@ -291,6 +365,32 @@ impl HttpClient {
         &self.token
     }
 
+    /// Sends a GET of `path` with the token and `headers`: the answer as it starts.
+    async fn get_with(
+        &self,
+        path: &str,
+        headers: &[(String, String)],
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+        let mut builder = hyper::Request::builder()
+            .method("GET")
+            .uri(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("user-agent", "tessera/0.1");
+        for (k, v) in headers {
+            builder = builder.header(k.as_str(), v.as_str());
+        }
+        let request = builder
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ApiError::bad_request(format!("building the request: {e}")))?;
+        self.client.request(request).await.map_err(|e| {
+            ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!("cannot reach the API server at {}: {e}", self.base),
+            )
+        })
+    }
+
     /// GETs `path`, a path outside the resource API (`/metrics`, a backup), with the token:
     /// the answer's headers and its body as it arrives, or the error its `Status` says.
     pub async fn get_raw(
@@ -303,36 +403,40 @@ impl HttpClient {
         ),
         ApiError,
     > {
-        let request = hyper::Request::builder()
-            .method("GET")
-            .uri(format!("{}{path}", self.base))
-            .header("authorization", format!("Bearer {}", self.token))
-            .header("user-agent", "tessera/0.1")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| ApiError::bad_request(format!("building the request: {e}")))?;
-        let resp = self.client.request(request).await.map_err(|e| {
-            ApiError::new(
-                503,
-                "ServiceUnavailable",
-                format!("cannot reach the API server at {}: {e}", self.base),
-            )
-        })?;
+        let resp = self.get_with(path, &[]).await?;
         let code = resp.status().as_u16();
-        let (parts, body) = resp.into_parts();
         if code >= 400 {
-            let bytes = body
-                .collect()
-                .await
-                .map_err(|e| ApiError::internal(format!("reading the answer: {e}")))?
-                .to_bytes();
-            return Err(status_error(code, &bytes));
+            return Err(error_of(resp).await);
         }
+        let (parts, body) = resp.into_parts();
         let stream = body
             .into_data_stream()
             .map(|r| r.map_err(std::io::Error::other))
             .boxed();
         Ok((parts.headers, stream))
     }
+}
+
+/// The error an answer that is not the one asked for stands for (its `Status`, read).
+async fn error_of(resp: hyper::Response<hyper::body::Incoming>) -> ApiError {
+    let code = resp.status().as_u16();
+    match resp.into_body().collect().await {
+        Ok(body) => status_error(code, &body.to_bytes()),
+        Err(e) => ApiError::internal(format!("reading the answer: {e}")),
+    }
+}
+
+/// The [`SWITCHED_HEADERS`] of a protocol switch's answer.
+pub fn switched_headers(headers: &hyper::HeaderMap) -> Vec<(String, String)> {
+    SWITCHED_HEADERS
+        .iter()
+        .flat_map(|h| {
+            headers
+                .get_all(*h)
+                .iter()
+                .filter_map(move |v| Some(((*h).to_owned(), v.to_str().ok()?.to_owned())))
+        })
+        .collect()
 }
 
 /// Well-known reasons, so that a `Status` read off the wire becomes the same `ApiError`.
@@ -590,6 +694,28 @@ impl HttpClient {
 
 #[async_trait]
 impl Client for HttpClient {
+    async fn pod_stream(&self, req: &PodStreamRequest) -> Result<Switched, ApiError> {
+        let resp = self.get_with(&req.path(), &req.headers).await?;
+        if resp.status().as_u16() != 101 {
+            return Err(error_of(resp).await);
+        }
+        let headers = switched_headers(resp.headers());
+        let io = hyper::upgrade::on(resp).await.map_err(|e| {
+            ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "the API server at {} switched protocols but the connection was lost: {e}",
+                    self.base
+                ),
+            )
+        })?;
+        Ok(Switched {
+            headers,
+            io: Box::new(hyper_util::rt::TokioIo::new(io)),
+        })
+    }
+
     async fn pod_metrics(&self, namespace: &str, label_selector: &str) -> Result<Value, ApiError> {
         let mut path = format!(
             "/apis/metrics.k8s.io/v1beta1/namespaces/{}/pods",

@@ -36,6 +36,13 @@ impl Client for Retrying {
         self.inner.pod_metrics(namespace, label_selector).await
     }
 
+    async fn pod_stream(
+        &self,
+        req: &tessera_client::client::PodStreamRequest,
+    ) -> Result<tessera_client::client::Switched, ApiError> {
+        self.inner.pod_stream(req).await
+    }
+
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
         let mut wait = Duration::from_millis(10);
         let mut tries = 1;

@@ -15,6 +15,7 @@ pub mod queue;
 pub mod selector;
 pub mod shared;
 pub mod taints;
+pub mod tunnel;
 
 pub use controller::{Action, ReconcileError, Reconciler};
 pub use informer::{Cache, Change, Informer, Scope, Subscription};

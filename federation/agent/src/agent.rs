@@ -764,6 +764,7 @@ async fn session(state: &Arc<State>, endpoint: &Endpoint) -> Result<(), tonic::S
                 calls.start(state.client.clone(), c, tx.clone());
             }
             Some(pb::federation_message::Message::Cancel(c)) => calls.cancel(c.id),
+            Some(pb::federation_message::Message::Tunnel(t)) => calls.tunnel_data(t),
             Some(pb::federation_message::Message::Renewed(r)) => {
                 state.lease.lock().renewed(r.seq);
                 state.lease_renewed.notify_one();

@@ -36,6 +36,8 @@ pub struct FederationMetrics {
     pub assignments: IntCounterVec,
     /// Reads sent to shards through their agents' streams.
     pub shard_reads: IntCounter,
+    /// Pod streams (exec, attach, port-forward) tunnelled to shards.
+    pub shard_tunnels: IntCounter,
     /// Shares of workloads moved off a lost shard, by failover mode.
     pub failovers: IntCounterVec,
     /// From a lost shard's lease ending to its share of a workload being released for
@@ -87,6 +89,7 @@ impl FederationMetrics {
         registry.register(Box::new(m.decision.clone()))?;
         registry.register(Box::new(m.assignments.clone()))?;
         registry.register(Box::new(m.shard_reads.clone()))?;
+        registry.register(Box::new(m.shard_tunnels.clone()))?;
         registry.register(Box::new(m.failovers.clone()))?;
         // Both modes from the start, at 0: a dashboard or an alert on failovers then sees
         // "none yet" rather than no series at all.
@@ -198,6 +201,10 @@ impl FederationMetrics {
             shard_reads: IntCounter::new(
                 "tessera_federation_shard_reads_total",
                 "Reads (get, list, watch, pod log) sent to shards over their agents' streams.",
+            )?,
+            shard_tunnels: IntCounter::new(
+                "tessera_federation_pod_streams_total",
+                "Pod streams (exec, attach, port-forward) opened in shards and tunnelled over their agents' streams.",
             )?,
             failovers: IntCounterVec::new(
                 Opts::new(

@@ -20,11 +20,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use tessera_client::client::{Client, ShardSet, status_error, url_of};
+use tessera_client::client::{Client, PodStreamRequest, ShardSet, Switched, status_error, url_of};
 use tessera_client::request::{ApiRequest, Verb};
 use tessera_client::response::{ApiResponse, WatchEvent};
 use tessera_client::status::ApiError;
 use tessera_proto::federation::v1 as pb;
+use tessera_runtime::tunnel::{self, Piece};
 use tokio::sync::mpsc;
 
 use crate::registry::Registry;
@@ -73,10 +74,12 @@ impl Registry {
         &self,
         shard: &str,
         path: String,
+        upgrade: Vec<pb::Header>,
     ) -> Result<(u64, mpsc::Receiver<pb::ApiReply>), ApiError> {
         let (session, out) = self
             .session_sender(shard)
             .ok_or_else(|| unavailable(shard, "is not connected"))?;
+        let tunnel = !upgrade.is_empty();
         let (tx, rx) = mpsc::channel(CALL_BUFFER);
         let id = {
             let mut calls = self.calls.lock();
@@ -96,16 +99,40 @@ impl Registry {
             message: Some(pb::federation_message::Message::Call(pb::ApiCall {
                 id,
                 path,
+                upgrade,
             })),
         };
         if out.send(msg).is_err() {
             self.calls.lock().open.remove(&id);
             return Err(unavailable(shard, "disconnected"));
         }
-        if let Some(m) = self.metrics() {
+        if let Some(m) = self.metrics()
+            && !tunnel
+        {
             m.shard_reads.inc();
         }
         Ok((id, rx))
+    }
+
+    /// Sends a piece of tunnel `id`'s client side to shard `shard`; false once the shard's
+    /// stream is gone.
+    fn send_tunnel(&self, shard: &str, id: u64, piece: Piece) -> bool {
+        let Some((_, out)) = self.session_sender(shard) else {
+            return false;
+        };
+        let mut data = pb::TunnelData {
+            id,
+            ..Default::default()
+        };
+        match piece {
+            Piece::Data(d) => data.data = d,
+            Piece::Ack(n) => data.ack = n,
+            Piece::End => data.end = true,
+        }
+        out.send(pb::FederationMessage {
+            message: Some(pb::federation_message::Message::Tunnel(data)),
+        })
+        .is_ok()
     }
 
     /// Tells shard `shard` to stop call `id` and forgets it.
@@ -134,7 +161,9 @@ impl Registry {
             ));
         }
         let id = r.id;
-        let end = r.end;
+        // A tunnel's `end` ends only the shard's side: the call lasts until the federation's
+        // side is done too (its guard forgets it).
+        let end = r.end && r.kind() != pb::api_reply::Kind::Tunnel;
         match open.tx.try_send(r) {
             Ok(()) if end => {
                 calls.open.remove(&id);
@@ -231,6 +260,10 @@ impl Stream for Pieces {
 
 #[async_trait]
 impl Client for ShardClient {
+    async fn pod_stream(&self, req: &PodStreamRequest) -> Result<Switched, ApiError> {
+        self.tunnel(req).await
+    }
+
     async fn call(&self, req: ApiRequest) -> Result<ApiResponse, ApiError> {
         if !matches!(req.verb, Verb::Get | Verb::List | Verb::Watch) {
             return Err(ApiError::new(
@@ -244,27 +277,15 @@ impl Client for ShardClient {
                 ),
             ));
         }
-        let (id, mut rx) = self.registry.open_call(&self.shard, url_of(&req))?;
+        let (id, mut rx) = self
+            .registry
+            .open_call(&self.shard, url_of(&req), Vec::new())?;
         let guard = CallGuard {
             registry: self.registry.clone(),
             shard: self.shard.clone(),
             id,
         };
-        let first = match tokio::time::timeout(FIRST_REPLY, rx.recv()).await {
-            Ok(Some(r)) => r,
-            Ok(None) => return Err(unavailable(&self.shard, "disconnected during the read")),
-            Err(_) => {
-                return Err(ApiError::new(
-                    504,
-                    "Timeout",
-                    format!(
-                        "shard {} did not answer within {} s",
-                        self.shard,
-                        FIRST_REPLY.as_secs()
-                    ),
-                ));
-            }
-        };
+        let first = self.first_reply(&mut rx, "answer").await?;
         let code = u16::try_from(first.code).unwrap_or(500);
         let kind = first.kind();
         let end = first.end;
@@ -300,6 +321,10 @@ impl Client for ShardClient {
                 });
                 Ok(ApiResponse::Watch(Box::pin(lines)))
             }
+            pb::api_reply::Kind::Tunnel => Err(ApiError::internal(format!(
+                "shard {} answered a read with a tunnel",
+                self.shard
+            ))),
             pb::api_reply::Kind::Stream => {
                 let head = futures::stream::iter((!head.is_empty()).then_some(Ok(head)));
                 Ok(ApiResponse::Stream {
@@ -309,6 +334,104 @@ impl Client for ShardClient {
             }
         }
     }
+}
+
+impl ShardClient {
+    /// The first reply to a call, within [`FIRST_REPLY`] (`what`: what the shard did not do
+    /// in time).
+    async fn first_reply(
+        &self,
+        rx: &mut mpsc::Receiver<pb::ApiReply>,
+        what: &str,
+    ) -> Result<pb::ApiReply, ApiError> {
+        match tokio::time::timeout(FIRST_REPLY, rx.recv()).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => Err(unavailable(&self.shard, "disconnected during the call")),
+            Err(_) => Err(ApiError::new(
+                504,
+                "Timeout",
+                format!(
+                    "shard {} did not {what} within {} s",
+                    self.shard,
+                    FIRST_REPLY.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// Opens a pod stream in the shard (its agent makes the request in the shard's API) and
+    /// tunnels it over the shard's stream: the first reply says whether it switched; then
+    /// [`tunnel::pump`] carries the bytes between the returned connection and the stream.
+    async fn tunnel(&self, req: &PodStreamRequest) -> Result<Switched, ApiError> {
+        let upgrade = req
+            .headers
+            .iter()
+            .map(|(name, value)| pb::Header {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        let (id, mut rx) = self.registry.open_call(&self.shard, req.path(), upgrade)?;
+        let guard = CallGuard {
+            registry: self.registry.clone(),
+            shard: self.shard.clone(),
+            id,
+        };
+        let first = self.first_reply(&mut rx, "open the pod's stream").await?;
+        if first.kind() != pb::api_reply::Kind::Tunnel || first.code != 101 {
+            // The shard's refusal, a Status in pieces.
+            let code = u16::try_from(first.code).unwrap_or(500);
+            let mut body = first.data;
+            let mut rest = Pieces {
+                rx,
+                done: first.end,
+                _guard: guard,
+            };
+            while let Some(piece) = rest.next().await {
+                let piece = piece.map_err(|e| unavailable(&self.shard, &e.to_string()))?;
+                body.extend_from_slice(&piece);
+            }
+            return Err(status_error(code.max(400), &body));
+        }
+        let headers = first
+            .headers
+            .into_iter()
+            .map(|h| (h.name, h.value))
+            .collect();
+        let (ours, theirs) = tokio::io::duplex(tunnel::PIECE * 2);
+        let registry = self.registry.clone();
+        let shard = self.shard.clone();
+        if let Some(m) = registry.metrics() {
+            m.shard_tunnels.inc();
+        }
+        tokio::spawn(async move {
+            let _guard = guard;
+            let inbound = futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+                .flat_map(|r| futures::stream::iter(pieces_of(r)));
+            let ended =
+                tunnel::pump(theirs, inbound, |p| registry.send_tunnel(&shard, id, p)).await;
+            tracing::debug!(%shard, call = id, ?ended, "a pod stream through the federation ended");
+        });
+        Ok(Switched {
+            headers,
+            io: Box::new(ours),
+        })
+    }
+}
+
+/// The tunnel pieces one reply of the shard carries.
+fn pieces_of(r: pb::ApiReply) -> Vec<Piece> {
+    let mut out = Vec::with_capacity(1);
+    if !r.data.is_empty() {
+        out.push(Piece::Data(r.data));
+    }
+    if r.ack > 0 {
+        out.push(Piece::Ack(r.ack));
+    }
+    if r.end {
+        out.push(Piece::End);
+    }
+    out
 }
 
 /// The registry's connected shards as clients of their APIs.
@@ -369,7 +492,10 @@ mod tests {
                     .expect("open")
                     .message
                     .expect("a message");
-                if matches!(m, Message::Call(_) | Message::Cancel(_)) {
+                if matches!(
+                    m,
+                    Message::Call(_) | Message::Cancel(_) | Message::Tunnel(_)
+                ) {
                     return m;
                 }
             }
@@ -396,6 +522,7 @@ mod tests {
                 kind: kind as i32,
                 data: data.as_bytes().to_vec(),
                 end,
+                ..Default::default()
             };
             self.r.reply("east", self.session, piece).expect("taken");
         }
@@ -434,6 +561,114 @@ mod tests {
         let list = answer.await.expect("joined").expect("a list");
         assert_eq!(list["kind"], "PodList");
         assert_eq!(s.r.calls_in_flight(), 0, "a finished call is forgotten");
+    }
+
+    fn exec() -> PodStreamRequest {
+        PodStreamRequest {
+            namespace: "t1".into(),
+            name: "api-0".into(),
+            subresource: "exec".into(),
+            query: "command=ls&stdout=true".into(),
+            headers: vec![
+                ("upgrade".into(), "websocket".into()),
+                ("sec-websocket-protocol".into(), "v5.channel.k8s.io".into()),
+            ],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pod_stream_is_tunnelled_both_ways_with_credit_and_ends_with_a_cancel() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = Shard::connect();
+        let client = s.client();
+        let opening = tokio::spawn(async move { client.pod_stream(&exec()).await });
+        let call = s.next_call().await;
+        assert_eq!(
+            call.path,
+            "/api/v1/namespaces/t1/pods/api-0/exec?command=ls&stdout=true"
+        );
+        assert_eq!(call.upgrade.len(), 2);
+        assert_eq!(call.upgrade[1].value, "v5.channel.k8s.io");
+        let switched = pb::ApiReply {
+            id: call.id,
+            code: 101,
+            kind: Kind::Tunnel as i32,
+            headers: vec![pb::Header {
+                name: "sec-websocket-protocol".into(),
+                value: "v5.channel.k8s.io".into(),
+            }],
+            ..Default::default()
+        };
+        s.r.reply("east", s.session, switched).expect("taken");
+        let mut io = opening.await.expect("joined").expect("switched").io;
+        // The client's bytes go to the shard as TunnelData.
+        io.write_all(b"stdin bytes").await.expect("write");
+        match s.next_sent().await {
+            Message::Tunnel(t) => {
+                assert_eq!(t.id, call.id);
+                assert_eq!(t.data, b"stdin bytes");
+            }
+            m => panic!("tunnel data, not {m:?}"),
+        }
+        // The shard's bytes come out, and their credit goes back.
+        let out = pb::ApiReply {
+            id: call.id,
+            code: 101,
+            kind: Kind::Tunnel as i32,
+            data: b"output".to_vec(),
+            ..Default::default()
+        };
+        s.r.reply("east", s.session, out).expect("taken");
+        let mut buf = [0u8; 6];
+        io.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"output");
+        match s.next_sent().await {
+            Message::Tunnel(t) => assert_eq!(t.ack, tunnel::cost(6)),
+            m => panic!("credit, not {m:?}"),
+        }
+        // The shard's side ends: the client reads the end; the call stays open for the
+        // client's side.
+        let end = pb::ApiReply {
+            id: call.id,
+            code: 101,
+            kind: Kind::Tunnel as i32,
+            end: true,
+            ..Default::default()
+        };
+        s.r.reply("east", s.session, end).expect("taken");
+        let mut rest = Vec::new();
+        io.read_to_end(&mut rest).await.expect("eof");
+        assert!(rest.is_empty());
+        assert_eq!(s.r.calls_in_flight(), 1);
+        // The client's side ends: the shard hears it, then the call is cancelled there.
+        io.shutdown().await.expect("shutdown");
+        match s.next_sent().await {
+            Message::Tunnel(t) => assert!(t.end),
+            m => panic!("the client's end, not {m:?}"),
+        }
+        assert_eq!(s.next_cancel().await, call.id);
+        assert_eq!(s.r.calls_in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_pod_stream_the_shard_refuses_comes_back_as_its_status() {
+        let mut s = Shard::connect();
+        let client = s.client();
+        let opening = tokio::spawn(async move { client.pod_stream(&exec()).await });
+        let call = s.next_call().await;
+        s.answer(
+            call.id,
+            400,
+            Kind::Object,
+            r#"{"kind":"Status","status":"Failure","reason":"BadRequest","message":"cannot exec into a container in a completed pod; current phase is Succeeded","code":400}"#,
+            true,
+        );
+        let Err(e) = opening.await.expect("joined") else {
+            panic!("a refusal");
+        };
+        assert_eq!(e.code, 400);
+        assert!(e.message.contains("completed pod"), "{}", e.message);
+        assert_eq!(s.r.calls_in_flight(), 0);
     }
 
     #[tokio::test]

@@ -1512,6 +1512,7 @@ mod tests {
                 Some(pb::federation_message::Message::Synced(_)) => "synced",
                 Some(pb::federation_message::Message::Call(_)) => "call",
                 Some(pb::federation_message::Message::Cancel(_)) => "cancel",
+                Some(pb::federation_message::Message::Tunnel(_)) => "tunnel",
                 Some(pb::federation_message::Message::Renewed(_)) => "renewed",
                 Some(pb::federation_message::Message::Loan(_)) => "loan",
                 Some(pb::federation_message::Message::Offers(_)) => "offers",

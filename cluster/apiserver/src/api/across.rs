@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine;
-use tessera_client::client::{Client, ShardSet};
+use tessera_client::client::{Client, PodStreamRequest, ShardSet, Switched};
 use tessera_client::types::SHARD_LABEL;
 use tessera_core::selector::label::{LabelSelector, Requirement};
 
@@ -214,9 +214,6 @@ impl Api {
 
     /// A get (or a pod's log): the first source that has the object.
     async fn get_across(&self, req: &ApiRequest, across: Across) -> Result<ApiResponse, ApiError> {
-        let res = req.resource;
-        let name = req.name.as_deref().unwrap_or_default();
-        let sources = self.sources(req, across, &[]);
         if across == Across::LocalAndShards {
             match self.get(req).await {
                 Ok(r) => return Ok(r),
@@ -224,9 +221,30 @@ impl Api {
                 Err(e) => return Err(e),
             }
         }
-        let is_log = req.subresource.as_deref() == Some("log");
-        // Where the object is: ask every shard at once.
+        let (shard, client, found) = self.locate(req, across).await?;
+        if req.subresource.as_deref() == Some("log") {
+            return client.call(req.clone()).await;
+        }
+        let mut obj = found
+            .into_value()
+            .ok_or_else(|| ApiError::internal("a shard answered a get with no object"))?;
+        label(&mut obj, &shard);
+        Ok(ApiResponse::ok(obj))
+    }
+
+    /// The shard that holds the object `req` names (the first in name order, asking all at
+    /// once), its client and the object as read there; 404 if none has it, 503 if some did
+    /// not answer.
+    async fn locate(
+        &self,
+        req: &ApiRequest,
+        across: Across,
+    ) -> Result<(String, Arc<dyn Client>, ApiResponse), ApiError> {
+        let res = req.resource;
+        let name = req.name.as_deref().unwrap_or_default();
+        let sources = self.sources(req, across, &[]);
         let mut probe = req.clone();
+        probe.verb = Verb::Get;
         probe.subresource = None;
         probe.table = false;
         let asks = sources.iter().filter_map(|s| match s {
@@ -240,16 +258,7 @@ impl Api {
         let mut unavailable = Vec::new();
         for (shard, client, answer) in answers {
             match answer {
-                Ok(found) => {
-                    if is_log {
-                        return client.call(req.clone()).await;
-                    }
-                    let mut obj = found.into_value().ok_or_else(|| {
-                        ApiError::internal("a shard answered a get with no object")
-                    })?;
-                    label(&mut obj, &shard);
-                    return Ok(ApiResponse::ok(obj));
-                }
+                Ok(found) => return Ok((shard, client, found)),
                 Err(e) if e.code == 404 => {}
                 Err(e) => unavailable.push(format!("{shard}: {}", e.message)),
             }
@@ -269,6 +278,19 @@ impl Api {
             e.retry_after = Some(1);
             Err(e)
         }
+    }
+
+    /// A pod's exec, attach or port-forward at the federation, for a user already
+    /// authorized here: opened in the shard that holds the pod, by that shard's agent, and
+    /// tunnelled over the shard's stream.
+    pub(super) async fn pod_stream_across(
+        &self,
+        req: &ApiRequest,
+        stream: &PodStreamRequest,
+    ) -> Result<Switched, ApiError> {
+        let (shard, client, _) = self.locate(req, Across::Shards).await?;
+        tracing::info!(namespace = %stream.namespace, pod = %stream.name, sub = %stream.subresource, %shard, "streaming to a pod through its shard");
+        client.pod_stream(stream).await
     }
 
     /// A list: the sources in order, paged across them.

@@ -30,7 +30,6 @@ mod write;
 
 use crate::quota::{qos_class, quantity_json, quantity_map};
 pub use agents::NodeProxy;
-pub use streams::SWITCHED_HEADERS;
 pub(crate) use subresources::selects;
 use subresources::{from_scale, to_scale, to_scale_plain};
 

@@ -179,6 +179,9 @@ impl Api {
         let req = a.req;
         let (group, kind_version, kind) = match req.subresource.as_deref() {
             Some("scale") => ("autoscaling", "v1", "Scale"),
+            _ if a.operation == Operation::Connect => {
+                ("", "v1", crate::api::streams::options_kind(req))
+            }
             _ => (req.resource.group, req.resource.version, req.resource.kind),
         };
         let name = req

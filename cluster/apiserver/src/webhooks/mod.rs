@@ -87,6 +87,9 @@ pub enum Operation {
     Update,
     /// A deletion.
     Delete,
+    /// A connection to a pod (`pods/exec`, `attach`, `portforward`): the object is its
+    /// options (`PodExecOptions`, ...).
+    Connect,
 }
 
 impl Operation {
@@ -96,14 +99,18 @@ impl Operation {
             Operation::Create => "CREATE",
             Operation::Update => "UPDATE",
             Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
         }
     }
 
-    fn options_kind(self) -> &'static str {
+    /// The kind of the request's options (none for a connection: its options are the
+    /// object).
+    fn options_kind(self) -> Option<&'static str> {
         match self {
-            Operation::Create => "CreateOptions",
-            Operation::Update => "UpdateOptions",
-            Operation::Delete => "DeleteOptions",
+            Operation::Create => Some("CreateOptions"),
+            Operation::Update => Some("UpdateOptions"),
+            Operation::Delete => Some("DeleteOptions"),
+            Operation::Connect => None,
         }
     }
 }
@@ -763,16 +770,17 @@ impl Review<'_> {
             Some(o) => o.clone(),
             None => Value::Null,
         };
-        let mut options = json!({
-            "apiVersion": "meta.k8s.io/v1",
-            "kind": a.operation.options_kind(),
-        });
+        let mut options = match a.operation.options_kind() {
+            Some(kind) => json!({"apiVersion": "meta.k8s.io/v1", "kind": kind}),
+            None => Value::Null,
+        };
         if let Some(m) = self.field_manager
+            && options.is_object()
             && a.operation != Operation::Delete
         {
             options["fieldManager"] = json!(m);
         }
-        if self.dry_run {
+        if self.dry_run && options.is_object() {
             options["dryRun"] = json!(["All"]);
         }
         let kind_version = if version != a.version {
