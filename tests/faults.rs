@@ -243,6 +243,117 @@ fn a_stopped_agent_s_pods_are_replaced_elsewhere() {
     check_invariants(&c, watch, 8 + on_a, 0);
 }
 
+/// Live host processes whose command line is `sleep ARG`.
+fn sleepers(arg: &str) -> Vec<u32> {
+    let want = format!("sleep\0{arg}\0");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let zombie = status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains("Z ("));
+            (cmd == want.as_bytes() && !zombie).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_process_node_killed_outright_leaves_no_container_behind() {
+    let c = Cluster::start_with("up", &["--nodes-per-shard=0"]);
+    let dir = c.dir.path();
+    let (logs, state) = (
+        dir.join("k-logs").display().to_string(),
+        dir.join("k-pods").display().to_string(),
+    );
+    let agent = || {
+        c.component(&[
+            "agent",
+            "--sim-nodes=0",
+            "--process-nodes=1",
+            "--prefix=k",
+            "--log-dir",
+            &logs,
+            "--state-dir",
+            &state,
+        ])
+    };
+    let mut first = agent();
+    let ready = wait_for(Duration::from_secs(60), || {
+        c.ok(&["get", "node", "k-proc-0", "-o", "name"])
+            .contains("k-proc-0")
+            .then_some(())
+    });
+    assert!(ready.is_some(), "{}", c.ok(&["get", "nodes"]));
+    // Sleeps no other test runs: this process's id in their arguments.
+    let arg = (3_000_000 + std::process::id()).to_string();
+    let once_arg = (4_000_000 + std::process::id()).to_string();
+    let pods = c.file(
+        "pods.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: napper}}\nspec:\n  nodeName: k-proc-0\n  containers:\n  - {{name: main, image: busybox, command: [sleep, \"{arg}\"]}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: once}}\nspec:\n  nodeName: k-proc-0\n  restartPolicy: Never\n  containers:\n  - {{name: main, image: busybox, command: [sleep, \"{once_arg}\"]}}\n"
+        ),
+    );
+    c.ok(&["apply", "-f", &pods]);
+    let old = wait_for(Duration::from_secs(60), || {
+        let found = sleepers(&arg);
+        (found.len() == 1 && sleepers(&once_arg).len() == 1).then(|| found[0])
+    })
+    .expect("the containers run");
+    // kill -9 of the agent: nothing of it stops the container, which runs on under the
+    // pod's id range.
+    first.0.kill().expect("kill -9 the agent");
+    let _ = first.0.wait();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        sleepers(&arg).contains(&old),
+        "the container outlived its agent (the case this test is about)"
+    );
+    // The agent again: it kills what its last run left before it hands out id ranges, then
+    // runs the pod afresh — one copy, never two.
+    let _second = agent();
+    let settled = wait_for(Duration::from_secs(60), || {
+        let found = sleepers(&arg);
+        (found.len() == 1 && found[0] != old).then_some(found)
+    });
+    assert!(
+        settled.is_some(),
+        "the old container is gone and one new one runs: {:?} (old {old})",
+        sleepers(&arg)
+    );
+    assert!(!sleepers(&arg).contains(&old));
+    let field =
+        |pod: &str, path: &str| c.ok(&["get", "pod", pod, "-o", &format!("jsonpath={path}")]);
+    let restarted = wait_for(Duration::from_secs(30), || {
+        (field("napper", "{.status.phase}") == "Running"
+            && field("napper", "{.status.containerStatuses[0].restartCount}") == "1")
+            .then_some(())
+    });
+    assert!(
+        restarted.is_some(),
+        "counted as a restart: {}",
+        field("napper", "{.status}")
+    );
+    // restartPolicy Never: not run again; the pod fails, saying why, and nothing of it runs.
+    let failed = wait_for(Duration::from_secs(30), || {
+        (field("once", "{.status.phase}") == "Failed").then_some(())
+    });
+    assert!(failed.is_some(), "{}", field("once", "{.status}"));
+    assert_eq!(
+        field(
+            "once",
+            "{.status.containerStatuses[0].state.terminated.reason}"
+        ),
+        "ContainerStatusUnknown"
+    );
+    assert!(sleepers(&once_arg).is_empty());
+}
+
 #[test]
 fn kill_9_of_the_whole_shard_resumes_without_duplicates() {
     let mut c = Cluster::start_with("up", &["--nodes-per-shard=10", "--startup-delay-ms=50"]);

@@ -94,18 +94,100 @@ impl IdLease {
         Err(format!("all {SLOTS} id ranges of this host are taken"))
     }
 
-    /// Releases the ranges node `node` held before it restarted (its containers died with
-    /// it).
-    pub fn release_stale(dir: &Path, node: &str) {
+    /// Releases the ranges node `node` held before it restarted. An agent killed outright
+    /// (SIGKILL, a crash) leaves its containers running under their ranges: those processes
+    /// are killed first, and a range is released only once nothing runs under it — never
+    /// handed to a new pod (perhaps another tenant's) while an old one still holds its ids.
+    /// Returns the processes killed.
+    pub fn release_stale(dir: &Path, node: &str) -> usize {
         let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
+            return 0;
         };
+        let mut killed = 0;
         for e in entries.flatten() {
             let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
-            if owner.split_whitespace().next() == Some(node) {
-                let _ = std::fs::remove_dir_all(e.path());
+            if owner.split_whitespace().next() != Some(node) {
+                continue;
+            }
+            let Some(slot) = e
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|s| *s < SLOTS)
+            else {
+                continue;
+            };
+            let ids = Ids {
+                base: FIRST_ID + slot * IDS_PER_POD,
+                count: IDS_PER_POD,
+            };
+            match kill_leftovers(Path::new("/proc"), ids) {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::warn!(%node, pod = owner.split_whitespace().nth(1).unwrap_or_default(),
+                            processes = n, "killed what a previous run of this node left running");
+                    }
+                    killed += n;
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+                Err(left) => tracing::error!(%node, range = ids.base, processes = ?left,
+                    "processes of a previous run survive SIGKILL; their id range stays held"),
             }
         }
+        killed
+    }
+}
+
+/// The live processes under `proc` (a procfs) any of whose user ids (real, effective, saved,
+/// filesystem) lies in `ids`. Zombies are left out: they run nothing and hold nothing.
+pub fn processes_in(proc: &Path, ids: Ids) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let mut zombie = false;
+            let mut inside = false;
+            for line in status.lines() {
+                if let Some(state) = line.strip_prefix("State:") {
+                    zombie = matches!(state.trim_start().chars().next(), Some('Z' | 'X'));
+                } else if let Some(uids) = line.strip_prefix("Uid:") {
+                    inside = uids
+                        .split_whitespace()
+                        .filter_map(|n| n.parse::<u32>().ok())
+                        .any(|n| n >= ids.base && n - ids.base < ids.count);
+                }
+            }
+            (inside && !zombie).then_some(pid)
+        })
+        .collect()
+}
+
+/// Kills (SIGKILL, repeatedly: a process may fork while it is being killed) every process
+/// in `ids`; the number killed, or the ones still alive after 2 s.
+fn kill_leftovers(proc: &Path, ids: Ids) -> Result<usize, Vec<i32>> {
+    let mut killed = std::collections::BTreeSet::new();
+    for _ in 0..100 {
+        let alive = processes_in(proc, ids);
+        if alive.is_empty() {
+            return Ok(killed.len());
+        }
+        for pid in alive {
+            if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                killed.insert(pid);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let alive = processes_in(proc, ids);
+    if alive.is_empty() {
+        Ok(killed.len())
+    } else {
+        Err(alive)
     }
 }
 
@@ -563,6 +645,37 @@ mod tests {
         IdLease::release_stale(dir.path(), "n1");
         assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
         drop((b, c, other));
+    }
+
+    #[test]
+    fn leftovers_are_found_by_any_of_their_ids_and_zombies_left_out() {
+        let proc = tempfile::tempdir().expect("tmp");
+        let ids = Ids {
+            base: FIRST_ID + 3 * IDS_PER_POD,
+            count: IDS_PER_POD,
+        };
+        let status = |pid: &str, state: &str, uids: [u32; 4]| {
+            let d = proc.path().join(pid);
+            std::fs::create_dir(&d).expect("dir");
+            let line = uids.map(|u| u.to_string()).join("\t");
+            std::fs::write(
+                d.join("status"),
+                format!("Name:\tsleep\nState:\t{state}\nUid:\t{line}\nGid:\t0\t0\t0\t0\n"),
+            )
+            .expect("status");
+        };
+        status("10", "S (sleeping)", [ids.base; 4]);
+        // Only its effective id is the pod's (a setuid helper would look like this).
+        status("11", "R (running)", [0, ids.base + 1000, 0, 0]);
+        status("12", "Z (zombie)", [ids.base; 4]);
+        status("13", "S (sleeping)", [0; 4]);
+        // The next pod's range, and the id just before this range.
+        status("14", "S (sleeping)", [ids.base + IDS_PER_POD; 4]);
+        status("15", "S (sleeping)", [ids.base - 1; 4]);
+        std::fs::create_dir(proc.path().join("self")).expect("not a pid");
+        let mut found = processes_in(proc.path(), ids);
+        found.sort_unstable();
+        assert_eq!(found, [10, 11]);
     }
 
     #[test]

@@ -125,6 +125,9 @@ pub struct ProcessAgent {
     at_most_once: Mutex<HashMap<String, i64>>,
     /// Pods stopped by the node's fence.
     fenced_pods: prometheus::IntCounter,
+    /// Processes a previous run of this node left running (it was killed outright), killed
+    /// when it started again.
+    leftovers_killed: prometheus::IntCounter,
 }
 
 fn host_memory() -> String {
@@ -160,6 +163,23 @@ fn exit_code(status: Option<std::process::ExitStatus>) -> i32 {
     status.map_or(137, |s| {
         s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
     })
+}
+
+/// A pod's `restartPolicy` (`Always` when unset).
+fn restart_policy(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_else(|| "Always".into())
+}
+
+/// How often container `name` of `pod` had restarted, as its status last said.
+fn prior_restarts(pod: &Pod, name: &str) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == name))
+        .map_or(0, |c| c.restart_count)
 }
 
 /// Signals a container as a container runtime does: SIGTERM to its main process only (as
@@ -255,6 +275,14 @@ impl ProcessAgent {
                 .const_label("node", &config.node),
             )
             .expect("a valid metric"),
+            leftovers_killed: prometheus::IntCounter::with_opts(
+                prometheus::Opts::new(
+                    "tessera_agent_leftover_processes_killed_total",
+                    "Container processes a previous run of a process node left running (its agent was killed outright), killed before their id ranges were handed out again.",
+                )
+                .const_label("node", &config.node),
+            )
+            .expect("a valid metric"),
             config,
             client,
         })
@@ -264,6 +292,7 @@ impl ProcessAgent {
     /// streaming sessions ([`crate::streams`]) in `registry`.
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
         registry.register(Box::new(self.fenced_pods.clone()))?;
+        registry.register(Box::new(self.leftovers_killed.clone()))?;
         self.targets.metrics().register(registry)?;
         registry.register(Box::new(crate::usage::ContainerUsage::new(
             &self.config.node,
@@ -447,7 +476,11 @@ impl ProcessAgent {
             crate::data_dir_private(&self.config.state_dir).map_err(|e| {
                 ApiError::internal(format!("{}: {e}", self.config.state_dir.display()))
             })?;
-            IdLease::release_stale(&self.uid_dir(), &self.config.node);
+            let (dir, node) = (self.uid_dir(), self.config.node.clone());
+            let killed = tokio::task::spawn_blocking(move || IdLease::release_stale(&dir, &node))
+                .await
+                .unwrap_or(0);
+            self.leftovers_killed.inc_by(killed as u64);
             match self.cgroups.unavailable() {
                 Some(why) => tracing::warn!(node = %self.config.node, %why,
                     "container resource limits are NOT enforced"),
@@ -639,7 +672,18 @@ impl ProcessAgent {
             .and_then(|s| s.phase.as_deref())
             .unwrap_or("Pending");
         let known = self.running.lock().contains_key(&uid) || self.done.lock().contains(&uid);
-        if phase == "Pending" && !known {
+        // A pod Running here that this run of the agent does not know ran under a previous
+        // run, killed outright: its containers were killed when this run started
+        // (`IdLease::release_stale`). As a kubelet after a reboot: they start again, counted
+        // as restarts — or, under `restartPolicy: Never`, the pod fails.
+        let resumed = phase == "Running" && !known;
+        if resumed && restart_policy(&pod) == "Never" {
+            self.done.lock().insert(uid);
+            let this = self.clone();
+            pods.spawn(async move { this.lost(&pod).await });
+            return;
+        }
+        if (phase == "Pending" || resumed) && !known {
             let (tx, rx) = watch::channel(None);
             self.running.lock().insert(uid.clone(), tx);
             let this = self.clone();
@@ -654,7 +698,11 @@ impl ProcessAgent {
                         .unwrap_or(30);
                     this.at_most_once.lock().insert(uid.clone(), grace);
                 }
-                let deleted = this.run_pod(&pod, rx).await;
+                if resumed {
+                    tracing::info!(node = %this.config.node, pod = ?pod.metadata.name,
+                        "starting again the containers of a pod a previous run of this node ran");
+                }
+                let deleted = this.run_pod(&pod, rx, resumed).await;
                 this.at_most_once.lock().remove(&uid);
                 this.running.lock().remove(&uid);
                 this.done.lock().insert(uid);
@@ -695,20 +743,41 @@ impl ProcessAgent {
         }
     }
 
-    /// Runs every container of the pod until the pod is finished or deleted; true if it was
-    /// deleted.
-    async fn run_pod(&self, pod: &Pod, stop: watch::Receiver<Option<i64>>) -> bool {
+    /// A pod whose containers a previous run of this node ran and that may not restart
+    /// (`restartPolicy: Never`): they are gone, so it fails, as a kubelet reports containers
+    /// it can no longer find.
+    async fn lost(&self, pod: &Pod) {
         let spec = pod.spec.clone().unwrap_or_default();
-        let policy = spec
-            .restart_policy
-            .clone()
-            .unwrap_or_else(|| "Always".into());
+        let statuses: Vec<Value> = spec
+            .containers
+            .iter()
+            .map(|c| json!({"name": c.name, "image": c.image, "imageID": "", "ready": false,
+                "started": false, "restartCount": prior_restarts(pod, &c.name),
+                "state": {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                    "message": "The container could not be located when the pod was terminated: its node's agent was killed and started again"}}}))
+            .collect();
+        self.patch_status(
+            pod,
+            json!({"phase": "Failed", "containerStatuses": statuses,
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": rfc3339(now_secs())}]}),
+        )
+        .await;
+    }
+
+    /// Runs every container of the pod until the pod is finished or deleted; true if it was
+    /// deleted. `resumed`: a previous run of this node ran it (its restart counts go on).
+    async fn run_pod(&self, pod: &Pod, stop: watch::Receiver<Option<i64>>, resumed: bool) -> bool {
+        let spec = pod.spec.clone().unwrap_or_default();
+        let policy = restart_policy(pod);
         let started = rfc3339(now_secs());
         let statuses: Arc<Mutex<Vec<Value>>> = Arc::new(Mutex::new(
             spec.containers
                 .iter()
-                .map(|c| json!({"name": c.name, "image": c.image, "imageID": "", "ready": false,
-                    "started": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}))
+                .map(|c| {
+                    let restarts = if resumed { prior_restarts(pod, &c.name) + 1 } else { 0 };
+                    json!({"name": c.name, "image": c.image, "imageID": "", "ready": false,
+                    "started": false, "restartCount": restarts, "state": {"waiting": {"reason": "ContainerCreating"}}})
+                })
                 .collect(),
         ));
         let report = |phase: &str, statuses: &Arc<Mutex<Vec<Value>>>| {
@@ -721,7 +790,8 @@ impl ProcessAgent {
                 "conditions": [cond("PodScheduled", true), cond("Initialized", true),
                     cond("Ready", ready && phase == "Running"), cond("ContainersReady", ready && phase == "Running")]})
         };
-        self.patch_status(pod, report("Pending", &statuses)).await;
+        let first = if resumed { "Running" } else { "Pending" };
+        self.patch_status(pod, report(first, &statuses)).await;
         let sandbox = match self.sandbox(pod, &statuses, stop.clone()).await {
             Ok(s) => s,
             Err(()) => {
@@ -1001,7 +1071,10 @@ impl ProcessAgent {
         mut stop: watch::Receiver<Option<i64>>,
         sandbox: Option<&PodSandbox>,
     ) -> i32 {
-        let mut restarts = 0u32;
+        let mut restarts = statuses.lock()[i]["restartCount"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0);
         let mut backoff = self.config.backoff;
         loop {
             let env = match crate::env::resolve(&self.client, pod, c).await {
