@@ -59,6 +59,7 @@ KINDS = [
     ("networking.k8s.io", "IngressClass", "api.networking.v1.IngressClass"),
     ("networking.k8s.io", "NetworkPolicy", "api.networking.v1.NetworkPolicy"),
     ("storage.k8s.io", "StorageClass", "api.storage.v1.StorageClass"),
+    ("certificates.k8s.io", "CertificateSigningRequest", "api.certificates.v1.CertificateSigningRequest"),
     ("apiextensions.k8s.io", "CustomResourceDefinition",
      "apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition"),
     ("apiregistration.k8s.io", "APIService", "kube_aggregator.pkg.apis.apiregistration.v1.APIService"),

@@ -27,7 +27,7 @@ ROOTS = [
     "api.core.v1.PodTemplate", "api.networking.v1.Ingress", "api.networking.v1.IngressClass",
     "api.networking.v1.NetworkPolicy", "api.storage.v1.StorageClass",
     "api.autoscaling.v1.HorizontalPodAutoscaler", "api.autoscaling.v2.HorizontalPodAutoscaler",
-    "api.core.v1.ReplicationController",
+    "api.core.v1.ReplicationController", "api.certificates.v1.CertificateSigningRequest",
 ]
 
 ATTR = re.compile(r'#\[prost\((.*)\)\]')

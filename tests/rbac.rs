@@ -606,6 +606,165 @@ fn rbac_end_to_end_with_kubectl() {
 }
 
 /// The official Python client drives RBAC and TokenRequest (`tests/python/rbac_scenario.py`).
+/// A PEM certificate request for `cn` (and the key pair, to sign a certificate with).
+fn certificate_request(cn: &str) -> (String, rcgen::KeyPair, rcgen::CertificateParams) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let pem = params
+        .serialize_request(&key)
+        .expect("request")
+        .pem()
+        .expect("pem");
+    (pem, key, params)
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[test]
+fn certificate_signing_requests_are_approved_only_as_rbac_allows() {
+    let c = Cluster::start();
+    let bob = user_token(&c, &["--user", "bob"]);
+    // Bob may make requests and update their approval, but approve for no signer yet.
+    let role = c.file(
+        "csr-role.yaml",
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: csr-maker}\nrules:\n- apiGroups: [certificates.k8s.io]\n  resources: [certificatesigningrequests]\n  verbs: [create, get, list, watch]\n- apiGroups: [certificates.k8s.io]\n  resources: [certificatesigningrequests/approval]\n  verbs: [update]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: bob-makes-csrs}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: csr-maker}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\n",
+    );
+    c.ok(&["apply", "-f", &role]);
+    let (pem, key, params) = certificate_request("alice");
+    let manifest = |name: &str, request: &str, signer: &str| {
+        format!(
+            "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata: {{name: {name}}}\nspec:\n  request: {request}\n  signerName: {signer}\n  usages: [client auth, digital signature]\n  expirationSeconds: 86400\n  username: admin\n  groups: [system:masters]\n"
+        )
+    };
+    let file = c.file(
+        "alice.yaml",
+        &manifest("alice", &b64(pem.as_bytes()), "example.com/users"),
+    );
+    let made = wait_for(Duration::from_secs(10), || {
+        as_token(&c, &bob, &["create", "-f", &file]).0.then_some(())
+    });
+    assert!(
+        made.is_some(),
+        "{:?}",
+        as_token(&c, &bob, &["create", "-f", &file])
+    );
+    // The requester is bob, whatever the body said; the table says what kubectl's does.
+    let row = c.ok(&["get", "csr", "alice", "--no-headers"]);
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[0], "alice", "{row}");
+    assert_eq!(
+        &cols[2..],
+        ["example.com/users", "bob", "24h", "Pending"],
+        "{row}"
+    );
+    let groups = c.ok(&["get", "csr", "alice", "-o", "jsonpath={.spec.groups}"]);
+    assert!(!groups.contains("system:masters"), "{groups}");
+    // Approving needs `approve` on the signer.
+    let (ok, _, err) = as_token(&c, &bob, &["certificate", "approve", "alice"]);
+    assert!(!ok);
+    assert!(
+        err.contains("not permitted to approve requests with signerName \"example.com/users\""),
+        "{err}"
+    );
+    let signers = c.file(
+        "signers.yaml",
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: approve-example}\nrules:\n- apiGroups: [certificates.k8s.io]\n  resources: [signers]\n  resourceNames: [example.com/*]\n  verbs: [approve]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: bob-approves}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: approve-example}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\n",
+    );
+    c.ok(&["apply", "-f", &signers]);
+    let approved = wait_for(Duration::from_secs(10), || {
+        as_token(&c, &bob, &["certificate", "approve", "alice"])
+            .0
+            .then_some(())
+    });
+    assert!(
+        approved.is_some(),
+        "{:?}",
+        as_token(&c, &bob, &["certificate", "approve", "alice"])
+    );
+    let row = c.ok(&["get", "csr", "alice", "--no-headers"]);
+    assert!(row.trim_end().ends_with(" Approved"), "{row}");
+    // A signer issues through the status subresource; the approval stays.
+    let cert = params.self_signed(&key).expect("cert").pem();
+    let patch = format!(
+        "{{\"status\":{{\"certificate\":\"{}\"}}}}",
+        b64(cert.as_bytes())
+    );
+    c.ok(&[
+        "patch",
+        "csr",
+        "alice",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+    let row = c.ok(&["get", "csr", "alice", "--no-headers"]);
+    assert!(row.trim_end().ends_with(" Approved,Issued"), "{row}");
+    // Nothing takes the approval back, changes the certificate, or changes the spec.
+    // (kubectl itself will not deny an approved request; the server refuses it too.)
+    let mut both: Value =
+        serde_json::from_str(&c.ok(&["get", "csr", "alice", "-o", "json"])).expect("json");
+    both["status"]["conditions"]
+        .as_array_mut()
+        .expect("conditions")
+        .push(serde_json::json!({"type": "Denied", "status": "True", "reason": "Changed"}));
+    let file = c.file("both.json", &both.to_string());
+    let e = c.fails(&[
+        "replace",
+        "--raw",
+        "/apis/certificates.k8s.io/v1/certificatesigningrequests/alice/approval",
+        "-f",
+        &file,
+    ]);
+    assert!(e.contains("mutually exclusive"), "{e}");
+    let other = c.ok(&[
+        "patch",
+        "csr",
+        "alice",
+        "--type=merge",
+        "-p",
+        "{\"spec\":{\"signerName\":\"evil.example.com/x\"}}",
+    ]);
+    assert!(other.contains("alice"), "{other}");
+    assert_eq!(
+        c.ok(&["get", "csr", "alice", "-o", "jsonpath={.spec.signerName}"]),
+        "example.com/users"
+    );
+    // Invalid requests are refused naming the field, and nothing is stored.
+    for (name, request, signer, field) in [
+        (
+            "junk",
+            b64(b"not a request"),
+            "example.com/users",
+            "spec.request",
+        ),
+        ("nosigner", b64(pem.as_bytes()), "users", "spec.signerName"),
+    ] {
+        let file = c.file(&format!("{name}.yaml"), &manifest(name, &request, signer));
+        let e = c.fails(&["create", "-f", &file]);
+        assert!(e.contains(field), "{name}: {e}");
+        assert!(!c.kubectl(&["get", "csr", name]).status.success());
+    }
+    // A tenant makes no cluster-scoped requests.
+    c.ok(&["apply", "-f", &c.file(
+        "tenant.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n",
+    )]);
+    let acme = support::tenant_token(&c, "acme");
+    let file = c.file(
+        "t.yaml",
+        &manifest("tenant-csr", &b64(pem.as_bytes()), "example.com/users"),
+    );
+    let (ok, _, err) = as_token(&c, &acme, &["create", "-f", &file]);
+    assert!(!ok && err.to_lowercase().contains("forbidden"), "{err}");
+}
+
 #[test]
 fn the_python_client_drives_rbac() {
     let c = Cluster::start();

@@ -133,6 +133,7 @@ pub fn local() -> Vec<Value> {
                 "policy" => (17_600, 15),
                 "rbac.authorization.k8s.io" => (17_000, 15),
                 "apiextensions.k8s.io" => (16_700, 15),
+                "certificates.k8s.io" => (17_300, 15),
                 "apiregistration.k8s.io" => (18_000, 15),
                 "metrics.k8s.io" => (100, 100),
                 _ => (16_000, 15),

@@ -201,7 +201,77 @@ fn regex(function: &str, pattern: &str) -> Result<Arc<regex::Regex>, ExecutionEr
     Ok(re)
 }
 
-/// Renames `matches` calls to [`MATCHES`] throughout `tree`, without recursion.
+/// CEL's reserved words: a property of that name is selected as `__{word}__`.
+const RESERVED: &[&str] = &[
+    "true",
+    "false",
+    "null",
+    "in",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "else",
+    "for",
+    "function",
+    "if",
+    "import",
+    "let",
+    "loop",
+    "package",
+    "namespace",
+    "return",
+    "var",
+    "void",
+    "while",
+];
+
+/// The property name a field selection spells with Kubernetes' escapes, if it has any: a
+/// reserved word as `__{word}__`; else `__underscores__` for `__`, `__dot__` for `.`,
+/// `__dash__` for `-` and `__slash__` for `/` (`self.x__dash__prop` reads `x-prop`).
+fn unescape_property(field: &str) -> Option<String> {
+    if let Some(word) = field
+        .strip_prefix("__")
+        .and_then(|f| f.strip_suffix("__"))
+        .filter(|w| RESERVED.contains(w))
+    {
+        return Some(word.to_owned());
+    }
+    if !field.contains("__") {
+        return None;
+    }
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    let mut changed = false;
+    while let Some(at) = rest.find("__") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let escape = [
+            ("__underscores__", "__"),
+            ("__dot__", "."),
+            ("__dash__", "-"),
+            ("__slash__", "/"),
+        ]
+        .into_iter()
+        .find(|(e, _)| tail.starts_with(e));
+        match escape {
+            Some((e, plain)) => {
+                out.push_str(plain);
+                rest = &tail[e.len()..];
+                changed = true;
+            }
+            None => {
+                out.push('_');
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    changed.then_some(out)
+}
+
+/// Rewrites `tree` for evaluation, without recursion: `matches` calls to [`MATCHES`], and
+/// escaped property names in field selections to the names themselves.
 fn cache_matches(tree: &mut IdedExpr) {
     let mut stack: Vec<&mut IdedExpr> = vec![tree];
     while let Some(e) = stack.pop() {
@@ -241,7 +311,12 @@ fn cache_matches(tree: &mut IdedExpr) {
                     }
                 }
             }
-            Expr::Select(sel) => stack.push(&mut sel.operand),
+            Expr::Select(sel) => {
+                if let Some(name) = unescape_property(&sel.field) {
+                    sel.field = name;
+                }
+                stack.push(&mut sel.operand);
+            }
             Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
         }
     }
@@ -929,6 +1004,33 @@ mod tests {
 
     fn eval(src: &str, this: Value) -> Result<Cel, String> {
         compile(src, &["self"])?.eval(&[("self", Binding::Json(&this))])
+    }
+
+    #[test]
+    fn escaped_property_names_select_the_properties() {
+        let obj = json!({"x-prop": 1, "a.b": 2, "c/d": 3, "e__f": 4, "namespace": "ns",
+            "in": true, "plain__x": 5, "g__dash__h": 6});
+        for (src, want) in [
+            ("self.x__dash__prop == 1", true),
+            ("self.a__dot__b == 2 && self.c__slash__d == 3", true),
+            ("self.e__underscores__f == 4", true),
+            ("self.__namespace__ == 'ns' && self.__in__", true),
+            ("has(self.x__dash__prop) && !has(self.y__dash__prop)", true),
+            // An escape spelled out selects the unescaped name, as in Kubernetes (the
+            // property `g__dash__h` is `g__underscores__dash__underscores__h`).
+            ("self.g__underscores__dash__underscores__h == 6", true),
+            // Not an escape: the name as written.
+            ("self.plain__x == 5", true),
+        ] {
+            assert_eq!(eval(src, obj.clone()), Ok(Cel::Bool(want)), "{src}");
+        }
+        assert_eq!(unescape_property("plain"), None);
+        assert_eq!(unescape_property("__var__").as_deref(), Some("var"));
+        assert_eq!(unescape_property("__other__"), None);
+        assert_eq!(
+            unescape_property("a__dash____dot__b").as_deref(),
+            Some("a-.b")
+        );
     }
 
     #[test]

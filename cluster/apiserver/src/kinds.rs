@@ -104,6 +104,9 @@ pub fn of_kind(group: &str, kind: &str) -> Option<Typed> {
         ("networking.k8s.io", "IngressClass") => typed::<networking::v1::IngressClass>(),
         ("networking.k8s.io", "NetworkPolicy") => typed::<networking::v1::NetworkPolicy>(),
         ("storage.k8s.io", "StorageClass") => typed::<storage::v1::StorageClass>(),
+        ("certificates.k8s.io", "CertificateSigningRequest") => {
+            typed::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>()
+        }
         ("apiextensions.k8s.io", "CustomResourceDefinition") => typed::<Crd>(),
         ("admissionregistration.k8s.io", "MutatingWebhookConfiguration") => {
             typed::<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>()

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod cel;
 pub mod client;
 pub mod crd;
+pub mod csr;
 pub mod defaults;
 pub mod discovery;
 pub mod fairness;

@@ -387,6 +387,36 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { tag: 1, name: "succeeded", kind: Str, repeated: true, message: "" },
         Field { tag: 2, name: "failed", kind: Str, repeated: true, message: "" },
     ]),
+    ("api.certificates.v1.CertificateSigningRequest", &[
+        Field { tag: 1, name: "metadata", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.ObjectMeta" },
+        Field { tag: 2, name: "spec", kind: Msg, repeated: false, message: "api.certificates.v1.CertificateSigningRequestSpec" },
+        Field { tag: 3, name: "status", kind: Msg, repeated: false, message: "api.certificates.v1.CertificateSigningRequestStatus" },
+    ]),
+    ("api.certificates.v1.CertificateSigningRequestCondition", &[
+        Field { tag: 1, name: "type", kind: Str, repeated: false, message: "" },
+        Field { tag: 2, name: "reason", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "message", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "last_update_time", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.Time" },
+        Field { tag: 5, name: "last_transition_time", kind: Msg, repeated: false, message: "apimachinery.pkg.apis.meta.v1.Time" },
+        Field { tag: 6, name: "status", kind: Str, repeated: false, message: "" },
+    ]),
+    ("api.certificates.v1.CertificateSigningRequestSpec", &[
+        Field { tag: 1, name: "request", kind: Bytes, repeated: false, message: "" },
+        Field { tag: 2, name: "username", kind: Str, repeated: false, message: "" },
+        Field { tag: 3, name: "uid", kind: Str, repeated: false, message: "" },
+        Field { tag: 4, name: "groups", kind: Str, repeated: true, message: "" },
+        Field { tag: 5, name: "usages", kind: Str, repeated: true, message: "" },
+        Field { tag: 6, name: "extra", kind: MapMsg, repeated: false, message: "api.certificates.v1.ExtraValue" },
+        Field { tag: 7, name: "signer_name", kind: Str, repeated: false, message: "" },
+        Field { tag: 8, name: "expiration_seconds", kind: I32, repeated: false, message: "" },
+    ]),
+    ("api.certificates.v1.CertificateSigningRequestStatus", &[
+        Field { tag: 1, name: "conditions", kind: Msg, repeated: true, message: "api.certificates.v1.CertificateSigningRequestCondition" },
+        Field { tag: 2, name: "certificate", kind: Bytes, repeated: false, message: "" },
+    ]),
+    ("api.certificates.v1.ExtraValue", &[
+        Field { tag: 1, name: "items", kind: Str, repeated: true, message: "" },
+    ]),
     ("api.core.v1.Affinity", &[
         Field { tag: 1, name: "node_affinity", kind: Msg, repeated: false, message: "api.core.v1.NodeAffinity" },
         Field { tag: 2, name: "pod_affinity", kind: Msg, repeated: false, message: "api.core.v1.PodAffinity" },

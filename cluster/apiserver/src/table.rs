@@ -167,6 +167,14 @@ fn columns(res: &Resource) -> Vec<Column> {
             c("Ports", "string", 0),
             AGE,
         ],
+        (crate::catalog::CERTIFICATES, "certificatesigningrequests") => vec![
+            NAME,
+            AGE,
+            c("SignerName", "string", 0),
+            c("Requestor", "string", 0),
+            c("RequestedDuration", "string", 0),
+            c("Condition", "string", 0),
+        ],
         ("networking.k8s.io", "ingressclasses") => vec![
             NAME,
             c("Controller", "string", 0),
@@ -280,46 +288,28 @@ fn columns(res: &Resource) -> Vec<Column> {
     }
 }
 
-/// Kubernetes' short human durations: `45s`, `5m3s`, `3h`, `2d4h`, `400d`.
+/// Kubernetes' human durations, as kubectl prints ages: `45s`, `5m3s`, `90m`, `3h15m`,
+/// `25h`, `2d4h`, `400d`, `3y12d`.
 pub fn human_duration(secs: i64) -> String {
     let s = secs.max(0);
-    match s {
-        s if s < 120 => format!("{s}s"),
-        s if s < 600 => {
-            let (m, r) = (s / 60, s % 60);
-            if r == 0 {
-                format!("{m}m")
-            } else {
-                format!("{m}m{r}s")
-            }
+    let (minutes, hours, days) = (s / 60, s / 3600, s / 86_400);
+    let pair = |big: i64, bu: &str, small: i64, su: &str| {
+        if small == 0 {
+            format!("{big}{bu}")
+        } else {
+            format!("{big}{bu}{small}{su}")
         }
-        s if s < 3 * 3600 => {
-            let (h, m) = (s / 3600, s % 3600 / 60);
-            match (h, m) {
-                (0, m) => format!("{m}m"),
-                (h, 0) => format!("{h}h"),
-                (h, m) => format!("{h}h{m}m"),
-            }
-        }
-        s if s < 8 * 3600 => format!("{}h", s / 3600),
-        s if s < 2 * 86_400 => {
-            let (d, h) = (s / 86_400, s % 86_400 / 3600);
-            match (d, h) {
-                (0, h) => format!("{h}h"),
-                (d, 0) => format!("{d}d"),
-                (d, h) => format!("{d}d{h}h"),
-            }
-        }
-        s if s < 8 * 86_400 => {
-            let (d, h) = (s / 86_400, s % 86_400 / 3600);
-            if h == 0 {
-                format!("{d}d")
-            } else {
-                format!("{d}d{h}h")
-            }
-        }
-        s if s < 365 * 2 * 86_400 => format!("{}d", s / 86_400),
-        s => format!("{}y", s / 86_400 / 365),
+    };
+    match () {
+        () if s < 120 => format!("{s}s"),
+        () if minutes < 10 => pair(minutes, "m", s % 60, "s"),
+        () if minutes < 180 => format!("{minutes}m"),
+        () if hours < 8 => pair(hours, "h", minutes % 60, "m"),
+        () if hours < 48 => format!("{hours}h"),
+        () if days < 8 => pair(days, "d", hours % 24, "h"),
+        () if days < 2 * 365 => format!("{days}d"),
+        () if days < 8 * 365 => pair(days / 365, "y", days % 365, "d"),
+        () => format!("{}y", days / 365),
     }
 }
 
@@ -847,6 +837,35 @@ fn cells(res: &Resource, o: &Value) -> Vec<Value> {
                 age_v,
             ]
         }
+        (crate::catalog::CERTIFICATES, "certificatesigningrequests") => {
+            let mut conditions: Vec<String> = o["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["type"].as_str().map(str::to_owned))
+                .collect();
+            if o["status"]["certificate"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+            {
+                conditions.push("Issued".into());
+            }
+            if conditions.is_empty() {
+                conditions.push("Pending".into());
+            }
+            vec![
+                name,
+                age_v,
+                json!(spec["signerName"].as_str().unwrap_or("")),
+                json!(spec["username"].as_str().unwrap_or("")),
+                json!(
+                    spec["expirationSeconds"]
+                        .as_i64()
+                        .map_or_else(|| "<none>".to_owned(), human_duration)
+                ),
+                json!(conditions.join(",")),
+            ]
+        }
         ("networking.k8s.io", "ingressclasses") => vec![
             name,
             json!(spec["controller"].as_str().unwrap_or("")),
@@ -1299,6 +1318,12 @@ mod tests {
         assert_eq!(human_duration(3 * 3600), "3h");
         assert_eq!(human_duration(2 * 86_400 + 4 * 3600), "2d4h");
         assert_eq!(human_duration(400 * 86_400), "400d");
+        assert_eq!(human_duration(90 * 60), "90m");
+        assert_eq!(human_duration(3 * 3600 + 15 * 60), "3h15m");
+        assert_eq!(human_duration(86_400), "24h");
+        assert_eq!(human_duration(47 * 3600), "47h");
+        assert_eq!(human_duration((3 * 365 + 12) * 86_400), "3y12d");
+        assert_eq!(human_duration(9 * 365 * 86_400), "9y");
         assert_eq!(parse_rfc3339("1970-01-02T00:00:01Z"), Some(86_401));
         assert_eq!(
             parse_rfc3339(&crate::api::rfc3339(1_795_000_000)),

@@ -143,6 +143,10 @@ fn minimal(kind: &str) -> Option<Value> {
             "validations": [{"expression": "true"}]}}),
         "ValidatingAdmissionPolicyBinding" => json!({"metadata": meta, "spec": {
             "policyName": "x", "validationActions": ["Deny"]}}),
+        // A certificate request: PEM text, base64 in JSON.
+        "CertificateSigningRequest" => json!({"metadata": meta, "spec": {
+            "request": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURSBSRVFVRVNULS0tLS0KTUlJQlZqQ0IvUUlCQURBYk1Sa3dGd1lEVlFRRERCQnRlUzExYzJWeUxtVjRZVzF3YkdVdwotLS0tLUVORCBDRVJUSUZJQ0FURSBSRVFVRVNULS0tLS0K",
+            "signerName": "example.com/users", "usages": ["client auth"]}}),
         // An APIService's name is its version and group.
         "APIService" => json!({"metadata": {"name": "v1.example.com"}, "spec": {
             "group": "example.com", "version": "v1", "groupPriorityMinimum": 100,

@@ -63,6 +63,7 @@ fn harness() -> Harness {
         valid("Widget"),
         valid("HorizontalPodAutoscaler"),
         valid("HorizontalPodAutoscaler/v1"),
+        valid("CertificateSigningRequest"),
     ] {
         let kind = obj["kind"].as_str().expect("kind");
         let res = if obj["apiVersion"] == "autoscaling/v1" {
@@ -212,6 +213,12 @@ fn valid(kind: &str) -> Value {
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "u"},
                 {"kind": "ServiceAccount", "name": "default", "namespace": "fz"}]})
         }
+        "CertificateSigningRequest" => json!({"apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest", "metadata": {"name": "csr"},
+            "spec": {"request": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURSBSRVFVRVNULS0tLS0KTUlJQlZqQ0IvUUlCQURBYk1Sa3dGd1lEVlFRRERCQnRlUzExYzJWeUxtVjRZVzF3YkdVdwotLS0tLUVORCBDRVJUSUZJQ0FURSBSRVFVRVNULS0tLS0K",
+                "signerName": "example.com/users", "usages": ["client auth"],
+                "expirationSeconds": 3600},
+            "status": {"conditions": [{"type": "Approved", "status": "True", "reason": "R"}]}}),
         "Tenant" => json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Tenant",
             "metadata": {"name": "t"}, "spec": {"namespaces": ["fz"], "weight": 1}}),
         _ => json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"},
@@ -423,7 +430,8 @@ fn mutated_objects_are_accepted_or_refused_cleanly() {
     proptest!(ProptestConfig::with_cases(cases()), |(
         kind in prop_oneof![Just("Deployment"), Just("Pod"), Just("ConfigMap"), Just("Service"),
             Just("Tenant"), Just("Role"), Just("RoleBinding"), Just("CustomResourceDefinition"),
-            Just("Widget"), Just("HorizontalPodAutoscaler"), Just("HorizontalPodAutoscaler/v1")],
+            Just("Widget"), Just("HorizontalPodAutoscaler"), Just("HorizontalPodAutoscaler/v1"),
+            Just("CertificateSigningRequest")],
         muts in prop::collection::vec(mutation(), 1..5),
         verb in verb(),
     )| {

@@ -63,6 +63,13 @@ const fn status(group: &'static str, version: &'static str, kind: &'static str) 
     }
 }
 
+/// A CertificateSigningRequest's `approval` subresource (`kubectl certificate approve`).
+const APPROVAL: Subresource = Subresource {
+    name: "approval",
+    response: (CERTIFICATES, "v1", "CertificateSigningRequest"),
+    verbs: UPDATE_VERBS,
+};
+
 const SCALE: Subresource = Subresource {
     name: "scale",
     response: ("autoscaling", "v1", "Scale"),
@@ -105,6 +112,9 @@ pub const APIREGISTRATION: &str = "apiregistration.k8s.io";
 
 /// The group of admission webhook configurations.
 pub const ADMISSIONREGISTRATION: &str = "admissionregistration.k8s.io";
+
+/// The group of CertificateSigningRequests.
+pub const CERTIFICATES: &str = "certificates.k8s.io";
 
 /// The group of CustomResourceDefinitions.
 pub const APIEXTENSIONS: &str = "apiextensions.k8s.io";
@@ -457,6 +467,20 @@ pub const RESOURCES: &[Resource] = &[
         &["netpol"],
         &[],
         &[],
+    ),
+    r(
+        CERTIFICATES,
+        "v1",
+        "certificatesigningrequests",
+        "certificatesigningrequest",
+        "CertificateSigningRequest",
+        false,
+        &["csr"],
+        &[],
+        &[
+            APPROVAL,
+            status(CERTIFICATES, "v1", "CertificateSigningRequest"),
+        ],
     ),
     r(
         APIREGISTRATION,

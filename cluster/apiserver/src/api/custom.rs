@@ -121,6 +121,8 @@ impl Api {
             crd::validate_definition(obj, current, causes);
         } else if crate::apiservices::is_apiservice(res) {
             crate::apiservices::validate(obj, causes);
+        } else if crate::csr::is_csr(res) {
+            crate::csr::validate(obj, current, causes);
         }
     }
 

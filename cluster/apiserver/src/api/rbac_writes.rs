@@ -86,6 +86,44 @@ impl Api {
         Ok(self.authorizer.rbac().decide(user, &a).await?.allowed)
     }
 
+    /// Who may approve or deny a CertificateSigningRequest: besides `update` on its
+    /// `approval` subresource, RBAC must grant `approve` on the signer (`signers` in
+    /// `certificates.k8s.io`, named by the request's `signerName` or `<domain>/*`), as
+    /// Kubernetes' CertificateApproval admission asks. The admin and the shard's components
+    /// may; a tenant never (requests are cluster-scoped).
+    pub(super) async fn check_csr_approval(
+        &self,
+        req: &ApiRequest,
+        user: &User,
+        next: &Value,
+        current: &Value,
+    ) -> Result<(), ApiError> {
+        if !crate::csr::is_csr(req.resource)
+            || req.subresource.as_deref() != Some("approval")
+            || !crate::csr::decides(current, next)
+            || matches!(user, User::Admin | User::System(_))
+        {
+            return Ok(());
+        }
+        let signer = current["spec"]["signerName"].as_str().unwrap_or_default();
+        let name = super::name_of(current);
+        if matches!(user, User::Named { .. } | User::ServiceAccount(_)) {
+            for granted in [signer.to_owned(), crate::csr::signer_wildcard(signer)] {
+                let a = Attributes {
+                    verb: "approve",
+                    group: crate::csr::GROUP,
+                    resource: "signers",
+                    name: &granted,
+                    ..Attributes::default()
+                };
+                if self.authorizer.rbac().decide(user, &a).await?.allowed {
+                    return Ok(());
+                }
+            }
+        }
+        Err(crate::csr::may_not_approve(name, user, signer))
+    }
+
     /// RBAC's write rules: a binding's `roleRef` never changes, and nobody grants what it
     /// does not hold — a Role's rules, or the role a binding names, must be covered by the
     /// writer's own rules in that namespace, unless RBAC grants it `escalate` (roles) or

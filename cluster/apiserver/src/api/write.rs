@@ -317,6 +317,9 @@ impl Api {
         if res.plural == "pods" && obj["status"]["phase"].is_null() {
             obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(&obj)});
         }
+        if crate::csr::is_csr(res) {
+            crate::csr::requested_by(&mut obj, user);
+        }
         self.prepare_server_owned(res, &mut obj, None);
         let mut errors = validation::validate(res, &obj);
         self.validate_more(res, &obj, None, &mut errors.0);
@@ -914,6 +917,7 @@ impl Api {
                 .await?;
             self.check_rbac_write(res, user, &next, Some(&current))
                 .await?;
+            self.check_csr_approval(req, user, &next, &current).await?;
             if req.subresource.is_none()
                 && next.get("spec") != current.get("spec")
                 && let Some(ns) = req.namespace.as_deref()
@@ -1074,6 +1078,9 @@ impl Api {
         let res = req.resource;
         let name = req.name.as_deref().unwrap_or_default();
         let mut next = match req.subresource.as_deref() {
+            // A CertificateSigningRequest's spec never changes; its approval and its
+            // issuance are separate subresources.
+            sub if crate::csr::is_csr(res) => crate::csr::merge(sub, current, proposed),
             // A binding sets the node and the PodScheduled condition together.
             Some("binding") => proposed,
             // The status subresource changes the status alone: what the client sent is
