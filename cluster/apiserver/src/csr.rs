@@ -96,11 +96,9 @@ pub fn merge(sub: Option<&str>, current: &Value, mut proposed: Value) -> Value {
         Some("status") => {
             let mut status = proposed["status"].take();
             let mut kept: Vec<Value> = conditions(current).into_iter().filter(approval).collect();
-            kept.extend(
-                conditions(&json!({"status": status.clone()}))
-                    .into_iter()
-                    .filter(|c| !approval(c)),
-            );
+            if let Some(Value::Array(asked)) = status.get_mut("conditions").map(Value::take) {
+                kept.extend(asked.into_iter().filter(|c| !approval(c)));
+            }
             if status.is_object() || !kept.is_empty() {
                 status["conditions"] = Value::Array(kept);
             }

@@ -142,7 +142,6 @@ impl Api {
         req.name = Some(name.to_owned());
         req.subresource = Some(sub.to_owned());
         self.authorizer.authorize(user, &req).await?;
-        self.admit_connect(user, &req, &stream.query).await?;
         let upgrade = stream
             .headers
             .iter()
@@ -150,6 +149,9 @@ impl Api {
         if !upgrade {
             return Err(ApiError::bad_request("Upgrade request required"));
         }
+        // Admission only for a request that can go ahead: no webhook is called for one
+        // refused anyway.
+        self.admit_connect(user, &req, &stream.query).await?;
         if self.across(req.resource).is_some() {
             return self.pod_stream_across(&req, stream).await;
         }
