@@ -305,6 +305,15 @@ fn a_process_node_killed_outright_leaves_no_container_behind() {
         (found.len() == 1 && sleepers(&once_arg).len() == 1).then(|| found[0])
     })
     .expect("the containers run");
+    // Both reported Running before the kill: a pod still Pending in the API is simply
+    // started afresh by the next run, which is not the case this test is about.
+    let reported = wait_for(Duration::from_secs(30), || {
+        ["napper", "once"]
+            .iter()
+            .all(|p| c.ok(&["get", "pod", p, "-o", "jsonpath={.status.phase}"]) == "Running")
+            .then_some(())
+    });
+    assert!(reported.is_some(), "{}", c.ok(&["get", "pods"]));
     // kill -9 of the agent: nothing of it stops the container, which runs on under the
     // pod's id range.
     first.0.kill().expect("kill -9 the agent");
