@@ -9,7 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::{Cluster, wait_for};
 
 const CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
@@ -707,4 +707,434 @@ fn apiservices_list_what_is_served() {
     );
     let err = c.fails(&["create", "-f", &bad]);
     assert!(err.contains("metadata.name"), "{err}");
+}
+
+/// A CRD whose versions differ in shape: v1 has `spec.host` and `spec.port`, v2 (the
+/// storage version) `spec.address` = `host:port`; converted by the test's webhook at
+/// `{url}` (a `clientConfig` in flow style).
+fn route_crd(client: &str) -> String {
+    format!(
+        r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: routes.example.com}}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {{plural: routes, singular: route, kind: Route}}
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: [v9, v1]
+      clientConfig: {client}
+  versions:
+  - name: v1
+    served: true
+    storage: false
+    additionalPrinterColumns: [{{name: Host, type: string, jsonPath: .spec.host}}, {{name: Port, type: integer, jsonPath: .spec.port}}]
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            required: [host]
+            properties:
+              host: {{type: string}}
+              port: {{type: integer, minimum: 1, maximum: 65535, default: 80}}
+  - name: v2
+    served: true
+    storage: true
+    additionalPrinterColumns: [{{name: Address, type: string, jsonPath: .spec.address}}]
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              address: {{type: string, pattern: '^[a-z0-9.-]+:[0-9]+$'}}
+"#
+    )
+}
+
+/// Route `name` in namespace `shop` as `version` shows it.
+fn route(c: &Cluster, version: &str, name: &str) -> Value {
+    let resource = format!("routes.{version}.example.com");
+    json(&c.ok(&["get", &resource, name, "-n", "shop", "-o", "json"]))
+}
+
+mod conversion_webhook {
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::routing::post;
+    use serde_json::{Value, json};
+
+    /// Every review the webhook server received, by path.
+    pub type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
+    type Reply = ([(axum::http::header::HeaderName, &'static str); 1], String);
+
+    fn reply(review: Value) -> Reply {
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            review.to_string(),
+        )
+    }
+
+    /// One Route converted to `desired`; it also tries to rename the object (which the
+    /// server must undo) and notes the conversion in an annotation (which it keeps).
+    fn convert_route(mut o: Value, desired: &str) -> Value {
+        let spec = o["spec"].clone();
+        o["spec"] = if desired.ends_with("/v2") && o["apiVersion"] == "example.com/v1" {
+            json!({"address": format!("{}:{}", spec["host"].as_str().unwrap_or_default(), spec["port"])})
+        } else if desired.ends_with("/v1") && o["apiVersion"] == "example.com/v2" {
+            let address = spec["address"].as_str().unwrap_or_default();
+            let (host, port) = address.rsplit_once(':').unwrap_or((address, "0"));
+            json!({"host": host, "port": port.parse::<u64>().unwrap_or(0)})
+        } else {
+            spec
+        };
+        let from = o["apiVersion"].as_str().unwrap_or_default().to_owned();
+        o["apiVersion"] = json!(desired);
+        o["metadata"]["name"] = json!("hijacked");
+        if !o["metadata"]["annotations"].is_object() {
+            o["metadata"]["annotations"] = json!({});
+        }
+        o["metadata"]["annotations"]["example.com/converted-from"] = json!(from);
+        o
+    }
+
+    async fn convert(State(seen): State<Seen>, body: Bytes) -> Reply {
+        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        seen.lock()
+            .expect("lock")
+            .push(("convert".into(), review.clone()));
+        let req = &review["request"];
+        let desired = req["desiredAPIVersion"].as_str().unwrap_or_default();
+        let objects: Vec<Value> = req["objects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| convert_route(o.clone(), desired))
+            .collect();
+        reply(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "response": {"uid": req["uid"], "result": {"status": "Success"}, "convertedObjects": objects},
+        }))
+    }
+
+    /// Refuses every conversion.
+    async fn fail(body: Bytes) -> Reply {
+        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        reply(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "response": {"uid": review["request"]["uid"], "result": {"status": "Failure", "message": "conversions are switched off"}},
+        }))
+    }
+
+    /// Answers another review's uid.
+    async fn wrong_uid(body: Bytes) -> Reply {
+        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        reply(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "response": {"uid": "not-yours", "result": {"status": "Success"}, "convertedObjects": review["request"]["objects"]},
+        }))
+    }
+
+    /// Records an AdmissionReview and allows it.
+    async fn admit(State(seen): State<Seen>, body: Bytes) -> Reply {
+        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        seen.lock()
+            .expect("lock")
+            .push(("admit".into(), review.clone()));
+        reply(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": review["request"]["uid"], "allowed": true},
+        }))
+    }
+
+    /// The server: its address, the CA (PEM) of its certificate, what it saw, its runtime.
+    pub fn start() -> (std::net::SocketAddr, String, Seen, tokio::runtime::Runtime) {
+        let seen: Seen = Arc::default();
+        let router = axum::Router::new()
+            .route("/convert", post(convert))
+            .route("/fail", post(fail))
+            .route("/wrong-uid", post(wrong_uid))
+            .route("/admit", post(admit))
+            .with_state(seen.clone());
+        let (addr, ca, rt) = super::support::https_server(router, "convert.hooks.svc");
+        (addr, ca, seen, rt)
+    }
+}
+
+/// `spec.conversion.strategy: Webhook`: objects are stored in the storage version and
+/// converted by the CRD's webhook for every version a client reads or writes — kubectl
+/// gets, lists, patches, server-side applies and watches in either version, validation and
+/// printer columns of the request's version, admission webhooks seeing their own version,
+/// and a failing webhook failing requests with a clear error and storing nothing.
+#[test]
+fn a_conversion_webhook_converts_between_versions() {
+    use base64::Engine;
+    let c = Cluster::start();
+    let (addr, ca, seen, _rt) = conversion_webhook::start();
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
+    let client = |path: &str| {
+        format!(
+            "{{url: \"https://127.0.0.1:{}{path}\", caBundle: {bundle}}}",
+            addr.port()
+        )
+    };
+    let reviews = |s: &conversion_webhook::Seen| s.lock().expect("lock").len();
+    c.ok(&["create", "namespace", "shop"]);
+
+    // Invalid conversion settings are refused naming the field.
+    let no_client = route_crd(&client("/convert"))
+        .replace(&format!("      clientConfig: {}\n", client("/convert")), "");
+    let file = c.file("no-client.yaml", &no_client);
+    let err = c.fails(&["create", "-f", &file]);
+    assert!(
+        err.contains("spec.conversion.webhook.clientConfig: Required value"),
+        "{err}"
+    );
+    let file = c.file(
+        "no-review-version.yaml",
+        &route_crd(&client("/convert")).replace("[v9, v1]", "[v9]"),
+    );
+    let err = c.fails(&["create", "-f", &file]);
+    assert!(
+        err.contains("spec.conversion.webhook.conversionReviewVersions")
+            && err.contains("v1, v1beta1"),
+        "{err}"
+    );
+    let file = c.file(
+        "http.yaml",
+        &route_crd(&format!(
+            "{{url: \"http://127.0.0.1:{}/convert\"}}",
+            addr.port()
+        )),
+    );
+    let err = c.fails(&["create", "-f", &file]);
+    assert!(
+        err.contains("spec.conversion.webhook.clientConfig.url"),
+        "{err}"
+    );
+    assert!(c.ok(&["get", "crd", "-o", "name"]).trim().is_empty());
+
+    let file = c.file("routes.yaml", &route_crd(&client("/convert")));
+    c.ok(&["apply", "-f", &file]);
+    c.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/routes.example.com",
+        "--timeout=30s",
+    ]);
+
+    // Written in v1 (defaulted in v1: port 80), stored in v2.
+    let r1 = c.file(
+        "r1.yaml",
+        "apiVersion: example.com/v1\nkind: Route\nmetadata: {name: r1, namespace: shop, labels: {app: web}}\nspec: {host: a.example}\n",
+    );
+    c.ok(&["apply", "-f", &r1]);
+    let to_storage = seen.lock().expect("lock").iter().any(|(_, r)| {
+        r["request"]["desiredAPIVersion"] == "example.com/v2"
+            && r["request"]["objects"][0]["spec"] == json!({"host": "a.example", "port": 80})
+    });
+    assert!(to_storage, "the v1 object went to the webhook for v2");
+    assert!(
+        seen.lock()
+            .expect("lock")
+            .iter()
+            .all(|(_, r)| r["apiVersion"] == "apiextensions.k8s.io/v1"),
+        "reviews are sent in v1, the first version both speak"
+    );
+    let v2 = route(&c, "v2", "r1");
+    assert_eq!(v2["apiVersion"], "example.com/v2");
+    assert_eq!(v2["spec"], json!({"address": "a.example:80"}), "{v2}");
+    assert_eq!(
+        v2["metadata"]["name"], "r1",
+        "the webhook may not rename: {v2}"
+    );
+    assert_eq!(v2["metadata"]["labels"]["app"], "web");
+    let v1 = route(&c, "v1", "r1");
+    assert_eq!(v1["apiVersion"], "example.com/v1");
+    assert_eq!(v1["spec"], json!({"host": "a.example", "port": 80}), "{v1}");
+    assert_eq!(
+        v1["metadata"]["annotations"]["example.com/converted-from"], "example.com/v2",
+        "annotations come from the webhook: {v1}"
+    );
+    assert_eq!(v1["metadata"]["uid"], v2["metadata"]["uid"]);
+
+    // Reads in the storage version of objects stored in it need no webhook.
+    let before = reviews(&seen);
+    let listed = c.ok(&["get", "routes.v2.example.com", "-n", "shop", "-o", "name"]);
+    assert_eq!(listed.trim(), "route.example.com/r1");
+    assert_eq!(reviews(&seen), before, "a v2 list called the webhook");
+
+    // Each version's printer columns, of the object in that version.
+    let table = c.ok(&["get", "routes.v1.example.com", "-n", "shop"]);
+    assert!(
+        table.contains("HOST") && table.contains("a.example   80"),
+        "{table}"
+    );
+    let table = c.ok(&["get", "routes.v2.example.com", "-n", "shop"]);
+    assert!(
+        table.contains("ADDRESS") && table.contains("a.example:80"),
+        "{table}"
+    );
+
+    // Each version's schema validates the object as it was sent.
+    let bad = c.file(
+        "bad-v1.yaml",
+        "apiVersion: example.com/v1\nkind: Route\nmetadata: {name: bad1, namespace: shop}\nspec: {host: b.example, port: 70000}\n",
+    );
+    let err = c.fails(&["create", "-f", &bad]);
+    assert!(err.contains("spec.port"), "{err}");
+    let bad = c.file(
+        "bad-v2.yaml",
+        "apiVersion: example.com/v2\nkind: Route\nmetadata: {name: bad2, namespace: shop}\nspec: {address: no-port}\n",
+    );
+    let err = c.fails(&["create", "-f", &bad]);
+    assert!(err.contains("spec.address"), "{err}");
+
+    // A merge patch through v1 applies to the object as v1 shows it.
+    c.ok(&[
+        "patch",
+        "routes.v1.example.com",
+        "r1",
+        "-n",
+        "shop",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"port":9090}}"#,
+    ]);
+    let v2 = route(&c, "v2", "r1");
+    assert_eq!(v2["spec"]["address"], "a.example:9090", "{v2}");
+    // Server-side apply in v1, then a v2 object beside it.
+    let r2 = c.file(
+        "r2.yaml",
+        "apiVersion: example.com/v1\nkind: Route\nmetadata: {name: r2, namespace: shop}\nspec: {host: c.example, port: 8443}\n",
+    );
+    c.ok(&["apply", "--server-side", "-f", &r2]);
+    let r3 = c.file(
+        "r3.yaml",
+        "apiVersion: example.com/v2\nkind: Route\nmetadata: {name: r3, namespace: shop}\nspec: {address: 'd.example:53'}\n",
+    );
+    c.ok(&["apply", "-f", &r3]);
+    let v1 = json(&c.ok(&["get", "routes.v1.example.com", "-n", "shop", "-o", "json"]));
+    let specs: Vec<&Value> = v1["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| &i["spec"])
+        .collect();
+    assert_eq!(
+        specs,
+        [
+            &json!({"host": "a.example", "port": 9090}),
+            &json!({"host": "c.example", "port": 8443}),
+            &json!({"host": "d.example", "port": 53}),
+        ],
+        "{v1}"
+    );
+    assert!(
+        v1["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .all(|i| i["apiVersion"] == "example.com/v1"),
+        "{v1}"
+    );
+
+    // A watch in v1 sees v1 objects.
+    let events = c.ok(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1/namespaces/shop/routes?watch=1&timeoutSeconds=1",
+    ]);
+    let added: Vec<Value> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    assert_eq!(added.len(), 3, "{events}");
+    assert!(
+        added.iter().all(|e| e["type"] == "ADDED"
+            && e["object"]["apiVersion"] == "example.com/v1"
+            && e["object"]["spec"]["host"].is_string()),
+        "{events}"
+    );
+
+    // An admission webhook whose rules name v2 sees a v1 write converted to v2.
+    let admission = c.file(
+        "admission.yaml",
+        &format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\n\
+             metadata: {{name: routes}}\nwebhooks:\n- name: routes.example.com\n  sideEffects: None\n\
+             \x20 admissionReviewVersions: [v1]\n  matchPolicy: Equivalent\n  clientConfig: {}\n\
+             \x20 rules: [{{operations: [CREATE], apiGroups: [example.com], apiVersions: [v2], resources: [routes]}}]\n",
+            client("/admit")
+        ),
+    );
+    c.ok(&["create", "-f", &admission]);
+    let r4 = c.file(
+        "r4.yaml",
+        "apiVersion: example.com/v1\nkind: Route\nmetadata: {name: r4, namespace: shop}\nspec: {host: e.example, port: 25}\n",
+    );
+    c.ok(&["create", "-f", &r4]);
+    let admitted = seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .find(|(path, _)| path == "admit")
+        .map(|(_, r)| r["request"].clone())
+        .expect("the admission webhook was called");
+    assert_eq!(
+        admitted["object"]["apiVersion"], "example.com/v2",
+        "{admitted}"
+    );
+    assert_eq!(
+        admitted["object"]["spec"],
+        json!({"address": "e.example:25"}),
+        "{admitted}"
+    );
+    assert_eq!(admitted["requestKind"]["version"], "v1", "{admitted}");
+    c.ok(&["delete", "validatingwebhookconfiguration", "routes"]);
+
+    // The calls are counted.
+    let calls = support::sample(
+        &c.metrics_addr,
+        "tessera_apiserver_crd_conversion_webhook_calls_total{crd=\"routes.example.com\",result=\"success\"} ",
+    );
+    assert!(calls >= 5.0, "conversion calls counted: {calls}");
+
+    // A webhook that refuses, or answers wrongly, fails the request and stores nothing.
+    for (path, words) in [
+        ("/fail", "conversions are switched off"),
+        ("/wrong-uid", "expected response uid"),
+    ] {
+        let file = c.file("routes.yaml", &route_crd(&client(path)));
+        c.ok(&["apply", "-f", &file]);
+        let err = wait_for(Duration::from_secs(10), || {
+            let out = c.kubectl(&["get", "routes.v1.example.com", "r1", "-n", "shop"]);
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            (!out.status.success()).then_some(err)
+        })
+        .expect("reads in v1 fail once the webhook fails");
+        assert!(
+            err.contains("conversion webhook for example.com/v2, Kind=Route failed")
+                && err.contains(words),
+            "{path}: {err}"
+        );
+        let r5 = c.file(
+            "r5.yaml",
+            "apiVersion: example.com/v1\nkind: Route\nmetadata: {name: r5, namespace: shop}\nspec: {host: f.example}\n",
+        );
+        let err = c.fails(&["create", "-f", &r5]);
+        assert!(err.contains(words), "{path}: {err}");
+        // The storage version is still read without the webhook.
+        let names = c.ok(&["get", "routes.v2.example.com", "-n", "shop", "-o", "name"]);
+        assert!(!names.contains("r5"), "{path}: stored anyway: {names}");
+        assert_eq!(names.lines().count(), 4, "{names}");
+    }
 }

@@ -132,7 +132,6 @@ async fn slow(body: Bytes) -> Reply {
 /// The webhook server: its address, the CA (PEM) that signed its certificate (for
 /// 127.0.0.1 and `webhook.hooks.svc`), what it saw, and the runtime serving it.
 fn webhook_server() -> (std::net::SocketAddr, String, Seen, tokio::runtime::Runtime) {
-    let tls = tessera_apiserver::pki::agent_tls("127.0.0.1", "webhook.hooks.svc").expect("tls");
     let seen: Seen = Arc::default();
     let router = axum::Router::new()
         .route("/validate", post(validate))
@@ -141,17 +140,8 @@ fn webhook_server() -> (std::net::SocketAddr, String, Seen, tokio::runtime::Runt
         .route("/observe", post(observe))
         .route("/exec", post(guard_exec))
         .with_state(seen.clone());
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let addr = rt
-        .block_on(tessera_apiserver::serve::serve_tls_pem(
-            "127.0.0.1:0".parse().expect("addr"),
-            &tls.cert_pem,
-            &tls.key_pem,
-            router,
-            tessera_apiserver::serve::ConnectionLimits::default(),
-        ))
-        .expect("serve");
-    (addr, tls.ca_pem, seen, rt)
+    let (addr, ca, rt) = support::https_server(router, "webhook.hooks.svc");
+    (addr, ca, seen, rt)
 }
 
 const VALIDATING: &str = "ValidatingWebhookConfiguration";

@@ -515,3 +515,24 @@ pub fn process_node(shard: &Cluster, metrics: &str, prefix: &str) -> Running {
             .expect("tessera agent"),
     )
 }
+
+/// Serves `router` over HTTPS on a free loopback port, with a certificate for 127.0.0.1
+/// and `dns` (a webhook's `<service>.<namespace>.svc`): its address, the CA (PEM) that
+/// signed the certificate (a webhook's `caBundle`), and the runtime serving it.
+pub fn https_server(
+    router: axum::Router,
+    dns: &str,
+) -> (std::net::SocketAddr, String, tokio::runtime::Runtime) {
+    let tls = tessera_apiserver::pki::agent_tls("127.0.0.1", dns).expect("tls");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let addr = rt
+        .block_on(tessera_apiserver::serve::serve_tls_pem(
+            "127.0.0.1:0".parse().expect("addr"),
+            &tls.cert_pem,
+            &tls.key_pem,
+            router,
+            tessera_apiserver::serve::ConnectionLimits::default(),
+        ))
+        .expect("serve");
+    (addr, tls.ca_pem, rt)
+}

@@ -40,6 +40,12 @@ pub struct ApiMetrics {
     pub(crate) policy_checks: IntCounterVec,
     /// CEL rules of CustomResourceDefinitions evaluated, by result.
     pub(crate) crd_rules: IntCounterVec,
+    /// CRD conversion webhook calls, by CRD and result.
+    pub(crate) conversion_calls: IntCounterVec,
+    /// Duration of CRD conversion webhook calls, by CRD.
+    pub(crate) conversion_duration: HistogramVec,
+    /// Custom objects converted by conversion webhooks, by CRD.
+    pub(crate) conversion_objects: IntCounterVec,
 }
 
 impl ApiMetrics {
@@ -166,6 +172,34 @@ impl ApiMetrics {
                 ),
                 &["result"],
             )?,
+            conversion_calls: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_crd_conversion_webhook_calls_total",
+                    "ConversionReviews sent to CRD conversion webhooks, by CRD and result \
+                     (success; failure: the webhook answered Failure; error: it could not be \
+                     called or its answer was unusable).",
+                ),
+                &["crd", "result"],
+            )?,
+            conversion_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_apiserver_crd_conversion_webhook_duration_seconds",
+                    "Time of one ConversionReview (connect, TLS, the webhook's work, checking \
+                     the answer).",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0,
+                ]),
+                &["crd"],
+            )?,
+            conversion_objects: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_crd_conversion_objects_total",
+                    "Custom objects converted by CRD conversion webhooks, by CRD.",
+                ),
+                &["crd"],
+            )?,
             binding_batches: IntCounterVec::new(
                 Opts::new(
                     "tessera_apiserver_binding_batches_total",
@@ -205,6 +239,9 @@ impl ApiMetrics {
         registry.register(Box::new(m.webhook_duration.clone()))?;
         registry.register(Box::new(m.policy_checks.clone()))?;
         registry.register(Box::new(m.crd_rules.clone()))?;
+        registry.register(Box::new(m.conversion_calls.clone()))?;
+        registry.register(Box::new(m.conversion_duration.clone()))?;
+        registry.register(Box::new(m.conversion_objects.clone()))?;
         registry.register(Box::new(m.write_batch.clone()))?;
         registry.register(Box::new(m.write_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;

@@ -9,7 +9,7 @@ use crate::catalog::Resource;
 use crate::status::Cause;
 
 mod hpa;
-mod webhooks;
+pub(crate) mod webhooks;
 
 /// Collects causes.
 #[derive(Default, Debug)]

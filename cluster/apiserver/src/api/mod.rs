@@ -11,6 +11,7 @@ pub mod admission;
 mod agents;
 mod allocator;
 mod bindings;
+mod conversion;
 mod custom;
 mod delete;
 mod group;
@@ -472,6 +473,11 @@ impl Api {
                 format!("{} is not supported on the {s} subresource", v.as_str()),
             )),
         }?;
+        // A CRD's objects in the version asked for (before a Scale is made of one: the
+        // version's scale paths read it).
+        if let Some(v) = &custom {
+            resp = self.in_request_version(v, resp).await?;
+        }
         if req.subresource.as_deref() == Some("scale") || req.table {
             // These answers are built from the object as a value.
             if let ApiResponse::Encoded { code, body } = resp {
@@ -489,11 +495,6 @@ impl Api {
             && body["kind"] != "Scale"
         {
             *body = to_scale(&req, custom.as_ref().and_then(|v| v.scale.as_ref()), body);
-        }
-        if let Some(v) = &custom
-            && req.subresource.as_deref() != Some("scale")
-        {
-            resp = custom::in_version(v, resp)?;
         }
         if req.table
             && let ApiResponse::Object { body, .. } = &mut resp

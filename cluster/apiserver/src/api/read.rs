@@ -168,7 +168,8 @@ impl Api {
                 let mut obj = decode_stored(&kv)?;
                 // A custom object is read in the version asked for (conversion `None`: only
                 // `apiVersion` differs), so a write through any served version applies to it.
-                if res.custom {
+                // With a conversion webhook it stays as stored, for the caller to convert.
+                if res.custom && self.conversion(res).is_none() {
                     obj["apiVersion"] = json!(api_version(res));
                 }
                 Ok(Some((obj, kv)))

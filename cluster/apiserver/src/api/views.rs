@@ -99,17 +99,7 @@ pub(super) fn map_answer(
     resp: ApiResponse,
     fix: impl Fn(&mut Value) + Send + Sync + 'static,
 ) -> Result<ApiResponse, ApiError> {
-    Ok(match resp {
-        ApiResponse::Encoded { code, body } => {
-            let mut value: Value = serde_json::from_slice(&body)
-                .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?;
-            fix(&mut value);
-            ApiResponse::Object {
-                code,
-                body: value,
-                warnings: Vec::new(),
-            }
-        }
+    Ok(match decoded(resp)? {
         ApiResponse::Object {
             code,
             mut body,
@@ -129,6 +119,19 @@ pub(super) fn map_answer(
             }
             WatchEvent::Value(ev)
         }))),
+        other => other,
+    })
+}
+
+/// `resp` with an encoded body decoded into an object (anything else as it is).
+pub(super) fn decoded(resp: ApiResponse) -> Result<ApiResponse, ApiError> {
+    Ok(match resp {
+        ApiResponse::Encoded { code, body } => ApiResponse::Object {
+            code,
+            body: serde_json::from_slice(&body)
+                .map_err(|e| ApiError::internal(format!("stored object is not JSON: {e}")))?,
+            warnings: Vec::new(),
+        },
         other => other,
     })
 }

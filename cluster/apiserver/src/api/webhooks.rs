@@ -270,7 +270,17 @@ impl Api {
         old: Option<&Value>,
         warnings: &mut Vec<String>,
     ) -> Result<bool, ApiError> {
-        let object = (a.operation != Operation::Delete).then_some(&*obj);
+        // A CRD with a conversion webhook: the webhook sees, and patches, the object
+        // converted to its version; the patched object is converted back.
+        let conversion = self.hook_conversion(a, version);
+        let converted = match &conversion {
+            Some((c, want)) if a.operation != Operation::Delete => {
+                Some(self.convert_one(c, want, obj.clone()).await?)
+            }
+            _ => None,
+        };
+        let object =
+            (a.operation != Operation::Delete).then_some(converted.as_ref().unwrap_or(obj));
         let Some(verdict) = self.call_webhook(a, hook, version, object, old).await? else {
             return Ok(false);
         };
@@ -280,7 +290,22 @@ impl Api {
             return Ok(false);
         };
         let (api_version, kind) = (obj["apiVersion"].clone(), obj["kind"].clone());
-        let mut patched = obj.clone();
+        let mut patched = converted.unwrap_or_else(|| obj.clone());
+        if let Some((c, _)) = &conversion {
+            crate::patch::json_patch(&mut patched, &patch).map_err(|e| {
+                ApiError::internal(format!(
+                    "the patch of admission webhook {:?} could not be applied: {}",
+                    hook.name, e.0
+                ))
+            })?;
+            let back = api_version.as_str().unwrap_or_default().to_owned();
+            patched = self.convert_one(c, &back, patched).await?;
+            if patched == *obj {
+                return Ok(false);
+            }
+            *obj = patched;
+            return Ok(true);
+        }
         if version != a.req.resource.version {
             let g = a.req.resource.group;
             patched["apiVersion"] = json!(if g.is_empty() {
@@ -343,12 +368,21 @@ impl Api {
         obj: Option<&Value>,
         old: Option<&Value>,
     ) -> Result<Option<webhooks::Verdict>, ApiError> {
+        let mut held = (None, None);
+        if let Some((c, want)) = self.hook_conversion(a, version) {
+            for (from, to) in [(obj, &mut held.0), (old, &mut held.1)] {
+                if let Some(o) = from {
+                    *to = Some(self.convert_one(&c, &want, o.clone()).await?);
+                }
+            }
+        }
+        let (obj, old) = (held.0.as_ref().or(obj), held.1.as_ref().or(old));
         let review = Api::review(a, obj);
         let body = review.body(version, obj, old).to_string().into_bytes();
         let ty = if hook.mutating { "admit" } else { "validating" };
         let started = Instant::now();
         let answer = tokio::time::timeout(hook.timeout, async {
-            let target = self.webhook_target(hook).await?;
+            let target = self.webhook_target(&hook.endpoint, hook.timeout).await?;
             self.webhooks
                 .caller
                 .post(&target, hook.ca_pem.as_ref(), body)
@@ -387,11 +421,32 @@ impl Api {
         }
     }
 
-    /// Where `hook` is called: its URL's host, or a ready endpoint of its Service (the
-    /// Service port's target port on an address of its Endpoints).
-    async fn webhook_target(&self, hook: &Hook) -> Result<Target, String> {
-        let (namespace, name, port, path) = match &hook.endpoint {
-            webhooks::Endpoint::Url(uri) => return webhooks::url_target(uri, hook.timeout).await,
+    /// The conversion a webhook that sees the request in `version` needs: the CRD's
+    /// conversion webhook and the apiVersion to convert to, when the request is for a
+    /// custom resource whose CRD has one and the admission webhook's rules name another of
+    /// its versions (`matchPolicy: Equivalent`).
+    fn hook_conversion(
+        &self,
+        a: &Admission<'_>,
+        version: &str,
+    ) -> Option<(std::sync::Arc<crate::crd::Conversion>, String)> {
+        let res = a.req.resource;
+        if version == res.version {
+            return None;
+        }
+        let c = self.conversion(res)?;
+        Some((c, format!("{}/{version}", res.group)))
+    }
+
+    /// Where a webhook served at `endpoint` is called: its URL's host, or a ready endpoint
+    /// of its Service (the Service port's target port on an address of its Endpoints).
+    pub(super) async fn webhook_target(
+        &self,
+        endpoint: &webhooks::Endpoint,
+        timeout: std::time::Duration,
+    ) -> Result<Target, String> {
+        let (namespace, name, port, path) = match endpoint {
+            webhooks::Endpoint::Url(uri) => return webhooks::url_target(uri, timeout).await,
             webhooks::Endpoint::Service {
                 namespace,
                 name,
@@ -441,7 +496,7 @@ impl Api {
                 addr: std::net::SocketAddr::new(ip, p),
                 host: format!("{server_name}:{port}"),
                 server_name,
-                path: webhooks::with_timeout(path, hook.timeout),
+                path: webhooks::with_timeout(path, timeout),
             });
         }
         Err(format!(

@@ -594,6 +594,13 @@ impl Api {
         }
         let name = name_of(&obj).to_owned();
         let is_service = res.plural == "services" && res.group.is_empty();
+        // A CRD with a conversion webhook: stored in its storage version (a dry run is
+        // answered in the request's, unconverted, as Kubernetes answers it).
+        if !req.params.dry_run
+            && let Some(c) = self.conversion(res)
+        {
+            obj = self.convert_one(&c, &c.storage, obj).await?;
+        }
         if req.params.dry_run {
             if let Some(ns) = req.namespace.as_deref()
                 && res.namespaced
@@ -855,11 +862,18 @@ impl Api {
         let mut admission = self
             .admission(req, user, crate::webhooks::Operation::Update)
             .await?;
+        // A CRD with a conversion webhook: the stored object is changed in the request's
+        // version, and stored in the storage version.
+        let conversion = self.conversion(res);
         for _attempt in 0..16 {
             let (current, kv) = self
                 .read(res, ns, &name)
                 .await?
                 .ok_or_else(|| ApiError::not_found(res.group, res.plural, &name))?;
+            let current = match &conversion {
+                Some(c) => self.convert_one(c, &api_version(res), current).await?,
+                None => current,
+            };
             let proposed = change(current.clone())?;
             // Patched and replaced objects go through the same decoding as new ones. A
             // binding only sets a node name and a condition on the stored (already typed)
@@ -951,10 +965,12 @@ impl Api {
                     || (is_pod
                         && crate::quota::is_terminal(&next)
                         && !crate::quota::is_terminal(&current)));
-            let value = if finalized {
-                None
-            } else {
-                Some(encode(&next)?)
+            let value = match &conversion {
+                _ if finalized => None,
+                Some(c) => Some(encode(
+                    &self.convert_one(c, &c.storage, next.clone()).await?,
+                )?),
+                None => Some(encode(&next)?),
             };
             // Stored bytes: growth is charged before the write (the tenant's own writes are
             // refused past its quota), shrinking refunded after it.

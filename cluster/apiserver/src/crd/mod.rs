@@ -91,6 +91,59 @@ pub struct Version {
     pub terminating: bool,
     /// How many versions the CRD serves (reads of more than one rewrite `apiVersion`).
     pub served_versions: usize,
+    /// The CRD's conversion webhook (`spec.conversion.strategy: Webhook`); None: versions
+    /// differ only in `apiVersion`.
+    pub conversion: Option<Arc<Conversion>>,
+}
+
+/// A CRD's conversion webhook: objects are stored in the storage version and converted by
+/// the webhook, with a ConversionReview, to the version a request is for (and a request's
+/// object to the storage version before it is stored).
+#[derive(Debug)]
+pub struct Conversion {
+    /// The CRD's name (`crontabs.stable.example.com`), for metrics and logs.
+    pub crd: String,
+    /// The kind converted.
+    pub kind: String,
+    /// The storage version's `apiVersion` (`stable.example.com/v2`).
+    pub storage: String,
+    /// Where the webhook is served.
+    pub endpoint: crate::webhooks::Endpoint,
+    /// The PEM of its `caBundle` (None: the host's trusted CAs).
+    pub ca_pem: Option<Arc<str>>,
+    /// The ConversionReview version sent: the first of `conversionReviewVersions` this
+    /// server speaks.
+    pub review_version: &'static str,
+}
+
+/// The ConversionReview versions this server speaks, in its order of preference.
+pub const CONVERSION_REVIEW_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
+
+/// A CRD's conversion webhook, if `spec.conversion.strategy` is `Webhook` (and valid).
+fn conversion_of(crd: &Value) -> Option<Arc<Conversion>> {
+    let spec = &crd["spec"];
+    let conversion = &spec["conversion"];
+    if str_of(conversion, "strategy") != "Webhook" {
+        return None;
+    }
+    let webhook = &conversion["webhook"];
+    let (endpoint, ca_pem) = crate::webhooks::Endpoint::of(&webhook["clientConfig"])?;
+    let asked = strings(&webhook["conversionReviewVersions"]);
+    let review_version = asked
+        .iter()
+        .find_map(|a| CONVERSION_REVIEW_VERSIONS.into_iter().find(|v| v == a))?;
+    let storage = spec["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["storage"] == json!(true))?;
+    Some(Arc::new(Conversion {
+        crd: str_of(&crd["metadata"], "name").to_owned(),
+        kind: str_of(&spec["names"], "kind").to_owned(),
+        storage: format!("{}/{}", str_of(spec, "group"), str_of(storage, "name")),
+        endpoint,
+        ca_pem,
+        review_version,
+    }))
 }
 
 /// The CRDs one server serves.
@@ -194,6 +247,7 @@ fn versions_of(crd: &Value) -> Vec<Arc<Version>> {
     let terminating = crd["metadata"]["deletionTimestamp"].is_string();
     let all = spec["versions"].as_array().cloned().unwrap_or_default();
     let served_versions = all.iter().filter(|v| v["served"] == json!(true)).count();
+    let conversion = conversion_of(crd);
     let mut out = Vec::new();
     for v in all.iter().filter(|v| v["served"] == json!(true)) {
         let name = str_of(v, "name");
@@ -261,6 +315,7 @@ fn versions_of(crd: &Value) -> Vec<Arc<Version>> {
             },
             terminating,
             served_versions,
+            conversion: conversion.clone(),
         }));
     }
     out.sort_by_key(|v| version_priority(v.resource.version));
@@ -721,16 +776,7 @@ pub fn validate_definition(crd: &Value, current: Option<&Value>, out: &mut Vec<C
             }
         }
     }
-    let strategy = str_of(&spec["conversion"], "strategy");
-    if !strategy.is_empty() && strategy != "None" {
-        out.push(Cause {
-            reason: "FieldValueNotSupported",
-            field: "spec.conversion.strategy".into(),
-            message: format!(
-                "Unsupported value: {strategy:?}: supported values: \"None\" (conversion webhooks are not supported by this server)"
-            ),
-        });
-    }
+    validate_conversion(&spec["conversion"], out);
     let versions = spec["versions"].as_array().map_or(&[][..], Vec::as_slice);
     if versions.is_empty() {
         out.push(required("spec.versions"));
@@ -854,6 +900,71 @@ pub fn validate_definition(crd: &Value, current: Option<&Value>, out: &mut Vec<C
                 );
             }
         }
+    }
+}
+
+/// `spec.conversion`, as Kubernetes checks it: `None` (the default) or `Webhook` with a
+/// client configuration and the ConversionReview versions the webhook speaks, one of them
+/// a version this server sends.
+fn validate_conversion(conversion: &Value, out: &mut Vec<Cause>) {
+    let strategy = str_of(conversion, "strategy");
+    let webhook = &conversion["webhook"];
+    match strategy {
+        "" | "None" => {
+            if !webhook.is_null() {
+                out.push(Cause {
+                    reason: "FieldValueForbidden",
+                    field: "spec.conversion.webhook".into(),
+                    message: "Forbidden: should not be set when strategy is not set to Webhook"
+                        .into(),
+                });
+            }
+        }
+        "Webhook" => {
+            if webhook["clientConfig"].is_null() {
+                out.push(Cause {
+                    reason: "FieldValueRequired",
+                    field: "spec.conversion.webhook.clientConfig".into(),
+                    message: "Required value: required when strategy is set to Webhook".into(),
+                });
+            } else {
+                let mut errors = crate::validation::Errors(Vec::new());
+                crate::validation::webhooks::client_config(
+                    &webhook["clientConfig"],
+                    "spec.conversion.webhook.clientConfig",
+                    &mut errors,
+                );
+                out.extend(errors.0);
+            }
+            let asked = strings(&webhook["conversionReviewVersions"]);
+            let at = "spec.conversion.webhook.conversionReviewVersions";
+            let mut seen = HashSet::new();
+            for (i, v) in asked.iter().enumerate() {
+                if !seen.insert(v.as_str()) {
+                    invalid(out, &format!("{at}[{i}]"), v, "duplicate version");
+                }
+            }
+            if !asked
+                .iter()
+                .any(|a| CONVERSION_REVIEW_VERSIONS.contains(&a.as_str()))
+            {
+                out.push(Cause {
+                    reason: "FieldValueRequired",
+                    field: at.into(),
+                    message: format!(
+                        "Required value: must include at least one of {}",
+                        CONVERSION_REVIEW_VERSIONS.join(", ")
+                    ),
+                });
+            }
+        }
+        other => out.push(Cause {
+            reason: "FieldValueNotSupported",
+            field: "spec.conversion.strategy".into(),
+            message: format!(
+                "Unsupported value: {other:?}: supported values: \"None\", \"Webhook\""
+            ),
+        }),
     }
 }
 

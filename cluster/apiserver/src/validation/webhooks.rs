@@ -442,7 +442,7 @@ pub(super) fn binding(spec: &Value, e: &mut Errors) {
     match_resources(&spec["matchResources"], "spec.matchResources", false, e);
 }
 
-fn client_config(config: &Value, at: &str, e: &mut Errors) {
+pub(crate) fn client_config(config: &Value, at: &str, e: &mut Errors) {
     let url = config.get("url").filter(|u| !u.is_null());
     let service = config.get("service").filter(|s| !s.is_null());
     match (url, service) {

@@ -146,6 +146,17 @@ impl Caller {
         ca: Option<&Arc<str>>,
         body: Vec<u8>,
     ) -> Result<Bytes, String> {
+        self.post_limited(target, ca, body, MAX_ANSWER).await
+    }
+
+    /// [`Self::post`] reading an answer of up to `max_answer` bytes.
+    pub async fn post_limited(
+        &self,
+        target: &Target,
+        ca: Option<&Arc<str>>,
+        body: Vec<u8>,
+        max_answer: usize,
+    ) -> Result<Bytes, String> {
         let url = format!("https://{}{}", target.host, target.path);
         let post = |e: &dyn std::fmt::Display| format!("Post {url:?}: {e}");
         let key = (target.addr, target.server_name.clone(), ca.cloned());
@@ -176,7 +187,7 @@ impl Caller {
             }
         };
         let status = answer.status();
-        let bytes = Limited::new(answer.into_body(), MAX_ANSWER)
+        let bytes = Limited::new(answer.into_body(), max_answer)
             .collect()
             .await
             .map_err(|e| post(&format!("reading the answer: {e}")))?

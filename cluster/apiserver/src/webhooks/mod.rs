@@ -209,6 +209,35 @@ pub enum Endpoint {
     },
 }
 
+impl Endpoint {
+    /// A `clientConfig` (of an admission webhook or a CRD's conversion webhook) compiled:
+    /// where it is served, and the PEM of its `caBundle` if it has one (else the host's
+    /// trusted CAs are used). None for one validation would have refused.
+    pub fn of(client: &Value) -> Option<(Endpoint, Option<Arc<str>>)> {
+        let endpoint = if let Some(url) = client["url"].as_str() {
+            Endpoint::Url(url.parse().ok()?)
+        } else {
+            let svc = &client["service"];
+            Endpoint::Service {
+                namespace: svc["namespace"].as_str()?.to_owned(),
+                name: svc["name"].as_str()?.to_owned(),
+                port: svc["port"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(443),
+                path: svc["path"].as_str().unwrap_or("/").to_owned(),
+            }
+        };
+        let ca_pem = client["caBundle"]
+            .as_str()
+            .filter(|b| !b.is_empty())
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            .and_then(|pem| String::from_utf8(pem).ok())
+            .map(Arc::from);
+        Some((endpoint, ca_pem))
+    }
+}
+
 /// One compiled webhook.
 #[derive(Debug)]
 pub struct Hook {
@@ -239,27 +268,7 @@ pub struct Hook {
 
 impl Hook {
     fn compile(config: &str, mutating: bool, v: &Value) -> Option<Hook> {
-        let client = &v["clientConfig"];
-        let endpoint = if let Some(url) = client["url"].as_str() {
-            Endpoint::Url(url.parse().ok()?)
-        } else {
-            let svc = &client["service"];
-            Endpoint::Service {
-                namespace: svc["namespace"].as_str()?.to_owned(),
-                name: svc["name"].as_str()?.to_owned(),
-                port: svc["port"]
-                    .as_u64()
-                    .and_then(|p| u16::try_from(p).ok())
-                    .unwrap_or(443),
-                path: svc["path"].as_str().unwrap_or("/").to_owned(),
-            }
-        };
-        let ca_pem = client["caBundle"]
-            .as_str()
-            .filter(|b| !b.is_empty())
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-            .and_then(|pem| String::from_utf8(pem).ok())
-            .map(Arc::from);
+        let (endpoint, ca_pem) = Endpoint::of(&v["clientConfig"])?;
         Some(Hook {
             config: config.to_owned(),
             name: v["name"].as_str()?.to_owned(),
