@@ -709,164 +709,10 @@ fn apiservices_list_what_is_served() {
     assert!(err.contains("metadata.name"), "{err}");
 }
 
-/// A CRD whose versions differ in shape: v1 has `spec.host` and `spec.port`, v2 (the
-/// storage version) `spec.address` = `host:port`; converted by the test's webhook at
-/// `{url}` (a `clientConfig` in flow style).
-fn route_crd(client: &str) -> String {
-    format!(
-        r#"apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {{name: routes.example.com}}
-spec:
-  group: example.com
-  scope: Namespaced
-  names: {{plural: routes, singular: route, kind: Route}}
-  conversion:
-    strategy: Webhook
-    webhook:
-      conversionReviewVersions: [v9, v1]
-      clientConfig: {client}
-  versions:
-  - name: v1
-    served: true
-    storage: false
-    additionalPrinterColumns: [{{name: Host, type: string, jsonPath: .spec.host}}, {{name: Port, type: integer, jsonPath: .spec.port}}]
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            required: [host]
-            properties:
-              host: {{type: string}}
-              port: {{type: integer, minimum: 1, maximum: 65535, default: 80}}
-  - name: v2
-    served: true
-    storage: true
-    additionalPrinterColumns: [{{name: Address, type: string, jsonPath: .spec.address}}]
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            properties:
-              address: {{type: string, pattern: '^[a-z0-9.-]+:[0-9]+$'}}
-"#
-    )
-}
-
 /// Route `name` in namespace `shop` as `version` shows it.
 fn route(c: &Cluster, version: &str, name: &str) -> Value {
     let resource = format!("routes.{version}.example.com");
     json(&c.ok(&["get", &resource, name, "-n", "shop", "-o", "json"]))
-}
-
-mod conversion_webhook {
-    use std::sync::{Arc, Mutex};
-
-    use axum::body::Bytes;
-    use axum::extract::State;
-    use axum::routing::post;
-    use serde_json::{Value, json};
-
-    /// Every review the webhook server received, by path.
-    pub type Seen = Arc<Mutex<Vec<(String, Value)>>>;
-
-    type Reply = ([(axum::http::header::HeaderName, &'static str); 1], String);
-
-    fn reply(review: Value) -> Reply {
-        (
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            review.to_string(),
-        )
-    }
-
-    /// One Route converted to `desired`; it also tries to rename the object (which the
-    /// server must undo) and notes the conversion in an annotation (which it keeps).
-    fn convert_route(mut o: Value, desired: &str) -> Value {
-        let spec = o["spec"].clone();
-        o["spec"] = if desired.ends_with("/v2") && o["apiVersion"] == "example.com/v1" {
-            json!({"address": format!("{}:{}", spec["host"].as_str().unwrap_or_default(), spec["port"])})
-        } else if desired.ends_with("/v1") && o["apiVersion"] == "example.com/v2" {
-            let address = spec["address"].as_str().unwrap_or_default();
-            let (host, port) = address.rsplit_once(':').unwrap_or((address, "0"));
-            json!({"host": host, "port": port.parse::<u64>().unwrap_or(0)})
-        } else {
-            spec
-        };
-        let from = o["apiVersion"].as_str().unwrap_or_default().to_owned();
-        o["apiVersion"] = json!(desired);
-        o["metadata"]["name"] = json!("hijacked");
-        if !o["metadata"]["annotations"].is_object() {
-            o["metadata"]["annotations"] = json!({});
-        }
-        o["metadata"]["annotations"]["example.com/converted-from"] = json!(from);
-        o
-    }
-
-    async fn convert(State(seen): State<Seen>, body: Bytes) -> Reply {
-        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        seen.lock()
-            .expect("lock")
-            .push(("convert".into(), review.clone()));
-        let req = &review["request"];
-        let desired = req["desiredAPIVersion"].as_str().unwrap_or_default();
-        let objects: Vec<Value> = req["objects"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|o| convert_route(o.clone(), desired))
-            .collect();
-        reply(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
-            "response": {"uid": req["uid"], "result": {"status": "Success"}, "convertedObjects": objects},
-        }))
-    }
-
-    /// Refuses every conversion.
-    async fn fail(body: Bytes) -> Reply {
-        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        reply(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
-            "response": {"uid": review["request"]["uid"], "result": {"status": "Failure", "message": "conversions are switched off"}},
-        }))
-    }
-
-    /// Answers another review's uid.
-    async fn wrong_uid(body: Bytes) -> Reply {
-        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        reply(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
-            "response": {"uid": "not-yours", "result": {"status": "Success"}, "convertedObjects": review["request"]["objects"]},
-        }))
-    }
-
-    /// Records an AdmissionReview and allows it.
-    async fn admit(State(seen): State<Seen>, body: Bytes) -> Reply {
-        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        seen.lock()
-            .expect("lock")
-            .push(("admit".into(), review.clone()));
-        reply(json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "response": {"uid": review["request"]["uid"], "allowed": true},
-        }))
-    }
-
-    /// The server: its address, the CA (PEM) of its certificate, what it saw, its runtime.
-    pub fn start() -> (std::net::SocketAddr, String, Seen, tokio::runtime::Runtime) {
-        let seen: Seen = Arc::default();
-        let router = axum::Router::new()
-            .route("/convert", post(convert))
-            .route("/fail", post(fail))
-            .route("/wrong-uid", post(wrong_uid))
-            .route("/admit", post(admit))
-            .with_state(seen.clone());
-        let (addr, ca, rt) = super::support::https_server(router, "convert.hooks.svc");
-        (addr, ca, seen, rt)
-    }
 }
 
 /// `spec.conversion.strategy: Webhook`: objects are stored in the storage version and
@@ -876,21 +722,14 @@ mod conversion_webhook {
 /// and a failing webhook failing requests with a clear error and storing nothing.
 #[test]
 fn a_conversion_webhook_converts_between_versions() {
-    use base64::Engine;
     let c = Cluster::start();
-    let (addr, ca, seen, _rt) = conversion_webhook::start();
-    let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
-    let client = |path: &str| {
-        format!(
-            "{{url: \"https://127.0.0.1:{}{path}\", caBundle: {bundle}}}",
-            addr.port()
-        )
-    };
-    let reviews = |s: &conversion_webhook::Seen| s.lock().expect("lock").len();
+    let (addr, ca, seen, _rt) = support::conversion::start();
+    let client = |path: &str| support::conversion::client_config(addr, &ca, path);
+    let reviews = |s: &support::conversion::Seen| s.lock().expect("lock").len();
     c.ok(&["create", "namespace", "shop"]);
 
     // Invalid conversion settings are refused naming the field.
-    let no_client = route_crd(&client("/convert"))
+    let no_client = support::conversion::route_crd(&client("/convert"))
         .replace(&format!("      clientConfig: {}\n", client("/convert")), "");
     let file = c.file("no-client.yaml", &no_client);
     let err = c.fails(&["create", "-f", &file]);
@@ -900,7 +739,7 @@ fn a_conversion_webhook_converts_between_versions() {
     );
     let file = c.file(
         "no-review-version.yaml",
-        &route_crd(&client("/convert")).replace("[v9, v1]", "[v9]"),
+        &support::conversion::route_crd(&client("/convert")).replace("[v9, v1]", "[v9]"),
     );
     let err = c.fails(&["create", "-f", &file]);
     assert!(
@@ -910,7 +749,7 @@ fn a_conversion_webhook_converts_between_versions() {
     );
     let file = c.file(
         "http.yaml",
-        &route_crd(&format!(
+        &support::conversion::route_crd(&format!(
             "{{url: \"http://127.0.0.1:{}/convert\"}}",
             addr.port()
         )),
@@ -922,7 +761,10 @@ fn a_conversion_webhook_converts_between_versions() {
     );
     assert!(c.ok(&["get", "crd", "-o", "name"]).trim().is_empty());
 
-    let file = c.file("routes.yaml", &route_crd(&client("/convert")));
+    let file = c.file(
+        "routes.yaml",
+        &support::conversion::route_crd(&client("/convert")),
+    );
     c.ok(&["apply", "-f", &file]);
     c.ok(&[
         "wait",
@@ -999,16 +841,7 @@ fn a_conversion_webhook_converts_between_versions() {
     assert!(err.contains("spec.address"), "{err}");
 
     // A merge patch through v1 applies to the object as v1 shows it.
-    c.ok(&[
-        "patch",
-        "routes.v1.example.com",
-        "r1",
-        "-n",
-        "shop",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"port":9090}}"#,
-    ]);
+    support::conversion::set_port(&c, "r1", 9090);
     let v2 = route(&c, "v2", "r1");
     assert_eq!(v2["spec"]["address"], "a.example:9090", "{v2}");
     // Server-side apply in v1, then a v2 object beside it.
@@ -1113,7 +946,10 @@ fn a_conversion_webhook_converts_between_versions() {
         ("/fail", "conversions are switched off"),
         ("/wrong-uid", "expected response uid"),
     ] {
-        let file = c.file("routes.yaml", &route_crd(&client(path)));
+        let file = c.file(
+            "routes.yaml",
+            &support::conversion::route_crd(&client(path)),
+        );
         c.ok(&["apply", "-f", &file]);
         let err = wait_for(Duration::from_secs(10), || {
             let out = c.kubectl(&["get", "routes.v1.example.com", "r1", "-n", "shop"]);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod support;
 
+use serde_json::Value;
 use support::{Cluster, Running, free_addr, join_command, said, tenant_token, wait_for};
 
 const SHARDS: [&str; 3] = ["shard-0", "shard-1", "shard-2"];
@@ -1210,6 +1211,81 @@ fn rbac_objects_are_held_in_every_shard() {
         });
         assert!(gone.is_some(), "{shard} removed its copies");
     }
+}
+
+/// A CRD with a conversion webhook applied at the federation: an object written at the
+/// federation in one version is stored there and in its home shard in the storage version,
+/// and read in either version at both.
+#[test]
+fn a_conversion_webhook_serves_the_federation_and_its_shards() {
+    let (c, _) = start();
+    let (addr, ca, seen, _rt) = support::conversion::start();
+    let crd = c.file(
+        "routes.yaml",
+        &support::conversion::route_crd(&support::conversion::client_config(addr, &ca, "/convert")),
+    );
+    c.ok(&["apply", "-f", &crd]);
+    c.ok(&["create", "namespace", "shop"]);
+    let r1 = c.file(
+        "r1.yaml",
+        "apiVersion: example.com/v1\nkind: Route\nmetadata: {name: r1, namespace: shop}\nspec: {host: a.example, port: 8080}\n",
+    );
+    let created = wait_for(Duration::from_secs(30), || {
+        c.kubectl(&["apply", "-f", &r1])
+            .status
+            .success()
+            .then_some(())
+    });
+    assert!(created.is_some(), "the federation serves routes");
+    let spec_in = |context: Option<&str>, version: &str| -> Option<Value> {
+        let resource = format!("routes.{version}.example.com");
+        let mut args = vec!["get", &resource, "r1", "-n", "shop", "-o", "json"];
+        if let Some(ctx) = context {
+            args.splice(0..0, ["--context", ctx]);
+        }
+        let out = c.kubectl(&args);
+        out.status.success().then(|| {
+            let v: Value = serde_json::from_slice(&out.stdout).expect("kubectl printed JSON");
+            v["spec"].clone()
+        })
+    };
+    // The federation stored it in v2 and reads it in either version.
+    assert_eq!(
+        spec_in(None, "v2"),
+        Some(serde_json::json!({"address": "a.example:8080"}))
+    );
+    assert_eq!(
+        spec_in(None, "v1"),
+        Some(serde_json::json!({"host": "a.example", "port": 8080}))
+    );
+    // Its home shard holds it in v2, and converts for reads in v1.
+    let home = wait_for(Duration::from_secs(30), || {
+        SHARDS
+            .iter()
+            .find(|s| spec_in(Some(s), "v2").is_some())
+            .copied()
+    })
+    .expect("a shard holds the route");
+    assert_eq!(
+        spec_in(Some(home), "v2"),
+        Some(serde_json::json!({"address": "a.example:8080"}))
+    );
+    let calls_before = seen.lock().expect("lock").len();
+    assert_eq!(
+        spec_in(Some(home), "v1"),
+        Some(serde_json::json!({"host": "a.example", "port": 8080}))
+    );
+    assert!(
+        seen.lock().expect("lock").len() > calls_before,
+        "{home} called the webhook for the v1 read"
+    );
+    // A change through v1 at the federation reaches the shard.
+    support::conversion::set_port(&c, "r1", 9090);
+    let followed = wait_for(Duration::from_secs(30), || {
+        (spec_in(Some(home), "v2") == Some(serde_json::json!({"address": "a.example:9090"})))
+            .then_some(())
+    });
+    assert!(followed.is_some(), "{home} follows the change");
 }
 
 /// A CustomResourceDefinition applied at the federation is held by every shard, each of

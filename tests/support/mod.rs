@@ -1,6 +1,8 @@
 //! Helpers shared by the tests that run `tessera` and kubectl as real processes.
 #![allow(dead_code)]
 
+pub mod conversion;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
