@@ -158,6 +158,48 @@ pub struct ControllerManagerArgs {
     resource_quota_sync_period: f64,
     #[command(flatten)]
     hpa: HpaArgs,
+    /// The CA certificate (PEM) that signs approved `kubernetes.io/kube-apiserver-client`
+    /// requests: the one the API server verifies client certificates with (its `ca.crt`).
+    /// With `--cluster-signing-key-file`; without both, no such request is signed here.
+    #[arg(long, requires = "cluster_signing_key_file")]
+    cluster_signing_cert_file: Option<PathBuf>,
+    /// Its private key (PEM; the data directory's `pki/ca.key`).
+    #[arg(long, requires = "cluster_signing_cert_file")]
+    cluster_signing_key_file: Option<PathBuf>,
+    /// The longest a signed client certificate is valid (`8760h`, `30d`); a request's
+    /// `expirationSeconds` may ask for less.
+    #[arg(long, default_value = "8760h", value_parser = crate::store_config::parse_duration)]
+    cluster_signing_duration: Duration,
+}
+
+/// The API server's CA as the signer of `kubernetes.io/kube-apiserver-client` requests.
+pub struct ClientCertSigner(pub tessera_apiserver::client_certs::ClientSigner);
+
+impl tessera_controllers::csrsigning::CertificateSigner for ClientCertSigner {
+    fn signer_name(&self) -> &str {
+        tessera_apiserver::client_certs::CLIENT_SIGNER
+    }
+
+    fn sign(
+        &self,
+        request_pem: &str,
+        usages: &[String],
+        expiration_seconds: Option<u64>,
+    ) -> Result<String, String> {
+        self.0.sign(request_pem, usages, expiration_seconds)
+    }
+}
+
+/// The client certificate signer of a CA (certificate and key, PEM), issuing certificates
+/// valid for at most `max`.
+pub fn client_signer(
+    ca_pem: &str,
+    ca_key_pem: &str,
+    max: Duration,
+) -> anyhow::Result<Arc<dyn tessera_controllers::csrsigning::CertificateSigner>> {
+    let signer = tessera_apiserver::client_certs::ClientSigner::new(ca_pem, ca_key_pem, max)
+        .map_err(|e| anyhow::anyhow!("the client certificate signer: {e}"))?;
+    Ok(Arc::new(ClientCertSigner(signer)))
 }
 
 /// The HorizontalPodAutoscaler controller's flags, named as kube-controller-manager's.
@@ -230,6 +272,7 @@ pub fn controller_settings(
         root_ca: None,
         hpa: hpa.config()?,
         hpa_metrics: Some(tessera_controllers::hpa::HpaMetrics::register(registry)?),
+        csr_signer: None,
     })
 }
 
@@ -276,6 +319,19 @@ pub async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<(
             .ca_pem()
             .to_owned(),
     );
+    if let (Some(cert), Some(key)) = (
+        &args.cluster_signing_cert_file,
+        &args.cluster_signing_key_file,
+    ) {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+        };
+        settings.csr_signer = Some(client_signer(
+            &read(cert)?,
+            &read(key)?,
+            args.cluster_signing_duration,
+        )?);
+    }
     elected(
         client,
         &args.election,

@@ -198,6 +198,12 @@ async fn lead(
         ),
         None => None,
     };
+    // Client certificates for the federation's API: its own CA signs approved
+    // `kubernetes.io/kube-apiserver-client` requests made here.
+    if let Some(signer) = api.csr_signer.clone() {
+        let ctx = tessera_controllers::Context::new(api.component_client("csr-signer"));
+        tokio::spawn(tessera_controllers::csrsigning::run(ctx, signer));
+    }
     let client = api.component_client("federation");
     tokio::spawn(tessera_registry::objects::run(
         registry.clone(),

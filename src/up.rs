@@ -175,6 +175,9 @@ pub struct Shard {
     pub tokens: Tokens,
     /// The CA (PEM) that signs the API server's certificate.
     pub ca_pem: String,
+    /// The signer of `kubernetes.io/kube-apiserver-client` requests, with that CA (None for
+    /// a data directory that does not keep the CA's key).
+    pub csr_signer: Option<Arc<dyn tessera_controllers::csrsigning::CertificateSigner>>,
     /// Informer, reconcile and event metrics of the in-process components.
     pub runtime: RuntimeMetrics,
     /// The informers the shard's in-process controllers, scheduler and agents share: each
@@ -307,6 +310,14 @@ pub async fn start_with(
         api,
         tokens,
         ca_pem: credentials.ca_pem.clone(),
+        csr_signer: match &credentials.ca_key_pem {
+            Some(key) => Some(crate::components::client_signer(
+                &credentials.ca_pem,
+                key,
+                tessera_apiserver::client_certs::DEFAULT_MAX_VALIDITY,
+            )?),
+            None => None,
+        },
     })
 }
 
@@ -382,6 +393,7 @@ pub async fn start_workers(
             &shard.registry,
         )?;
         settings.root_ca = Some(shard.ca_pem.clone());
+        settings.csr_signer = shard.csr_signer.clone();
         tasks.push(tokio::spawn(tessera_controllers::run_all_with(
             ctx, settings,
         )));
@@ -740,6 +752,7 @@ async fn run_single(all: UpAllArgs) -> anyhow::Result<()> {
     if w.controllers {
         let settings = tessera_controllers::Settings {
             root_ca: Some(shard.ca_pem.clone()),
+            csr_signer: shard.csr_signer.clone(),
             ..Default::default()
         };
         println!(

@@ -708,9 +708,25 @@ fn the_charts_layout_runs_as_processes_with_its_flags() {
             part,
         );
         assert!(args.contains(&"--leader-elect=true".to_owned()), "{args:?}");
+        // The controller manager signs client certificates with the shard's CA, mounted
+        // from its Secret as the API server's.
+        let signing: Vec<String> = if part == "controller-manager" {
+            for f in ["cert", "key"] {
+                let ext = if f == "cert" { "crt" } else { "key" };
+                let flag = format!("--cluster-signing-{f}-file=/etc/tessera/pki/ca.{ext}");
+                assert!(args.contains(&flag), "{args:?}");
+            }
+            vec![
+                format!("--cluster-signing-cert-file={shard_pki}/ca.crt"),
+                format!("--cluster-signing-key-file={shard_pki}/ca.key"),
+            ]
+        } else {
+            Vec::new()
+        };
         Running(
             Command::new(env!("CARGO_BIN_EXE_tessera"))
                 .args([part, "--leader-elect=true", "--identity", name])
+                .args(&signing)
                 .args([
                     "--lease-duration=4",
                     "--renew-deadline=3",

@@ -1288,6 +1288,37 @@ fn a_conversion_webhook_serves_the_federation_and_its_shards() {
     assert!(followed.is_some(), "{home} follows the change");
 }
 
+/// `kubernetes.io/kube-apiserver-client` requests made at the federation are signed with
+/// the federation's CA, and the federation's API authenticates the certificate.
+#[test]
+fn client_certificates_are_issued_and_accepted_at_the_federation() {
+    let (c, _) = start();
+    let (pem, key, _) = support::certs::request("ops-bot", &["operators"]);
+    let file = c.file(
+        "bot.yaml",
+        &support::certs::client_csr("ops-bot", &pem, "client auth"),
+    );
+    c.ok(&["create", "-f", &file]);
+    c.ok(&["certificate", "approve", "ops-bot"]);
+    let cert = c.file("bot.crt", &support::certs::issued(&c, "ops-bot"));
+    let key = c.file("bot.key", &key.serialize_pem());
+    let ca = c.dir.path().join("pki").join("ca.crt");
+    let (ok, who, err) = support::certs::kubectl_with_cert(
+        &c.server(),
+        &ca,
+        &cert,
+        &key,
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(who, "ops-bot");
+}
+
 /// A CustomResourceDefinition applied at the federation is held by every shard, each of
 /// which serves the kind; a custom object applied at the federation is held by its tenant's
 /// home shard alone; deleting either at the federation removes the copies.

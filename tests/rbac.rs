@@ -608,17 +608,7 @@ fn rbac_end_to_end_with_kubectl() {
 /// The official Python client drives RBAC and TokenRequest (`tests/python/rbac_scenario.py`).
 /// A PEM certificate request for `cn` (and the key pair, to sign a certificate with).
 fn certificate_request(cn: &str) -> (String, rcgen::KeyPair, rcgen::CertificateParams) {
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, cn);
-    let pem = params
-        .serialize_request(&key)
-        .expect("request")
-        .pem()
-        .expect("pem");
-    (pem, key, params)
+    support::certs::request(cn, &[])
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -771,4 +761,131 @@ fn the_python_client_drives_rbac() {
     c.ok(&["create", "namespace", "py"]);
     let carol = user_token(&c, &["--user", "carol"]);
     support::python_scenario(&c, "rbac_scenario.py", &["py", &carol]);
+}
+
+/// `kubectl certificate approve` of a `kubernetes.io/kube-apiserver-client` request gets a
+/// certificate from the shard's signer (the API server's CA), which kubectl then
+/// authenticates with — as the user and groups it names, with what RBAC grants them and
+/// nothing more. `system:masters` cannot be asked for, usages the signer does not issue fail
+/// the request, and a certificate of another CA is refused at the handshake.
+#[test]
+fn approved_client_certificates_authenticate_as_their_subject() {
+    let c = Cluster::start();
+    c.ok(&["create", "namespace", "shop"]);
+    let (pem, key, _) = support::certs::request("jane", &["devs"]);
+    let file = c.file(
+        "jane.yaml",
+        &support::certs::client_csr("jane", &pem, "client auth, digital signature"),
+    );
+    c.ok(&["create", "-f", &file]);
+    c.ok(&["certificate", "approve", "jane"]);
+    let cert = support::certs::issued(&c, "jane");
+    let row = c.ok(&["get", "csr", "jane", "--no-headers"]);
+    assert!(row.trim_end().ends_with(" Approved,Issued"), "{row}");
+    let cert_file = c.file("jane.crt", &cert);
+    let key_file = c.file("jane.key", &key.serialize_pem());
+    let ca_file = c.dir.path().join("pki").join("ca.crt");
+    let server = c.server();
+    let jane = |args: &[&str]| {
+        support::certs::kubectl_with_cert(&server, &ca_file, &cert_file, &key_file, args)
+    };
+    let (ok, who, err) = jane(&["auth", "whoami", "-o", "json"]);
+    assert!(ok, "{err}");
+    let who: Value = serde_json::from_str(&who).expect("json");
+    assert_eq!(who["status"]["userInfo"]["username"], "jane", "{who}");
+    assert_eq!(
+        who["status"]["userInfo"]["groups"],
+        serde_json::json!(["devs", "system:authenticated"]),
+        "{who}"
+    );
+    // RBAC decides: nothing until the group is bound.
+    let (ok, _, err) = jane(&["get", "pods", "-n", "shop"]);
+    assert!(!ok);
+    assert!(
+        err.contains("User \"jane\" cannot list resource \"pods\""),
+        "{err}"
+    );
+    c.ok(&[
+        "create",
+        "rolebinding",
+        "devs-view",
+        "-n",
+        "shop",
+        "--clusterrole=view",
+        "--group=devs",
+    ]);
+    let allowed = wait_for(Duration::from_secs(10), || {
+        jane(&["get", "pods", "-n", "shop"]).0.then_some(())
+    });
+    assert!(
+        allowed.is_some(),
+        "{:?}",
+        jane(&["get", "pods", "-n", "shop"])
+    );
+    let (ok, _, err) = jane(&["create", "configmap", "x", "-n", "shop"]);
+    assert!(
+        !ok && err.contains("forbidden"),
+        "view does not create: {err}"
+    );
+
+    // system:masters cannot be asked for (Kubernetes' CertificateSubjectRestriction).
+    let (pem, _, _) = support::certs::request("root", &["system:masters"]);
+    let file = c.file(
+        "root.yaml",
+        &support::certs::client_csr("root", &pem, "client auth"),
+    );
+    let err = c.fails(&["create", "-f", &file]);
+    assert!(
+        err.contains("use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed"),
+        "{err}"
+    );
+    assert!(!c.kubectl(&["get", "csr", "root"]).status.success());
+    // A usage the signer does not issue fails the approved request, saying why.
+    let (pem, _, _) = certificate_request("web");
+    let file = c.file(
+        "web.yaml",
+        &support::certs::client_csr("web", &pem, "server auth"),
+    );
+    c.ok(&["create", "-f", &file]);
+    c.ok(&["certificate", "approve", "web"]);
+    let failed = wait_for(Duration::from_secs(30), || {
+        let reason = c.ok(&[
+            "get",
+            "csr",
+            "web",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Failed\")].message}",
+        ]);
+        (!reason.trim().is_empty()).then_some(reason)
+    })
+    .expect("the signer failed the request");
+    assert!(
+        failed.contains("invalid usage for client certificate: server auth"),
+        "{failed}"
+    );
+    assert!(
+        c.ok(&["get", "csr", "web", "-o", "jsonpath={.status.certificate}"])
+            .trim()
+            .is_empty()
+    );
+
+    // A certificate for jane from a CA of her own is refused at the handshake.
+    let own_ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut own_ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    own_ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let own_issuer = rcgen::Issuer::new(own_ca, own_ca_key);
+    let (_, forged_key, mut forged) = support::certs::request("jane", &["devs"]);
+    forged.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let forged_cert = forged.signed_by(&forged_key, &own_issuer).expect("signed");
+    let forged_cert_file = c.file("forged.crt", &forged_cert.pem());
+    let forged_key_file = c.file("forged.key", &forged_key.serialize_pem());
+    let (ok, _, err) = support::certs::kubectl_with_cert(
+        &server,
+        &ca_file,
+        &forged_cert_file,
+        &forged_key_file,
+        &["get", "pods", "-n", "shop"],
+    );
+    assert!(!ok, "a forged certificate was accepted");
+    assert!(err.contains("certificate"), "{err}");
 }

@@ -1,6 +1,7 @@
 //! `tessera bench`: measurements with progress bars, printed as a table or as JSON.
 
 mod api;
+mod crd;
 mod federation;
 mod fill;
 mod hpa;
@@ -78,6 +79,9 @@ pub enum BenchCommand {
     Offers(offers::OffersBenchArgs),
     /// HorizontalPodAutoscaler syncs on a loaded shard: syncs/s and the time of one.
     Hpa(hpa::HpaBenchArgs),
+    /// Custom objects through a CRD's conversion webhook: each version's creates, gets and
+    /// lists, the storage version's as the baseline.
+    Crd(crd::CrdBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -91,6 +95,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Federation(args) => federation::run(args).await,
         BenchCommand::Offers(args) => offers::run(args).await,
         BenchCommand::Hpa(args) => hpa::run(args).await,
+        BenchCommand::Crd(args) => crd::run(args).await,
         BenchCommand::Queue(args) => queue::run(args).await,
         BenchCommand::Scheduler(args) => scheduler::run(args).await,
     }

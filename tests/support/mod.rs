@@ -1,6 +1,7 @@
 //! Helpers shared by the tests that run `tessera` and kubectl as real processes.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod conversion;
 
 use std::io::{BufRead, BufReader};

@@ -6,10 +6,12 @@
 //! and lets only a user RBAC grants `approve` on the signer (`signers` in
 //! `certificates.k8s.io`, named by `signerName` or `<domain>/*`) approve or deny.
 //!
-//! Tessera runs no signer of its own: its API authenticates bearer tokens, not client
-//! certificates, so the `kubernetes.io/*` signers' certificates would be of no use against
-//! it. A signer of the operator's (cert-manager's, a service mesh's) watches approved
-//! requests and writes `status.certificate`.
+//! Requests of `kubernetes.io/kube-apiserver-client` are signed by the controller manager's
+//! signer with the API server's CA ([`crate::client_certs::ClientSigner`]), giving client
+//! certificates the API server authenticates; as Kubernetes' CertificateSubjectRestriction
+//! admission does, none may ask for the `system:masters` group. Other signers are an
+//! operator's (cert-manager's, a service mesh's): they watch approved requests and write
+//! `status.certificate`.
 
 use base64::Engine;
 use serde_json::{Value, json};
@@ -381,6 +383,33 @@ pub fn decides(current: &Value, next: &Value) -> bool {
             .collect()
     };
     of(current) != of(next)
+}
+
+/// Kubernetes' CertificateSubjectRestriction: a new `kubernetes.io/kube-apiserver-client`
+/// request may not ask for the `system:masters` group (a certificate of it would be
+/// everything's master). A request that cannot be read is left to validation.
+pub fn restrict_subject(obj: &Value) -> Result<(), ApiError> {
+    if obj["spec"]["signerName"] != crate::client_certs::CLIENT_SIGNER {
+        return Ok(());
+    }
+    let Some(pem) = obj["spec"]["request"]
+        .as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+    else {
+        return Ok(());
+    };
+    match crate::client_certs::request_subject(&pem) {
+        Ok((_, groups)) if groups.iter().any(|g| g == crate::client_certs::MASTERS) => {
+            Err(ApiError::forbidden(format!(
+                "certificatesigningrequests.{GROUP} {:?} is forbidden: use of {} signer with {} group is not allowed",
+                obj["metadata"]["name"].as_str().unwrap_or_default(),
+                crate::client_certs::CLIENT_SIGNER,
+                crate::client_certs::MASTERS,
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The refusal of a user who may not approve requests of `signer`.

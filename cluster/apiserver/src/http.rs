@@ -600,6 +600,29 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
                     .map(str::trim);
+                // Without a bearer token, a verified client certificate names the caller
+                // (a token, when sent, is what counts, as in Kubernetes' union of
+                // authenticators where the token is asked first).
+                let client_cert = match given {
+                    Some(_) => None,
+                    None => req.extensions().get::<crate::serve::ClientCert>().cloned(),
+                };
+                if let Some(crate::serve::ClientCert(found)) = client_cert {
+                    let user = match found {
+                        Ok(id) => User::Named {
+                            name: id.name,
+                            groups: id.groups,
+                            tenant: None,
+                        },
+                        Err(why) => return unauthorized(&why),
+                    };
+                    let user = match impersonated(&checker, user, req.headers()).await {
+                        Ok(u) => u,
+                        Err(e) => return error_response(&e),
+                    };
+                    req.extensions_mut().insert(user);
+                    return next.run(req).await;
+                }
                 match given.map(|t| tokens.authenticate(t, crate::api::now_secs())) {
                     Some(Some((user, claims))) => {
                         // A tenant token is good while its Tenant is the one it was minted
@@ -632,7 +655,7 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
                         "the bearer token is not valid (or has expired): use the kubeconfig that tessera wrote, or a token from `tessera token create`",
                     ),
                     None => unauthorized(
-                        "authentication required: send a bearer token (use the kubeconfig that tessera wrote)",
+                        "authentication required: send a bearer token or a client certificate the cluster's CA signed (use the kubeconfig that tessera wrote)",
                     ),
                 }
             }

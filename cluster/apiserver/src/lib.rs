@@ -11,6 +11,7 @@ pub mod apply;
 pub mod auth;
 pub mod cel;
 pub mod client;
+pub mod client_certs;
 pub mod crd;
 pub mod csr;
 pub mod defaults;

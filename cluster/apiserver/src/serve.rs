@@ -124,15 +124,22 @@ pub async fn serve_tls_with(
     router: Router,
     limits: ConnectionLimits,
 ) -> Result<SocketAddr, ServeError> {
-    serve_tls_pem(
+    serve_tls_inner(
         addr,
         &credentials.cert_pem,
         &credentials.key_pem,
+        Some(&credentials.ca_pem),
         router,
         limits,
     )
     .await
 }
+
+/// What the TLS connection a request came on says of its client certificate: none was
+/// sent (`None` in the request's extensions), or one verified against the CA names a
+/// caller, or names none (why).
+#[derive(Clone, Debug)]
+pub struct ClientCert(pub Result<crate::client_certs::ClientIdentity, String>);
 
 /// Binds `addr` and serves `router` over TLS with the certificate and key given as PEM (a
 /// node agent's endpoint); returns the bound address.
@@ -143,20 +150,55 @@ pub async fn serve_tls_pem(
     router: Router,
     limits: ConnectionLimits,
 ) -> Result<SocketAddr, ServeError> {
+    serve_tls_inner(addr, cert_pem, key_pem, None, router, limits).await
+}
+
+/// [`serve_tls_pem`], also verifying the client certificates clients send against
+/// `client_ca` (PEM) when given: a verified one is handed to each request on the
+/// connection as a [`ClientCert`]; a connection without one is served as well (its requests
+/// authenticate with bearer tokens); one with a certificate the CA did not sign fails its
+/// handshake.
+async fn serve_tls_inner(
+    addr: SocketAddr,
+    cert_pem: &str,
+    key_pem: &str,
+    client_ca: Option<&str>,
+    router: Router,
+    limits: ConnectionLimits,
+) -> Result<SocketAddr, ServeError> {
     let certs = vec![
         CertificateDer::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e| ServeError::Tls(format!("serving certificate: {e}")))?,
     ];
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
         .map_err(|e| ServeError::Tls(format!("serving key: {e}")))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| ServeError::Tls(e.to_string()))?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .map_err(|e| ServeError::Tls(e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServeError::Tls(e.to_string()))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let cert = cert.map_err(|e| ServeError::Tls(format!("client CA: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| ServeError::Tls(format!("client CA: {e}")))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| ServeError::Tls(format!("client CA: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| ServeError::Tls(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind(addr)
@@ -209,6 +251,22 @@ pub async fn serve_tls_pem(
                         return;
                     }
                 };
+                // A verified client certificate is read once per connection, and every
+                // request on it carries what it says.
+                let client_cert = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| ClientCert(crate::client_certs::identity_of(c)));
+                let service = hyper::service::service_fn(
+                    move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        if let Some(c) = &client_cert {
+                            req.extensions_mut().insert(c.clone());
+                        }
+                        hyper::service::Service::call(&service, req)
+                    },
+                );
                 let mut builder =
                     hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 builder

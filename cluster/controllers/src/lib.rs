@@ -6,6 +6,7 @@ pub mod clusterrole_aggregation;
 pub mod context;
 pub mod cron;
 pub mod cronjob;
+pub mod csrsigning;
 pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
@@ -41,6 +42,9 @@ pub struct Settings {
     pub hpa: hpa::HpaConfig,
     /// The HorizontalPodAutoscaler controller's metrics, if they are served.
     pub hpa_metrics: Option<hpa::HpaMetrics>,
+    /// What signs approved `kubernetes.io/kube-apiserver-client` requests; without one the
+    /// signing controller does not run (requests wait for another signer).
+    pub csr_signer: Option<std::sync::Arc<dyn csrsigning::CertificateSigner>>,
 }
 
 impl Default for Settings {
@@ -51,6 +55,7 @@ impl Default for Settings {
             root_ca: None,
             hpa: hpa::HpaConfig::default(),
             hpa_metrics: None,
+            csr_signer: None,
         }
     }
 }
@@ -80,6 +85,9 @@ pub fn names(settings: &Settings) -> Vec<&'static str> {
     ];
     if settings.root_ca.is_some() {
         names.push(rootca::NAME);
+    }
+    if settings.csr_signer.is_some() {
+        names.push(csrsigning::NAME);
     }
     names
 }
@@ -113,6 +121,11 @@ pub async fn run_all_with(ctx: Context, settings: Settings) {
         async {
             if let Some(bundle) = settings.root_ca {
                 rootca::run(ctx.clone(), bundle).await;
+            }
+        },
+        async {
+            if let Some(signer) = settings.csr_signer {
+                csrsigning::run(ctx.clone(), signer).await;
             }
         },
     );

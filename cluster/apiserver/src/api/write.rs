@@ -580,6 +580,9 @@ impl Api {
         }
         self.check_namespace_labels(res, user, &obj, None).await?;
         self.check_rbac_write(res, user, &obj, None).await?;
+        if crate::csr::is_csr(res) {
+            crate::csr::restrict_subject(&obj)?;
+        }
         if let Some(a) = admission.as_mut() {
             self.validate_by_webhooks(a, Some(&obj), None, &mut warnings)
                 .await?;

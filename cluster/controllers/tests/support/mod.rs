@@ -121,6 +121,7 @@ pub async fn shard(nodes: usize) -> Shard {
                         ..Default::default()
                     },
                     hpa_metrics: None,
+                    csr_signer: None,
                 },
             )),
         ],
