@@ -9,7 +9,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::{Cluster, wait_for};
 
 /// A user token from `tessera token create`.
@@ -805,15 +805,7 @@ fn approved_client_certificates_authenticate_as_their_subject() {
         err.contains("User \"jane\" cannot list resource \"pods\""),
         "{err}"
     );
-    c.ok(&[
-        "create",
-        "rolebinding",
-        "devs-view",
-        "-n",
-        "shop",
-        "--clusterrole=view",
-        "--group=devs",
-    ]);
+    view_for_devs(&c);
     let allowed = wait_for(Duration::from_secs(10), || {
         jane(&["get", "pods", "-n", "shop"]).0.then_some(())
     });
@@ -888,4 +880,223 @@ fn approved_client_certificates_authenticate_as_their_subject() {
     );
     assert!(!ok, "a forged certificate was accepted");
     assert!(err.contains("certificate"), "{err}");
+}
+
+/// POSTs review `body` (JSON) to `path` as the bearer of `token` (`kubectl create --raw`):
+/// the answer, or kubectl's error.
+fn post_review(c: &Cluster, token: &str, path: &str, body: &Value) -> Result<Value, String> {
+    let file = c.file("review.json", &body.to_string());
+    let (ok, out, err) = as_token(c, token, &["create", "--raw", path, "-f", &file]);
+    if ok {
+        Ok(serde_json::from_str(&out).expect("a JSON review"))
+    } else {
+        Err(err)
+    }
+}
+
+/// What delegates authentication and authorization to the API (Vault, a mesh, kube-rbac-proxy,
+/// an extension API server) works: TokenReview names the user a token names — audiences,
+/// revocation and all — and SubjectAccessReview and LocalSubjectAccessReview answer for
+/// another user as the authorizer would, tenant isolation included. Only callers RBAC grants
+/// `system:auth-delegator` (or an admin) may ask, and a tenant's callers only about their
+/// own namespaces.
+#[test]
+fn token_and_subject_access_reviews_answer_for_others() {
+    let c = Cluster::start();
+    let admin = c.admin_token();
+    c.ok(&["create", "namespace", "shop"]);
+    c.ok(&["create", "serviceaccount", "robot", "-n", "shop"]);
+    c.ok(&["create", "serviceaccount", "proxy", "-n", "shop"]);
+    let robot = c
+        .ok(&["create", "token", "robot", "-n", "shop"])
+        .trim()
+        .to_owned();
+    let for_vault = c
+        .ok(&[
+            "create",
+            "token",
+            "robot",
+            "-n",
+            "shop",
+            "--audience",
+            "vault",
+        ])
+        .trim()
+        .to_owned();
+    const TOKENS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+    let token_review = |token: &str, audiences: &[&str]| {
+        json_review(
+            "authentication.k8s.io/v1",
+            "TokenReview",
+            json!({"token": token, "audiences": audiences}),
+        )
+    };
+    // An admin asks: the account's token names it.
+    let r = post_review(&c, &admin, TOKENS, &token_review(&robot, &[])).expect("reviewed");
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    assert_eq!(
+        r["status"]["user"]["username"], "system:serviceaccount:shop:robot",
+        "{r}"
+    );
+    let groups = r["status"]["user"]["groups"].to_string();
+    assert!(groups.contains("system:serviceaccounts:shop"), "{groups}");
+    assert!(
+        !r["status"]["user"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{r}"
+    );
+    // Audiences: a token for vault is good for vault, not for this API; an API token is not
+    // good for vault.
+    let r = post_review(
+        &c,
+        &admin,
+        TOKENS,
+        &token_review(&for_vault, &["vault", "other"]),
+    )
+    .expect("reviewed");
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    assert_eq!(r["status"]["audiences"], json!(["vault"]), "{r}");
+    let r = post_review(&c, &admin, TOKENS, &token_review(&for_vault, &[])).expect("reviewed");
+    assert_eq!(r["status"]["authenticated"], false, "{r}");
+    let r = post_review(&c, &admin, TOKENS, &token_review(&robot, &["vault"])).expect("reviewed");
+    assert_eq!(r["status"]["authenticated"], false, "{r}");
+    // Nonsense names nobody, saying so; a tenant's token names the tenant.
+    let r = post_review(&c, &admin, TOKENS, &token_review("not-a-token", &[])).expect("reviewed");
+    assert_eq!(r["status"]["authenticated"], false, "{r}");
+    assert!(
+        r["status"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not valid"),
+        "{r}"
+    );
+    c.ok(&["apply", "-f", &c.file(
+        "tenant.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n",
+    )]);
+    let acme = support::tenant_token(&c, "acme");
+    let r = post_review(&c, &admin, TOKENS, &token_review(&acme, &[])).expect("reviewed");
+    assert_eq!(r["status"]["user"]["username"], "tenant:acme", "{r}");
+    // A deleted account's tokens name nobody any more.
+    c.ok(&["create", "serviceaccount", "temp", "-n", "shop"]);
+    let temp = c
+        .ok(&["create", "token", "temp", "-n", "shop"])
+        .trim()
+        .to_owned();
+    c.ok(&["delete", "serviceaccount", "temp", "-n", "shop"]);
+    let r = post_review(&c, &admin, TOKENS, &token_review(&temp, &[])).expect("reviewed");
+    assert_eq!(r["status"]["authenticated"], false, "{r}");
+
+    // Who may ask: the proxy's account only once bound to system:auth-delegator.
+    let proxy = c
+        .ok(&["create", "token", "proxy", "-n", "shop"])
+        .trim()
+        .to_owned();
+    let err = post_review(&c, &proxy, TOKENS, &token_review(&robot, &[])).expect_err("refused");
+    assert!(
+        err.contains(
+            "cannot create resource \"tokenreviews\" in API group \"authentication.k8s.io\""
+        ),
+        "{err}"
+    );
+    c.ok(&[
+        "create",
+        "clusterrolebinding",
+        "proxy-delegates",
+        "--clusterrole=system:auth-delegator",
+        "--serviceaccount=shop:proxy",
+    ]);
+    let r = post_review(&c, &proxy, TOKENS, &token_review(&robot, &[])).expect("reviewed");
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    // A tenant reviews no tokens, whatever it holds.
+    let err = post_review(&c, &acme, TOKENS, &token_review(&robot, &[])).expect_err("refused");
+    assert!(err.contains("tenant acme's callers"), "{err}");
+
+    // SubjectAccessReview: what another user may do, as the authorizer decides it.
+    const SUBJECTS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    let sar = |user: &str, groups: &[&str], ns: &str, verb: &str| {
+        json_review(
+            "authorization.k8s.io/v1",
+            "SubjectAccessReview",
+            json!({"user": user, "groups": groups,
+                "resourceAttributes": {"namespace": ns, "verb": verb, "resource": "pods"}}),
+        )
+    };
+    // Whether the proxy's review says the user (in the groups) may do `verb` on pods in `ns`.
+    let may = |user: &str, groups: &[&str], ns: &str, verb: &str| {
+        let r = post_review(&c, &proxy, SUBJECTS, &sar(user, groups, ns, verb));
+        r.expect("reviewed")["status"]["allowed"] == true
+    };
+    assert!(!may("bob", &["devs"], "shop", "list"));
+    view_for_devs(&c);
+    assert!(may("bob", &["devs"], "shop", "list"));
+    assert!(!may("bob", &["devs"], "shop", "delete"));
+    assert!(may("carol", &["system:masters"], "kube-system", "delete"));
+    // Isolation holds for the subject: a tenant's user is nobody outside its namespaces,
+    // whatever a binding says.
+    c.ok(&[
+        "create",
+        "clusterrolebinding",
+        "acme-everywhere",
+        "--clusterrole=cluster-admin",
+        "--group=tessera:tenant:acme",
+    ]);
+    assert!(!may("alice", &["tessera:tenant:acme"], "shop", "list"));
+    assert!(may("alice", &["tessera:tenant:acme"], "acme-dev", "list"));
+    assert!(!may("tenant:acme", &[], "shop", "get"));
+    // Neither user nor group: refused naming the field.
+    let err = post_review(&c, &proxy, SUBJECTS, &sar("", &[], "shop", "get")).expect_err("refused");
+    assert!(
+        err.contains("spec.user") && err.contains("at least one of user or group"),
+        "{err}"
+    );
+    // A tenant asks only in its own namespaces, with LocalSubjectAccessReview.
+    let err =
+        post_review(&c, &acme, SUBJECTS, &sar("bob", &[], "acme-dev", "get")).expect_err("refused");
+    assert!(
+        err.contains("cannot create resource \"subjectaccessreviews\""),
+        "{err}"
+    );
+    let local = |ns: &str| {
+        format!("/apis/authorization.k8s.io/v1/namespaces/{ns}/localsubjectaccessreviews")
+    };
+    let lsar = |user: &str| {
+        json_review(
+            "authorization.k8s.io/v1",
+            "LocalSubjectAccessReview",
+            json!({"user": user, "resourceAttributes": {"verb": "get", "resource": "pods"}}),
+        )
+    };
+    let r = post_review(&c, &acme, &local("acme-dev"), &lsar("tenant:acme")).expect("reviewed");
+    assert_eq!(r["kind"], "LocalSubjectAccessReview", "{r}");
+    assert_eq!(r["status"]["allowed"], true, "{r}");
+    let err = post_review(&c, &acme, &local("shop"), &lsar("bob")).expect_err("refused");
+    assert!(err.contains("in the namespace \"shop\""), "{err}");
+    let mismatched = json_review(
+        "authorization.k8s.io/v1",
+        "LocalSubjectAccessReview",
+        json!({"user": "bob", "resourceAttributes": {"namespace": "shop", "verb": "get", "resource": "pods"}}),
+    );
+    let err = post_review(&c, &acme, &local("acme-dev"), &mismatched).expect_err("refused");
+    assert!(err.contains("must match metadata.namespace"), "{err}");
+}
+
+/// Binds ClusterRole `view` to group `devs` in namespace `shop`.
+fn view_for_devs(c: &Cluster) {
+    c.ok(&[
+        "create",
+        "rolebinding",
+        "devs-view",
+        "-n",
+        "shop",
+        "--clusterrole=view",
+        "--group=devs",
+    ]);
+}
+
+/// A review object of `kind` with `spec`.
+fn json_review(api_version: &str, kind: &str, spec: Value) -> Value {
+    json!({"apiVersion": api_version, "kind": kind, "spec": spec})
 }

@@ -6,6 +6,20 @@
 //!
 //! Every authenticated caller may make them (Kubernetes grants them through
 //! `system:basic-user`, bound to `system:authenticated`).
+//!
+//! And the reviews a caller makes of others, for what delegates its authorization here
+//! (kube-rbac-proxy, extension API servers, operators' own checks) — a caller needs RBAC's
+//! `create` on them (`system:auth-delegator` grants it):
+//! - `SubjectAccessReview`: may this user (and these groups) do this? Answered by the same
+//!   authorizer, tenant isolation included, for the user the names make: `tenant:NAME` is
+//!   that tenant's own token, `system:serviceaccount:NS:NAME` that account, anyone else a
+//!   user in the groups given (in a tenant if `tessera:tenant:NAME` is among them).
+//! - `LocalSubjectAccessReview`: the same within one namespace (a tenant's callers ask
+//!   only in their tenant's namespaces).
+//! - `TokenReview` ([`crate::token_review`]): who does this token name?
+//!
+//! A tenant's callers make no cluster-wide reviews of others: a SubjectAccessReview would
+//! tell them what anyone may do anywhere, and a TokenReview is a cluster's authenticator.
 
 use serde_json::{Value, json};
 
@@ -23,9 +37,29 @@ pub const RULES_REVIEWS: &str = "/apis/authorization.k8s.io/v1/selfsubjectrulesr
 /// `kubectl auth whoami`.
 pub const SELF_REVIEWS: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
 
+/// `SubjectAccessReview`.
+pub const SUBJECT_ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+/// `TokenReview`.
+pub const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+
+/// The namespace of a `LocalSubjectAccessReview` path.
+fn local_namespace(path: &str) -> Option<&str> {
+    path.strip_prefix("/apis/authorization.k8s.io/v1/namespaces/")?
+        .strip_suffix("/localsubjectaccessreviews")
+        .filter(|ns| !ns.is_empty() && !ns.contains('/'))
+}
+
 /// Whether `path` is one of the reviews.
 pub fn is_review(path: &str) -> bool {
-    [ACCESS_REVIEWS, RULES_REVIEWS, SELF_REVIEWS].contains(&path)
+    [
+        ACCESS_REVIEWS,
+        RULES_REVIEWS,
+        SELF_REVIEWS,
+        SUBJECT_ACCESS_REVIEWS,
+        TOKEN_REVIEWS,
+    ]
+    .contains(&path)
+        || local_namespace(path).is_some()
 }
 
 fn verb(v: &str) -> Option<Verb> {
@@ -79,7 +113,10 @@ pub async fn review(
     let answer = match path {
         RULES_REVIEWS => rules_review(api, user, &review).await?,
         SELF_REVIEWS => self_review(user),
-        _ => access_review(api, user, &review).await?,
+        TOKEN_REVIEWS => crate::token_review::token_review(api, user, &review).await?,
+        SUBJECT_ACCESS_REVIEWS => subject_access_review(api, user, &review, None).await?,
+        ACCESS_REVIEWS => access_review(api, user, &review, "SelfSubjectAccessReview").await?,
+        _ => subject_access_review(api, user, &review, local_namespace(path)).await?,
     };
     Ok(ApiResponse::Object {
         code: 201,
@@ -88,7 +125,179 @@ pub async fn review(
     })
 }
 
-async fn access_review(api: &Api, user: &User, review: &Value) -> Result<Value, ApiError> {
+/// Whether `caller` may create review `resource` of `group` (in `namespace`, for a local
+/// one): RBAC's `create` on it, within a tenant's namespaces for a tenant's callers.
+pub(crate) async fn may_create(
+    api: &Api,
+    caller: &User,
+    group: &str,
+    resource: &str,
+    namespace: Option<&str>,
+) -> Result<(), ApiError> {
+    let scope = match namespace {
+        Some(ns) => format!("in the namespace {ns:?}"),
+        None => "at the cluster scope".to_owned(),
+    };
+    let refused = |why: String| {
+        ApiError::forbidden(format!(
+            "{resource}.{group} is forbidden: User {:?} cannot create resource {resource:?} in API group {group:?} {scope}{why}",
+            caller.name()
+        ))
+    };
+    let tenant = match caller {
+        User::Admin | User::System(_) => return Ok(()),
+        User::LentNode { .. } => return Err(refused(String::new())),
+        User::Tenant(t) => Some(t.clone()),
+        User::Named { .. } | User::ServiceAccount(_) => {
+            api.authorizer().tenant_of_user(caller).await?
+        }
+    };
+    if let Some(t) = &tenant {
+        let owned = match namespace {
+            Some(ns) => owned_namespace(api, t, ns).await?,
+            None => false,
+        };
+        if !owned {
+            return Err(refused(format!(
+                ": tenant {t}'s callers review others only in the tenant's namespaces"
+            )));
+        }
+        if matches!(caller, User::Tenant(_)) {
+            return Ok(());
+        }
+    }
+    let a = Attributes {
+        verb: "create",
+        group,
+        resource,
+        namespace: namespace.unwrap_or_default(),
+        ..Attributes::default()
+    };
+    if api.authorizer().rbac().decide(caller, &a).await?.allowed {
+        Ok(())
+    } else {
+        Err(refused(String::new()))
+    }
+}
+
+/// The caller a SubjectAccessReview's `user` and `groups` name (see the module's notes).
+fn subject_of(name: &str, groups: &[String], uid: &str) -> User {
+    if let Some((ns, account)) = name
+        .strip_prefix(crate::auth::SERVICE_ACCOUNT_PREFIX)
+        .and_then(|rest| rest.split_once(':'))
+    {
+        return User::ServiceAccount(Box::new(crate::auth::ServiceAccountClaims {
+            namespace: ns.to_owned(),
+            name: account.to_owned(),
+            uid: uid.to_owned(),
+            bound: None,
+            audiences: Vec::new(),
+            issued: 0,
+            expires: i64::MAX,
+            id: String::new(),
+        }));
+    }
+    if let Some(t) = name.strip_prefix("tenant:") {
+        return User::Tenant(t.to_owned());
+    }
+    let tenant_prefix = crate::auth::tenant_group("");
+    User::Named {
+        name: name.to_owned(),
+        groups: groups
+            .iter()
+            .filter(|g| {
+                g.as_str() != crate::auth::AUTHENTICATED_GROUP && !g.starts_with(&tenant_prefix)
+            })
+            .cloned()
+            .collect(),
+        tenant: groups
+            .iter()
+            .find_map(|g| g.strip_prefix(&tenant_prefix))
+            .map(str::to_owned),
+    }
+}
+
+/// A SubjectAccessReview (or, with `local`, a LocalSubjectAccessReview in that namespace):
+/// what the user it names may do, asked by `caller`.
+async fn subject_access_review(
+    api: &Api,
+    caller: &User,
+    review: &Value,
+    local: Option<&str>,
+) -> Result<Value, ApiError> {
+    let (group, resource, kind) = match local {
+        Some(_) => (
+            "authorization.k8s.io",
+            "localsubjectaccessreviews",
+            "LocalSubjectAccessReview",
+        ),
+        None => (
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            "SubjectAccessReview",
+        ),
+    };
+    may_create(api, caller, group, resource, local).await?;
+    let mut review = review.clone();
+    let spec = &mut review["spec"];
+    let name = spec["user"].as_str().unwrap_or_default().to_owned();
+    let groups: Vec<String> = spec["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g.as_str().map(str::to_owned))
+        .collect();
+    let invalid = |field: &str, message: &str| {
+        ApiError::invalid(
+            group,
+            kind,
+            "",
+            vec![Cause {
+                reason: "FieldValueInvalid",
+                field: field.into(),
+                message: message.into(),
+            }],
+        )
+    };
+    if name.is_empty() && groups.is_empty() {
+        return Err(invalid(
+            "spec.user",
+            "Invalid value: \"\": at least one of user or group must be specified",
+        ));
+    }
+    if let Some(ns) = local {
+        if spec["nonResourceAttributes"].is_object() {
+            return Err(invalid(
+                "spec.nonResourceAttributes",
+                "Invalid value: disallowed on this kind of request",
+            ));
+        }
+        let asked = spec["resourceAttributes"]["namespace"].as_str();
+        if asked.is_some_and(|a| !a.is_empty() && a != ns) {
+            return Err(invalid(
+                "spec.resourceAttributes.namespace",
+                &format!("Invalid value: {asked:?}: must match metadata.namespace ({ns:?})"),
+            ));
+        }
+        if spec["resourceAttributes"].is_object() {
+            spec["resourceAttributes"]["namespace"] = json!(ns);
+        }
+    }
+    let uid = spec["uid"].as_str().unwrap_or_default().to_owned();
+    let subject = subject_of(&name, &groups, &uid);
+    let mut answer = access_review(api, &subject, &review, kind).await?;
+    if let Some(ns) = local {
+        answer["metadata"]["namespace"] = json!(ns);
+    }
+    Ok(answer)
+}
+
+async fn access_review(
+    api: &Api,
+    user: &User,
+    review: &Value,
+    kind: &str,
+) -> Result<Value, ApiError> {
     let spec = &review["spec"];
     let (allowed, reason) = if let Some(attrs) = spec["resourceAttributes"].as_object() {
         resource_decision(api, user, attrs).await?
@@ -114,7 +323,7 @@ async fn access_review(api: &Api, user: &User, review: &Value) -> Result<Value, 
     } else {
         return Err(ApiError::invalid(
             "authorization.k8s.io",
-            "SelfSubjectAccessReview",
+            kind,
             "",
             vec![Cause {
                 reason: "FieldValueRequired",
@@ -131,7 +340,7 @@ async fn access_review(api: &Api, user: &User, review: &Value) -> Result<Value, 
     }
     Ok(json!({
         "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
+        "kind": kind,
         "metadata": {},
         "spec": spec,
         "status": status,

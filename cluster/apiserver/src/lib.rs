@@ -33,6 +33,7 @@ pub mod protobuf_schema;
 pub mod rbac;
 pub mod serve;
 pub mod table;
+pub mod token_review;
 pub mod validation;
 pub mod watchcache;
 pub mod webhooks;

@@ -40,6 +40,8 @@ pub struct ApiMetrics {
     pub(crate) policy_checks: IntCounterVec,
     /// CEL rules of CustomResourceDefinitions evaluated, by result.
     pub(crate) crd_rules: IntCounterVec,
+    /// TokenReviews answered, by result.
+    pub(crate) token_reviews: IntCounterVec,
     /// CRD conversion webhook calls, by CRD and result.
     pub(crate) conversion_calls: IntCounterVec,
     /// Duration of CRD conversion webhook calls, by CRD.
@@ -172,6 +174,13 @@ impl ApiMetrics {
                 ),
                 &["result"],
             )?,
+            token_reviews: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_token_reviews_total",
+                    "TokenReviews answered, by result (authenticated, unauthenticated).",
+                ),
+                &["result"],
+            )?,
             conversion_calls: IntCounterVec::new(
                 Opts::new(
                     "tessera_apiserver_crd_conversion_webhook_calls_total",
@@ -239,6 +248,7 @@ impl ApiMetrics {
         registry.register(Box::new(m.webhook_duration.clone()))?;
         registry.register(Box::new(m.policy_checks.clone()))?;
         registry.register(Box::new(m.crd_rules.clone()))?;
+        registry.register(Box::new(m.token_reviews.clone()))?;
         registry.register(Box::new(m.conversion_calls.clone()))?;
         registry.register(Box::new(m.conversion_duration.clone()))?;
         registry.register(Box::new(m.conversion_objects.clone()))?;

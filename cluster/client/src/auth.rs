@@ -514,6 +514,17 @@ impl Tokens {
     /// The claims of a ServiceAccount token this server signed, if it is for this API
     /// ([`SERVICE_ACCOUNT_ISSUER`] among its audiences) and good at `now`.
     pub fn check_service_account(&self, token: &str, now: i64) -> Option<ServiceAccountClaims> {
+        self.check_service_account_for(token, now, &[SERVICE_ACCOUNT_ISSUER])
+    }
+
+    /// [`Self::check_service_account`] for a token that must have been issued for one of
+    /// `wanted` (a TokenReview's audiences), not necessarily for this API.
+    pub fn check_service_account_for(
+        &self,
+        token: &str,
+        now: i64,
+        wanted: &[impl AsRef<str>],
+    ) -> Option<ServiceAccountClaims> {
         let (signed, tag) = token.rsplit_once('.')?;
         hmac::verify(
             &self.service_account_key,
@@ -543,7 +554,10 @@ impl Tokens {
             expires: v["exp"].as_i64()?,
             id: s(&v["jti"]).unwrap_or_default(),
         };
-        let for_us = c.audiences.iter().any(|a| a == SERVICE_ACCOUNT_ISSUER);
+        let for_us = c
+            .audiences
+            .iter()
+            .any(|a| wanted.iter().any(|w| AsRef::<str>::as_ref(w) == a.as_str()));
         (v["iss"] == SERVICE_ACCOUNT_ISSUER
             && for_us
             && c.expires >= now

@@ -290,6 +290,16 @@ impl Api {
         self
     }
 
+    /// The tokens this API issues and checks (`TokenReview`), if it was given them.
+    pub(crate) fn tokens(&self) -> Option<&crate::auth::Tokens> {
+        self.token_issuer.as_ref()
+    }
+
+    /// This API's metrics, if they are served.
+    pub(crate) fn metrics(&self) -> Option<&ApiMetrics> {
+        self.metrics.as_ref()
+    }
+
     /// The same API, reaching node agents (for `pods/log`) with credentials rooted in
     /// `tokens`, and issuing ServiceAccount tokens signed with their key.
     pub fn with_node_proxy(mut self, tokens: crate::auth::Tokens) -> Api {

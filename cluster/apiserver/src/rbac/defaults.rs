@@ -268,6 +268,18 @@ pub fn cluster_roles() -> Vec<Value> {
             ],
         ),
         role(
+            "system:auth-delegator",
+            &[],
+            vec![
+                rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+                rule(
+                    &["authorization.k8s.io"],
+                    &["subjectaccessreviews"],
+                    &["create"],
+                ),
+            ],
+        ),
+        role(
             "system:discovery",
             &[],
             vec![
@@ -373,6 +385,8 @@ mod tests {
     /// name before the server serves them (they grant nothing until then).
     const NOT_IN_CATALOG: &[&str] = &[
         "localsubjectaccessreviews",
+        "subjectaccessreviews",
+        "tokenreviews",
         "selfsubjectaccessreviews",
         "selfsubjectrulesreviews",
         "selfsubjectreviews",
