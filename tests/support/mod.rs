@@ -477,6 +477,64 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(ok.success(), "kill {sig} {pid}");
 }
 
+impl Drop for Cluster {
+    /// Stops the cluster and its sandboxed process pods: a killed agent leaves its pods
+    /// running (a restarted one would resume or stop them, and nothing restarts a test's
+    /// cluster), so they are found by their pods' uids and killed with it.
+    fn drop(&mut self) {
+        if sandboxed_processes().is_empty() {
+            return;
+        }
+        let uids = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "--request-timeout=5s",
+                "get",
+                "pods",
+                "-A",
+                "-o",
+                "jsonpath={.items[*].metadata.uid}",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let marks: Vec<String> = uids
+            .split_whitespace()
+            .map(|u| format!("/pod-{u}/"))
+            .collect();
+        if marks.is_empty() {
+            return;
+        }
+        // The agents first, so that nothing starts the pods again.
+        self.kill();
+        for (pid, cmdline) in sandboxed_processes() {
+            let text = String::from_utf8_lossy(&cmdline);
+            if marks.iter().any(|m| text.contains(m.as_str())) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+/// Live sandboxed processes (`tessera sandbox exec ...`: process pods) and their command
+/// lines.
+fn sandboxed_processes() -> Vec<(u32, Vec<u8>)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            cmdline
+                .windows(14)
+                .any(|w| w == b"\0sandbox\0exec\0")
+                .then_some((pid, cmdline))
+        })
+        .collect()
+}
+
 /// Pids of live processes whose command line is exactly `args` (read from /proc).
 pub fn processes(args: &[&str]) -> Vec<u32> {
     let want: Vec<u8> = args
