@@ -607,57 +607,57 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
                     Some(_) => None,
                     None => req.extensions().get::<crate::serve::ClientCert>().cloned(),
                 };
-                if let Some(crate::serve::ClientCert(found)) = client_cert {
-                    let user = match found {
+                let user = if let Some(crate::serve::ClientCert(found)) = client_cert {
+                    match found {
                         Ok(id) => User::Named {
                             name: id.name,
                             groups: id.groups,
                             tenant: None,
                         },
                         Err(why) => return unauthorized(&why),
-                    };
-                    let user = match impersonated(&checker, user, req.headers()).await {
-                        Ok(u) => u,
-                        Err(e) => return error_response(&e),
-                    };
-                    req.extensions_mut().insert(user);
-                    return next.run(req).await;
-                }
-                match given.map(|t| tokens.authenticate(t, crate::api::now_secs())) {
-                    Some(Some((user, claims))) => {
-                        // A tenant token is good while its Tenant is the one it was minted
-                        // for: not re-created, its tokens not revoked.
-                        if let Some(c) = claims
-                            && !checker.tenant_token_current(&c).await
-                        {
-                            return unauthorized(
-                                "the token was revoked: its Tenant was re-created or its spec.tokenGeneration bumped; ask an admin for a new one (`tessera token create`)",
-                            );
-                        }
-                        // A ServiceAccount token is good while its account (and the pod or
-                        // secret it is bound to) is the one it was issued for.
-                        if let User::ServiceAccount(sa) = &user
-                            && !checker.service_account_current(sa).await
-                        {
-                            return unauthorized(
-                                "the ServiceAccount token is no longer valid: its ServiceAccount, or the pod or secret it was bound to, was deleted or re-created; request a new one (`kubectl create token`)",
-                            );
-                        }
-                        // `kubectl --as`: the caller acts as another, if it may.
-                        let user = match impersonated(&checker, user, req.headers()).await {
-                            Ok(u) => u,
-                            Err(e) => return error_response(&e),
-                        };
-                        req.extensions_mut().insert(user);
-                        next.run(req).await
                     }
-                    Some(None) => unauthorized(
-                        "the bearer token is not valid (or has expired): use the kubeconfig that tessera wrote, or a token from `tessera token create`",
-                    ),
-                    None => unauthorized(
-                        "authentication required: send a bearer token or a client certificate the cluster's CA signed (use the kubeconfig that tessera wrote)",
-                    ),
-                }
+                } else {
+                    match given.map(|t| tokens.authenticate(t, crate::api::now_secs())) {
+                        Some(Some((user, claims))) => {
+                            // A tenant token is good while its Tenant is the one it was
+                            // minted for: not re-created, its tokens not revoked.
+                            if let Some(c) = claims
+                                && !checker.tenant_token_current(&c).await
+                            {
+                                return unauthorized(
+                                    "the token was revoked: its Tenant was re-created or its spec.tokenGeneration bumped; ask an admin for a new one (`tessera token create`)",
+                                );
+                            }
+                            // A ServiceAccount token is good while its account (and the pod
+                            // or secret it is bound to) is the one it was issued for.
+                            if let User::ServiceAccount(sa) = &user
+                                && !checker.service_account_current(sa).await
+                            {
+                                return unauthorized(
+                                    "the ServiceAccount token is no longer valid: its ServiceAccount, or the pod or secret it was bound to, was deleted or re-created; request a new one (`kubectl create token`)",
+                                );
+                            }
+                            user
+                        }
+                        Some(None) => {
+                            return unauthorized(
+                                "the bearer token is not valid (or has expired): use the kubeconfig that tessera wrote, or a token from `tessera token create`",
+                            );
+                        }
+                        None => {
+                            return unauthorized(
+                                "authentication required: send a bearer token or a client certificate the cluster's CA signed (use the kubeconfig that tessera wrote)",
+                            );
+                        }
+                    }
+                };
+                // `kubectl --as`: the caller acts as another, if it may.
+                let user = match impersonated(&checker, user, req.headers()).await {
+                    Ok(u) => u,
+                    Err(e) => return error_response(&e),
+                };
+                req.extensions_mut().insert(user);
+                next.run(req).await
             }
         }))
 }

@@ -96,30 +96,27 @@ pub(crate) async fn token_review(
         .flatten()
         .filter_map(|a| a.as_str().map(str::to_owned))
         .collect();
-    let status = match authenticate(api, token, &wanted).await {
+    let (result, status) = match authenticate(api, token, &wanted).await {
         Ok((user, audiences)) => {
             let uid = match &user {
                 User::ServiceAccount(sa) => sa.uid.clone(),
                 _ => String::new(),
             };
-            if let Some(m) = api.metrics() {
-                m.token_reviews.with_label_values(&["authenticated"]).inc();
-            }
-            json!({
+            let status = json!({
                 "authenticated": true,
                 "user": {"username": user.name(), "uid": uid, "groups": user.groups()},
                 "audiences": audiences,
-            })
+            });
+            ("authenticated", status)
         }
-        Err(why) => {
-            if let Some(m) = api.metrics() {
-                m.token_reviews
-                    .with_label_values(&["unauthenticated"])
-                    .inc();
-            }
-            json!({"authenticated": false, "error": why})
-        }
+        Err(why) => (
+            "unauthenticated",
+            json!({"authenticated": false, "error": why}),
+        ),
     };
+    if let Some(m) = api.metrics() {
+        m.token_reviews.with_label_values(&[result]).inc();
+    }
     Ok(json!({
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenReview",

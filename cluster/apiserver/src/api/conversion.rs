@@ -191,7 +191,7 @@ impl Api {
         let Some(conversion) = version.conversion.clone() else {
             return super::custom::in_version(version, resp);
         };
-        let desired = api_version_of(version);
+        let desired = super::api_version(version.resource);
         match super::views::decoded(resp)? {
             ApiResponse::Object {
                 code,
@@ -237,27 +237,16 @@ impl Api {
                     }
                 });
                 // The event that reports a failed conversion is the watch's last.
-                let ended = std::sync::atomic::AtomicBool::new(false);
-                Ok(ApiResponse::Watch(Box::pin(
-                    converted
-                        .take_while(move |(_, failed)| {
-                            let go = !ended.load(std::sync::atomic::Ordering::Relaxed);
-                            if *failed {
-                                ended.store(true, std::sync::atomic::Ordering::Relaxed);
-                            }
-                            std::future::ready(go)
-                        })
-                        .map(|(ev, _)| ev),
-                )))
+                let last = converted.scan(false, |ended, (ev, failed)| {
+                    let next = (!*ended).then_some(ev);
+                    *ended |= failed;
+                    std::future::ready(next)
+                });
+                Ok(ApiResponse::Watch(Box::pin(last)))
             }
             other => Ok(other),
         }
     }
-}
-
-/// The `apiVersion` of a served version.
-fn api_version_of(version: &Version) -> String {
-    format!("{}/{}", version.resource.group, version.resource.version)
 }
 
 /// The objects of the converted kind in an answer's body: the body itself, or a list's

@@ -291,22 +291,7 @@ impl Api {
         };
         let (api_version, kind) = (obj["apiVersion"].clone(), obj["kind"].clone());
         let mut patched = converted.unwrap_or_else(|| obj.clone());
-        if let Some((c, _)) = &conversion {
-            crate::patch::json_patch(&mut patched, &patch).map_err(|e| {
-                ApiError::internal(format!(
-                    "the patch of admission webhook {:?} could not be applied: {}",
-                    hook.name, e.0
-                ))
-            })?;
-            let back = api_version.as_str().unwrap_or_default().to_owned();
-            patched = self.convert_one(c, &back, patched).await?;
-            if patched == *obj {
-                return Ok(false);
-            }
-            *obj = patched;
-            return Ok(true);
-        }
-        if version != a.req.resource.version {
+        if conversion.is_none() && version != a.req.resource.version {
             let g = a.req.resource.group;
             patched["apiVersion"] = json!(if g.is_empty() {
                 version.to_owned()
@@ -320,8 +305,16 @@ impl Api {
                 hook.name, e.0
             ))
         })?;
-        patched["apiVersion"] = api_version;
-        patched["kind"] = kind;
+        match &conversion {
+            Some((c, _)) => {
+                let back = api_version.as_str().unwrap_or_default().to_owned();
+                patched = self.convert_one(c, &back, patched).await?;
+            }
+            None => {
+                patched["apiVersion"] = api_version;
+                patched["kind"] = kind;
+            }
+        }
         if patched == *obj {
             return Ok(false);
         }
