@@ -73,6 +73,11 @@ pub fn issue(args: &InitArgs) -> anyhow::Result<Vec<(&'static str, String)>> {
         ("token.key", pki::random_hex()),
         ("metrics.token", pki::random_hex()),
     ];
+    let (front_proxy_ca, front_proxy_key) = pki::front_proxy_ca()?;
+    files.extend([
+        (pki::FRONT_PROXY_CA[0], front_proxy_ca),
+        (pki::FRONT_PROXY_CA[1], front_proxy_key),
+    ]);
     if args.federation {
         files.push(("join.token", pki::random_hex()));
     }
@@ -262,6 +267,8 @@ mod tests {
             "kubeconfig",
             "etcd-member.crt",
             "etcd-client.key",
+            "front-proxy-ca.crt",
+            "front-proxy-ca.key",
         ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }

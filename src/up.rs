@@ -286,6 +286,39 @@ pub async fn start_with(
     tessera_apiserver::apiservices::ensure(&*client)
         .await
         .map_err(|e| anyhow::anyhow!("registering the local APIServices: {}", e.message))?;
+    // API aggregation: the front proxy's certificate, the ConfigMap extension servers read
+    // it from, and the availability checker of APIServices naming a Service.
+    match tessera_apiserver::pki::FrontProxy::load_or_create(&args.pki_dir())? {
+        Some(front_proxy) => {
+            api.aggregator()
+                .set_front_proxy(&front_proxy)
+                .map_err(|e| anyhow::anyhow!("the front-proxy certificate: {e}"))?;
+            tessera_apiserver::aggregator::ensure_authentication_config_map(
+                &*client,
+                &credentials.ca_pem,
+                &front_proxy.ca_pem,
+            )
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "writing kube-system/{}: {}",
+                    tessera_apiserver::aggregator::AUTHENTICATION_CONFIG_MAP,
+                    e.message
+                )
+            })?;
+        }
+        None => tracing::warn!(
+            pki_dir = %args.pki_dir().display(),
+            "the pki directory has no front-proxy CA and cannot take one: APIServices naming a Service will not be reached (`tessera certs init` writes front-proxy-ca.crt and .key)"
+        ),
+    }
+    tokio::spawn(tessera_apiserver::aggregator::available::run(
+        api.clone(),
+        Arc::new(InProcess::new(
+            api.clone(),
+            User::System("kube-aggregator".into()),
+        )),
+    ));
     default_storage_class(&*client, &args.data_dir).await?;
     let router = http::router(api.clone(), tokens.clone());
     let api_addr = serve::serve_tls(args.api_addr, &credentials, router).await?;

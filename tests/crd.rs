@@ -696,10 +696,10 @@ fn apiservices_list_what_is_served() {
         "v1beta1.custom.metrics.k8s.io",
         "--no-headers",
     ]);
-    assert!(
-        row.contains("monitoring/adapter") && row.contains("False (AggregationNotSupported)"),
-        "{row}"
-    );
+    assert!(row.contains("monitoring/adapter"), "{row}");
+    // Its Service does not exist: the availability check says so.
+    let row = apiservice_available(&c, "v1beta1.custom.metrics.k8s.io", "ServiceNotFound");
+    assert!(row.contains("False (ServiceNotFound)"), "{row}");
     let bad = c.file(
         "bad.yaml",
         "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {name: wrong}\n\
@@ -973,4 +973,337 @@ fn a_conversion_webhook_converts_between_versions() {
         assert!(!names.contains("r5"), "{path}: stored anyway: {names}");
         assert_eq!(names.lines().count(), 4, "{names}");
     }
+}
+
+/// `kubectl get apiservice NAME`'s AVAILABLE column once it reads `want` (or the last seen).
+fn apiservice_available(c: &Cluster, name: &str, want: &str) -> String {
+    let mut last = String::new();
+    wait_for(Duration::from_secs(60), || {
+        last = c.ok(&["get", "apiservice", name, "--no-headers"]);
+        last.contains(want).then_some(())
+    });
+    last
+}
+
+#[test]
+fn an_extension_api_server_serves_its_group_through_the_aggregator() {
+    use base64::Engine;
+    use support::extension::{self, GROUP, VERSION};
+    let c = Cluster::start();
+    let name = format!("{VERSION}.{GROUP}");
+    // What an extension server reads to authenticate the front proxy.
+    let cm: Value = json(&c.ok(&[
+        "get",
+        "configmap",
+        "-n",
+        "kube-system",
+        "extension-apiserver-authentication",
+        "-o",
+        "json",
+    ]));
+    let data = &cm["data"];
+    let cluster_ca = std::fs::read_to_string(c.dir.path().join("pki/ca.crt")).expect("ca");
+    assert_eq!(data["client-ca-file"], json!(cluster_ca));
+    let front_proxy_ca = data["requestheader-client-ca-file"]
+        .as_str()
+        .expect("front-proxy CA")
+        .to_owned();
+    assert_ne!(
+        front_proxy_ca, cluster_ca,
+        "the front proxy needs a CA of its own"
+    );
+    let allowed: Vec<String> =
+        serde_json::from_str(data["requestheader-allowed-names"].as_str().expect("names"))
+            .expect("a JSON list");
+    assert_eq!(allowed, ["front-proxy-client"]);
+    assert_eq!(
+        data["requestheader-username-headers"],
+        "[\"X-Remote-User\"]"
+    );
+    assert_eq!(data["requestheader-group-headers"], "[\"X-Remote-Group\"]");
+    assert_eq!(
+        data["requestheader-extra-headers-prefix"],
+        "[\"X-Remote-Extra-\"]"
+    );
+
+    // The extension's ServiceAccount, with the roles a delegating server is bound to.
+    let setup = c.file(
+        "wardle.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: wardle-system}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: wardle, namespace: wardle-system}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: wardle:auth-delegator}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:auth-delegator}\n\
+         subjects: [{kind: ServiceAccount, name: wardle, namespace: wardle-system}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+         metadata: {name: wardle:auth-reader, namespace: kube-system}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: extension-apiserver-authentication-reader}\n\
+         subjects: [{kind: ServiceAccount, name: wardle, namespace: wardle-system}]\n---\n\
+         apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata: {name: acme-dev}\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
+    );
+    c.ok(&["apply", "-f", &setup]);
+    let sa_token = c
+        .ok(&["create", "token", "wardle", "-n", "wardle-system"])
+        .trim()
+        .to_owned();
+    // The reader Role lets it read that ConfigMap and no other.
+    let read = |cm: &str| {
+        c.kubectl_as(&sa_token, &["get", "configmap", "-n", "kube-system", cm])
+            .status
+            .success()
+    };
+    assert!(read("extension-apiserver-authentication"));
+    assert!(!read("kube-root-ca.crt"));
+    let kubeconfig = c.file("empty-kubeconfig", "apiVersion: v1\nkind: Config\n");
+    let ca_file = c.dir.path().join("pki/ca.crt");
+    let (addr, wardle_ca, wardle, _rt) = extension::start(
+        &front_proxy_ca,
+        allowed,
+        vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--server={}", c.server()),
+            format!("--certificate-authority={}", ca_file.display()),
+            format!("--token={sa_token}"),
+        ],
+    );
+    let port = addr.port();
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&wardle_ca);
+    let service = c.file(
+        "service.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: wardle, namespace: wardle-system}}\n\
+             spec: {{ports: [{{name: https, port: 443, targetPort: {port}}}]}}\n---\n\
+             apiVersion: v1\nkind: Endpoints\nmetadata: {{name: wardle, namespace: wardle-system}}\n\
+             subsets: [{{addresses: [{{ip: 127.0.0.1}}], ports: [{{name: https, port: {port}}}]}}]\n---\n\
+             apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {{name: {name}}}\n\
+             spec: {{group: {GROUP}, version: {VERSION}, groupPriorityMinimum: 1000, versionPriority: 15,\n\
+             \x20 caBundle: {bundle}, service: {{namespace: wardle-system, name: wardle, port: 443}}}}\n"
+        ),
+    );
+    c.ok(&["apply", "-f", &service]);
+    let row = apiservice_available(&c, &name, "True");
+    assert!(
+        row.contains("wardle-system/wardle") && row.contains("True"),
+        "{row}"
+    );
+    // The check came through the front proxy as kube-aggregator.
+    {
+        let seen = wardle.seen.lock().expect("lock");
+        let check = seen.first().expect("a check");
+        assert_eq!(check.proxy.as_deref(), Some("front-proxy-client"));
+        assert_eq!(check.user, "system:kube-aggregator");
+    }
+
+    // Discovery: kubectl finds the kind (aggregated discovery) with its short name.
+    let listed = wait_for(Duration::from_secs(30), || {
+        let out = c.ok(&["api-resources", "--api-group", GROUP]);
+        out.contains("flunders").then_some(out)
+    })
+    .expect("flunders in api-resources");
+    assert!(
+        listed.contains("fl ") && listed.contains("Flunder"),
+        "{listed}"
+    );
+    let groups = c.ok(&["api-versions"]);
+    assert!(groups.contains(&format!("{GROUP}/{VERSION}")), "{groups}");
+    // Its OpenAPI document comes from it: kubectl explain reads the extension's schema.
+    let explained = c.ok(&["explain", "flunders.spec"]);
+    assert!(explained.contains("reference"), "{explained}");
+
+    // The admin creates and reads a Flunder; the extension saw who asked.
+    let flunder = c.file(
+        "flunder.yaml",
+        &format!("apiVersion: {GROUP}/{VERSION}\nkind: Flunder\nmetadata: {{name: first}}\nspec: {{reference: none}}\n"),
+    );
+    c.ok(&["create", "-f", &flunder, "-n", "shop"]);
+    let got: Value = json(&c.ok(&["get", "flunder", "first", "-n", "shop", "-o", "json"]));
+    assert_eq!(
+        got["metadata"]["annotations"]["wardle.example.com/created-by"],
+        "admin"
+    );
+    assert!(c.ok(&["get", "fl", "-n", "shop"]).contains("first"));
+    // A watch streams through: its event arrives while the extension keeps it open.
+    let watched = std::process::Command::new("timeout")
+        .args(["5", "kubectl"])
+        .args(
+            c.command(&[
+                "get",
+                "flunders",
+                "-n",
+                "shop",
+                "--watch-only",
+                "-o",
+                "name",
+            ])
+            .get_args(),
+        )
+        .output();
+    let watched = watched.expect("timeout kubectl");
+    let said = String::from_utf8_lossy(&watched.stdout);
+    assert!(said.contains("flunder.wardle.example.com/first"), "{said}");
+
+    // A tenant: in its namespace, as itself; elsewhere refused before the extension hears.
+    let acme = support::tenant_token(&c, "acme");
+    let out = c.kubectl_as(&acme, &["create", "-f", &flunder, "-n", "acme-dev"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = json(&String::from_utf8_lossy(
+        &c.kubectl_as(
+            &acme,
+            &["get", "flunder", "first", "-n", "acme-dev", "-o", "json"],
+        )
+        .stdout,
+    ));
+    assert_eq!(
+        got["metadata"]["annotations"]["wardle.example.com/created-by"],
+        "tenant:acme"
+    );
+    let before = wardle.seen.lock().expect("lock").len();
+    c.refused_as(
+        &acme,
+        &["get", "flunders", "-n", "shop"],
+        "flunders.wardle.example.com is forbidden: User \"tenant:acme\" cannot list resource \"flunders\" in API group \"wardle.example.com\" in the namespace \"shop\"",
+    );
+    c.refused_as(&acme, &["get", "flunders", "-A"], "at the cluster scope");
+    c.refused_as(
+        &acme,
+        &["delete", "flunder", "first", "-n", "shop"],
+        "forbidden",
+    );
+    let checks_only = wardle
+        .seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .skip(before)
+        .all(|s| s.user == "system:kube-aggregator");
+    assert!(checks_only, "a refused request reached the extension");
+    // Headers naming another caller are dropped: the extension hears the tenant.
+    let spoof = std::process::Command::new("curl")
+        .args(["-sS", "--cacert"])
+        .arg(&ca_file)
+        .args([
+            "-H",
+            &format!("Authorization: Bearer {acme}"),
+            "-H",
+            "X-Remote-User: admin",
+            "-H",
+            "X-Remote-Group: system:masters",
+            "-H",
+            "Impersonate-User: admin",
+            &format!(
+                "{}/apis/{GROUP}/{VERSION}/namespaces/acme-dev/flunders",
+                c.server()
+            ),
+        ])
+        .output()
+        .expect("curl");
+    let said = String::from_utf8_lossy(&spoof.stdout);
+    assert!(
+        said.contains("FlunderList") || said.contains("Forbidden"),
+        "{said}"
+    );
+    {
+        let seen = wardle.seen.lock().expect("lock");
+        assert!(
+            seen.iter()
+                .all(|s| s.user != "admin" || !s.request.contains("acme-dev")),
+            "a caller named itself to the extension: {seen:?}"
+        );
+        assert!(
+            !seen
+                .iter()
+                .any(|s| s.groups.iter().any(|g| g == "system:masters")
+                    && s.user.starts_with("tenant:")),
+            "{seen:?}"
+        );
+    }
+    // RBAC decides for users outside tenants: the extension's own account may list
+    // flunders in shop once a Role says so, and its extra fields reach the extension as
+    // X-Remote-Extra-* headers.
+    let out = c.kubectl_as(&sa_token, &["get", "flunders", "-n", "shop"]);
+    assert!(!out.status.success(), "listed flunders without a grant");
+    let role = c.file(
+        "reader.yaml",
+        &format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: flunder-reader, namespace: shop}}\n\
+             rules: [{{apiGroups: [{GROUP}], resources: [flunders], verbs: [list]}}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: wardle-reads, namespace: shop}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: flunder-reader}}\n\
+             subjects: [{{kind: ServiceAccount, name: wardle, namespace: wardle-system}}]\n"
+        ),
+    );
+    c.ok(&["apply", "-f", &role]);
+    let listed = wait_for(Duration::from_secs(10), || {
+        let out = c.kubectl_as(&sa_token, &["get", "flunders", "-n", "shop"]);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+    .expect("the Role grants the list");
+    assert!(listed.contains("first"), "{listed}");
+    {
+        let seen = wardle.seen.lock().expect("lock");
+        let last = seen
+            .iter()
+            .rev()
+            .find(|s| s.user == "system:serviceaccount:wardle-system:wardle")
+            .expect("the account's request");
+        assert!(
+            last.extra.iter().any(|(k, v)| k
+                == "x-remote-extra-authentication.kubernetes.io%2fcredential-id"
+                && v.starts_with("JTI=")),
+            "{last:?}"
+        );
+    }
+    c.refused_as(
+        &sa_token,
+        &["get", "flunders", "-n", "acme-dev"],
+        "forbidden",
+    );
+
+    // Counted per APIService.
+    let metrics = c.ok(&["get", "--raw", "/metrics"]);
+    assert!(
+        metrics.lines().any(|l| l.starts_with(&format!(
+            "tessera_apiserver_aggregator_requests_total{{apiservice=\"{name}\",code=\"201\"}}"
+        ))),
+        "no aggregator counter"
+    );
+
+    // Without endpoints the APIService is unavailable, saying why, and requests get a 503.
+    c.ok(&["delete", "endpoints", "wardle", "-n", "wardle-system"]);
+    let row = apiservice_available(&c, &name, "MissingEndpoints");
+    assert!(row.contains("False (MissingEndpoints)"), "{row}");
+    let err = c.fails(&["get", "flunders", "-n", "shop"]);
+    assert!(
+        err.contains("ServiceUnavailable") || err.contains("unable to handle"),
+        "{err}"
+    );
+    c.ok(&["apply", "-f", &service]);
+    apiservice_available(&c, &name, "True");
+    assert!(c.ok(&["get", "flunders", "-n", "shop"]).contains("first"));
+
+    // A built-in group cannot be handed to an extension server.
+    let hijack = c.file(
+        "hijack.yaml",
+        &format!(
+            "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {{name: v1.apps}}\n\
+             spec: {{group: apps, version: v1, groupPriorityMinimum: 100, versionPriority: 100,\n\
+             \x20 caBundle: {bundle}, service: {{namespace: wardle-system, name: wardle}}}}\n"
+        ),
+    );
+    let err = c.fails(&["apply", "-f", &hijack]);
+    assert!(
+        err.contains("spec.service") && err.contains("served by this API server itself"),
+        "{err}"
+    );
+    assert!(
+        c.ok(&["api-resources", "--api-group", "apps"])
+            .contains("deployments")
+    );
 }

@@ -3,6 +3,7 @@
 
 pub mod certs;
 pub mod conversion;
+pub mod extension;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -359,51 +359,19 @@ async fn resource_decision(
         .iter()
         .find(|r| r.group == group && r.plural == plural);
     let Some((res, v)) = served.zip(verb(s("verb"))) else {
-        // A wildcard, a special verb (`bind`, `escalate`, `impersonate`) or a resource this
-        // server does not serve: RBAC alone can grant it, and only to a caller outside any
-        // tenant (isolation cannot place it within a tenant's reach).
-        return Ok(match user {
-            User::Admin | User::System(_) => (true, String::new()),
-            User::Named { .. } | User::ServiceAccount(_) => {
-                match api.authorizer().tenant_of_user(user).await? {
-                    Some(t)
-                        if !owned_namespace(api, &t, s("namespace")).await? || served.is_none() =>
-                    {
-                        (
-                            false,
-                            format!(
-                                "tenant {t}'s callers act only on served resources in its namespaces"
-                            ),
-                        )
-                    }
-                    _ => {
-                        let a = Attributes {
-                            verb: s("verb"),
-                            group,
-                            resource: plural,
-                            subresource: s("subresource"),
-                            name: s("name"),
-                            namespace: s("namespace"),
-                            path: "",
-                        };
-                        let d = api.authorizer().rbac().decide(user, &a).await?;
-                        (d.allowed, d.reason)
-                    }
-                }
-            }
-            User::Tenant(_) if served.is_none() => (
-                false,
-                format!("the server does not serve resource {plural:?} in group {group:?}"),
-            ),
-            User::Tenant(t) => (
-                false,
-                format!("tenant {t} may act only on resources in its own namespaces"),
-            ),
-            User::LentNode { node, .. } => (
-                false,
-                format!("lent node {node} may act only on its own Node, Lease and pods"),
-            ),
-        });
+        // A wildcard, a special verb (`bind`, `escalate`, `impersonate`), a resource an
+        // extension API server serves, or one nothing serves.
+        let a = Attributes {
+            verb: s("verb"),
+            group,
+            resource: plural,
+            subresource: s("subresource"),
+            name: s("name"),
+            namespace: s("namespace"),
+            path: "",
+        };
+        let aggregated = served.is_none() && api.aggregator().current_routes().serves_group(group);
+        return unserved_decision(api, user, &a, served.is_some() || aggregated, aggregated).await;
     };
     let mut req = ApiRequest::new(v, res);
     req.namespace = Some(s("namespace").to_owned()).filter(|n| !n.is_empty() && res.namespaced);
@@ -420,6 +388,68 @@ async fn resource_decision(
 
 async fn owned_namespace(api: &Api, tenant: &str, ns: &str) -> Result<bool, ApiError> {
     Ok(!ns.is_empty() && api.authorizer().tenant_owning(ns).await?.as_deref() == Some(tenant))
+}
+
+/// May `user` do what `a` says on a resource an extension API server serves (a request the
+/// aggregator proxies, or an extension's SubjectAccessReview about one)? As on the
+/// resources stored here: the admin and components may; a tenant's own token may within
+/// its namespaces; its users and ServiceAccounts as RBAC grants, within its namespaces;
+/// callers outside any tenant as RBAC grants.
+pub(crate) async fn extension_decision(
+    api: &Api,
+    user: &User,
+    a: &Attributes<'_>,
+) -> Result<(bool, String), ApiError> {
+    unserved_decision(api, user, a, true, true).await
+}
+
+/// [`extension_decision`] for what the catalog's request path cannot judge: a wildcard, a
+/// special verb (on a resource stored here, `served`), an extension's resource
+/// (`aggregated`, and `served`), or a resource nothing serves, which RBAC alone can grant,
+/// and only to a caller outside any tenant.
+async fn unserved_decision(
+    api: &Api,
+    user: &User,
+    a: &Attributes<'_>,
+    served: bool,
+    aggregated: bool,
+) -> Result<(bool, String), ApiError> {
+    let owned = |t: String| async move {
+        Ok::<bool, ApiError>(
+            !a.namespace.is_empty() && owned_namespace(api, &t, a.namespace).await?,
+        )
+    };
+    Ok(match user {
+        User::Admin | User::System(_) => (true, String::new()),
+        User::Named { .. } | User::ServiceAccount(_) => {
+            match api.authorizer().tenant_of_user(user).await? {
+                Some(t) if !served || !owned(t.clone()).await? => (
+                    false,
+                    format!("tenant {t}'s callers act only on served resources in its namespaces"),
+                ),
+                _ => {
+                    let d = api.authorizer().rbac().decide(user, a).await?;
+                    (d.allowed, d.reason)
+                }
+            }
+        }
+        User::Tenant(_) if !served => (
+            false,
+            format!(
+                "the server does not serve resource {:?} in group {:?}",
+                a.resource, a.group
+            ),
+        ),
+        User::Tenant(t) if aggregated && owned(t.clone()).await? => (true, String::new()),
+        User::Tenant(t) => (
+            false,
+            format!("tenant {t} may act only on resources in its own namespaces"),
+        ),
+        User::LentNode { node, .. } => (
+            false,
+            format!("lent node {node} may act only on its own Node, Lease and pods"),
+        ),
+    })
 }
 
 /// The rules as a review reports them: (resourceRules, nonResourceRules).

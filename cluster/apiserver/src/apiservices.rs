@@ -1,9 +1,9 @@
 //! APIServices (`apiregistration.k8s.io/v1`): the registry of which API group-versions the
 //! server offers, as `kubectl get apiservices` shows it. Every built-in group-version and
 //! `metrics.k8s.io/v1beta1` (served by this API server itself, where Kubernetes runs
-//! metrics-server) is registered as a *local* APIService, Available. Requests are never
-//! proxied to an extension API server: an APIService naming a Service is stored, and its
-//! status says it is not available and why.
+//! metrics-server) is registered as a *local* APIService, Available. One naming a Service
+//! hands its group-version to that extension API server ([`crate::aggregator`]); its
+//! status is the availability checker's.
 
 use serde_json::{Value, json};
 
@@ -15,43 +15,47 @@ pub fn is_apiservice(res: &Resource) -> bool {
     res.group == APIREGISTRATION && res.kind == "APIService"
 }
 
-/// The status the server keeps on an APIService: Available for a local one, not for one
-/// that names a Service (this server does not aggregate).
+/// The status the server keeps on an APIService: Available for a local one; for one that
+/// names a Service, the `Available` condition the availability checker writes
+/// ([`crate::aggregator::available`]), its transition time kept while its status stays.
 pub fn prepare(obj: &mut Value, current: Option<&Value>) {
-    let local = obj["spec"]["service"].is_null();
-    let (status, reason, message) = if local {
-        (
-            "True",
-            "Local",
-            "Local APIServices are always available".to_owned(),
-        )
-    } else {
-        (
-            "False",
-            "AggregationNotSupported",
-            format!(
-                "this API server does not proxy requests to extension API servers: {}/{} is not served through service {}/{}",
-                obj["spec"]["group"].as_str().unwrap_or_default(),
-                obj["spec"]["version"].as_str().unwrap_or_default(),
-                obj["spec"]["service"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default(),
-                obj["spec"]["service"]["name"].as_str().unwrap_or_default()
-            ),
-        )
+    let available = |v: Option<&Value>| -> Option<Value> {
+        v?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Available")
+            .cloned()
     };
-    let since = current
-        .and_then(|c| c["status"]["conditions"].as_array())
-        .and_then(|cs| {
-            cs.iter()
-                .find(|c| c["type"] == "Available" && c["status"] == status)
-        })
-        .map_or_else(
+    let was = available(current);
+    let since = |status: &str| {
+        was.as_ref().filter(|c| c["status"] == status).map_or_else(
             || json!(tessera_core::time::rfc3339(tessera_core::time::now_secs())),
             |c| c["lastTransitionTime"].clone(),
-        );
-    obj["status"] = json!({"conditions": [{"type": "Available", "status": status,
-        "lastTransitionTime": since, "reason": reason, "message": message}]});
+        )
+    };
+    if obj["spec"]["service"].is_null() {
+        obj["status"] = json!({"conditions": [{"type": "Available", "status": "True",
+            "lastTransitionTime": since("True"), "reason": "Local",
+            "message": "Local APIServices are always available"}]});
+        return;
+    }
+    match available(Some(obj)) {
+        Some(mut c) => {
+            let status = c["status"].as_str().unwrap_or("Unknown").to_owned();
+            c["lastTransitionTime"] = since(&status);
+            obj["status"] = json!({"conditions": [c]});
+        }
+        None => match current.filter(|c| c["status"].is_object()) {
+            Some(cur) if was.as_ref().is_some_and(|c| c["reason"] != "Local") => {
+                obj["status"] = cur["status"].clone();
+            }
+            _ => {
+                obj["status"] = json!({"conditions": [{"type": "Available", "status": "Unknown",
+                    "lastTransitionTime": since("Unknown"), "reason": "Pending",
+                    "message": "the API server has not checked the extension server yet"}]});
+            }
+        },
+    }
 }
 
 /// Checks an APIService as Kubernetes does.
@@ -93,6 +97,15 @@ pub fn validate(obj: &Value, out: &mut Vec<Cause>) {
         }
     }
     let service = &spec["service"];
+    if !service.is_null() && crate::catalog::RESOURCES.iter().any(|r| r.group == group) {
+        out.push(Cause {
+            reason: "FieldValueForbidden",
+            field: "spec.service".into(),
+            message: format!(
+                "Forbidden: group {group:?} is served by this API server itself; an extension API server may serve other groups only"
+            ),
+        });
+    }
     if !service.is_null() {
         for f in ["namespace", "name"] {
             if service[f].as_str().is_none_or(str::is_empty) {
@@ -178,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn one_naming_a_service_is_stored_but_not_available() {
+    fn one_naming_a_service_keeps_the_checkers_condition() {
         let mut a = json!({"metadata": {"name": "v1alpha1.custom.metrics.k8s.io"},
             "spec": {"group": "custom.metrics.k8s.io", "version": "v1alpha1",
                 "groupPriorityMinimum": 100, "versionPriority": 100,
@@ -187,11 +200,28 @@ mod tests {
         let mut out = Vec::new();
         validate(&a, &mut out);
         assert!(out.is_empty(), "{out:?}");
+        // Not checked yet.
         prepare(&mut a, None);
-        assert_eq!(a["status"]["conditions"][0]["status"], "False");
+        assert_eq!(a["status"]["conditions"][0]["status"], "Unknown");
+        assert_eq!(a["status"]["conditions"][0]["reason"], "Pending");
+        // The checker's condition is taken; a spec update without status keeps it, and its
+        // transition time stays while the status does.
+        let current = a.clone();
+        a["status"] = json!({"conditions": [{"type": "Available", "status": "False",
+            "reason": "MissingEndpoints", "message": "no endpoints"}]});
+        prepare(&mut a, Some(&current));
+        assert_eq!(a["status"]["conditions"][0]["reason"], "MissingEndpoints");
+        let current = a.clone();
+        let mut update = a.clone();
+        update["status"] = Value::Null;
+        prepare(&mut update, Some(&current));
+        assert_eq!(update["status"], current["status"]);
+        let mut again = current.clone();
+        again["status"]["conditions"][0]["lastTransitionTime"] = json!("1970-01-01T00:00:00Z");
+        prepare(&mut again, Some(&current));
         assert_eq!(
-            a["status"]["conditions"][0]["reason"],
-            "AggregationNotSupported"
+            again["status"]["conditions"][0]["lastTransitionTime"],
+            current["status"]["conditions"][0]["lastTransitionTime"]
         );
         a["metadata"]["name"] = json!("wrong");
         a["spec"]["versionPriority"] = json!(0);
@@ -199,5 +229,19 @@ mod tests {
         validate(&a, &mut out);
         let fields: Vec<&str> = out.iter().map(|c| c.field.as_str()).collect();
         assert_eq!(fields, vec!["metadata.name", "spec.versionPriority"]);
+    }
+
+    #[test]
+    fn built_in_groups_cannot_be_handed_to_an_extension() {
+        let a = json!({"metadata": {"name": "v1.apps"},
+            "spec": {"group": "apps", "version": "v1",
+                "groupPriorityMinimum": 100, "versionPriority": 100,
+                "insecureSkipTLSVerify": true,
+                "service": {"namespace": "evil", "name": "apps"}}});
+        let mut out = Vec::new();
+        validate(&a, &mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].field, "spec.service");
+        assert!(out[0].message.contains("served by this API server itself"));
     }
 }

@@ -8,6 +8,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
+use std::sync::Arc;
+
+use crate::aggregator::{Discovered, Remote};
 use crate::api::Api;
 use crate::catalog::{Resource, VERBS};
 
@@ -49,6 +52,93 @@ fn group_version(group: &str, version: &str) -> String {
     } else {
         format!("{group}/{version}")
     }
+}
+
+/// The group-versions extension API servers serve ([`crate::aggregator`]), in discovery
+/// order, with what each last said of its resources (None: never reached).
+#[derive(Default)]
+pub struct Extensions(pub Vec<(Arc<Remote>, Option<Discovered>)>);
+
+impl Extensions {
+    /// What `api`'s aggregator knows now.
+    pub fn of(api: &Api) -> Extensions {
+        let aggregator = api.aggregator();
+        Extensions(
+            aggregator
+                .current_routes()
+                .in_order()
+                .into_iter()
+                .map(|r| {
+                    let d = aggregator.discovered(&r.name);
+                    (r, d)
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether an extension server serves `group`/`version` (in place of this server).
+    fn serves(&self, group: &str, version: &str) -> bool {
+        self.0
+            .iter()
+            .any(|(r, _)| r.group == group && r.version == version)
+    }
+
+    /// The group-versions served here, then the extensions', without those an extension
+    /// took over (`metrics.k8s.io/v1beta1` when metrics-server is installed).
+    fn with_local<'a>(&'a self, local: Vec<(&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
+        let mut out: Vec<(&str, &str)> = local
+            .into_iter()
+            .filter(|(g, v)| !self.serves(g, v))
+            .collect();
+        out.extend(
+            self.0
+                .iter()
+                .map(|(r, _)| (r.group.as_str(), r.version.as_str())),
+        );
+        out
+    }
+}
+
+/// An extension's `APIResourceList` as aggregated discovery's resources.
+fn extension_resources(list: &Value, group: &str, version: &str) -> Vec<Value> {
+    let all = list["resources"].as_array().map_or(&[][..], Vec::as_slice);
+    let kind_of = |r: &Value| {
+        json!({"group": r["group"].as_str().unwrap_or(group),
+            "version": r["version"].as_str().unwrap_or(version),
+            "kind": r["kind"]})
+    };
+    let mut out: Vec<Value> = all
+        .iter()
+        .filter(|r| r["name"].as_str().is_some_and(|n| !n.contains('/')))
+        .map(|r| {
+            let mut entry = json!({
+                "resource": r["name"],
+                "responseKind": kind_of(r),
+                "scope": if r["namespaced"] == json!(true) { "Namespaced" } else { "Cluster" },
+                "singularResource": r["singularName"].as_str().unwrap_or_default(),
+                "verbs": r["verbs"].as_array().cloned().unwrap_or_default(),
+                "subresources": [],
+            });
+            for f in ["shortNames", "categories"] {
+                if r[f].is_array() {
+                    entry[f] = r[f].clone();
+                }
+            }
+            entry
+        })
+        .collect();
+    for r in all {
+        let Some((parent, sub)) = r["name"].as_str().and_then(|n| n.split_once('/')) else {
+            continue;
+        };
+        if let Some(p) = out.iter_mut().find(|e| e["resource"] == parent)
+            && let Some(subs) = p["subresources"].as_array_mut()
+        {
+            subs.push(json!({"subresource": sub, "responseKind": kind_of(r),
+                "verbs": r["verbs"].as_array().cloned().unwrap_or_default()}));
+        }
+    }
+    out
 }
 
 /// The served group-versions of `resources`, in discovery order: built-in groups as the
@@ -131,10 +221,12 @@ pub fn api_resource_list(
     }))
 }
 
-fn api_group(resources: &[&'static Resource], group: &str) -> Option<Value> {
-    let versions: Vec<Value> = groups(resources)
+fn api_group(resources: &[&'static Resource], ext: &Extensions, group: &str) -> Option<Value> {
+    let mut local = groups(resources);
+    local.push((METRICS_GROUP, METRICS_VERSION));
+    let versions: Vec<Value> = ext
+        .with_local(local)
         .into_iter()
-        .chain([(METRICS_GROUP, METRICS_VERSION)])
         .filter(|(g, _)| *g == group)
         .map(|(g, v)| json!({"groupVersion": group_version(g, v), "version": v}))
         .collect();
@@ -149,19 +241,18 @@ fn api_group(resources: &[&'static Resource], group: &str) -> Option<Value> {
 }
 
 /// The legacy `APIGroupList` of `/apis`.
-pub fn api_group_list(resources: &[&'static Resource]) -> Value {
+pub fn api_group_list(resources: &[&'static Resource], ext: &Extensions) -> Value {
     let mut names: Vec<&str> = Vec::new();
-    for (g, _) in groups(resources)
-        .into_iter()
-        .chain([(METRICS_GROUP, METRICS_VERSION)])
-    {
+    let mut local = groups(resources);
+    local.push((METRICS_GROUP, METRICS_VERSION));
+    for (g, _) in ext.with_local(local) {
         if !g.is_empty() && !names.contains(&g) {
             names.push(g);
         }
     }
     let groups: Vec<Value> = names
         .into_iter()
-        .filter_map(|g| api_group(resources, g))
+        .filter_map(|g| api_group(resources, ext, g))
         .map(|mut g| {
             if let Some(o) = g.as_object_mut() {
                 o.remove("kind");
@@ -208,11 +299,11 @@ fn discovery_resource(res: &Resource) -> Value {
 }
 
 /// The aggregated `APIGroupDiscoveryList`: the core group (for `/api`) or every named group
-/// (for `/apis`).
-pub fn aggregated(served: &[&'static Resource], core: bool) -> Value {
+/// (for `/apis`), with the extensions' groups after the built-in ones.
+pub fn aggregated(served: &[&'static Resource], ext: &Extensions, core: bool) -> Value {
     let mut items: Vec<Value> = Vec::new();
     for (group, version) in groups(served) {
-        if group.is_empty() != core {
+        if group.is_empty() != core || ext.serves(group, version) {
             continue;
         }
         let resources: Vec<Value> = served
@@ -237,7 +328,7 @@ pub fn aggregated(served: &[&'static Resource], core: bool) -> Value {
             })),
         }
     }
-    if !core {
+    if !core && !ext.serves(METRICS_GROUP, METRICS_VERSION) {
         let resources: Vec<Value> = METRICS
             .iter()
             .map(|(plural, singular, kind, namespaced)| {
@@ -249,6 +340,30 @@ pub fn aggregated(served: &[&'static Resource], core: bool) -> Value {
             .collect();
         items.push(json!({"metadata": {"name": METRICS_GROUP, "creationTimestamp": null},
             "versions": [{"version": METRICS_VERSION, "resources": resources, "freshness": "Current"}]}));
+    }
+    // An extension that was never reached is left out (its resources are unknown); one
+    // that stopped answering keeps what it last said, marked Stale.
+    for (remote, found) in ext.0.iter().filter(|_| !core) {
+        let Some(found) = found else {
+            continue;
+        };
+        let entry = json!({"version": remote.version,
+            "resources": extension_resources(&found.resources, &remote.group, &remote.version),
+            "freshness": if found.current { "Current" } else { "Stale" }});
+        match items
+            .iter_mut()
+            .find(|i| i["metadata"]["name"] == json!(remote.group))
+        {
+            Some(item) => {
+                if let Some(v) = item["versions"].as_array_mut() {
+                    v.push(entry);
+                }
+            }
+            None => items.push(json!({
+                "metadata": {"name": remote.group, "creationTimestamp": null},
+                "versions": [entry],
+            })),
+        }
     }
     json!({
         "kind": "APIGroupDiscoveryList",
@@ -316,7 +431,8 @@ async fn root_api(State(api): State<Api>, headers: HeaderMap) -> Response {
         Err(r) => return r,
     };
     if wants_aggregated(&headers) {
-        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(&served, true))
+        let ext = Extensions::default();
+        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(&served, &ext, true))
     } else {
         json_response("application/json", &api_versions())
     }
@@ -327,10 +443,11 @@ async fn root_apis(State(api): State<Api>, headers: HeaderMap) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
+    let ext = Extensions::of(&api);
     if wants_aggregated(&headers) {
-        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(&served, false))
+        json_response(AGGREGATED_CONTENT_TYPE, &aggregated(&served, &ext, false))
     } else {
-        json_response("application/json", &api_group_list(&served))
+        json_response("application/json", &api_group_list(&served, &ext))
     }
 }
 
@@ -350,7 +467,7 @@ async fn group_doc(State(api): State<Api>, Path(group): Path<String>) -> Respons
         Ok(s) => s,
         Err(r) => return r,
     };
-    match api_group(&served, &group) {
+    match api_group(&served, &Extensions::of(&api), &group) {
         Some(doc) => json_response("application/json", &doc),
         None => not_found(format!("get /apis/{group}")),
     }
@@ -408,7 +525,8 @@ mod tests {
             .expect("scale");
         assert_eq!(scale["group"], "autoscaling");
         assert!(api_resource_list(&served, "apps", "v2").is_none());
-        let agg = aggregated(&served, false);
+        let none = Extensions::default();
+        let agg = aggregated(&served, &none, false);
         assert!(
             agg["items"]
                 .as_array()
@@ -417,7 +535,7 @@ mod tests {
                 .all(|i| i["metadata"]["name"] != "")
         );
         assert_eq!(
-            aggregated(&served, true)["items"][0]["metadata"]["name"],
+            aggregated(&served, &none, true)["items"][0]["metadata"]["name"],
             ""
         );
         let mut headers = HeaderMap::new();
@@ -429,5 +547,86 @@ mod tests {
         );
         assert!(wants_aggregated(&headers));
         assert!(!wants_aggregated(&HeaderMap::new()));
+    }
+
+    fn remote(group: &str, version: &str) -> Arc<Remote> {
+        Arc::new(Remote {
+            name: format!("{version}.{group}"),
+            group: group.into(),
+            version: version.into(),
+            namespace: "ns".into(),
+            service: "svc".into(),
+            port: 443,
+            ca_pem: None,
+            group_priority: 100,
+            version_priority: 10,
+        })
+    }
+
+    #[test]
+    fn extensions_join_and_replace_local_groups() {
+        let served: Vec<&'static Resource> = crate::catalog::RESOURCES.iter().collect();
+        let list = json!({"kind": "APIResourceList", "groupVersion": "metrics.k8s.io/v1beta1",
+            "resources": [
+                {"name": "pods", "singularName": "", "namespaced": true, "kind": "PodMetrics",
+                    "verbs": ["get", "list"]},
+                {"name": "nodes", "singularName": "", "namespaced": false, "kind": "NodeMetrics",
+                    "verbs": ["get", "list"], "shortNames": ["nm"]},
+                {"name": "nodes/status", "singularName": "", "namespaced": false,
+                    "kind": "NodeMetrics", "verbs": ["get"]}]});
+        // metrics-server took over metrics.k8s.io; wardle was never reached.
+        let ext = Extensions(vec![
+            (
+                remote("metrics.k8s.io", "v1beta1"),
+                Some(Discovered {
+                    resources: Arc::new(list),
+                    current: false,
+                }),
+            ),
+            (remote("wardle.example.com", "v1alpha1"), None),
+        ]);
+        let agg = aggregated(&served, &ext, false);
+        let items = agg["items"].as_array().expect("items");
+        let metrics: Vec<&Value> = items
+            .iter()
+            .filter(|i| i["metadata"]["name"] == "metrics.k8s.io")
+            .collect();
+        assert_eq!(metrics.len(), 1, "the local entry is replaced, not doubled");
+        let v = &metrics[0]["versions"][0];
+        assert_eq!(v["freshness"], "Stale");
+        let nodes = v["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .find(|r| r["resource"] == "nodes")
+            .expect("nodes");
+        assert_eq!(nodes["scope"], "Cluster");
+        assert_eq!(nodes["shortNames"], json!(["nm"]));
+        assert_eq!(nodes["subresources"][0]["subresource"], "status");
+        assert!(
+            items
+                .iter()
+                .all(|i| i["metadata"]["name"] != "wardle.example.com"),
+            "an extension never reached has no resources to show"
+        );
+        // The legacy documents list both groups, whether reached or not.
+        let list = api_group_list(&served, &ext);
+        let names: Vec<&str> = list["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .filter_map(|g| g["name"].as_str())
+            .collect();
+        assert_eq!(
+            names.iter().filter(|n| **n == "metrics.k8s.io").count(),
+            1,
+            "{names:?}"
+        );
+        assert!(names.contains(&"wardle.example.com"), "{names:?}");
+        let group = api_group(&served, &ext, "wardle.example.com").expect("group");
+        assert_eq!(
+            group["preferredVersion"]["groupVersion"],
+            "wardle.example.com/v1alpha1"
+        );
     }
 }

@@ -476,7 +476,14 @@ async fn openapi_doc(State(api): State<Api>, uri: Uri) -> Response {
         Err(e) => return error_response(&e),
     };
     if path.is_empty() {
-        return json_response(200, &openapi::index(&crds), &[]);
+        let mut index = openapi::index(&crds);
+        // The extension servers' documents, fetched from them when asked for.
+        for remote in api.aggregator().current_routes().in_order() {
+            let path = format!("apis/{}/{}", remote.group, remote.version);
+            index["paths"][&path] =
+                serde_json::json!({"serverRelativeURL": format!("/openapi/v3/{path}")});
+        }
+        return json_response(200, &index, &[]);
     }
     match openapi::document_at(&crds, path) {
         Some(doc) => (
@@ -512,6 +519,34 @@ async fn resource_metrics(
     match answer {
         Ok(body) => json_response(200, &body, &[]),
         Err(e) => error_response(&e),
+    }
+}
+
+/// Requests under `/apis/<group>/<version>` (and `/openapi/v3/apis/<group>/<version>`) of an
+/// APIService served by an extension API server go to that server; all else on. Built-in
+/// group-versions are never proxied.
+async fn aggregate(State(api): State<Api>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let Some(rest) = path
+        .strip_prefix("/apis/")
+        .or_else(|| path.strip_prefix("/openapi/v3/apis/"))
+    else {
+        return next.run(request).await;
+    };
+    let mut parts = rest.splitn(3, '/');
+    let (Some(group), Some(version)) = (parts.next(), parts.next()) else {
+        return next.run(request).await;
+    };
+    let routes = match api.aggregator().routes().await {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    match routes.get(group, version) {
+        Some(remote) if !crate::catalog::find_group_version(group, version) => {
+            let remote = remote.clone();
+            crate::aggregator::proxy::forward(&api, &remote, request).await
+        }
+        _ => next.run(request).await,
     }
 }
 
@@ -582,6 +617,7 @@ pub fn router(api: Api, tokens: Tokens) -> Router {
         .route("/openapi/v3/{*path}", get(openapi_doc))
         .merge(discovery::router())
         .fallback(objects)
+        .layer(middleware::from_fn_with_state(api.clone(), aggregate))
         .with_state(api);
     Router::new()
         .route("/healthz", get(|| async { "ok" }))

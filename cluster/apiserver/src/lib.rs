@@ -5,6 +5,7 @@
 //! kubectl and every other HTTP client, over TLS ([`serve`]) with bearer tokens ([`auth`]).
 
 pub mod access_review;
+pub mod aggregator;
 pub mod api;
 pub mod apiservices;
 pub mod apply;

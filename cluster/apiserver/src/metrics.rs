@@ -48,6 +48,12 @@ pub struct ApiMetrics {
     pub(crate) conversion_duration: HistogramVec,
     /// Custom objects converted by conversion webhooks, by CRD.
     pub(crate) conversion_objects: IntCounterVec,
+    /// Requests proxied to extension API servers, by APIService and code.
+    pub(crate) aggregated_requests: IntCounterVec,
+    /// Time until an extension server's answer started, by APIService.
+    pub(crate) aggregated_duration: HistogramVec,
+    /// 1 for each APIService whose extension server failed its last check.
+    pub(crate) unavailable_apiservices: IntGaugeVec,
 }
 
 impl ApiMetrics {
@@ -209,6 +215,34 @@ impl ApiMetrics {
                 ),
                 &["crd"],
             )?,
+            aggregated_requests: IntCounterVec::new(
+                Opts::new(
+                    "tessera_apiserver_aggregator_requests_total",
+                    "Requests proxied to extension API servers (API aggregation), by APIService \
+                     and the HTTP code answered (503: the Service could not be reached).",
+                ),
+                &["apiservice", "code"],
+            )?,
+            aggregated_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "tessera_apiserver_aggregator_request_duration_seconds",
+                    "Time from a proxied request's arrival until the extension server's answer \
+                     started (authorization, connection, the extension's work).",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0,
+                ]),
+                &["apiservice"],
+            )?,
+            unavailable_apiservices: IntGaugeVec::new(
+                Opts::new(
+                    "tessera_apiserver_aggregator_unavailable_apiservice",
+                    "1 for an APIService whose extension server failed its last availability \
+                     check, 0 once it passes (kube-aggregator's aggregator_unavailable_apiservice).",
+                ),
+                &["name"],
+            )?,
             binding_batches: IntCounterVec::new(
                 Opts::new(
                     "tessera_apiserver_binding_batches_total",
@@ -252,6 +286,9 @@ impl ApiMetrics {
         registry.register(Box::new(m.conversion_calls.clone()))?;
         registry.register(Box::new(m.conversion_duration.clone()))?;
         registry.register(Box::new(m.conversion_objects.clone()))?;
+        registry.register(Box::new(m.aggregated_requests.clone()))?;
+        registry.register(Box::new(m.aggregated_duration.clone()))?;
+        registry.register(Box::new(m.unavailable_apiservices.clone()))?;
         registry.register(Box::new(m.write_batch.clone()))?;
         registry.register(Box::new(m.write_batches.clone()))?;
         registry.register(Box::new(m.binding_batch.clone()))?;

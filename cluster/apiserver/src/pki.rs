@@ -252,17 +252,7 @@ pub fn etcd_pki(names: &[String]) -> Result<EtcdPki, PkiError> {
         .pem();
     let issuer = Issuer::new(ca_params_named("tessera-etcd-ca")?, ca_key);
     let issue = |names: Vec<String>, cn: &str, usages: Vec<ExtendedKeyUsagePurpose>| {
-        let key = KeyPair::generate().map_err(generate("an etcd key"))?;
-        let mut params = CertificateParams::new(names).map_err(generate("an etcd certificate"))?;
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.extended_key_usages = usages;
-        let (from, to) = validity(SERVING_YEARS);
-        params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
-        params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
-        let cert = params
-            .signed_by(&key, &issuer)
-            .map_err(generate("an etcd certificate"))?;
-        Ok::<_, PkiError>((cert.pem(), key.serialize_pem()))
+        leaf(&issuer, names, cn, usages, "an etcd certificate")
     };
     let (member_pem, member_key_pem) = issue(
         names.to_vec(),
@@ -285,6 +275,27 @@ pub fn etcd_pki(names: &[String]) -> Result<EtcdPki, PkiError> {
         client_pem,
         client_key_pem,
     })
+}
+
+/// A certificate for `names` (may be none) with common name `cn` and extended key usages
+/// `usages`, valid [`SERVING_YEARS`], signed by `issuer`: its PEM and its key's PEM.
+fn leaf(
+    issuer: &Issuer<'_, KeyPair>,
+    names: Vec<String>,
+    cn: &str,
+    usages: Vec<ExtendedKeyUsagePurpose>,
+    what: &'static str,
+) -> Result<(String, String), PkiError> {
+    let generate = |source| PkiError::Generate { what, source };
+    let key = KeyPair::generate().map_err(generate)?;
+    let mut params = CertificateParams::new(names).map_err(generate)?;
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.extended_key_usages = usages;
+    let (from, to) = validity(SERVING_YEARS);
+    params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+    params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+    let cert = params.signed_by(&key, issuer).map_err(generate)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 fn read(path: &Path) -> Result<String, PkiError> {
@@ -363,6 +374,80 @@ fn secret(dir: &Path, name: &str, what: &str) -> Result<String, PkiError> {
     Ok(hex)
 }
 
+/// The front proxy's CA files in a pki directory (kube-apiserver's
+/// `--requestheader-client-ca-file`): a CA of its own, so that no certificate the cluster's
+/// CA signs for a user — the CSR signer issues those — can pose as the proxy.
+pub const FRONT_PROXY_CA: [&str; 2] = ["front-proxy-ca.crt", "front-proxy-ca.key"];
+
+/// The name the front proxy's client certificate carries (Kubernetes' default
+/// `--requestheader-allowed-names` entry).
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
+/// What the API server presents to extension API servers when it proxies a request to
+/// them: a client certificate for [`FRONT_PROXY_CLIENT`] signed by the front-proxy CA,
+/// whose PEM extension servers trust for the `X-Remote-*` headers.
+#[derive(Clone, Debug)]
+pub struct FrontProxy {
+    /// The front-proxy CA (PEM).
+    pub ca_pem: String,
+    /// The client certificate (PEM), issued at each start and never written.
+    pub cert_pem: String,
+    /// Its key (PEM).
+    pub key_pem: String,
+}
+
+impl FrontProxy {
+    /// The front-proxy CA in `dir` (made there on first use, when the directory is
+    /// writable), and a fresh client certificate from it valid [`SERVING_YEARS`]. `Ok(None)`
+    /// when `dir` lacks the CA and cannot take it (a read-only Secret made before the
+    /// front proxy existed): the server then proxies nothing, saying why.
+    pub fn load_or_create(dir: &Path) -> Result<Option<FrontProxy>, PkiError> {
+        let [crt, key] = FRONT_PROXY_CA.map(|f| dir.join(f));
+        let (ca_pem, ca_key_pem) = if crt.exists() && key.exists() {
+            (read(&crt)?, read(&key)?)
+        } else {
+            let (ca_pem, ca_key_pem) = front_proxy_ca()?;
+            if private_dir(dir).is_err()
+                || write_private(&key, &ca_key_pem).is_err()
+                || write_private(&crt, &ca_pem).is_err()
+            {
+                return Ok(None);
+            }
+            (ca_pem, ca_key_pem)
+        };
+        let generate = |what| move |source| PkiError::Generate { what, source };
+        let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(generate("the front-proxy CA key"))?;
+        let issuer = Issuer::new(ca_params_named("tessera-front-proxy-ca")?, ca_key);
+        let (cert_pem, key_pem) = leaf(
+            &issuer,
+            Vec::new(),
+            FRONT_PROXY_CLIENT,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+            "the front-proxy client certificate",
+        )?;
+        Ok(Some(FrontProxy {
+            ca_pem,
+            cert_pem,
+            key_pem,
+        }))
+    }
+}
+
+/// A new front-proxy CA: its certificate and key (PEM).
+pub fn front_proxy_ca() -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(|source| PkiError::Generate {
+        what: "the front-proxy CA key",
+        source,
+    })?;
+    let cert = ca_params_named("tessera-front-proxy-ca")?
+        .self_signed(&key)
+        .map_err(|source| PkiError::Generate {
+            what: "the front-proxy CA certificate",
+            source,
+        })?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
 impl Credentials {
     /// Loads the credentials in `dir`, or generates and saves them on first use.
     pub fn load_or_create(dir: &Path) -> Result<Credentials, PkiError> {
@@ -438,6 +523,33 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_front_proxy_keeps_its_ca_and_names_itself() {
+        use rustls::pki_types::pem::PemObject;
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = FrontProxy::load_or_create(dir.path())
+            .expect("made")
+            .expect("writable");
+        let b = FrontProxy::load_or_create(dir.path())
+            .expect("loaded")
+            .expect("present");
+        assert_eq!(a.ca_pem, b.ca_pem, "the CA is kept");
+        assert_ne!(
+            a.cert_pem, b.cert_pem,
+            "the client certificate is issued at each start"
+        );
+        let der =
+            rustls::pki_types::CertificateDer::from_pem_slice(b.cert_pem.as_bytes()).expect("pem");
+        let id = crate::client_certs::identity_of(&der).expect("a client certificate");
+        assert_eq!(id.name, FRONT_PROXY_CLIENT);
+        // A directory that cannot take the CA (here: below a file, which even root cannot
+        // write into, as a read-only Secret mount): no front proxy, and no error.
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, "x").expect("file");
+        let none = FrontProxy::load_or_create(&file.join("pki")).expect("no error");
+        assert!(none.is_none());
+    }
 
     #[test]
     fn credentials_are_made_once_and_reused() {

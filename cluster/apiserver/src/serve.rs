@@ -153,6 +153,19 @@ pub async fn serve_tls_pem(
     serve_tls_inner(addr, cert_pem, key_pem, None, router, limits).await
 }
 
+/// [`serve_tls_pem`], verifying client certificates against `client_ca` (PEM) as the API
+/// server does (an extension API server checking the front proxy's certificate).
+pub async fn serve_tls_pem_verifying(
+    addr: SocketAddr,
+    cert_pem: &str,
+    key_pem: &str,
+    client_ca: &str,
+    router: Router,
+    limits: ConnectionLimits,
+) -> Result<SocketAddr, ServeError> {
+    serve_tls_inner(addr, cert_pem, key_pem, Some(client_ca), router, limits).await
+}
+
 /// [`serve_tls_pem`], also verifying the client certificates clients send against
 /// `client_ca` (PEM) when given: a verified one is handed to each request on the
 /// connection as a [`ClientCert`]; a connection without one is served as well (its requests

@@ -112,6 +112,8 @@ pub struct Api {
     crds: crate::crd::Crds,
     /// The admission webhooks called.
     webhooks: crate::webhooks::Webhooks,
+    /// The APIServices served by extension API servers.
+    aggregator: crate::aggregator::Aggregator,
     /// Set by a process that serves only while it leads (a standby federation): `/readyz`
     /// fails while it is false, so a Service sends nothing to a standby.
     ready_gate: Option<Arc<std::sync::atomic::AtomicBool>>,
@@ -262,6 +264,7 @@ impl Api {
             ),
             crds: crate::crd::Crds::new(store.clone(), metrics.clone()),
             webhooks: crate::webhooks::Webhooks::new(store.clone()),
+            aggregator: crate::aggregator::Aggregator::new(store.clone()),
             store,
             metrics,
             tenants: Arc::default(),
@@ -288,6 +291,23 @@ impl Api {
             unreachable,
         };
         self
+    }
+
+    /// The aggregation layer: the APIServices served by extension API servers.
+    pub fn aggregator(&self) -> &crate::aggregator::Aggregator {
+        &self.aggregator
+    }
+
+    /// Counts a request proxied to APIService `name`'s extension server.
+    pub(crate) fn observe_aggregated(&self, name: &str, code: u16, started: std::time::Instant) {
+        if let Some(m) = &self.metrics {
+            m.aggregated_requests
+                .with_label_values(&[name, &code.to_string()])
+                .inc();
+            m.aggregated_duration
+                .with_label_values(&[name])
+                .observe(started.elapsed().as_secs_f64());
+        }
     }
 
     /// The tokens this API issues and checks (`TokenReview`), if it was given them.

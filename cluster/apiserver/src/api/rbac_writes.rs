@@ -231,6 +231,7 @@ impl Api {
             self.crds.applied(key, obj, rev);
         }
         self.webhooks.applied(res, key, obj, rev);
+        self.aggregator.applied(res, key, obj, rev);
     }
 
     /// `POST .../serviceaccounts/NAME/token` (`kubectl create token`): a token for the

@@ -447,24 +447,51 @@ impl Api {
                 path,
             } => (namespace, name, *port, path),
         };
-        let read = |plural: &'static str| async move {
-            let res = crate::request::find_resource("", "v1", plural).map_err(|e| e.message)?;
+        let addr = self
+            .service_address(namespace, name, port)
+            .await
+            .map_err(|t| t.message)?;
+        let server_name = format!("{name}.{namespace}.svc");
+        Ok(Target {
+            addr,
+            host: format!("{server_name}:{port}"),
+            server_name,
+            path: webhooks::with_timeout(path, timeout),
+        })
+    }
+
+    /// Where Service `namespace/name`'s `port` is reached: the target port on the first
+    /// address of its Endpoints that serves it (as kube-apiserver reaches webhooks and, with
+    /// `--enable-aggregator-routing`, extension API servers).
+    pub(crate) async fn service_address(
+        &self,
+        namespace: &str,
+        name: &str,
+        port: u16,
+    ) -> Result<std::net::SocketAddr, ServiceTrouble> {
+        let read = |plural: &'static str, reason: &'static str| async move {
+            let trouble = |message: String| ServiceTrouble { reason, message };
+            let res =
+                crate::request::find_resource("", "v1", plural).map_err(|e| trouble(e.message))?;
             self.read(res, Some(namespace), name)
                 .await
-                .map_err(|e| e.message)?
+                .map_err(|e| trouble(e.message))?
                 .map(|(v, _)| v)
-                .ok_or_else(|| format!("service \"{namespace}/{name}\" has no {plural}"))
+                .ok_or_else(|| trouble(format!("service \"{namespace}/{name}\" has no {plural}")))
         };
-        let service = read("services").await?;
+        let service = read("services", "ServiceNotFound").await?;
         let service_port = service["spec"]["ports"]
             .as_array()
             .into_iter()
             .flatten()
             .find(|p| p["port"].as_u64() == Some(u64::from(port)))
-            .ok_or_else(|| format!("service \"{namespace}/{name}\" has no port {port}"))?;
+            .ok_or_else(|| ServiceTrouble {
+                reason: "ServicePortError",
+                message: format!("service \"{namespace}/{name}\" has no port {port}"),
+            })?;
         let port_name = service_port["name"].as_str().unwrap_or_default();
         let target_port = &service_port["targetPort"];
-        let endpoints = read("endpoints").await?;
+        let endpoints = read("endpoints", "MissingEndpoints").await?;
         for subset in endpoints["subsets"].as_array().into_iter().flatten() {
             let found = subset["ports"].as_array().into_iter().flatten().find(|p| {
                 p["name"].as_str().unwrap_or_default() == port_name
@@ -484,16 +511,24 @@ impl Api {
             ) else {
                 continue;
             };
-            let server_name = format!("{name}.{namespace}.svc");
-            return Ok(Target {
-                addr: std::net::SocketAddr::new(ip, p),
-                host: format!("{server_name}:{port}"),
-                server_name,
-                path: webhooks::with_timeout(path, timeout),
-            });
+            return Ok(std::net::SocketAddr::new(ip, p));
         }
-        Err(format!(
-            "service \"{namespace}/{name}\" has no ready endpoint for port {port}"
-        ))
+        Err(ServiceTrouble {
+            reason: "MissingEndpoints",
+            message: format!(
+                "service \"{namespace}/{name}\" has no ready endpoint for port {port}"
+            ),
+        })
     }
+}
+
+/// Why a Service cannot be reached: Kubernetes' reason (`ServiceNotFound`,
+/// `ServicePortError`, `MissingEndpoints`, as an APIService's condition names it) and what
+/// is wrong.
+#[derive(Debug)]
+pub(crate) struct ServiceTrouble {
+    /// The reason.
+    pub reason: &'static str,
+    /// The message.
+    pub message: String,
 }

@@ -373,7 +373,24 @@ pub async fn ensure(client: &dyn crate::client::Client) -> Result<(), ApiError> 
             }
         }
     }
+    let roles = crate::request::find_resource(RBAC, "v1", "roles")?;
+    client
+        .create_if_absent(roles, Some("kube-system"), &authentication_reader())
+        .await?;
     Ok(())
+}
+
+/// The Role in `kube-system` that lets an extension API server read how to authenticate
+/// requests (kube-apiserver's `extension-apiserver-authentication-reader`; an extension's
+/// ServiceAccount is bound to it, beside `system:auth-delegator`).
+pub fn authentication_reader() -> Value {
+    let mut metadata = meta("extension-apiserver-authentication-reader", &[]);
+    metadata["namespace"] = json!("kube-system");
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": metadata,
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": [crate::aggregator::AUTHENTICATION_CONFIG_MAP],
+            "verbs": ["get", "list", "watch"]}]})
 }
 
 #[cfg(test)]

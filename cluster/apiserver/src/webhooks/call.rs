@@ -44,7 +44,7 @@ type Configs = HashMap<Option<Arc<str>>, Arc<rustls::ClientConfig>>;
 /// Idle connections kept per (address, server name, CA bundle).
 type Pool = HashMap<(SocketAddr, String, Option<Arc<str>>), Vec<Sender>>;
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+pub(crate) type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 /// Idle connections kept per webhook endpoint, at most.
 const IDLE_PER_ENDPOINT: usize = 32;
@@ -160,32 +160,17 @@ impl Caller {
         let url = format!("https://{}{}", target.host, target.path);
         let post = |e: &dyn std::fmt::Display| format!("Post {url:?}: {e}");
         let key = (target.addr, target.server_name.clone(), ca.cloned());
-        let mut request = hyper::Request::post(target.path.as_str())
+        let request = hyper::Request::post(target.path.as_str())
             .header(hyper::header::HOST, target.host.as_str())
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(hyper::header::ACCEPT, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| post(&e))?;
-        // A kept connection first; one found closed before the request went out gives the
-        // request back for the next.
-        let (mut sender, answer) = loop {
-            let kept = self.idle.lock().get_mut(&key).and_then(Vec::pop);
-            let Some(mut sender) = kept else {
-                let mut sender = self.connect(target, ca).await.map_err(|e| post(&e))?;
-                let answer = sender.send_request(request).await.map_err(|e| post(&e))?;
-                break (sender, answer);
-            };
-            if sender.is_closed() {
-                continue;
-            }
-            match sender.try_send_request(request).await {
-                Ok(answer) => break (sender, answer),
-                Err(mut e) => match e.take_message() {
-                    Some(r) => request = r,
-                    None => return Err(post(e.error())),
-                },
-            }
-        };
+        let (mut sender, answer) = send_kept(&self.idle, &key, request, || async {
+            self.connect(target, ca).await
+        })
+        .await
+        .map_err(|e| post(&e))?;
         let status = answer.status();
         let bytes = Limited::new(answer.into_body(), max_answer)
             .collect()
@@ -195,20 +180,69 @@ impl Caller {
         // Ready again once the answer was read whole (an error: the webhook closed it).
         let ready = tokio::time::timeout(std::time::Duration::from_millis(100), sender.ready());
         if matches!(ready.await, Ok(Ok(()))) {
-            let mut idle = self.idle.lock();
-            if idle.len() >= MAX_ENDPOINTS && !idle.contains_key(&key) {
-                idle.clear();
-            }
-            let kept = idle.entry(key).or_default();
-            if kept.len() < IDLE_PER_ENDPOINT {
-                kept.push(sender);
-            }
+            keep(&self.idle, key, sender, MAX_ENDPOINTS, IDLE_PER_ENDPOINT);
         }
         if status != hyper::StatusCode::OK {
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
             return Err(format!("the server answered {status}: {text}"));
         }
         Ok(bytes)
+    }
+}
+
+/// Sends `request` on a connection kept in `idle` under `key`, or on a new one from
+/// `connect`: the connection and the answer's head. A kept connection found closed before
+/// the request went out gives the request back, and the next is tried.
+pub(crate) async fn send_kept<K, C, F>(
+    idle: &Mutex<HashMap<K, Vec<Sender>>>,
+    key: &K,
+    mut request: hyper::Request<Full<Bytes>>,
+    connect: C,
+) -> Result<(Sender, hyper::Response<hyper::body::Incoming>), String>
+where
+    K: Eq + std::hash::Hash,
+    C: FnOnce() -> F,
+    F: std::future::Future<Output = Result<Sender, String>>,
+{
+    loop {
+        let kept = idle.lock().get_mut(key).and_then(Vec::pop);
+        let Some(mut sender) = kept else {
+            let mut sender = connect().await?;
+            let answer = sender
+                .send_request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok((sender, answer));
+        };
+        if sender.is_closed() {
+            continue;
+        }
+        match sender.try_send_request(request).await {
+            Ok(answer) => return Ok((sender, answer)),
+            Err(mut e) => match e.take_message() {
+                Some(r) => request = r,
+                None => return Err(e.error().to_string()),
+            },
+        }
+    }
+}
+
+/// Keeps `sender` (ready for another request) in `idle` under `key`: at most `per_key` per
+/// key, and the whole pool emptied past `max_keys` keys.
+pub(crate) fn keep<K: Eq + std::hash::Hash>(
+    idle: &Mutex<HashMap<K, Vec<Sender>>>,
+    key: K,
+    sender: Sender,
+    max_keys: usize,
+    per_key: usize,
+) {
+    let mut idle = idle.lock();
+    if idle.len() >= max_keys && !idle.contains_key(&key) {
+        idle.clear();
+    }
+    let kept = idle.entry(key).or_default();
+    if kept.len() < per_key {
+        kept.push(sender);
     }
 }
 

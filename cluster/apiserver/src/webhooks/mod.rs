@@ -15,7 +15,7 @@
 //! parallel and any denial refuses the request. Requests on webhook configurations
 //! themselves never go to webhooks, so a broken webhook cannot lock its own fix out.
 
-mod call;
+pub(crate) mod call;
 pub mod policy;
 
 use std::sync::Arc;
@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
-use tessera_store::{ListRequest, Store};
-use tokio::sync::{OnceCell, oneshot};
+use tessera_store::Store;
 
 use crate::catalog::{self, ADMISSIONREGISTRATION, Lookup};
+use crate::follow::Followed;
 use crate::status::ApiError;
 
 pub use call::{Caller, Target, url_target, with_timeout};
@@ -74,9 +74,6 @@ pub fn conditions_hold(
     }
     Ok(true)
 }
-
-/// How long a request waits for the first list of configurations.
-const WAIT: Duration = Duration::from_secs(10);
 
 /// The operation a request is admitted for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -417,158 +414,6 @@ impl Snapshot {
     }
 }
 
-/// One followed kind's objects, compiled: by name, the revision each was applied at and
-/// what it compiled to (None: deleted at that revision, so an older event cannot bring it
-/// back).
-type Applied<T> = std::collections::BTreeMap<String, (i64, Option<T>)>;
-
-/// The objects of one kind (webhook configurations, policies, bindings), followed.
-struct Side<T> {
-    store: Arc<dyn Store>,
-    plural: &'static str,
-    what: &'static str,
-    compile: fn(&str, &Value) -> T,
-    objects: parking_lot::Mutex<Applied<T>>,
-    started: OnceCell<()>,
-    _stop: oneshot::Sender<()>,
-    stopped: parking_lot::Mutex<Option<oneshot::Receiver<()>>>,
-    /// Called after every change (rebuilds the combined snapshot).
-    changed: Arc<dyn Fn() + Send + Sync>,
-}
-
-impl<T: Clone + Send + Sync + 'static> Side<T> {
-    fn new(
-        store: Arc<dyn Store>,
-        plural: &'static str,
-        what: &'static str,
-        compile: fn(&str, &Value) -> T,
-        changed: Arc<dyn Fn() + Send + Sync>,
-    ) -> Arc<Side<T>> {
-        let (stop, stopped) = oneshot::channel();
-        Arc::new(Side {
-            store,
-            plural,
-            what,
-            compile,
-            objects: Default::default(),
-            started: OnceCell::new(),
-            _stop: stop,
-            stopped: parking_lot::Mutex::new(Some(stopped)),
-            changed,
-        })
-    }
-
-    fn resource(&self) -> &'static catalog::Resource {
-        catalog::find(ADMISSIONREGISTRATION, "v1", self.plural)
-            .expect("admission kinds are in the catalog")
-    }
-
-    fn name_of_key<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
-        let key = std::str::from_utf8(key).ok()?;
-        key.strip_prefix(self.key_prefix().as_str())
-    }
-
-    fn key_prefix(&self) -> String {
-        let res = self.resource();
-        tessera_core::keys::resource_prefix(
-            &tessera_core::keys::resource_segment(res.group, res.plural),
-            None,
-        )
-    }
-
-    /// What the objects compiled to, in name order.
-    fn current(&self) -> Vec<(String, T)> {
-        self.objects
-            .lock()
-            .iter()
-            .filter_map(|(name, (_, t))| Some((name.clone(), t.clone()?)))
-            .collect()
-    }
-
-    /// Lists and starts following on first use.
-    async fn start(self: &Arc<Self>) -> Result<(), ApiError> {
-        if self.started.initialized() {
-            return Ok(());
-        }
-        let init = async {
-            use crate::follow::Follower;
-            let from = self.relist().await?;
-            let stopped = self.stopped.lock().take();
-            tokio::spawn(crate::follow::follow(Arc::downgrade(self), from, stopped));
-            Ok::<(), ApiError>(())
-        };
-        match tokio::time::timeout(WAIT, self.started.get_or_try_init(|| init)).await {
-            Ok(r) => r.map(|_| ()),
-            Err(_) => Err(ApiError::new(
-                503,
-                "ServiceUnavailable",
-                format!(
-                    "the API server has not read its {} yet: the store did not answer within 10 s; retry",
-                    self.what
-                ),
-            )),
-        }
-    }
-}
-
-impl<T: Clone + Send + Sync + 'static> crate::follow::Follower for Side<T> {
-    fn store(&self) -> Arc<dyn Store> {
-        self.store.clone()
-    }
-
-    fn prefix(&self) -> String {
-        self.key_prefix()
-    }
-
-    fn what(&self) -> &'static str {
-        self.what
-    }
-
-    async fn relist(self: &Arc<Self>) -> Result<tessera_store::Revision, ApiError> {
-        let page = self
-            .store
-            .list(ListRequest {
-                prefix: self.key_prefix().into_bytes().into(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| ApiError::internal(format!("listing {}: {e}", self.what)))?;
-        let mut fresh = std::collections::BTreeMap::new();
-        for kv in &page.kvs {
-            let (Some(name), Ok(obj)) = (
-                self.name_of_key(&kv.key),
-                serde_json::from_slice::<Value>(&kv.value),
-            ) else {
-                continue;
-            };
-            fresh.insert(
-                name.to_owned(),
-                (kv.mod_revision, Some((self.compile)(name, &obj))),
-            );
-        }
-        // What is gone is forgotten without a tombstone (a composite store's list revision
-        // is not comparable with one key's).
-        *self.objects.lock() = fresh;
-        (self.changed)();
-        Ok(page.revision)
-    }
-
-    fn apply(self: &Arc<Self>, key: &[u8], obj: Option<&Value>, rev: i64) {
-        let Some(name) = self.name_of_key(key) else {
-            return;
-        };
-        {
-            let mut objects = self.objects.lock();
-            if objects.get(name).is_some_and(|(at, _)| *at > rev) {
-                return;
-            }
-            let compiled = obj.map(|o| (self.compile)(name, o));
-            objects.insert(name.to_owned(), (rev, compiled));
-        }
-        (self.changed)();
-    }
-}
-
 fn compile_mutating(name: &str, config: &Value) -> Arc<Vec<Arc<Hook>>> {
     Arc::new(compile(name, true, config))
 }
@@ -592,20 +437,20 @@ type Hooks = Arc<Vec<Arc<Hook>>>;
 /// Every followed kind, held weakly by the callback that combines them.
 #[derive(Default)]
 struct Sides {
-    mutating: std::sync::Weak<Side<Hooks>>,
-    validating: std::sync::Weak<Side<Hooks>>,
-    policies: std::sync::Weak<Side<Arc<policy::Policy>>>,
-    bindings: std::sync::Weak<Side<Arc<policy::Binding>>>,
+    mutating: std::sync::Weak<Followed<Hooks>>,
+    validating: std::sync::Weak<Followed<Hooks>>,
+    policies: std::sync::Weak<Followed<Arc<policy::Policy>>>,
+    bindings: std::sync::Weak<Followed<Arc<policy::Binding>>>,
 }
 
 impl Sides {
     fn snapshot(&self) -> Snapshot {
         fn items<T: Clone + Send + Sync + 'static>(
-            side: &std::sync::Weak<Side<T>>,
+            side: &std::sync::Weak<Followed<T>>,
         ) -> Vec<(String, T)> {
             side.upgrade().map(|s| s.current()).unwrap_or_default()
         }
-        let hooks = |side: &std::sync::Weak<Side<Hooks>>| -> Vec<Arc<Hook>> {
+        let hooks = |side: &std::sync::Weak<Followed<Hooks>>| -> Vec<Arc<Hook>> {
             items(side)
                 .into_iter()
                 .flat_map(|(_, h)| h.as_ref().clone())
@@ -635,10 +480,10 @@ impl Sides {
 /// client that calls webhooks.
 #[derive(Clone)]
 pub struct Webhooks {
-    mutating: Arc<Side<Hooks>>,
-    validating: Arc<Side<Hooks>>,
-    policies: Arc<Side<Arc<policy::Policy>>>,
-    bindings: Arc<Side<Arc<policy::Binding>>>,
+    mutating: Arc<Followed<Hooks>>,
+    validating: Arc<Followed<Hooks>>,
+    policies: Arc<Followed<Arc<policy::Policy>>>,
+    bindings: Arc<Followed<Arc<policy::Binding>>>,
     snapshot: Arc<parking_lot::RwLock<Arc<Snapshot>>>,
     /// Calls webhooks.
     pub caller: Caller,
@@ -657,29 +502,33 @@ impl Webhooks {
                 *snapshot.write() = Arc::new(fresh);
             })
         };
-        let mutating = Side::new(
+        let mutating = Followed::new(
             store.clone(),
+            ADMISSIONREGISTRATION,
             "mutatingwebhookconfigurations",
             "MutatingWebhookConfigurations",
             compile_mutating,
             changed.clone(),
         );
-        let validating = Side::new(
+        let validating = Followed::new(
             store.clone(),
+            ADMISSIONREGISTRATION,
             "validatingwebhookconfigurations",
             "ValidatingWebhookConfigurations",
             compile_validating,
             changed.clone(),
         );
-        let policies = Side::new(
+        let policies = Followed::new(
             store.clone(),
+            ADMISSIONREGISTRATION,
             "validatingadmissionpolicies",
             "ValidatingAdmissionPolicies",
             policy::Policy::compile,
             changed.clone(),
         );
-        let bindings = Side::new(
+        let bindings = Followed::new(
             store,
+            ADMISSIONREGISTRATION,
             "validatingadmissionpolicybindings",
             "ValidatingAdmissionPolicyBindings",
             policy::Binding::compile,
@@ -714,23 +563,14 @@ impl Webhooks {
     /// Records a write of a configuration, policy or binding through this server (`obj`
     /// None: deleted), so the next request is judged by it before the watch delivers it.
     pub fn applied(&self, res: &catalog::Resource, key: &[u8], obj: Option<&Value>, rev: i64) {
-        use crate::follow::Follower;
         if res.group != ADMISSIONREGISTRATION {
             return;
         }
         match res.plural {
-            "mutatingwebhookconfigurations" if self.mutating.started.initialized() => {
-                self.mutating.apply(key, obj, rev)
-            }
-            "validatingwebhookconfigurations" if self.validating.started.initialized() => {
-                self.validating.apply(key, obj, rev)
-            }
-            "validatingadmissionpolicies" if self.policies.started.initialized() => {
-                self.policies.apply(key, obj, rev)
-            }
-            "validatingadmissionpolicybindings" if self.bindings.started.initialized() => {
-                self.bindings.apply(key, obj, rev)
-            }
+            "mutatingwebhookconfigurations" => self.mutating.applied(key, obj, rev),
+            "validatingwebhookconfigurations" => self.validating.applied(key, obj, rev),
+            "validatingadmissionpolicies" => self.policies.applied(key, obj, rev),
+            "validatingadmissionpolicybindings" => self.bindings.applied(key, obj, rev),
             _ => {}
         }
     }
