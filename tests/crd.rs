@@ -1174,6 +1174,33 @@ fn an_extension_api_server_serves_its_group_through_the_aggregator() {
         &["delete", "flunder", "first", "-n", "shop"],
         "forbidden",
     );
+    // Paths that an extension would resolve elsewhere than where they were authorized are
+    // refused (curl --path-as-is sends them as written).
+    let raw = |path: &str| -> String {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--path-as-is", "--cacert"])
+            .arg(c.dir.path().join("pki/ca.crt"))
+            .args(["-H", &format!("Authorization: Bearer {acme}")])
+            .arg(format!("{}{path}", c.server()))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for path in [
+        format!("/apis/{GROUP}/{VERSION}/namespaces/acme-dev/../shop/flunders"),
+        format!("/apis/{GROUP}/{VERSION}/namespaces/acme-dev/%2e%2e/shop/flunders"),
+        format!("/apis/{GROUP}/{VERSION}/namespaces/acme-dev%2F..%2Fshop/flunders"),
+    ] {
+        let said = raw(&path);
+        assert!(said.contains("is not canonical"), "{path}: {said}");
+    }
+    let said = raw(&format!(
+        "/openapi/v3/apis/{GROUP}/{VERSION}/../../../../apis/{GROUP}/{VERSION}/namespaces/shop/flunders"
+    ));
+    assert!(said.contains("NotFound"), "{said}");
+    // A tenant cannot register an APIService (cluster-scoped).
+    let out = c.kubectl_as(&acme, &["apply", "-f", &service]);
+    assert!(!out.status.success(), "a tenant registered an APIService");
     let checks_only = wardle
         .seen
         .lock()

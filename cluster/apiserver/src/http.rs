@@ -527,22 +527,30 @@ async fn resource_metrics(
 /// group-versions are never proxied.
 async fn aggregate(State(api): State<Api>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    let Some(rest) = path
-        .strip_prefix("/apis/")
-        .or_else(|| path.strip_prefix("/openapi/v3/apis/"))
-    else {
-        return next.run(request).await;
+    let (rest, openapi) = match path.strip_prefix("/apis/") {
+        Some(rest) => (rest, false),
+        None => match path.strip_prefix("/openapi/v3/apis/") {
+            Some(rest) => (rest, true),
+            None => return next.run(request).await,
+        },
     };
     let mut parts = rest.splitn(3, '/');
     let (Some(group), Some(version)) = (parts.next(), parts.next()) else {
         return next.run(request).await;
     };
+    // Only the group-version's own document is an OpenAPI path to proxy.
+    if openapi && parts.next().is_some() {
+        return next.run(request).await;
+    }
     let routes = match api.aggregator().routes().await {
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
     match routes.get(group, version) {
         Some(remote) if !crate::catalog::find_group_version(group, version) => {
+            if let Some(why) = crate::aggregator::proxy::uncanonical(path) {
+                return error_response(&ApiError::bad_request(why));
+            }
             let remote = remote.clone();
             crate::aggregator::proxy::forward(&api, &remote, request).await
         }

@@ -364,6 +364,24 @@ impl RequestInfo {
     }
 }
 
+/// Why `path` may not be proxied, if it may not: a dot segment, an empty segment, or an
+/// escaped slash, dot or backslash — what an extension server would resolve to another
+/// path than the one authorized here.
+pub fn uncanonical(path: &str) -> Option<String> {
+    let lower = path.to_ascii_lowercase();
+    let trimmed = path.strip_suffix('/').unwrap_or(path);
+    let bad_segment = trimmed
+        .split('/')
+        .skip(1)
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..");
+    let escaped = ["%2f", "%2e", "%5c"].iter().any(|e| lower.contains(e)) || path.contains('\\');
+    (bad_segment || escaped).then(|| {
+        format!(
+            "the path {path:?} is not canonical (empty or dot segments, escaped slashes, dots or backslashes): send the path it stands for"
+        )
+    })
+}
+
 /// Headers never passed on: hop-by-hop ones, the caller's credentials, and what would
 /// name another caller to the extension server.
 fn dropped(name: &HeaderName) -> bool {
@@ -730,6 +748,23 @@ mod tests {
             ]
         );
         assert_eq!(out.get("accept").expect("kept"), "application/json");
+    }
+
+    #[test]
+    fn only_canonical_paths_are_proxied() {
+        assert!(uncanonical("/apis/g/v/namespaces/a/flunders").is_none());
+        assert!(uncanonical("/apis/g/v").is_none());
+        assert!(uncanonical("/apis/g/v/").is_none());
+        for bad in [
+            "/apis/g/v/namespaces/a/../b/flunders",
+            "/apis/g/v/namespaces/a/./flunders",
+            "/apis/g/v/namespaces/a%2F..%2Fb/flunders",
+            "/apis/g/v/namespaces/a/%2e%2e/flunders",
+            "/apis/g/v//flunders",
+            "/apis/g/v/namespaces\\b",
+        ] {
+            assert!(uncanonical(bad).is_some(), "{bad}");
+        }
     }
 
     #[test]
