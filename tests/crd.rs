@@ -698,7 +698,11 @@ fn apiservices_list_what_is_served() {
     ]);
     assert!(row.contains("monitoring/adapter"), "{row}");
     // Its Service does not exist: the availability check says so.
-    let row = apiservice_available(&c, "v1beta1.custom.metrics.k8s.io", "ServiceNotFound");
+    let row = support::extension::apiservice_available(
+        &c,
+        "v1beta1.custom.metrics.k8s.io",
+        "ServiceNotFound",
+    );
     assert!(row.contains("False (ServiceNotFound)"), "{row}");
     let bad = c.file(
         "bad.yaml",
@@ -975,125 +979,26 @@ fn a_conversion_webhook_converts_between_versions() {
     }
 }
 
-/// `kubectl get apiservice NAME`'s AVAILABLE column once it reads `want` (or the last seen).
-fn apiservice_available(c: &Cluster, name: &str, want: &str) -> String {
-    let mut last = String::new();
-    wait_for(Duration::from_secs(60), || {
-        last = c.ok(&["get", "apiservice", name, "--no-headers"]);
-        last.contains(want).then_some(())
-    });
-    last
-}
-
 #[test]
 fn an_extension_api_server_serves_its_group_through_the_aggregator() {
-    use base64::Engine;
-    use support::extension::{self, GROUP, VERSION};
+    use support::extension::{self, GROUP, VERSION, apiservice_available};
     let c = Cluster::start();
-    let name = format!("{VERSION}.{GROUP}");
-    // What an extension server reads to authenticate the front proxy.
-    let cm: Value = json(&c.ok(&[
-        "get",
-        "configmap",
-        "-n",
-        "kube-system",
-        "extension-apiserver-authentication",
-        "-o",
-        "json",
-    ]));
-    let data = &cm["data"];
-    let cluster_ca = std::fs::read_to_string(c.dir.path().join("pki/ca.crt")).expect("ca");
-    assert_eq!(data["client-ca-file"], json!(cluster_ca));
-    let front_proxy_ca = data["requestheader-client-ca-file"]
-        .as_str()
-        .expect("front-proxy CA")
-        .to_owned();
-    assert_ne!(
-        front_proxy_ca, cluster_ca,
-        "the front proxy needs a CA of its own"
-    );
-    let allowed: Vec<String> =
-        serde_json::from_str(data["requestheader-allowed-names"].as_str().expect("names"))
-            .expect("a JSON list");
-    assert_eq!(allowed, ["front-proxy-client"]);
-    assert_eq!(
-        data["requestheader-username-headers"],
-        "[\"X-Remote-User\"]"
-    );
-    assert_eq!(data["requestheader-group-headers"], "[\"X-Remote-Group\"]");
-    assert_eq!(
-        data["requestheader-extra-headers-prefix"],
-        "[\"X-Remote-Extra-\"]"
-    );
-
-    // The extension's ServiceAccount, with the roles a delegating server is bound to.
     let setup = c.file(
-        "wardle.yaml",
-        "apiVersion: v1\nkind: Namespace\nmetadata: {name: wardle-system}\n---\n\
-         apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: wardle, namespace: wardle-system}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: wardle:auth-delegator}\n\
-         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:auth-delegator}\n\
-         subjects: [{kind: ServiceAccount, name: wardle, namespace: wardle-system}]\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
-         metadata: {name: wardle:auth-reader, namespace: kube-system}\n\
-         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: extension-apiserver-authentication-reader}\n\
-         subjects: [{kind: ServiceAccount, name: wardle, namespace: wardle-system}]\n---\n\
-         apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n---\n\
+        "tenants.yaml",
+        "apiVersion: tessera.io/v1alpha1\nkind: Tenant\nmetadata: {name: acme}\nspec: {namespaces: [acme-dev]}\n---\n\
          apiVersion: v1\nkind: Namespace\nmetadata: {name: acme-dev}\n---\n\
          apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
     );
     c.ok(&["apply", "-f", &setup]);
-    let sa_token = c
-        .ok(&["create", "token", "wardle", "-n", "wardle-system"])
-        .trim()
-        .to_owned();
-    // The reader Role lets it read that ConfigMap and no other.
-    let read = |cm: &str| {
-        c.kubectl_as(&sa_token, &["get", "configmap", "-n", "kube-system", cm])
-            .status
-            .success()
-    };
-    assert!(read("extension-apiserver-authentication"));
-    assert!(!read("kube-root-ca.crt"));
-    let kubeconfig = c.file("empty-kubeconfig", "apiVersion: v1\nkind: Config\n");
+    let extension::Installed {
+        name,
+        wardle,
+        sa_token,
+        service,
+        bundle,
+        rt: _serving,
+    } = extension::install(&c);
     let ca_file = c.dir.path().join("pki/ca.crt");
-    let (addr, wardle_ca, wardle, _rt) = extension::start(
-        &front_proxy_ca,
-        allowed,
-        vec![
-            format!("--kubeconfig={kubeconfig}"),
-            format!("--server={}", c.server()),
-            format!("--certificate-authority={}", ca_file.display()),
-            format!("--token={sa_token}"),
-        ],
-    );
-    let port = addr.port();
-    let bundle = base64::engine::general_purpose::STANDARD.encode(&wardle_ca);
-    let service = c.file(
-        "service.yaml",
-        &format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: wardle, namespace: wardle-system}}\n\
-             spec: {{ports: [{{name: https, port: 443, targetPort: {port}}}]}}\n---\n\
-             apiVersion: v1\nkind: Endpoints\nmetadata: {{name: wardle, namespace: wardle-system}}\n\
-             subsets: [{{addresses: [{{ip: 127.0.0.1}}], ports: [{{name: https, port: {port}}}]}}]\n---\n\
-             apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {{name: {name}}}\n\
-             spec: {{group: {GROUP}, version: {VERSION}, groupPriorityMinimum: 1000, versionPriority: 15,\n\
-             \x20 caBundle: {bundle}, service: {{namespace: wardle-system, name: wardle, port: 443}}}}\n"
-        ),
-    );
-    c.ok(&["apply", "-f", &service]);
-    let row = apiservice_available(&c, &name, "True");
-    assert!(
-        row.contains("wardle-system/wardle") && row.contains("True"),
-        "{row}"
-    );
-    // The check came through the front proxy as kube-aggregator.
-    {
-        let seen = wardle.seen.lock().expect("lock");
-        let check = seen.first().expect("a check");
-        assert_eq!(check.proxy.as_deref(), Some("front-proxy-client"));
-        assert_eq!(check.user, "system:kube-aggregator");
-    }
 
     // Discovery: kubectl finds the kind (aggregated discovery) with its short name.
     let listed = wait_for(Duration::from_secs(30), || {

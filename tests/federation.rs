@@ -2049,3 +2049,36 @@ fn a_replica_pinned_to_a_zone_is_placed_by_that_zones_room() {
         "no pod waits in a shard: {pending}"
     );
 }
+
+#[test]
+fn an_extension_api_server_serves_through_the_federation() {
+    use support::extension::{self, GROUP, VERSION};
+    let (c, _) = start();
+    c.ok(&["create", "namespace", "shop"]);
+    // Installed at the federation as at a shard: the federation's own front proxy, its
+    // ConfigMap, its Service and Endpoints.
+    let installed = extension::install(&c);
+    let flunder = c.file(
+        "flunder.yaml",
+        &format!("apiVersion: {GROUP}/{VERSION}\nkind: Flunder\nmetadata: {{name: first}}\n"),
+    );
+    c.ok(&["create", "-f", &flunder, "-n", "shop"]);
+    let got: Value =
+        serde_json::from_str(&c.ok(&["get", "flunder", "first", "-n", "shop", "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(
+        got["metadata"]["annotations"]["wardle.example.com/created-by"],
+        "admin"
+    );
+    assert!(
+        c.ok(&["api-resources", "--api-group", GROUP])
+            .contains("flunders")
+    );
+    // APIServices are the federation's own: a shard does not serve the group.
+    let err = c.fails(&["--context", SHARDS[0], "get", "flunders", "-n", "shop"]);
+    assert!(
+        err.contains("the server doesn't have a resource type"),
+        "{err}"
+    );
+    drop(installed);
+}
