@@ -69,8 +69,8 @@ pub struct ApiBenchArgs {
     /// by a user RBAC governs, bound through a group, against this many other bindings).
     #[arg(long, default_value_t = 10_000)]
     pub bindings: usize,
-    /// Only these phases (create, get, list, paced, watch, rbac, crd, webhook, policy),
-    /// comma-separated; all by default.
+    /// Only these phases (create, get, list, paced, watch, rbac, crd, webhook, policy,
+    /// aggregated), comma-separated; all by default.
     #[arg(long, value_delimiter = ',')]
     pub phases: Vec<String>,
 }
@@ -243,6 +243,12 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     }
     let phase = |p: &str| args.phases.is_empty() || args.phases.iter().any(|x| x == p);
     let tokens = Tokens::new(&credentials.admin_token);
+    let pki = tempfile::tempdir()?;
+    let front_proxy = tessera_apiserver::pki::FrontProxy::load_or_create(pki.path())?
+        .ok_or_else(|| anyhow::anyhow!("no front-proxy CA could be made"))?;
+    api.aggregator()
+        .set_front_proxy(&front_proxy)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let router = http::router(api, tokens.clone());
     let addr = serve::serve_tls("127.0.0.1:0".parse()?, &credentials, router).await?;
     let client = Arc::new(HttpClient::new(
@@ -324,6 +330,9 @@ pub async fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     }
     if phase("policy") {
         policy_phase(&bench, &args).await?;
+    }
+    if phase("aggregated") {
+        aggregated_phase(&bench, &args, &front_proxy.ca_pem).await?;
     }
     drop(bench_store);
     Ok(())
@@ -642,6 +651,123 @@ async fn webhook_phase(bench: &Arc<Bench>, args: &ApiBenchArgs) -> anyhow::Resul
                     req
                 }).await?;
         }
+    }
+    Ok(())
+}
+
+/// An extension API server in this process over HTTPS on loopback, trusting the front
+/// proxy's CA: it answers the discovery of `bench.example.com/v1` and a get of any Thing
+/// from memory. Its address and CA (PEM).
+async fn extension_server(front_proxy_ca: &str) -> anyhow::Result<(std::net::SocketAddr, String)> {
+    let router = axum::Router::new()
+        .route(
+            "/apis/bench.example.com/v1",
+            axum::routing::get(|| async {
+                json!({"kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": "bench.example.com/v1", "resources": [{"name": "things",
+                    "singularName": "thing", "namespaced": true, "kind": "Thing",
+                    "verbs": ["get"]}]})
+                .to_string()
+            }),
+        )
+        .route(
+            "/apis/bench.example.com/v1/namespaces/{ns}/things/{name}",
+            axum::routing::get(
+                |axum::extract::Path((ns, name)): axum::extract::Path<(String, String)>| async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        json!({"apiVersion": "bench.example.com/v1", "kind": "Thing",
+                            "metadata": {"name": name, "namespace": ns}})
+                        .to_string(),
+                    )
+                },
+            ),
+        );
+    let tls = tessera_apiserver::pki::agent_tls("127.0.0.1", "things.aggregated.svc")?;
+    let addr = serve::serve_tls_pem_verifying(
+        "127.0.0.1:0".parse()?,
+        &tls.cert_pem,
+        &tls.key_pem,
+        front_proxy_ca,
+        router,
+        serve::ConnectionLimits::default(),
+    )
+    .await?;
+    Ok((addr, tls.ca_pem))
+}
+
+/// Gets through the aggregator at each concurrency (`get-aggregated`: authorized here,
+/// proxied to an extension server that answers from memory) next to gets of ConfigMaps
+/// stored here (`get-local`): what the proxy adds to a request.
+async fn aggregated_phase(
+    bench: &Arc<Bench>,
+    args: &ApiBenchArgs,
+    front_proxy_ca: &str,
+) -> anyhow::Result<()> {
+    const NS: &str = "aggregated";
+    let (addr, ca) = extension_server(front_proxy_ca).await?;
+    let bundle = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, ca);
+    bench.namespace(NS).await?;
+    let port = addr.port();
+    for (group, plural, obj) in [
+        (
+            "",
+            "services",
+            json!({"metadata": {"name": "things", "namespace": NS},
+            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}}),
+        ),
+        (
+            "",
+            "endpoints",
+            json!({"metadata": {"name": "things", "namespace": NS},
+            "subsets": [{"addresses": [{"ip": "127.0.0.1"}],
+                "ports": [{"name": "https", "port": port}]}]}),
+        ),
+        (
+            "apiregistration.k8s.io",
+            "apiservices",
+            json!({"metadata": {"name": "v1.bench.example.com"},
+            "spec": {"group": "bench.example.com", "version": "v1", "groupPriorityMinimum": 1000,
+                "versionPriority": 15, "caBundle": bundle,
+                "service": {"namespace": NS, "name": "things"}}}),
+        ),
+    ] {
+        let res = find_resource(group, "v1", plural)?;
+        let mut req = ApiRequest::new(Verb::Create, res);
+        req.namespace = res.namespaced.then(|| NS.to_owned());
+        req.body = Bytes::from(obj.to_string());
+        bench.client.call(req).await?;
+    }
+    // The client builds the extension's URLs as for a custom resource of that group.
+    let things = tessera_apiserver::catalog::custom_resource(
+        &json!({"spec": {"group": "bench.example.com", "scope": "Namespaced",
+            "names": {"plural": "things", "singular": "thing", "kind": "Thing"},
+            "versions": [{"name": "v1", "served": true, "storage": true}]}}),
+        "v1",
+    )
+    .ok_or_else(|| anyhow::anyhow!("the Thing resource"))?;
+    const OBJECTS: usize = 100;
+    let b = bench.clone();
+    bench
+        .closed_loop("fill objects".into(), OBJECTS, 16, move |i| {
+            b.create_req(NS, &format!("o-{i}"))
+        })
+        .await?;
+    for &c in &args.concurrency {
+        let b = bench.clone();
+        bench
+            .measure("get-local", c, args, move |i| {
+                b.get_req(NS, &format!("o-{}", i % OBJECTS))
+            })
+            .await?;
+        bench
+            .measure("get-aggregated", c, args, move |i| {
+                let mut req = ApiRequest::new(Verb::Get, things);
+                req.namespace = Some(NS.into());
+                req.name = Some(format!("t-{}", i % OBJECTS));
+                req
+            })
+            .await?;
     }
     Ok(())
 }

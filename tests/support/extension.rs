@@ -486,7 +486,7 @@ pub fn install(c: &Cluster) -> Installed {
         ),
     );
     c.ok(&["apply", "-f", &service]);
-    let row = apiservice_available(&c, &name, "True");
+    let row = apiservice_available(c, &name, "True");
     assert!(
         row.contains("wardle-system/wardle") && row.contains("True"),
         "{row}"

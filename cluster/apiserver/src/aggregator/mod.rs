@@ -188,7 +188,14 @@ pub struct Aggregator {
     transport: Arc<parking_lot::RwLock<Option<Arc<proxy::Transport>>>>,
     /// Woken on every change of the APIServices (the availability checker waits on it).
     changed: Arc<tokio::sync::Notify>,
+    /// Each APIService's Service address as last resolved, and when.
+    resolved: Arc<parking_lot::Mutex<HashMap<String, (std::time::Instant, std::net::SocketAddr)>>>,
 }
+
+/// How long the proxy reuses a Service's resolved address (its Service and Endpoints are
+/// read again after it, or at once after a failed connection): a Service's move reaches
+/// the proxy within this, as it reaches kube-proxy within its sync period.
+pub const RESOLVED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Aggregator {
     /// The APIServices in `store`, read on first use.
@@ -229,6 +236,7 @@ impl Aggregator {
             discovered: Arc::default(),
             transport: Arc::default(),
             changed,
+            resolved: Arc::default(),
         }
     }
 
@@ -266,6 +274,34 @@ impl Aggregator {
         if crate::apiservices::is_apiservice(res) {
             self.services.applied(key, obj, rev);
         }
+    }
+
+    /// Where `remote`'s Service is reached: resolved at most once per [`RESOLVED_FOR`].
+    pub(crate) async fn address(
+        &self,
+        api: &crate::api::Api,
+        remote: &Remote,
+    ) -> Result<std::net::SocketAddr, String> {
+        if let Some((at, addr)) = self.resolved.lock().get(&remote.name)
+            && at.elapsed() < RESOLVED_FOR
+        {
+            return Ok(*addr);
+        }
+        let addr = api
+            .service_address(&remote.namespace, &remote.service, remote.port)
+            .await
+            .map_err(|t| t.message)?;
+        let mut resolved = self.resolved.lock();
+        if resolved.len() > 4096 {
+            resolved.clear();
+        }
+        resolved.insert(remote.name.clone(), (std::time::Instant::now(), addr));
+        Ok(addr)
+    }
+
+    /// Forgets `name`'s resolved address (its connection failed).
+    pub(crate) fn forget_address(&self, name: &str) {
+        self.resolved.lock().remove(name);
     }
 
     /// What the extension server of APIService `name` last said of its resources.

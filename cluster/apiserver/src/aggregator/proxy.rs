@@ -15,7 +15,6 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
@@ -204,24 +203,30 @@ impl Transport {
         let (sender, answer) =
             send_kept(&self.idle, &key, request, || self.connect(&key, false)).await?;
         let (parts, body) = answer.into_parts();
-        let pool = Arc::downgrade(self);
-        // The connection goes back to the pool when the body ends (not when a caller drops a
-        // watch midway: that connection still carries the rest and is closed).
-        let state = (body.into_data_stream(), Some((sender, key, pool)));
-        let stream = futures::stream::unfold(state, |(mut data, mut back)| async move {
-            match data.next().await {
-                Some(chunk) => Some((chunk, (data, back))),
-                None => {
-                    if let Some((mut sender, key, pool)) = back.take() {
-                        let ready =
-                            tokio::time::timeout(Duration::from_millis(100), sender.ready());
-                        if matches!(ready.await, Ok(Ok(())))
-                            && let Some(pool) = pool.upgrade()
-                        {
-                            keep(&pool.idle, key, sender, MAX_SERVERS, IDLE_PER_SERVER);
+        // The connection goes back to the pool as soon as the body has been read to its end
+        // (known by its length: a caller relaying it stops polling after the last byte),
+        // not when a caller drops a watch midway: that connection still carries the rest.
+        let back = Some((sender, key, Arc::downgrade(self)));
+        let stream = futures::stream::unfold((body, back), |(mut body, mut back)| async move {
+            loop {
+                if hyper::body::Body::is_end_stream(&body) {
+                    give_back(back.take());
+                    return None;
+                }
+                match body.frame().await {
+                    None => {
+                        give_back(back.take());
+                        return None;
+                    }
+                    Some(Err(e)) => return Some((Err(e), (body, back))),
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            if hyper::body::Body::is_end_stream(&body) {
+                                give_back(back.take());
+                            }
+                            return Some((Ok(data), (body, back)));
                         }
                     }
-                    None
                 }
             }
         });
@@ -241,6 +246,22 @@ impl Transport {
             .await
             .map_err(|e| e.to_string())
     }
+}
+
+/// Puts a connection whose answer was read whole back in its transport's pool, once it is
+/// ready for the next request.
+fn give_back(back: Option<(Sender, Key, std::sync::Weak<Transport>)>) {
+    let Some((mut sender, key, pool)) = back else {
+        return;
+    };
+    tokio::spawn(async move {
+        let ready = tokio::time::timeout(Duration::from_millis(100), sender.ready());
+        if matches!(ready.await, Ok(Ok(())))
+            && let Some(pool) = pool.upgrade()
+        {
+            keep(&pool.idle, key, sender, MAX_SERVERS, IDLE_PER_SERVER);
+        }
+    });
 }
 
 /// What a request under `/apis/<group>/<version>/` asks, as RBAC sees it (kube-apiserver's
@@ -526,15 +547,11 @@ async fn forward_as(api: &Api, remote: &Remote, user: &User, mut request: Reques
             crate::pki::FRONT_PROXY_CA[1],
         ));
     };
-    let addr = match api
-        .service_address(&remote.namespace, &remote.service, remote.port)
-        .await
-    {
+    let addr = match api.aggregator().address(api, remote).await {
         Ok(a) => a,
-        Err(t) => {
+        Err(why) => {
             return unavailable(format!(
-                "the server is currently unable to handle the request: {}",
-                t.message
+                "the server is currently unable to handle the request: {why}"
             ));
         }
     };
@@ -593,7 +610,10 @@ async fn forward_as(api: &Api, remote: &Remote, user: &User, mut request: Reques
         Err(e) => return crate::http::error_response(&ApiError::bad_request(e.to_string())),
     };
     let key: Key = (addr, server_name, remote.ca_pem.clone());
-    let reach = |e: String| unavailable(format!("error trying to reach service: {e}"));
+    let reach = |e: String| {
+        api.aggregator().forget_address(&remote.name);
+        unavailable(format!("error trying to reach service: {e}"))
+    };
     if let Some(client_side) = on_upgrade {
         let answer = match transport.send_upgrade(&key, upstream).await {
             Ok(a) => a,
