@@ -996,7 +996,7 @@ fn an_extension_api_server_serves_its_group_through_the_aggregator() {
         sa_token,
         service,
         bundle,
-        rt: _serving,
+        rt: serving,
     } = extension::install(&c);
     let ca_file = c.dir.path().join("pki/ca.crt");
 
@@ -1028,6 +1028,18 @@ fn an_extension_api_server_serves_its_group_through_the_aggregator() {
         "admin"
     );
     assert!(c.ok(&["get", "fl", "-n", "shop"]).contains("first"));
+    // A protocol switch (a console's WebSocket) goes through, spliced both ways, for the
+    // caller who may reach the object; not for one who may not.
+    let cluster_ca = std::fs::read_to_string(&ca_file).expect("ca");
+    let echo = format!("/apis/{GROUP}/{VERSION}/namespaces/shop/flunders/first/echo");
+    let (status, echoed) = serving.block_on(extension::echo_through(
+        &c.server(),
+        &cluster_ca,
+        &c.admin_token(),
+        &echo,
+    ));
+    assert!(status.contains(" 101 "), "{status}: {echoed}");
+    assert_eq!(echoed, "ping\n");
     // A watch streams through: its event arrives while the extension keeps it open.
     let watched = std::process::Command::new("timeout")
         .args(["5", "kubectl"])
@@ -1074,6 +1086,13 @@ fn an_extension_api_server_serves_its_group_through_the_aggregator() {
         "flunders.wardle.example.com is forbidden: User \"tenant:acme\" cannot list resource \"flunders\" in API group \"wardle.example.com\" in the namespace \"shop\"",
     );
     c.refused_as(&acme, &["get", "flunders", "-A"], "at the cluster scope");
+    let (status, _) = serving.block_on(extension::echo_through(
+        &c.server(),
+        &cluster_ca,
+        &acme,
+        &echo,
+    ));
+    assert!(status.contains(" 403 "), "{status}");
     c.refused_as(
         &acme,
         &["delete", "flunder", "first", "-n", "shop"],

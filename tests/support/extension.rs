@@ -315,6 +315,86 @@ async fn one(
     }
 }
 
+/// `flunders/NAME/echo`: switches the connection to `tessera-echo` (as a console
+/// subresource switches to a WebSocket) and sends back every byte it receives.
+async fn echo(State(w): State<Wardle>, mut req: Request) -> Response {
+    if w.caller(&req).is_none() {
+        return unauthorized();
+    }
+    if req.headers().get("upgrade").and_then(|v| v.to_str().ok()) != Some("tessera-echo") {
+        return status(400, "BadRequest", "upgrade to tessera-echo");
+    }
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let mut io = hyper_util::rt::TokioIo::new(upgraded);
+        let (mut r, mut w) = tokio::io::split(&mut io);
+        let _ = tokio::io::copy(&mut r, &mut w).await;
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("connection", "Upgrade")
+        .header("upgrade", "tessera-echo")
+        .body(axum::body::Body::empty())
+        .expect("101")
+}
+
+/// Opens `path` at `server` (`https://host:port`, trusting `ca_pem`) as the bearer of
+/// `token`, asking to switch to `tessera-echo`: the answer's status line, and what came back
+/// for `ping` once switched.
+pub async fn echo_through(server: &str, ca_pem: &str, token: &str, path: &str) -> (String, String) {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = server.trim_start_matches("https://");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("pem")).expect("ca");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("tls")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(authority)
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("tls");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {token}\r\n\
+         Connection: Upgrade\r\nUpgrade: tessera-echo\r\n\r\n"
+    );
+    tls.write_all(request.as_bytes()).await.expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if tls.read(&mut byte).await.expect("read") == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    if !status.contains(" 101 ") {
+        return (status, head);
+    }
+    tls.write_all(b"ping\n").await.expect("write");
+    let mut back = [0u8; 5];
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_exact(&mut back)).await;
+    let echoed = match read {
+        Ok(Ok(_)) => String::from_utf8_lossy(&back).into_owned(),
+        other => format!("{other:?}"),
+    };
+    (status, echoed)
+}
+
 /// Starts the server on a free loopback port with a certificate for
 /// `wardle.wardle-system.svc`, trusting client certificates from `front_proxy_ca` named in
 /// `allowed_names`, and reaching the cluster with `kubectl_args` (server, CA, token): its
@@ -346,6 +426,10 @@ pub fn start(
         .route(
             &format!("{base}/namespaces/{{ns}}/flunders/{{name}}"),
             get(one).delete(one),
+        )
+        .route(
+            &format!("{base}/namespaces/{{ns}}/flunders/{{name}}/echo"),
+            get(echo),
         )
         .with_state(state.clone());
     let tls =
