@@ -299,6 +299,38 @@ impl Aggregator {
         Ok(addr)
     }
 
+    /// After a write of `res` at `key` through this server: a Service or Endpoints behind
+    /// an APIService has its cached address dropped and the APIService checked again now,
+    /// not at the next period (writes through other API servers are seen at the period).
+    pub fn service_written(&self, res: &crate::catalog::Resource, key: &[u8]) {
+        if !res.group.is_empty() || !matches!(res.plural, "services" | "endpoints") {
+            return;
+        }
+        let routes = self.current_routes();
+        if routes.is_empty() {
+            return;
+        }
+        let Ok(key) = std::str::from_utf8(key) else {
+            return;
+        };
+        let mut parts = key.rsplitn(3, '/');
+        let (Some(name), Some(ns)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let behind: Vec<&Arc<Remote>> = routes
+            .by_gv
+            .values()
+            .filter(|r| r.namespace == ns && r.service == name)
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        for r in behind {
+            self.forget_address(&r.name);
+        }
+        self.changed.notify_waiters();
+    }
+
     /// Forgets `name`'s resolved address (its connection failed).
     pub(crate) fn forget_address(&self, name: &str) {
         self.resolved.lock().remove(name);

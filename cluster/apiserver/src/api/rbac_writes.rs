@@ -232,6 +232,7 @@ impl Api {
         }
         self.webhooks.applied(res, key, obj, rev);
         self.aggregator.applied(res, key, obj, rev);
+        self.aggregator.service_written(res, key);
     }
 
     /// `POST .../serviceaccounts/NAME/token` (`kubectl create token`): a token for the
