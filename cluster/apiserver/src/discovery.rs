@@ -298,6 +298,21 @@ fn discovery_resource(res: &Resource) -> Value {
     })
 }
 
+/// Adds a version `entry` to `group`'s item of an aggregated discovery list (made if new).
+fn add_version(items: &mut Vec<Value>, group: &str, entry: Value) {
+    match items.iter_mut().find(|i| i["metadata"]["name"] == group) {
+        Some(item) => {
+            if let Some(v) = item["versions"].as_array_mut() {
+                v.push(entry);
+            }
+        }
+        None => items.push(json!({
+            "metadata": {"name": group, "creationTimestamp": null},
+            "versions": [entry],
+        })),
+    }
+}
+
 /// The aggregated `APIGroupDiscoveryList`: the core group (for `/api`) or every named group
 /// (for `/apis`), with the extensions' groups after the built-in ones.
 pub fn aggregated(served: &[&'static Resource], ext: &Extensions, core: bool) -> Value {
@@ -313,20 +328,7 @@ pub fn aggregated(served: &[&'static Resource], ext: &Extensions, core: bool) ->
             .map(discovery_resource)
             .collect();
         let entry = json!({"version": version, "resources": resources, "freshness": "Current"});
-        match items
-            .iter_mut()
-            .find(|i| i["metadata"]["name"] == json!(group))
-        {
-            Some(item) => {
-                if let Some(v) = item["versions"].as_array_mut() {
-                    v.push(entry);
-                }
-            }
-            None => items.push(json!({
-                "metadata": {"name": group, "creationTimestamp": null},
-                "versions": [entry],
-            })),
-        }
+        add_version(&mut items, group, entry);
     }
     if !core && !ext.serves(METRICS_GROUP, METRICS_VERSION) {
         let resources: Vec<Value> = METRICS
@@ -350,20 +352,7 @@ pub fn aggregated(served: &[&'static Resource], ext: &Extensions, core: bool) ->
         let entry = json!({"version": remote.version,
             "resources": extension_resources(&found.resources, &remote.group, &remote.version),
             "freshness": if found.current { "Current" } else { "Stale" }});
-        match items
-            .iter_mut()
-            .find(|i| i["metadata"]["name"] == json!(remote.group))
-        {
-            Some(item) => {
-                if let Some(v) = item["versions"].as_array_mut() {
-                    v.push(entry);
-                }
-            }
-            None => items.push(json!({
-                "metadata": {"name": remote.group, "creationTimestamp": null},
-                "versions": [entry],
-            })),
-        }
+        add_version(&mut items, &remote.group, entry);
     }
     json!({
         "kind": "APIGroupDiscoveryList",

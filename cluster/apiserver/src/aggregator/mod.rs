@@ -85,15 +85,7 @@ fn compile(name: &str, obj: &Value) -> Option<Arc<Remote>> {
     if !service.is_object() {
         return None;
     }
-    let ca_pem = spec["caBundle"]
-        .as_str()
-        .filter(|b| !b.is_empty())
-        .and_then(|b| {
-            use base64::Engine;
-            base64::engine::general_purpose::STANDARD.decode(b).ok()
-        })
-        .and_then(|pem| String::from_utf8(pem).ok())
-        .map(Arc::from);
+    let ca_pem = crate::webhooks::ca_bundle(&spec["caBundle"]);
     if ca_pem.is_none() && spec["insecureSkipTLSVerify"] != json!(true) {
         return None;
     }

@@ -26,7 +26,7 @@ use crate::api::Api;
 use crate::auth::User;
 use crate::rbac::rules::Attributes;
 use crate::status::ApiError;
-use crate::webhooks::call::{Sender, keep, send_kept};
+use crate::webhooks::call::{Sender, keep, send_kept, trust_store};
 
 /// Longest wait for an extension server's answer to start, but for watches (kube-apiserver's
 /// request timeout).
@@ -128,16 +128,7 @@ impl Transport {
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?;
         let builder = match ca {
-            Some(pem) => {
-                let mut roots = rustls::RootCertStore::empty();
-                for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                    let cert = cert.map_err(|e| format!("the caBundle is not PEM: {e}"))?;
-                    roots
-                        .add(cert)
-                        .map_err(|e| format!("the caBundle holds a bad certificate: {e}"))?;
-                }
-                builder.with_root_certificates(roots)
-            }
+            Some(pem) => builder.with_root_certificates(trust_store(pem.as_bytes(), true)?),
             None => builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AnyServer(provider))),

@@ -86,19 +86,8 @@ impl Caller {
             Some(pem) => pem.as_bytes().to_vec(),
             None => system_roots()?,
         };
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| format!("the CA bundle is not PEM: {e}"))?;
-            // The host bundle may hold certificates rustls does not take; skip those.
-            if let Err(e) = roots.add(cert)
-                && ca.is_some()
-            {
-                return Err(format!("the CA bundle holds a bad certificate: {e}"));
-            }
-        }
-        if roots.is_empty() {
-            return Err("the CA bundle holds no certificate".into());
-        }
+        // The host bundle may hold certificates rustls does not take; those are skipped.
+        let roots = trust_store(&pem, ca.is_some())?;
         let config = Arc::new(
             rustls::ClientConfig::builder_with_provider(Arc::new(
                 rustls::crypto::ring::default_provider(),
@@ -188,6 +177,25 @@ impl Caller {
         }
         Ok(bytes)
     }
+}
+
+/// The certificates of a CA bundle (PEM) as a trust store. With `strict`, one rustls does
+/// not take is an error; without (the host's bundle), it is skipped. An empty store is an
+/// error either way.
+pub(crate) fn trust_store(pem: &[u8], strict: bool) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| format!("the CA bundle is not PEM: {e}"))?;
+        if let Err(e) = roots.add(cert)
+            && strict
+        {
+            return Err(format!("the CA bundle holds a bad certificate: {e}"));
+        }
+    }
+    if roots.is_empty() {
+        return Err("the CA bundle holds no certificate".into());
+    }
+    Ok(roots)
 }
 
 /// Sends `request` on a connection kept in `idle` under `key`, or on a new one from

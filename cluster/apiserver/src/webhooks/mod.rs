@@ -225,14 +225,19 @@ impl Endpoint {
                 path: svc["path"].as_str().unwrap_or("/").to_owned(),
             }
         };
-        let ca_pem = client["caBundle"]
-            .as_str()
-            .filter(|b| !b.is_empty())
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-            .and_then(|pem| String::from_utf8(pem).ok())
-            .map(Arc::from);
-        Some((endpoint, ca_pem))
+        Some((endpoint, ca_bundle(&client["caBundle"])))
     }
+}
+
+/// The PEM a `caBundle` field (base64) carries, if it carries one (webhooks, conversion
+/// webhooks, APIServices).
+pub fn ca_bundle(field: &Value) -> Option<Arc<str>> {
+    field
+        .as_str()
+        .filter(|b| !b.is_empty())
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|pem| String::from_utf8(pem).ok())
+        .map(Arc::from)
 }
 
 /// One compiled webhook.
